@@ -1,0 +1,54 @@
+# brooq — one command each for the usual jobs. Everything runs from a local .venv that
+# `make` creates and fills itself; no global installs.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: venv test test-slow lint db-up db-down migrate-up run bench build clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make test: the whole default suite against a real PostgreSQL (see README, "Tests").
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+## make test-slow: the long fault runs (minutes).
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check brooq tests benchmarks examples
+	$(VENV)/bin/ruff format --check brooq tests benchmarks examples
+	$(VENV)/bin/mypy
+
+## make db-up: an embedded PostgreSQL in .brooq/pg for local work; prints DATABASE_URL.
+db-up: $(STAMP)
+	@$(PY) -m brooq.devdb start
+
+db-down: $(STAMP)
+	@$(PY) -m brooq.devdb stop
+
+## make migrate-up: apply the migrations to DATABASE_URL (or the local embedded one).
+migrate-up: $(STAMP)
+	@$(PY) -m brooq.devdb run -- $(PY) -m brooq migrate up
+
+## make run: the demo — a master with the demo app, fed with jobs, until Ctrl-C.
+run: $(STAMP)
+	@$(PY) -m brooq.devdb run -- $(PY) examples/run_demo.py
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+build: $(STAMP)
+	$(PY) -m build
+
+clean:
+	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache

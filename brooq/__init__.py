@@ -1,0 +1,58 @@
+"""brooq: a PostgreSQL job queue for Python, run by a preforking supervisor."""
+
+from brooq.errors import (
+    BrooqError,
+    DatabaseUnavailable,
+    InvalidDsn,
+    InvalidIdempotencyKey,
+    InvalidJob,
+    InvalidJobId,
+    InvalidPayload,
+    InvalidSettings,
+    InvalidTopic,
+    InvalidTransition,
+    NaiveDatetime,
+    SchemaMissing,
+)
+from brooq.job import (
+    AttemptTimeout,
+    CancelJob,
+    Claim,
+    Delay,
+    Job,
+    JobRecord,
+    LeaseLost,
+    PreserveAttempt,
+)
+from brooq.produce import enqueue, enqueue_async
+from brooq.queue import Queue, TopicStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttemptTimeout",
+    "BrooqError",
+    "CancelJob",
+    "Claim",
+    "DatabaseUnavailable",
+    "Delay",
+    "InvalidDsn",
+    "InvalidIdempotencyKey",
+    "InvalidJob",
+    "InvalidJobId",
+    "InvalidPayload",
+    "InvalidSettings",
+    "InvalidTopic",
+    "InvalidTransition",
+    "Job",
+    "JobRecord",
+    "LeaseLost",
+    "NaiveDatetime",
+    "PreserveAttempt",
+    "Queue",
+    "SchemaMissing",
+    "TopicStats",
+    "__version__",
+    "enqueue",
+    "enqueue_async",
+]

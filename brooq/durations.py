@@ -1,0 +1,70 @@
+"""Durations: ``timedelta``, seconds as a number, or a string with a unit ("1m30s", "250ms")."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+Duration = timedelta | int | float | str
+
+_UNITS = {
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration_string(text: str) -> float:
+    """Parse "1h30m", "2.5s", "250ms" into seconds. A bare number has no unit and is refused."""
+    cleaned = text.strip()
+    if not cleaned:
+        raise ValueError("empty duration")
+    pos = 0
+    total = 0.0
+    for match in _PART.finditer(cleaned):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(cleaned) or pos == 0:
+        if re.fullmatch(r"\d+(?:\.\d+)?", cleaned):
+            raise ValueError(f"{text!r} has no unit; write e.g. '{cleaned}s'")
+        raise ValueError(f"{text!r} is not a duration; use a number with a unit: ms, s, m, h, d")
+    return total
+
+
+def to_seconds(value: Duration, *, allow_bare_number: bool = True) -> float:
+    """Seconds of a duration given as timedelta, number or string with a unit."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float):
+        if not allow_bare_number:
+            raise ValueError(f"{value!r} has no unit")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{value!r} is not a finite duration")
+        return float(value)
+    if isinstance(value, str):
+        return parse_duration_string(value)
+    raise ValueError(f"{value!r} is not a duration (timedelta, seconds or a string like '30s')")
+
+
+def format_seconds(seconds: float) -> str:
+    """A short human form: 0.25s, 90s, 5m, 1h30m."""
+    if seconds < 60 or seconds != int(seconds):
+        return f"{seconds:g}s"
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = ""
+    if hours:
+        out += f"{hours}h"
+    if minutes:
+        out += f"{minutes}m"
+    if secs:
+        out += f"{secs}s"
+    return out

@@ -1,0 +1,63 @@
+"""Every error brooq raises on purpose is a BrooqError; the message names what was wrong."""
+
+from __future__ import annotations
+
+
+class BrooqError(Exception):
+    """Base class of brooq's own errors."""
+
+
+class InvalidJob(BrooqError, ValueError):
+    """A job was refused before anything was written (topic, payload, key or time)."""
+
+
+class InvalidTopic(InvalidJob):
+    """The topic does not match the topic format."""
+
+
+class InvalidPayload(InvalidJob):
+    """The payload cannot be stored as JSON, or is too large."""
+
+
+class InvalidIdempotencyKey(InvalidJob):
+    """The idempotency key cannot be stored."""
+
+
+class NaiveDatetime(InvalidJob):
+    """A datetime without a time zone was given where an instant is required."""
+
+
+class InvalidJobId(BrooqError, ValueError):
+    """A job id that is not a UUID."""
+
+
+class InvalidSettings(BrooqError, ValueError):
+    """One or more settings are invalid; ``problems`` lists every one of them."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid settings:\n  - " + "\n  - ".join(self.problems))
+
+
+class InvalidDsn(BrooqError, ValueError):
+    """The connection string cannot be parsed, or none was given."""
+
+
+class DatabaseUnavailable(BrooqError):
+    """The database cannot be reached; the message never contains the password."""
+
+
+class SchemaMissing(BrooqError):
+    """The job table is not there: run ``brooq migrate up``."""
+
+
+class MigrationError(BrooqError):
+    """The migrations directory or the recorded versions are inconsistent."""
+
+
+class InvalidTransition(BrooqError):
+    """An operator asked for a state change the job's current state does not allow."""
+
+
+class AppLoadError(BrooqError):
+    """``--app`` could not be imported or does not name a brooq.Queue."""

@@ -1,0 +1,249 @@
+"""The vocabulary: jobs, claims, states and the signals a handler can raise. No I/O here."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from brooq.errors import (
+    InvalidIdempotencyKey,
+    InvalidJobId,
+    InvalidPayload,
+    InvalidTopic,
+    NaiveDatetime,
+)
+
+PENDING: Final = "pending"
+PROCESSING: Final = "processing"
+FAILED: Final = "failed"
+DONE: Final = "done"
+DEAD: Final = "dead"
+CANCELED: Final = "canceled"
+
+STATES: Final = (PENDING, PROCESSING, FAILED, DONE, DEAD, CANCELED)
+ACTIVE_STATES: Final = (PENDING, PROCESSING, FAILED)
+TERMINAL_STATES: Final = (DONE, DEAD, CANCELED)
+
+TOPIC_PATTERN: Final = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
+TOPIC_MAX_LENGTH: Final = 128
+IDEMPOTENCY_KEY_MAX_LENGTH: Final = 1024
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+
+# "\u0000" as JSON writes it, preceded by an even number of backslashes (so not "\\u0000").
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def validate_topic(topic: object) -> str:
+    if not isinstance(topic, str):
+        raise InvalidTopic(f"topic must be a string, not {type(topic).__name__}")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise InvalidTopic(
+            f"topic is {len(topic)} characters long; the limit is {TOPIC_MAX_LENGTH}"
+        )
+    if not TOPIC_PATTERN.match(topic):
+        raise InvalidTopic(
+            f"topic {topic!r} does not match {TOPIC_PATTERN.pattern} "
+            "(lowercase letters and digits, words joined by '.', '_' or '-')"
+        )
+    return topic
+
+
+def encode_payload(payload: Any) -> str:
+    """The payload as JSON text ready for jsonb, or InvalidPayload saying why not."""
+    try:
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except RecursionError:
+        raise InvalidPayload("payload is nested too deeply to be encoded as JSON") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+    if _JSON_NUL.search(text):
+        raise InvalidPayload(r"payload contains the character \u0000, which jsonb cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload(
+            "payload contains an unpaired surrogate, which is not valid Unicode"
+        ) from None
+    return text
+
+
+def check_payload_size(text: str, limit: int) -> None:
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise InvalidPayload(f"payload is {size} bytes encoded as JSON; the limit is {limit}")
+
+
+def normalise_key(key: object) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise InvalidIdempotencyKey(
+            f"idempotency_key must be a string or None, not {type(key).__name__}"
+        )
+    if key == "":
+        return None
+    if "\x00" in key:
+        raise InvalidIdempotencyKey("idempotency_key contains the character \\x00")
+    if len(key) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise InvalidIdempotencyKey(
+            f"idempotency_key is {len(key)} characters long; "
+            f"the limit is {IDEMPOTENCY_KEY_MAX_LENGTH}"
+        )
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidIdempotencyKey("idempotency_key is not valid Unicode") from None
+    return key
+
+
+def require_aware(value: object, name: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise NaiveDatetime(f"{name} must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise NaiveDatetime(
+            f"{name} is a naive datetime; give it a time zone, "
+            "e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
+        )
+    return value
+
+
+def parse_job_id(value: object) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value.strip())
+        except ValueError:
+            pass
+    raise InvalidJobId(f"job id {value!r} is not a UUID")
+
+
+class Job:
+    """A job to enqueue. Validated when built, so a bad job never reaches the database."""
+
+    __slots__ = ("available_at", "idempotency_key", "payload", "payload_json", "topic")
+
+    def __init__(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        available_at: datetime | None = None,
+    ) -> None:
+        self.topic = validate_topic(topic)
+        self.payload = payload
+        self.payload_json = encode_payload(payload)
+        self.idempotency_key = normalise_key(idempotency_key)
+        self.available_at = (
+            None if available_at is None else require_aware(available_at, "available_at")
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Job(topic={self.topic!r}, payload={self.payload!r}, "
+            f"idempotency_key={self.idempotency_key!r}, available_at={self.available_at!r})"
+        )
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A row of the job table, as ``queue.get`` returns it."""
+
+    id: uuid.UUID
+    topic: str
+    payload: Any
+    state: str
+    attempts: int
+    available_at: datetime
+    locked_by: str | None
+    locked_until: datetime | None
+    last_error: str | None
+    idempotency_key: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: UUID and datetimes as strings."""
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, uuid.UUID):
+                value = str(value)
+            elif isinstance(value, datetime):
+                value = value.isoformat()
+            out[name] = value
+        return out
+
+
+@dataclass
+class Claim:
+    """A claimed job as a handler sees it."""
+
+    id: uuid.UUID
+    topic: str
+    payload: Any
+    attempt: int
+    locked_by: str
+    locked_until: datetime
+    chained: list[Job] = field(default_factory=list, repr=False)
+    success_hooks: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
+
+    def chain(self, job: Job) -> None:
+        """Enqueue ``job`` in the transaction that writes ``done`` (only on success)."""
+        if not isinstance(job, Job):
+            raise TypeError(f"chain() takes a brooq.Job, not {type(job).__name__}")
+        self.chained.append(job)
+
+    def on_success(self, fn: Callable[[Any], None]) -> None:
+        """Run ``fn(conn)`` inside the transaction that writes ``done``."""
+        if not callable(fn):
+            raise TypeError("on_success() takes a callable fn(conn)")
+        self.success_hooks.append(fn)
+
+
+# Handler signals: raise them (or raise from them) to choose the outcome.
+
+
+class HandlerSignal(Exception):
+    """Base of the exceptions a handler raises to choose its outcome."""
+
+
+class Delay(HandlerSignal):
+    """Retry after ``seconds`` (clamped to backoff_max). The attempt stays spent."""
+
+    def __init__(self, seconds: float) -> None:
+        seconds = float(seconds)
+        if not seconds >= 0:
+            raise ValueError(f"Delay needs a non-negative number of seconds, got {seconds!r}")
+        self.seconds = seconds
+        super().__init__(f"delay {seconds:g}s")
+
+
+class PreserveAttempt(HandlerSignal):
+    """Retry later without spending this attempt; never leads to dead."""
+
+
+class CancelJob(HandlerSignal):
+    """The job is no longer relevant: canceled, whatever attempts remain."""
+
+
+# Raised into handlers by brooq.
+
+
+class Interruption(BaseException):
+    """Raised into a running handler by brooq. A BaseException, so ``except Exception``
+    in user code does not swallow it by accident."""
+
+
+class AttemptTimeout(Interruption):
+    """The handler ran past its attempt_timeout; the attempt counts as failed."""
+
+
+class LeaseLost(Interruption):
+    """The job is no longer ours (canceled, reaped): stop, nothing will be written."""

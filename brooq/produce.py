@@ -1,0 +1,149 @@
+"""The producer side: put jobs into the job table, alone or inside the caller's transaction.
+
+Every function here takes a psycopg Connection or Cursor that the caller owns; nothing
+is committed here. Queue.enqueue wraps these in a pooled connection and a transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from brooq.db import schema_missing
+from brooq.errors import BrooqError
+from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job, check_payload_size
+from brooq.sql import Q
+
+Target = psycopg.Connection[Any] | psycopg.Cursor[Any]
+AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
+
+# A conflicting row can vanish between our INSERT and our SELECT (retention deleted it):
+# then the INSERT is tried again. Two rounds are plenty; more means something is wrong.
+_KEY_ROUNDS = 3
+
+
+def _check(job: object, max_payload_bytes: int) -> Job:
+    if not isinstance(job, Job):
+        raise TypeError(f"expected a brooq.Job, not {type(job).__name__}")
+    check_payload_size(job.payload_json, max_payload_bytes)
+    return job
+
+
+def _params(job: Job, job_id: uuid.UUID) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "topic": job.topic,
+        "payload": job.payload_json,
+        "key": job.idempotency_key,
+        "available_at": job.available_at,
+    }
+
+
+def _cursor(target: Target) -> psycopg.Cursor[Any]:
+    return target.cursor() if isinstance(target, psycopg.Connection) else target
+
+
+def enqueue(
+    target: Target, job: Job, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> tuple[uuid.UUID, bool]:
+    """Insert ``job`` in the caller's transaction; return (id, created).
+
+    ``created`` is False when a job with the same (topic, idempotency_key) already
+    exists; the id is then that job's id. Rollback leaves no job; commit makes it
+    visible to workers (and wakes them once per transaction).
+    """
+    _check(job, max_payload_bytes)
+    cur = _cursor(target)
+    try:
+        for _ in range(_KEY_ROUNDS):
+            row = cur.execute(Q.job_insert, _params(job, uuid.uuid4())).fetchone()
+            if row is not None:
+                return row[0], True
+            row = cur.execute(
+                Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
+            ).fetchone()
+            if row is not None:
+                return row[0], False
+    except psycopg.errors.UndefinedTable as exc:
+        raise schema_missing(exc) from None
+    raise BrooqError(
+        f"could not enqueue {job.topic!r} with key {job.idempotency_key!r}: the conflicting "
+        "job kept disappearing (is the caller's transaction REPEATABLE READ or SERIALIZABLE?)"
+    )
+
+
+async def enqueue_async(
+    target: AsyncTarget, job: Job, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> tuple[uuid.UUID, bool]:
+    """``enqueue`` for a psycopg AsyncConnection or AsyncCursor, in the caller's transaction."""
+    _check(job, max_payload_bytes)
+    cur = target.cursor() if isinstance(target, psycopg.AsyncConnection) else target
+    try:
+        for _ in range(_KEY_ROUNDS):
+            await cur.execute(Q.job_insert, _params(job, uuid.uuid4()))
+            row = await cur.fetchone()
+            if row is not None:
+                return row[0], True
+            await cur.execute(Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key})
+            row = await cur.fetchone()
+            if row is not None:
+                return row[0], False
+    except psycopg.errors.UndefinedTable as exc:
+        raise schema_missing(exc) from None
+    raise BrooqError(
+        f"could not enqueue {job.topic!r} with key {job.idempotency_key!r}: the conflicting "
+        "job kept disappearing"
+    )
+
+
+def enqueue_many(
+    target: Target, jobs: Sequence[Job], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> list[tuple[uuid.UUID, bool]]:
+    """Insert many jobs with one statement; [(id, created), ...] in the order given.
+
+    A job whose key already exists (in the table, or earlier in the same batch) comes
+    back with the existing id and created=False; those ids cost one more round trip.
+    """
+    checked = [_check(job, max_payload_bytes) for job in jobs]
+    if not checked:
+        return []
+    ids = [uuid.uuid4() for _ in checked]
+    cur = _cursor(target)
+    try:
+        cur.execute(
+            Q.job_insert_many,
+            {
+                "ids": ids,
+                "topics": [j.topic for j in checked],
+                "payloads": [j.payload_json for j in checked],
+                "keys": [j.idempotency_key for j in checked],
+                "available_ats": [j.available_at for j in checked],
+            },
+        )
+        inserted = {row[0] for row in cur.fetchall()}
+        result = [(job_id, job_id in inserted) for job_id in ids]
+        missing = [i for i, (_, created) in enumerate(result) if not created]
+        if missing:
+            cur.execute(
+                Q.job_get_ids_by_keys,
+                {
+                    "topics": [checked[i].topic for i in missing],
+                    "keys": [checked[i].idempotency_key for i in missing],
+                },
+            )
+            existing = {(topic, key): job_id for topic, key, job_id in cur.fetchall()}
+            for i in missing:
+                job = checked[i]
+                found = existing.get((job.topic, job.idempotency_key))
+                if found is None:
+                    raise BrooqError(
+                        f"job {i} ({job.topic!r}, key {job.idempotency_key!r}) conflicted "
+                        "with a row that has since disappeared; enqueue it again"
+                    )
+                result[i] = (found, False)
+    except psycopg.errors.UndefinedTable as exc:
+        raise schema_missing(exc) from None
+    return result

@@ -1,0 +1,265 @@
+"""brooq.Queue: the application object. Producers enqueue through it, the master imports
+it to learn the handlers, operators inspect through it.
+
+Creating a Queue opens nothing. The connection pool opens on first use, in the process
+that uses it; a pool inherited across fork() is dropped unused (never closed, since its
+sockets belong to the parent), so no connection ever crosses a fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from brooq import dsn as dsn_mod
+from brooq import produce as producer
+from brooq import settings as settings_mod
+from brooq.db import CONNECT_TIMEOUT, schema_missing, unavailable
+from brooq.durations import Duration
+from brooq.errors import BrooqError, InvalidTransition
+from brooq.handlers import Handler, HandlerFn, build
+from brooq.job import STATES, Job, JobRecord, parse_job_id, validate_topic
+from brooq.sql import Q
+
+log = logging.getLogger("brooq")
+
+LIST_LIMIT_MAX = 1000
+
+
+@dataclass(frozen=True)
+class TopicStats:
+    topic: str
+    pending: int = 0
+    processing: int = 0
+    failed: int = 0
+    dead: int = 0
+    oldest_ready_age: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "pending": self.pending,
+            "processing": self.processing,
+            "failed": self.failed,
+            "dead": self.dead,
+            "oldest_ready_age_seconds": round(self.oldest_ready_age, 3),
+        }
+
+
+class Queue:
+    """The application object: ``queue = brooq.Queue()`` then ``@queue.handler("topic")``."""
+
+    def __init__(self, dsn: str | None = None, *, pool_size: int = 4, **settings: Any) -> None:
+        self._dsn_arg = dsn
+        self._dsn: str | None = None
+        self._overrides = dict(settings)
+        self._settings: settings_mod.Settings | None = None
+        self.pool_size = pool_size
+        self.handlers: dict[str, Handler] = {}
+        self._pool: ConnectionPool[Any] | None = None
+        self._pool_pid = 0
+        # Fail early on unknown names and bad values given in code.
+        unknown = sorted(set(settings) - settings_mod.FIELDS)
+        if unknown:
+            raise BrooqError(f"unknown Queue settings: {', '.join(unknown)}")
+
+    # -- configuration ---------------------------------------------------------------
+
+    @property
+    def dsn(self) -> str:
+        if self._dsn is None:
+            self._dsn = dsn_mod.resolve(self._dsn_arg)
+        return self._dsn
+
+    @property
+    def settings(self) -> settings_mod.Settings:
+        """Defaults < QUEUE_* environment < Queue(**settings); validated on first read."""
+        if self._settings is None:
+            self._settings = settings_mod.load(overrides=self._overrides)
+        return self._settings
+
+    def configure(self, settings: settings_mod.Settings) -> None:
+        """Replace the settings (the master applies its flags through this)."""
+        self._settings = settings
+
+    def handler(
+        self,
+        topic: str,
+        *,
+        max_attempts: int | None = None,
+        attempt_timeout: Duration | None = None,
+        max_execution_timeout: Duration | None = None,
+        backoff_base: Duration | None = None,
+        backoff_max: Duration | None = None,
+    ) -> Callable[[HandlerFn], HandlerFn]:
+        """Register ``fn(claim)`` for ``topic``. Unset options take the queue's settings
+        (QUEUE_MAX_ATTEMPTS etc.; defaults 5, 1m, 5m, 1s, 1m)."""
+
+        def register(fn: HandlerFn) -> HandlerFn:
+            if topic in self.handlers:
+                raise BrooqError(f"a handler for topic {topic!r} is already registered")
+            self.handlers[topic] = build(
+                topic,
+                fn,
+                max_attempts=max_attempts,
+                attempt_timeout=attempt_timeout,
+                max_execution_timeout=max_execution_timeout,
+                backoff_base=backoff_base,
+                backoff_max=backoff_max,
+            )
+            return fn
+
+        return register
+
+    # -- connections -------------------------------------------------------------------
+
+    def _get_pool(self) -> ConnectionPool[Any]:
+        if self._pool is not None and self._pool_pid != os.getpid():
+            # Inherited across fork: the sockets are the parent's. Forget it, do not close it.
+            self._pool = None
+        if self._pool is None:
+            pool: ConnectionPool[Any] = ConnectionPool(
+                self.dsn,
+                min_size=1,
+                max_size=max(1, self.pool_size),
+                open=False,
+                timeout=CONNECT_TIMEOUT,
+                kwargs={"connect_timeout": CONNECT_TIMEOUT},
+                check=ConnectionPool.check_connection,
+                name="brooq",
+            )
+            try:
+                pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+            except PoolTimeout:
+                pool.close(timeout=0)
+                raise self._unavailable() from None
+            self._pool, self._pool_pid = pool, os.getpid()
+        return self._pool
+
+    def _unavailable(self) -> BrooqError:
+        try:
+            psycopg.connect(self.dsn, connect_timeout=CONNECT_TIMEOUT).close()
+        except psycopg.Error as exc:
+            return unavailable(self.dsn, exc)
+        return unavailable(self.dsn, TimeoutError("timed out waiting for a pooled connection"))
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection (autocommit off); committed on success, rolled back on error."""
+        pool = self._get_pool()
+        try:
+            with pool.connection() as conn:
+                yield conn
+        except PoolTimeout:
+            raise self._unavailable() from None
+        except psycopg.errors.UndefinedTable as exc:
+            raise schema_missing(exc) from None
+        except psycopg.OperationalError as exc:
+            raise unavailable(self.dsn, exc) from None
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection inside a transaction: your writes and
+        ``brooq.enqueue(conn, job)`` commit together, or roll back together."""
+        with self.connection() as conn, conn.transaction():
+            yield conn
+
+    def close(self) -> None:
+        if self._pool is not None and self._pool_pid == os.getpid():
+            self._pool.close()
+        self._pool = None
+
+    # -- producing -----------------------------------------------------------------------
+
+    @property
+    def _max_payload(self) -> int:
+        return self.settings.max_payload_bytes
+
+    def enqueue(self, job: Job) -> tuple[uuid.UUID, bool]:
+        """Insert one job in its own transaction; (id, created)."""
+        limit = self._max_payload
+        producer._check(job, limit)
+        with self.transaction() as conn:
+            return producer.enqueue(conn, job, max_payload_bytes=limit)
+
+    def enqueue_many(self, jobs: Sequence[Job]) -> list[tuple[uuid.UUID, bool]]:
+        """Insert many jobs in one transaction and one statement; [(id, created), ...]."""
+        limit = self._max_payload
+        for job in jobs:
+            producer._check(job, limit)
+        with self.transaction() as conn:
+            return producer.enqueue_many(conn, jobs, max_payload_bytes=limit)
+
+    # -- reading and operating -----------------------------------------------------------
+
+    def get(self, job_id: uuid.UUID | str) -> JobRecord | None:
+        """The job's row, or None when no job has this id."""
+        jid = parse_job_id(job_id)
+        with self.connection() as conn:
+            row = conn.cursor(row_factory=dict_row).execute(Q.job_get, {"id": jid}).fetchone()
+        return None if row is None else JobRecord(**row)
+
+    def cancel(self, job_id: uuid.UUID | str) -> bool:
+        """pending, failed or processing -> canceled. False when the job is unknown or
+        already finished (terminal rows are never touched). A running handler is
+        interrupted with brooq.LeaseLost at the master's next lease renewal."""
+        jid = parse_job_id(job_id)
+        with self.transaction() as conn:
+            return conn.execute(Q.job_cancel, {"id": jid}).fetchone() is not None
+
+    def retry(self, job_id: uuid.UUID | str) -> bool:
+        """dead or canceled -> pending now, attempts reset, last_error kept. False when
+        the job is unknown or not in one of those states."""
+        jid = parse_job_id(job_id)
+        with self.transaction() as conn:
+            return conn.execute(Q.job_retry, {"id": jid}).fetchone() is not None
+
+    def explain_refusal(self, job_id: uuid.UUID | str, action: str) -> InvalidTransition:
+        """Why cancel or retry did nothing, as an error to show an operator."""
+        record = self.get(job_id)
+        if record is None:
+            return InvalidTransition(f"no job with id {job_id}")
+        allowed = {
+            "cancel": "only pending, failed or processing jobs can be canceled",
+            "retry": "only dead or canceled jobs can be retried",
+        }
+        return InvalidTransition(
+            f"cannot {action} job {record.id}: it is {record.state}; {allowed[action]}"
+        )
+
+    def list_jobs(
+        self, *, topic: str | None = None, state: str | None = None, limit: int = 100
+    ) -> list[JobRecord]:
+        """Newest first; at most 1,000 rows."""
+        if topic is not None:
+            validate_topic(topic)
+        if state is not None and state not in STATES:
+            raise BrooqError(f"state must be one of {', '.join(STATES)}, got {state!r}")
+        if not 1 <= limit <= LIST_LIMIT_MAX:
+            raise BrooqError(f"limit must be between 1 and {LIST_LIMIT_MAX}, got {limit}")
+        with self.connection() as conn:
+            rows = conn.cursor(row_factory=dict_row).execute(
+                Q.job_list, {"topic": topic, "state": state, "limit": limit}
+            )
+            return [JobRecord(**row) for row in rows]
+
+    def stats(self) -> list[TopicStats]:
+        """Per topic: jobs in each active state and dead, and the oldest ready age."""
+        with self.connection() as conn:
+            counts = conn.execute(Q.job_count_by_topic_state).fetchall()
+            ages = conn.execute(Q.job_oldest_ready_by_topic).fetchall()
+        table: dict[str, dict[str, Any]] = {}
+        for topic, state, jobs in counts:
+            table.setdefault(topic, {})[state] = int(jobs)
+        for topic, age in ages:
+            table.setdefault(topic, {})["oldest_ready_age"] = float(age)
+        return [TopicStats(topic=t, **v) for t, v in sorted(table.items())]

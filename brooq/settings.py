@@ -1,0 +1,214 @@
+"""Settings: defaults, the QUEUE_* environment, Queue(**settings) and flags, validated at once.
+
+Precedence, lowest first: built-in defaults, the environment, keyword arguments of
+``brooq.Queue``, command-line flags. An empty environment variable counts as unset.
+Every problem is collected and reported together (InvalidSettings.problems).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from brooq.durations import parse_duration_string, to_seconds
+from brooq.errors import InvalidSettings
+from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES
+
+
+@dataclass(frozen=True)
+class Settings:
+    workers: int = 2
+    poll_interval: float = 1.0
+    lease: float = 30.0
+    attempt_timeout: float = 60.0
+    max_execution_timeout: float = 300.0
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    max_attempts: int = 5
+    reaper_period: float = 0.0  # 0: max(5s, lease/4)
+    retention_ttl: float = 30 * 86400.0  # 0: retention disabled
+    retention_batch: int = 1000
+    retention_period: float = 0.0  # 0: computed
+    graceful_timeout: float = 30.0
+    watchdog_grace: float = 0.0  # 0: equal to the lease
+    ops_addr: str = "127.0.0.1:8090"
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_jobs_per_child: int = 0  # 0: never recycle by count
+    max_memory_per_child: int = 0  # MiB of resident memory; 0: never recycle by memory
+    stats_period: float = 5.0
+
+    @property
+    def effective_reaper_period(self) -> float:
+        return self.reaper_period or max(5.0, self.lease / 4)
+
+    @property
+    def effective_retention_period(self) -> float:
+        return self.retention_period or 60.0
+
+    @property
+    def effective_watchdog_grace(self) -> float:
+        return self.watchdog_grace or self.lease
+
+    @property
+    def renew_period(self) -> float:
+        return self.lease / 3
+
+
+_DURATIONS = {
+    "poll_interval",
+    "lease",
+    "attempt_timeout",
+    "max_execution_timeout",
+    "backoff_base",
+    "backoff_max",
+    "reaper_period",
+    "retention_ttl",
+    "retention_period",
+    "graceful_timeout",
+    "watchdog_grace",
+    "stats_period",
+}
+_INTEGERS = {
+    "workers",
+    "max_attempts",
+    "retention_batch",
+    "max_payload_bytes",
+    "max_jobs_per_child",
+    "max_memory_per_child",
+}
+_STRINGS = {"ops_addr"}
+
+ENVIRONMENT: dict[str, str] = {
+    "QUEUE_WORKERS": "workers",
+    "QUEUE_POLL_INTERVAL": "poll_interval",
+    "QUEUE_LEASE": "lease",
+    "QUEUE_ATTEMPT_TIMEOUT": "attempt_timeout",
+    "QUEUE_MAX_EXECUTION_TIMEOUT": "max_execution_timeout",
+    "QUEUE_BACKOFF_BASE": "backoff_base",
+    "QUEUE_BACKOFF_MAX": "backoff_max",
+    "QUEUE_MAX_ATTEMPTS": "max_attempts",
+    "QUEUE_REAPER_PERIOD": "reaper_period",
+    "QUEUE_RETENTION_TTL": "retention_ttl",
+    "QUEUE_RETENTION_BATCH": "retention_batch",
+    "QUEUE_RETENTION_PERIOD": "retention_period",
+    "QUEUE_GRACEFUL_TIMEOUT": "graceful_timeout",
+    "QUEUE_WATCHDOG_GRACE": "watchdog_grace",
+    "QUEUE_OPS_ADDR": "ops_addr",
+    "QUEUE_MAX_PAYLOAD_BYTES": "max_payload_bytes",
+    "QUEUE_MAX_JOBS_PER_CHILD": "max_jobs_per_child",
+    "QUEUE_MAX_MEMORY_PER_CHILD": "max_memory_per_child",
+    "QUEUE_STATS_PERIOD": "stats_period",
+}
+FIELDS = {f.name for f in dataclasses.fields(Settings)}
+
+
+def _convert(name: str, value: Any, source: str, *, from_text: bool) -> Any:
+    """Convert one raw value; raises ValueError with a message naming the source."""
+    if name in _DURATIONS:
+        try:
+            if from_text:
+                return parse_duration_string(str(value))
+            return to_seconds(value)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+    if name in _INTEGERS:
+        if isinstance(value, bool):
+            raise ValueError(f"{source}: {value!r} is not an integer")
+        if isinstance(value, int):
+            return value
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            raise ValueError(f"{source}: {value!r} is not an integer") from None
+    if name in _STRINGS:
+        return str(value)
+    raise ValueError(f"{source}: unknown setting")
+
+
+def validate(settings: Settings) -> list[str]:
+    """Every rule a combination of settings breaks, as readable sentences."""
+    problems: list[str] = []
+    s = settings
+    for name in ("workers", "max_attempts", "retention_batch", "max_payload_bytes"):
+        if getattr(s, name) < 1:
+            problems.append(f"{name} must be at least 1, got {getattr(s, name)}")
+    for name in ("max_jobs_per_child", "max_memory_per_child"):
+        if getattr(s, name) < 0:
+            problems.append(f"{name} must be 0 (off) or positive, got {getattr(s, name)}")
+    for name in (
+        "poll_interval",
+        "lease",
+        "attempt_timeout",
+        "max_execution_timeout",
+        "backoff_base",
+        "backoff_max",
+        "graceful_timeout",
+        "stats_period",
+    ):
+        if getattr(s, name) <= 0:
+            problems.append(f"{name} must be positive, got {getattr(s, name):g}s")
+    for name in ("reaper_period", "retention_period", "watchdog_grace", "retention_ttl"):
+        if getattr(s, name) < 0:
+            problems.append(f"{name} must not be negative (0 means default/off)")
+    if s.attempt_timeout > s.max_execution_timeout > 0:
+        problems.append(
+            f"attempt_timeout ({s.attempt_timeout:g}s) must not exceed "
+            f"max_execution_timeout ({s.max_execution_timeout:g}s)"
+        )
+    if s.backoff_base > s.backoff_max > 0:
+        problems.append(
+            f"backoff_base ({s.backoff_base:g}s) must not exceed backoff_max ({s.backoff_max:g}s)"
+        )
+    host, sep, port = s.ops_addr.rpartition(":")
+    if s.ops_addr and (not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host):
+        problems.append(f"ops_addr must be HOST:PORT (e.g. 127.0.0.1:8090), got {s.ops_addr!r}")
+    return problems
+
+
+def load(
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Combine the layers and validate; raise InvalidSettings listing every problem."""
+    env = os.environ if environ is None else environ
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for var, name in ENVIRONMENT.items():
+        raw = env.get(var, "")
+        if raw.strip() == "":
+            continue
+        try:
+            values[name] = _convert(name, raw, f"{var}={raw!r}", from_text=True)
+        except ValueError as exc:
+            problems.append(str(exc))
+    for layer, label in ((overrides or {}, "Queue({}=...)"), (flags or {}, "--{}")):
+        for name, raw in layer.items():
+            if raw is None:
+                continue
+            if name not in FIELDS:
+                problems.append(f"unknown setting {name!r}")
+                continue
+            source = label.format(name.replace("_", "-") if label.startswith("--") else name)
+            try:
+                values[name] = _convert(name, raw, source, from_text=False)
+            except ValueError as exc:
+                problems.append(str(exc))
+    settings = Settings(**values)
+    problems.extend(validate(settings))
+    if problems:
+        raise InvalidSettings(problems)
+    return settings
+
+
+def getenv(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """An environment variable, with the empty value counting as unset."""
+    value = (os.environ if environ is None else environ).get(name, "")
+    return value if value.strip() else None
+
+
+Validator = Callable[[Settings], list[str]]

@@ -1,0 +1,186 @@
+-- Every statement brooq runs, named table_verb. Parameters are psycopg named
+-- placeholders. Outcome writes are guarded by "still processing and still mine":
+-- zero rows is a normal answer, never an error.
+
+-- name: job_insert
+-- One job. ON CONFLICT covers only keyed rows (the unique index is partial).
+INSERT INTO job (id, topic, payload, idempotency_key, available_at)
+VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()))
+ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id
+
+-- name: job_insert_many
+-- Many jobs in one statement (one round trip, one NOTIFY). Ids are made by the client,
+-- so the caller knows every id before the answer; rows skipped by a key conflict are
+-- missing from RETURNING.
+INSERT INTO job (id, topic, payload, idempotency_key, available_at)
+SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now())
+FROM unnest(%(ids)s::uuid[], %(topics)s::text[], %(payloads)s::text[], %(keys)s::text[],
+            %(available_ats)s::timestamptz[]) WITH ORDINALITY AS i(id, topic, payload, key, available_at, ord)
+ORDER BY i.ord
+ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id
+
+-- name: job_get_id_by_key
+SELECT id FROM job WHERE topic = %(topic)s AND idempotency_key = %(key)s
+
+-- name: job_get_ids_by_keys
+SELECT k.topic, k.key, job.id
+FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS k(topic, key)
+JOIN job ON job.topic = k.topic AND job.idempotency_key = k.key
+
+-- name: job_get
+SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
+       last_error, idempotency_key, created_at, updated_at
+FROM job WHERE id = %(id)s
+
+-- name: job_cancel
+-- Operator or producer cancel. A processing row is canceled too: its holder learns it
+-- at the next lease renewal, and its own outcome write then matches no row.
+UPDATE job SET state = 'canceled', updated_at = now()
+WHERE id = %(id)s AND state IN ('pending', 'failed', 'processing')
+RETURNING id
+
+-- name: job_retry
+-- Operator retry of a finished job: back to pending now, attempts reset, last_error kept.
+WITH retried AS (
+    UPDATE job SET state = 'pending', attempts = 0, available_at = now(),
+                   locked_by = NULL, locked_until = NULL, updated_at = now()
+    WHERE id = %(id)s AND state IN ('dead', 'canceled')
+    RETURNING id
+)
+SELECT retried.id, pg_notify('brooq_job', '') FROM retried
+
+-- name: job_claim
+-- Claim up to %(limit)s ready jobs of the given topics for one worker, FIFO by
+-- (available_at, id). The CTE with LIMIT locks exactly the rows it returns (an
+-- "id IN (subquery)" form may lock more: PostgreSQL bug #15715). The attempt is
+-- charged here (invariant 6).
+WITH next AS (
+    SELECT id
+    FROM job
+    WHERE state IN ('pending', 'failed')
+      AND available_at <= now()
+      AND topic = ANY(%(topics)s::text[])
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE job
+SET state = 'processing',
+    attempts = job.attempts + 1,
+    locked_by = %(worker)s,
+    locked_until = now() + make_interval(secs => %(lease)s),
+    updated_at = now()
+FROM next
+WHERE job.id = next.id
+RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until
+
+-- name: job_set_done
+UPDATE job SET state = 'done', updated_at = now()
+WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+
+-- name: job_set_failed
+-- A failed attempt: dead when the attempts are used up, else failed until the backoff
+-- has passed. %(refund)s gives the attempt back (PreserveAttempt), which never leads to dead.
+UPDATE job
+SET state = CASE
+        WHEN NOT %(refund)s AND attempts >= %(max_attempts)s THEN 'dead'
+        ELSE 'failed'
+    END,
+    attempts = CASE WHEN %(refund)s THEN greatest(attempts - 1, 0) ELSE attempts END,
+    available_at = now() + make_interval(secs => %(delay)s),
+    last_error = %(error)s,
+    updated_at = now()
+WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+RETURNING state
+
+-- name: job_set_canceled
+UPDATE job SET state = 'canceled', last_error = %(error)s, updated_at = now()
+WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+
+-- name: job_list_held
+-- The jobs a worker still holds (the master uses it when that worker died).
+SELECT id, topic, attempts FROM job
+WHERE state = 'processing' AND locked_by = ANY(%(workers)s::text[])
+
+-- name: job_release
+-- Give jobs back without spending the attempt (drain budget exceeded, immediate stop):
+-- pending and claimable at once.
+UPDATE job
+SET state = 'pending', attempts = greatest(attempts - 1, 0), available_at = now(),
+    locked_by = NULL, locked_until = NULL, updated_at = now()
+WHERE state = 'processing' AND locked_by = ANY(%(workers)s::text[])
+RETURNING id, topic
+
+-- name: job_renew_leases
+-- One statement renews every in-flight job of this master, each guarded by its own
+-- holder. A job missing from the result has been canceled, reaped or taken over.
+UPDATE job
+SET locked_until = now() + make_interval(secs => %(lease)s)
+FROM unnest(%(ids)s::uuid[], %(workers)s::text[]) AS held(id, worker)
+WHERE job.id = held.id AND job.state = 'processing' AND job.locked_by = held.worker
+RETURNING job.id
+
+-- name: job_reap_expired
+-- Expired leases go back to pending. attempts stays: an expired lease is a crash, not a
+-- recorded failure (invariant 7). The state check inside the UPDATE lets an outcome
+-- committed meanwhile survive, and several masters may run this at once.
+UPDATE job
+SET state = 'pending', locked_by = NULL, locked_until = NULL,
+    available_at = now(), updated_at = now()
+WHERE state = 'processing' AND locked_until < now()
+RETURNING id, topic
+
+-- name: job_delete_expired
+-- Retention: one batch of terminal rows older than the TTL, oldest first. SKIP LOCKED
+-- lets several masters delete different rows instead of waiting for each other.
+DELETE FROM job
+WHERE id IN (
+    SELECT id FROM job
+    WHERE state IN ('done', 'dead', 'canceled')
+      AND updated_at < now() - make_interval(secs => %(ttl)s)
+    ORDER BY updated_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING topic
+
+-- name: job_count_by_topic_state
+-- Active states and dead only: done grows without bound and is never counted.
+SELECT topic, state, count(*) AS jobs
+FROM job
+WHERE state IN ('pending', 'processing', 'failed', 'dead')
+GROUP BY topic, state
+ORDER BY topic, state
+
+-- name: job_oldest_ready_by_topic
+SELECT topic, extract(epoch FROM now() - min(available_at))::float8 AS age
+FROM job
+WHERE state IN ('pending', 'failed') AND available_at <= now()
+GROUP BY topic
+ORDER BY topic
+
+-- name: job_list
+SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
+       last_error, idempotency_key, created_at, updated_at
+FROM job
+WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: job_list_processing
+SELECT id, topic, attempts, locked_by, locked_until,
+       extract(epoch FROM now() - updated_at)::float8 AS running_for
+FROM job
+WHERE state = 'processing'
+ORDER BY updated_at
+LIMIT %(limit)s
+
+-- name: job_count_finished_since
+SELECT topic, count(*) AS jobs
+FROM job
+WHERE state IN ('done', 'dead', 'canceled', 'failed')
+  AND updated_at >= now() - make_interval(secs => %(seconds)s)
+GROUP BY topic

