@@ -1,0 +1,32 @@
+"""Backoff between attempts: d = min(base * 2^(attempts-1), max), wait uniform in [d/2, d].
+
+The ceiling is checked before the power is taken, so attempt 10,000 gives backoff_max
+rather than an overflow.
+"""
+
+from __future__ import annotations
+
+import random
+
+
+def backoff_ceiling(attempts: int, base: float, maximum: float) -> float:
+    """The upper bound d for the wait after ``attempts`` attempts (attempts >= 1)."""
+    exponent = max(attempts, 1) - 1
+    # 2.0 ** 1024 raises OverflowError; any exponent this large is past every ceiling.
+    if exponent >= 1000:
+        return maximum
+    return min(base * 2.0**exponent, maximum)
+
+
+def backoff(
+    attempts: int, base: float, maximum: float, rand: random.Random | None = None
+) -> float:
+    """Seconds to wait before the next attempt, with jitter."""
+    d = backoff_ceiling(attempts, base, maximum)
+    r = (rand or random).random()
+    return d / 2 + r * (d / 2)
+
+
+def delay_seconds(requested: float, maximum: float) -> float:
+    """A handler's Delay(s), clamped to backoff_max."""
+    return max(0.0, min(requested, maximum))
