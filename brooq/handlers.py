@@ -43,12 +43,19 @@ class Handler:
         def pick(value: Any, default: Any) -> Any:
             return default if value is None else value
 
+        max_execution = pick(self.max_execution_timeout, settings.max_execution_timeout)
+        backoff_max = pick(self.backoff_max, settings.backoff_max)
+        # A default never contradicts a value given at registration: an unset
+        # attempt_timeout (backoff_base) is capped by the max_execution_timeout
+        # (backoff_max) the handler asked for.
         return Policy(
             max_attempts=pick(self.max_attempts, settings.max_attempts),
-            attempt_timeout=pick(self.attempt_timeout, settings.attempt_timeout),
-            max_execution_timeout=pick(self.max_execution_timeout, settings.max_execution_timeout),
-            backoff_base=pick(self.backoff_base, settings.backoff_base),
-            backoff_max=pick(self.backoff_max, settings.backoff_max),
+            attempt_timeout=pick(
+                self.attempt_timeout, min(settings.attempt_timeout, max_execution)
+            ),
+            max_execution_timeout=max_execution,
+            backoff_base=pick(self.backoff_base, min(settings.backoff_base, backoff_max)),
+            backoff_max=backoff_max,
         )
 
 

@@ -18,12 +18,11 @@ def backoff_ceiling(attempts: int, base: float, maximum: float) -> float:
     return min(base * 2.0**exponent, maximum)
 
 
-def backoff(
-    attempts: int, base: float, maximum: float, rand: random.Random | None = None
-) -> float:
-    """Seconds to wait before the next attempt, with jitter."""
+def backoff(attempts: int, base: float, maximum: float, draw: float | None = None) -> float:
+    """Seconds to wait before the next attempt: uniform in [d/2, d]. ``draw`` in [0, 1)
+    replaces the random draw (for tests and for callers that draw themselves)."""
     d = backoff_ceiling(attempts, base, maximum)
-    r = (rand or random).random()
+    r = random.random() if draw is None else draw
     return d / 2 + r * (d / 2)
 
 

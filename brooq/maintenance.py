@@ -1,0 +1,97 @@
+"""The master's periodic work on the database, each a run_once(conn, ...) returning counts,
+so tests call them without timers. All of them are single guarded statements, safe when
+several masters run against one database."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from brooq.execute import bounded
+from brooq.handlers import Policy
+from brooq.retry import backoff
+from brooq.sql import Q
+
+log = logging.getLogger("brooq.master")
+
+RETENTION_MAX_BATCHES = 100
+
+
+def renew_leases(
+    conn: psycopg.Connection[Any], held: Sequence[tuple[uuid.UUID, str]], lease: float
+) -> set[uuid.UUID]:
+    """Extend every (job, holder) lease in one statement; the ids still held."""
+    if not held:
+        return set()
+    rows = conn.execute(
+        Q.job_renew_leases,
+        {"ids": [h[0] for h in held], "workers": [h[1] for h in held], "lease": lease},
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def reap_expired(conn: psycopg.Connection[Any]) -> Counter[str]:
+    """Return expired leases to pending; counts by topic."""
+    return Counter(topic for _, topic in conn.execute(Q.job_reap_expired).fetchall())
+
+
+def delete_expired(
+    conn: psycopg.Connection[Any], ttl: float, batch: int
+) -> tuple[Counter[str], bool]:
+    """Retention: delete terminal rows older than ``ttl`` seconds, ``batch`` at a time, at
+    most RETENTION_MAX_BATCHES batches. Returns counts by topic and whether more remain.
+    A ttl of 0 (or less) deletes nothing: it means "retention off", never "everything"."""
+    deleted: Counter[str] = Counter()
+    if ttl <= 0:
+        return deleted, False
+    for _ in range(RETENTION_MAX_BATCHES):
+        with conn.transaction():
+            rows = conn.execute(Q.job_delete_expired, {"ttl": ttl, "batch": batch}).fetchall()
+        deleted.update(topic for (topic,) in rows)
+        if len(rows) < batch:
+            return deleted, False
+    return deleted, True
+
+
+def fail_held(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    cause: str,
+    policies: dict[str, Policy],
+    default: Policy,
+) -> list[tuple[uuid.UUID, str, str]]:
+    """Record a failed attempt for every job ``worker`` still holds (it died, or was killed).
+    Guarded by the holder, so a job reaped and claimed elsewhere is untouched.
+    Returns (id, topic, new state) for each job written."""
+    written = []
+    held = conn.execute(Q.job_list_held, {"workers": [worker]}).fetchall()
+    for job_id, topic, attempts in held:
+        policy = policies.get(topic, default)
+        row = conn.execute(
+            Q.job_set_failed,
+            {
+                "id": job_id,
+                "worker": worker,
+                "refund": False,
+                "max_attempts": policy.max_attempts,
+                "delay": backoff(attempts, policy.backoff_base, policy.backoff_max),
+                "error": bounded(cause),
+            },
+        ).fetchone()
+        if row is not None:
+            written.append((job_id, topic, row[0]))
+    return written
+
+
+def release_held(
+    conn: psycopg.Connection[Any], workers: Sequence[str]
+) -> list[tuple[uuid.UUID, str]]:
+    """Give back, attempt refunded, every job these workers hold (drain budget exceeded)."""
+    if not workers:
+        return []
+    return [(r[0], r[1]) for r in conn.execute(Q.job_release, {"workers": list(workers)})]

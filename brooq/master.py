@@ -1,0 +1,731 @@
+"""The master: fork children, watch them, keep their leases, clean up after them.
+
+The loop is the arbiter's four verbs: wait (select on signals, child pipes and the LISTEN
+connection), handle what arrived, reap dead children, then run what is due (lease
+renewal, reaper, retention, watchdog) and bring the number of children to the target.
+Signal handlers do nothing but wake the loop (signal.set_wakeup_fd); all work, logging
+included, happens in the loop. The master is single-threaded so that fork() is safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gc
+import json
+import logging
+import os
+import select
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from setproctitle import setproctitle
+
+from brooq import child as child_mod
+from brooq import maintenance, protocol
+from brooq.handlers import Policy
+from brooq.queue import Queue
+from brooq.sdnotify import Notifier
+from brooq.settings import Settings
+from brooq.watchdog import BusyChild, decide
+
+log = logging.getLogger("brooq.master")
+
+EXIT_FATAL = 3
+BOOT_FAILURES_FATAL = 5
+WATCHDOG_TICK = 0.1
+MASTER_STATEMENT_TIMEOUT_MS = 10_000
+
+
+@dataclass
+class JobInfo:
+    id: uuid.UUID
+    topic: str
+    attempt: int
+    policy: Policy
+    started: float
+
+
+@dataclass
+class ChildProc:
+    pid: int
+    identity: str
+    generation: int
+    to_child: int
+    reader: protocol.LineReader
+    stack_file: str
+    born: float
+    ready: bool = False
+    job: JobInfo | None = None
+    retiring: str | None = None  # why it was asked to stop
+    kill_reason: str | None = None
+    kill_detail: str = ""
+    stack_requested_at: float | None = None
+    lease_lost_at: float | None = None
+    fds: list[int] = field(default_factory=list)
+
+
+class Master:
+    def __init__(self, queue: Queue, app_spec: str, settings: Settings, dsn: str) -> None:
+        self.queue = queue
+        self.app_spec = app_spec
+        self.settings = settings
+        self.dsn = dsn
+        self.target = settings.workers
+        self.children: dict[int, ChildProc] = {}
+        self.generation = 0
+        self.reload_from: int | None = None  # the old generation while a reload is pending
+        self.baseline: frozenset[str] = frozenset()
+        self.stopping = False
+        self.drain_deadline = 0.0
+        self.released = 0
+        self.boot_failures = 0
+        self.fatal: str | None = None
+        self.pending_failures: list[tuple[str, str]] = []  # (identity, cause)
+        self.pending_releases: list[str] = []
+        self.db: psycopg.Connection[Any] | None = None
+        self.listener: psycopg.Connection[Any] | None = None
+        self.db_retry_at = 0.0
+        self.db_delay = 0.5
+        self.notifier = Notifier()
+        self.ready_sent = False
+        now = time.monotonic()
+        self.due = {
+            "renew": now + settings.renew_period,
+            "reap": now + 1.0,
+            "retention": now + 5.0,
+            "sd_watchdog": now,
+        }
+        self.policies = {t: h.policy(settings) for t, h in queue.handlers.items()}
+        self.default_policy = Policy(
+            settings.max_attempts,
+            settings.attempt_timeout,
+            settings.max_execution_timeout,
+            settings.backoff_base,
+            settings.backoff_max,
+        )
+        self.runtime_dir = Path(tempfile.mkdtemp(prefix="brooq-master-"))
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.sig_r, self.sig_w = os.pipe()
+        for fd in (self.sig_r, self.sig_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.sig_w, warn_on_full_buffer=False)
+        for signum in (
+            signal.SIGTERM,
+            signal.SIGINT,
+            signal.SIGQUIT,
+            signal.SIGHUP,
+            signal.SIGTTIN,
+            signal.SIGTTOU,
+            signal.SIGCHLD,
+        ):
+            signal.signal(signum, _wake_only)
+        self._title()
+        gc.freeze()  # what the app imported stays in shared copy-on-write pages
+        log.info(
+            "event=master_started app=%s workers=%d lease=%gs pid=%d",
+            self.app_spec,
+            self.target,
+            self.settings.lease,
+            os.getpid(),
+        )
+        self._connect()
+        try:
+            return self._loop()
+        finally:
+            self._close_db()
+            for f in self.runtime_dir.glob("*"):
+                f.unlink(missing_ok=True)
+            self.runtime_dir.rmdir()
+
+    def _loop(self) -> int:
+        while True:
+            self._manage_children()
+            timeout = self._timeout()
+            fds = [self.sig_r, *(c.reader.fd for c in self.children.values())]
+            if self.listener is not None:
+                fds.append(self.listener.fileno())
+            try:
+                readable, _, _ = select.select(fds, [], [], timeout)
+            except InterruptedError:
+                readable = []
+            now = time.monotonic()
+            if self.sig_r in readable:
+                self._handle_signals()
+            for c in list(self.children.values()):
+                if c.reader.fd in readable:
+                    self._read_child(c, now)
+            if self.listener is not None and self.listener.fileno() in readable:
+                self._read_notifications()
+            self._reap_children()
+            self._run_due(time.monotonic())
+            self._watchdog(time.monotonic())
+            if self.fatal is not None:
+                return self._die(self.fatal)
+            if self.stopping:
+                if not self.children:
+                    self._flush_accounting()
+                    return self._finish()
+                if time.monotonic() >= self.drain_deadline:
+                    self._kill_all("drain_timeout")
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        nearest = min(self.due.values())
+        if any(c.job for c in self.children.values()) or self.stopping:
+            nearest = min(nearest, now + WATCHDOG_TICK)
+        return max(0.0, min(nearest - now, 1.0))
+
+    def _finish(self) -> int:
+        if self.released:
+            log.warning(
+                "event=master_stopped jobs_returned=%d: unfinished jobs went back to pending "
+                "with their attempt refunded",
+                self.released,
+            )
+            return 1
+        log.info("event=master_stopped jobs_returned=0")
+        return 0
+
+    def _die(self, reason: str) -> int:
+        log.error("event=master_fatal reason=%r", reason)
+        self._kill_all("fatal")
+        deadline = time.monotonic() + 5
+        while self.children and time.monotonic() < deadline:
+            self._reap_children()
+            time.sleep(0.05)
+        self._flush_accounting()
+        return EXIT_FATAL
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _handle_signals(self) -> None:
+        try:
+            data = os.read(self.sig_r, 4096)
+        except BlockingIOError:
+            return
+        for signum in data:
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self._drain(signal.Signals(signum).name)
+            elif signum == signal.SIGQUIT:
+                self._drain("SIGQUIT", budget=0.0)
+            elif signum == signal.SIGHUP:
+                self._reload()
+            elif signum == signal.SIGTTIN:
+                self.target += 1
+                log.info("event=workers_changed workers=%d by=SIGTTIN", self.target)
+                self._title()
+            elif signum == signal.SIGTTOU:
+                self.target = max(1, self.target - 1)
+                log.info("event=workers_changed workers=%d by=SIGTTOU", self.target)
+                self._title()
+
+    def _drain(self, why: str, budget: float | None = None) -> None:
+        if budget is None:
+            budget = self.settings.graceful_timeout
+        if self.stopping:
+            if budget == 0.0:
+                self.drain_deadline = time.monotonic()
+            return
+        self.stopping = True
+        self.drain_deadline = time.monotonic() + budget
+        self.notifier.send("STOPPING=1", f"STATUS=draining ({why})")
+        busy = sum(1 for c in self.children.values() if c.job)
+        log.info("event=drain_started signal=%s busy_children=%d budget=%gs", why, busy, budget)
+        self._title()
+        for c in self.children.values():
+            self._ask_to_stop(c, "drain")
+
+    def _reload(self) -> None:
+        if self.stopping:
+            return
+        if self.reload_from is not None:
+            log.warning("event=reload_ignored reason='a reload is already in progress'")
+            return
+        self.reload_from = self.generation
+        self.generation += 1
+        self.baseline = self.baseline or frozenset(sys.modules)
+        log.info("event=reload_started generation=%d", self.generation)
+
+    # -- children ----------------------------------------------------------------------------
+
+    def _current(self) -> list[ChildProc]:
+        return [
+            c
+            for c in self.children.values()
+            if c.generation == self.generation and c.retiring is None
+        ]
+
+    def _manage_children(self) -> None:
+        if self.stopping or self.fatal:
+            return
+        current = self._current()
+        for _ in range(self.target - len(current)):
+            self._spawn()
+        if len(current) > self.target:
+            extra = sorted(current, key=lambda c: (c.job is not None, -c.born))
+            for c in extra[: len(current) - self.target]:
+                self._ask_to_stop(c, "scale_down")
+        if self.reload_from is not None:
+            new = self._current()
+            if len(new) >= self.target and all(c.ready for c in new):
+                for c in list(self.children.values()):
+                    if c.generation == self.reload_from and c.retiring is None:
+                        self._ask_to_stop(c, "reload")
+                log.info("event=reload_done generation=%d", self.generation)
+                self.reload_from = None
+        if not self.ready_sent and current and all(c.ready for c in current):
+            self.ready_sent = True
+            self.notifier.send("READY=1", f"STATUS=running {self.target} workers")
+
+    def _spawn(self) -> None:
+        c2m_r, c2m_w = os.pipe()
+        m2c_r, m2c_w = os.pipe()
+        identity_tag = uuid.uuid4().hex[:6]
+        stack_file = str(self.runtime_dir / f"stack-{identity_tag}.txt")
+        reload_baseline = self.baseline if self.generation > 0 else None
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            try:
+                self._in_child_after_fork(keep={c2m_w, m2c_r})
+                identity = child_mod.identity_for(os.getpid(), identity_tag)
+                child_mod.main(
+                    child_mod.ChildConfig(
+                        identity=identity,
+                        dsn=self.dsn,
+                        settings=self.settings,
+                        handlers=self.queue.handlers,
+                        to_master=c2m_w,
+                        from_master=m2c_r,
+                        stack_file=stack_file,
+                        app_spec=self.app_spec,
+                        reload_baseline=reload_baseline,
+                    )
+                )
+            finally:
+                os._exit(child_mod.EXIT_BOOT_ERROR)
+        os.close(c2m_w)
+        os.close(m2c_r)
+        os.set_blocking(c2m_r, False)
+        os.set_blocking(m2c_w, False)
+        identity = child_mod.identity_for(pid, identity_tag)
+        self.children[pid] = ChildProc(
+            pid=pid,
+            identity=identity,
+            generation=self.generation,
+            to_child=m2c_w,
+            reader=protocol.LineReader(c2m_r),
+            stack_file=stack_file,
+            born=time.monotonic(),
+            fds=[c2m_r, m2c_w],
+        )
+        log.debug("event=child_spawned pid=%d worker=%s", pid, identity)
+
+    def _in_child_after_fork(self, keep: set[int]) -> None:
+        """Close what belongs to the master and the siblings. The master's database sockets
+        are closed at the descriptor level only: the connection objects are never used or
+        finalised here (the child leaves through os._exit), so nothing is sent on them."""
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGQUIT):
+            signal.signal(signum, signal.SIG_DFL)
+        fds = [self.sig_r, self.sig_w]
+        for c in self.children.values():
+            fds.extend(c.fds)
+        for conn in (self.db, self.listener):
+            if conn is not None and not conn.closed:
+                fds.append(conn.fileno())
+        for fd in fds:
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _ask_to_stop(self, c: ChildProc, why: str) -> None:
+        if c.retiring is None:
+            c.retiring = why
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(c.pid, signal.SIGTERM)
+
+    def _read_child(self, c: ChildProc, now: float) -> None:
+        for line in c.reader.read():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
+                continue
+            if "busy" in msg:
+                c.job = JobInfo(
+                    id=uuid.UUID(msg["busy"]),
+                    topic=msg["topic"],
+                    attempt=msg["attempt"],
+                    policy=protocol.policy_from_list(msg["policy"]),
+                    started=now,
+                )
+                c.lease_lost_at = None
+                c.stack_requested_at = None
+            elif "idle" in msg:
+                c.job = None
+                c.lease_lost_at = None
+                c.stack_requested_at = None
+            elif "ready" in msg:
+                c.ready = True
+                self.boot_failures = 0
+            elif "retire" in msg:
+                c.retiring = str(msg["retire"])
+                log.info("event=child_retiring pid=%d reason=%s", c.pid, c.retiring)
+
+    def _wake_idle(self) -> None:
+        for c in self.children.values():
+            if c.ready and c.job is None and c.retiring is None:
+                protocol.send(c.to_child, b"w\n")
+
+    def _reap_children(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            c = self.children.pop(pid, None)
+            if c is not None:
+                self._on_child_exit(c, status)
+
+    def _on_child_exit(self, c: ChildProc, status: int) -> None:
+        # Read what it said last (an "idle" may be waiting in the pipe).
+        self._read_child(c, time.monotonic())
+        for fd in c.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        code = os.waitstatus_to_exitcode(status)
+        how = f"signal={signal.Signals(-code).name}" if code < 0 else f"exit_status={code}"
+        cause: str | None = None
+        if c.kill_reason == "max_execution_timeout" and c.job is not None:
+            cause = (
+                f"killed: max_execution_timeout {c.job.policy.max_execution_timeout:g}s "
+                f"exceeded (ran {time.monotonic() - c.job.started:.1f}s){c.kill_detail}"
+            )
+        elif c.kill_reason in ("drain_timeout", "fatal"):
+            self.pending_releases.append(c.identity)
+        elif c.kill_reason == "lease_lost":
+            cause = None  # the job is no longer ours; the guard would refuse anyway
+        elif code != 0:
+            cause = (
+                f"worker died: {signal.Signals(-code).name}"
+                if code < 0
+                else (f"worker exited with status {code}")
+            )
+        if cause is not None:
+            self.pending_failures.append((c.identity, cause))
+        level = logging.INFO if code == 0 and c.kill_reason is None else logging.ERROR
+        log.log(
+            level,
+            "event=child_exited pid=%d worker=%s %s reason=%s job=%s",
+            c.pid,
+            c.identity,
+            how,
+            c.kill_reason or c.retiring or ("crash" if code else "exit"),
+            c.job.id if c.job else "-",
+        )
+        if not c.ready and not self.stopping and c.kill_reason is None:
+            self._on_boot_failure(c, code)
+        with contextlib.suppress(OSError):
+            os.unlink(c.stack_file)
+        self._flush_accounting()
+
+    def _on_boot_failure(self, c: ChildProc, code: int) -> None:
+        if (
+            code == child_mod.EXIT_APP_LOAD_ERROR
+            and c.generation > 0
+            and self.reload_from is not None
+        ):
+            log.error(
+                "event=reload_failed generation=%d: keeping the running workers", c.generation
+            )
+            for other in list(self.children.values()):
+                if other.generation == c.generation:
+                    self._ask_to_stop(other, "reload_failed")
+            self.generation = self.reload_from
+            self.reload_from = None
+            return
+        self.boot_failures += 1
+        if code == child_mod.EXIT_APP_LOAD_ERROR:
+            self.fatal = "children cannot load the application"
+        elif self.boot_failures >= BOOT_FAILURES_FATAL:
+            self.fatal = (
+                f"{self.boot_failures} children in a row died before becoming ready; "
+                "not respawning forever"
+            )
+
+    def _kill_all(self, reason: str) -> None:
+        for c in self.children.values():
+            if c.kill_reason is None:
+                c.kill_reason = reason
+                _killpg(c.pid)
+
+    # -- watchdog ----------------------------------------------------------------------------
+
+    def _watchdog(self, now: float) -> None:
+        busy = [
+            BusyChild(
+                pid=c.pid,
+                started=c.job.started,
+                max_execution_timeout=c.job.policy.max_execution_timeout,
+                lease_lost_at=c.lease_lost_at,
+                stack_requested_at=c.stack_requested_at,
+            )
+            for c in self.children.values()
+            if c.job is not None and c.kill_reason is None
+        ]
+        for d in decide(busy, now, self.settings.effective_watchdog_grace):
+            c = self.children[d.pid]
+            if d.action == "dump_stack":
+                c.stack_requested_at = now
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(c.pid, signal.SIGUSR2)
+                continue
+            c.kill_reason = d.reason
+            stack = _read_stack(c.stack_file)
+            c.kill_detail = f"; stack (most recent call first):\n{stack}" if stack else ""
+            assert c.job is not None
+            if d.reason == "max_execution_timeout":
+                log.error(
+                    "event=child_killed pid=%d job=%s topic=%s reason=max_execution_timeout "
+                    "limit=%gs ran=%.1fs\n%s",
+                    c.pid,
+                    c.job.id,
+                    c.job.topic,
+                    c.job.policy.max_execution_timeout,
+                    now - c.job.started,
+                    stack,
+                )
+            else:
+                log.error(
+                    "event=child_killed pid=%d job=%s topic=%s reason=hung_after_lease_lost "
+                    "grace=%gs\n%s",
+                    c.pid,
+                    c.job.id,
+                    c.job.topic,
+                    self.settings.effective_watchdog_grace,
+                    stack,
+                )
+            _killpg(c.pid)
+
+    # -- database ------------------------------------------------------------------------
+
+    def _connect(self) -> bool:
+        if self.db is not None and self.listener is not None:
+            return True
+        if time.monotonic() < self.db_retry_at:
+            return False
+        try:
+            options = f"-c statement_timeout={MASTER_STATEMENT_TIMEOUT_MS}"
+            if self.db is None:
+                self.db = psycopg.connect(
+                    self.dsn,
+                    autocommit=True,
+                    connect_timeout=3,
+                    options=options,
+                    application_name="brooq-master",
+                )
+            if self.listener is None:
+                self.listener = psycopg.connect(
+                    self.dsn,
+                    autocommit=True,
+                    connect_timeout=3,
+                    application_name="brooq-master-listen",
+                )
+                self.listener.execute("LISTEN brooq_job")
+                # Anything enqueued while we were not listening: have a look now.
+                self._wake_idle()
+        except psycopg.Error as exc:
+            self._db_failed("connect", exc)
+            return False
+        if self.db_delay > 0.5:
+            log.info("event=db_reconnected who=master")
+        self.db_delay = 0.5
+        return True
+
+    def _db_failed(self, what: str, exc: BaseException) -> None:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning(
+            "event=db_error who=master during=%s retry_in=%.1fs error=%r",
+            what,
+            self.db_delay,
+            first,
+        )
+        self._close_db()
+        self.db_retry_at = time.monotonic() + self.db_delay
+        self.db_delay = min(self.db_delay * 2, 10.0)
+
+    def _close_db(self) -> None:
+        for conn in (self.db, self.listener):
+            if conn is not None:
+                with contextlib.suppress(Exception):  # closing a broken connection
+                    conn.close()
+        self.db = self.listener = None
+
+    def _read_notifications(self) -> None:
+        assert self.listener is not None
+        try:
+            got = any(True for _ in self.listener.notifies(timeout=0))
+        except psycopg.Error as exc:
+            self._db_failed("listen", exc)
+            return
+        if got:
+            self._wake_idle()
+
+    def _with_db(self, what: str, fn: Any) -> Any:
+        if not self._connect():
+            return None
+        assert self.db is not None
+        try:
+            return fn(self.db)
+        except psycopg.OperationalError as exc:
+            self._db_failed(what, exc)
+        except psycopg.Error as exc:
+            log.error("event=maintenance_error during=%s error=%r", what, str(exc).strip())
+        return None
+
+    def _flush_accounting(self) -> None:
+        while self.pending_failures:
+            identity, cause = self.pending_failures[0]
+
+            def write(
+                conn: psycopg.Connection[Any], identity: str = identity, cause: str = cause
+            ) -> list[tuple[uuid.UUID, str, str]]:
+                return maintenance.fail_held(
+                    conn, identity, cause, self.policies, self.default_policy
+                )
+
+            written = self._with_db("crash_accounting", write)
+            if written is None:
+                return  # database unreachable: try again on the next pass
+            self.pending_failures.pop(0)
+            for job_id, topic, state in written:
+                log.error(
+                    "event=attempt_failed_by_master job=%s topic=%s state=%s cause=%r",
+                    job_id,
+                    topic,
+                    state,
+                    cause.splitlines()[0],
+                )
+        if self.pending_releases:
+            workers = list(self.pending_releases)
+            released = self._with_db(
+                "release", lambda conn: maintenance.release_held(conn, workers)
+            )
+            if released is None:
+                return
+            self.pending_releases.clear()
+            self.released += len(released)
+            for job_id, topic in released:
+                log.warning("event=job_returned job=%s topic=%s attempt_refunded=1", job_id, topic)
+
+    # -- periodic work ---------------------------------------------------------------------
+
+    def _run_due(self, now: float) -> None:
+        s = self.settings
+        if self.notifier.watchdog_period and now >= self.due["sd_watchdog"]:
+            self.notifier.send("WATCHDOG=1")
+            self.due["sd_watchdog"] = now + self.notifier.watchdog_period
+        elif not self.notifier.watchdog_period:
+            self.due["sd_watchdog"] = now + 3600
+        if (self.db is None or self.listener is None) and self._connect():
+            self._flush_accounting()
+        if now >= self.due["renew"]:
+            self.due["renew"] = now + s.renew_period
+            self._renew(now)
+        if now >= self.due["reap"]:
+            self.due["reap"] = now + s.effective_reaper_period
+            reaped = self._with_db("reaper", maintenance.reap_expired)
+            if reaped:
+                log.info(
+                    "event=jobs_reaped count=%d topics=%s",
+                    sum(reaped.values()),
+                    ",".join(sorted(reaped)),
+                )
+        if now >= self.due["retention"]:
+            self.due["retention"] = now + s.effective_retention_period
+            if s.retention_ttl > 0:
+                result = self._with_db(
+                    "retention",
+                    lambda conn: maintenance.delete_expired(
+                        conn, s.retention_ttl, s.retention_batch
+                    ),
+                )
+                if result:
+                    deleted, more = result
+                    if deleted:
+                        log.info("event=retention_deleted count=%d", sum(deleted.values()))
+                    if more:
+                        log.warning(
+                            "event=retention_behind: %d batches were not enough; "
+                            "the rest waits for the next tick",
+                            maintenance.RETENTION_MAX_BATCHES,
+                        )
+
+    def _renew(self, now: float) -> None:
+        # Read what children said first, so a job just finished is not taken for lost.
+        for c in self.children.values():
+            self._read_child(c, now)
+        held = [
+            (c.job.id, c.identity)
+            for c in self.children.values()
+            if c.job is not None and c.lease_lost_at is None and c.kill_reason is None
+        ]
+        if not held:
+            return
+        still = self._with_db(
+            "renew", lambda conn: maintenance.renew_leases(conn, held, self.settings.lease)
+        )
+        if still is None:
+            return
+        for c in self.children.values():
+            if c.job is not None and c.lease_lost_at is None and c.job.id not in still:
+                c.lease_lost_at = now
+                log.warning(
+                    "event=lease_lost job=%s topic=%s pid=%d: canceled, reaped or taken over",
+                    c.job.id,
+                    c.job.topic,
+                    c.pid,
+                )
+                protocol.send(c.to_child, f"lost {c.job.id}\n".encode())
+
+    def _title(self) -> None:
+        state = " draining" if self.stopping else ""
+        setproctitle(f"brooq-master: app={self.app_spec} workers={self.target}{state}")
+
+
+def _wake_only(signum: int, frame: object) -> None:
+    """Signal handlers only wake the loop (through the wakeup fd)."""
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    except OSError as exc:
+        if exc.errno != errno.ESRCH:
+            raise
+
+
+def _read_stack(path: str, limit: int = 1500) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return text if len(text) <= limit else text[:limit] + "\n..."

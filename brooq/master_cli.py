@@ -1,0 +1,103 @@
+"""`brooq-master`: import the application once, validate everything, then fork.
+
+Exit codes: 0 drained cleanly; 1 stopped with jobs returned to pending (drain budget
+exceeded, SIGQUIT); 2 bad usage, bad settings or an application that cannot load
+(nothing was forked); 3 fatal supervision error (children cannot start).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from brooq import __version__, logs
+from brooq import app as app_mod
+from brooq import dsn as dsn_mod
+from brooq import settings as settings_mod
+from brooq.errors import AppLoadError, InvalidDsn, InvalidSettings
+from brooq.handlers import policy_problems
+
+DURATION_FLAGS = [
+    ("poll_interval", "Idle children look for jobs this often even without NOTIFY."),
+    ("lease", "Lease length; the master renews every lease/3."),
+    ("attempt_timeout", "Default soft limit: AttemptTimeout raised in the handler."),
+    ("max_execution_timeout", "Default hard limit: the child is killed."),
+    ("graceful_timeout", "Drain budget on SIGTERM."),
+    ("reaper_period", "Reaper period (default max(5s, lease/4))."),
+    ("retention_ttl", "Delete terminal jobs older than this (0s: never)."),
+    ("watchdog_grace", "How long a child may run on after its lease was lost (default: lease)."),
+]
+
+
+def _options(fn: Any) -> Any:
+    for name, text in reversed(DURATION_FLAGS):
+        fn = click.option(f"--{name.replace('_', '-')}", name, metavar="DURATION", help=text)(fn)
+    return fn
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="brooq-master")
+@click.option(
+    "--app",
+    "app_spec",
+    required=True,
+    metavar="MODULE:ATTR",
+    help="The brooq.Queue of your application, e.g. myapp.jobs:queue.",
+)
+@click.option("--workers", type=int, help="Number of child processes (QUEUE_WORKERS).")
+@click.option(
+    "--database",
+    metavar="DSN",
+    help="Default: DATABASE_URL, DATABASE_URL_FILE or the systemd credential database-url.",
+)
+@click.option("--max-jobs-per-child", type=int, help="Retire a child after N jobs.")
+@click.option(
+    "--max-memory-per-child",
+    type=int,
+    metavar="MB",
+    help="Retire a child whose resident memory exceeds MB after its job.",
+)
+@click.option("--ops-addr", metavar="HOST:PORT", help="Ops HTTP surface (QUEUE_OPS_ADDR).")
+@click.option("--log-format", type=click.Choice(["kv", "json"]), default="kv", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True)
+@_options
+def command(
+    app_spec: str, database: str | None, log_format: str, log_level: str, **flags: Any
+) -> None:
+    """Run the workers of a brooq application: one master, N forked children."""
+    logs.setup(log_format, log_level)
+    try:
+        queue = app_mod.load(app_spec)
+    except AppLoadError as exc:
+        click.echo(f"brooq-master: {exc}", err=True)
+        sys.exit(2)
+    problems: list[str] = []
+    settings = None
+    try:
+        settings = settings_mod.load(overrides=queue._overrides, flags=flags)
+    except InvalidSettings as exc:
+        problems.extend(exc.problems)
+    try:
+        dsn = dsn_mod.resolve(database or queue._dsn_arg)
+    except InvalidDsn as exc:
+        problems.append(str(exc))
+        dsn = ""
+    if settings is not None:
+        for topic, handler in sorted(queue.handlers.items()):
+            problems.extend(policy_problems(topic, handler.policy(settings)))
+    if problems or settings is None:
+        click.echo("brooq-master: cannot start:", err=True)
+        for p in problems:
+            click.echo(f"  - {p}", err=True)
+        sys.exit(2)
+    queue.configure(settings)
+
+    from brooq.master import Master
+
+    sys.exit(Master(queue, app_spec, settings, dsn).run())
+
+
+def main() -> None:
+    command(prog_name="brooq-master")

@@ -1,0 +1,31 @@
+"""systemd's notify protocol (sd_notify): one datagram per message to $NOTIFY_SOCKET."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+class Notifier:
+    def __init__(self) -> None:
+        address = os.environ.get("NOTIFY_SOCKET", "")
+        self.address = "\0" + address[1:] if address.startswith("@") else address
+        usec = os.environ.get("WATCHDOG_USEC", "")
+        pid = os.environ.get("WATCHDOG_PID", "")
+        wanted = usec.isdigit() and (not pid or pid == str(os.getpid()))
+        # Ping twice per WatchdogSec, as sd_watchdog_enabled(3) advises.
+        self.watchdog_period = int(usec) / 2e6 if wanted else 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.address)
+
+    def send(self, *lines: str) -> None:
+        if not self.address:
+            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            try:
+                sock.connect(self.address)
+                sock.sendall("\n".join(lines).encode())
+            except OSError:
+                pass  # systemd gone or socket not ours: nothing useful to do

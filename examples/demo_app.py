@@ -1,0 +1,33 @@
+"""The demo application of `make run`: three handlers that show what brooq does."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import brooq
+
+queue = brooq.Queue()
+
+
+@queue.handler("demo.render", max_execution_timeout="30s")
+def render(claim: brooq.Claim) -> None:
+    """CPU-heavy: pure-Python hashing, so each child keeps a core busy."""
+    data = str(claim.payload).encode()
+    for _ in range(int(claim.payload.get("rounds", 20_000))):
+        data = hashlib.sha256(data).digest()
+    claim.chain(
+        brooq.Job("demo.notify", {"rendered": claim.payload["n"], "digest": data.hex()[:12]})
+    )
+
+
+@queue.handler("demo.flaky", max_attempts=5, backoff_base="200ms", backoff_max="2s")
+def flaky(claim: brooq.Claim) -> None:
+    """Fails on its first attempts, then succeeds: retries with backoff."""
+    if claim.attempt < 3 and random.random() < 0.7:
+        raise ConnectionError(f"upstream not ready (attempt {claim.attempt})")
+
+
+@queue.handler("demo.notify")
+def notify(claim: brooq.Claim) -> None:
+    """The follow-up chained by demo.render, enqueued only when the render is done."""
