@@ -101,3 +101,7 @@ def command(
 
 def main() -> None:
     command(prog_name="brooq-master")
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -11,6 +13,7 @@ from psycopg import conninfo, sql
 import brooq
 from brooq import migrate
 from tests import pgserver
+from tests.harness import MasterProcess, prepare
 
 _server: tuple[str, str] | None = None
 _server_searched = False
@@ -111,3 +114,22 @@ def queue(dsn: str) -> Iterator[brooq.Queue]:
 @pytest.fixture
 def admin_dsn() -> str:
     return _admin_dsn()
+
+
+@pytest.fixture
+def start_master(dsn: str, tmp_path: Path) -> Iterator[Callable[..., MasterProcess]]:
+    """Start real brooq-master processes on the test database; all stopped at teardown."""
+    prepare(dsn)
+    started: list[MasterProcess] = []
+
+    def start(**kwargs: Any) -> MasterProcess:
+        log_path = tmp_path / f"master-{len(started)}.log"
+        m = MasterProcess(kwargs.pop("dsn", dsn), log_path, **kwargs)
+        started.append(m)
+        return m
+
+    yield start
+    for m in started:
+        m.stop()
+    for m in started:  # captured: pytest shows it when the test failed
+        print(f"---- {m.log_path.name}\n{m.log()[-20000:]}")

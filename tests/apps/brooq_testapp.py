@@ -1,0 +1,158 @@
+"""The application the process tests run under a real brooq-master.
+
+Every handler records its execution in the table `execution` over its own connection
+(autocommit), so executions are counted apart from outcomes and survive rollbacks.
+The payload steers what a handler does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from typing import Any
+
+import psycopg
+
+import brooq
+
+queue = brooq.Queue()
+_conn: psycopg.Connection[Any] | None = None
+_conn_pid = 0
+
+
+def record(claim: brooq.Claim, note: str = "") -> None:
+    global _conn, _conn_pid
+    if _conn is None or _conn_pid != os.getpid() or _conn.closed:
+        _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+        _conn_pid = os.getpid()
+    _conn.execute(
+        "INSERT INTO execution (job_id, pid, attempt, note) VALUES (%s, %s, %s, %s)",
+        (claim.id, os.getpid(), claim.attempt, note),
+    )
+
+
+@queue.handler("t.ok")
+def ok(claim: brooq.Claim) -> None:
+    record(claim)
+    if isinstance(claim.payload, dict) and claim.payload.get("sleep"):
+        time.sleep(float(claim.payload["sleep"]))
+
+
+@queue.handler("t.fail", max_attempts=3, backoff_base="50ms", backoff_max="100ms")
+def fail(claim: brooq.Claim) -> None:
+    record(claim)
+    raise ValueError(f"bad input on attempt {claim.attempt}")
+
+
+@queue.handler("t.delay", max_attempts=3, backoff_max="30s")
+def delay(claim: brooq.Claim) -> None:
+    record(claim)
+    raise brooq.Delay(claim.payload["seconds"])
+
+
+@queue.handler("t.preserve", max_attempts=1, backoff_base="5s", backoff_max="10s")
+def preserve(claim: brooq.Claim) -> None:
+    record(claim)
+    try:
+        raise TimeoutError("upstream busy")
+    except TimeoutError as exc:
+        raise RuntimeError("wrapped") from brooq.PreserveAttempt()  # signal as __cause__
+
+
+@queue.handler("t.cancel")
+def cancel(claim: brooq.Claim) -> None:
+    record(claim)
+    raise brooq.CancelJob("no longer relevant")
+
+
+@queue.handler("t.chain")
+def chain(claim: brooq.Claim) -> None:
+    record(claim)
+    claim.chain(brooq.Job("t.ok", {"parent": str(claim.id)}))
+    claim.on_success(
+        lambda conn: conn.execute("INSERT INTO side_effect (job_id) VALUES (%s)", (claim.id,))
+    )
+    if claim.payload.get("fail"):
+        raise ValueError("parent failed")
+
+
+@queue.handler("t.hookfail", max_attempts=2, backoff_base="50ms", backoff_max="100ms")
+def hookfail(claim: brooq.Claim) -> None:
+    record(claim)
+    claim.chain(brooq.Job("t.ok", {"parent": str(claim.id)}))
+
+    def broken(conn: psycopg.Connection[Any]) -> None:
+        raise RuntimeError("hook exploded")
+
+    claim.on_success(broken)
+
+
+@queue.handler("t.slow", attempt_timeout="60s", max_execution_timeout="120s")
+def slow(claim: brooq.Claim) -> None:
+    record(claim, "start")
+    deadline = time.monotonic() + float(claim.payload.get("seconds", 30))
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    record(claim, "end")
+
+
+@queue.handler("t.soft", attempt_timeout="300ms", max_execution_timeout="10s", max_attempts=1)
+def soft(claim: brooq.Claim) -> None:
+    record(claim)
+    try:
+        time.sleep(5)
+    finally:
+        record(claim, "cleanup")
+
+
+@queue.handler("t.spin", attempt_timeout="500ms", max_execution_timeout="1500ms", max_attempts=2)
+def spin(claim: brooq.Claim) -> None:
+    """Loops forever and swallows every exception, brooq's included."""
+    record(claim)
+    while True:
+        try:
+            while True:
+                pass
+        except BaseException:  # noqa: S112 - the point: a handler that ignores everything
+            continue
+
+
+@queue.handler("t.exit", max_attempts=3, backoff_base="50ms", backoff_max="100ms")
+def exit_(claim: brooq.Claim) -> None:
+    record(claim)
+    os._exit(7)
+
+
+@queue.handler("t.segv", max_attempts=2, backoff_base="50ms", backoff_max="100ms")
+def segv(claim: brooq.Claim) -> None:
+    record(claim)
+    ctypes.string_at(0)
+
+
+@queue.handler("t.selfkill", max_attempts=2, backoff_base="50ms", backoff_max="100ms")
+def selfkill(claim: brooq.Claim) -> None:
+    record(claim)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@queue.handler("t.cpu")
+def cpu(claim: brooq.Claim) -> None:
+    record(claim)
+    n = 0
+    for i in range(int(claim.payload.get("iterations", 300_000))):
+        n += i * i % 7
+    claim.on_success(lambda conn: None)
+
+
+@queue.handler("t.memory")
+def memory(claim: brooq.Claim) -> None:
+    record(claim)
+    global _ballast
+    _ballast = bytearray(int(claim.payload["mib"]) * 1024 * 1024)
+    for i in range(0, len(_ballast), 4096):
+        _ballast[i] = 1
+
+
+_ballast = bytearray()

@@ -1,0 +1,183 @@
+"""Run a real brooq-master in a subprocess and watch what it does to the table."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+APPS = Path(__file__).resolve().parent / "apps"
+T = TypeVar("T")
+
+# Short intervals so process tests run in seconds.
+FAST = {
+    "QUEUE_LEASE": "2s",
+    "QUEUE_POLL_INTERVAL": "200ms",
+    "QUEUE_REAPER_PERIOD": "500ms",
+    "QUEUE_GRACEFUL_TIMEOUT": "10s",
+    "QUEUE_OPS_ADDR": "127.0.0.1:0",
+}
+
+
+def wait_for(
+    fn: Callable[[], T], timeout: float = 20.0, interval: float = 0.05, what: str = ""
+) -> T:
+    """Poll until fn() is truthy; return it, or fail with what it last returned."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or fn}: last={last!r}")
+
+
+def prepare(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS execution (job_id uuid, pid int, attempt int, "
+            "note text, at timestamptz DEFAULT clock_timestamp())"
+        )
+        conn.execute("CREATE TABLE IF NOT EXISTS side_effect (job_id uuid)")
+
+
+class MasterProcess:
+    def __init__(
+        self,
+        dsn: str,
+        log_path: Path,
+        *,
+        workers: int = 2,
+        app: str = "brooq_testapp:queue",
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        cwd: Path = APPS,
+    ) -> None:
+        self.log_path = log_path
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
+        full_env.update(FAST)
+        full_env["DATABASE_URL"] = dsn
+        full_env["PYTHONPATH"] = os.pathsep.join([str(cwd), str(APPS.parent.parent)])
+        full_env.update(env or {})
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "brooq.master_cli",
+                "--app",
+                app,
+                "--workers",
+                str(workers),
+                *args,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
+
+    def children(self) -> list[int]:
+        return children_of(self.proc.pid)
+
+    def wait_ready(self, workers: int, timeout: float = 20.0) -> list[int]:
+        return wait_for(
+            lambda: (kids := self.children()) and len(kids) >= workers and kids,
+            timeout,
+            what=f"{workers} children",
+        )
+
+    def wait(self, timeout: float = 30.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        for pid in orphans_of_log(self.log_path):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not self._log.closed:
+            self._log.close()
+
+
+def children_of(ppid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == ppid and fields[0] != "Z":
+            kids.append(int(entry.name))
+    return sorted(kids)
+
+
+def orphans_of_log(log_path: Path) -> list[int]:
+    """Children named in the log that are still alive (cleanup after a failed test)."""
+    import re
+
+    pids = {int(p) for p in re.findall(r"pid=(\d+)", log_path.read_text(errors="replace"))}
+    alive = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"brooq" in cmd:
+            alive.append(pid)
+    return alive
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def states(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    return dict(conn.execute("SELECT state, count(*) FROM job GROUP BY state").fetchall())
+
+
+def executions(conn: psycopg.Connection[Any], job_id: Any = None) -> int:
+    if job_id is None:
+        row = conn.execute("SELECT count(*) FROM execution WHERE note = ''").fetchone()
+    else:
+        row = conn.execute(
+            "SELECT count(*) FROM execution WHERE job_id = %s AND note IN ('', 'start')",
+            (job_id,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
