@@ -471,18 +471,16 @@ def resident_mib() -> float:
 
 def main(config: ChildConfig) -> None:
     """Entry point right after fork(); never returns."""
-    code = EXIT_BOOT_ERROR
+    from brooq.errors import AppLoadError
+
     try:
         child = Child(config)
-        try:
-            child.setup()
-        except Exception as exc:
-            from brooq.errors import AppLoadError
-
-            log.error("event=child_boot_failed error=%r", f"{type(exc).__name__}: {exc}")
-            code = EXIT_APP_LOAD_ERROR if isinstance(exc, AppLoadError) else EXIT_BOOT_ERROR
-            raise
-        code = EXIT_CRASHED
+        child.setup()
+    except BaseException as exc:
+        log.error("event=child_boot_failed error=%r", f"{type(exc).__name__}: {exc}")
+        os._exit(EXIT_APP_LOAD_ERROR if isinstance(exc, AppLoadError) else EXIT_BOOT_ERROR)
+    code = EXIT_CRASHED
+    try:
         code = child.run()
     except BaseException:
         log.exception("event=child_crashed")

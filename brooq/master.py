@@ -17,7 +17,6 @@ import logging
 import os
 import select
 import signal
-import sys
 import tempfile
 import time
 import uuid
@@ -73,16 +72,25 @@ class ChildProc:
 
 
 class Master:
-    def __init__(self, queue: Queue, app_spec: str, settings: Settings, dsn: str) -> None:
+    def __init__(
+        self,
+        queue: Queue,
+        app_spec: str,
+        settings: Settings,
+        dsn: str,
+        baseline: frozenset[str] = frozenset(),
+    ) -> None:
         self.queue = queue
         self.app_spec = app_spec
         self.settings = settings
         self.dsn = dsn
         self.target = settings.workers
         self.children: dict[int, ChildProc] = {}
-        self.generation = 0
+        self.generation = 0  # the generation new children belong to
+        self.generations = 0  # every generation ever started, so numbers are never reused
         self.reload_from: int | None = None  # the old generation while a reload is pending
-        self.baseline: frozenset[str] = frozenset()
+        # sys.modules before the app was imported: what a reload must not re-import.
+        self.baseline = baseline
         self.stopping = False
         self.drain_deadline = 0.0
         self.released = 0
@@ -253,8 +261,8 @@ class Master:
             log.warning("event=reload_ignored reason='a reload is already in progress'")
             return
         self.reload_from = self.generation
-        self.generation += 1
-        self.baseline = self.baseline or frozenset(sys.modules)
+        self.generations += 1
+        self.generation = self.generations
         log.info("event=reload_started generation=%d", self.generation)
 
     # -- children ----------------------------------------------------------------------------
@@ -297,7 +305,7 @@ class Master:
         pid = os.fork()
         if pid == 0:  # the child: never returns
             try:
-                self._in_child_after_fork(keep={c2m_w, m2c_r})
+                self._in_child_after_fork(close=[c2m_r, m2c_w])
                 identity = child_mod.identity_for(os.getpid(), identity_tag)
                 child_mod.main(
                     child_mod.ChildConfig(
@@ -331,23 +339,22 @@ class Master:
         )
         log.debug("event=child_spawned pid=%d worker=%s", pid, identity)
 
-    def _in_child_after_fork(self, keep: set[int]) -> None:
+    def _in_child_after_fork(self, close: list[int]) -> None:
         """Close what belongs to the master and the siblings. The master's database sockets
         are closed at the descriptor level only: the connection objects are never used or
         finalised here (the child leaves through os._exit), so nothing is sent on them."""
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGQUIT):
             signal.signal(signum, signal.SIG_DFL)
-        fds = [self.sig_r, self.sig_w]
+        fds = [self.sig_r, self.sig_w, *close]
         for c in self.children.values():
             fds.extend(c.fds)
         for conn in (self.db, self.listener):
             if conn is not None and not conn.closed:
                 fds.append(conn.fileno())
         for fd in fds:
-            if fd not in keep:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _ask_to_stop(self, c: ChildProc, why: str) -> None:
         if c.retiring is None:
@@ -443,6 +450,8 @@ class Master:
         self._flush_accounting()
 
     def _on_boot_failure(self, c: ChildProc, code: int) -> None:
+        if c.generation != self.generation:
+            return  # a generation given up already (a failed reload)
         if (
             code == child_mod.EXIT_APP_LOAD_ERROR
             and c.generation > 0

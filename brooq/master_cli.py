@@ -68,6 +68,7 @@ def command(
 ) -> None:
     """Run the workers of a brooq application: one master, N forked children."""
     logs.setup(log_format, log_level)
+    baseline = frozenset(sys.modules)
     try:
         queue = app_mod.load(app_spec)
     except AppLoadError as exc:
@@ -96,7 +97,7 @@ def command(
 
     from brooq.master import Master
 
-    sys.exit(Master(queue, app_spec, settings, dsn).run())
+    sys.exit(Master(queue, app_spec, settings, dsn, baseline).run())
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -120,10 +121,8 @@ class MasterProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         for pid in orphans_of_log(self.log_path):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if not self._log.closed:
             self._log.close()
 
@@ -181,3 +180,6 @@ def executions(conn: psycopg.Connection[Any], job_id: Any = None) -> int:
         ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+StartMaster = Callable[..., MasterProcess]

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import brooq
-from tests.harness import APPS, executions, states, wait_for
+from tests.harness import APPS, StartMaster, executions, states, wait_for
 
 
 def job_row(db: psycopg.Connection, job_id: object) -> tuple:  # type: ignore[type-arg]
@@ -27,7 +27,9 @@ def state_of(db: psycopg.Connection, job_id: object) -> str:
     return str(job_row(db, job_id)[0])
 
 
-def test_every_outcome_path(queue: brooq.Queue, db: psycopg.Connection, start_master) -> None:  # type: ignore[no-untyped-def]
+def test_every_outcome_path(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
     ids = {
         name: queue.enqueue(job)[0]
         for name, job in {
@@ -228,7 +230,9 @@ def test_terminated_child_connection_does_not_lose_the_job(
     assert m.wait() == 0
 
 
-def test_process_titles(queue: brooq.Queue, db: psycopg.Connection, start_master) -> None:  # type: ignore[no-untyped-def]
+def test_process_titles(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
     m = start_master(workers=2)
     kids = m.wait_ready(2)
     title = Path(f"/proc/{m.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -57,7 +57,7 @@ def preserve(claim: brooq.Claim) -> None:
     record(claim)
     try:
         raise TimeoutError("upstream busy")
-    except TimeoutError as exc:
+    except TimeoutError:
         raise RuntimeError("wrapped") from brooq.PreserveAttempt()  # signal as __cause__
 
 
@@ -115,7 +115,7 @@ def spin(claim: brooq.Claim) -> None:
         try:
             while True:
                 pass
-        except BaseException:  # noqa: S112 - the point: a handler that ignores everything
+        except BaseException:
             continue
 
 
