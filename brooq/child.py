@@ -30,7 +30,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import psycopg
 from setproctitle import setproctitle
@@ -41,6 +41,9 @@ from brooq.job import AttemptTimeout, Claim, Interruption, LeaseLost
 from brooq.produce import enqueue_many
 from brooq.settings import Settings
 from brooq.sql import Q
+
+if TYPE_CHECKING:
+    from brooq.metrics import Metrics
 
 log = logging.getLogger("brooq.child")
 
@@ -64,6 +67,7 @@ class ChildConfig:
     stack_file: str
     app_spec: str = ""
     reload_baseline: frozenset[str] | None = None  # set after SIGHUP: re-import the app
+    metrics: Metrics | None = None
 
 
 def identity_for(pid: int, tag: str) -> str:
@@ -277,6 +281,11 @@ class Child:
         self.current_title = f"{claim.topic} {claim.id} attempt {claim.attempt}"
         self._title(self.current_title, 0)
         self.lost.clear()
+        metrics = self.config.metrics
+        if metrics is not None:
+            metrics.claims.labels(claim.topic).inc()
+            metrics.busy.set(1)
+        usage_before = resource.getrusage(resource.RUSAGE_SELF)
         self._tell(
             {
                 "busy": str(claim.id),
@@ -292,7 +301,20 @@ class Child:
         outcome = execute.decide(error, claim.attempt, policy, random.random())
         if claim.id in self.lost:
             outcome = execute.Outcome("abandon")
-        self._write(claim, policy, outcome)
+        state = self._write(claim, policy, outcome)
+        if metrics is not None:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (usage.ru_utime - usage_before.ru_utime) + (
+                usage.ru_stime - usage_before.ru_stime
+            )
+            metrics.attempt_duration.labels(claim.topic).observe(
+                time.monotonic() - self.current_started
+            )
+            metrics.attempt_cpu.labels(claim.topic).observe(cpu)
+            metrics.attempt_rss.labels(claim.topic).observe(usage.ru_maxrss * 1024)
+            if state is not None:
+                metrics.outcomes.labels(claim.topic, state).inc()
+            metrics.busy.set(0)
         self.lost.discard(claim.id)
         self.current = None
         self.jobs_done += 1
@@ -322,16 +344,16 @@ class Child:
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    def _write(self, claim: Claim, policy: Policy, outcome: execute.Outcome) -> None:
+    def _write(self, claim: Claim, policy: Policy, outcome: execute.Outcome) -> str | None:
+        """Write the outcome; the state written, or None when nothing was written."""
         if outcome.kind == "abandon":
             log.info("event=lease_lost job=%s topic=%s: nothing written", claim.id, claim.topic)
-            return
+            return None
         # The connection may drop mid-write: reconnect and write again. The guard makes
         # a second write harmless (a committed first one left the row not 'processing').
         for attempt in range(5):
             try:
-                self._write_once(claim, policy, outcome)
-                return
+                return self._write_once(claim, policy, outcome)
             except psycopg.OperationalError as exc:
                 self._on_db_error("outcome", exc)
                 if attempt == 4 or self.master_gone:
@@ -345,15 +367,15 @@ class Child:
             claim.id,
             claim.topic,
         )
+        return None
 
-    def _write_once(self, claim: Claim, policy: Policy, outcome: execute.Outcome) -> None:
+    def _write_once(self, claim: Claim, policy: Policy, outcome: execute.Outcome) -> str | None:
         conn = self._connection()
         who = {"id": claim.id, "worker": self.config.identity}
         if outcome.kind == "done":
             if not claim.chained and not claim.success_hooks:
                 cur = conn.execute(Q.job_set_done, who, prepare=True)
-                self._log_outcome(claim, "done" if cur.rowcount else None)
-                return
+                return self._log_outcome(claim, "done" if cur.rowcount else None)
             try:
                 with conn.transaction():
                     cur = conn.execute(Q.job_set_done, who, prepare=True)
@@ -364,11 +386,9 @@ class Child:
                     )
                     for hook in claim.success_hooks:
                         hook(conn)
-                self._log_outcome(claim, "done")
-                return
+                return self._log_outcome(claim, "done")
             except _NotOurs:
-                self._log_outcome(claim, None)
-                return
+                return self._log_outcome(claim, None)
             except psycopg.OperationalError:
                 raise
             except Exception as exc:
@@ -386,8 +406,7 @@ class Child:
                 )
         if outcome.kind == "canceled":
             cur = conn.execute(Q.job_set_canceled, {**who, "error": outcome.error})
-            self._log_outcome(claim, "canceled" if cur.rowcount else None)
-            return
+            return self._log_outcome(claim, "canceled" if cur.rowcount else None)
         row = conn.execute(
             Q.job_set_failed,
             {
@@ -399,11 +418,11 @@ class Child:
             },
             prepare=True,
         ).fetchone()
-        self._log_outcome(claim, row[0] if row else None, outcome)
+        return self._log_outcome(claim, row[0] if row else None, outcome)
 
     def _log_outcome(
         self, claim: Claim, state: str | None, outcome: execute.Outcome | None = None
-    ) -> None:
+    ) -> str | None:
         elapsed = time.monotonic() - self.current_started
         if state is None:
             log.info(
@@ -439,6 +458,7 @@ class Child:
                 claim.attempt,
                 elapsed,
             )
+        return state
 
     def _should_retire(self) -> bool:
         s = self.settings

@@ -29,10 +29,14 @@ from setproctitle import setproctitle
 
 from brooq import child as child_mod
 from brooq import maintenance, protocol
+from brooq import metrics as metrics_mod
 from brooq.handlers import Policy
+from brooq.job import parse_job_id
+from brooq.ops import OpsHooks, OpsServer
 from brooq.queue import Queue
 from brooq.sdnotify import Notifier
 from brooq.settings import Settings
+from brooq.sql import Q
 from brooq.watchdog import BusyChild, decide
 
 log = logging.getLogger("brooq.master")
@@ -79,6 +83,9 @@ class Master:
         settings: Settings,
         dsn: str,
         baseline: frozenset[str] = frozenset(),
+        *,
+        metrics_dir: Path | None = None,
+        admin_token: bytes | None = None,
     ) -> None:
         self.queue = queue
         self.app_spec = app_spec
@@ -120,6 +127,12 @@ class Master:
             settings.backoff_max,
         )
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="brooq-master-"))
+        self.metrics_dir = metrics_dir
+        self.metrics = metrics_mod.Metrics() if metrics_dir is not None else None
+        self.admin_token = admin_token
+        self.ops: OpsServer | None = None
+        self.db_ok = False
+        self.due["stats"] = now
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -147,11 +160,16 @@ class Master:
             self.settings.lease,
             os.getpid(),
         )
+        self._start_ops()
+        if self.metrics is not None:
+            self.metrics.configured.set(self.target)
         self._connect()
         try:
             return self._loop()
         finally:
             self._close_db()
+            if self.ops is not None:
+                self.ops.close()
             for f in self.runtime_dir.glob("*"):
                 f.unlink(missing_ok=True)
             self.runtime_dir.rmdir()
@@ -163,6 +181,8 @@ class Master:
             fds = [self.sig_r, *(c.reader.fd for c in self.children.values())]
             if self.listener is not None:
                 fds.append(self.listener.fileno())
+            if self.ops is not None:
+                fds.append(self.ops.fileno())
             try:
                 readable, _, _ = select.select(fds, [], [], timeout)
             except InterruptedError:
@@ -175,6 +195,8 @@ class Master:
                     self._read_child(c, now)
             if self.listener is not None and self.listener.fileno() in readable:
                 self._read_notifications()
+            if self.ops is not None and self.ops.fileno() in readable:
+                self.ops.handle()
             self._reap_children()
             self._run_due(time.monotonic())
             self._watchdog(time.monotonic())
@@ -233,10 +255,12 @@ class Master:
                 self.target += 1
                 log.info("event=workers_changed workers=%d by=SIGTTIN", self.target)
                 self._title()
+                self._set_configured()
             elif signum == signal.SIGTTOU:
                 self.target = max(1, self.target - 1)
                 log.info("event=workers_changed workers=%d by=SIGTTOU", self.target)
                 self._title()
+                self._set_configured()
 
     def _drain(self, why: str, budget: float | None = None) -> None:
         if budget is None:
@@ -318,6 +342,7 @@ class Master:
                         stack_file=stack_file,
                         app_spec=self.app_spec,
                         reload_baseline=reload_baseline,
+                        metrics=self.metrics,
                     )
                 )
             finally:
@@ -347,6 +372,8 @@ class Master:
         for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGQUIT):
             signal.signal(signum, signal.SIG_DFL)
         fds = [self.sig_r, self.sig_w, *close]
+        if self.ops is not None:
+            fds.append(self.ops.fileno())
         for c in self.children.values():
             fds.extend(c.fds)
         for conn in (self.db, self.listener):
@@ -415,6 +442,12 @@ class Master:
                 os.close(fd)
         code = os.waitstatus_to_exitcode(status)
         how = f"signal={signal.Signals(-code).name}" if code < 0 else f"exit_status={code}"
+        if self.metrics is not None:
+            metrics_mod.child_exited(c.pid)
+            if not self.stopping:
+                self.metrics.restarts.labels(
+                    c.kill_reason or c.retiring or ("crash" if code else "exit")
+                ).inc()
         cause: str | None = None
         if c.kill_reason == "max_execution_timeout" and c.job is not None:
             cause = (
@@ -479,6 +512,8 @@ class Master:
         for c in self.children.values():
             if c.kill_reason is None:
                 c.kill_reason = reason
+                if self.metrics is not None and c.job is not None:
+                    self.metrics.killed.labels(reason).inc()
                 _killpg(c.pid)
 
     # -- watchdog ----------------------------------------------------------------------------
@@ -503,6 +538,10 @@ class Master:
                     os.kill(c.pid, signal.SIGUSR2)
                 continue
             c.kill_reason = d.reason
+            if self.metrics is not None:
+                self.metrics.killed.labels(
+                    "max_execution_timeout" if d.reason == "max_execution_timeout" else "hung"
+                ).inc()
             stack = _read_stack(c.stack_file)
             c.kill_detail = f"; stack (most recent call first):\n{stack}" if stack else ""
             assert c.job is not None
@@ -559,6 +598,7 @@ class Master:
         except psycopg.Error as exc:
             self._db_failed("connect", exc)
             return False
+        self.db_ok = True
         if self.db_delay > 0.5:
             log.info("event=db_reconnected who=master")
         self.db_delay = 0.5
@@ -573,6 +613,7 @@ class Master:
             first,
         )
         self._close_db()
+        self.db_ok = False
         self.db_retry_at = time.monotonic() + self.db_delay
         self.db_delay = min(self.db_delay * 2, 10.0)
 
@@ -621,6 +662,8 @@ class Master:
                 return  # database unreachable: try again on the next pass
             self.pending_failures.pop(0)
             for job_id, topic, state in written:
+                if self.metrics is not None:
+                    self.metrics.outcomes.labels(topic, state).inc()
                 log.error(
                     "event=attempt_failed_by_master job=%s topic=%s state=%s cause=%r",
                     job_id,
@@ -658,11 +701,17 @@ class Master:
             self.due["reap"] = now + s.effective_reaper_period
             reaped = self._with_db("reaper", maintenance.reap_expired)
             if reaped:
+                if self.metrics is not None:
+                    for topic, n in reaped.items():
+                        self.metrics.reaped.labels(topic).inc(n)
                 log.info(
                     "event=jobs_reaped count=%d topics=%s",
                     sum(reaped.values()),
                     ",".join(sorted(reaped)),
                 )
+        if now >= self.due["stats"]:
+            self.due["stats"] = now + s.stats_period
+            self._refresh_stats()
         if now >= self.due["retention"]:
             self.due["retention"] = now + s.effective_retention_period
             if s.retention_ttl > 0:
@@ -674,6 +723,9 @@ class Master:
                 )
                 if result:
                     deleted, more = result
+                    if deleted and self.metrics is not None:
+                        for topic, n in deleted.items():
+                            self.metrics.retention_deleted.labels(topic).inc(n)
                     if deleted:
                         log.info("event=retention_deleted count=%d", sum(deleted.values()))
                     if more:
@@ -702,6 +754,8 @@ class Master:
         for c in self.children.values():
             if c.job is not None and c.lease_lost_at is None and c.job.id not in still:
                 c.lease_lost_at = now
+                if self.metrics is not None:
+                    self.metrics.lease_lost.labels(c.job.topic).inc()
                 log.warning(
                     "event=lease_lost job=%s topic=%s pid=%d: canceled, reaped or taken over",
                     c.job.id,
@@ -709,6 +763,92 @@ class Master:
                     c.pid,
                 )
                 protocol.send(c.to_child, f"lost {c.job.id}\n".encode())
+
+    def _refresh_stats(self) -> None:
+        """Jobs by topic and state, oldest ready age: read from the table on a timer, so
+        the scrape rate never multiplies the database load."""
+        if self.metrics is None:
+            return
+
+        def read(conn: psycopg.Connection[Any]) -> tuple[list[Any], list[Any]]:
+            counts = conn.execute(Q.job_count_by_topic_state).fetchall()
+            ages = conn.execute(Q.job_oldest_ready_by_topic).fetchall()
+            return counts, ages
+
+        result = self._with_db("stats", read)
+        if result is None:
+            return
+        counts, ages = result
+        topics = set(self.queue.handlers) | {t for t, _, _ in counts} | {t for t, _ in ages}
+        table = {(t, st): n for t, st, n in counts}
+        age = dict(ages)
+        for topic in topics:
+            for state in ("pending", "processing", "failed", "dead"):
+                self.metrics.jobs.labels(topic, state).set(table.get((topic, state), 0))
+            self.metrics.oldest_ready.labels(topic).set(float(age.get(topic, 0.0)))
+
+    def _set_configured(self) -> None:
+        if self.metrics is not None:
+            self.metrics.configured.set(self.target)
+
+    # -- ops surface ------------------------------------------------------------------------
+
+    def _start_ops(self) -> None:
+        addr = self.settings.ops_addr
+        if not addr:
+            return
+        hooks = OpsHooks(
+            ready=self._readiness,
+            metrics=self._scrape,
+            admin=self._admin,
+            token=self.admin_token,
+        )
+        try:
+            self.ops = OpsServer(addr, hooks)
+        except OSError as exc:
+            log.error("event=ops_bind_failed addr=%s error=%r", addr, exc.strerror)
+            return
+        log.info("event=ops_listening addr=%s", self.ops.address)
+
+    def _readiness(self) -> tuple[bool, str]:
+        if self.stopping:
+            return False, "draining"
+        if not self.db_ok:
+            return False, "database unreachable"
+        if not any(c.ready for c in self.children.values()):
+            return False, "no worker ready yet"
+        return True, "ready"
+
+    def _scrape(self) -> bytes:
+        if self.metrics_dir is None:
+            return b"# metrics are off\n"
+        return metrics_mod.render(self.metrics_dir)
+
+    def _admin(self, action: str, raw_id: str) -> tuple[int, dict[str, Any]]:
+        try:
+            job_id = parse_job_id(raw_id)
+        except ValueError as exc:
+            return 400, {"error": str(exc)}
+        query = Q.job_cancel if action == "cancel" else Q.job_retry
+        row = self._with_db(
+            f"admin_{action}", lambda conn: conn.execute(query, {"id": job_id}).fetchone()
+        )
+        if row is not None:
+            log.info("event=admin_%s job=%s", action, job_id)
+            return 200, {"id": str(job_id), "action": action, "ok": True}
+        if not self.db_ok:
+            return 503, {"error": "database unreachable"}
+        found = self._with_db(
+            "admin_get", lambda conn: conn.execute(Q.job_get, {"id": job_id}).fetchone()
+        )
+        if found is None:
+            return 404, {"error": f"no job with id {job_id}"}
+        state = found[3]
+        rule = {
+            "cancel": "only pending, failed or processing jobs can be canceled",
+            "retry": "only dead or canceled jobs can be retried",
+        }[action]
+        return 409, {"error": f"job is {state}; {rule}", "state": state}
 
     def _title(self) -> None:
         state = " draining" if self.stopping else ""

@@ -8,6 +8,7 @@ exceeded, SIGQUIT); 2 bad usage, bad settings or an application that cannot load
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -15,6 +16,7 @@ import click
 from brooq import __version__, logs
 from brooq import app as app_mod
 from brooq import dsn as dsn_mod
+from brooq import metrics as metrics_mod
 from brooq import settings as settings_mod
 from brooq.errors import AppLoadError, InvalidDsn, InvalidSettings
 from brooq.handlers import policy_problems
@@ -60,20 +62,42 @@ def _options(fn: Any) -> Any:
     help="Retire a child whose resident memory exceeds MB after its job.",
 )
 @click.option("--ops-addr", metavar="HOST:PORT", help="Ops HTTP surface (QUEUE_OPS_ADDR).")
+@click.option(
+    "--metrics-dir",
+    metavar="DIR",
+    envvar="PROMETHEUS_MULTIPROC_DIR",
+    help="Directory for multiprocess metrics (wiped at start; default: a new "
+    "temporary directory). Under systemd: $RUNTIME_DIRECTORY/metrics.",
+)
 @click.option("--log-format", type=click.Choice(["kv", "json"]), default="kv", show_default=True)
 @click.option("--log-level", default="INFO", show_default=True)
 @_options
 def command(
-    app_spec: str, database: str | None, log_format: str, log_level: str, **flags: Any
+    app_spec: str,
+    database: str | None,
+    metrics_dir: str | None,
+    log_format: str,
+    log_level: str,
+    **flags: Any,
 ) -> None:
     """Run the workers of a brooq application: one master, N forked children."""
     logs.setup(log_format, log_level)
+    # Before anything imports prometheus_client: it picks multiprocess mode at import.
+    metrics_path = metrics_mod.prepare_dir(metrics_dir)
+    try:
+        code = _start(app_spec, database, metrics_path, flags)
+    finally:
+        metrics_mod.remove_dir(metrics_path, owned=metrics_dir is None)
+    sys.exit(code)
+
+
+def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) -> int:
     baseline = frozenset(sys.modules)
     try:
         queue = app_mod.load(app_spec)
     except AppLoadError as exc:
         click.echo(f"brooq-master: {exc}", err=True)
-        sys.exit(2)
+        return 2
     problems: list[str] = []
     settings = None
     try:
@@ -88,16 +112,41 @@ def command(
     if settings is not None:
         for topic, handler in sorted(queue.handlers.items()):
             problems.extend(policy_problems(topic, handler.policy(settings)))
+    token: bytes | None = None
+    try:
+        token = admin_token()
+    except ValueError as exc:
+        problems.append(str(exc))
     if problems or settings is None:
         click.echo("brooq-master: cannot start:", err=True)
         for p in problems:
             click.echo(f"  - {p}", err=True)
-        sys.exit(2)
+        return 2
     queue.configure(settings)
 
     from brooq.master import Master
 
-    sys.exit(Master(queue, app_spec, settings, dsn, baseline).run())
+    return Master(
+        queue, app_spec, settings, dsn, baseline, metrics_dir=metrics_path, admin_token=token
+    ).run()
+
+
+def admin_token() -> bytes | None:
+    """The bearer token of the admin endpoints: QUEUE_ADMIN_TOKEN_FILE, or the systemd
+    credential admin-token. None turns the admin endpoints off."""
+    path = settings_mod.getenv("QUEUE_ADMIN_TOKEN_FILE")
+    creds = settings_mod.getenv("CREDENTIALS_DIRECTORY")
+    if path is None and creds and (Path(creds) / "admin-token").exists():
+        path = str(Path(creds) / "admin-token")
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the admin token file {path}: {exc.strerror}") from None
+    if len(token) < 16:
+        raise ValueError(f"the admin token in {path} is shorter than 16 bytes")
+    return token
 
 
 def main() -> None:

@@ -259,7 +259,9 @@ def test_ttin_and_ttou_add_and_remove_a_child(start_master: StartMaster) -> None
     m.wait_ready(2)
     m.signal(signal.SIGTTIN)
     wait_for(lambda: len(m.children()) == 3, what="three children")
+    # Signals of one kind sent back to back may merge into one: wait between them.
     m.signal(signal.SIGTTOU)
+    wait_for(lambda: len(m.children()) == 2, what="two children")
     m.signal(signal.SIGTTOU)
     wait_for(lambda: len(m.children()) == 1, what="one child")
     m.signal(signal.SIGTERM)

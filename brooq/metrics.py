@@ -1,0 +1,150 @@
+"""Prometheus metrics in prometheus_client's multiprocess mode.
+
+The master prepares PROMETHEUS_MULTIPROC_DIR before prometheus_client is first imported
+(its value class is chosen at import time), children write into it after the fork, the
+master calls mark_process_dead for every child it reaps, and one scrape of the master's
+/metrics returns the whole fleet. Counter files of dead children stay and are summed, so
+counters never go backwards when a child restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def prepare_dir(given: str | None) -> Path:
+    """Use ``given`` (wiped of old files) or a fresh temporary directory; export it."""
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        for f in path.glob("*.db"):
+            f.unlink()
+    else:
+        path = Path(tempfile.mkdtemp(prefix="brooq-metrics-"))
+    os.environ[ENV] = str(path)
+    return path
+
+
+def remove_dir(path: Path, owned: bool) -> None:
+    if owned:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# Imported only after prepare_dir(): see the module docstring.
+def definitions() -> Metrics:
+    return Metrics()
+
+
+_BUCKETS_SECONDS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+)
+_BUCKETS_BYTES = tuple(float(2**n) * 1024 * 1024 for n in range(4, 15))  # 16 MiB .. 16 GiB
+
+
+class Metrics:
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.claims = Counter("brooq_claims_total", "Jobs claimed", ["topic"])
+        self.outcomes = Counter(
+            "brooq_outcomes_total",
+            "Outcomes written, by topic and outcome (done, failed, dead, canceled)",
+            ["topic", "outcome"],
+        )
+        self.attempt_duration = Histogram(
+            "brooq_attempt_duration_seconds",
+            "Wall time of one attempt",
+            ["topic"],
+            buckets=_BUCKETS_SECONDS,
+        )
+        self.attempt_cpu = Histogram(
+            "brooq_attempt_cpu_seconds",
+            "CPU time (user+system) of one attempt",
+            ["topic"],
+            buckets=_BUCKETS_SECONDS,
+        )
+        self.attempt_rss = Histogram(
+            "brooq_attempt_peak_rss_bytes",
+            "Peak resident memory of the child after an attempt",
+            ["topic"],
+            buckets=_BUCKETS_BYTES,
+        )
+        self.busy = Gauge(
+            "brooq_children_busy", "Children running a job", multiprocess_mode="livesum"
+        )
+        self.configured = Gauge(
+            "brooq_children_configured",
+            "Children the master keeps",
+            multiprocess_mode="livemax",
+        )
+        self.killed = Counter(
+            "brooq_children_killed_total",
+            "Children killed by the master (max_execution_timeout, hung after lease lost, "
+            "drain timeout)",
+            ["reason"],
+        )
+        self.restarts = Counter(
+            "brooq_child_restarts_total",
+            "Children replaced, by why the old one ended",
+            ["reason"],
+        )
+        self.lease_lost = Counter(
+            "brooq_lease_lost_total", "Jobs whose lease was lost while running", ["topic"]
+        )
+        self.reaped = Counter(
+            "brooq_reaped_total", "Jobs returned to pending by the reaper", ["topic"]
+        )
+        self.retention_deleted = Counter(
+            "brooq_retention_deleted_total", "Terminal jobs deleted by retention", ["topic"]
+        )
+        self.jobs = Gauge(
+            "brooq_jobs",
+            "Jobs by topic and state (active states and dead), from the table",
+            ["topic", "state"],
+            multiprocess_mode="mostrecent",
+        )
+        self.oldest_ready = Gauge(
+            "brooq_ready_oldest_age_seconds",
+            "Age of the oldest ready job by topic (0 when none)",
+            ["topic"],
+            multiprocess_mode="mostrecent",
+        )
+
+
+def render(path: Path) -> bytes:
+    """One scrape: every process's files merged."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(path))  # type: ignore[no-untyped-call]
+    return generate_latest(registry)
+
+
+def child_exited(pid: int) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -1,0 +1,92 @@
+"""`make run`: migrate, start brooq-master with the demo app, feed it jobs, show progress.
+
+Ctrl-C drains the master (running jobs finish) and prints the final counts.
+DATABASE_URL must be set (`make run` starts an embedded PostgreSQL when it is not).
+
+    python examples/run_demo.py [--workers 2] [--seconds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import brooq  # noqa: E402
+from brooq import migrate  # noqa: E402
+
+
+def feed(queue: brooq.Queue, round_no: int) -> None:
+    jobs = [brooq.Job("demo.render", {"n": round_no * 10 + i, "rounds": 30_000}) for i in range(4)]
+    jobs += [brooq.Job("demo.flaky", {"n": round_no * 10 + i}) for i in range(3)]
+    queue.enqueue_many(jobs)
+
+
+def show(queue: brooq.Queue, done_before: int) -> None:
+    rows = {s.topic: s for s in queue.stats()}
+    with queue.connection() as conn:
+        row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
+    done = int(row[0]) if row else 0
+    parts = [
+        f"{t}: {s.pending} pending, {s.processing} running, {s.failed} retrying, {s.dead} dead"
+        for t, s in sorted(rows.items())
+    ]
+    print(f"[demo] done={done - done_before}  " + " | ".join(parts), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--seconds", type=float, default=0, help="stop after this long")
+    args = parser.parse_args()
+    dsn = os.environ.get("DATABASE_URL", "")
+    if not dsn:
+        sys.exit("DATABASE_URL is not set; use `make run`, which starts a database for you")
+    for m in migrate.up(dsn):
+        print(f"[demo] applied migration {m.version:04d}_{m.name}")
+    queue = brooq.Queue(dsn)
+    with queue.connection() as conn:
+        row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
+    done_before = int(row[0]) if row else 0
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]))
+    master = subprocess.Popen(
+        [sys.executable, "-m", "brooq.master_cli", "--app", "demo_app:queue",
+         "--workers", str(args.workers), "--log-level", "ERROR"],
+        cwd=HERE, env=env,
+    )
+    print(f"[demo] brooq-master pid {master.pid} with {args.workers} workers; Ctrl-C to stop")
+    started = time.monotonic()
+    round_no = 0
+    try:
+        while master.poll() is None:
+            feed(queue, round_no)
+            round_no += 1
+            time.sleep(1.0)
+            show(queue, done_before)
+            if args.seconds and time.monotonic() - started >= args.seconds:
+                master.send_signal(signal.SIGTERM)
+                break
+    except KeyboardInterrupt:
+        pass  # the terminal sent SIGINT to the master too: it is draining
+    print("[demo] draining: running jobs finish, nothing new is claimed", flush=True)
+    while True:
+        try:
+            code = master.wait()
+            break
+        except KeyboardInterrupt:
+            continue
+    show(queue, done_before)
+    queue.close()
+    print(f"[demo] brooq-master exited with status {code}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
