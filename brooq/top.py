@@ -23,6 +23,8 @@ from datetime import datetime, timezone
 from types import FrameType
 from typing import Any, TextIO
 
+import psycopg
+
 from brooq.durations import format_age
 from brooq.errors import BrooqError
 from brooq.queue import InFlight, Queue, TopicStats
@@ -151,7 +153,8 @@ def render(
 
 
 def _frame(lines: list[str]) -> str:
-    return _HOME + "".join(line + _CLEAR_LINE_END + "\r\n" for line in lines) + _CLEAR_BELOW
+    # No newline after the last line: a frame as tall as the terminal must not scroll it.
+    return _HOME + "\r\n".join(line + _CLEAR_LINE_END for line in lines) + _CLEAR_BELOW
 
 
 @contextmanager
@@ -220,7 +223,7 @@ def run(
                     return
                 try:
                     snap, error = take_snapshot(), None
-                except BrooqError as exc:
-                    error = str(exc).splitlines()[0]
+                except (BrooqError, psycopg.Error) as exc:
+                    error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         except KeyboardInterrupt:
             return

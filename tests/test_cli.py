@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import io
 import json
 import os
 import select
@@ -721,3 +722,26 @@ def test_render_fits_the_terminal() -> None:
 def test_render_shows_a_read_error() -> None:
     lines = top.render(snapshot(1), error="cannot reach the database db")
     assert lines[1] == "! cannot reach the database db (showing the last good read)"
+
+
+def test_run_shows_a_failed_read_and_gives_the_screen_back() -> None:
+    reads: list[top.Snapshot | BaseException] = [
+        snapshot(1),
+        brooq.DatabaseUnavailable("cannot reach the database db: gone"),
+        KeyboardInterrupt(),
+    ]
+
+    def take() -> top.Snapshot:
+        value = reads.pop(0)
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    out = io.StringIO()
+    top.run(take, interval=0.01, out=out, stdin=io.StringIO())
+    screen = out.getvalue()
+    assert screen.startswith("\x1b[?1049h") and screen.endswith("\x1b[?25h\x1b[?1049l")
+    frames = screen.split("\x1b[H")[1:]
+    assert len(frames) == 2 and reads == []
+    assert "! cannot reach the database db: gone (showing the last good read)" in frames[1]
+    assert "host:1/child-0" in frames[1]  # the last good read is still drawn
