@@ -11,6 +11,7 @@ from brooq.errors import (
     InvalidSettings,
     InvalidTopic,
     InvalidTransition,
+    JobNotFound,
     NaiveDatetime,
     SchemaMissing,
 )
@@ -25,7 +26,7 @@ from brooq.job import (
     PreserveAttempt,
 )
 from brooq.produce import enqueue, enqueue_async
-from brooq.queue import Queue, TopicStats
+from brooq.queue import InFlight, Queue, TopicStats
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,7 @@ __all__ = [
     "Claim",
     "DatabaseUnavailable",
     "Delay",
+    "InFlight",
     "InvalidDsn",
     "InvalidIdempotencyKey",
     "InvalidJob",
@@ -45,6 +47,7 @@ __all__ = [
     "InvalidTopic",
     "InvalidTransition",
     "Job",
+    "JobNotFound",
     "JobRecord",
     "LeaseLost",
     "NaiveDatetime",

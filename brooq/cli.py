@@ -1,35 +1,46 @@
 """The `brooq` command: migrations and the operator's reads and writes.
 
-Exit codes: 0 success, 1 refused (unknown id, a transition the state does not allow,
-database unreachable), 2 bad usage.
+Exit codes: 0 success; 1 refused (unknown id, a transition the job's state does not allow,
+database unreachable or schema missing); 2 bad usage (unknown option, malformed id or
+value, no database configured). Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
-from collections.abc import Callable
-from datetime import datetime, timezone
-from functools import wraps
-from typing import Any, TypeVar
+from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import click
+import psycopg
 
 import brooq
 from brooq import dsn as dsn_mod
 from brooq import migrate as migrate_mod
-from brooq.durations import parse_duration_string
+from brooq import top as top_mod
+from brooq.durations import format_age, parse_duration_string
 from brooq.errors import (
     BrooqError,
-    DatabaseUnavailable,
     InvalidDsn,
     InvalidJob,
     InvalidJobId,
-    InvalidTransition,
-    SchemaMissing,
+    InvalidSettings,
+    JobNotFound,
 )
+from brooq.job import JobRecord
 
-F = TypeVar("F", bound=Callable[..., Any])
+# Errors that mean "the command was given something wrong" (exit 2); every other
+# BrooqError means "refused" (exit 1).
+USAGE_ERRORS = (InvalidDsn, InvalidJob, InvalidJobId, InvalidSettings)
+
+# click >= 8.2 raises this for a group called without a command.
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+SCREEN_LINES = 24  # `jobs show` fits a classic terminal
+SHOW_INLINE_PAYLOAD = 80  # characters of compact JSON shown on the payload line
 
 
 def _dsn(ctx: click.Context) -> str:
@@ -37,28 +48,23 @@ def _dsn(ctx: click.Context) -> str:
 
 
 def _queue(ctx: click.Context) -> brooq.Queue:
-    return brooq.Queue(_dsn(ctx))
+    # One plain connection first: an unreachable database is reported at once, where the
+    # pool would keep retrying until its timeout.
+    queue = brooq.Queue(_checked_dsn(ctx), pool_size=1)
+    ctx.call_on_close(queue.close)
+    return queue
 
 
 def _emit_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=False, default=str))
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
 
-def operator_errors(fn: F) -> F:
-    """Turn brooq's errors into one line on stderr and the documented exit code."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (InvalidDsn, InvalidJob, InvalidJobId) as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
-        except (InvalidTransition, DatabaseUnavailable, SchemaMissing, BrooqError) as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-
-    return wrapper  # type: ignore[return-value]
+def _one_line(text: str) -> str:
+    """A message on one line: "invalid settings:\n  - a\n  - b" -> "invalid settings: a; b"."""
+    parts = [line.strip().lstrip("- ") for line in str(text).splitlines() if line.strip()]
+    if len(parts) < 2:
+        return "".join(parts)
+    return parts[0] + (" " if parts[0].endswith(":") else "; ") + "; ".join(parts[1:])
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -87,7 +93,6 @@ def migrate() -> None:
 @migrate.command("up")
 @click.option("--to", "target", type=int, help="Stop at this version.")
 @click.pass_context
-@operator_errors
 def migrate_up(ctx: click.Context, target: int | None) -> None:
     """Apply every migration not yet applied."""
     applied = migrate_mod.up(_checked_dsn(ctx), target)
@@ -100,7 +105,6 @@ def migrate_up(ctx: click.Context, target: int | None) -> None:
 @migrate.command("down")
 @click.option("--steps", default=1, show_default=True, type=click.IntRange(min=1))
 @click.pass_context
-@operator_errors
 def migrate_down(ctx: click.Context, steps: int) -> None:
     """Revert the last applied migration (or --steps of them)."""
     undone = migrate_mod.down(_checked_dsn(ctx), steps)
@@ -113,7 +117,6 @@ def migrate_down(ctx: click.Context, steps: int) -> None:
 @migrate.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-@operator_errors
 def migrate_status(ctx: click.Context, as_json: bool) -> None:
     """Show which migrations are applied."""
     statuses = migrate_mod.status(_checked_dsn(ctx))
@@ -152,37 +155,70 @@ def _checked_dsn(ctx: click.Context) -> str:
 # -- reads ---------------------------------------------------------------------------------
 
 
-def _age(seconds: float) -> str:
-    if seconds <= 0:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _when(moment: datetime, now: datetime) -> str:
+    """An instant with how far it is from now: "2030-01-31 09:00:00 UTC (in 5.0m)"."""
+    delta = (moment - now).total_seconds()
+    relative = f"in {format_age(delta)}" if delta > 0 else f"{format_age(delta)} ago"
+    return f"{_utc(moment)} ({relative})"
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """Columns as wide as their widest cell; the ``right`` ones (numbers) right-aligned."""
+    widths = [max(len(c) for c in column) for column in zip(headers, *rows, strict=True)]
+    return [
+        "  ".join(
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [headers, *rows]
+    ]
+
+
+def stats_lines(rows: list[brooq.TopicStats]) -> list[str]:
+    """`brooq stats` as text (one row per topic, a total row when there are several)."""
+    if not rows:
+        return ["(no pending, processing, failed or dead jobs)"]
+    headers = ["TOPIC", "PENDING", "READY", "FAILED", "PROCESSING", "BUSY", "DEAD", "OLDEST READY"]
+
+    def cells(name: str, r: brooq.TopicStats) -> list[str]:
+        numbers = (r.pending, r.ready, r.failed, r.processing, r.busy, r.dead)
+        return [name, *map(str, numbers), format_age(r.oldest_ready_age) if r.ready else "-"]
+
+    body = [cells(r.topic, r) for r in rows]
+    if len(rows) > 1:
+        total = brooq.TopicStats(
+            topic="(total)",
+            pending=sum(r.pending for r in rows),
+            ready=sum(r.ready for r in rows),
+            failed=sum(r.failed for r in rows),
+            processing=sum(r.processing for r in rows),
+            busy=sum(r.busy for r in rows),
+            dead=sum(r.dead for r in rows),
+            oldest_ready_age=max(r.oldest_ready_age for r in rows),
+        )
+        body.append(cells(total.topic, total))
+    return _table(headers, body, right={1, 2, 3, 4, 5, 6})
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-@operator_errors
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Jobs per topic and state (active states and dead), and the oldest ready age."""
+    """Jobs per topic and state, busy children, oldest ready age.
+
+    Per topic: pending, ready (due now), failed (waiting for a retry), processing, busy
+    (processing under a live lease: a child working on it), dead, and the age of the
+    oldest ready job."""
     rows = _queue(ctx).stats()
     if as_json:
         _emit_json({"topics": [r.to_dict() for r in rows]})
         return
-    header = (
-        f"{'TOPIC':<32} {'PENDING':>8} {'PROCESSING':>10} {'FAILED':>7} {'DEAD':>6}  OLDEST READY"
-    )
-    click.echo(header)
-    for r in rows:
-        click.echo(
-            f"{r.topic:<32} {r.pending:>8} {r.processing:>10} {r.failed:>7} {r.dead:>6}  "
-            f"{_age(r.oldest_ready_age)}"
-        )
-    if not rows:
-        click.echo("(no active or dead jobs)")
+    for line in stats_lines(rows):
+        click.echo(line)
 
 
 @cli.group()
@@ -190,48 +226,170 @@ def jobs() -> None:
     """List jobs or show one."""
 
 
+def _last_line(text: str | None, width: int = 60) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1]
+    return last if len(last) <= width else last[: width - 1] + "…"
+
+
 @jobs.command("list")
 @click.option("--topic", help="Only this topic.")
 @click.option("--state", type=click.Choice(brooq.job.STATES), help="Only this state.")
-@click.option("--limit", default=100, show_default=True, type=int, help="At most 1000.")
+@click.option(
+    "--limit",
+    default=100,
+    show_default=True,
+    type=int,
+    help=f"How many, newest first; at most {brooq.queue.LIST_LIMIT_MAX}.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-@operator_errors
 def jobs_list(
     ctx: click.Context, topic: str | None, state: str | None, limit: int, as_json: bool
 ) -> None:
-    """Jobs, newest first."""
+    """Jobs, newest first (by creation time)."""
     if not 1 <= limit <= brooq.queue.LIST_LIMIT_MAX:
         raise click.BadParameter(
-            f"must be between 1 and {brooq.queue.LIST_LIMIT_MAX}", param_hint="--limit"
+            f"{limit} is out of range: a listing holds 1 to {brooq.queue.LIST_LIMIT_MAX} "
+            "jobs; narrow it with --topic or --state",
+            param_hint="--limit",
         )
     records = _queue(ctx).list_jobs(topic=topic, state=state, limit=limit)
     if as_json:
         _emit_json({"jobs": [r.to_dict() for r in records]})
         return
-    click.echo(f"{'ID':<36}  {'TOPIC':<24} {'STATE':<10} {'ATT':>3}  CREATED")
-    for r in records:
-        created = r.created_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-        click.echo(f"{r.id!s:<36}  {r.topic:<24} {r.state:<10} {r.attempts:>3}  {created}")
+    if not records:
+        click.echo("(no jobs)")
+        return
+    rows = [
+        [
+            str(r.id),
+            r.topic,
+            r.state,
+            str(r.attempts),
+            _utc(r.created_at),
+            _last_line(r.last_error),
+        ]
+        for r in records
+    ]
+    headers = ["ID", "TOPIC", "STATE", "ATTEMPTS", "CREATED", "LAST ERROR"]
+    for line in _table(headers, rows, right={3}):
+        click.echo(line)
+
+
+def _clip(lines: list[str], room: int, *, tail: bool, job_id: object) -> list[str]:
+    """At most ``room`` lines: the first ones (or the last ones) and a note on the rest."""
+    if len(lines) <= room:
+        return lines
+    keep = max(room - 1, 1)
+    note = f"… {len(lines) - keep} more lines: brooq jobs show {job_id} --json"
+    return [note, *lines[-keep:]] if tail else [*lines[:keep], note]
+
+
+def show_lines(record: JobRecord, now: datetime) -> list[str]:
+    """`brooq jobs show` as text: the job's fate on one screen. A long error keeps its
+    last lines (where a traceback names the exception), a long payload its first ones."""
+    fields: list[tuple[str, str]] = [
+        ("id", str(record.id)),
+        ("topic", record.topic),
+        ("state", record.state),
+        ("attempts", str(record.attempts)),
+        ("idempotency key", record.idempotency_key or "-"),
+        ("created", _when(record.created_at, now)),
+        ("updated", _when(record.updated_at, now)),
+        ("available at", _when(record.available_at, now)),
+    ]
+    if record.state == "processing" and record.locked_until is not None:
+        left = (record.locked_until - now).total_seconds()
+        lease = _when(record.locked_until, now)
+        if left <= 0:
+            lease += ", expired: the reaper will make the job pending again"
+        fields += [("holder", record.locked_by or "-"), ("lease until", lease)]
+    elif record.locked_by:
+        fields += [("holder", f"- (last held by {record.locked_by})"), ("lease until", "-")]
+    else:
+        fields += [("holder", "-"), ("lease until", "-")]
+    lines = [f"{name + ':':<16} {value}" for name, value in fields]
+
+    error = (record.last_error or "-").rstrip().splitlines() or ["-"]
+    payload = [json.dumps(record.payload, ensure_ascii=False)]
+    if len(payload[0]) > SHOW_INLINE_PAYLOAD:
+        payload = json.dumps(record.payload, indent=2, ensure_ascii=False).splitlines()
+    # What does not fit on its field's line shares the rest of the screen.
+    room = SCREEN_LINES - len(lines) - 2
+    error_needs, payload_needs = (0 if len(b) == 1 else len(b) for b in (error, payload))
+    payload_room = min(payload_needs, max(room - error_needs, room // 2))
+    for name, body, body_room, tail in (
+        ("last error", error, room - payload_room, True),
+        ("payload", payload, payload_room, False),
+    ):
+        if len(body) == 1:
+            lines.append(f"{name + ':':<16} {body[0]}")
+        else:
+            lines.append(name + ":")
+            lines += ["  " + b for b in _clip(body, body_room, tail=tail, job_id=record.id)]
+    return lines
 
 
 @jobs.command("show")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-@operator_errors
 def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """A job's fate in one screen."""
-    record = _queue(ctx).get(job_id)
+    """A job's fate on one screen: state, attempts, times, holder and lease, last error,
+    payload."""
+    jid = brooq.job.parse_job_id(job_id)
+    record = _queue(ctx).get(jid)
     if record is None:
-        raise InvalidTransition(f"no job with id {job_id}")
+        raise JobNotFound(f"no job with id {jid}")
     if as_json:
         _emit_json(record.to_dict())
         return
-    for key, value in record.to_dict().items():
-        if key == "payload":
-            value = json.dumps(value, ensure_ascii=False)
-        click.echo(f"{key + ':':<17} {'' if value is None else value}")
+    for line in show_lines(record, datetime.now(timezone.utc)):
+        click.echo(line)
+
+
+@cli.command()
+@click.option("--once", is_flag=True, help="Print one frame and exit.")
+@click.option(
+    "--interval",
+    default="1s",
+    show_default=True,
+    help="Time between refreshes, with a unit (500ms, 2s).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One snapshot as JSON (implies --once).")
+@click.pass_context
+def top(ctx: click.Context, once: bool, interval: str, as_json: bool) -> None:
+    """A live view of the queue, refreshed every second.
+
+    Per topic: ready, processing, busy, failed, dead, jobs finished in the last minute and
+    the oldest ready age; then the jobs in flight with their holders. q or Ctrl-C quits."""
+    try:
+        period = parse_duration_string(interval)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--interval") from None
+    if period < top_mod.MIN_INTERVAL:
+        raise click.BadParameter(
+            f"{interval} is too short; the least is {top_mod.MIN_INTERVAL * 1000:g}ms",
+            param_hint="--interval",
+        )
+    dsn = _dsn(ctx)
+    queue = _queue(ctx)
+
+    def take() -> top_mod.Snapshot:
+        return top_mod.take(queue, dsn_mod.describe(dsn))
+
+    if as_json:
+        _emit_json(take().to_dict())
+    elif once:
+        for line in top_mod.render(take()):
+            click.echo(line)
+    elif not sys.stdout.isatty():
+        raise click.UsageError("brooq top draws on a terminal; use --once or --json for one frame")
+    else:
+        top_mod.run(take, interval=period)
 
 
 # -- writes --------------------------------------------------------------------------------
@@ -240,36 +398,56 @@ def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
 @cli.command()
 @click.argument("job_id")
 @click.pass_context
-@operator_errors
 def cancel(ctx: click.Context, job_id: str) -> None:
-    """pending, failed or processing -> canceled."""
+    """Cancel a job: pending, failed or processing -> canceled. A running handler gets
+    brooq.LeaseLost at the next lease renewal."""
+    jid = brooq.job.parse_job_id(job_id)
     queue = _queue(ctx)
-    if not queue.cancel(job_id):
-        raise queue.explain_refusal(job_id, "cancel")
-    click.echo(f"canceled {job_id}")
+    if not queue.cancel(jid):
+        raise queue.explain_refusal(jid, "cancel")
+    click.echo(f"canceled {jid}")
 
 
 @cli.command()
 @click.argument("job_id")
 @click.pass_context
-@operator_errors
 def retry(ctx: click.Context, job_id: str) -> None:
-    """dead or canceled -> pending now, attempts reset."""
+    """Run a finished job again: dead or canceled -> pending now, attempts reset, last
+    error kept."""
+    jid = brooq.job.parse_job_id(job_id)
     queue = _queue(ctx)
-    if not queue.retry(job_id):
-        raise queue.explain_refusal(job_id, "retry")
-    click.echo(f"retried {job_id}")
+    if not queue.retry(jid):
+        raise queue.explain_refusal(jid, "retry")
+    click.echo(f"retried {jid}: pending now, attempts reset")
+
+
+def _parse_at(text: str) -> datetime:
+    value = text.strip()
+    if value[-1:] in ("Z", "z"):  # fromisoformat accepts Z only from Python 3.11
+        value = value[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not an ISO 8601 time such as 2030-01-31T09:00:00+01:00",
+            param_hint="--at",
+        ) from None
+    if moment.tzinfo is None:
+        raise click.BadParameter(
+            f"{text!r} has no time zone; add one, e.g. {text}Z or {text}+01:00",
+            param_hint="--at",
+        )
+    return moment
 
 
 @cli.command()
 @click.argument("topic")
-@click.option("--payload", default="null", show_default=True, help="JSON payload.")
-@click.option("--key", "key", default=None, help="Idempotency key.")
-@click.option("--at", "at", default=None, help="ISO 8601 time with a zone.")
-@click.option("--in", "delay", default=None, help="A duration from now, e.g. 5m.")
+@click.option("--payload", default="null", show_default=True, help="The payload, as JSON.")
+@click.option("--key", "key", default=None, help="Idempotency key: one job per topic and key.")
+@click.option("--at", "at", default=None, help="Run at this ISO 8601 time (with a zone).")
+@click.option("--in", "delay", default=None, help="Run after this duration, e.g. 5m.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-@operator_errors
 def enqueue(
     ctx: click.Context,
     topic: str,
@@ -279,26 +457,22 @@ def enqueue(
     delay: str | None,
     as_json: bool,
 ) -> None:
-    """Put one job on the queue."""
+    """Put one job on the queue. Prints "enqueued ID", or "exists ID" when a job with
+    this topic and key is already there (nothing is written then)."""
+    if at and delay:
+        raise click.UsageError("give --at or --in, not both")
     try:
         data = json.loads(payload)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
-    if at and delay:
-        raise click.UsageError("give --at or --in, not both")
     available_at: datetime | None = None
     if at:
-        try:
-            available_at = datetime.fromisoformat(at)
-        except ValueError:
-            raise click.BadParameter("not an ISO 8601 time", param_hint="--at") from None
+        available_at = _parse_at(at)
     elif delay:
         try:
             seconds = parse_duration_string(delay)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--in") from None
-        from datetime import timedelta
-
         available_at = datetime.now(timezone.utc) + timedelta(seconds=seconds)
     job = brooq.Job(topic, data, idempotency_key=key, available_at=available_at)
     job_id, created = _queue(ctx).enqueue(job)
@@ -308,5 +482,38 @@ def enqueue(
         click.echo(f"{'enqueued' if created else 'exists'} {job_id}")
 
 
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {_one_line(message)}", err=True)
+    sys.exit(code)
+
+
 def main() -> None:
-    cli(prog_name="brooq")
+    """Entry point: every error becomes one line on stderr and the documented exit code."""
+    # The pool logs each failed reconnection; the command reports the error itself, once
+    # (and `brooq top` must not have log lines written over its screen).
+    pool_log = logging.getLogger("psycopg.pool")
+    pool_log.addHandler(logging.NullHandler())
+    pool_log.propagate = False
+    try:
+        code = cli.main(prog_name="brooq", standalone_mode=False)
+    except NO_ARGS_IS_HELP as exc:  # `brooq` or `brooq jobs` alone: the help, as click does
+        exc.show()
+        sys.exit(2)
+    except click.UsageError as exc:
+        hint = f" (see: {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+        _fail(exc.format_message() + hint, 2)
+    except click.ClickException as exc:
+        _fail(exc.format_message(), exc.exit_code)
+    except click.Abort:  # Ctrl-C at a prompt or while waiting on the database
+        sys.exit(130)
+    except USAGE_ERRORS as exc:
+        _fail(str(exc), 2)
+    except BrooqError as exc:
+        _fail(str(exc), 1)
+    except psycopg.Error as exc:
+        _fail(f"database error: {exc}", 1)
+    except BrokenPipeError:
+        # The reader went away (brooq jobs list | head): stop quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

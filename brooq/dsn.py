@@ -40,7 +40,7 @@ def resolve(explicit: str | None = None, environ: Mapping[str, str] | None = Non
         return check(_read_file(str(Path(creds) / CREDENTIAL_NAME), "credential"))
     raise InvalidDsn(
         "no database configured: set DATABASE_URL, DATABASE_URL_FILE, or a systemd "
-        f"credential named {CREDENTIAL_NAME!r}, or pass dsn="
+        f"credential named {CREDENTIAL_NAME!r}, or pass dsn= (brooq --database)"
     )
 
 

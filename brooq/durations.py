@@ -68,3 +68,15 @@ def format_seconds(seconds: float) -> str:
     if secs:
         out += f"{secs}s"
     return out
+
+
+def format_age(seconds: float) -> str:
+    """A length of time at a glance, one decimal, sign dropped: 4.2s, 3.5m, 2.0h, 3.1d."""
+    seconds = abs(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"

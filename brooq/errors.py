@@ -55,6 +55,10 @@ class MigrationError(BrooqError):
     """The migrations directory or the recorded versions are inconsistent."""
 
 
+class JobNotFound(BrooqError, LookupError):
+    """No job has the given id (it never existed, or retention deleted it)."""
+
+
 class InvalidTransition(BrooqError):
     """An operator asked for a state change the job's current state does not allow."""
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from setproctitle import setproctitle
 
 from brooq import child as child_mod
@@ -770,22 +771,18 @@ class Master:
         if self.metrics is None:
             return
 
-        def read(conn: psycopg.Connection[Any]) -> tuple[list[Any], list[Any]]:
-            counts = conn.execute(Q.job_count_by_topic_state).fetchall()
-            ages = conn.execute(Q.job_oldest_ready_by_topic).fetchall()
-            return counts, ages
+        def read(conn: psycopg.Connection[Any]) -> list[Any]:
+            return conn.cursor(row_factory=dict_row).execute(Q.job_stats_by_topic).fetchall()
 
-        result = self._with_db("stats", read)
-        if result is None:
+        rows = self._with_db("stats", read)
+        if rows is None:
             return
-        counts, ages = result
-        topics = set(self.queue.handlers) | {t for t, _, _ in counts} | {t for t, _ in ages}
-        table = {(t, st): n for t, st, n in counts}
-        age = dict(ages)
-        for topic in topics:
+        by_topic = {r["topic"]: r for r in rows}
+        for topic in set(self.queue.handlers) | set(by_topic):
+            r = by_topic.get(topic, {})
             for state in ("pending", "processing", "failed", "dead"):
-                self.metrics.jobs.labels(topic, state).set(table.get((topic, state), 0))
-            self.metrics.oldest_ready.labels(topic).set(float(age.get(topic, 0.0)))
+                self.metrics.jobs.labels(topic, state).set(r.get(state, 0))
+            self.metrics.oldest_ready.labels(topic).set(float(r.get("oldest_ready_age", 0.0)))
 
     def _set_configured(self) -> None:
         if self.metrics is not None:

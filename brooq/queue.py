@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -25,7 +26,7 @@ from brooq import produce as producer
 from brooq import settings as settings_mod
 from brooq.db import CONNECT_TIMEOUT, schema_missing, unavailable
 from brooq.durations import Duration
-from brooq.errors import BrooqError, InvalidTransition
+from brooq.errors import BrooqError, InvalidTransition, JobNotFound
 from brooq.handlers import Handler, HandlerFn, build
 from brooq.job import STATES, Job, JobRecord, parse_job_id, validate_topic
 from brooq.sql import Q
@@ -33,25 +34,58 @@ from brooq.sql import Q
 log = logging.getLogger("brooq")
 
 LIST_LIMIT_MAX = 1000
+IN_FLIGHT_LIMIT_MAX = 1000
 
 
 @dataclass(frozen=True)
 class TopicStats:
+    """One topic's jobs by state. ``ready``: pending or failed and due now. ``busy``:
+    processing under an unexpired lease, i.e. the children working on this topic."""
+
     topic: str
     pending: int = 0
     processing: int = 0
     failed: int = 0
     dead: int = 0
     oldest_ready_age: float = 0.0
+    ready: int = 0
+    busy: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "topic": self.topic,
             "pending": self.pending,
+            "ready": self.ready,
             "processing": self.processing,
+            "busy": self.busy,
             "failed": self.failed,
             "dead": self.dead,
             "oldest_ready_age_seconds": round(self.oldest_ready_age, 3),
+        }
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A job in state processing: who holds it, since when, and how long its lease lasts.
+    ``lease_left`` is negative once the lease has expired (the reaper will return it)."""
+
+    id: uuid.UUID
+    topic: str
+    attempts: int
+    locked_by: str
+    locked_until: datetime
+    running_for: float
+    lease_left: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "topic": self.topic,
+            "attempts": self.attempts,
+            "locked_by": self.locked_by,
+            "locked_until": self.locked_until.isoformat(),
+            "running_for_seconds": round(self.running_for, 3),
+            "lease_left_seconds": round(self.lease_left, 3),
         }
 
 
@@ -223,17 +257,25 @@ class Queue:
         with self.transaction() as conn:
             return conn.execute(Q.job_retry, {"id": jid}).fetchone() is not None
 
-    def explain_refusal(self, job_id: uuid.UUID | str, action: str) -> InvalidTransition:
-        """Why cancel or retry did nothing, as an error to show an operator."""
+    def explain_refusal(self, job_id: uuid.UUID | str, action: str) -> BrooqError:
+        """Why cancel or retry did nothing, as an error to show an operator:
+        JobNotFound, or InvalidTransition naming the job's state."""
+        allowed = {
+            "cancel": (("pending", "failed", "processing"), "canceled"),
+            "retry": (("dead", "canceled"), "retried"),
+        }
+        states, done = allowed[action]
         record = self.get(job_id)
         if record is None:
-            return InvalidTransition(f"no job with id {job_id}")
-        allowed = {
-            "cancel": "only pending, failed or processing jobs can be canceled",
-            "retry": "only dead or canceled jobs can be retried",
-        }
+            return JobNotFound(f"no job with id {parse_job_id(job_id)}")
+        if record.state in states:
+            return InvalidTransition(
+                f"cannot {action} job {record.id}: its state changed meanwhile and is now "
+                f"{record.state}; try again"
+            )
         return InvalidTransition(
-            f"cannot {action} job {record.id}: it is {record.state}; {allowed[action]}"
+            f"cannot {action} job {record.id}: it is {record.state}; only "
+            f"{_either(states)} jobs can be {done}"
         )
 
     def list_jobs(
@@ -253,13 +295,32 @@ class Queue:
             return [JobRecord(**row) for row in rows]
 
     def stats(self) -> list[TopicStats]:
-        """Per topic: jobs in each active state and dead, and the oldest ready age."""
+        """Per topic, in one snapshot: jobs in each active state and dead, how many are
+        ready and busy, and the age of the oldest ready job. Topics holding only done or
+        canceled jobs are left out."""
         with self.connection() as conn:
-            counts = conn.execute(Q.job_count_by_topic_state).fetchall()
-            ages = conn.execute(Q.job_oldest_ready_by_topic).fetchall()
-        table: dict[str, dict[str, Any]] = {}
-        for topic, state, jobs in counts:
-            table.setdefault(topic, {})[state] = int(jobs)
-        for topic, age in ages:
-            table.setdefault(topic, {})["oldest_ready_age"] = float(age)
-        return [TopicStats(topic=t, **v) for t, v in sorted(table.items())]
+            rows = conn.cursor(row_factory=dict_row).execute(Q.job_stats_by_topic).fetchall()
+        return [TopicStats(**row) for row in rows]
+
+    def in_flight(self, limit: int = 100) -> list[InFlight]:
+        """Jobs in state processing, longest running first; at most ``limit`` (1,000)."""
+        if not 1 <= limit <= IN_FLIGHT_LIMIT_MAX:
+            raise BrooqError(f"limit must be between 1 and {IN_FLIGHT_LIMIT_MAX}, got {limit}")
+        with self.connection() as conn:
+            rows = conn.cursor(row_factory=dict_row).execute(
+                Q.job_list_processing, {"limit": limit}
+            )
+            return [InFlight(**row) for row in rows]
+
+    def throughput(self, seconds: float = 60) -> dict[str, int]:
+        """Per topic, the jobs that reached done, failed, dead or canceled in the last
+        ``seconds``. Topics with none are left out."""
+        if not seconds > 0:
+            raise BrooqError(f"seconds must be positive, got {seconds!r}")
+        with self.connection() as conn:
+            rows = conn.execute(Q.job_count_finished_since, {"seconds": float(seconds)})
+            return {topic: int(jobs) for topic, jobs in rows}
+
+
+def _either(words: Sequence[str]) -> str:
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]

@@ -146,18 +146,22 @@ WHERE id IN (
 )
 RETURNING topic
 
--- name: job_count_by_topic_state
--- Active states and dead only: done grows without bound and is never counted.
-SELECT topic, state, count(*) AS jobs
+-- name: job_stats_by_topic
+-- Per topic, in one snapshot: the active states and dead (done grows without bound and is
+-- never counted). ready = claimable now. busy = processing under a lease that has not
+-- expired, i.e. a child working on it; an expired lease waits for the reaper.
+SELECT topic,
+       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now()) AS ready,
+       count(*) FILTER (WHERE state = 'processing') AS processing,
+       count(*) FILTER (WHERE state = 'processing' AND locked_until > now()) AS busy,
+       count(*) FILTER (WHERE state = 'failed') AS failed,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       coalesce(extract(epoch FROM now() - min(available_at) FILTER (
+           WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
+           AS oldest_ready_age
 FROM job
 WHERE state IN ('pending', 'processing', 'failed', 'dead')
-GROUP BY topic, state
-ORDER BY topic, state
-
--- name: job_oldest_ready_by_topic
-SELECT topic, extract(epoch FROM now() - min(available_at))::float8 AS age
-FROM job
-WHERE state IN ('pending', 'failed') AND available_at <= now()
 GROUP BY topic
 ORDER BY topic
 
@@ -171,14 +175,20 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
 -- name: job_list_processing
+-- Jobs in flight, longest running first. running_for counts from the claim (lease renewal
+-- leaves updated_at alone); a negative lease_left is an expired lease the reaper will
+-- give back.
 SELECT id, topic, attempts, locked_by, locked_until,
-       extract(epoch FROM now() - updated_at)::float8 AS running_for
+       extract(epoch FROM now() - updated_at)::float8 AS running_for,
+       extract(epoch FROM locked_until - now())::float8 AS lease_left
 FROM job
 WHERE state = 'processing'
-ORDER BY updated_at
+ORDER BY updated_at, id
 LIMIT %(limit)s
 
 -- name: job_count_finished_since
+-- Per topic, the jobs that reached done, failed, dead or canceled in the last
+-- given number of seconds (each of those writes sets updated_at): the recent throughput.
 SELECT topic, count(*) AS jobs
 FROM job
 WHERE state IN ('done', 'dead', 'canceled', 'failed')

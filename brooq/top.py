@@ -1,0 +1,229 @@
+"""`brooq top`: a live view of the queue on a terminal.
+
+A snapshot is read from the database (``take``), drawn by a pure function (``render``) and
+refreshed by a small loop (``run``) that puts the terminal in cbreak mode, waits for a key
+with select() between frames, and restores the terminal however it ends. Plain ANSI
+escapes only, so it works over SSH and needs no curses.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import sys
+import termios
+import time
+import tty
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from types import FrameType
+from typing import Any, TextIO
+
+import psycopg
+
+from brooq.durations import format_age
+from brooq.errors import BrooqError
+from brooq.queue import InFlight, Queue, TopicStats
+
+WINDOW_SECONDS = 60
+IN_FLIGHT_LIMIT = 200
+MIN_INTERVAL = 0.1
+
+# Alternate screen and hidden cursor while running; the operator's scrollback comes back.
+_ENTER = "\x1b[?1049h\x1b[?25l"
+_LEAVE = "\x1b[?25h\x1b[?1049l"
+_HOME = "\x1b[H"
+_CLEAR_LINE_END = "\x1b[K"
+_CLEAR_BELOW = "\x1b[J"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What `brooq top` shows, read at ``taken_at``."""
+
+    taken_at: datetime
+    database: str
+    topics: list[TopicStats]
+    finished: dict[str, int]
+    in_flight: list[InFlight]
+    window: int = WINDOW_SECONDS
+
+    def topic_names(self) -> list[str]:
+        """Topics with active or dead jobs, and topics that only finished jobs lately."""
+        return sorted({t.topic for t in self.topics} | set(self.finished))
+
+    def rows(self) -> list[tuple[TopicStats, int]]:
+        by_name = {t.topic: t for t in self.topics}
+        return [
+            (by_name.get(name, TopicStats(topic=name)), self.finished.get(name, 0))
+            for name in self.topic_names()
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "taken_at": self.taken_at.isoformat(),
+            "database": self.database,
+            "window_seconds": self.window,
+            "topics": [
+                {**stats.to_dict(), "finished_in_window": finished}
+                for stats, finished in self.rows()
+            ],
+            "in_flight": [job.to_dict() for job in self.in_flight],
+        }
+
+
+def take(queue: Queue, database: str) -> Snapshot:
+    return Snapshot(
+        taken_at=datetime.now(timezone.utc),
+        database=database,
+        topics=queue.stats(),
+        finished=queue.throughput(WINDOW_SECONDS),
+        in_flight=queue.in_flight(IN_FLIGHT_LIMIT),
+    )
+
+
+def _columns(rows: list[list[str]], left: set[int]) -> list[str]:
+    widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
+    return [
+        "  ".join(
+            cell.ljust(width) if i in left else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def render(
+    snap: Snapshot,
+    *,
+    width: int | None = None,
+    height: int | None = None,
+    error: str | None = None,
+) -> list[str]:
+    """The frame for ``snap`` as lines, cut to ``width`` columns and ``height`` lines when
+    given (the jobs in flight give way first, with a line saying how many are hidden)."""
+    clock = snap.taken_at.astimezone(timezone.utc).strftime("%H:%M:%S UTC")
+    lines = [f"brooq top  {snap.database}  {clock}  (q quits)"]
+    if error:
+        lines.append(f"! {error} (showing the last good read)")
+    lines.append("")
+
+    rows = snap.rows()
+    if rows:
+        finished = f"FINISHED/{snap.window}S"
+        table = [["TOPIC", "READY", "PROCESSING", "BUSY", "FAILED", "DEAD", finished, "OLDEST"]]
+        for stats, done in rows:
+            oldest = format_age(stats.oldest_ready_age) if stats.ready else "-"
+            numbers = (stats.ready, stats.processing, stats.busy, stats.failed, stats.dead, done)
+            table.append([stats.topic, *map(str, numbers), oldest])
+        lines += _columns(table, left={0})
+    else:
+        lines.append("(no jobs waiting, running, failed or dead, none finished lately)")
+    lines.append("")
+
+    processing = sum(t.processing for t in snap.topics)
+    busy = sum(t.busy for t in snap.topics)
+    lines.append(f"IN FLIGHT  {processing} processing, {busy} busy")
+    jobs = [["ID", "TOPIC", "ATTEMPT", "HOLDER", "RUNNING", "LEASE"]]
+    for job in snap.in_flight:
+        lease = format_age(job.lease_left)
+        if job.lease_left <= 0:
+            lease = "expired " + lease
+        running = format_age(job.running_for)
+        jobs.append([str(job.id), job.topic, str(job.attempts), job.locked_by, running, lease])
+    job_lines = _columns(jobs, left={0, 1, 3, 5}) if len(jobs) > 1 else []
+    hidden = max(processing, len(snap.in_flight)) - len(snap.in_flight)
+    if height is not None and len(lines) + len(job_lines) + (hidden > 0) > height:
+        shown = max(height - len(lines) - 2, 0)  # rows below the header, above "… more"
+        hidden += len(job_lines) - 1 - shown
+        job_lines = job_lines[: shown + 1] if shown else []
+    lines += job_lines
+    if hidden > 0:
+        lines.append(f"… {hidden} more in flight")
+
+    if height is not None:
+        lines = lines[:height]
+    if width is not None:
+        lines = [line[:width] for line in lines]
+    return lines
+
+
+def _frame(lines: list[str]) -> str:
+    # No newline after the last line: a frame as tall as the terminal must not scroll it.
+    return _HOME + "\r\n".join(line + _CLEAR_LINE_END for line in lines) + _CLEAR_BELOW
+
+
+@contextmanager
+def _terminal(fd: int | None, out: TextIO) -> Iterator[None]:
+    """cbreak on stdin (keys arrive one by one, Ctrl-C still interrupts) and the alternate
+    screen on stdout, both restored on the way out, TERM and HUP included."""
+    saved = termios.tcgetattr(fd) if fd is not None else None
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        if fd is not None:
+            tty.setcbreak(fd)
+        out.write(_ENTER)
+        out.flush()
+        yield
+    finally:
+        out.write(_LEAVE)
+        out.flush()
+        if fd is not None and saved is not None:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _wait_for_quit(fd: int | None, seconds: float) -> bool:
+    """Wait up to ``seconds`` for a key; True when it is q. Any other key redraws now."""
+    if fd is None:
+        time.sleep(seconds)
+        return False
+    readable, _, _ = select.select([fd], [], [], seconds)
+    if not readable:
+        return False
+    data = os.read(fd, 64)
+    if not data:  # stdin closed: keep drawing until Ctrl-C
+        time.sleep(seconds)
+        return False
+    return b"q" in data.lower()
+
+
+def run(
+    take_snapshot: Callable[[], Snapshot],
+    *,
+    interval: float = 1.0,
+    out: TextIO | None = None,
+    stdin: TextIO | None = None,
+) -> None:
+    """Draw a frame every ``interval`` seconds until q or Ctrl-C. The first read happens
+    before the screen is taken, so a wrong database fails with a plain error; later read
+    errors are shown on the frame and retried."""
+    out = out or sys.stdout
+    stdin = stdin or sys.stdin
+    fd = stdin.fileno() if stdin.isatty() else None
+    snap = take_snapshot()
+    error: str | None = None
+    with _terminal(fd, out):
+        try:
+            while True:
+                size = shutil.get_terminal_size()
+                lines = render(snap, width=size.columns, height=size.lines, error=error)
+                out.write(_frame(lines))
+                out.flush()
+                if _wait_for_quit(fd, interval):
+                    return
+                try:
+                    snap, error = take_snapshot(), None
+                except (BrooqError, psycopg.Error) as exc:
+                    error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        except KeyboardInterrupt:
+            return
