@@ -116,7 +116,7 @@ class Master:
         self.due = {
             "renew": now + settings.renew_period,
             "reap": now + 1.0,
-            "retention": now + 5.0,
+            "retention": now + min(5.0, settings.effective_retention_period),
             "sd_watchdog": now,
         }
         self.policies = {t: h.policy(settings) for t, h in queue.handlers.items()}
