@@ -281,6 +281,13 @@ class Child:
         self.current_title = f"{claim.topic} {claim.id} attempt {claim.attempt}"
         self._title(self.current_title, 0)
         self.lost.clear()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "event=job_claimed job=%s topic=%s attempt=%d",
+                claim.id,
+                claim.topic,
+                claim.attempt,
+            )
         metrics = self.config.metrics
         if metrics is not None:
             metrics.claims.labels(claim.topic).inc()
