@@ -53,6 +53,11 @@ EXIT_BOOT_ERROR = 3
 EXIT_APP_LOAD_ERROR = 4
 EXIT_MASTER_GONE = 70
 
+# Jobs shorter than this on average may be claimed several at a time; a job longer than
+# LONG_JOB gives back the rest of its batch.
+SHORT_JOB = 0.02
+LONG_JOB = 0.5
+
 
 @dataclass
 class ChildConfig:
@@ -88,6 +93,9 @@ class Child:
         self.current: uuid.UUID | None = None
         self.current_started = 0.0
         self.current_title = "idle"
+        self.batch = 1
+        self.held: list[uuid.UUID] = []  # claimed and not yet settled, in claim order
+        self.unwritten: list[_Finished] = []  # finished with `done`, written next trip
         self.last_traceback = ""
         self.in_handler = False
         self.lost: set[uuid.UUID] = set()
@@ -197,6 +205,7 @@ class Child:
                     autocommit=True,
                     connect_timeout=5,
                     application_name=f"brooq-child {self.config.identity}"[:63],
+                    options=f"-c synchronous_commit={self.settings.worker_synchronous_commit}",
                 )
             except psycopg.OperationalError as exc:
                 log.warning(
@@ -227,44 +236,123 @@ class Child:
                 pass
 
     # -- the loop ---------------------------------------------------------------------------
+    #
+    # Claims are adaptive: one job at a time by default; while recent jobs are short and
+    # the queue keeps the batch full, a few at once (up to claim_batch_max), so one round
+    # trip writes the finished jobs' `done` and claims the next ones. A long job drops the
+    # batch back to one and gives back what it had claimed beyond the job it runs.
 
     def run(self) -> int:
         try:
             while not self.stopping:
-                claims = self._claim()
+                claims = self._flush_and_claim(self.batch)
                 if not claims:
                     self._sleep(self.settings.poll_interval)
                     continue
-                for claim in claims:
-                    self._run_one(claim)
-                    if self._should_retire():
-                        return EXIT_OK
+                if self._run_batch(claims):
+                    break
         except _Stop:
             pass
+        finally:
+            self._finish_up()
         return EXIT_OK
 
-    def _claim(self) -> list[Claim]:
+    def _finish_up(self) -> None:
+        """Before exiting: give back what was not started, write what finished."""
+        if self.master_gone:
+            return
+        try:
+            unstarted = [i for i in self.held if i not in {f.claim.id for f in self.unwritten}]
+            if unstarted:
+                self._release(unstarted)
+            if self.unwritten:
+                self._flush_and_claim(0)
+        except (_Stop, psycopg.Error):
+            pass  # the leases expire and the reaper returns the jobs
+
+    def _run_batch(self, claims: list[Claim]) -> bool:
+        """Run claimed jobs in order; True when the child must retire."""
+        elapsed = 0.0
+        for i, claim in enumerate(claims):
+            if self.stopping:
+                self._release([c.id for c in claims[i:]])
+                return False
+            duration = self._run_one(claim)
+            elapsed += duration
+            rest = claims[i + 1 :]
+            if rest and duration >= LONG_JOB:
+                self._release([c.id for c in rest])  # others may run them sooner
+                self.batch = 1
+                return self._should_retire()
+            if self._should_retire():
+                self._release([c.id for c in rest])
+                return True
+        self._adapt(len(claims), elapsed / len(claims))
+        return False
+
+    def _adapt(self, claimed: int, mean: float) -> None:
+        cap = max(1, self.settings.claim_batch_max)
+        if mean >= SHORT_JOB:
+            self.batch = 1
+        elif claimed >= self.batch:
+            self.batch = min(self.batch * 2, cap)
+        else:
+            self.batch = max(1, self.batch // 2)
+
+    def _flush_and_claim(self, limit: int) -> list[Claim]:
+        """Write `done` for the finished jobs and claim up to ``limit`` new ones, in one
+        statement. Tells the master the new state: busy comes with each job, idle here."""
+        finished = self.unwritten
+        if not finished and limit == 0:
+            return []
+        if self.stopping:
+            limit = 0
         try:
             conn = self._connection()
             rows = conn.execute(
-                Q.job_claim,
+                Q.job_finish_and_claim,
                 {
+                    "done": [f.claim.id for f in finished],
                     "topics": self.topics,
-                    "limit": 1,
+                    "limit": limit,
                     "worker": self.config.identity,
                     "lease": self.settings.lease,
                 },
                 prepare=True,
             ).fetchall()
         except psycopg.OperationalError as exc:
+            # Not known whether it committed. The finished jobs stay held and are written
+            # again on the next pass (the guard makes that harmless); claims it may have
+            # made come back through the reaper.
             self._on_db_error("claim", exc)
             return []
-        return [
+        self.unwritten = []
+        written = {r[1] for r in rows if not r[0]}
+        for f in finished:
+            self._settled(f.claim, "done" if f.claim.id in written else None, f.duration)
+        claimed = sorted((r for r in rows if r[0]), key=lambda r: (r[7], r[1]))
+        claims = [
             Claim(
-                id=r[0], topic=r[1], payload=r[2], attempt=r[3], locked_by=r[4], locked_until=r[5]
+                id=r[1], topic=r[2], payload=r[3], attempt=r[4], locked_by=r[5], locked_until=r[6]
             )
-            for r in rows
+            for r in claimed
         ]
+        self.held = [c.id for c in claims]
+        self.lost.intersection_update(self.held)
+        if not claims:
+            self._tell({"idle": 1, "held": []})
+        return claims
+
+    def _release(self, ids: list[uuid.UUID]) -> None:
+        if not ids:
+            return
+        try:
+            conn = self._connection()
+            conn.execute(Q.job_release_ids, {"ids": ids, "worker": self.config.identity})
+        except psycopg.OperationalError as exc:
+            self._on_db_error("release", exc)  # the reaper returns them after the lease
+        self.held = [i for i in self.held if i not in ids]
+        self._tell({"idle": 1, "held": [str(i) for i in self.held]})
 
     def _on_db_error(self, what: str, exc: BaseException) -> None:
         log.warning(
@@ -275,12 +363,13 @@ class Child:
         )
         self._drop_connection()
 
-    def _run_one(self, claim: Claim) -> None:
+    def _run_one(self, claim: Claim) -> float:
+        """Run one claimed job; write its outcome, or keep a plain `done` for the next
+        round trip. Returns how long the handler ran."""
         policy = self.policies[claim.topic]
         self.current, self.current_started = claim.id, time.monotonic()
         self.current_title = f"{claim.topic} {claim.id} attempt {claim.attempt}"
         self._title(self.current_title, 0)
-        self.lost.clear()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "event=job_claimed job=%s topic=%s attempt=%d",
@@ -299,34 +388,42 @@ class Child:
                 "topic": claim.topic,
                 "attempt": claim.attempt,
                 "policy": protocol.policy_to_list(policy),
+                "held": [str(i) for i in self.held],
             }
         )
         error = self._call(self.handlers[claim.topic], claim, policy)
+        duration = time.monotonic() - self.current_started
         self.last_traceback = ""
         if error is not None and not isinstance(error, Interruption):
             self.last_traceback = "\n" + "".join(traceback.format_exception(error)).rstrip()
         outcome = execute.decide(error, claim.attempt, policy, random.random())
         if claim.id in self.lost:
             outcome = execute.Outcome("abandon")
-        state = self._write(claim, policy, outcome)
         if metrics is not None:
             usage = resource.getrusage(resource.RUSAGE_SELF)
             cpu = (usage.ru_utime - usage_before.ru_utime) + (
                 usage.ru_stime - usage_before.ru_stime
             )
-            metrics.attempt_duration.labels(claim.topic).observe(
-                time.monotonic() - self.current_started
-            )
+            metrics.attempt_duration.labels(claim.topic).observe(duration)
             metrics.attempt_cpu.labels(claim.topic).observe(cpu)
             metrics.attempt_rss.labels(claim.topic).observe(usage.ru_maxrss * 1024)
-            if state is not None:
-                metrics.outcomes.labels(claim.topic, state).inc()
             metrics.busy.set(0)
-        self.lost.discard(claim.id)
         self.current = None
         self.jobs_done += 1
         self._title("idle")
-        self._tell({"idle": 1})
+        if outcome.kind == "done" and not claim.chained and not claim.success_hooks:
+            self.unwritten.append(_Finished(claim, duration))
+            if duration >= LONG_JOB:
+                # Tell the master at once: the watchdog must not take the round trip
+                # that writes this `done` for a job still running.
+                self._tell({"idle": 1, "held": [str(i) for i in self.held]})
+            return duration
+        state, written = self._write(claim, policy, outcome)
+        if outcome.kind != "abandon":
+            self._settled(claim, state, duration, written)
+        self.held = [i for i in self.held if i != claim.id]
+        self._tell({"idle": 1, "held": [str(i) for i in self.held]})
+        return duration
 
     def _call(self, handler: Handler, claim: Claim, policy: Policy) -> BaseException | None:
         """Run the handler with the soft timeout armed; return what it raised, if anything."""
@@ -351,11 +448,14 @@ class Child:
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    def _write(self, claim: Claim, policy: Policy, outcome: execute.Outcome) -> str | None:
-        """Write the outcome; the state written, or None when nothing was written."""
+    def _write(
+        self, claim: Claim, policy: Policy, outcome: execute.Outcome
+    ) -> tuple[str | None, execute.Outcome]:
+        """Write the outcome: the state written (None when nothing was) and the outcome
+        actually written (a failing on_success turns done into failed)."""
         if outcome.kind == "abandon":
             log.info("event=lease_lost job=%s topic=%s: nothing written", claim.id, claim.topic)
-            return None
+            return None, outcome
         # The connection may drop mid-write: reconnect and write again. The guard makes
         # a second write harmless (a committed first one left the row not 'processing').
         for attempt in range(5):
@@ -374,15 +474,14 @@ class Child:
             claim.id,
             claim.topic,
         )
-        return None
+        return None, outcome
 
-    def _write_once(self, claim: Claim, policy: Policy, outcome: execute.Outcome) -> str | None:
+    def _write_once(
+        self, claim: Claim, policy: Policy, outcome: execute.Outcome
+    ) -> tuple[str | None, execute.Outcome]:
         conn = self._connection()
         who = {"id": claim.id, "worker": self.config.identity}
-        if outcome.kind == "done":
-            if not claim.chained and not claim.success_hooks:
-                cur = conn.execute(Q.job_set_done, who, prepare=True)
-                return self._log_outcome(claim, "done" if cur.rowcount else None)
+        if outcome.kind == "done":  # with chained jobs or on_success hooks
             try:
                 with conn.transaction():
                     cur = conn.execute(Q.job_set_done, who, prepare=True)
@@ -393,9 +492,9 @@ class Child:
                     )
                     for hook in claim.success_hooks:
                         hook(conn)
-                return self._log_outcome(claim, "done")
+                return "done", outcome
             except _NotOurs:
-                return self._log_outcome(claim, None)
+                return None, outcome
             except psycopg.OperationalError:
                 raise
             except Exception as exc:
@@ -413,7 +512,7 @@ class Child:
                 )
         if outcome.kind == "canceled":
             cur = conn.execute(Q.job_set_canceled, {**who, "error": outcome.error})
-            return self._log_outcome(claim, "canceled" if cur.rowcount else None)
+            return ("canceled" if cur.rowcount else None), outcome
         row = conn.execute(
             Q.job_set_failed,
             {
@@ -425,12 +524,19 @@ class Child:
             },
             prepare=True,
         ).fetchone()
-        return self._log_outcome(claim, row[0] if row else None, outcome)
+        return (str(row[0]) if row else None), outcome
 
-    def _log_outcome(
-        self, claim: Claim, state: str | None, outcome: execute.Outcome | None = None
-    ) -> str | None:
-        elapsed = time.monotonic() - self.current_started
+    def _settled(
+        self,
+        claim: Claim,
+        state: str | None,
+        elapsed: float,
+        outcome: execute.Outcome | None = None,
+    ) -> None:
+        """Log (and count) what was written for one job; None means nothing was."""
+        metrics = self.config.metrics
+        if metrics is not None and state is not None:
+            metrics.outcomes.labels(claim.topic, state).inc()
         if state is None:
             log.info(
                 "event=outcome_skipped job=%s topic=%s: no longer ours (canceled or reaped)",
@@ -465,7 +571,6 @@ class Child:
                 claim.attempt,
                 elapsed,
             )
-        return state
 
     def _should_retire(self) -> bool:
         s = self.settings
@@ -476,6 +581,12 @@ class Child:
             self._tell({"retire": "max-memory"})
             return True
         return False
+
+
+@dataclass
+class _Finished:
+    claim: Claim
+    duration: float
 
 
 class _Stop(Exception):

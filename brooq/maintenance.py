@@ -58,34 +58,40 @@ def delete_expired(
     return deleted, True
 
 
-def fail_held(
+def settle_dead_worker(
     conn: psycopg.Connection[Any],
     worker: str,
+    running: uuid.UUID | None,
     cause: str,
     policies: dict[str, Policy],
     default: Policy,
-) -> list[tuple[uuid.UUID, str, str]]:
-    """Record a failed attempt for every job ``worker`` still holds (it died, or was killed).
-    Guarded by the holder, so a job reaped and claimed elsewhere is untouched.
-    Returns (id, topic, new state) for each job written."""
-    written = []
-    held = conn.execute(Q.job_list_held, {"workers": [worker]}).fetchall()
-    for job_id, topic, attempts in held:
-        policy = policies.get(topic, default)
-        row = conn.execute(
-            Q.job_set_failed,
-            {
-                "id": job_id,
-                "worker": worker,
-                "refund": False,
-                "max_attempts": policy.max_attempts,
-                "delay": backoff(attempts, policy.backoff_base, policy.backoff_max),
-                "error": bounded(cause),
-            },
-        ).fetchone()
-        if row is not None:
-            written.append((job_id, topic, row[0]))
-    return written
+) -> tuple[list[tuple[uuid.UUID, str, str]], list[tuple[uuid.UUID, str]]]:
+    """A worker died or was killed. The job it was running (if it still holds it) gets a
+    failed attempt with ``cause``; every other job it held (claimed in a batch but not
+    started, or finished but not yet written) goes back to pending with the attempt
+    refunded — they did not fail. Everything is guarded by the holder, so a job reaped
+    and claimed elsewhere meanwhile is untouched.
+    Returns (id, topic, new state) of the failed job and (id, topic) of the released."""
+    failed = []
+    if running is not None:
+        held = conn.execute(Q.job_get_held, {"id": running, "worker": worker}).fetchone()
+        if held is not None:
+            job_id, topic, attempts = held
+            policy = policies.get(topic, default)
+            row = conn.execute(
+                Q.job_set_failed,
+                {
+                    "id": job_id,
+                    "worker": worker,
+                    "refund": False,
+                    "max_attempts": policy.max_attempts,
+                    "delay": backoff(attempts, policy.backoff_base, policy.backoff_max),
+                    "error": bounded(cause),
+                },
+            ).fetchone()
+            if row is not None:
+                failed.append((job_id, topic, str(row[0])))
+    return failed, release_held(conn, [worker])
 
 
 def release_held(

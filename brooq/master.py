@@ -68,6 +68,7 @@ class ChildProc:
     born: float
     ready: bool = False
     job: JobInfo | None = None
+    held: list[uuid.UUID] = field(default_factory=list)  # every job it holds, job included
     retiring: str | None = None  # why it was asked to stop
     kill_reason: str | None = None
     kill_detail: str = ""
@@ -104,7 +105,8 @@ class Master:
         self.released = 0
         self.boot_failures = 0
         self.fatal: str | None = None
-        self.pending_failures: list[tuple[str, str]] = []  # (identity, cause)
+        # (identity, the job it was running, cause) of children that died holding jobs
+        self.pending_failures: list[tuple[str, uuid.UUID | None, str]] = []
         self.pending_releases: list[str] = []
         self.db: psycopg.Connection[Any] | None = None
         self.listener: psycopg.Connection[Any] | None = None
@@ -405,10 +407,12 @@ class Master:
                     policy=protocol.policy_from_list(msg["policy"]),
                     started=now,
                 )
+                c.held = [uuid.UUID(h) for h in msg["held"]]
                 c.lease_lost_at = None
                 c.stack_requested_at = None
             elif "idle" in msg:
                 c.job = None
+                c.held = [uuid.UUID(h) for h in msg["held"]]
                 c.lease_lost_at = None
                 c.stack_requested_at = None
             elif "ready" in msg:
@@ -458,7 +462,8 @@ class Master:
         elif c.kill_reason in ("drain_timeout", "fatal"):
             self.pending_releases.append(c.identity)
         elif c.kill_reason == "lease_lost":
-            cause = None  # the job is no longer ours; the guard would refuse anyway
+            # The running job is no longer ours; give back what else it held (a batch).
+            self.pending_failures.append((c.identity, None, ""))
         elif code != 0:
             cause = (
                 f"worker died: {signal.Signals(-code).name}"
@@ -466,7 +471,7 @@ class Master:
                 else (f"worker exited with status {code}")
             )
         if cause is not None:
-            self.pending_failures.append((c.identity, cause))
+            self.pending_failures.append((c.identity, c.job.id if c.job else None, cause))
         level = logging.INFO if code == 0 and c.kill_reason is None else logging.ERROR
         log.log(
             level,
@@ -649,20 +654,24 @@ class Master:
 
     def _flush_accounting(self) -> None:
         while self.pending_failures:
-            identity, cause = self.pending_failures[0]
+            identity, running, cause = self.pending_failures[0]
 
-            def write(
-                conn: psycopg.Connection[Any], identity: str = identity, cause: str = cause
-            ) -> list[tuple[uuid.UUID, str, str]]:
-                return maintenance.fail_held(
-                    conn, identity, cause, self.policies, self.default_policy
+            def settle(
+                conn: psycopg.Connection[Any],
+                identity: str = identity,
+                running: uuid.UUID | None = running,
+                cause: str = cause,
+            ) -> tuple[list[tuple[uuid.UUID, str, str]], list[tuple[uuid.UUID, str]]]:
+                return maintenance.settle_dead_worker(
+                    conn, identity, running, cause, self.policies, self.default_policy
                 )
 
-            written = self._with_db("crash_accounting", write)
-            if written is None:
+            result = self._with_db("crash_accounting", settle)
+            if result is None:
                 return  # database unreachable: try again on the next pass
             self.pending_failures.pop(0)
-            for job_id, topic, state in written:
+            failed, released = result
+            for job_id, topic, state in failed:
                 if self.metrics is not None:
                     self.metrics.outcomes.labels(topic, state).inc()
                 log.error(
@@ -672,6 +681,8 @@ class Master:
                     state,
                     cause.splitlines()[0],
                 )
+            for job_id, topic in released:
+                log.info("event=job_returned job=%s topic=%s attempt_refunded=1", job_id, topic)
         if self.pending_releases:
             workers = list(self.pending_releases)
             released = self._with_db(
@@ -738,12 +749,12 @@ class Master:
 
     def _renew(self, now: float) -> None:
         # Read what children said first, so a job just finished is not taken for lost.
-        for c in self.children.values():
-            self._read_child(c, now)
+        self._read_children(now)
         held = [
-            (c.job.id, c.identity)
+            (job_id, c.identity)
             for c in self.children.values()
-            if c.job is not None and c.lease_lost_at is None and c.kill_reason is None
+            if c.kill_reason is None
+            for job_id in c.held
         ]
         if not held:
             return
@@ -752,18 +763,31 @@ class Master:
         )
         if still is None:
             return
+        # A job missing from the answer was canceled, reaped or taken over -- unless the
+        # child settled it meanwhile: look at what the children said since.
+        self._read_children(now)
+        missing = {job_id for job_id, _ in held} - still
         for c in self.children.values():
-            if c.job is not None and c.lease_lost_at is None and c.job.id not in still:
+            for job_id in c.held:
+                running = c.job is not None and c.job.id == job_id
+                if job_id not in missing or (running and c.lease_lost_at is not None):
+                    continue
+                protocol.send(c.to_child, f"lost {job_id}\n".encode())
+                if not running or c.job is None:
+                    continue  # not started yet (the child will skip it) or already settled
                 c.lease_lost_at = now
                 if self.metrics is not None:
                     self.metrics.lease_lost.labels(c.job.topic).inc()
-                log.warning(
+                log.info(
                     "event=lease_lost job=%s topic=%s pid=%d: canceled, reaped or taken over",
                     c.job.id,
                     c.job.topic,
                     c.pid,
                 )
-                protocol.send(c.to_child, f"lost {c.job.id}\n".encode())
+
+    def _read_children(self, now: float) -> None:
+        for c in self.children.values():
+            self._read_child(c, now)
 
     def _refresh_stats(self) -> None:
         """Jobs by topic and state, oldest ready age: read from the table on a timer, so

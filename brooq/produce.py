@@ -14,6 +14,7 @@ import psycopg
 
 from brooq.db import schema_missing
 from brooq.errors import BrooqError
+from brooq.ids import uuid7
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job, check_payload_size
 from brooq.sql import Q
 
@@ -59,7 +60,7 @@ def enqueue(
     cur = _cursor(target)
     try:
         for _ in range(_KEY_ROUNDS):
-            row = cur.execute(Q.job_insert, _params(job, uuid.uuid4())).fetchone()
+            row = cur.execute(Q.job_insert, _params(job, uuid7())).fetchone()
             if row is not None:
                 return row[0], True
             row = cur.execute(
@@ -83,7 +84,7 @@ async def enqueue_async(
     cur = target.cursor() if isinstance(target, psycopg.AsyncConnection) else target
     try:
         for _ in range(_KEY_ROUNDS):
-            await cur.execute(Q.job_insert, _params(job, uuid.uuid4()))
+            await cur.execute(Q.job_insert, _params(job, uuid7()))
             row = await cur.fetchone()
             if row is not None:
                 return row[0], True
@@ -110,7 +111,7 @@ def enqueue_many(
     checked = [_check(job, max_payload_bytes) for job in jobs]
     if not checked:
         return []
-    ids = [uuid.uuid4() for _ in checked]
+    ids = [uuid7() for _ in checked]
     cur = _cursor(target)
     try:
         cur.execute(

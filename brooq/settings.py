@@ -39,6 +39,10 @@ class Settings:
     max_jobs_per_child: int = 0  # 0: never recycle by count
     max_memory_per_child: int = 0  # MiB of resident memory; 0: never recycle by memory
     stats_period: float = 5.0
+    claim_batch_max: int = 8  # 1: always one job per claim
+    # The workers' own claim and outcome commits. "off" risks only a re-run after a
+    # database crash (at least once allows it); enqueue is never affected.
+    worker_synchronous_commit: str = "off"
 
     @property
     def effective_reaper_period(self) -> float:
@@ -78,8 +82,9 @@ _INTEGERS = {
     "max_payload_bytes",
     "max_jobs_per_child",
     "max_memory_per_child",
+    "claim_batch_max",
 }
-_STRINGS = {"ops_addr"}
+_STRINGS = {"ops_addr", "worker_synchronous_commit"}
 
 ENVIRONMENT: dict[str, str] = {
     "QUEUE_WORKERS": "workers",
@@ -101,6 +106,8 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_MAX_JOBS_PER_CHILD": "max_jobs_per_child",
     "QUEUE_MAX_MEMORY_PER_CHILD": "max_memory_per_child",
     "QUEUE_STATS_PERIOD": "stats_period",
+    "QUEUE_CLAIM_BATCH_MAX": "claim_batch_max",
+    "QUEUE_WORKER_SYNCHRONOUS_COMMIT": "worker_synchronous_commit",
 }
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
 
@@ -132,7 +139,13 @@ def validate(settings: Settings) -> list[str]:
     """Every rule a combination of settings breaks, as readable sentences."""
     problems: list[str] = []
     s = settings
-    for name in ("workers", "max_attempts", "retention_batch", "max_payload_bytes"):
+    for name in (
+        "workers",
+        "max_attempts",
+        "retention_batch",
+        "max_payload_bytes",
+        "claim_batch_max",
+    ):
         if getattr(s, name) < 1:
             problems.append(f"{name} must be at least 1, got {getattr(s, name)}")
     for name in ("max_jobs_per_child", "max_memory_per_child"):
@@ -161,6 +174,10 @@ def validate(settings: Settings) -> list[str]:
     if s.backoff_base > s.backoff_max > 0:
         problems.append(
             f"backoff_base ({s.backoff_base:g}s) must not exceed backoff_max ({s.backoff_max:g}s)"
+        )
+    if s.worker_synchronous_commit not in ("on", "off"):
+        problems.append(
+            f"worker_synchronous_commit must be on or off, got {s.worker_synchronous_commit!r}"
         )
     host, sep, port = s.ops_addr.rpartition(":")
     if s.ops_addr and (not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host):

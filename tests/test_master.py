@@ -251,3 +251,29 @@ def test_process_titles(
     )
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
+
+
+def test_batched_claims_give_back_the_rest_after_a_long_job(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    # Short jobs grow the claim batch; the long one in the middle gives back its
+    # batchmates (attempt refunded) so nothing waits behind it, and nothing runs twice.
+    jobs = [brooq.Job("t.ok", {"n": i}) for i in range(200)]
+    jobs.insert(120, brooq.Job("t.ok", {"sleep": 1.0}))
+    queue.enqueue_many(jobs)
+    m = start_master(workers=1, env={"QUEUE_CLAIM_BATCH_MAX": "8"})
+    wait_for(lambda: states(db) == {"done": 201}, timeout=60, what="all done")
+    assert executions(db) == 201
+    row = db.execute("SELECT min(attempts), max(attempts) FROM job").fetchone()
+    assert row == (1, 1)
+    # FIFO within the child: executions follow the enqueue order.
+    order = [
+        r[0]
+        for r in db.execute(
+            "SELECT (j.payload->>'n')::int FROM execution e JOIN job j ON j.id = e.job_id "
+            "WHERE j.payload ? 'n' ORDER BY e.at"
+        )
+    ]
+    assert order == sorted(order)
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0

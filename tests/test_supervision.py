@@ -108,9 +108,10 @@ def test_sigkill_of_a_child_mid_job_loses_nothing(
 ) -> None:
     m = start_master(workers=1)
     job_id, _ = queue.enqueue(brooq.Job("t.slow", {"seconds": 1}))
-    wait_for(lambda: row(db, job_id)[0] == "processing", what="processing")
-    pid = db.execute("SELECT pid FROM execution WHERE job_id = %s", (job_id,)).fetchone()
-    assert pid is not None
+    pid = wait_for(
+        lambda: db.execute("SELECT pid FROM execution WHERE job_id = %s", (job_id,)).fetchone(),
+        what="the handler started",
+    )
     os.kill(pid[0], signal.SIGKILL)
     wait_for(lambda: row(db, job_id)[0] == "done", timeout=20, what="done on retry")
     assert row(db, job_id)[1] == 2

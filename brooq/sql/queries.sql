@@ -76,6 +76,59 @@ FROM next
 WHERE job.id = next.id
 RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until
 
+-- name: job_finish_and_claim
+-- The hot path, one round trip: write `done` for the jobs this worker finished and claim
+-- the next ones. %(limit)s may be 0 (only write). Finished rows come back with
+-- claimed = false, claimed rows with claimed = true (the caller sorts them FIFO).
+-- Both parts are guarded like their separate forms (job_set_done, job_claim).
+WITH finished AS (
+    UPDATE job SET state = 'done', updated_at = now()
+    WHERE id = ANY(%(done)s::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    RETURNING id
+),
+next AS (
+    SELECT id
+    FROM job
+    WHERE state IN ('pending', 'failed')
+      AND available_at <= now()
+      AND topic = ANY(%(topics)s::text[])
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE job
+    SET state = 'processing',
+        attempts = job.attempts + 1,
+        locked_by = %(worker)s,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        updated_at = now()
+    FROM next
+    WHERE job.id = next.id
+    RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until,
+              job.available_at
+)
+SELECT true AS claimed, id, topic, payload, attempts, locked_by, locked_until, available_at
+FROM claimed
+UNION ALL
+SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
+       NULL::timestamptz
+FROM finished
+
+-- name: job_release_ids
+-- A worker gives back jobs it claimed but will not run (drain, a long job in a batch):
+-- pending, the attempt refunded. available_at stays (it is in the past), so the jobs
+-- are claimable at once and keep their place in the FIFO order.
+UPDATE job
+SET state = 'pending', attempts = greatest(attempts - 1, 0),
+    locked_by = NULL, locked_until = NULL, updated_at = now()
+WHERE id = ANY(%(ids)s::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+
+-- name: job_get_held
+-- The job a dead worker was running, if it still holds it.
+SELECT id, topic, attempts FROM job
+WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+
 -- name: job_set_done
 UPDATE job SET state = 'done', updated_at = now()
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
@@ -99,16 +152,11 @@ RETURNING state
 UPDATE job SET state = 'canceled', last_error = %(error)s, updated_at = now()
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 
--- name: job_list_held
--- The jobs a worker still holds (the master uses it when that worker died).
-SELECT id, topic, attempts FROM job
-WHERE state = 'processing' AND locked_by = ANY(%(workers)s::text[])
-
 -- name: job_release
 -- Give jobs back without spending the attempt (drain budget exceeded, immediate stop):
--- pending and claimable at once.
+-- pending and claimable at once, in their old place in the FIFO order.
 UPDATE job
-SET state = 'pending', attempts = greatest(attempts - 1, 0), available_at = now(),
+SET state = 'pending', attempts = greatest(attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
 WHERE state = 'processing' AND locked_by = ANY(%(workers)s::text[])
 RETURNING id, topic
