@@ -57,9 +57,19 @@ def main() -> int:
     done_before = int(row[0]) if row else 0
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]))
     master = subprocess.Popen(
-        [sys.executable, "-m", "brooq.master_cli", "--app", "demo_app:queue",
-         "--workers", str(args.workers), "--log-level", "ERROR"],
-        cwd=HERE, env=env,
+        [
+            sys.executable,
+            "-m",
+            "brooq.master_cli",
+            "--app",
+            "demo_app:queue",
+            "--workers",
+            str(args.workers),
+            "--log-level",
+            "ERROR",
+        ],
+        cwd=HERE,
+        env=env,
     )
     print(f"[demo] brooq-master pid {master.pid} with {args.workers} workers; Ctrl-C to stop")
     started = time.monotonic()
