@@ -18,9 +18,7 @@ def backoff_ceiling(attempts: int, base: float, maximum: float) -> float:
     return min(base * 2.0**exponent, maximum)
 
 
-def backoff(
-    attempts: int, base: float, maximum: float, rand: random.Random | None = None
-) -> float:
+def backoff(attempts: int, base: float, maximum: float, rand: random.Random | None = None) -> float:
     """Seconds to wait before the next attempt, with jitter."""
     d = backoff_ceiling(attempts, base, maximum)
     r = (rand or random).random()
