@@ -45,7 +45,9 @@ def validate_topic(topic: object) -> str:
         raise InvalidTopic(
             f"topic is {len(topic)} characters long; the limit is {TOPIC_MAX_LENGTH}"
         )
-    if not TOPIC_PATTERN.match(topic):
+    # fullmatch, not match: "$" also matches before a final "\n", which the database's
+    # CHECK constraint refuses (a CheckViolation at enqueue instead of InvalidTopic).
+    if not TOPIC_PATTERN.fullmatch(topic):
         raise InvalidTopic(
             f"topic {topic!r} does not match {TOPIC_PATTERN.pattern} "
             "(lowercase letters and digits, words joined by '.', '_' or '-')"
