@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import accumulate
 from typing import Any, Final
 
 from brooq.errors import (
@@ -33,6 +34,10 @@ TOPIC_PATTERN: Final = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
 TOPIC_MAX_LENGTH: Final = 128
 IDEMPOTENCY_KEY_MAX_LENGTH: Final = 1024
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+# Deeper payloads are refused. Without a fixed limit the accepted depth was whatever the
+# producer's stack allowed (about 950), and a reader with a deeper stack (a worker
+# decoding its claim) could then fail with RecursionError on a job already stored.
+MAX_PAYLOAD_DEPTH: Final = 256
 
 # "\u0000" as JSON writes it, preceded by an even number of backslashes (so not "\\u0000").
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -55,6 +60,18 @@ def validate_topic(topic: object) -> str:
     return topic
 
 
+_BRACKET_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+_JSON_STRING_OR_OTHER = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^"\[\]{}]+')
+
+
+def _depth(text: str) -> int:
+    """How deeply arrays and objects nest in JSON text."""
+    if text.count("[") + text.count("{") <= MAX_PAYLOAD_DEPTH:
+        return 0  # cannot be deeper than the number of brackets (strings included)
+    brackets = _JSON_STRING_OR_OTHER.sub("", text)
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
+
+
 def encode_payload(payload: Any) -> str:
     """The payload as JSON text ready for jsonb, or InvalidPayload saying why not."""
     try:
@@ -63,6 +80,10 @@ def encode_payload(payload: Any) -> str:
         raise InvalidPayload("payload is nested too deeply to be encoded as JSON") from None
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+    if _depth(text) > MAX_PAYLOAD_DEPTH:
+        raise InvalidPayload(
+            f"payload is nested more than {MAX_PAYLOAD_DEPTH} levels deep (arrays and objects)"
+        )
     if _JSON_NUL.search(text):
         raise InvalidPayload(r"payload contains the character \u0000, which jsonb cannot store")
     try:
