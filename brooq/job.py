@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from itertools import accumulate
 from typing import Any, Final
 
@@ -41,6 +42,9 @@ MAX_PAYLOAD_DEPTH: Final = 256
 
 # "\u0000" as JSON writes it, preceded by an even number of backslashes (so not "\\u0000").
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# A JSON string (matched only to be skipped), or a number with a positive exponent, which is
+# how Python writes floats from 1e16 up.
+_JSON_STRING_OR_BIG_FLOAT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?[0-9]+(?:\.[0-9]+)?e\+[0-9]+)')
 
 
 def validate_topic(topic: object) -> str:
@@ -72,6 +76,22 @@ def _depth(text: str) -> int:
     return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
 
 
+def _expand_big_float(match: re.Match[str]) -> str:
+    number = match.group(1)
+    if number is None:  # a string
+        return match.group(0)
+    return format(Decimal(number), "f") + ".0"
+
+
+def _keep_floats(text: str) -> str:
+    """jsonb stores 1e+23 as the integer 100000000000000000000000: it would come back as an
+    int, and not even equal to the float 1e23. Written out with a fraction ("...000.0") the
+    number keeps a scale in jsonb and comes back as the same float."""
+    if "e+" not in text:
+        return text
+    return _JSON_STRING_OR_BIG_FLOAT.sub(_expand_big_float, text)
+
+
 def encode_payload(payload: Any) -> str:
     """The payload as JSON text ready for jsonb, or InvalidPayload saying why not."""
     try:
@@ -92,7 +112,7 @@ def encode_payload(payload: Any) -> str:
         raise InvalidPayload(
             "payload contains an unpaired surrogate, which is not valid Unicode"
         ) from None
-    return text
+    return _keep_floats(text)
 
 
 def check_payload_size(text: str, limit: int) -> None:
