@@ -34,6 +34,8 @@ TERMINAL_STATES: Final = (DONE, DEAD, CANCELED)
 TOPIC_PATTERN: Final = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
 TOPIC_MAX_LENGTH: Final = 128
 IDEMPOTENCY_KEY_MAX_LENGTH: Final = 1024
+# The key is indexed with the topic, and a btree entry holds at most 2,704 bytes.
+IDEMPOTENCY_KEY_MAX_BYTES: Final = 2048
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
 # Deeper payloads are refused. Without a fixed limit the accepted depth was whatever the
 # producer's stack allowed (about 950), and a reader with a deeper stack (a worker
@@ -138,9 +140,14 @@ def normalise_key(key: object) -> str | None:
             f"the limit is {IDEMPOTENCY_KEY_MAX_LENGTH}"
         )
     try:
-        key.encode("utf-8")
+        size = len(key.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidIdempotencyKey("idempotency_key is not valid Unicode") from None
+    if size > IDEMPOTENCY_KEY_MAX_BYTES:
+        raise InvalidIdempotencyKey(
+            f"idempotency_key is {size} bytes long in UTF-8; "
+            f"the limit is {IDEMPOTENCY_KEY_MAX_BYTES}"
+        )
     return key
 
 
