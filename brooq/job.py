@@ -7,13 +7,14 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from itertools import accumulate
 from typing import Any, Final
 
 from brooq.errors import (
     InvalidIdempotencyKey,
+    InvalidJob,
     InvalidJobId,
     InvalidPayload,
     InvalidTopic,
@@ -47,6 +48,10 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # A JSON string (matched only to be skipped), or a number with a positive exponent, which is
 # how Python writes floats from 1e16 up.
 _JSON_STRING_OR_BIG_FLOAT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?[0-9]+(?:\.[0-9]+)?e\+[0-9]+)')
+# An available_at this close to the ends of datetime's range would be stored, but could not
+# be read back (psycopg cannot load year 0 or 10000 once shifted to the session's zone).
+_EARLIEST: Final = datetime.min.replace(tzinfo=timezone.utc) + timedelta(days=2)
+_LATEST: Final = datetime.max.replace(tzinfo=timezone.utc) - timedelta(days=2)
 
 
 def validate_topic(topic: object) -> str:
@@ -159,6 +164,12 @@ def require_aware(value: object, name: str) -> datetime:
             f"{name} is a naive datetime; give it a time zone, "
             "e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
         )
+    try:
+        in_range = _EARLIEST <= value.astimezone(timezone.utc) <= _LATEST
+    except OverflowError:  # the UTC instant falls outside year 1..9999
+        in_range = False
+    if not in_range:
+        raise InvalidJob(f"{name} {value.isoformat()} is out of range (years 1 to 9999)")
     return value
 
 
