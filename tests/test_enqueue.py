@@ -375,3 +375,19 @@ def test_enqueue_async_with_dict_rows(dsn: str, db: psycopg.Connection) -> None:
 
     asyncio.run(produce())
     assert count(db) == 1
+
+
+def test_an_answer_from_a_live_server_is_not_reported_as_unreachable(queue: brooq.Queue) -> None:
+    """Regression: every OperationalError became "cannot reach the database", including a
+    statement timeout or a too-large index row (SQLSTATE classes 54, 55, 57014)."""
+    with pytest.raises(psycopg.errors.QueryCanceled), queue.transaction() as conn:
+        conn.execute("SET LOCAL statement_timeout = '10ms'")
+        conn.execute("SELECT pg_sleep(1)")
+    assert queue.enqueue(brooq.Job("t"))[1] is True
+
+
+def test_a_lost_session_is_reported_as_unreachable(queue: brooq.Queue) -> None:
+    unreachable = pytest.raises(DatabaseUnavailable, match="cannot reach the database")
+    with unreachable, queue.connection() as conn:
+        conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    assert queue.enqueue(brooq.Job("t"))[1] is True  # the pool replaces the connection
