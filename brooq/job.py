@@ -45,9 +45,11 @@ MAX_PAYLOAD_DEPTH: Final = 256
 
 # "\u0000" as JSON writes it, preceded by an even number of backslashes (so not "\\u0000").
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-# A JSON string (matched only to be skipped), or a number with a positive exponent, which is
-# how Python writes floats from 1e16 up.
-_JSON_STRING_OR_BIG_FLOAT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?[0-9]+(?:\.[0-9]+)?e\+[0-9]+)')
+# A JSON string or a whole number, each taken in one piece so that the scan stays linear
+# (a pattern that could start inside a 4,000-digit integer backtracks quadratically).
+_JSON_STRING_OR_NUMBER = re.compile(
+    r'"[^"\\]*(?:\\.[^"\\]*)*"|-?[0-9]+(?:\.[0-9]+)?(?:e[-+][0-9]+)?'
+)
 # An available_at this close to the ends of datetime's range would be stored, but could not
 # be read back (psycopg cannot load year 0 or 10000 once shifted to the session's zone).
 _EARLIEST: Final = datetime.min.replace(tzinfo=timezone.utc) + timedelta(days=2)
@@ -84,10 +86,10 @@ def _depth(text: str) -> int:
 
 
 def _expand_big_float(match: re.Match[str]) -> str:
-    number = match.group(1)
-    if number is None:  # a string
-        return match.group(0)
-    return format(Decimal(number), "f") + ".0"
+    token = match.group(0)
+    if "e+" not in token or token[0] == '"':  # a string, or a number jsonb keeps as it is
+        return token
+    return format(Decimal(token), "f") + ".0"
 
 
 def _keep_floats(text: str) -> str:
@@ -96,7 +98,7 @@ def _keep_floats(text: str) -> str:
     number keeps a scale in jsonb and comes back as the same float."""
     if "e+" not in text:
         return text
-    return _JSON_STRING_OR_BIG_FLOAT.sub(_expand_big_float, text)
+    return _JSON_STRING_OR_NUMBER.sub(_expand_big_float, text)
 
 
 def encode_payload(payload: Any) -> str:
