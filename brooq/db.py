@@ -18,6 +18,20 @@ def unavailable(dsn: str, exc: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"cannot reach the database {describe(dsn)}: {reason}")
 
 
+# Operator intervention that ends the session: shutdown, crash, not accepting connections.
+_SESSION_ENDED = ("57P01", "57P02", "57P03")
+
+
+def lost_connection(exc: psycopg.OperationalError) -> bool:
+    """Whether the error means the database could not be reached or the session was lost.
+
+    Other OperationalErrors are answers from a live server (statement or lock timeout,
+    a program limit such as an index row too large, out of memory) and keep their own
+    type and message."""
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _SESSION_ENDED
+
+
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[tuple[Any, ...]]:
     kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
@@ -14,7 +15,9 @@ _UNITS = {
     "h": 3600.0,
     "d": 86400.0,
 }
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+# ASCII digits only: \d would also take Arabic-Indic or fullwidth digits.
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
+_BARE_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
 def parse_duration_string(text: str) -> float:
@@ -30,9 +33,12 @@ def parse_duration_string(text: str) -> float:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     if pos != len(cleaned) or pos == 0:
-        if re.fullmatch(r"\d+(?:\.\d+)?", cleaned):
+        if _BARE_NUMBER.fullmatch(cleaned):
             raise ValueError(f"{text!r} has no unit; write e.g. '{cleaned}s'")
         raise ValueError(f"{text!r} is not a duration; use a number with a unit: ms, s, m, h, d")
+    if not math.isfinite(total):
+        # float("1" * 400) is inf, not an error.
+        raise ValueError(f"{text!r} is too large to be a duration")
     return total
 
 
@@ -45,9 +51,14 @@ def to_seconds(value: Duration, *, allow_bare_number: bool = True) -> float:
     if isinstance(value, int | float):
         if not allow_bare_number:
             raise ValueError(f"{value!r} has no unit")
-        if value != value or value in (float("inf"), float("-inf")):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond the float range
+            # Not {value!r}: repr of an int over 4,300 digits raises ValueError itself.
+            raise ValueError("an integer this large is not a duration (in seconds)") from None
+        if not math.isfinite(seconds):
             raise ValueError(f"{value!r} is not a finite duration")
-        return float(value)
+        return seconds
     if isinstance(value, str):
         return parse_duration_string(value)
     raise ValueError(f"{value!r} is not a duration (timedelta, seconds or a string like '30s')")

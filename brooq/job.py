@@ -7,11 +7,14 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from itertools import accumulate
 from typing import Any, Final
 
 from brooq.errors import (
     InvalidIdempotencyKey,
+    InvalidJob,
     InvalidJobId,
     InvalidPayload,
     InvalidTopic,
@@ -32,10 +35,25 @@ TERMINAL_STATES: Final = (DONE, DEAD, CANCELED)
 TOPIC_PATTERN: Final = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
 TOPIC_MAX_LENGTH: Final = 128
 IDEMPOTENCY_KEY_MAX_LENGTH: Final = 1024
+# The key is indexed with the topic, and a btree entry holds at most 2,704 bytes.
+IDEMPOTENCY_KEY_MAX_BYTES: Final = 2048
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+# Deeper payloads are refused. Without a fixed limit the accepted depth was whatever the
+# producer's stack allowed (about 950), and a reader with a deeper stack (a worker
+# decoding its claim) could then fail with RecursionError on a job already stored.
+MAX_PAYLOAD_DEPTH: Final = 256
 
 # "\u0000" as JSON writes it, preceded by an even number of backslashes (so not "\\u0000").
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# A JSON string or a whole number, each taken in one piece so that the scan stays linear
+# (a pattern that could start inside a 4,000-digit integer backtracks quadratically).
+_JSON_STRING_OR_NUMBER = re.compile(
+    r'"[^"\\]*(?:\\.[^"\\]*)*"|-?[0-9]+(?:\.[0-9]+)?(?:e[-+][0-9]+)?'
+)
+# An available_at this close to the ends of datetime's range would be stored, but could not
+# be read back (psycopg cannot load year 0 or 10000 once shifted to the session's zone).
+_EARLIEST: Final = datetime.min.replace(tzinfo=timezone.utc) + timedelta(days=2)
+_LATEST: Final = datetime.max.replace(tzinfo=timezone.utc) - timedelta(days=2)
 
 
 def validate_topic(topic: object) -> str:
@@ -45,12 +63,42 @@ def validate_topic(topic: object) -> str:
         raise InvalidTopic(
             f"topic is {len(topic)} characters long; the limit is {TOPIC_MAX_LENGTH}"
         )
-    if not TOPIC_PATTERN.match(topic):
+    # fullmatch, not match: "$" also matches before a final "\n", which the database's
+    # CHECK constraint refuses (a CheckViolation at enqueue instead of InvalidTopic).
+    if not TOPIC_PATTERN.fullmatch(topic):
         raise InvalidTopic(
             f"topic {topic!r} does not match {TOPIC_PATTERN.pattern} "
             "(lowercase letters and digits, words joined by '.', '_' or '-')"
         )
     return topic
+
+
+_BRACKET_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+_JSON_STRING_OR_OTHER = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^"\[\]{}]+')
+
+
+def _depth(text: str) -> int:
+    """How deeply arrays and objects nest in JSON text."""
+    if text.count("[") + text.count("{") <= MAX_PAYLOAD_DEPTH:
+        return 0  # cannot be deeper than the number of brackets (strings included)
+    brackets = _JSON_STRING_OR_OTHER.sub("", text)
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
+
+
+def _expand_big_float(match: re.Match[str]) -> str:
+    token = match.group(0)
+    if "e+" not in token or token[0] == '"':  # a string, or a number jsonb keeps as it is
+        return token
+    return format(Decimal(token), "f") + ".0"
+
+
+def _keep_floats(text: str) -> str:
+    """jsonb stores 1e+23 as the integer 100000000000000000000000: it would come back as an
+    int, and not even equal to the float 1e23. Written out with a fraction ("...000.0") the
+    number keeps a scale in jsonb and comes back as the same float."""
+    if "e+" not in text:
+        return text
+    return _JSON_STRING_OR_NUMBER.sub(_expand_big_float, text)
 
 
 def encode_payload(payload: Any) -> str:
@@ -61,6 +109,10 @@ def encode_payload(payload: Any) -> str:
         raise InvalidPayload("payload is nested too deeply to be encoded as JSON") from None
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+    if _depth(text) > MAX_PAYLOAD_DEPTH:
+        raise InvalidPayload(
+            f"payload is nested more than {MAX_PAYLOAD_DEPTH} levels deep (arrays and objects)"
+        )
     if _JSON_NUL.search(text):
         raise InvalidPayload(r"payload contains the character \u0000, which jsonb cannot store")
     try:
@@ -69,7 +121,7 @@ def encode_payload(payload: Any) -> str:
         raise InvalidPayload(
             "payload contains an unpaired surrogate, which is not valid Unicode"
         ) from None
-    return text
+    return _keep_floats(text)
 
 
 def check_payload_size(text: str, limit: int) -> None:
@@ -95,9 +147,14 @@ def normalise_key(key: object) -> str | None:
             f"the limit is {IDEMPOTENCY_KEY_MAX_LENGTH}"
         )
     try:
-        key.encode("utf-8")
+        size = len(key.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidIdempotencyKey("idempotency_key is not valid Unicode") from None
+    if size > IDEMPOTENCY_KEY_MAX_BYTES:
+        raise InvalidIdempotencyKey(
+            f"idempotency_key is {size} bytes long in UTF-8; "
+            f"the limit is {IDEMPOTENCY_KEY_MAX_BYTES}"
+        )
     return key
 
 
@@ -109,6 +166,12 @@ def require_aware(value: object, name: str) -> datetime:
             f"{name} is a naive datetime; give it a time zone, "
             "e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
         )
+    try:
+        in_range = _EARLIEST <= value.astimezone(timezone.utc) <= _LATEST
+    except OverflowError:  # the UTC instant falls outside year 1..9999
+        in_range = False
+    if not in_range:
+        raise InvalidJob(f"{name} {value.isoformat()} is out of range (years 1 to 9999)")
     return value
 
 

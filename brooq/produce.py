@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from brooq.db import schema_missing
 from brooq.errors import BrooqError
@@ -43,8 +44,17 @@ def _params(job: Job, job_id: uuid.UUID) -> dict[str, Any]:
     }
 
 
-def _cursor(target: Target) -> psycopg.Cursor[Any]:
-    return target.cursor() if isinstance(target, psycopg.Connection) else target
+def _cursor(target: Target) -> psycopg.Cursor[tuple[Any, ...]]:
+    """A new cursor on the caller's connection, so in the caller's transaction, that
+    returns tuples whatever row_factory the caller chose (dict_row, class_row, ...) and
+    whatever kind of cursor was passed (a server-side one cannot run an INSERT)."""
+    conn = target if isinstance(target, psycopg.Connection) else target.connection
+    return conn.cursor(row_factory=tuple_row)
+
+
+def _async_cursor(target: AsyncTarget) -> psycopg.AsyncCursor[tuple[Any, ...]]:
+    conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
+    return conn.cursor(row_factory=tuple_row)
 
 
 def enqueue(
@@ -57,17 +67,17 @@ def enqueue(
     visible to workers (and wakes them once per transaction).
     """
     _check(job, max_payload_bytes)
-    cur = _cursor(target)
     try:
-        for _ in range(_KEY_ROUNDS):
-            row = cur.execute(Q.job_insert, _params(job, uuid7())).fetchone()
-            if row is not None:
-                return row[0], True
-            row = cur.execute(
-                Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
-            ).fetchone()
-            if row is not None:
-                return row[0], False
+        with _cursor(target) as cur:
+            for _ in range(_KEY_ROUNDS):
+                row = cur.execute(Q.job_insert, _params(job, uuid7())).fetchone()
+                if row is not None:
+                    return row[0], True
+                row = cur.execute(
+                    Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
+                ).fetchone()
+                if row is not None:
+                    return row[0], False
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
     raise BrooqError(
@@ -81,17 +91,19 @@ async def enqueue_async(
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue`` for a psycopg AsyncConnection or AsyncCursor, in the caller's transaction."""
     _check(job, max_payload_bytes)
-    cur = target.cursor() if isinstance(target, psycopg.AsyncConnection) else target
     try:
-        for _ in range(_KEY_ROUNDS):
-            await cur.execute(Q.job_insert, _params(job, uuid7()))
-            row = await cur.fetchone()
-            if row is not None:
-                return row[0], True
-            await cur.execute(Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key})
-            row = await cur.fetchone()
-            if row is not None:
-                return row[0], False
+        async with _async_cursor(target) as cur:
+            for _ in range(_KEY_ROUNDS):
+                await cur.execute(Q.job_insert, _params(job, uuid7()))
+                row = await cur.fetchone()
+                if row is not None:
+                    return row[0], True
+                await cur.execute(
+                    Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
+                )
+                row = await cur.fetchone()
+                if row is not None:
+                    return row[0], False
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
     raise BrooqError(
@@ -112,39 +124,45 @@ def enqueue_many(
     if not checked:
         return []
     ids = [uuid7() for _ in checked]
-    cur = _cursor(target)
     try:
-        cur.execute(
-            Q.job_insert_many,
-            {
-                "ids": ids,
-                "topics": [j.topic for j in checked],
-                "payloads": [j.payload_json for j in checked],
-                "keys": [j.idempotency_key for j in checked],
-                "available_ats": [j.available_at for j in checked],
-            },
-        )
-        inserted = {row[0] for row in cur.fetchall()}
-        result = [(job_id, job_id in inserted) for job_id in ids]
-        missing = [i for i, (_, created) in enumerate(result) if not created]
-        if missing:
-            cur.execute(
-                Q.job_get_ids_by_keys,
-                {
-                    "topics": [checked[i].topic for i in missing],
-                    "keys": [checked[i].idempotency_key for i in missing],
-                },
-            )
-            existing = {(topic, key): job_id for topic, key, job_id in cur.fetchall()}
-            for i in missing:
-                job = checked[i]
-                found = existing.get((job.topic, job.idempotency_key))
-                if found is None:
-                    raise BrooqError(
-                        f"job {i} ({job.topic!r}, key {job.idempotency_key!r}) conflicted "
-                        "with a row that has since disappeared; enqueue it again"
-                    )
-                result[i] = (found, False)
+        with _cursor(target) as cur:
+            return _insert_many(cur, checked, ids)
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
+
+
+def _insert_many(
+    cur: psycopg.Cursor[tuple[Any, ...]], checked: list[Job], ids: list[uuid.UUID]
+) -> list[tuple[uuid.UUID, bool]]:
+    cur.execute(
+        Q.job_insert_many,
+        {
+            "ids": ids,
+            "topics": [j.topic for j in checked],
+            "payloads": [j.payload_json for j in checked],
+            "keys": [j.idempotency_key for j in checked],
+            "available_ats": [j.available_at for j in checked],
+        },
+    )
+    inserted = {row[0] for row in cur.fetchall()}
+    result = [(job_id, job_id in inserted) for job_id in ids]
+    missing = [i for i, (_, created) in enumerate(result) if not created]
+    if missing:
+        cur.execute(
+            Q.job_get_ids_by_keys,
+            {
+                "topics": [checked[i].topic for i in missing],
+                "keys": [checked[i].idempotency_key for i in missing],
+            },
+        )
+        existing = {(topic, key): job_id for topic, key, job_id in cur.fetchall()}
+        for i in missing:
+            job = checked[i]
+            found = existing.get((job.topic, job.idempotency_key))
+            if found is None:
+                raise BrooqError(
+                    f"job {i} ({job.topic!r}, key {job.idempotency_key!r}) conflicted "
+                    "with a row that has since disappeared; enqueue it again"
+                )
+            result[i] = (found, False)
     return result

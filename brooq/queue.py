@@ -24,7 +24,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from brooq import dsn as dsn_mod
 from brooq import produce as producer
 from brooq import settings as settings_mod
-from brooq.db import CONNECT_TIMEOUT, schema_missing, unavailable
+from brooq.db import CONNECT_TIMEOUT, lost_connection, schema_missing, unavailable
 from brooq.durations import Duration
 from brooq.errors import BrooqError, InvalidTransition, JobNotFound
 from brooq.handlers import Handler, HandlerFn, build
@@ -198,6 +198,8 @@ class Queue:
         except psycopg.errors.UndefinedTable as exc:
             raise schema_missing(exc) from None
         except psycopg.OperationalError as exc:
+            if not lost_connection(exc):
+                raise
             raise unavailable(self.dsn, exc) from None
 
     @contextmanager

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 import brooq
+from brooq import produce
 from brooq.errors import DatabaseUnavailable, InvalidDsn
 
 
@@ -329,3 +330,64 @@ def test_pool_is_not_used_across_fork(queue: brooq.Queue) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     queue.enqueue(brooq.Job("after.fork"))  # the parent's pool still works
+
+
+@pytest.mark.parametrize("factory", ["dict_row", "namedtuple_row", "server_cursor"])
+def test_enqueue_whatever_the_callers_row_factory(
+    dsn: str, db: psycopg.Connection, factory: str
+) -> None:
+    """Regression: brooq read its answers as row[0] on the caller's cursor, so a caller
+    using dict_row got KeyError: 0 (and enqueue_many mis-unpacked dict keys)."""
+    from psycopg.rows import dict_row, namedtuple_row
+
+    row_factory = namedtuple_row if factory == "namedtuple_row" else dict_row
+    with psycopg.connect(dsn, row_factory=row_factory) as conn:  # type: ignore[call-overload]
+        with conn.transaction():
+            one = brooq.enqueue(conn, brooq.Job("rf", idempotency_key="a"))
+            again = brooq.enqueue(conn, brooq.Job("rf", idempotency_key="a"))
+            many = produce.enqueue_many(
+                conn, [brooq.Job("rf", idempotency_key="a"), brooq.Job("rf", idempotency_key="b")]
+            )
+        assert one[1] is True and again == (one[0], False)
+        assert many[0] == (one[0], False) and many[1][1] is True
+        # A cursor of the caller's (even a server-side one) keeps its own results.
+        name = "mine" if factory == "server_cursor" else None
+        with conn.transaction(), conn.cursor(name=name) as cur:  # type: ignore[call-overload]
+            cur.execute("SELECT 42 AS answer")
+            _job_id, created = brooq.enqueue(cur, brooq.Job("rf"))
+            assert created and produce.enqueue_many(cur, [brooq.Job("rf")])[0][1] is True
+            row = cur.fetchone()
+            assert (
+                row is not None and (row[0] if factory == "namedtuple_row" else row["answer"]) == 42
+            )
+    assert count(db) == 4
+
+
+def test_enqueue_async_with_dict_rows(dsn: str, db: psycopg.Connection) -> None:
+    from psycopg.rows import dict_row
+
+    async def produce() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as aconn:
+            async with aconn.transaction():
+                first = await brooq.enqueue_async(aconn, brooq.Job("a", idempotency_key="k"))
+                second = await brooq.enqueue_async(aconn, brooq.Job("a", idempotency_key="k"))
+            assert first[1] is True and second == (first[0], False)
+
+    asyncio.run(produce())
+    assert count(db) == 1
+
+
+def test_an_answer_from_a_live_server_is_not_reported_as_unreachable(queue: brooq.Queue) -> None:
+    """Regression: every OperationalError became "cannot reach the database", including a
+    statement timeout or a too-large index row (SQLSTATE classes 54, 55, 57014)."""
+    with pytest.raises(psycopg.errors.QueryCanceled), queue.transaction() as conn:
+        conn.execute("SET LOCAL statement_timeout = '10ms'")
+        conn.execute("SELECT pg_sleep(1)")
+    assert queue.enqueue(brooq.Job("t"))[1] is True
+
+
+def test_a_lost_session_is_reported_as_unreachable(queue: brooq.Queue) -> None:
+    unreachable = pytest.raises(DatabaseUnavailable, match="cannot reach the database")
+    with unreachable, queue.connection() as conn:
+        conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    assert queue.enqueue(brooq.Job("t"))[1] is True  # the pool replaces the connection

@@ -1,6 +1,6 @@
 """Every SQL statement of brooq lives in queries.sql, named ``-- name: table_verb``.
 
-The file is parsed once; ``Q.job_claim`` is the text of the statement named job_claim.
+The file is parsed once; ``Q.job_get`` is the text of the statement named job_get.
 """
 
 from __future__ import annotations

@@ -51,36 +51,14 @@ WITH retried AS (
 )
 SELECT retried.id, pg_notify('brooq_job', '') FROM retried
 
--- name: job_claim
--- Claim up to %(limit)s ready jobs of the given topics for one worker, FIFO by
--- (available_at, id). The CTE with LIMIT locks exactly the rows it returns (an
--- "id IN (subquery)" form may lock more: PostgreSQL bug #15715). The attempt is
--- charged here (invariant 6).
-WITH next AS (
-    SELECT id
-    FROM job
-    WHERE state IN ('pending', 'failed')
-      AND available_at <= now()
-      AND topic = ANY(%(topics)s::text[])
-    ORDER BY available_at, id
-    LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
-)
-UPDATE job
-SET state = 'processing',
-    attempts = job.attempts + 1,
-    locked_by = %(worker)s,
-    locked_until = now() + make_interval(secs => %(lease)s),
-    updated_at = now()
-FROM next
-WHERE job.id = next.id
-RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until
-
 -- name: job_finish_and_claim
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
--- the next ones. %(limit)s may be 0 (only write). Finished rows come back with
--- claimed = false, claimed rows with claimed = true (the caller sorts them FIFO).
--- Both parts are guarded like their separate forms (job_set_done, job_claim).
+-- up to %(limit)s ready jobs of the given topics, FIFO by (available_at, id).
+-- %(limit)s may be 0 (only write), %(done)s may be empty (only claim). Finished rows
+-- come back with claimed = false, claimed rows with claimed = true (the caller sorts
+-- them FIFO). The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
+-- the rows it returns through a CTE with LIMIT (an "id IN (subquery)" form may lock
+-- more: PostgreSQL bug #15715) and charges the attempt (invariant 6).
 WITH finished AS (
     UPDATE job SET state = 'done', updated_at = now()
     WHERE id = ANY(%(done)s::uuid[]) AND state = 'processing' AND locked_by = %(worker)s

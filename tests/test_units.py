@@ -1,0 +1,538 @@
+"""Plain unit tests: durations, settings, handler validation, backoff, job validation, DSNs.
+
+No database here except one connection attempt to a closed port (the DSN error path).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from datetime import timedelta
+from fractions import Fraction
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from hypothesis import assume, example, given
+from hypothesis import strategies as st
+from psycopg import conninfo
+
+import brooq
+from brooq import dsn as dsn_mod
+from brooq import handlers, retry, settings
+from brooq.db import connect
+from brooq.durations import format_seconds, parse_duration_string, to_seconds
+from brooq.errors import DatabaseUnavailable, InvalidDsn, InvalidSettings, InvalidTopic
+from brooq.job import TOPIC_MAX_LENGTH, Job, validate_topic
+
+# -- durations ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1h30m", 5400.0),
+        ("250ms", 0.25),
+        ("2.5s", 2.5),
+        ("1m30s", 90.0),
+        ("1d", 86400.0),
+        ("0s", 0.0),
+        ("  45s ", 45.0),
+        ("1h1m1s1ms", 3661.001),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration_string(text) == pytest.approx(seconds, abs=1e-12)
+
+
+@pytest.mark.parametrize("bare", ["120", "1.5", " 30 "])
+def test_bare_number_is_rejected_with_a_hint(bare: str) -> None:
+    with pytest.raises(ValueError, match="no unit") as info:
+        parse_duration_string(bare)
+    assert f"'{bare.strip()}s'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "",
+        "   ",
+        "s",
+        "abc",
+        "5x",
+        "-5s",
+        "+5s",
+        "5s5",
+        "1e3s",
+        "1h 30m",
+        "5 s",
+        ".5s",
+        "5.s",
+        "inf s",
+        "infs",
+        "nan",
+        "5S",
+        "\u0665s",  # ARABIC-INDIC DIGIT FIVE: ASCII digits only
+        "\uff15s",  # FULLWIDTH DIGIT FIVE
+        "1" * 400 + "s",  # float("1" * 400) is inf
+    ],
+)
+def test_garbage_durations_are_rejected(garbage: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration_string(garbage)
+    with pytest.raises(ValueError):
+        to_seconds(garbage)
+
+
+def test_to_seconds_accepts_timedelta_numbers_and_strings() -> None:
+    assert to_seconds(timedelta(minutes=2, milliseconds=500)) == 120.5
+    assert to_seconds(5) == 5.0 and isinstance(to_seconds(5), float)
+    assert to_seconds(2.5) == 2.5
+    assert to_seconds("3m") == 180.0
+    assert to_seconds(timedelta(0)) == 0.0
+
+
+@pytest.mark.parametrize(
+    "value", [True, False, None, float("inf"), float("-inf"), float("nan"), [1], b"5s", 10**400]
+)
+def test_to_seconds_rejects_non_durations_with_value_error(value: Any) -> None:
+    with pytest.raises(ValueError):
+        to_seconds(value)
+
+
+def test_to_seconds_of_a_huge_int_does_not_overflow_or_echo_it() -> None:
+    # float(10**5000) raises OverflowError and repr(10**5000) raises ValueError by itself.
+    with pytest.raises(ValueError, match="integer this large") as info:
+        to_seconds(10**5000)
+    assert len(str(info.value)) < 200
+
+
+def test_bare_number_refused_when_asked() -> None:
+    with pytest.raises(ValueError, match="no unit"):
+        to_seconds(5, allow_bare_number=False)
+
+
+_UNIT_SECONDS = {"ms": Fraction(1, 1000), "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(sorted(_UNIT_SECONDS))), min_size=1)
+)
+def test_composed_durations_parse_to_their_sum(parts: list[tuple[int, str]]) -> None:
+    text = "".join(f"{n}{unit}" for n, unit in parts)
+    expected = sum(n * _UNIT_SECONDS[unit] for n, unit in parts)
+    assert parse_duration_string(text) == pytest.approx(float(expected), rel=1e-12)
+
+
+@given(st.integers(0, 10**7))
+def test_format_seconds_round_trips(seconds: int) -> None:
+    assert parse_duration_string(format_seconds(seconds)) == seconds
+
+
+# -- settings ----------------------------------------------------------------------------
+
+
+def test_defaults_without_environment() -> None:
+    assert settings.load(environ={}) == settings.Settings()
+
+
+def test_environment_layer() -> None:
+    loaded = settings.load(
+        environ={
+            "QUEUE_WORKERS": "4",
+            "QUEUE_LEASE": "45s",
+            "QUEUE_POLL_INTERVAL": "250ms",
+            "QUEUE_ATTEMPT_TIMEOUT": "2m",
+            "QUEUE_MAX_EXECUTION_TIMEOUT": "1h",
+            "QUEUE_OPS_ADDR": "0.0.0.0:9000",
+            "UNRELATED": "ignored",
+        }
+    )
+    assert (loaded.workers, loaded.lease, loaded.poll_interval) == (4, 45.0, 0.25)
+    assert (loaded.attempt_timeout, loaded.max_execution_timeout) == (120.0, 3600.0)
+    assert loaded.ops_addr == "0.0.0.0:9000"
+    assert loaded.renew_period == 15.0
+
+
+@pytest.mark.parametrize("empty", ["", "   ", "\t"])
+def test_empty_environment_value_counts_as_unset(empty: str) -> None:
+    environ = {var: empty for var in settings.ENVIRONMENT}
+    assert settings.load(environ=environ) == settings.Settings()
+    assert settings.getenv("QUEUE_LEASE", {"QUEUE_LEASE": empty}) is None
+    assert settings.getenv("QUEUE_LEASE", {"QUEUE_LEASE": "5s"}) == "5s"
+
+
+def test_layers_in_order_defaults_environment_overrides_flags() -> None:
+    environ = {"QUEUE_WORKERS": "3", "QUEUE_LEASE": "40s", "QUEUE_MAX_ATTEMPTS": "7"}
+    loaded = settings.load(
+        environ=environ,
+        overrides={"workers": 5, "lease": timedelta(seconds=50)},
+        flags={"workers": 8, "lease": None},  # None: the flag was not given
+    )
+    assert loaded.workers == 8  # flag beats Queue(...) beats environment
+    assert loaded.lease == 50.0  # Queue(...) beats environment; an absent flag changes nothing
+    assert loaded.max_attempts == 7  # environment beats the default
+    assert loaded.poll_interval == settings.Settings().poll_interval
+
+
+def test_numbers_in_code_are_seconds_but_the_environment_needs_a_unit() -> None:
+    assert settings.load(environ={}, overrides={"lease": 12}).lease == 12.0
+    with pytest.raises(InvalidSettings) as info:
+        settings.load(environ={"QUEUE_LEASE": "12"})
+    assert len(info.value.problems) == 1
+    assert "QUEUE_LEASE" in info.value.problems[0] and "'12s'" in info.value.problems[0]
+
+
+def test_every_problem_is_listed_at_once() -> None:
+    environ = {
+        "QUEUE_LEASE": "0s",
+        "QUEUE_WORKERS": "0",
+        "QUEUE_ATTEMPT_TIMEOUT": "10m",
+        "QUEUE_MAX_EXECUTION_TIMEOUT": "5m",
+        "QUEUE_POLL_INTERVAL": "120",
+    }
+    with pytest.raises(InvalidSettings) as info:
+        settings.load(environ=environ)
+    problems = info.value.problems
+    assert len(problems) == 4, problems
+    text = "\n".join(problems)
+    assert "QUEUE_POLL_INTERVAL" in text and "'120s'" in text
+    assert any(p.startswith("workers must be at least 1") for p in problems)
+    assert any(p.startswith("lease must be positive") for p in problems)
+    assert any(
+        "attempt_timeout (600s) must not exceed max_execution_timeout (300s)" in p for p in problems
+    )
+    # The message lists them all too, one a line.
+    assert str(info.value).count("\n  - ") == 4
+
+
+def test_problems_from_every_layer_are_collected() -> None:
+    with pytest.raises(InvalidSettings) as info:
+        settings.load(
+            environ={"QUEUE_MAX_ATTEMPTS": "many", "QUEUE_BACKOFF_BASE": "2m"},
+            overrides={"workers": "x", "lease": True, "nonsense": 1},
+            flags={"graceful_timeout": -1, "ops_addr": "localhost"},
+        )
+    problems = info.value.problems
+    text = "\n".join(problems)
+    assert "QUEUE_MAX_ATTEMPTS='many'" in text
+    assert "Queue(workers=...)" in text and "Queue(lease=...)" in text
+    assert "unknown setting 'nonsense'" in text
+    assert "graceful_timeout must be positive" in text
+    assert "backoff_base (120s) must not exceed backoff_max (60s)" in text
+    assert "ops_addr must be HOST:PORT" in text
+    assert len(problems) == 7, problems
+
+
+@pytest.mark.parametrize(
+    ("environ", "overrides"),
+    [
+        ({}, {"lease": 10**400}),  # float() of it raised OverflowError
+        ({"QUEUE_LEASE": "1" * 400 + "s"}, {}),  # parsed as inf and accepted
+        ({}, {"lease": float("inf")}),
+    ],
+)
+def test_absurd_durations_are_settings_problems(
+    environ: dict[str, str], overrides: dict[str, Any]
+) -> None:
+    with pytest.raises(InvalidSettings) as info:
+        settings.load(environ=environ, overrides=overrides)
+    assert len(info.value.problems) == 1 and "lease" in info.value.problems[0].lower()
+
+
+@given(st.dictionaries(st.sampled_from(sorted(settings.ENVIRONMENT)), st.text(max_size=12)))
+def test_load_never_raises_anything_but_invalid_settings(environ: dict[str, str]) -> None:
+    try:
+        loaded = settings.load(environ=environ)
+    except InvalidSettings as exc:
+        assert exc.problems
+    else:
+        assert settings.validate(loaded) == []
+
+
+# -- handler registration ----------------------------------------------------------------
+
+
+def _build(**options: Any) -> handlers.Handler:
+    given_options = {
+        "max_attempts": None,
+        "attempt_timeout": None,
+        "max_execution_timeout": None,
+        "backoff_base": None,
+        "backoff_max": None,
+    }
+    given_options.update(options)
+    return handlers.build("report.render", lambda claim: None, **given_options)
+
+
+def test_handler_options_in_seconds_and_fallback_to_settings() -> None:
+    h = _build(max_attempts=3, attempt_timeout="10s", backoff_max=timedelta(minutes=2))
+    assert (h.max_attempts, h.attempt_timeout, h.backoff_max) == (3, 10.0, 120.0)
+    policy = h.policy(settings.Settings(max_execution_timeout=600.0, backoff_base=2.0))
+    assert policy == handlers.Policy(
+        max_attempts=3,
+        attempt_timeout=10.0,
+        max_execution_timeout=600.0,
+        backoff_base=2.0,
+        backoff_max=120.0,
+    )
+    assert handlers.policy_problems("report.render", policy) == []
+
+
+def test_handler_attempt_timeout_above_max_execution_timeout() -> None:
+    with pytest.raises(InvalidSettings) as info:
+        _build(attempt_timeout="10m", max_execution_timeout="5m")
+    assert info.value.problems == [
+        "report.render: attempt_timeout (600s) must not exceed max_execution_timeout (300s)"
+    ]
+
+
+def test_handler_problems_are_all_reported() -> None:
+    with pytest.raises(InvalidSettings) as info:
+        _build(
+            max_attempts=0,
+            attempt_timeout="10m",
+            max_execution_timeout="5m",
+            backoff_base=0,
+            backoff_max=-1,
+        )
+    problems = info.value.problems
+    assert len(problems) == 4, problems
+    text = "\n".join(problems)
+    assert "max_attempts must be at least 1, got 0" in text
+    assert "backoff_base must be positive, got 0s" in text
+    assert "backoff_max must be positive, got -1s" in text
+    assert "attempt_timeout (600s) must not exceed max_execution_timeout (300s)" in text
+    assert all(p.startswith("report.render: ") for p in problems)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_attempts": True},
+        {"max_attempts": "3"},
+        {"max_attempts": -2},
+        {"attempt_timeout": "30"},
+        {"attempt_timeout": "soon"},
+        {"attempt_timeout": 0},
+        {"max_execution_timeout": timedelta(seconds=-1)},
+        {"backoff_base": "1m", "backoff_max": "1s"},
+        {"backoff_base": 10**400},
+    ],
+)
+def test_bad_handler_options(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidSettings) as info:
+        _build(**options)
+    assert len(info.value.problems) == 1, info.value.problems
+
+
+def test_queue_handler_validates_at_registration() -> None:
+    q = brooq.Queue("postgresql://nobody@127.0.0.1:1/nothing")
+    with pytest.raises(InvalidSettings):
+        q.handler("a", attempt_timeout="10m", max_execution_timeout="5m")(lambda claim: None)
+    with pytest.raises(InvalidTopic):
+        q.handler("Not A Topic")(lambda claim: None)
+    assert q.handlers == {}
+
+
+def test_policy_problems_for_settings_fallbacks() -> None:
+    h = _build(attempt_timeout="10m")
+    policy = h.policy(settings.Settings(max_execution_timeout=300.0))
+    assert handlers.policy_problems("t", policy) == [
+        "t: attempt_timeout (600s) must not exceed max_execution_timeout (300s)"
+    ]
+
+
+# -- backoff -----------------------------------------------------------------------------
+
+
+def test_backoff_ceiling_doubles_until_the_maximum() -> None:
+    ceilings = [retry.backoff_ceiling(a, 1.0, 60.0) for a in range(1, 9)]
+    assert ceilings == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert retry.backoff_ceiling(0, 1.0, 60.0) == 1.0  # never below base
+
+
+@pytest.mark.parametrize("attempts", [1000, 1024, 1025, 1100, 10_000, 10**9])
+def test_backoff_of_huge_attempt_numbers_is_the_maximum(attempts: int) -> None:
+    assert retry.backoff_ceiling(attempts, 1.0, 60.0) == 60.0
+    assert 30.0 <= retry.backoff(attempts, 1.0, 60.0, random.Random(attempts).random()) <= 60.0
+
+
+def test_jitter_spans_half_to_full_ceiling() -> None:
+    assert retry.backoff(4, 1.0, 60.0, 0.0) == 4.0
+    assert retry.backoff(4, 1.0, 60.0, 0.5) == 6.0
+    assert retry.backoff(4, 1.0, 60.0, 0.999999) == pytest.approx(8.0, abs=1e-5)
+
+
+def test_jitter_actually_varies() -> None:
+    rand = random.Random(7)
+    waits = {retry.backoff(5, 1.0, 60.0, rand.random()) for _ in range(50)}
+    assert len(waits) > 40
+    assert all(8.0 <= w <= 16.0 for w in waits)
+
+
+def test_delay_is_clamped() -> None:
+    assert retry.delay_seconds(5.0, 60.0) == 5.0
+    assert retry.delay_seconds(3600.0, 60.0) == 60.0
+    assert retry.delay_seconds(-1.0, 60.0) == 0.0
+
+
+@given(
+    attempts=st.integers(1, 20_000),
+    base=st.floats(1e-3, 1e6),
+    spread=st.floats(1.0, 1e6),
+    r=st.floats(0.0, 1.0, exclude_max=True),
+)
+@example(attempts=10_000, base=1.0, spread=60.0, r=0.0)
+@example(attempts=1024, base=1e6, spread=1.0, r=0.5)
+def test_backoff_property(attempts: int, base: float, spread: float, r: float) -> None:
+    maximum = base * spread
+    exact = min(Fraction(base) * 2 ** (attempts - 1), Fraction(maximum))
+    d = retry.backoff_ceiling(attempts, base, maximum)
+    assert d == float(exact)
+    assert base <= d <= maximum or d == maximum
+    wait = retry.backoff(attempts, base, maximum, r)
+    assert d / 2 <= wait <= d
+
+
+# -- job validation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "topic", ["a", "0", "email.send", "a-b_c.d", "v2.report-render_pdf", "x" * TOPIC_MAX_LENGTH]
+)
+def test_valid_topics(topic: str) -> None:
+    assert Job(topic).topic == topic
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "",
+        "A",
+        "Email",
+        "a..b",
+        ".a",
+        "a.",
+        "-a",
+        "a__b",
+        "a b",
+        "é",
+        "a;drop table job",
+        "a'b",
+        'a"b',
+        "a\n",  # Python's "$" matches before a final newline; the database's does not
+        "\na",
+        "a\x00",
+        "x" * (TOPIC_MAX_LENGTH + 1),
+        5,
+        None,
+        b"abc",
+    ],
+)
+def test_invalid_topics(topic: Any) -> None:
+    with pytest.raises(InvalidTopic):
+        Job(topic)
+    with pytest.raises(brooq.InvalidJob):
+        validate_topic(topic)
+
+
+_TOPIC_ORACLE = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*")
+
+
+@given(
+    st.one_of(
+        st.text(max_size=140),
+        st.from_regex(_TOPIC_ORACLE, fullmatch=True),
+        st.builds(
+            lambda t, c, i: t[:i] + c + t[i:],
+            st.from_regex(_TOPIC_ORACLE, fullmatch=True),
+            st.characters(),
+            st.integers(0, 200),
+        ),
+    )
+)
+@example("abc\n")
+@example("x" * 129)
+def test_topic_acceptance_matches_the_rule(topic: str) -> None:
+    valid = len(topic) <= TOPIC_MAX_LENGTH and _TOPIC_ORACLE.fullmatch(topic) is not None
+    try:
+        Job(topic)
+    except InvalidTopic:
+        assert not valid, topic
+    else:
+        assert valid, topic
+
+
+# -- connection strings ------------------------------------------------------------------
+
+_SECRET = "Hunter2-s3cret"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        f"host=db password={_SECRET} 'unterminated",
+        f"password={_SECRET} host",
+        f"postgresql://u:{_SECRET}@db:5432/app?nonsense_option=1",
+        f"postgresql://u:{_SECRET}@[::1/app",
+    ],
+)
+def test_check_refuses_without_echoing_the_password(bad: str) -> None:
+    with pytest.raises(InvalidDsn) as info:
+        dsn_mod.check(bad)
+    assert _SECRET not in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert dsn_mod.describe(bad) == "<unparsable dsn>"
+    with pytest.raises(InvalidDsn) as info:
+        dsn_mod.resolve(environ={"DATABASE_URL": bad})
+    assert _SECRET not in str(info.value)
+
+
+def test_describe_names_the_database_without_the_password() -> None:
+    uri = f"postgresql://alice:{_SECRET}@db.example.org:6543/app"
+    assert dsn_mod.check(uri) == uri
+    assert dsn_mod.describe(uri) == "alice@db.example.org:6543/app"
+    kv = f"host=/run/postgresql user=bob password={_SECRET} dbname=jobs"
+    assert dsn_mod.describe(kv) == "bob@/run/postgresql:5432/jobs"
+
+
+_NAME = st.text(alphabet=string.ascii_letters + string.digits + "_-", min_size=1, max_size=20)
+
+
+@given(
+    user=_NAME,
+    host=st.from_regex(r"[a-z][a-z0-9-]{0,20}(\.[a-z][a-z0-9-]{0,10}){0,2}", fullmatch=True),
+    port=st.integers(1, 65535),
+    dbname=_NAME,
+    password=st.text(
+        alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+        min_size=8,
+        max_size=30,
+    ),
+    uri=st.booleans(),
+)
+def test_describe_never_shows_the_password(
+    user: str, host: str, port: int, dbname: str, password: str, uri: bool
+) -> None:
+    assume(password not in f"{user}@{host}:{port}/{dbname}")
+    if uri:
+        text = f"postgresql://{quote(user)}:{quote(password, safe='')}@{host}:{port}/{dbname}"
+    else:
+        text = conninfo.make_conninfo(
+            user=user, password=password, host=host, port=str(port), dbname=dbname
+        )
+    described = dsn_mod.describe(dsn_mod.check(text))
+    assert described == f"{user}@{host}:{port}/{dbname}"
+    assert password not in described
+    assert quote(password, safe="") not in described
+
+
+def test_unreachable_database_error_hides_the_password() -> None:
+    dsn = f"postgresql://alice:{_SECRET}@127.0.0.1:1/app"
+    with pytest.raises(DatabaseUnavailable) as info:
+        connect(dsn, connect_timeout=2)
+    message = str(info.value)
+    assert _SECRET not in message
+    assert message.startswith("cannot reach the database alice@127.0.0.1:1/app")
