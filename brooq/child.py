@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import json
 import logging
 import os
 import random
@@ -33,9 +34,11 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.types.json import set_json_loads
 from setproctitle import setproctitle
 
 from brooq import execute, protocol
+from brooq.errors import InvalidPayload
 from brooq.handlers import Handler, Policy
 from brooq.job import AttemptTimeout, Claim, Interruption, LeaseLost
 from brooq.produce import enqueue_many
@@ -207,6 +210,9 @@ class Child:
                     application_name=f"brooq-child {self.config.identity}"[:63],
                     options=f"-c synchronous_commit={self.settings.worker_synchronous_commit}",
                 )
+                # A payload that cannot be decoded (inserted by hand, nested too deep)
+                # must fail its job, not crash the child on every claim.
+                set_json_loads(_decode_payload, self.conn)
             except psycopg.OperationalError as exc:
                 log.warning(
                     "event=db_unreachable who=child worker=%s retry_in=%.1fs error=%r",
@@ -434,6 +440,8 @@ class Child:
                 self.in_handler = True
                 if claim.id in self.lost:
                     raise LeaseLost(f"lease of job {claim.id} lost")
+                if isinstance(claim.payload, Undecodable):
+                    raise InvalidPayload(f"the stored payload cannot be decoded: {claim.payload}")
                 handler.fn(claim)
             except BaseException as exc:
                 error = exc
@@ -581,6 +589,23 @@ class Child:
             self._tell({"retire": "max-memory"})
             return True
         return False
+
+
+class Undecodable:
+    """Stands for a payload that json could not decode; the job fails with the reason."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def _decode_payload(data: bytes | str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        return Undecodable(f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
 @dataclass

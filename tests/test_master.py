@@ -277,3 +277,24 @@ def test_batched_claims_give_back_the_rest_after_a_long_job(
     assert order == sorted(order)
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
+
+
+def test_a_payload_that_cannot_be_decoded_fails_its_job_not_the_child(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    # Inserted by hand, past brooq's checks: nested deeper than Python's json can decode.
+    deep = "[" * 5000 + "]" * 5000
+    db.execute(
+        "INSERT INTO job (topic, payload, available_at) VALUES ('t.fail', %s::jsonb, now())",
+        (deep,),
+    )
+    job_id = db.execute("SELECT id FROM job").fetchone()[0]  # type: ignore[index]
+    after, _ = queue.enqueue(brooq.Job("t.ok"))
+    m = start_master(workers=1)
+    wait_for(lambda: state_of(db, after) == "done", what="the child goes on")
+    wait_for(lambda: state_of(db, job_id) == "dead", timeout=20, what="dead")
+    _, attempts, error, _ = job_row(db, job_id)
+    assert attempts == 3 and "payload cannot be decoded: RecursionError" in error
+    assert "event=child_crashed" not in m.log()
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
