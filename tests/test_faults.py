@@ -433,6 +433,60 @@ def listening(db: psycopg.Connection[Any]) -> int | None:
     return row[0] if row else None
 
 
+def test_master_connections_terminated(
+    queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    """The master's two connections are terminated three times while a job longer than
+    the lease runs: it reconnects within 5 s, keeps renewing (the job is never reaped and
+    runs once) and LISTENs again (with a 30 s poll, a new job starts at once)."""
+    audit.install(db)
+    m = start_master(workers=2, env={"QUEUE_POLL_INTERVAL": "30s"})
+    m.wait_ready(2)
+    wait_for(lambda: listening(db), what="the master listening")
+    slow_id, _ = queue.enqueue(brooq.Job("t.slow", {"seconds": 5}))
+    wait_for(lambda: executions(db, slow_id) == 1, what="the slow job running")
+    ids = [slow_id]
+    times = []
+    for _ in range(3):
+        old = backends(db, "brooq-master%")
+        assert len(old) == 2
+        assert terminate(db, old) == 2
+        gone = time.monotonic()
+        wait_for(
+            lambda old=old: (
+                (new := backends(db, "brooq-master%"))  # type: ignore[misc]
+                and len(new) == 2
+                and not set(new) & set(old)
+                and listening(db)
+            ),
+            timeout=5,
+            what="the master reconnected and listening",
+        )
+        times.append(time.monotonic() - gone)
+        job_id, _ = queue.enqueue(brooq.Job("t.ok"))
+        ids.append(job_id)
+        wait_for(
+            lambda job_id=job_id: executions(db, job_id) == 1,  # type: ignore[misc]
+            timeout=2,
+            what="a new job woken by NOTIFY (the poll is 30 s)",
+        )
+    wait_for(lambda: states(db) == {"done": len(ids)}, timeout=10, what="all done")
+    report = audit.check(db, ids)
+    report.assert_clean()
+    assert report.duplicate_executions == 0  # the slow job's lease was renewed throughout
+    assert "event=jobs_reaped" not in m.log()
+    assert "event=child_exited" not in m.log()
+    figures(
+        "7 master connections terminated",
+        "1 job longer than the lease + 3 short ones, 2 workers, 30 s poll",
+        "3 x pg_terminate_backend of both master connections",
+        report,
+        "reconnected and listening in " + ", ".join(f"{t:.1f}s" for t in times),
+    )
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
 # -- fault 8: PostgreSQL restarted under load ---------------------------------------------
 
 
@@ -787,5 +841,31 @@ def test_maintenance_statement_cancelled_by_statement_timeout(
     assert re.search(r"event=db_error who=master during=reaper .*statement timeout", m.log())
     wait_for(lambda: states(db) == {"done": 1}, timeout=10, what="returned and run")
     assert "event=jobs_reaped count=1" in m.log()
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_master_keeps_its_leases_through_reconnects(
+    queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    """Regression: a renewal that falls due while the master reconnects must run as soon
+    as the connection is back (before the reaper), not a whole renewal period later, or
+    repeated short disconnections let the master reap its own running child's job."""
+    audit.install(db)
+    m = start_master(workers=1)
+    m.wait_ready(1)
+    wait_for(lambda: len(backends(db, "brooq-master%")) == 2, what="master connected")
+    job_id, _ = queue.enqueue(brooq.Job("t.slow", {"seconds": 5}))
+    wait_for(lambda: executions(db, job_id) == 1, what="running")
+    rounds = 0
+    while states(db) == {"processing": 1}:
+        rounds += terminate(db, backends(db, "brooq-master%")) > 0
+        time.sleep(0.7)  # a little more than a reconnect, about one renewal period
+    wait_for(lambda: states(db) == {"done": 1}, timeout=10, what="done")
+    assert rounds >= 5
+    report = audit.check(db, [job_id])
+    report.assert_clean()
+    assert "event=jobs_reaped" not in m.log()
+    assert report.executions == 1
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
