@@ -211,7 +211,10 @@ def test_audit_classes_every_job(dsn: str, db: psycopg.Connection[Any]) -> None:
 
 @pytest.mark.parametrize(
     "total",
-    [pytest.param(3_000, id="3k"), pytest.param(20_000, id="20k", marks=pytest.mark.slow)],
+    [
+        pytest.param(3_000, id="3k"),
+        pytest.param(20_000, id="20k", marks=[pytest.mark.slow, pytest.mark.timeout(900)]),
+    ],
 )
 def test_random_child_sigkill_every_200ms(
     total: int, queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
@@ -641,7 +644,10 @@ def test_drain_under_load_with_term_sent_five_times(
 
 @pytest.mark.parametrize(
     "total",
-    [pytest.param(5_000, id="5k"), pytest.param(100_000, id="100k", marks=pytest.mark.slow)],
+    [
+        pytest.param(5_000, id="5k"),
+        pytest.param(100_000, id="100k", marks=[pytest.mark.slow, pytest.mark.timeout(1200)]),
+    ],
 )
 def test_claim_exactness_16_children(
     total: int, queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
