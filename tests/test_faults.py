@@ -875,3 +875,77 @@ def test_master_keeps_its_leases_through_reconnects(
     assert report.executions == 1
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
+
+
+@pytest.mark.parametrize("hook", [pytest.param(1.2, id="shorter-than-lease")])
+def test_a_long_outcome_transaction_does_not_stall_the_master(
+    hook: float, queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    """Regression: a child's outcome transaction stays open while its on_success hook runs,
+    holding the row lock. The master must not wait for that lock, neither in the lease
+    renewal nor (once the lease ran out during a hook longer than the lease) in the
+    reaper: waiting froze the whole master loop (no /healthz, no signals, no watchdog, no
+    renewal of anyone else) and, through the rows the renewal had already locked, the
+    other children's outcome writes."""
+    import urllib.request
+
+    audit.install(db)
+    m = start_master(workers=2)
+    m.wait_ready(2)
+    addr = wait_for(lambda: re.search(r"event=ops_listening addr=(\S+)", m.log())).group(1)
+    slow_commit, _ = queue.enqueue(brooq.Job("t.hooksleep", {"seconds": hook}))
+    wait_for(
+        lambda: db.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'brooq-child%%' "
+            "AND query LIKE '%%pg_sleep%%' AND state = 'active'"
+        ).fetchone(),
+        interval=0.01,
+        what="the outcome transaction open in its hook",
+    )
+    in_hook = time.monotonic()
+    others = enqueue_all(queue, [brooq.Job("t.ok", {"sleep": 0.05}) for _ in range(20)])
+    slowest = 0.0
+    while time.monotonic() - in_hook < hook - 0.1:
+        asked = time.monotonic()
+        with urllib.request.urlopen(f"http://{addr}/healthz", timeout=10) as response:
+            assert response.status == 200
+        slowest = max(slowest, time.monotonic() - asked)
+        time.sleep(0.05)
+    assert slowest < 0.5, f"/healthz took {slowest:.1f}s: the master loop was blocked"
+    wait_for(lambda: states(db) == {"done": 21}, timeout=10, what="all done")
+    audit.check(db, [slow_commit, *others]).assert_clean()
+    assert "event=lease_lost" not in m.log()
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def expired_claims(db: psycopg.Connection[Any], queue: brooq.Queue, n: int) -> list[uuid.UUID]:
+    """n jobs processing under holders w-0, w-1, ... whose leases have just expired."""
+    ids = [queue.enqueue(brooq.Job("t.ok"))[0] for _ in range(n)]
+    for i, job_id in enumerate(ids):
+        db.execute(
+            "UPDATE job SET state = 'processing', locked_by = %s, "
+            "locked_until = now() - interval '1 second' WHERE id = %s",
+            (f"w-{i}", job_id),
+        )
+    return ids
+
+
+def test_renewal_never_waits_for_a_row_lock(
+    queue: brooq.Queue, dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Regression, at the SQL level: a held row locked by another transaction (its child's
+    open outcome transaction) is skipped by the renewal, which does not wait and still
+    counts it as held; it is found lost on the next pass once the outcome committed."""
+    from brooq import maintenance
+
+    a, b, c = expired_claims(db, queue, 3)
+    held = [(a, "w-0"), (b, "w-1"), (c, "w-other")]
+    with psycopg.connect(dsn) as outcome:
+        outcome.execute("UPDATE job SET state = 'done' WHERE id = %s", (b,))  # not committed
+        db.execute("SET statement_timeout = '2s'")  # waiting would fail the test, not hang it
+        assert maintenance.renew_leases(db, held, 30) == {a, b}  # c is someone else's
+        renewed = dict(db.execute("SELECT id, locked_until > now() FROM job").fetchall())
+        assert renewed == {a: True, b: False, c: False}
+        outcome.commit()
+    assert maintenance.renew_leases(db, held, 30) == {a}  # b is done now: lost

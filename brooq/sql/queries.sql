@@ -116,11 +116,34 @@ RETURNING id, topic
 -- name: job_renew_leases
 -- One statement renews every in-flight job of this master, each guarded by its own
 -- holder. A job missing from the result has been canceled, reaped or taken over.
-UPDATE job
-SET locked_until = now() + make_interval(secs => %(lease)s)
-FROM unnest(%(ids)s::uuid[], %(workers)s::text[]) AS held(id, worker)
-WHERE job.id = held.id AND job.state = 'processing' AND job.locked_by = held.worker
-RETURNING job.id
+-- A row locked by another transaction is never waited for: most often it is the
+-- child's own outcome transaction (an on_success hook may run for long), and waiting
+-- would freeze the master's loop and every row this statement had locked already.
+-- Such a row still counts as held when this statement's snapshot says so; it is
+-- renewed, or found lost, on the next pass.
+WITH held AS (
+    SELECT job.id
+    FROM job
+    JOIN unnest(%(ids)s::uuid[], %(workers)s::text[]) AS h(id, worker)
+      ON job.id = h.id AND job.locked_by = h.worker
+    WHERE job.state = 'processing'
+), lockable AS (
+    SELECT job.id
+    FROM job
+    JOIN unnest(%(ids)s::uuid[], %(workers)s::text[]) AS h(id, worker)
+      ON job.id = h.id AND job.locked_by = h.worker
+    WHERE job.state = 'processing'
+    FOR NO KEY UPDATE OF job SKIP LOCKED
+), renewed AS (
+    UPDATE job
+    SET locked_until = now() + make_interval(secs => %(lease)s)
+    FROM lockable
+    WHERE job.id = lockable.id
+    RETURNING job.id
+)
+SELECT id FROM renewed
+UNION
+SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
 
 -- name: job_reap_expired
 -- Expired leases go back to pending. attempts stays: an expired lease is a crash, not a
