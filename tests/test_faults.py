@@ -877,7 +877,9 @@ def test_master_keeps_its_leases_through_reconnects(
     assert m.wait() == 0
 
 
-@pytest.mark.parametrize("hook", [pytest.param(1.2, id="shorter-than-lease")])
+@pytest.mark.parametrize(
+    "hook", [pytest.param(1.2, id="shorter-than-lease"), pytest.param(3.0, id="longer-than-lease")]
+)
 def test_a_long_outcome_transaction_does_not_stall_the_master(
     hook: float, queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
 ) -> None:
@@ -949,3 +951,24 @@ def test_renewal_never_waits_for_a_row_lock(
         assert renewed == {a: True, b: False, c: False}
         outcome.commit()
     assert maintenance.renew_leases(db, held, 30) == {a}  # b is done now: lost
+
+
+def test_reaper_never_waits_for_a_row_lock(
+    queue: brooq.Queue, dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Regression, at the SQL level: an expired row locked by another transaction (its
+    holder writing the outcome) is skipped by the reaper, which does not wait; a committed
+    outcome stays, a rolled-back one leaves the row to the next pass."""
+    from brooq import maintenance
+
+    a, b, c = expired_claims(db, queue, 3)
+    with psycopg.connect(dsn) as done, psycopg.connect(dsn) as undone:
+        done.execute("UPDATE job SET state = 'done' WHERE id = %s", (a,))  # not committed
+        undone.execute("UPDATE job SET state = 'done' WHERE id = %s", (b,))
+        db.execute("SET statement_timeout = '2s'")  # waiting would fail the test, not hang it
+        assert maintenance.reap_expired(db) == {"t.ok": 1}  # c only
+        done.commit()
+        undone.rollback()
+    assert maintenance.reap_expired(db) == {"t.ok": 1}  # b, on the next pass
+    found = dict(db.execute("SELECT id, state FROM job").fetchall())
+    assert found == {a: "done", b: "pending", c: "pending"}

@@ -147,13 +147,22 @@ SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
 
 -- name: job_reap_expired
 -- Expired leases go back to pending. attempts stays: an expired lease is a crash, not a
--- recorded failure (invariant 7). The state check inside the UPDATE lets an outcome
--- committed meanwhile survive, and several masters may run this at once.
+-- recorded failure (invariant 7). The state check is made again on the locked row, so
+-- an outcome committed meanwhile survives, and several masters may run this at once.
+-- A locked row is skipped, not waited for: someone (its holder's outcome transaction,
+-- often) is writing it; if it is still expired afterwards, the next pass takes it.
+WITH expired AS (
+    SELECT id
+    FROM job
+    WHERE state = 'processing' AND locked_until < now()
+    FOR NO KEY UPDATE SKIP LOCKED
+)
 UPDATE job
 SET state = 'pending', locked_by = NULL, locked_until = NULL,
     available_at = now(), updated_at = now()
-WHERE state = 'processing' AND locked_until < now()
-RETURNING id, topic
+FROM expired
+WHERE job.id = expired.id AND job.state = 'processing' AND job.locked_until < now()
+RETURNING job.id, job.topic
 
 -- name: job_delete_expired
 -- Retention: one batch of terminal rows older than the TTL, oldest first. SKIP LOCKED
