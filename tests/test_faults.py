@@ -493,7 +493,18 @@ def test_master_connections_terminated(
 # -- fault 8: PostgreSQL restarted under load ---------------------------------------------
 
 
-def test_postgres_restart_under_load(private_server: Any, start_master: StartMaster) -> None:
+@pytest.mark.parametrize(
+    "outage",
+    [
+        pytest.param(0.0, id="restart"),
+        pytest.param(8.0, id="down-8s", marks=pytest.mark.slow),
+    ],
+)
+def test_postgres_restart_under_load(
+    outage: float, private_server: Any, start_master: StartMaster
+) -> None:
+    """pg_ctl restart -m fast under load; the slow variant keeps the server down for 8 s,
+    longer than a child's outcome retries (about 3 s) and than the lease."""
     dsn = private_server.dsn
     total = 1_000
     with connection(dsn) as conn:
@@ -507,7 +518,13 @@ def test_postgres_restart_under_load(private_server: Any, start_master: StartMas
         return int(fresh(dsn, lambda c: states(c).get("done", 0), -1))
 
     wait_for(lambda: done() >= 150, timeout=60, what="under load")
-    private_server.restart()
+    restarting = time.monotonic()
+    if outage:
+        private_server.stop()
+        time.sleep(outage)
+        private_server.start()
+    else:
+        private_server.restart()
     back = time.monotonic()
     at_restart = done()
     assert 0 <= at_restart < total, "the restart came too late to be under load"
@@ -531,9 +548,11 @@ def test_postgres_restart_under_load(private_server: Any, start_master: StartMas
     figures(
         "8 PostgreSQL restart",
         f"{total} jobs, 4 workers, 30 s poll",
-        f"pg_ctl restart -m fast with {total - at_restart} jobs left",
+        ("pg_ctl restart -m fast" if not outage else f"server stopped (-m fast) for {outage:g}s")
+        + f" with {total - at_restart} jobs left",
         report,
-        f"processing resumed {resumed:.1f}s after the server was back; NOTIFY {woken:.2f}s",
+        f"server down and up in {back - restarting:.1f}s; processing resumed {resumed:.1f}s "
+        f"after it was back; a NOTIFY afterwards woke a child in {woken:.2f}s",
     )
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
@@ -788,6 +807,7 @@ def test_retention_under_load_deletes_no_active_row(
 def test_no_transaction_is_open_while_a_handler_runs(
     seconds: int, queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
 ) -> None:
+    audit.install(db)
     m = start_master(workers=1)
     m.wait_ready(1)
     job_id, _ = queue.enqueue(brooq.Job("t.slow", {"seconds": seconds}))
@@ -807,6 +827,15 @@ def test_no_transaction_is_open_while_a_handler_runs(
         samples += 1
         time.sleep(0.1)
     assert samples >= seconds * 5
+    report = audit.check(db, [job_id])
+    report.assert_clean()
+    figures(
+        "13 transaction hygiene",
+        f"1 job of {seconds}s",
+        "none: pg_stat_activity sampled every 100 ms",
+        report,
+        f"{samples} samples: the child's backend idle with no transaction in every one",
+    )
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
 
