@@ -607,6 +607,9 @@ class Master:
         self.db_ok = True
         if self.db_delay > 0.5:
             log.info("event=db_reconnected who=master")
+            # A renewal missed while the connection was down runs now, before the reaper,
+            # not a whole period later: or short outages let our own leases run out.
+            self.due["renew"] = float("-inf")
         self.db_delay = 0.5
         return True
 

@@ -142,21 +142,53 @@ RETURNING id, topic
 -- name: job_renew_leases
 -- One statement renews every in-flight job of this master, each guarded by its own
 -- holder. A job missing from the result has been canceled, reaped or taken over.
-UPDATE job
-SET locked_until = now() + make_interval(secs => %(lease)s)
-FROM unnest(%(ids)s::uuid[], %(workers)s::text[]) AS held(id, worker)
-WHERE job.id = held.id AND job.state = 'processing' AND job.locked_by = held.worker
-RETURNING job.id
+-- A row locked by another transaction is never waited for: most often it is the
+-- child's own outcome transaction (an on_success hook may run for long), and waiting
+-- would freeze the master's loop and every row this statement had locked already.
+-- Such a row still counts as held when this statement's snapshot says so; it is
+-- renewed, or found lost, on the next pass.
+WITH held AS (
+    SELECT job.id
+    FROM job
+    JOIN unnest(%(ids)s::uuid[], %(workers)s::text[]) AS h(id, worker)
+      ON job.id = h.id AND job.locked_by = h.worker
+    WHERE job.state = 'processing'
+), lockable AS (
+    SELECT job.id
+    FROM job
+    JOIN unnest(%(ids)s::uuid[], %(workers)s::text[]) AS h(id, worker)
+      ON job.id = h.id AND job.locked_by = h.worker
+    WHERE job.state = 'processing'
+    FOR NO KEY UPDATE OF job SKIP LOCKED
+), renewed AS (
+    UPDATE job
+    SET locked_until = now() + make_interval(secs => %(lease)s)
+    FROM lockable
+    WHERE job.id = lockable.id
+    RETURNING job.id
+)
+SELECT id FROM renewed
+UNION
+SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
 
 -- name: job_reap_expired
 -- Expired leases go back to pending. attempts stays: an expired lease is a crash, not a
--- recorded failure (invariant 7). The state check inside the UPDATE lets an outcome
--- committed meanwhile survive, and several masters may run this at once.
+-- recorded failure (invariant 7). The state check is made again on the locked row, so
+-- an outcome committed meanwhile survives, and several masters may run this at once.
+-- A locked row is skipped, not waited for: someone (its holder's outcome transaction,
+-- often) is writing it; if it is still expired afterwards, the next pass takes it.
+WITH expired AS (
+    SELECT id
+    FROM job
+    WHERE state = 'processing' AND locked_until < now()
+    FOR NO KEY UPDATE SKIP LOCKED
+)
 UPDATE job
 SET state = 'pending', locked_by = NULL, locked_until = NULL,
     available_at = now(), updated_at = now()
-WHERE state = 'processing' AND locked_until < now()
-RETURNING id, topic
+FROM expired
+WHERE job.id = expired.id AND job.state = 'processing' AND job.locked_until < now()
+RETURNING job.id, job.topic
 
 -- name: job_delete_expired
 -- Retention: one batch of terminal rows older than the TTL, oldest first. SKIP LOCKED

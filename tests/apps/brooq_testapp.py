@@ -156,3 +156,29 @@ def memory(claim: brooq.Claim) -> None:
 
 
 _ballast = bytearray()
+
+
+# -- for tests/test_faults.py ------------------------------------------------------------
+
+
+@queue.handler("t.tx", max_attempts=50, backoff_base="20ms", backoff_max="200ms")
+def tx(claim: brooq.Claim) -> None:
+    """Done through a transaction: the on_success side effect commits with the outcome, so
+    exactly one side_effect row per done job proves the outcome was written once."""
+    record(claim)
+    claim.on_success(
+        lambda conn: conn.execute("INSERT INTO side_effect (job_id) VALUES (%s)", (claim.id,))
+    )
+
+
+@queue.handler("t.hooksleep", max_attempts=50, backoff_base="20ms", backoff_max="200ms")
+def hooksleep(claim: brooq.Claim) -> None:
+    """The outcome transaction stays open (in pg_sleep, after the done UPDATE) for a while."""
+    record(claim)
+    seconds = float(claim.payload.get("seconds", 1))
+
+    def slow_commit(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("INSERT INTO side_effect (job_id) VALUES (%s)", (claim.id,))
+        conn.execute("SELECT pg_sleep(%s)", (seconds,))
+
+    claim.on_success(slow_commit)
