@@ -555,20 +555,19 @@ def test_two_reapers_at_once_return_each_job_once(connect: Callable[..., Conn], 
     expire(db, *ids)
     r1, r2 = connect(autocommit=False), connect(autocommit=False)
     first = reap(r1)  # holds the row locks until commit
-    second = Background(lambda: reap(r2))
-    wait_until_blocked(db, r2.info.backend_pid, r1.info.backend_pid)
+    second = reap(r2)  # skips the locked rows at once, never waits
     r1.commit()
-    assert second.join() == set()
     r2.commit()
-    assert first == set(ids)
+    assert first == set(ids) and second == set()
+    assert reap(db) == set()  # and nothing is left for a later pass
 
 
-def _outcome_committed_while_the_reaper_waits(
+def _outcome_written_while_the_reaper_runs(
     connect: Callable[..., Conn], db: Conn, reaper_sql: Callable[[Conn], set[uuid.UUID]]
-) -> tuple[set[uuid.UUID], Row]:
+) -> tuple[set[uuid.UUID], Row, Conn, uuid.UUID]:
     """River issue 1302: A's lease has expired; A writes its outcome (done) and holds the
-    row lock; the reaper's UPDATE starts, finds the row expired and waits for the lock;
-    A commits. Returns what the reaper returned and the final row."""
+    row lock while the reaper runs. Returns what the reaper returned, the row as the
+    reaper's transaction left it, A's connection (outcome not committed) and the id."""
     job_id = insert(db)
     worker = connect(autocommit=False)
     reaper = connect(autocommit=False)
@@ -576,28 +575,37 @@ def _outcome_committed_while_the_reaper_waits(
     worker.commit()
     expire(db, job_id)
     assert set_done(worker, job_id, "A") == 1  # not committed yet: the row stays locked
-    pending = Background(lambda: reaper_sql(reaper))
-    wait_until_blocked(db, reaper.info.backend_pid, worker.info.backend_pid)
-    worker.commit()
-    reaped = pending.join()
+    reaped = Background(lambda: reaper_sql(reaper))
+    result = reaped.join()  # must not wait for A's lock
     reaper.commit()
-    return reaped, get(db, job_id)
+    return result, get(db, job_id), worker, job_id
 
 
 def test_reaper_race_an_outcome_committed_meanwhile_survives(
     connect: Callable[..., Conn], db: Conn
 ) -> None:
-    reaped, row = _outcome_committed_while_the_reaper_waits(connect, db, reap)
-    assert reaped == set()
+    reaped, row, worker, job_id = _outcome_written_while_the_reaper_runs(connect, db, reap)
+    assert reaped == set()  # the locked row was skipped, not waited for
+    assert row["state"] == "processing"  # A's outcome is not committed yet
+    worker.commit()
+    assert reap(db) == set()  # the next pass sees it finished
+    row = get(db, job_id)
     assert (row["state"], row["attempts"], row["locked_by"]) == ("done", 1, "A")
 
 
 def test_reaper_race_control_a_read_then_update_reaper_loses_the_outcome(
     connect: Callable[..., Conn], db: Conn
 ) -> None:
-    """The same schedule against a reaper that checks the state in a SELECT and then
-    updates by id (River before the fix): the done is overwritten. This shows that the
-    schedule above really reaches the race."""
+    """The same race against a reaper that checks the state in a SELECT and then
+    updates by id (River before the fix): it waits for A's lock, then overwrites the
+    committed done. This shows that the schedule really reaches the race."""
+    job_id = insert(db)
+    worker = connect(autocommit=False)
+    reaper = connect(autocommit=False)
+    assert claim_one(worker, "A") == job_id
+    worker.commit()
+    expire(db, job_id)
+    assert set_done(worker, job_id, "A") == 1
 
     def read_then_update(conn: Conn) -> set[uuid.UUID]:
         # The SELECT does not wait for row locks: it sees the old, expired version.
@@ -612,30 +620,26 @@ def test_reaper_race_control_a_read_then_update_reaper_loses_the_outcome(
         ).fetchall()
         return {uuid.UUID(str(r["id"])) for r in updated}
 
-    reaped, row = _outcome_committed_while_the_reaper_waits(connect, db, read_then_update)
-    assert len(reaped) == 1
-    assert row["state"] == "pending"  # the committed outcome is lost
+    pending = Background(lambda: read_then_update(reaper))
+    wait_until_blocked(db, reaper.info.backend_pid, worker.info.backend_pid)
+    worker.commit()
+    reaped = pending.join()
+    reaper.commit()
+    assert reaped == {job_id}
+    assert get(db, job_id)["state"] == "pending"  # the committed outcome is lost
 
 
 def test_reaper_race_an_outcome_rolled_back_meanwhile_is_reaped(
     connect: Callable[..., Conn], db: Conn
 ) -> None:
-    job_id = insert(db)
-    worker = connect(autocommit=False)
-    reaper = connect(autocommit=False)
-    claim_one(worker, "A")
-    worker.commit()
-    expire(db, job_id)
-    assert set_done(worker, job_id, "A") == 1
-    pending = Background(lambda: reap(reaper))
-    wait_until_blocked(db, reaper.info.backend_pid, worker.info.backend_pid)
+    reaped, _, worker, job_id = _outcome_written_while_the_reaper_runs(connect, db, reap)
+    assert reaped == set()
     worker.rollback()
-    assert pending.join() == {job_id}
-    reaper.commit()
+    assert reap(db) == {job_id}  # the next pass takes it
     assert get(db, job_id)["state"] == "pending"
 
 
-def test_renewal_committed_while_the_reaper_waits_keeps_the_job(
+def test_renewal_in_flight_while_the_reaper_runs_keeps_the_job(
     connect: Callable[..., Conn], db: Conn
 ) -> None:
     job_id = insert(db)
@@ -643,12 +647,11 @@ def test_renewal_committed_while_the_reaper_waits_keeps_the_job(
     reaper = connect(autocommit=False)
     claim_one(db, "A")
     expire(db, job_id)
-    assert renew(master, [(job_id, "A")]) == {job_id}
-    pending = Background(lambda: reap(reaper))
-    wait_until_blocked(db, reaper.info.backend_pid, master.info.backend_pid)
-    master.commit()
-    assert pending.join() == set()  # locked_until is re-checked on the new version
+    assert renew(master, [(job_id, "A")]) == {job_id}  # locked until commit
+    assert Background(lambda: reap(reaper)).join() == set()  # skipped, not waited for
     reaper.commit()
+    master.commit()
+    assert reap(db) == set()  # renewed: not expired any more
     assert get(db, job_id)["state"] == "processing"
 
 
