@@ -1,5 +1,5 @@
 """Supervision with real processes and real signals: timeouts, crashes, drain, reload,
-scaling, recycling, orphans, several masters, chaos."""
+scaling, recycling, orphans, several masters."""
 
 from __future__ import annotations
 
