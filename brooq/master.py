@@ -45,7 +45,10 @@ log = logging.getLogger("brooq.master")
 EXIT_FATAL = 3
 BOOT_FAILURES_FATAL = 5
 WATCHDOG_TICK = 0.1
+# Maintenance statements never hold the loop for long: row locks are skipped (SKIP
+# LOCKED) and a table lock (DDL without CONCURRENTLY) is waited for at most this long.
 MASTER_STATEMENT_TIMEOUT_MS = 10_000
+MASTER_LOCK_TIMEOUT_MS = 2_000
 
 
 @dataclass
@@ -582,7 +585,10 @@ class Master:
         if time.monotonic() < self.db_retry_at:
             return False
         try:
-            options = f"-c statement_timeout={MASTER_STATEMENT_TIMEOUT_MS}"
+            options = (
+                f"-c statement_timeout={MASTER_STATEMENT_TIMEOUT_MS} "
+                f"-c lock_timeout={MASTER_LOCK_TIMEOUT_MS}"
+            )
             if self.db is None:
                 self.db = psycopg.connect(
                     self.dsn,

@@ -362,3 +362,35 @@ def test_systemd_units_verify(tmp_path: Path) -> None:
             [analyze, "verify", str(tmp_path / name)], capture_output=True, text=True
         )
         assert out.returncode == 0 and out.stderr.strip() == "", out.stderr
+
+
+def test_dead_childrens_live_gauges_are_dropped_and_the_dir_wiped(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, tmp_path: Path
+) -> None:
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    (metrics_dir / "counter_99999.db").write_bytes(b"stale from an earlier run")
+    m = start_master(workers=1, args=("--metrics-dir", str(metrics_dir)))
+    addr = ops_addr(m)
+    assert not (metrics_dir / "counter_99999.db").exists()  # wiped at start
+    queue.enqueue(brooq.Job("t.ok"))
+    wait_for(lambda: states(db) == {"done": 1}, what="done")
+    victim = m.children()[0]
+    wait_for(lambda: list(metrics_dir.glob(f"gauge_live*_{victim}.db")), what="live gauge")
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: m.children() and m.children() != [victim], what="replaced")
+    wait_for(
+        lambda: not list(metrics_dir.glob(f"gauge_live*_{victim}.db")),
+        what="mark_process_dead removed the dead child's live gauges",
+    )
+    assert list(metrics_dir.glob(f"counter_{victim}.db"))  # counters stay: never go back
+    _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_outcomes_total", topic="t.ok", outcome="done") == 1
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_ops_surface_binds_loopback_by_default() -> None:
+    from brooq.settings import Settings
+
+    assert Settings().ops_addr == "127.0.0.1:8090"

@@ -536,3 +536,44 @@ def test_unreachable_database_error_hides_the_password() -> None:
     message = str(info.value)
     assert _SECRET not in message
     assert message.startswith("cannot reach the database alice@127.0.0.1:1/app")
+
+
+# -- respawn storms ----------------------------------------------------------------------
+
+
+def test_children_dying_before_ready_five_times_in_a_row_is_fatal() -> None:
+    import brooq
+    from brooq import child as child_mod
+    from brooq import protocol
+    from brooq.master import BOOT_FAILURES_FATAL, ChildProc, Master
+    from brooq.settings import Settings
+
+    queue = brooq.Queue("postgresql://nobody@127.0.0.1:1/none")
+    queue.handler("t")(lambda claim: None)
+    master = Master(queue, "app:queue", Settings(), "postgresql://nobody@127.0.0.1:1/none")
+    try:
+
+        def dead_at_boot() -> ChildProc:
+            return ChildProc(
+                pid=1,
+                identity="h:1:x",
+                generation=0,
+                to_child=-1,
+                reader=protocol.LineReader(-1),
+                stack_file="",
+                born=0.0,
+            )
+
+        for _ in range(BOOT_FAILURES_FATAL - 1):
+            master._on_boot_failure(dead_at_boot(), child_mod.EXIT_BOOT_ERROR)
+        assert master.fatal is None  # not yet
+        master._on_boot_failure(dead_at_boot(), child_mod.EXIT_BOOT_ERROR)
+        assert master.fatal is not None and "died before becoming ready" in master.fatal
+
+        # A child that could not load the application is fatal at once.
+        other = Master(queue, "app:queue", Settings(), "postgresql://nobody@127.0.0.1:1/none")
+        other._on_boot_failure(dead_at_boot(), child_mod.EXIT_APP_LOAD_ERROR)
+        assert other.fatal == "children cannot load the application"
+        other.runtime_dir.rmdir()
+    finally:
+        master.runtime_dir.rmdir()
