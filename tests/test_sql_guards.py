@@ -797,3 +797,35 @@ def test_the_claim_uses_the_ready_index(db: Conn) -> None:
     ).fetchone()
     assert expected is not None
     assert claim(db, "w1", ("topic-1", "topic-3"))[0]["id"] == expected["id"]
+
+
+def test_the_claim_locks_exactly_the_rows_it_claims(connect: Callable[..., Conn], db: Conn) -> None:
+    """PostgreSQL bug #15715: an "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may
+    lock more than n rows. The claim's CTE must lock exactly the rows it returns."""
+    for i in range(20):
+        insert(db, offset=-i - 1)
+    worker = connect(autocommit=False)
+    assert len(claim(worker, "A", limit=3)) == 3  # transaction open: locks held
+    row = db.execute("SELECT count(*) AS n FROM (SELECT id FROM job FOR UPDATE SKIP LOCKED) s")
+    assert row.fetchone()["n"] == 17  # type: ignore[index]
+    worker.rollback()
+
+
+def test_brooq_never_unpickles() -> None:
+    """Payloads are JSON only: no module of brooq imports pickle, marshal or shelve."""
+    import ast
+    from pathlib import Path
+
+    import brooq
+
+    for path in Path(brooq.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not {"pickle", "marshal", "shelve", "dill", "cloudpickle"} & {
+                n.split(".")[0] for n in names
+            }, path
