@@ -391,18 +391,25 @@ class LoadMeter:
         self.t0 = time.monotonic()
         self.busy0 = _busy_jiffies()
         self.procs0 = _proc_table()
+        self.seen: dict[int, int] = {}  # our processes' CPU when last looked at
 
     def _ours(self, pid: int, sid: int, uid: int) -> bool:
         return pid == os.getpid() or sid in self.sessions or uid in self.pg_uids
 
+    def checkpoint(self) -> None:
+        """Note our processes' CPU now: call it before stopping workers or closing
+        connections, whose processes (and backends) are then gone from /proc."""
+        for pid, (cpu, sid, uid) in _proc_table().items():
+            if self._ours(pid, sid, uid):
+                self.seen[pid] = max(cpu, self.seen.get(pid, 0))
+
     def stop(self) -> dict[str, float]:
+        self.checkpoint()
         wall = time.monotonic() - self.t0
         busy = _busy_jiffies() - self.busy0
-        procs = _proc_table()
         ours = 0
-        for pid, (cpu, sid, uid) in procs.items():
-            if self._ours(pid, sid, uid):
-                ours += cpu - self.procs0.get(pid, (0, 0, 0))[0]
+        for pid, cpu in self.seen.items():
+            ours += cpu - self.procs0.get(pid, (0, 0, 0))[0]
         total = wall * (os.cpu_count() or 1)
         other = max(0.0, (busy - ours) / _CLK)
         return {
@@ -412,7 +419,7 @@ class LoadMeter:
         }
 
 
-def wait_for_quiet(limit_pct: float = 15.0, patience: float = 30.0) -> dict[str, float]:
+def wait_for_quiet(limit_pct: float = 15.0, patience: float = 5.0) -> dict[str, float]:
     """Wait (at most ``patience`` s) for a second in which other processes use less than
     ``limit_pct`` of the machine; return the last sample either way."""
     deadline = time.monotonic() + patience

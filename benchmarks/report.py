@@ -12,6 +12,14 @@ from typing import Any
 
 ORDER = ["brooq", "procrastinate", "pgqueuer", "celery", "celery-early-ack"]
 HUNG_TARGET_S = 3.0  # max_execution_timeout (2 s) + 1 s
+WORKLOAD_TITLES = {
+    "enqueue_single": "enqueue one by one",
+    "enqueue_bulk": "enqueue bulk",
+    "drain": "drain",
+    "cpu": "CPU-bound",
+    "pickup": "pickup",
+    "hung": "hung",
+}
 
 
 def _s(result: dict[str, Any], system: str, workload: str, variant: str = "") -> dict[str, Any]:
@@ -159,8 +167,9 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "## Hung handler: 2 s limit",
         "",
-        "As many never-returning jobs (a loop that swallows every exception) as there are "
-        "worker processes, then one normal job. Times are from the first hung job's start "
+        "As many never-returning jobs (a loop that swallows every exception) as the workers "
+        "run at once (2; pgqueuer: 2 processes x max_concurrent_tasks 2), then one normal job. "
+        "Times are from the first hung job's start "
         "to the normal job's start, and from the normal job's commit to its start; we wait "
         "15 s for it.",
         "",
@@ -184,6 +193,32 @@ def markdown(result: dict[str, Any]) -> str:
 
     lines += ["", "## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
     lines += targets(result)
+
+    lines += [
+        "",
+        "## Other load on the machine during the runs",
+        "",
+        "Share of the machine's CPU time used by processes that were neither the benchmark, "
+        "its workers nor the PostgreSQL server (median over the repetitions, max in "
+        "brackets). Anything but small figures means the runs competed for the 2 CPUs.",
+        "",
+        "| system | " + " | ".join(WORKLOAD_TITLES.values()) + " |",
+        "| --- |" + " ---: |" * len(WORKLOAD_TITLES),
+    ]
+    for n in names:
+        cells = []
+        for wl in WORKLOAD_TITLES:
+            vals = [
+                r["load"]["other_cpu_pct"]
+                for r in result["runs"]
+                if r["system"] == n and r["workload"] == wl and "load" in r
+            ]
+            if vals:
+                vals.sort()
+                cells.append(f"{vals[len(vals) // 2]:.0f}% ({vals[-1]:.0f}%)")
+            else:
+                cells.append("–")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
 
     if skipped:
         lines += ["", "## Skipped", ""]

@@ -96,6 +96,8 @@ def start_all(system: System, workload: str, variant: str) -> list[Any]:
 
 
 def stop_all(workers: list[Any]) -> None:
+    if METER is not None:
+        METER.checkpoint()
     for w in workers:
         w.stop(graceful=3.0)
 
@@ -419,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                         else:
                             raise ValueError(wl)
                     finally:
+                        METER.checkpoint()
                         s.close()
                         s.close_poll()
                 entry["metrics"] = m
