@@ -65,6 +65,9 @@ def load(dsn: str, n: int, analyze: bool = True) -> None:
             conn.execute("ANALYZE job")
 
 
+METER = LoadMeter()  # knows the masters' sessions, so their CPU is not "other"
+
+
 def master(dsn: str, workers: int, extra: list[str] | None = None) -> Worker:
     argv = [
         venv_bin("brooq-master"),
@@ -74,7 +77,16 @@ def master(dsn: str, workers: int, extra: list[str] | None = None) -> Worker:
         str(workers),
         *(extra or []),
     ]
-    return Worker(argv, base_env(dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0"}), "profile")
+    return _Metered(argv, base_env(dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0"}), "profile")
+
+
+class _Metered(Worker):
+    def start(self, meter: LoadMeter | None = None) -> Worker:
+        return super().start(meter or METER)
+
+    def stop(self, graceful: float = 5.0) -> None:
+        METER.checkpoint()
+        super().stop(graceful)
 
 
 def done(conn: psycopg.Connection[Any], like: str = "%") -> int:
@@ -389,7 +401,7 @@ def main() -> int:
     admin, where = choose_admin_dsn(args.dsn)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meter = LoadMeter()
+    METER.start()
     result: dict[str, Any] = {
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "postgres": where,
@@ -411,7 +423,7 @@ def main() -> int:
                 rate = drain_rate(dsn, args.ab_jobs, extra, analyze)
             result["ab"].setdefault(name, []).append(rate)
             print(f"{name}: {rate:.0f} jobs/s", flush=True)
-    result["load"] = meter.stop()
+    result["load"] = METER.stop()
     result["ab_jobs"] = args.ab_jobs
     stem = "profile-" + datetime.now(timezone.utc).strftime("%Y-%m-%d")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")

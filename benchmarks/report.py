@@ -309,6 +309,14 @@ def targets(result: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def chart(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -351,7 +359,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(ylabel)
         for i, v in enumerate(meds):
             ax.annotate(
-                f"{v:,.3g}",
+                _num(v),
                 (i, v),
                 ha="center",
                 va="bottom",
