@@ -44,11 +44,24 @@ migrate-up: $(STAMP)
 run: $(STAMP)
 	@$(PY) -m brooq.devdb run -- $(PY) examples/run_demo.py
 
-bench: $(STAMP)
-	$(PY) benchmarks/run.py
+## make bench: brooq and its peers on the same PostgreSQL (~30 min); BENCH_ARGS=--quick
+## for a short run. The peers live in their own virtualenv, $(BENCH_VENV).
+BENCH_VENV  ?= .bench-venv
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS  ?=
+
+$(BENCH_STAMP): benchmarks/requirements-peers.txt pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -r benchmarks/requirements-peers.txt
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e .
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python benchmarks/run.py $(BENCH_ARGS)
 
 build: $(STAMP)
 	$(PY) -m build
 
 clean:
-	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) dist build .pytest_cache .mypy_cache .ruff_cache

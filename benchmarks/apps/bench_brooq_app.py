@@ -1,0 +1,37 @@
+"""brooq application of the benchmark: `brooq-master --app bench_brooq_app:queue`."""
+
+from __future__ import annotations
+
+import time
+
+import brooq
+
+from benchwork import hang_forever, record, spin
+
+queue = brooq.Queue()
+
+
+@queue.handler("bench.noop")
+def noop(claim: brooq.Claim) -> None:
+    pass
+
+
+@queue.handler("bench.cpu")
+def cpu(claim: brooq.Claim) -> None:
+    t0, c0 = time.time(), time.thread_time()
+    spin(claim.payload["n"])
+    c1, t1 = time.thread_time(), time.time()
+    record(claim.payload["k"], "start", t0)
+    record(claim.payload["k"], "end", t1, c1 - c0)
+
+
+@queue.handler("bench.pickup")
+def pickup(claim: brooq.Claim) -> None:
+    record(claim.payload["k"], "start", time.time())
+
+
+# The hung-handler workload: a 2 s limit, and one attempt, so the job ends dead.
+@queue.handler("bench.hung", max_attempts=1, attempt_timeout="2s", max_execution_timeout="2s")
+def hung(claim: brooq.Claim) -> None:
+    record(claim.payload["k"], "start", time.time())
+    hang_forever()

