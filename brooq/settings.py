@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,5 +227,3 @@ def getenv(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     value = (os.environ if environ is None else environ).get(name, "")
     return value if value.strip() else None
 
-
-Validator = Callable[[Settings], list[str]]

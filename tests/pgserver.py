@@ -92,35 +92,23 @@ class PrivateServer:
         self._pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data, user=self._user)
 
     def start(self) -> None:
-        self._pg_ctl(
-            [
-                "-w",
-                "-o",
-                '-h ""',
-                "-o",
-                f"-k {self.socket_dir}",
-                "-l",
-                os.path.join(self.data, "log"),
-                "start",
-            ],
-            pgdata=self.data,
-            user=self._user,
-            timeout=30,
-        )
+        self._ctl("start")
 
     def restart(self) -> None:
+        self._ctl("-m", "fast", "restart")
+
+    def _ctl(self, *action: str) -> None:
+        """pg_ctl with the options the server was first started with (socket only)."""
         self._pg_ctl(
             [
                 "-w",
-                "-m",
-                "fast",
                 "-o",
                 '-h ""',
                 "-o",
                 f"-k {self.socket_dir}",
                 "-l",
                 os.path.join(self.data, "log"),
-                "restart",
+                *action,
             ],
             pgdata=self.data,
             user=self._user,
