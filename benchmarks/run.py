@@ -358,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    partial = out_dir / f"{stem}.partial.json"
     log(f"PostgreSQL: {where}; brooq from {__import__('brooq').__file__}")
     result: dict[str, Any] = {
         "started_at": started_at.isoformat(timespec="seconds"),
@@ -435,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"   note: other processes used {entry['load']['other_cpu_pct']}% of the CPUs")
             entry["elapsed_s"] = round(time.monotonic() - t, 1)
             result["runs"].append(entry)
+            # Kept as we go, so that an interrupted run still leaves its figures.
+            partial.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
     if not args.no_ceiling and (not args.systems or "brooq" in args.systems):
         log("pgbench ceiling")
@@ -455,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     md_path.write_text(report.markdown(result))
     png_path = out_dir / f"{stem}.png"
     report.chart(result, png_path)
+    partial.unlink(missing_ok=True)
     log(f"wrote {json_path}, {md_path}, {png_path}")
     errors = [r for r in result["runs"] if "error" in r]
     return 1 if errors else 0

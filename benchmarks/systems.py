@@ -439,7 +439,7 @@ class Celery(System):
     def _clear(self) -> None:
         # Only our keys, in the Redis database the benchmark uses (9).
         self.redis.delete(self.queue, self.counter, "unacked", "unacked_index", "unacked_mutex")
-        for key in self.redis.scan_iter(f"_kombu.binding.{self.queue}*"):
+        for key in self.redis.scan_iter(f"_kombu.binding*{self.queue}"):
             self.redis.delete(key)
 
     def close(self) -> None:
