@@ -226,4 +226,3 @@ def getenv(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """An environment variable, with the empty value counting as unset."""
     value = (os.environ if environ is None else environ).get(name, "")
     return value if value.strip() else None
-
