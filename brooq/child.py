@@ -56,9 +56,10 @@ EXIT_BOOT_ERROR = 3
 EXIT_APP_LOAD_ERROR = 4
 EXIT_MASTER_GONE = 70
 
-# Jobs shorter than this on average may be claimed several at a time; a job longer than
-# LONG_JOB gives back the rest of its batch.
-SHORT_JOB = 0.02
+# A batch holds at most about BATCH_BUDGET seconds of recent average work, so that the
+# round trip between jobs is paid once per batch while nothing waits long behind its
+# batchmates; a job longer than LONG_JOB gives back the rest of its batch.
+BATCH_BUDGET = 0.1
 LONG_JOB = 0.5
 
 
@@ -298,12 +299,12 @@ class Child:
 
     def _adapt(self, claimed: int, mean: float) -> None:
         cap = max(1, self.settings.claim_batch_max)
-        if mean >= SHORT_JOB:
-            self.batch = 1
-        elif claimed >= self.batch:
-            self.batch = min(self.batch * 2, cap)
-        else:
-            self.batch = max(1, self.batch // 2)
+        fits = int(BATCH_BUDGET / mean) if mean > 0 else cap
+        target = max(1, min(cap, fits))
+        if claimed >= self.batch:  # the queue filled the batch: it may grow
+            self.batch = min(self.batch * 2, target)
+        else:  # the queue runs shallow: shrink
+            self.batch = max(1, min(self.batch // 2, target))
 
     def _flush_and_claim(self, limit: int) -> list[Claim]:
         """Write `done` for the finished jobs and claim up to ``limit`` new ones, in one
