@@ -72,10 +72,11 @@ def active(s: dict[str, int]) -> int:
 
 
 def backends(db: psycopg.Connection[Any], app: str) -> list[int]:
-    """Backend pids of one application_name (LIKE pattern)."""
+    """Backend pids of one application_name (LIKE pattern), in this test's database
+    only: other masters on the same server are none of this test's business."""
     rows = db.execute(
         "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s AND pid <> "
-        "pg_backend_pid() ORDER BY pid",
+        "pg_backend_pid() AND datname = current_database() ORDER BY pid",
         (app,),
     ).fetchall()
     return [r[0] for r in rows]
@@ -396,7 +397,8 @@ def test_child_connection_terminated_mid_commit(
     in_commit = wait_for(
         lambda: db.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'brooq-child%%' "
-            "AND query LIKE '%%pg_sleep%%' AND state = 'active' AND xact_start IS NOT NULL"
+            "AND query LIKE '%%pg_sleep%%' AND state = 'active' AND xact_start IS NOT NULL "
+            "AND datname = current_database()"
         ).fetchone(),
         what="the outcome transaction in its on_success hook",
     )
@@ -431,7 +433,7 @@ def test_child_connection_terminated_mid_commit(
 def listening(db: psycopg.Connection[Any]) -> int | None:
     row = db.execute(
         "SELECT pid FROM pg_stat_activity WHERE application_name = 'brooq-master-listen' "
-        "AND query = 'LISTEN brooq_job'"
+        "AND query = 'LISTEN brooq_job' AND datname = current_database()"
     ).fetchone()
     return row[0] if row else None
 
@@ -822,7 +824,7 @@ def test_no_transaction_is_open_while_a_handler_runs(
     while states(db) != {"done": 1}:
         rows = db.execute(
             "SELECT application_name, state, xact_start FROM pg_stat_activity "
-            "WHERE application_name LIKE 'brooq-%%'"
+            "WHERE application_name LIKE 'brooq-%%' AND datname = current_database()"
         ).fetchall()
         # The test app's own connection (for `execution`) carries no application_name.
         assert {r[0].split()[0] for r in rows} >= {"brooq-child", "brooq-master"}
@@ -865,7 +867,8 @@ def test_maintenance_statement_cancelled_by_its_timeout(
         wait_for(
             lambda: db.execute(
                 "SELECT pid FROM pg_stat_activity WHERE application_name = 'brooq-master' "
-                "AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE job%%'"
+                "AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE job%%' "
+                "AND datname = current_database()"
             ).fetchone(),
             timeout=5,
             what="the reaper waiting for the table lock",
@@ -934,7 +937,7 @@ def test_a_long_outcome_transaction_does_not_stall_the_master(
     wait_for(
         lambda: db.execute(
             "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'brooq-child%%' "
-            "AND query LIKE '%%pg_sleep%%' AND state = 'active'"
+            "AND query LIKE '%%pg_sleep%%' AND state = 'active' AND datname = current_database()"
         ).fetchone(),
         interval=0.01,
         what="the outcome transaction open in its hook",

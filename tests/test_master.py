@@ -219,7 +219,7 @@ def test_terminated_child_connection_does_not_lose_the_job(
     wait_for(lambda: state_of(db, job_id) == "processing", what="processing")
     killed = db.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE application_name LIKE 'brooq-child%%'"
+        "WHERE application_name LIKE 'brooq-child%%' AND datname = current_database()"
     ).fetchall()
     assert killed and all(k[0] for k in killed)
     wait_for(lambda: state_of(db, job_id) == "done", timeout=20, what="done after reconnect")
