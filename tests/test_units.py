@@ -577,3 +577,30 @@ def test_children_dying_before_ready_five_times_in_a_row_is_fatal() -> None:
         other.runtime_dir.rmdir()
     finally:
         master.runtime_dir.rmdir()
+
+
+# -- logs --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["kv", "json"])
+def test_no_timestamps_of_our_own_under_the_journal(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import logging
+
+    from brooq import logs
+
+    record = logging.LogRecord(
+        "brooq.x", logging.ERROR, __file__, 1, "event=job_dead job=%s", ("j1",), None
+    )
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    logs.setup(fmt)
+    with_time = logging.getLogger("brooq").handlers[0].format(record)
+    monkeypatch.setenv("JOURNAL_STREAM", "8:12345")
+    logs.setup(fmt)
+    journal = logging.getLogger("brooq").handlers[0].format(record)
+    assert "time" in with_time and "time" not in journal
+    assert "job_dead" in journal and "j1" in journal
+    if fmt == "json":
+        assert json.loads(journal)["event"] == "job_dead"
