@@ -38,9 +38,11 @@ from psycopg.types.json import set_json_loads
 from setproctitle import setproctitle
 
 from brooq import execute, protocol
+from brooq.board import Board, Running
 from brooq.errors import InvalidPayload
 from brooq.handlers import Handler, Policy
 from brooq.job import AttemptTimeout, Claim, Interruption, LeaseLost
+from brooq.metrics import Tally
 from brooq.produce import enqueue_many
 from brooq.settings import Settings
 from brooq.sql import Q
@@ -61,6 +63,8 @@ EXIT_MASTER_GONE = 70
 # batchmates; a job longer than LONG_JOB gives back the rest of its batch.
 BATCH_BUDGET = 0.1
 LONG_JOB = 0.5
+PEAK_RSS_MAX_AGE = 0.25
+TITLE_TICK = 0.25  # how often the control thread refreshes the process title
 
 
 @dataclass
@@ -77,6 +81,7 @@ class ChildConfig:
     app_spec: str = ""
     reload_baseline: frozenset[str] | None = None  # set after SIGHUP: re-import the app
     metrics: Metrics | None = None
+    board: Board | None = None  # shared with the master; a private one when alone
 
 
 def identity_for(pid: int, tag: str) -> str:
@@ -95,10 +100,17 @@ class Child:
         self.master_gone = False
         self.jobs_done = 0
         self.current: uuid.UUID | None = None
+        self.current_claim: Claim | None = None
         self.current_started = 0.0
-        self.current_title = "idle"
+        self.title = ""
         self.batch = 1
         self.held: list[uuid.UUID] = []  # claimed and not yet settled, in claim order
+        self.told_held: list[uuid.UUID] = []  # what the master was last told we hold
+        self.board = config.board or Board()
+        self.tally = Tally()  # metrics, written once per round trip
+        self.peak_rss = 0.0
+        self.peak_rss_at = -PEAK_RSS_MAX_AGE
+        self.busy_gauge = False
         self.unwritten: list[_Finished] = []  # finished with `done`, written next trip
         self.last_traceback = ""
         self.in_handler = False
@@ -132,7 +144,7 @@ class Child:
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
         self.topics = sorted(self.handlers)
         threading.Thread(target=self._read_master, name="brooq-control", daemon=True).start()
-        self._title("idle")
+        self._update_title()
         self._tell({"ready": 1})
 
     def _reload_app(self) -> None:
@@ -163,7 +175,7 @@ class Child:
     def _read_master(self) -> None:
         reader = protocol.LineReader(self.config.from_master)
         while True:
-            ready, _, _ = select.select([self.config.from_master], [], [], 1.0)
+            ready, _, _ = select.select([self.config.from_master], [], [], TITLE_TICK)
             if ready:
                 for line in reader.read():
                     if line == b"w":
@@ -176,8 +188,7 @@ class Child:
                 if reader.eof:
                     self._on_master_gone()
                     return
-            if self.current is not None:
-                self._title(self.current_title, time.monotonic() - self.current_started)
+            self._update_title()
 
     def _on_master_gone(self) -> None:
         # Without a master nobody renews our lease: finish within one renewal period or go.
@@ -192,9 +203,21 @@ class Child:
             self.master_gone = True
             self.stopping = True
 
-    def _title(self, what: str, running: float | None = None) -> None:
-        suffix = f" running {running:.0f}s" if running is not None else ""
-        setproctitle(f"brooq-child: {what}{suffix}")
+    def _update_title(self) -> None:
+        """The process title shows the running job or idle. This thread keeps it, a few
+        times a second, rather than the main thread twice per job: setting it costs
+        about as much as a short job, and a job too short to be seen needs no title."""
+        claim, started = self.current_claim, self.current_started
+        if claim is None:
+            title = "brooq-child: idle"
+        else:
+            title = (
+                f"brooq-child: {claim.topic} {claim.id} attempt {claim.attempt} "
+                f"running {time.monotonic() - started:.0f}s"
+            )
+        if title != self.title:
+            self.title = title
+            setproctitle(title)
 
     # -- database --------------------------------------------------------------------------
 
@@ -276,6 +299,7 @@ class Child:
                 self._flush_and_claim(0)
         except (_Stop, psycopg.Error):
             pass  # the leases expire and the reaper returns the jobs
+        self.tally.flush()
 
     def _run_batch(self, claims: list[Claim]) -> bool:
         """Run claimed jobs in order; True when the child must retire."""
@@ -346,9 +370,28 @@ class Child:
         ]
         self.held = [c.id for c in claims]
         self.lost.intersection_update(self.held)
-        if not claims:
-            self._tell({"idle": 1, "held": []})
+        # The master renews what we hold: it must know before any of these jobs runs.
+        self._tell_held()
+        self._count_claims(claims)
         return claims
+
+    def _count_claims(self, claims: list[Claim]) -> None:
+        """Count the claims, set the busy gauge once per batch and write what the last
+        batch tallied."""
+        metrics = self.config.metrics
+        if metrics is None:
+            return
+        for c in claims:
+            self.tally.inc(metrics.claims, c.topic)
+        if bool(claims) != self.busy_gauge:
+            self.busy_gauge = bool(claims)
+            metrics.busy.set(1 if claims else 0)
+        self.tally.flush()
+
+    def _tell_held(self) -> None:
+        if self.held != self.told_held:
+            self._tell({"held": [str(i) for i in self.held]})
+            self.told_held = list(self.held)
 
     def _release(self, ids: list[uuid.UUID]) -> None:
         if not ids:
@@ -359,7 +402,7 @@ class Child:
         except psycopg.OperationalError as exc:
             self._on_db_error("release", exc)  # the reaper returns them after the lease
         self.held = [i for i in self.held if i not in ids]
-        self._tell({"idle": 1, "held": [str(i) for i in self.held]})
+        self._tell_held()
 
     def _on_db_error(self, what: str, exc: BaseException) -> None:
         log.warning(
@@ -374,9 +417,8 @@ class Child:
         """Run one claimed job; write its outcome, or keep a plain `done` for the next
         round trip. Returns how long the handler ran."""
         policy = self.policies[claim.topic]
-        self.current, self.current_started = claim.id, time.monotonic()
-        self.current_title = f"{claim.topic} {claim.id} attempt {claim.attempt}"
-        self._title(self.current_title, 0)
+        self.current_started = time.monotonic()
+        self.current, self.current_claim = claim.id, claim
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "event=job_claimed job=%s topic=%s attempt=%d",
@@ -385,20 +427,18 @@ class Child:
                 claim.attempt,
             )
         metrics = self.config.metrics
-        if metrics is not None:
-            metrics.claims.labels(claim.topic).inc()
-            metrics.busy.set(1)
-        usage_before = resource.getrusage(resource.RUSAGE_SELF)
-        self._tell(
-            {
-                "busy": str(claim.id),
-                "topic": claim.topic,
-                "attempt": claim.attempt,
-                "policy": protocol.policy_to_list(policy),
-                "held": [str(i) for i in self.held],
-            }
+        cpu_before = time.process_time() if metrics is not None else 0.0
+        self.board.post(
+            Running(
+                id=claim.id,
+                topic=claim.topic,
+                attempt=claim.attempt,
+                started=self.current_started,
+                max_execution_timeout=policy.max_execution_timeout,
+            )
         )
         error = self._call(self.handlers[claim.topic], claim, policy)
+        self.board.clear()  # from here on the watchdog leaves us alone
         duration = time.monotonic() - self.current_started
         self.last_traceback = ""
         if error is not None and not isinstance(error, Interruption):
@@ -407,30 +447,32 @@ class Child:
         if claim.id in self.lost:
             outcome = execute.Outcome("abandon")
         if metrics is not None:
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            cpu = (usage.ru_utime - usage_before.ru_utime) + (
-                usage.ru_stime - usage_before.ru_stime
-            )
-            metrics.attempt_duration.labels(claim.topic).observe(duration)
-            metrics.attempt_cpu.labels(claim.topic).observe(cpu)
-            metrics.attempt_rss.labels(claim.topic).observe(usage.ru_maxrss * 1024)
-            metrics.busy.set(0)
-        self.current = None
+            cpu = time.process_time() - cpu_before
+            self.tally.observe(metrics.attempt_duration, claim.topic, duration)
+            self.tally.observe(metrics.attempt_cpu, claim.topic, cpu)
+            self.tally.observe(metrics.attempt_rss, claim.topic, self._peak_rss(duration))
+        self.current, self.current_claim = None, None
         self.jobs_done += 1
-        self._title("idle")
         if outcome.kind == "done" and not claim.chained and not claim.success_hooks:
-            self.unwritten.append(_Finished(claim, duration))
-            if duration >= LONG_JOB:
-                # Tell the master at once: the watchdog must not take the round trip
-                # that writes this `done` for a job still running.
-                self._tell({"idle": 1, "held": [str(i) for i in self.held]})
+            self.unwritten.append(_Finished(claim, duration))  # written with the next claim
             return duration
         state, written = self._write(claim, policy, outcome)
         if outcome.kind != "abandon":
             self._settled(claim, state, duration, written)
+        # The master may go on renewing this one until the next claim tells it otherwise:
+        # a renewal of a settled job changes nothing.
         self.held = [i for i in self.held if i != claim.id]
-        self._tell({"idle": 1, "held": [str(i) for i in self.held]})
         return duration
+
+    def _peak_rss(self, duration: float) -> float:
+        """The child's peak resident memory in bytes. getrusage costs more than a short
+        job, so after short attempts a reading up to PEAK_RSS_MAX_AGE old is reused (the
+        peak moves slowly and never down)."""
+        now = time.monotonic()
+        if duration >= PEAK_RSS_MAX_AGE or now - self.peak_rss_at >= PEAK_RSS_MAX_AGE:
+            self.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+            self.peak_rss_at = now
+        return self.peak_rss
 
     def _call(self, handler: Handler, claim: Claim, policy: Policy) -> BaseException | None:
         """Run the handler with the soft timeout armed; return what it raised, if anything."""
@@ -545,7 +587,7 @@ class Child:
         """Log (and count) what was written for one job; None means nothing was."""
         metrics = self.config.metrics
         if metrics is not None and state is not None:
-            metrics.outcomes.labels(claim.topic, state).inc()
+            self.tally.inc(metrics.outcomes, claim.topic, state)
         if state is None:
             log.info(
                 "event=outcome_skipped job=%s topic=%s: no longer ours (canceled or reaped)",
@@ -571,8 +613,9 @@ class Child:
                 outcome.error if outcome else None,
                 self.last_traceback,
             )
-        else:
-            log.info(
+        elif log.isEnabledFor(logging.INFO):
+            _log_quick(
+                logging.INFO,
                 "event=job_%s job=%s topic=%s attempt=%d duration=%.3fs",
                 state,
                 claim.id,
@@ -590,6 +633,12 @@ class Child:
             self._tell({"retire": "max-memory"})
             return True
         return False
+
+
+def _log_quick(level: int, msg: str, *args: object) -> None:
+    """log.log() without Logger.findCaller: walking the stack for the caller's file and
+    line costs more than a short job, and brooq's log formats do not show them."""
+    log.handle(log.makeRecord(log.name, level, __file__, 0, msg, args, None))
 
 
 class Undecodable:

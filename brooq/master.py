@@ -31,6 +31,7 @@ from setproctitle import setproctitle
 from brooq import child as child_mod
 from brooq import maintenance, protocol
 from brooq import metrics as metrics_mod
+from brooq.board import Board, Running
 from brooq.handlers import Policy
 from brooq.job import parse_job_id
 from brooq.ops import OpsHooks, OpsServer
@@ -52,15 +53,6 @@ MASTER_LOCK_TIMEOUT_MS = 2_000
 
 
 @dataclass
-class JobInfo:
-    id: uuid.UUID
-    topic: str
-    attempt: int
-    policy: Policy
-    started: float
-
-
-@dataclass
 class ChildProc:
     pid: int
     identity: str
@@ -70,7 +62,8 @@ class ChildProc:
     stack_file: str
     born: float
     ready: bool = False
-    job: JobInfo | None = None
+    board: Board = field(default_factory=Board)  # what it runs now, shared memory
+    job: Running | None = None  # the board as last read (_read_boards)
     held: list[uuid.UUID] = field(default_factory=list)  # every job it holds, job included
     retiring: str | None = None  # why it was asked to stop
     kill_reason: str | None = None
@@ -205,6 +198,7 @@ class Master:
                 self.ops.handle()
             self._reap_children()
             self._run_due(time.monotonic())
+            self._read_boards()
             self._watchdog(time.monotonic())
             if self.fatal is not None:
                 return self._die(self.fatal)
@@ -218,7 +212,8 @@ class Master:
     def _timeout(self) -> float:
         now = time.monotonic()
         nearest = min(self.due.values())
-        if any(c.job for c in self.children.values()) or self.stopping:
+        # A child holding jobs may start one at any moment without telling: keep looking.
+        if any(c.held or c.job for c in self.children.values()) or self.stopping:
             nearest = min(nearest, now + WATCHDOG_TICK)
         return max(0.0, min(nearest - now, 1.0))
 
@@ -332,6 +327,7 @@ class Master:
         identity_tag = uuid.uuid4().hex[:6]
         stack_file = str(self.runtime_dir / f"stack-{identity_tag}.txt")
         reload_baseline = self.baseline if self.generation > 0 else None
+        board = Board()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             try:
@@ -349,6 +345,7 @@ class Master:
                         app_spec=self.app_spec,
                         reload_baseline=reload_baseline,
                         metrics=self.metrics,
+                        board=board,
                     )
                 )
             finally:
@@ -366,6 +363,7 @@ class Master:
             reader=protocol.LineReader(c2m_r),
             stack_file=stack_file,
             born=time.monotonic(),
+            board=board,
             fds=[c2m_r, m2c_w],
         )
         log.debug("event=child_spawned pid=%d worker=%s", pid, identity)
@@ -382,6 +380,7 @@ class Master:
             fds.append(self.ops.fileno())
         for c in self.children.values():
             fds.extend(c.fds)
+            c.board.close()  # a sibling's board is none of our business
         for conn in (self.db, self.listener):
             if conn is not None and not conn.closed:
                 fds.append(conn.fileno())
@@ -402,22 +401,8 @@ class Master:
             except ValueError:
                 log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
                 continue
-            if "busy" in msg:
-                c.job = JobInfo(
-                    id=uuid.UUID(msg["busy"]),
-                    topic=msg["topic"],
-                    attempt=msg["attempt"],
-                    policy=protocol.policy_from_list(msg["policy"]),
-                    started=now,
-                )
+            if "held" in msg:
                 c.held = [uuid.UUID(h) for h in msg["held"]]
-                c.lease_lost_at = None
-                c.stack_requested_at = None
-            elif "idle" in msg:
-                c.job = None
-                c.held = [uuid.UUID(h) for h in msg["held"]]
-                c.lease_lost_at = None
-                c.stack_requested_at = None
             elif "ready" in msg:
                 c.ready = True
                 self.boot_failures = 0
@@ -425,9 +410,20 @@ class Master:
                 c.retiring = str(msg["retire"])
                 log.info("event=child_retiring pid=%d reason=%s", c.pid, c.retiring)
 
-    def _wake_idle(self) -> None:
+    def _read_boards(self) -> None:
+        """What each child runs now. A new job (or none) clears the watchdog's notes
+        about the previous one."""
         for c in self.children.values():
-            if c.ready and c.job is None and c.retiring is None:
+            running = c.board.read()
+            if running != c.job:
+                c.lease_lost_at = None
+                c.stack_requested_at = None
+                c.job = running
+
+    def _wake_idle(self) -> None:
+        # A child holding jobs claims again as soon as it has run them: no need to wake it.
+        for c in self.children.values():
+            if c.ready and not c.held and c.retiring is None:
                 protocol.send(c.to_child, b"w\n")
 
     def _reap_children(self) -> None:
@@ -443,8 +439,12 @@ class Master:
                 self._on_child_exit(c, status)
 
     def _on_child_exit(self, c: ChildProc, status: int) -> None:
-        # Read what it said last (an "idle" may be waiting in the pipe).
+        # Read what it said and posted last (its held jobs may have changed).
         self._read_child(c, time.monotonic())
+        running = c.board.read()
+        if running != c.job:
+            c.job = running
+        c.board.close()
         for fd in c.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -459,7 +459,7 @@ class Master:
         cause: str | None = None
         if c.kill_reason == "max_execution_timeout" and c.job is not None:
             cause = (
-                f"killed: max_execution_timeout {c.job.policy.max_execution_timeout:g}s "
+                f"killed: max_execution_timeout {c.job.max_execution_timeout:g}s "
                 f"exceeded (ran {time.monotonic() - c.job.started:.1f}s){c.kill_detail}"
             )
         elif c.kill_reason in ("drain_timeout", "fatal"):
@@ -532,7 +532,7 @@ class Master:
             BusyChild(
                 pid=c.pid,
                 started=c.job.started,
-                max_execution_timeout=c.job.policy.max_execution_timeout,
+                max_execution_timeout=c.job.max_execution_timeout,
                 lease_lost_at=c.lease_lost_at,
                 stack_requested_at=c.stack_requested_at,
             )
@@ -561,7 +561,7 @@ class Master:
                     c.pid,
                     c.job.id,
                     c.job.topic,
-                    c.job.policy.max_execution_timeout,
+                    c.job.max_execution_timeout,
                     now - c.job.started,
                     stack,
                 )
@@ -773,8 +773,9 @@ class Master:
         if still is None:
             return
         # A job missing from the answer was canceled, reaped or taken over -- unless the
-        # child settled it meanwhile: look at what the children said since.
+        # child settled it meanwhile: look at what the children said and run since.
         self._read_children(now)
+        self._read_boards()
         missing = {job_id for job_id, _ in held} - still
         for c in self.children.values():
             for job_id in c.held:

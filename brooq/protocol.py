@@ -1,10 +1,13 @@
 """Messages between the master and one child, as JSON lines over two pipes.
 
-child -> master: {"ready": 1} | {"busy": id, "topic": t, "attempt": n, "policy": [...]}
-                 | {"idle": 1} | {"retire": reason}
+child -> master: {"ready": 1} | {"held": [id, ...]} | {"retire": reason}
 master -> child: "w" (wake: jobs may be ready) | "lost <id>" (lease lost: abandon it)
 
-Each message is one write of less than PIPE_BUF bytes, so writes are atomic.
+"held" lists every job the child has claimed and not yet settled (the master renews
+their leases); it is sent once per claim, before any of those jobs runs. Which job runs
+right now is not a message: it is on the child's board (brooq.board), because a message
+per job cost more than a short job. Each pipe has one writer; the reader reassembles
+lines, so a long "held" list may take more than one write.
 """
 
 from __future__ import annotations
@@ -13,25 +16,9 @@ import json
 import os
 from typing import Any
 
-from brooq.handlers import Policy
-
 
 def encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
-
-
-def policy_to_list(p: Policy) -> list[float]:
-    return [
-        p.max_attempts,
-        p.attempt_timeout,
-        p.max_execution_timeout,
-        p.backoff_base,
-        p.backoff_max,
-    ]
-
-
-def policy_from_list(values: list[float]) -> Policy:
-    return Policy(int(values[0]), values[1], values[2], values[3], values[4])
 
 
 class LineReader:

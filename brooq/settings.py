@@ -39,7 +39,7 @@ class Settings:
     max_jobs_per_child: int = 0  # 0: never recycle by count
     max_memory_per_child: int = 0  # MiB of resident memory; 0: never recycle by memory
     stats_period: float = 5.0
-    claim_batch_max: int = 8  # 1: always one job per claim
+    claim_batch_max: int = 32  # 1: always one job per claim
     # The workers' own claim and outcome commits. "off" risks only a re-run after a
     # database crash (at least once allows it); enqueue is never affected.
     worker_synchronous_commit: str = "off"

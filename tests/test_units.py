@@ -604,3 +604,95 @@ def test_no_timestamps_of_our_own_under_the_journal(
     assert "job_dead" in journal and "j1" in journal
     if fmt == "json":
         assert json.loads(journal)["event"] == "job_dead"
+
+
+# -- the board (shared memory between a child and the master) ----------------------------
+
+
+def test_board_shows_what_the_child_posted_across_a_fork() -> None:
+    import os
+    import uuid
+
+    from brooq.board import Board, Running
+
+    board = Board()
+    assert board.read() is None  # a new board: idle
+    job = Running(
+        id=uuid.uuid4(),
+        topic="mail.send",
+        attempt=3,
+        started=12.5,
+        max_execution_timeout=60.0,
+    )
+    pid = os.fork()
+    if pid == 0:  # the child writes; the parent reads after it is gone
+        board.post(job)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert board.read() == job
+    board.clear()
+    assert board.read() is None
+    board.close()
+
+
+def test_board_keeps_a_long_topic_readable() -> None:
+    import uuid
+
+    from brooq.board import Board, Running
+
+    board = Board()
+    topic = "t" * 128
+    job = Running(uuid.uuid4(), topic, 1, 0.0, 1.0)
+    board.post(job)
+    assert board.read() == job
+    board.close()
+
+
+def test_board_read_waits_out_a_write_in_progress() -> None:
+    # A reader that finds the sequence odd (a write under way) reads again; when the
+    # writer never finishes (killed mid-write) it takes what is there.
+    import struct
+    import uuid
+
+    from brooq.board import Board, Running
+
+    board = Board()
+    job = Running(uuid.uuid4(), "a", 1, 1.0, 2.0)
+    board.post(job)
+    struct.pack_into("<Q", board._mem, 0, 3)  # odd: as if a writer stopped half-way
+    assert board.read() == job
+    board.close()
+
+
+# -- metrics tallied per batch -----------------------------------------------------------
+
+
+def test_tally_writes_what_the_same_observations_would_have() -> None:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from brooq.metrics import Tally
+
+    def exposition(tallied: bool, values: list[float]) -> bytes:
+        registry = CollectorRegistry()
+        hist = Histogram("h_seconds", "h", ["topic"], buckets=(0.01, 0.1, 1.0), registry=registry)
+        count = Counter("c_total", "c", ["topic", "outcome"], registry=registry)
+        tally = Tally()
+        for i, v in enumerate(values):
+            topic = "a" if i % 3 else "b"
+            if tallied:
+                tally.observe(hist, topic, v)
+                tally.inc(count, topic, "done")
+                if i % 4 == 0:
+                    tally.flush()
+            else:
+                hist.labels(topic).observe(v)
+                count.labels(topic, "done").inc()
+        tally.flush()
+        tally.flush()  # a second flush adds nothing
+        lines = generate_latest(registry).splitlines()
+        return b"\n".join(line for line in lines if b"_created" not in line)
+
+    # bucket edges, in between, above the last bound, zero
+    values = [0.0, 0.01, 0.0100001, 0.05, 0.1, 0.5, 1.0, 1.5, 100.0, 0.001] * 7
+    assert exposition(True, values) == exposition(False, values)
+    assert b'h_seconds_bucket{le="0.01",topic="b"}' in exposition(True, values)

@@ -6,7 +6,7 @@ import time
 
 import brooq
 
-from benchwork import hang_forever, record, spin
+from benchwork import hang_forever, record, record_cpu, spin
 
 queue = brooq.Queue()
 
@@ -21,8 +21,7 @@ def cpu(claim: brooq.Claim) -> None:
     t0, c0 = time.time(), time.thread_time()
     spin(claim.payload["n"])
     c1, t1 = time.thread_time(), time.time()
-    record(claim.payload["k"], "start", t0)
-    record(claim.payload["k"], "end", t1, c1 - c0)
+    record_cpu(claim.payload["k"], t0, t1, c1 - c0)
 
 
 @queue.handler("bench.pickup")

@@ -13,7 +13,7 @@ import time
 import redis
 from celery import Celery
 
-from benchwork import hang_forever, record, spin
+from benchwork import hang_forever, record, record_cpu, spin
 
 BROKER = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 
@@ -53,8 +53,7 @@ def cpu(k: str, n: int) -> None:
     t0, c0 = time.time(), time.thread_time()
     spin(n)
     c1, t1 = time.thread_time(), time.time()
-    record(k, "start", t0)
-    record(k, "end", t1, c1 - c0)
+    record_cpu(k, t0, t1, c1 - c0)
 
 
 @app.task(name="pickup")

@@ -18,7 +18,7 @@ import asyncpg
 from pgqueuer import PgQueuer
 from pgqueuer.models import Job
 
-from benchwork import hang_forever, record, spin
+from benchwork import hang_forever, record, record_cpu, spin
 
 
 def _payload(job: Job) -> dict:
@@ -29,8 +29,7 @@ def _cpu(k: str, n: int) -> None:
     t0, c0 = time.time(), time.thread_time()
     spin(n)
     c1, t1 = time.thread_time(), time.time()
-    record(k, "start", t0)
-    record(k, "end", t1, c1 - c0)
+    record_cpu(k, t0, t1, c1 - c0)
 
 
 def _hung(k: str) -> None:

@@ -2,6 +2,9 @@
 
 record() writes one row into bench_event of the run's database (BENCH_DSN) over a
 connection of its own, opened once per process; the time is taken before the write.
+record_cpu() writes a CPU job's start and end rows in one statement. The instrument must
+not slow what it measures: its connection commits with synchronous_commit = off (no
+wait for a disk flush), the same for every system.
 """
 
 from __future__ import annotations
@@ -23,14 +26,30 @@ def spin(iterations: int) -> int:
     return n
 
 
-def record(job: str, kind: str, t: float, cpu: float | None = None) -> None:
+def _connection() -> psycopg.Connection[Any]:
     global _conn, _pid
     if _conn is None or _pid != os.getpid() or _conn.closed:
-        _conn = psycopg.connect(os.environ["BENCH_DSN"], autocommit=True)
+        _conn = psycopg.connect(
+            os.environ["BENCH_DSN"], autocommit=True, options="-c synchronous_commit=off"
+        )
         _pid = os.getpid()
-    _conn.execute(
+    return _conn
+
+
+def record(job: str, kind: str, t: float, cpu: float | None = None) -> None:
+    _connection().execute(
         "INSERT INTO bench_event (job, kind, t, cpu, pid) VALUES (%s, %s, %s, %s, %s)",
         (job, kind, t, cpu, os.getpid()),
+    )
+
+
+def record_cpu(job: str, started: float, ended: float, cpu: float) -> None:
+    """Both events of a CPU-bound job, one round trip."""
+    pid = os.getpid()
+    _connection().execute(
+        "INSERT INTO bench_event (job, kind, t, cpu, pid) "
+        "VALUES (%s, 'start', %s, NULL, %s), (%s, 'end', %s, %s, %s)",
+        (job, started, pid, job, ended, cpu, pid),
     )
 
 
