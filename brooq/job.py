@@ -101,10 +101,14 @@ def _keep_floats(text: str) -> str:
     return _JSON_STRING_OR_NUMBER.sub(_expand_big_float, text)
 
 
+# One encoder for every payload: json.dumps with options builds a new one per call.
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def encode_payload(payload: Any) -> str:
     """The payload as JSON text ready for jsonb, or InvalidPayload saying why not."""
     try:
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(payload)
     except RecursionError:
         raise InvalidPayload("payload is nested too deeply to be encoded as JSON") from None
     except (TypeError, ValueError) as exc:

@@ -15,7 +15,7 @@ from psycopg.rows import tuple_row
 
 from brooq.db import schema_missing
 from brooq.errors import BrooqError
-from brooq.ids import uuid7
+from brooq.ids import uuid7, uuid7_many
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job, check_payload_size
 from brooq.sql import Q
 
@@ -123,7 +123,7 @@ def enqueue_many(
     checked = [_check(job, max_payload_bytes) for job in jobs]
     if not checked:
         return []
-    ids = [uuid7() for _ in checked]
+    ids = uuid7_many(len(checked))
     try:
         with _cursor(target) as cur:
             return _insert_many(cur, checked, ids)

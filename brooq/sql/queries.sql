@@ -1,6 +1,7 @@
 -- Every statement brooq runs, named table_verb. Parameters are psycopg named
 -- placeholders. Outcome writes are guarded by "still processing and still mine":
--- zero rows is a normal answer, never an error.
+-- zero rows is a normal answer, never an error. Arrays are bound in binary (the "b"
+-- placeholders): psycopg's text form escapes element by element, six times slower.
 
 -- name: job_insert
 -- One job. ON CONFLICT covers only keyed rows (the unique index is partial).
@@ -15,8 +16,8 @@ RETURNING id
 -- missing from RETURNING.
 INSERT INTO job (id, topic, payload, idempotency_key, available_at)
 SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now())
-FROM unnest(%(ids)s::uuid[], %(topics)s::text[], %(payloads)s::text[], %(keys)s::text[],
-            %(available_ats)s::timestamptz[]) WITH ORDINALITY AS i(id, topic, payload, key, available_at, ord)
+FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
+            %(available_ats)b::timestamptz[]) WITH ORDINALITY AS i(id, topic, payload, key, available_at, ord)
 ORDER BY i.ord
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
@@ -26,7 +27,7 @@ SELECT id FROM job WHERE topic = %(topic)s AND idempotency_key = %(key)s
 
 -- name: job_get_ids_by_keys
 SELECT k.topic, k.key, job.id
-FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS k(topic, key)
+FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
 JOIN job ON job.topic = k.topic AND job.idempotency_key = k.key
 
 -- name: job_get
@@ -53,15 +54,15 @@ SELECT retried.id, pg_notify('brooq_job', '') FROM retried
 
 -- name: job_finish_and_claim
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
--- up to %(limit)s ready jobs of the given topics, FIFO by (available_at, id).
--- %(limit)s may be 0 (only write), %(done)s may be empty (only claim). Finished rows
+-- up to `limit` ready jobs of the given topics, FIFO by (available_at, id).
+-- The limit may be 0 (only write) and the done list empty (only claim). Finished rows
 -- come back with claimed = false, claimed rows with claimed = true (the caller sorts
 -- them FIFO). The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
 -- the rows it returns through a CTE with LIMIT (an "id IN (subquery)" form may lock
 -- more: PostgreSQL bug #15715) and charges the attempt (invariant 6).
 WITH finished AS (
     UPDATE job SET state = 'done', updated_at = now()
-    WHERE id = ANY(%(done)s::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
     RETURNING id
 ),
 next AS (
@@ -69,7 +70,7 @@ next AS (
     FROM job
     WHERE state IN ('pending', 'failed')
       AND available_at <= now()
-      AND topic = ANY(%(topics)s::text[])
+      AND topic = ANY(%(topics)b::text[])
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -100,7 +101,7 @@ FROM finished
 UPDATE job
 SET state = 'pending', attempts = greatest(attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
-WHERE id = ANY(%(ids)s::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+WHERE id = ANY(%(ids)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
 
 -- name: job_get_held
 -- The job a dead worker was running, if it still holds it.
@@ -113,7 +114,7 @@ WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 
 -- name: job_set_failed
 -- A failed attempt: dead when the attempts are used up, else failed until the backoff
--- has passed. %(refund)s gives the attempt back (PreserveAttempt), which never leads to dead.
+-- has passed. The refund flag gives the attempt back (PreserveAttempt), which never leads to dead.
 UPDATE job
 SET state = CASE
         WHEN NOT %(refund)s AND attempts >= %(max_attempts)s THEN 'dead'
@@ -136,7 +137,7 @@ WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 UPDATE job
 SET state = 'pending', attempts = greatest(attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
-WHERE state = 'processing' AND locked_by = ANY(%(workers)s::text[])
+WHERE state = 'processing' AND locked_by = ANY(%(workers)b::text[])
 RETURNING id, topic
 
 -- name: job_renew_leases
@@ -150,13 +151,13 @@ RETURNING id, topic
 WITH held AS (
     SELECT job.id
     FROM job
-    JOIN unnest(%(ids)s::uuid[], %(workers)s::text[]) AS h(id, worker)
+    JOIN unnest(%(ids)b::uuid[], %(workers)b::text[]) AS h(id, worker)
       ON job.id = h.id AND job.locked_by = h.worker
     WHERE job.state = 'processing'
 ), lockable AS (
     SELECT job.id
     FROM job
-    JOIN unnest(%(ids)s::uuid[], %(workers)s::text[]) AS h(id, worker)
+    JOIN unnest(%(ids)b::uuid[], %(workers)b::text[]) AS h(id, worker)
       ON job.id = h.id AND job.locked_by = h.worker
     WHERE job.state = 'processing'
     FOR NO KEY UPDATE OF job SKIP LOCKED
