@@ -172,20 +172,24 @@ def server_facts(dsn: str) -> dict[str, str]:
     return facts
 
 
-def events(dsn: str, kind: str | None = None) -> list[tuple[str, str, float, float | None, int]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if kind is None:
-            rows = conn.execute("SELECT job, kind, t, cpu, pid FROM bench_event").fetchall()
-        else:
-            rows = conn.execute(
-                "SELECT job, kind, t, cpu, pid FROM bench_event WHERE kind = %s", (kind,)
-            ).fetchall()
-    return [tuple(r) for r in rows]  # type: ignore[misc]
+def events_dir(dsn: str) -> Path:
+    """Where the CPU workload's handlers write their times (benchwork.record_cpu): one
+    directory per database, so per run."""
+    name = str(conninfo.conninfo_to_dict(dsn)["dbname"])
+    path = Path(tempfile.gettempdir()) / "brooq-bench-events" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
-def count_events(conn: psycopg.Connection[Any], kind: str) -> int:
-    row = conn.execute("SELECT count(*) FROM bench_event WHERE kind = %s", (kind,)).fetchone()
-    return int(row[0]) if row else 0
+def cpu_events(dsn: str) -> list[tuple[str, float, float, float, int]]:
+    """(job, start, end, cpu, pid) of every CPU job finished so far."""
+    rows = []
+    for f in events_dir(dsn).glob("*.csv"):
+        # Only whole lines: the last piece, after the last newline, may be being written.
+        for line in f.read_text().split("\n")[:-1]:
+            job, start, end, cpu, pid = line.split(",")
+            rows.append((job, float(start), float(end), float(cpu), int(pid)))
+    return rows
 
 
 # -- worker processes ------------------------------------------------------------------
@@ -286,6 +290,7 @@ def base_env(dsn: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QUEUE_", "BENCH_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(ROOT)])
     env["BENCH_DSN"] = dsn
+    env["BENCH_EVENTS_DIR"] = str(events_dir(dsn))
     env["DATABASE_URL"] = dsn
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})

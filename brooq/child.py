@@ -346,6 +346,7 @@ class Child:
                     "done": [f.claim.id for f in finished],
                     "topics": self.topics,
                     "limit": limit,
+                    "children": max(1, self.settings.workers),
                     "worker": self.config.identity,
                     "lease": self.settings.lease,
                 },

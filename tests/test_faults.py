@@ -748,6 +748,7 @@ def test_retention_under_load_deletes_no_active_row(
                 "done": [],
                 "topics": ["t.ok"],
                 "limit": 3,
+                "children": 1,
                 "worker": "gone-host:1:dead00",
                 "lease": 0.2,
             },

@@ -76,12 +76,24 @@ def get(db: Conn, job_id: uuid.UUID) -> Row:
 
 
 def claim(
-    conn: Conn, worker: str, topics: tuple[str, ...] = ("t",), limit: int = 1, lease: float = LEASE
+    conn: Conn,
+    worker: str,
+    topics: tuple[str, ...] = ("t",),
+    limit: int = 1,
+    lease: float = LEASE,
+    children: int = 1,
 ) -> list[Row]:
     # The claim half of the hot-path statement, with nothing finished to write.
     rows = conn.execute(
         Q.job_finish_and_claim,
-        {"done": [], "topics": list(topics), "limit": limit, "worker": worker, "lease": lease},
+        {
+            "done": [],
+            "topics": list(topics),
+            "limit": limit,
+            "children": children,
+            "worker": worker,
+            "lease": lease,
+        },
     ).fetchall()
     return sorted((r for r in rows if r["claimed"]), key=lambda r: (r["available_at"], r["id"]))
 
@@ -216,6 +228,22 @@ def test_claim_limit_takes_the_oldest(db: Conn) -> None:
     assert got == set(ids[:4])
     row = db.execute("SELECT count(*) AS n FROM job WHERE state = 'processing'").fetchone()
     assert row is not None and row["n"] == 4
+
+
+def test_a_batch_claim_takes_no_more_than_a_fair_share_of_what_is_ready(db: Conn) -> None:
+    # Five ready jobs and two children: a batch of up to 32 takes three (the oldest), so
+    # the sibling finds some instead of none; each claim halves what is left.
+    jobs = [insert(db, offset=-10.0 + i) for i in range(5)]
+    assert [r["id"] for r in claim(db, "w1", limit=32, children=2)] == jobs[:3]
+    assert [r["id"] for r in claim(db, "w2", limit=32, children=2)] == jobs[3:4]
+    assert [r["id"] for r in claim(db, "w1", limit=32, children=2)] == jobs[4:]
+    # Alone, the child takes all that is ready.
+    more = [insert(db, offset=-5.0 + i) for i in range(5)]
+    assert [r["id"] for r in claim(db, "w3", limit=32, children=1)] == more
+    # A deep queue fills the whole batch: the count stops at limit x children rows.
+    deep = [insert(db, offset=-1.0) for _ in range(100)]
+    assert len(claim(db, "w4", limit=32, children=2)) == 32
+    assert len(deep) == 100
 
 
 def test_claim_charges_the_attempt_and_sets_the_lease(db: Conn) -> None:
@@ -775,6 +803,7 @@ def test_the_claim_uses_the_ready_index(db: Conn) -> None:
             "done": [],
             "topics": ["topic-1", "topic-3"],
             "limit": limit,
+            "children": 1,
             "worker": "w1",
             "lease": 30.0,
         }

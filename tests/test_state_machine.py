@@ -164,7 +164,14 @@ class QueueMachine(RuleBasedStateMachine):
             self.conns[worker]
             .execute(
                 Q.job_finish_and_claim,
-                {"done": [], "topics": ["t"], "limit": limit, "worker": worker, "lease": LEASE},
+                {
+                    "done": [],
+                    "topics": ["t"],
+                    "limit": limit,
+                    "children": 1,
+                    "worker": worker,
+                    "lease": LEASE,
+                },
             )
             .fetchall()
         )

@@ -2,9 +2,11 @@
 
 record() writes one row into bench_event of the run's database (BENCH_DSN) over a
 connection of its own, opened once per process; the time is taken before the write.
-record_cpu() writes a CPU job's start and end rows in one statement. The instrument must
-not slow what it measures: its connection commits with synchronous_commit = off (no
-wait for a disk flush), the same for every system.
+The instrument must not slow what it measures, the same for every system: its
+connection commits with synchronous_commit = off (no wait for a disk flush), and
+record_cpu() -- inside the CPU-bound workload, whose wall time is the measure -- does not
+touch the database at all: it appends one line to a file of its own process under
+BENCH_EVENTS_DIR (no flush to disk; the benchmark reads the files).
 """
 
 from __future__ import annotations
@@ -43,14 +45,19 @@ def record(job: str, kind: str, t: float, cpu: float | None = None) -> None:
     )
 
 
+_events_fd = -1
+_events_pid = 0
+
+
 def record_cpu(job: str, started: float, ended: float, cpu: float) -> None:
-    """Both events of a CPU-bound job, one round trip."""
+    """Both times of a CPU-bound job as one line: job,start,end,cpu,pid."""
+    global _events_fd, _events_pid
     pid = os.getpid()
-    _connection().execute(
-        "INSERT INTO bench_event (job, kind, t, cpu, pid) "
-        "VALUES (%s, 'start', %s, NULL, %s), (%s, 'end', %s, %s, %s)",
-        (job, started, pid, job, ended, cpu, pid),
-    )
+    if _events_pid != pid:
+        path = os.path.join(os.environ["BENCH_EVENTS_DIR"], f"{pid}.csv")
+        _events_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        _events_pid = pid
+    os.write(_events_fd, f"{job},{started!r},{ended!r},{cpu!r},{pid}\n".encode())
 
 
 def hang_forever() -> None:

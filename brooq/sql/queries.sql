@@ -54,25 +54,40 @@ SELECT retried.id, pg_notify('brooq_job', '') FROM retried
 
 -- name: job_finish_and_claim
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
--- up to `limit` ready jobs of the given topics, FIFO by (available_at, id).
+-- up to `limit` ready jobs of the given topics, FIFO by (available_at, id), and no more
+-- than a fair share among `children` workers.
 -- The limit may be 0 (only write) and the done list empty (only claim). Finished rows
 -- come back with claimed = false, claimed rows with claimed = true (the caller sorts
 -- them FIFO). The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
--- the rows it returns through a CTE with LIMIT (an "id IN (subquery)" form may lock
--- more: PostgreSQL bug #15715) and charges the attempt (invariant 6).
+-- the rows it returns through a materialized CTE with LIMIT, run once (an "id IN
+-- (subquery)" form may lock more: PostgreSQL bug #15715), and charges the attempt
+-- (invariant 6).
 WITH finished AS (
     UPDATE job SET state = 'done', updated_at = now()
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
     RETURNING id
 ),
-next AS (
+next AS MATERIALIZED (
     SELECT id
     FROM job
     WHERE state IN ('pending', 'failed')
       AND available_at <= now()
       AND topic = ANY(%(topics)b::text[])
     ORDER BY available_at, id
-    LIMIT %(limit)s
+    -- At most a fair share of what is ready, so that at the end of a burst one child
+    -- does not take the last jobs as a batch while its siblings find none. The count
+    -- stops at what could matter (limit x children rows) and locks nothing.
+    LIMIT least(%(limit)s, (
+        SELECT (count(*) + %(children)s - 1) / %(children)s
+        FROM (
+            SELECT 1 FROM job
+            WHERE state IN ('pending', 'failed')
+              AND available_at <= now()
+              AND topic = ANY(%(topics)b::text[])
+            ORDER BY available_at, id  -- the ready index, read only as far as needed
+            LIMIT %(limit)s * %(children)s
+        ) AS ready
+    ))
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 claimed AS (
@@ -82,8 +97,9 @@ claimed AS (
         locked_by = %(worker)s,
         locked_until = now() + make_interval(secs => %(lease)s),
         updated_at = now()
-    FROM next
-    WHERE job.id = next.id
+    -- By primary key whatever the planner guesses of the LIMIT above (a join here
+    -- may become a hash join over the whole table in a generic plan).
+    WHERE job.id = ANY(ARRAY(SELECT id FROM next))
     RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until,
               job.available_at
 )
