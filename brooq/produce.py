@@ -126,9 +126,31 @@ def enqueue_many(
     ids = uuid7_many(len(checked))
     try:
         with _cursor(target) as cur:
-            return _insert_many(cur, checked, ids)
+            if any(job.idempotency_key is not None for job in checked):
+                return _insert_many(cur, checked, ids)
+            return _copy_many(cur, checked, ids)
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
+
+
+def _copy_many(
+    cur: psycopg.Cursor[tuple[Any, ...]], checked: list[Job], ids: list[uuid.UUID]
+) -> list[tuple[uuid.UUID, bool]]:
+    """Jobs without keys cannot conflict: COPY them (ready ones and scheduled ones apart,
+    so that "ready now" is the server's now(), never the client's clock)."""
+    ready = [
+        (job_id, job) for job_id, job in zip(ids, checked, strict=True) if job.available_at is None
+    ]
+    if ready:
+        with cur.copy(Q.job_copy_ready) as copy:
+            for job_id, job in ready:
+                copy.write_row((job_id, job.topic, job.payload_json))
+    if len(ready) < len(checked):
+        with cur.copy(Q.job_copy_scheduled) as copy:
+            for job_id, job in zip(ids, checked, strict=True):
+                if job.available_at is not None:
+                    copy.write_row((job_id, job.topic, job.payload_json, job.available_at))
+    return [(job_id, True) for job_id in ids]
 
 
 def _insert_many(

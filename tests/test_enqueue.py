@@ -66,6 +66,39 @@ def test_enqueue_many_in_one_statement(queue: brooq.Queue, db: psycopg.Connectio
     assert queue.enqueue_many([]) == []
 
 
+def test_enqueue_many_without_keys_keeps_every_field(
+    queue: brooq.Queue, db: psycopg.Connection, dsn: str
+) -> None:
+    # Unkeyed batches go through COPY: text that COPY must escape, scheduled and ready
+    # jobs mixed, the order of the ids as given, one wake-up for the whole batch.
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    awkward = {"s": "tab\there\nnew line \\ backslash \\N é ✓ 'q' \"dq\"", "n": [1.5, None]}
+    jobs = [
+        brooq.Job("mixed", {"i": i, **awkward}, available_at=later if i % 3 == 0 else None)
+        for i in range(30)
+    ]
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN brooq_job")
+        result = queue.enqueue_many(jobs)
+        notes = list(listener.notifies(timeout=0.5))
+    assert len(notes) == 1
+    assert all(created for _, created in result)
+    rows = {
+        r[0]: r[1:]
+        for r in db.execute(
+            "SELECT id, payload, available_at, available_at <= now() FROM job"
+        ).fetchall()
+    }
+    for i, (job_id, _) in enumerate(result):
+        payload, available_at, ready = rows[job_id]
+        assert payload == {"i": i, **awkward}
+        if i % 3 == 0:
+            assert available_at == later and not ready
+        else:
+            assert ready
+    assert [job_id for job_id, _ in result] == sorted(job_id for job_id, _ in result)
+
+
 def test_enqueue_many_with_keys_inside_and_outside_the_batch(queue: brooq.Queue) -> None:
     existing, _ = queue.enqueue(brooq.Job("bulk", idempotency_key="k1"))
     result = queue.enqueue_many(

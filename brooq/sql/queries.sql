@@ -22,6 +22,16 @@ ORDER BY i.ord
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
+-- name: job_copy_ready
+-- Many jobs without idempotency keys, ready now (available_at takes its default, the
+-- server's now()): COPY, a quarter cheaper for the server than INSERT ... SELECT. No key
+-- means no conflict to look for; COPY fires the statement's NOTIFY trigger like INSERT.
+COPY job (id, topic, payload) FROM STDIN
+
+-- name: job_copy_scheduled
+-- The same for jobs given an available_at.
+COPY job (id, topic, payload, available_at) FROM STDIN
+
 -- name: job_get_id_by_key
 SELECT id FROM job WHERE topic = %(topic)s AND idempotency_key = %(key)s
 
