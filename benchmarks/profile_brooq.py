@@ -242,14 +242,20 @@ def sampled_drain(dsn: str, n: int, out: Path) -> dict[str, Any]:
 
 # Buckets for the child's main thread, first match wins, most specific first.
 CHILD_BUCKETS = [
-    ("claim: waiting for PostgreSQL", ["Child._claim", "Connection.wait"]),
-    ("claim: psycopg client side", ["Child._claim", "Connection.execute"]),
-    ("claim: building Claim objects", ["Child._claim"]),
-    ("done: waiting for PostgreSQL", ["Child._write_once", "Connection.wait"]),
-    ("done: psycopg client side", ["Child._write_once", "Connection.execute"]),
-    ("per-job log line (logging)", ["Child._log_outcome"]),
-    ("pipe messages to the master (json + write)", ["Child._tell"]),
-    ("process title (setproctitle)", ["Child._title"]),
+    (
+        "done + claim round trip: waiting for PostgreSQL",
+        ["Child._flush_and_claim", "Connection.wait"],
+    ),
+    (
+        "done + claim round trip: psycopg client side",
+        ["Child._flush_and_claim", "Connection.execute"],
+    ),
+    ("done + claim round trip: Claim objects, metrics, held list", ["Child._flush_and_claim"]),
+    ("other outcomes: waiting for PostgreSQL", ["Child._write_once", "Connection.wait"]),
+    ("other outcomes: psycopg client side", ["Child._write_once", "Connection.execute"]),
+    ("per-job log line (logging)", ["Child._settled"]),
+    ("board: the running job for the watchdog", ["Board._write"]),
+    ("metrics tally", ["Tally."]),
     ("handler call and timers", ["Child._call"]),
     ("outcome decision", ["decide"]),
     ("traceback formatting", ["format_exception"]),
