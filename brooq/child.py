@@ -460,9 +460,11 @@ class Child:
         state, written = self._write(claim, policy, outcome)
         if outcome.kind != "abandon":
             self._settled(claim, state, duration, written)
-        # The master may go on renewing this one until the next claim tells it otherwise:
-        # a renewal of a settled job changes nothing.
+        # Tell the master at once (outcomes other than a plain done are rare): a renewal
+        # that finds this job settled would report its lease lost, and the report could
+        # reach us after the job, retried, was claimed again.
         self.held = [i for i in self.held if i != claim.id]
+        self._tell_held()
         return duration
 
     def _peak_rss(self, duration: float) -> float:

@@ -421,9 +421,12 @@ class Master:
                 c.job = running
 
     def _wake_idle(self) -> None:
-        # A child holding jobs claims again as soon as it has run them: no need to wake it.
+        # Every child not running a handler right now: one that has just found nothing to
+        # claim may not have said so yet, and a wake-up it does not need costs it one
+        # empty claim. One running a handler claims again when it is done anyway.
+        self._read_boards()
         for c in self.children.values():
-            if c.ready and not c.held and c.retiring is None:
+            if c.ready and c.job is None and c.retiring is None:
                 protocol.send(c.to_child, b"w\n")
 
     def _reap_children(self) -> None:
