@@ -367,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "systems": {},
         "runs": [],
         "ceiling": None,
+        "ceiling_batched": None,
     }
     for s in systems:
         reason = s.available()
@@ -437,15 +438,16 @@ def main(argv: list[str] | None = None) -> int:
             partial.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
     if not args.no_ceiling and (not args.systems or "brooq" in args.systems):
-        log("pgbench ceiling")
-        try:
-            result["ceiling"] = ceiling.run(
-                admin_dsn, [int(c) for c in BROOQ_DRAIN_WORKERS], sizes.drain, reps
-            )
-            log(f"   {result['ceiling']['summary']}")
-        except Exception as exc:
-            result["ceiling"] = {"error": f"{type(exc).__name__}: {exc}"}
-            log(f"   ERROR {result['ceiling']['error']}")
+        for key, batch in (("ceiling", 1), ("ceiling_batched", ceiling.BATCH)):
+            log(f"pgbench ceiling, {batch} job(s) per claim")
+            try:
+                result[key] = ceiling.run(
+                    admin_dsn, [int(c) for c in BROOQ_DRAIN_WORKERS], sizes.drain, reps, batch
+                )
+                log(f"   {result[key]['summary']}")
+            except Exception as exc:
+                result[key] = {"error": f"{type(exc).__name__}: {exc}"}
+                log(f"   ERROR {result[key]['error']}")
 
     result["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     result["summary"] = summarise(result["runs"])

@@ -444,9 +444,7 @@ class Master:
     def _on_child_exit(self, c: ChildProc, status: int) -> None:
         # Read what it said and posted last (its held jobs may have changed).
         self._read_child(c, time.monotonic())
-        running = c.board.read()
-        if running != c.job:
-            c.job = running
+        c.job = c.board.read()  # a hung or crashed child's last job stays on its board
         c.board.close()
         for fd in c.fds:
             with contextlib.suppress(OSError):
