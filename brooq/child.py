@@ -232,7 +232,14 @@ class Child:
                     autocommit=True,
                     connect_timeout=5,
                     application_name=f"brooq-child {self.config.identity}"[:63],
-                    options=f"-c synchronous_commit={self.settings.worker_synchronous_commit}",
+                    # No bitmap scans for brooq's own statements: before the job table's
+                    # first ANALYZE the planner would read every ready row of the ready
+                    # index and sort them for each claim (22 ms instead of 1.3 ms for a
+                    # 32-job claim on 20,000 rows). Users' on_success writes get them back.
+                    options=(
+                        f"-c synchronous_commit={self.settings.worker_synchronous_commit}"
+                        " -c enable_bitmapscan=off"
+                    ),
                 )
                 # A payload that cannot be decoded (inserted by hand, nested too deep)
                 # must fail its job, not crash the child on every claim.
@@ -544,6 +551,8 @@ class Child:
                     enqueue_many(
                         conn, claim.chained, max_payload_bytes=self.settings.max_payload_bytes
                     )
+                    if claim.success_hooks:
+                        conn.execute(Q.session_planner_defaults)
                     for hook in claim.success_hooks:
                         hook(conn)
                 return "done", outcome

@@ -47,7 +47,7 @@ def prepare(dsn: str) -> None:
             "CREATE TABLE IF NOT EXISTS execution (job_id uuid, pid int, attempt int, "
             "note text, at timestamptz DEFAULT clock_timestamp())"
         )
-        conn.execute("CREATE TABLE IF NOT EXISTS side_effect (job_id uuid)")
+        conn.execute("CREATE TABLE IF NOT EXISTS side_effect (job_id uuid, planner text)")
 
 
 class MasterProcess:

@@ -138,6 +138,11 @@ WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 UPDATE job SET state = 'done', updated_at = now()
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 
+-- name: session_planner_defaults
+-- The children's connections run without bitmap scans (brooq/child.py says why); the
+-- application's on_success writes, in the same transaction, get the planner's default.
+SET LOCAL enable_bitmapscan = on
+
 -- name: job_set_failed
 -- A failed attempt: dead when the attempts are used up, else failed until the backoff
 -- has passed. The refund flag gives the attempt back (PreserveAttempt), which never leads to dead.

@@ -71,8 +71,14 @@ def cancel(claim: brooq.Claim) -> None:
 def chain(claim: brooq.Claim) -> None:
     record(claim)
     claim.chain(brooq.Job("t.ok", {"parent": str(claim.id)}))
+    # planner: enable_bitmapscan in the hook / the connection's own default
     claim.on_success(
-        lambda conn: conn.execute("INSERT INTO side_effect (job_id) VALUES (%s)", (claim.id,))
+        lambda conn: conn.execute(
+            "INSERT INTO side_effect (job_id, planner) SELECT %s, "
+            "current_setting('enable_bitmapscan') || '/' || reset_val "
+            "FROM pg_settings WHERE name = 'enable_bitmapscan'",
+            (claim.id,),
+        )
     )
     if claim.payload.get("fail"):
         raise ValueError("parent failed")
