@@ -115,7 +115,7 @@ async def enqueue_async(
 def enqueue_many(
     target: Target, jobs: Sequence[Job], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> list[tuple[uuid.UUID, bool]]:
-    """Insert many jobs with one statement; [(id, created), ...] in the order given.
+    """Insert many jobs in the caller's transaction; [(id, created), ...] in the order given.
 
     A job whose key already exists (in the table, or earlier in the same batch) comes
     back with the existing id and created=False; those ids cost one more round trip.

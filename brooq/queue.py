@@ -238,7 +238,8 @@ class Queue:
                     conn.autocommit = False
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[tuple[uuid.UUID, bool]]:
-        """Insert many jobs in one transaction and one statement; [(id, created), ...]."""
+        """Insert many jobs in one transaction (COPY, or one INSERT when keys are given);
+        [(id, created), ...] in the order given."""
         limit = self._max_payload
         for job in jobs:
             producer._check(job, limit)
