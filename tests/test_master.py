@@ -132,7 +132,7 @@ def test_cancel_of_running_job_is_never_overwritten(
 ) -> None:  # type: ignore[no-untyped-def]
     m = start_master(workers=1)
     job_id, _ = queue.enqueue(brooq.Job("t.slow", {"seconds": 2}))
-    wait_for(lambda: state_of(db, job_id) == "processing", what="processing")
+    wait_for(lambda: executions(db, job_id) == 1, what="the handler started")
     started = time.monotonic()
     assert queue.cancel(job_id) is True
     # The handler is interrupted with LeaseLost within lease/3 (+ slack), writes nothing.

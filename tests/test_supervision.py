@@ -123,7 +123,7 @@ def test_drain_budget_exceeded_returns_the_job_with_the_attempt_refunded(
 ) -> None:
     m = start_master(workers=2, env={"QUEUE_GRACEFUL_TIMEOUT": "1s"})
     job_id, _ = queue.enqueue(brooq.Job("t.slow", {"seconds": 30}))
-    wait_for(lambda: row(db, job_id)[0] == "processing", what="processing")
+    wait_for(lambda: executions(db, job_id) == 1, what="the handler started")
     sent = time.monotonic()
     m.signal(signal.SIGTERM)
     assert m.wait(timeout=10) == 1
@@ -140,7 +140,7 @@ def test_sigquit_stops_at_once_and_returns_jobs(
 ) -> None:
     m = start_master(workers=1)
     job_id, _ = queue.enqueue(brooq.Job("t.slow", {"seconds": 30}))
-    wait_for(lambda: row(db, job_id)[0] == "processing", what="processing")
+    wait_for(lambda: executions(db, job_id) == 1, what="the handler started")
     m.signal(signal.SIGQUIT)
     assert m.wait(timeout=5) == 1
     assert row(db, job_id)[:2] == ("pending", 0)
