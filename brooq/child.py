@@ -99,8 +99,7 @@ class Child:
         self.stopping = False
         self.master_gone = False
         self.jobs_done = 0
-        self.current: uuid.UUID | None = None
-        self.current_claim: Claim | None = None
+        self.current_claim: Claim | None = None  # the job whose handler runs now
         self.current_started = 0.0
         self.title = ""
         self.batch = 1
@@ -166,9 +165,10 @@ class Child:
             raise AttemptTimeout("attempt_timeout exceeded")
 
     def _on_lease_lost(self, signum: int, frame: object) -> None:
-        if self.in_handler and self.current in self.lost:
+        claim = self.current_claim
+        if self.in_handler and claim is not None and claim.id in self.lost:
             self.in_handler = False
-            raise LeaseLost(f"lease of job {self.current} lost")
+            raise LeaseLost(f"lease of job {claim.id} lost")
 
     # -- the master's pipe (reader thread) -----------------------------------------------
 
@@ -183,7 +183,8 @@ class Child:
                     elif line.startswith(b"lost "):
                         job_id = uuid.UUID(line[5:].decode())
                         self.lost.add(job_id)
-                        if self.current == job_id:
+                        running = self.current_claim
+                        if running is not None and running.id == job_id:
                             signal.pthread_kill(self._main_thread, signal.SIGUSR1)
                 if reader.eof:
                     self._on_master_gone()
@@ -426,7 +427,7 @@ class Child:
         round trip. Returns how long the handler ran."""
         policy = self.policies[claim.topic]
         self.current_started = time.monotonic()
-        self.current, self.current_claim = claim.id, claim
+        self.current_claim = claim
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "event=job_claimed job=%s topic=%s attempt=%d",
@@ -459,7 +460,7 @@ class Child:
             self.tally.observe(metrics.attempt_duration, claim.topic, duration)
             self.tally.observe(metrics.attempt_cpu, claim.topic, cpu)
             self.tally.observe(metrics.attempt_rss, claim.topic, self._peak_rss(duration))
-        self.current, self.current_claim = None, None
+        self.current_claim = None
         self.jobs_done += 1
         if outcome.kind == "done" and not claim.chained and not claim.success_hooks:
             self.unwritten.append(_Finished(claim, duration))  # written with the next claim
