@@ -37,7 +37,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from setproctitle import setproctitle
 
-from brooq import execute, protocol
+from brooq import execute, logs, protocol
 from brooq.board import Board, Running
 from brooq.errors import InvalidPayload
 from brooq.handlers import Handler, Policy
@@ -368,8 +368,9 @@ class Child:
             return []
         self.unwritten = []
         written = {r[1] for r in rows if not r[0]}
-        for f in finished:
-            self._settled(f.claim, "done" if f.claim.id in written else None, f.duration)
+        with logs.batch():  # the round trip's job_done lines in one write
+            for f in finished:
+                self._settled(f.claim, "done" if f.claim.id in written else None, f.duration)
         claimed = sorted((r for r in rows if r[0]), key=lambda r: (r[7], r[1]))
         claims = [
             Claim(

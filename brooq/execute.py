@@ -25,6 +25,9 @@ class Outcome:
     error: str | None = None
 
 
+DONE = Outcome("done")  # the common case, made once (a frozen dataclass is slow to build)
+
+
 def bounded(text: str, limit: int = LAST_ERROR_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 15] + " ... [truncated]"
 
@@ -54,7 +57,7 @@ def find_signal(exc: BaseException) -> BaseException | None:
 def decide(exc: BaseException | None, attempts: int, policy: Policy, draw: float) -> Outcome:
     """The outcome of one attempt. ``draw`` in [0, 1) is the jitter draw."""
     if exc is None:
-        return Outcome("done")
+        return DONE
     signal = find_signal(exc)
     if isinstance(signal, LeaseLost):
         return Outcome("abandon")

@@ -606,6 +606,69 @@ def test_no_timestamps_of_our_own_under_the_journal(
         assert json.loads(journal)["event"] == "job_dead"
 
 
+def test_log_lines_of_a_batch_go_out_in_one_write_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+    import logging
+    import threading
+
+    from brooq import logs
+
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return len(text)
+
+    stream = Writes()
+    monkeypatch.setattr("sys.stderr", stream)
+    logs.setup("kv")
+    log = logging.getLogger("brooq.child")
+    try:
+        log.info("event=before")
+        assert len(stream.writes) == 1  # outside a batch: at once
+        with logs.batch():
+            log.info("event=job_done job=%s", "a")
+            with logs.batch():  # nested: held until the outer block ends
+                log.info("event=job_done job=%s", "b")
+            other = threading.Thread(target=log.info, args=("event=from_another_thread",))
+            other.start()
+            other.join()
+            assert len(stream.writes) == 2  # only the other thread's line went out
+            assert "from_another_thread" in stream.writes[1]
+            log.info("event=job_done job=%s", "c")
+        assert len(stream.writes) == 3
+        batch = stream.writes[2].splitlines()
+        assert [line.rsplit(" ", 1)[-1] for line in batch] == ["job=a", "job=b", "job=c"]
+        assert all(line.startswith("time=") and "level=info" in line for line in batch)
+        log.info("event=after")
+        assert len(stream.writes) == 4
+
+        # An application that configured logging itself keeps its handler's behaviour.
+        own = logging.StreamHandler(stream)
+        logging.getLogger("brooq").handlers[:] = [own]
+        with logs.batch():
+            log.info("event=job_done job=%s", "d")
+            assert len(stream.writes) == 5
+    finally:
+        logging.getLogger("brooq").handlers[:] = []
+
+
+def test_log_timestamps_keep_their_milliseconds_across_seconds() -> None:
+    from datetime import datetime, timezone
+
+    from brooq.logs import _Clock
+
+    clock = _Clock()
+    for t in (1764565508.4289, 1764565508.9999, 1764565508.9999996, 1764565509.0, 1764565509.001):
+        expected = datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+        assert clock.iso(t) == expected
+
+
 # -- the board (shared memory between a child and the master) ----------------------------
 
 
