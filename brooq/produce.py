@@ -27,7 +27,8 @@ AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 _KEY_ROUNDS = 3
 
 
-def _check(job: object, max_payload_bytes: int) -> Job:
+def check_job(job: object, max_payload_bytes: int) -> Job:
+    """``job`` if it can be enqueued, else the error that says why (before any I/O)."""
     if not isinstance(job, Job):
         raise TypeError(f"expected a brooq.Job, not {type(job).__name__}")
     check_payload_size(job.payload_json, max_payload_bytes)
@@ -66,7 +67,11 @@ def enqueue(
     exists; the id is then that job's id. Rollback leaves no job; commit makes it
     visible to workers (and wakes them once per transaction).
     """
-    _check(job, max_payload_bytes)
+    return insert_checked(target, check_job(job, max_payload_bytes))
+
+
+def insert_checked(target: Target, job: Job) -> tuple[uuid.UUID, bool]:
+    """``enqueue`` for a job that check_job has passed."""
     try:
         with _cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
@@ -90,7 +95,7 @@ async def enqueue_async(
     target: AsyncTarget, job: Job, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue`` for a psycopg AsyncConnection or AsyncCursor, in the caller's transaction."""
-    _check(job, max_payload_bytes)
+    check_job(job, max_payload_bytes)
     try:
         async with _async_cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
@@ -120,7 +125,11 @@ def enqueue_many(
     A job whose key already exists (in the table, or earlier in the same batch) comes
     back with the existing id and created=False; those ids cost one more round trip.
     """
-    checked = [_check(job, max_payload_bytes) for job in jobs]
+    return insert_many_checked(target, [check_job(job, max_payload_bytes) for job in jobs])
+
+
+def insert_many_checked(target: Target, checked: list[Job]) -> list[tuple[uuid.UUID, bool]]:
+    """``enqueue_many`` for jobs that check_job has passed."""
     if not checked:
         return []
     ids = uuid7_many(len(checked))

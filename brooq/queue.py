@@ -226,12 +226,11 @@ class Queue:
 
         One statement in autocommit: the INSERT is its own transaction, so no BEGIN and
         no COMMIT round trips (a key conflict costs one more statement, the lookup)."""
-        limit = self._max_payload
-        producer._check(job, limit)
+        checked = producer.check_job(job, self._max_payload)  # bad input fails before I/O
         with self.connection() as conn:
             conn.autocommit = True
             try:
-                return producer.enqueue(conn, job, max_payload_bytes=limit)
+                return producer.insert_checked(conn, checked)
             finally:
                 # The pool hands out transactional connections; a broken one it drops.
                 with contextlib.suppress(psycopg.Error):
@@ -241,10 +240,9 @@ class Queue:
         """Insert many jobs in one transaction (COPY, or one INSERT when keys are given);
         [(id, created), ...] in the order given."""
         limit = self._max_payload
-        for job in jobs:
-            producer._check(job, limit)
+        checked = [producer.check_job(job, limit) for job in jobs]  # before any I/O
         with self.transaction() as conn:
-            return producer.enqueue_many(conn, jobs, max_payload_bytes=limit)
+            return producer.insert_many_checked(conn, checked)
 
     # -- reading and operating -----------------------------------------------------------
 
