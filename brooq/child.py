@@ -368,7 +368,7 @@ class Child:
             return []
         self.unwritten = []
         written = {r[1] for r in rows if not r[0]}
-        with logs.batch():  # the round trip's job_done lines in one write
+        with logs.batch(log):  # the round trip's job_done lines in one write
             for f in finished:
                 self._settled(f.claim, "done" if f.claim.id in written else None, f.duration)
         claimed = sorted((r for r in rows if r[0]), key=lambda r: (r[7], r[1]))
@@ -650,8 +650,13 @@ class Child:
 
 
 def _log_quick(level: int, msg: str, *args: object) -> None:
-    """log.log() without Logger.findCaller: walking the stack for the caller's file and
-    line costs more than a short job, and brooq's log formats do not show them."""
+    """log.log() for the per-job lines: inside logs.batch(log) without a LogRecord when
+    brooq's own handler alone formats them (logs.LineHandler.emit_plain), else without
+    Logger.findCaller (walking the stack for the caller's file and line costs more than
+    a short job, and brooq's log formats do not show them)."""
+    handler = logs.our_handler()
+    if handler is not None and handler.emit_plain(log, level, msg, args):
+        return
     log.handle(log.makeRecord(log.name, level, __file__, 0, msg, args, None))
 
 

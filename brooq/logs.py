@@ -11,8 +11,10 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TextIO
 
@@ -39,46 +41,78 @@ class _Clock:
         return f"{self._head}.{micros // 1000:03d}+00:00"
 
 
-class KeyValueFormatter(logging.Formatter):
+class _LineFormatter(logging.Formatter):
+    """brooq's formatters: a line from (level, logger, pid, time, message), so that a line
+    can also be made without a LogRecord (LineHandler.emit_plain)."""
+
     def __init__(self, timestamps: bool) -> None:
         super().__init__()
         self.timestamps = timestamps
         self._clock = _Clock()
 
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        head = f"level={record.levelname.lower()} logger={record.name} pid={record.process}"
+        exception = self.formatException(record.exc_info) if record.exc_info else ""
+        return self.line(
+            record.levelname,
+            record.name,
+            record.process,
+            record.created,
+            record.getMessage(),
+            exception,
+        )
+
+    def line(
+        self,
+        level: str,
+        logger: str,
+        pid: int | None,
+        created: float,
+        message: str,
+        exception: str = "",
+    ) -> str:
+        raise NotImplementedError
+
+
+class KeyValueFormatter(_LineFormatter):
+    def line(
+        self,
+        level: str,
+        logger: str,
+        pid: int | None,
+        created: float,
+        message: str,
+        exception: str = "",
+    ) -> str:
+        head = f"level={level.lower()} logger={logger} pid={pid}"
         if self.timestamps:
-            head = f"time={self._clock.iso(record.created)} {head}"
+            head = f"time={self._clock.iso(created)} {head}"
         line = f"{head} {message}"
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+        if exception:
+            line += "\n" + exception
         return line
 
 
-class JsonFormatter(logging.Formatter):
-    def __init__(self, timestamps: bool) -> None:
-        super().__init__()
-        self.timestamps = timestamps
-        self._clock = _Clock()
-
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
+class JsonFormatter(_LineFormatter):
+    def line(
+        self,
+        level: str,
+        logger: str,
+        pid: int | None,
+        created: float,
+        message: str,
+        exception: str = "",
+    ) -> str:
         first, _, rest = message.partition("\n")
-        out: dict[str, object] = {
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "pid": record.process,
-        }
+        out: dict[str, object] = {"level": level.lower(), "logger": logger, "pid": pid}
         if self.timestamps:
-            out["time"] = self._clock.iso(record.created)
+            out["time"] = self._clock.iso(created)
         for key, value in _PAIR.findall(first):
             out[key] = value.strip("'\"")
         out["message"] = first
         if rest:
             out["detail"] = rest
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+        if exception:
+            out["exception"] = exception
         return json.dumps(out, ensure_ascii=False)
 
 
@@ -99,42 +133,128 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             return
         try:
             pending.append(self.format(record) + self.terminator)
-            self._local.last = record
         except Exception:
             self.handleError(record)
 
+    def emit_plain(
+        self, logger: logging.Logger, level: int, msg: str, args: tuple[object, ...]
+    ) -> bool:
+        """Hold one line of ``logger`` without building a LogRecord, when that cannot be
+        told apart from logging it: inside ``held(logger)``, with ``logger``'s records
+        going to this handler alone, through no filter, formatted by brooq's formatter.
+        False when the caller must log it the usual way. (A LogRecord and the handler's
+        lock cost more than a no-op job, and a child logs a line for each job.)"""
+        plain: _Plain | None = getattr(self._local, "plain", None)
+        if plain is None or plain.logger is not logger:
+            return False
+        if level < self.level or not logger.isEnabledFor(level):
+            return True  # nothing to log
+        try:
+            message = msg % args if args else msg
+        except Exception:
+            return False  # logging's own path reports the bad format
+        plain.pending.append(
+            plain.formatter.line(
+                logging.getLevelName(level), logger.name, plain.pid, time.time(), message
+            )
+            + self.terminator
+        )
+        return True
+
     @contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self, logger: logging.Logger | None = None) -> Iterator[None]:
+        """Hold this thread's lines until the block ends; with ``logger``, let
+        emit_plain() make that logger's lines when its route allows."""
         if getattr(self._local, "pending", None) is not None:  # already held further up
             yield
             return
         pending: list[str] = []
         self._local.pending = pending
+        formatter = self.formatter
+        if (
+            logger is not None
+            and isinstance(formatter, _LineFormatter)
+            and self._plain_route(logger)
+        ):
+            pid = os.getpid() if logging.logProcesses else None
+            self._local.plain = _Plain(logger, formatter, pending, pid)
         try:
             yield
         finally:
             self._local.pending = None
+            self._local.plain = None
             if pending:
                 self.acquire()
                 try:
                     self.stream.write("".join(pending))
                     self.flush()
                 except Exception:
-                    self.handleError(self._local.last)  # as StreamHandler.emit does
+                    self.handleError(_unwritten(pending))
                 finally:
                     self.release()
 
+    def _plain_route(self, logger: logging.Logger) -> bool:
+        """Whether ``logger``'s records reach this handler alone, unfiltered."""
+        if self.filters:
+            return False
+        current: logging.Logger | None = logger
+        while current is not None:
+            if current.filters:
+                return False
+            if current.handlers:
+                if current.handlers != [self]:
+                    return False
+                return not current.propagate or not _has_handlers(current.parent)
+            if not current.propagate:
+                return False
+            current = current.parent
+        return False
+
+
+def _has_handlers(logger: logging.Logger | None) -> bool:
+    while logger is not None:
+        if logger.handlers:
+            return True
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return False
+
+
+@dataclass
+class _Plain:
+    logger: logging.Logger
+    formatter: _LineFormatter
+    pending: list[str]
+    pid: int | None
+
+
+def _unwritten(pending: list[str]) -> logging.LogRecord:
+    """A record standing for held lines that could not be written, for handleError."""
+    return logging.LogRecord(
+        "brooq", logging.ERROR, __file__, 0, "%d held log lines", (len(pending),), None
+    )
+
 
 @contextmanager
-def batch() -> Iterator[None]:
+def batch(logger: logging.Logger | None = None) -> Iterator[None]:
     """Lines logged through brooq's own handler inside this block are written at its end
-    (by the calling thread); a no-op when the application configured logging itself."""
-    handlers = [h for h in logging.getLogger("brooq").handlers if isinstance(h, LineHandler)]
-    if not handlers:
+    (by the calling thread); a no-op when the application configured logging itself.
+    With ``logger``, emit_plain() may make that logger's lines without LogRecords."""
+    handler = our_handler()
+    if handler is None:
         yield
         return
-    with handlers[0].held():
+    with handler.held(logger):
         yield
+
+
+def our_handler() -> LineHandler | None:
+    """brooq's own handler, when setup() installed it and nobody replaced it."""
+    for handler in logging.getLogger("brooq").handlers:
+        if isinstance(handler, LineHandler):
+            return handler
+    return None
 
 
 def setup(fmt: str = "kv", level: str = "INFO") -> None:

@@ -317,6 +317,31 @@ def test_json_logs(queue: brooq.Queue, db: psycopg.Connection, start_master: Sta
     assert dead["level"] == "error" and dead["job"] == str(job_id)
 
 
+@pytest.mark.parametrize("fmt", ["kv", "json"])
+def test_every_job_done_gets_one_whole_log_line(
+    fmt: str, queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    """The children write their job_done lines per round trip, without LogRecords: each
+    finished job still gets its own complete line, from the child that ran it."""
+    m = start_master(workers=2, args=("--log-format", fmt))
+    kids = set(m.wait_ready(2))
+    ids = [job_id for job_id, _ in queue.enqueue_many([brooq.Job("t.ok") for _ in range(300)])]
+    wait_for(lambda: states(db) == {"done": 300}, what="all done")
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+    lines = [line for line in m.log().splitlines() if "job_done" in line]
+    if fmt == "json":
+        records = [json.loads(line) for line in lines]
+    else:
+        records = [dict(pair.split("=", 1) for pair in line.split(" ")) for line in lines]
+    assert sorted(r["job"] for r in records) == sorted(str(i) for i in ids)
+    for r in records:
+        assert r["event"] == "job_done" and r["level"] == "info"
+        assert r["logger"] == "brooq.child" and int(r["pid"]) in kids
+        assert r["topic"] == "t.ok" and r["attempt"] == "1"
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", r["time"])
+
+
 def test_systemd_units_verify(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     unit = (ROOT / "systemd" / "brooq.service").read_text()

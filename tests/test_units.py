@@ -5,6 +5,7 @@ No database here except one connection attempt to a closed port (the DSN error p
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import string
@@ -656,6 +657,81 @@ def test_log_lines_of_a_batch_go_out_in_one_write_in_order(
             assert len(stream.writes) == 5
     finally:
         logging.getLogger("brooq").handlers[:] = []
+
+
+@pytest.mark.parametrize("fmt", ["kv", "json"])
+def test_per_job_lines_made_without_a_log_record_read_as_logged_ones(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import json
+    import logging
+
+    from brooq import child, logs
+
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    monkeypatch.setenv("JOURNAL_STREAM", "8:1")  # no timestamps: the lines compare whole
+    logs.setup(fmt)
+    handler = logs.our_handler()
+    assert handler is not None
+    made_plain: list[bool] = []
+    real_emit_plain = handler.emit_plain
+
+    def spy(*args: object) -> bool:
+        made_plain.append(real_emit_plain(*args))  # type: ignore[arg-type]
+        return made_plain[-1]
+
+    monkeypatch.setattr(handler, "emit_plain", spy)
+    fmt_args = ("event=job_%s job=%s attempt=%d duration=%.3fs", "done", "j1", 2, 0.0123)
+    try:
+        with logs.batch(child.log):
+            child._log_quick(logging.INFO, *fmt_args)
+            child._log_quick(logging.DEBUG, *fmt_args)  # below the level: nothing
+        assert made_plain == [True, True]
+        child.log.info(*fmt_args)  # the usual way, outside a batch
+        plain, usual = stream.getvalue().splitlines()
+        assert plain == usual
+        if fmt == "json":
+            assert json.loads(plain)["event"] == "job_done"
+
+        # A filter on the way must see every record: then lines take the usual path.
+        stream.truncate(0)
+        stream.seek(0)
+        made_plain.clear()
+        dropper = logging.Filter("nothing.matches")
+        child.log.addFilter(dropper)
+        try:
+            with logs.batch(child.log):
+                child._log_quick(logging.INFO, *fmt_args)
+        finally:
+            child.log.removeFilter(dropper)
+        assert made_plain == [False] and stream.getvalue() == ""
+
+        # Another handler further up would miss the line: the usual path again.
+        root = logging.getLogger()
+        seen = _Collect()
+        logging.getLogger("brooq").propagate = True
+        root.addHandler(seen)
+        made_plain.clear()
+        try:
+            with logs.batch(child.log):
+                child._log_quick(logging.INFO, *fmt_args)
+        finally:
+            root.removeHandler(seen)
+        assert made_plain == [False] and len(seen.records) == 1
+    finally:
+        logging.getLogger("brooq").handlers[:] = []
+        logging.getLogger("brooq").propagate = False
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def test_log_timestamps_keep_their_milliseconds_across_seconds() -> None:
