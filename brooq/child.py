@@ -651,11 +651,10 @@ class Child:
 
 def _log_quick(level: int, msg: str, *args: object) -> None:
     """log.log() for the per-job lines: inside logs.batch(log) without a LogRecord when
-    brooq's own handler alone formats them (logs.LineHandler.emit_plain), else without
+    brooq's own handler alone formats them (logs.emit_plain), else without
     Logger.findCaller (walking the stack for the caller's file and line costs more than
     a short job, and brooq's log formats do not show them)."""
-    handler = logs.our_handler()
-    if handler is not None and handler.emit_plain(log, level, msg, args):
+    if logs.emit_plain(log, level, msg, args):
         return
     log.handle(log.makeRecord(log.name, level, __file__, 0, msg, args, None))
 

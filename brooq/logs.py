@@ -43,7 +43,7 @@ class _Clock:
 
 class _LineFormatter(logging.Formatter):
     """brooq's formatters: a line from (level, logger, pid, time, message), so that a line
-    can also be made without a LogRecord (LineHandler.emit_plain)."""
+    can also be made without a LogRecord (emit_plain)."""
 
     def __init__(self, timestamps: bool) -> None:
         super().__init__()
@@ -136,31 +136,6 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:
             self.handleError(record)
 
-    def emit_plain(
-        self, logger: logging.Logger, level: int, msg: str, args: tuple[object, ...]
-    ) -> bool:
-        """Hold one line of ``logger`` without building a LogRecord, when that cannot be
-        told apart from logging it: inside ``held(logger)``, with ``logger``'s records
-        going to this handler alone, through no filter, formatted by brooq's formatter.
-        False when the caller must log it the usual way. (A LogRecord and the handler's
-        lock cost more than a no-op job, and a child logs a line for each job.)"""
-        plain: _Plain | None = getattr(self._local, "plain", None)
-        if plain is None or plain.logger is not logger:
-            return False
-        if level < self.level or not logger.isEnabledFor(level):
-            return True  # nothing to log
-        try:
-            message = msg % args if args else msg
-        except Exception:
-            return False  # logging's own path reports the bad format
-        plain.pending.append(
-            plain.formatter.line(
-                logging.getLevelName(level), logger.name, plain.pid, time.time(), message
-            )
-            + self.terminator
-        )
-        return True
-
     @contextmanager
     def held(self, logger: logging.Logger | None = None) -> Iterator[None]:
         """Hold this thread's lines until the block ends; with ``logger``, let
@@ -177,12 +152,12 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             and self._plain_route(logger)
         ):
             pid = os.getpid() if logging.logProcesses else None
-            self._local.plain = _Plain(logger, formatter, pending, pid)
+            _plain.current = _Plain(self, logger, formatter, pending, pid)
         try:
             yield
         finally:
             self._local.pending = None
-            self._local.plain = None
+            _plain.current = None
             if pending:
                 self.acquire()
                 try:
@@ -223,10 +198,44 @@ def _has_handlers(logger: logging.Logger | None) -> bool:
 
 @dataclass
 class _Plain:
+    """The logger whose lines a held LineHandler may make without LogRecords."""
+
+    handler: LineHandler
     logger: logging.Logger
     formatter: _LineFormatter
     pending: list[str]
     pid: int | None
+
+    def emit(self, level: int, msg: str, args: tuple[object, ...]) -> bool:
+        if level < self.handler.level or not self.logger.isEnabledFor(level):
+            return True  # nothing to log
+        try:
+            message = msg % args if args else msg
+        except Exception:
+            return False  # logging's own path reports the bad format
+        self.pending.append(
+            self.formatter.line(
+                logging.getLevelName(level), self.logger.name, self.pid, time.time(), message
+            )
+            + self.handler.terminator
+        )
+        return True
+
+
+# The held logger of this thread, if any (one at a time per thread).
+_plain = threading.local()
+
+
+def emit_plain(logger: logging.Logger, level: int, msg: str, args: tuple[object, ...]) -> bool:
+    """Hold one line of ``logger`` without building a LogRecord, when that cannot be told
+    apart from logging it: inside ``batch(logger)``, with ``logger``'s records going to
+    brooq's handler alone, through no filter, formatted by brooq's formatter. False when
+    the caller must log it the usual way. (A LogRecord and the handler's lock cost more
+    than a no-op job, and a child logs a line for each job.)"""
+    plain: _Plain | None = getattr(_plain, "current", None)
+    if plain is None or plain.logger is not logger:
+        return False
+    return plain.emit(level, msg, args)
 
 
 def _unwritten(pending: list[str]) -> logging.LogRecord:
@@ -241,7 +250,7 @@ def batch(logger: logging.Logger | None = None) -> Iterator[None]:
     """Lines logged through brooq's own handler inside this block are written at its end
     (by the calling thread); a no-op when the application configured logging itself.
     With ``logger``, emit_plain() may make that logger's lines without LogRecords."""
-    handler = our_handler()
+    handler = _our_handler()
     if handler is None:
         yield
         return
@@ -249,7 +258,7 @@ def batch(logger: logging.Logger | None = None) -> Iterator[None]:
         yield
 
 
-def our_handler() -> LineHandler | None:
+def _our_handler() -> LineHandler | None:
     """brooq's own handler, when setup() installed it and nobody replaced it."""
     for handler in logging.getLogger("brooq").handlers:
         if isinstance(handler, LineHandler):
