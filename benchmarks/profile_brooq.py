@@ -1,6 +1,6 @@
 """Where a no-op job's time goes in brooq: a profile of the drain path, from outside.
 
-    python benchmarks/profile_brooq.py [--dsn DSN] [--jobs 20000] [--out DIR]
+    python benchmarks/profile_brooq.py [--dsn DSN] [--jobs 200000] [--out DIR]
 
 1. A master with 2 children drains N ready no-op jobs. While it runs: py-spy samples one
    child and the master (idle frames included, so waiting on PostgreSQL shows up);
@@ -399,7 +399,9 @@ def drain_rate(dsn: str, n: int, extra: list[str], analyze: bool) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dsn")
-    ap.add_argument("--jobs", type=int, default=20_000)
+    # Enough that the drain outlasts the sampling window at ~25,000 jobs/s: the shares of
+    # the py-spy tables are then of a busy child, not of one that finished early.
+    ap.add_argument("--jobs", type=int, default=200_000)
     ap.add_argument("--out", default=str(BENCH_DIR / "results"))
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each A/B drain")
     ap.add_argument("--ab-jobs", type=int, default=10_000, help="jobs in each A/B drain")
