@@ -44,7 +44,7 @@ migrate-up: $(STAMP)
 run: $(STAMP)
 	@$(PY) -m brooq.devdb run -- $(PY) examples/run_demo.py
 
-## make bench: brooq and its peers on the same PostgreSQL (~30 min); BENCH_ARGS=--quick
+## make bench: brooq and its peers on the same PostgreSQL (~20 min); BENCH_ARGS=--quick
 ## for a short run. The peers live in their own virtualenv, $(BENCH_VENV).
 BENCH_VENV  ?= .bench-venv
 BENCH_STAMP := $(BENCH_VENV)/.installed
