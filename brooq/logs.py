@@ -26,8 +26,9 @@ class _Clock:
     second: a child finishing thousands of short jobs a second logs a line for each."""
 
     def __init__(self) -> None:
-        self._second = -1
-        self._head = ""
+        # (second, its text), replaced as one object: threads that log at once each
+        # read a pair that belongs together.
+        self._cached: tuple[int, str] = (-1, "")
 
     def iso(self, created: float) -> str:
         # Rounded to the microsecond first, as datetime.fromtimestamp does.
@@ -35,10 +36,11 @@ class _Clock:
         micros = round((created - second) * 1_000_000)
         if micros >= 1_000_000:
             second, micros = second + 1, micros - 1_000_000
-        if second != self._second:
-            self._head = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-            self._second = second
-        return f"{self._head}.{micros // 1000:03d}+00:00"
+        cached = self._cached
+        if cached[0] != second:
+            text = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+            cached = self._cached = (second, text)
+        return f"{cached[1]}.{micros // 1000:03d}+00:00"
 
 
 class _LineFormatter(logging.Formatter):

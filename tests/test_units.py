@@ -738,7 +738,9 @@ def test_log_timestamps_keep_their_milliseconds_across_seconds() -> None:
     from brooq.logs import _Clock
 
     clock = _Clock()
-    for t in (1764565508.4289, 1764565508.9999, 1764565508.9999996, 1764565509.0, 1764565509.001):
+    # Across a second, rounding into the next one, and back (threads log out of order).
+    times = (1764565508.4289, 1764565508.9999, 1764565508.9999996, 1764565509.001, 1764565508.5)
+    for t in times:
         expected = datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
         assert clock.iso(t) == expected
 
