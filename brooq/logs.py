@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 _PAIR = re.compile(r"(\w+)=('[^']*'|\"[^\"]*\"|\S+)")
 
@@ -43,9 +43,20 @@ class _Clock:
         return f"{cached[1]}.{micros // 1000:03d}+00:00"
 
 
+class Event(NamedTuple):
+    """What one line says: all a LogRecord carries that brooq's formats show."""
+
+    level: str
+    logger: str
+    pid: int | None
+    created: float
+    message: str
+    exception: str = ""
+
+
 class _LineFormatter(logging.Formatter):
-    """brooq's formatters: a line from (level, logger, pid, time, message), so that a line
-    can also be made without a LogRecord (emit_plain)."""
+    """brooq's formatters: a line from an Event, so that a line can also be made without
+    a LogRecord (emit_plain)."""
 
     def __init__(self, timestamps: bool) -> None:
         super().__init__()
@@ -55,66 +66,48 @@ class _LineFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         exception = self.formatException(record.exc_info) if record.exc_info else ""
         return self.line(
-            record.levelname,
-            record.name,
-            record.process,
-            record.created,
-            record.getMessage(),
-            exception,
+            Event(
+                record.levelname,
+                record.name,
+                record.process,
+                record.created,
+                record.getMessage(),
+                exception,
+            )
         )
 
-    def line(
-        self,
-        level: str,
-        logger: str,
-        pid: int | None,
-        created: float,
-        message: str,
-        exception: str = "",
-    ) -> str:
+    def line(self, event: Event) -> str:
         raise NotImplementedError
 
 
 class KeyValueFormatter(_LineFormatter):
-    def line(
-        self,
-        level: str,
-        logger: str,
-        pid: int | None,
-        created: float,
-        message: str,
-        exception: str = "",
-    ) -> str:
-        head = f"level={level.lower()} logger={logger} pid={pid}"
+    def line(self, event: Event) -> str:
+        head = f"level={event.level.lower()} logger={event.logger} pid={event.pid}"
         if self.timestamps:
-            head = f"time={self._clock.iso(created)} {head}"
-        line = f"{head} {message}"
-        if exception:
-            line += "\n" + exception
+            head = f"time={self._clock.iso(event.created)} {head}"
+        line = f"{head} {event.message}"
+        if event.exception:
+            line += "\n" + event.exception
         return line
 
 
 class JsonFormatter(_LineFormatter):
-    def line(
-        self,
-        level: str,
-        logger: str,
-        pid: int | None,
-        created: float,
-        message: str,
-        exception: str = "",
-    ) -> str:
-        first, _, rest = message.partition("\n")
-        out: dict[str, object] = {"level": level.lower(), "logger": logger, "pid": pid}
+    def line(self, event: Event) -> str:
+        first, _, rest = event.message.partition("\n")
+        out: dict[str, object] = {
+            "level": event.level.lower(),
+            "logger": event.logger,
+            "pid": event.pid,
+        }
         if self.timestamps:
-            out["time"] = self._clock.iso(created)
+            out["time"] = self._clock.iso(event.created)
         for key, value in _PAIR.findall(first):
             out[key] = value.strip("'\"")
         out["message"] = first
         if rest:
             out["detail"] = rest
-        if exception:
-            out["exception"] = exception
+        if event.exception:
+            out["exception"] = event.exception
         return json.dumps(out, ensure_ascii=False)
 
 
@@ -215,12 +208,8 @@ class _Plain:
             message = msg % args if args else msg
         except Exception:
             return False  # logging's own path reports the bad format
-        self.pending.append(
-            self.formatter.line(
-                logging.getLevelName(level), self.logger.name, self.pid, time.time(), message
-            )
-            + self.handler.terminator
-        )
+        event = Event(logging.getLevelName(level), self.logger.name, self.pid, time.time(), message)
+        self.pending.append(self.formatter.line(event) + self.handler.terminator)
         return True
 
 
