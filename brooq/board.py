@@ -28,6 +28,10 @@ _BODY = struct.Struct("<16sddIH128s")
 SIZE = mmap.PAGESIZE
 _NO_JOB = bytes(16)
 _READ_TRIES = 1000
+# A flag of its own (one aligned byte, written in one store): the child runs the
+# application's on_success hooks, application code outside the handler that the stall
+# rule of brooq.watchdog must leave alone.
+_HOOKS_AT = 512
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,9 @@ class Board:
     def clear(self) -> None:
         self._write(_NO_JOB, 0.0, 0.0, 0, 0, b"")
 
+    def hooks_running(self, running: bool) -> None:
+        self._mem[_HOOKS_AT] = 1 if running else 0
+
     def _write(self, *body: object) -> None:
         self._seq += 1
         _SEQ.pack_into(self._mem, 0, self._seq)  # odd: being written
@@ -93,6 +100,9 @@ class Board:
             started=float(started),  # type: ignore[arg-type]
             max_execution_timeout=float(max_exec),  # type: ignore[arg-type]
         )
+
+    def in_hooks(self) -> bool:
+        return self._mem[_HOOKS_AT] == 1
 
     def close(self) -> None:
         self._mem.close()

@@ -296,9 +296,9 @@ class Child:
         return EXIT_OK
 
     def _finish_up(self) -> None:
-        """Before exiting: give back what was not started, write what finished."""
-        if self.master_gone:
-            return
+        """Before exiting: give back what was not started, write what finished. Also when
+        the master is gone: the database may well be up, and a finished job whose `done`
+        is not written runs again once its lease expires."""
         try:
             unstarted = [i for i in self.held if i not in {f.claim.id for f in self.unwritten}]
             if unstarted:
@@ -555,8 +555,12 @@ class Child:
                     )
                     if claim.success_hooks:
                         conn.execute(Q.session_planner_defaults)
-                    for hook in claim.success_hooks:
-                        hook(conn)
+                        self.board.hooks_running(True)  # the stall rule leaves us alone
+                        try:
+                            for hook in claim.success_hooks:
+                                hook(conn)
+                        finally:
+                            self.board.hooks_running(False)
                 return "done", outcome
             except _NotOurs:
                 return None, outcome

@@ -35,9 +35,16 @@ def renew_leases(
     return {r[0] for r in rows}
 
 
-def reap_expired(conn: psycopg.Connection[Any]) -> Counter[str]:
-    """Return expired leases to pending; counts by topic."""
-    return Counter(topic for _, topic in conn.execute(Q.job_reap_expired).fetchall())
+def reap_expired(
+    conn: psycopg.Connection[Any], max_expiries: int
+) -> tuple[Counter[str], list[tuple[uuid.UUID, str, int]]]:
+    """Return expired leases to pending, attempt refunded: counts by topic of the jobs
+    returned, and (id, topic, expiries) of those whose expiries reached ``max_expiries``
+    and are dead instead."""
+    rows = conn.execute(Q.job_reap_expired, {"max_expiries": max_expiries}).fetchall()
+    returned = Counter(topic for _, topic, state, _ in rows if state == "pending")
+    dead = [(job_id, topic, n) for job_id, topic, state, n in rows if state == "dead"]
+    return returned, dead
 
 
 def delete_expired(
@@ -92,6 +99,16 @@ def settle_dead_worker(
             if row is not None:
                 failed.append((job_id, topic, str(row[0])))
     return failed, release_held(conn, [worker])
+
+
+def release_ids(
+    conn: psycopg.Connection[Any], ids: Sequence[uuid.UUID], worker: str
+) -> list[uuid.UUID]:
+    """Give back, attempt refunded, these jobs if ``worker`` still holds them."""
+    if not ids:
+        return []
+    rows = conn.execute(Q.job_release_ids, {"ids": list(ids), "worker": worker}).fetchall()
+    return [r[0] for r in rows]
 
 
 def release_held(

@@ -36,15 +36,15 @@ from brooq.handlers import Policy
 from brooq.job import parse_job_id
 from brooq.ops import OpsHooks, OpsServer
 from brooq.queue import Queue
+from brooq.respawn import STABLE_AFTER, CrashStreak
 from brooq.sdnotify import Notifier
 from brooq.settings import Settings
 from brooq.sql import Q
-from brooq.watchdog import BusyChild, decide
+from brooq.watchdog import BusyChild, HoldingChild, decide, decide_stalled
 
 log = logging.getLogger("brooq.master")
 
 EXIT_FATAL = 3
-BOOT_FAILURES_FATAL = 5
 WATCHDOG_TICK = 0.1
 # Maintenance statements never hold the loop for long: row locks are skipped (SKIP
 # LOCKED) and a table lock (DDL without CONCURRENTLY) is waited for at most this long.
@@ -71,6 +71,9 @@ class ChildProc:
     stack_requested_at: float | None = None
     lease_lost_at: float | None = None
     fds: list[int] = field(default_factory=list)
+    # Last visible progress (a job started or ended, a new held list): the stall rule.
+    progress_at: float = 0.0
+    gave_back_for: uuid.UUID | None = None  # the long job whose batchmates went back
 
 
 class Master:
@@ -99,7 +102,7 @@ class Master:
         self.stopping = False
         self.drain_deadline = 0.0
         self.released = 0
-        self.boot_failures = 0
+        self.crashes = CrashStreak()  # children dying outside any job (brooq.respawn)
         self.fatal: str | None = None
         # (identity, the job it was running, cause) of children that died holding jobs
         self.pending_failures: list[tuple[str, uuid.UUID | None, str]] = []
@@ -215,6 +218,8 @@ class Master:
         # A child holding jobs may start one at any moment without telling: keep looking.
         if any(c.held or c.job for c in self.children.values()) or self.stopping:
             nearest = min(nearest, now + WATCHDOG_TICK)
+        if self.crashes.count and len(self._current()) < self.target:
+            nearest = min(nearest, max(self.crashes.fork_at(), now))  # a delayed fork
         return max(0.0, min(nearest - now, 1.0))
 
     def _finish(self) -> int:
@@ -303,8 +308,12 @@ class Master:
         if self.stopping or self.fatal:
             return
         current = self._current()
-        for _ in range(self.target - len(current)):
-            self._spawn()
+        now = time.monotonic()
+        if self.crashes.count and any(now - c.born >= STABLE_AFTER for c in current):
+            self.crashes.healthy()
+        if now >= self.crashes.fork_at():  # after deaths outside a job: backoff
+            for _ in range(self.target - len(current)):
+                self._spawn()
         if len(current) > self.target:
             extra = sorted(current, key=lambda c: (c.job is not None, -c.born))
             for c in extra[: len(current) - self.target]:
@@ -365,6 +374,7 @@ class Master:
             born=time.monotonic(),
             board=board,
             fds=[c2m_r, m2c_w],
+            progress_at=time.monotonic(),
         )
         log.debug("event=child_spawned pid=%d worker=%s", pid, identity)
 
@@ -403,9 +413,12 @@ class Master:
                 continue
             if "held" in msg:
                 c.held = [uuid.UUID(h) for h in msg["held"]]
+                c.progress_at = now
+                if c.job is None:
+                    c.stack_requested_at = None  # a stall's stack request is moot now
             elif "ready" in msg:
                 c.ready = True
-                self.boot_failures = 0
+                c.progress_at = now
             elif "retire" in msg:
                 c.retiring = str(msg["retire"])
                 log.info("event=child_retiring pid=%d reason=%s", c.pid, c.retiring)
@@ -413,12 +426,16 @@ class Master:
     def _read_boards(self) -> None:
         """What each child runs now. A new job (or none) clears the watchdog's notes
         about the previous one."""
+        now = time.monotonic()
         for c in self.children.values():
             running = c.board.read()
             if running != c.job:
                 c.lease_lost_at = None
                 c.stack_requested_at = None
                 c.job = running
+                c.progress_at = now
+                if running is not None and self.crashes.count:
+                    self.crashes.healthy()  # children get as far as running jobs
 
     def _wake_idle(self) -> None:
         # Every child not running a handler right now: one that has just found nothing to
@@ -463,7 +480,9 @@ class Master:
                 f"killed: max_execution_timeout {c.job.max_execution_timeout:g}s "
                 f"exceeded (ran {time.monotonic() - c.job.started:.1f}s){c.kill_detail}"
             )
-        elif c.kill_reason in ("drain_timeout", "fatal"):
+        elif c.kill_reason in ("drain_timeout", "fatal", "stalled"):
+            # A stalled child ran none of what it held (or finished them unwritten):
+            # everything goes back with the attempt refunded.
             self.pending_releases.append(c.identity)
         elif c.kill_reason == "lease_lost":
             # The running job is no longer ours; give back what else it held (a batch).
@@ -486,13 +505,22 @@ class Master:
             c.kill_reason or c.retiring or ("crash" if code else "exit"),
             c.job.id if c.job else "-",
         )
-        if not c.ready and not self.stopping and c.kill_reason is None:
-            self._on_boot_failure(c, code)
+        asked_to_stop = c.retiring is not None and code in (0, -signal.SIGTERM)
+        if (
+            c.job is None
+            and c.kill_reason is None
+            and not self.stopping
+            and not asked_to_stop
+            and (code != 0 or not c.ready)
+        ):
+            self._on_death_outside_job(c, code)
         with contextlib.suppress(OSError):
             os.unlink(c.stack_file)
         self._flush_accounting()
 
-    def _on_boot_failure(self, c: ChildProc, code: int) -> None:
+    def _on_death_outside_job(self, c: ChildProc, code: int) -> None:
+        """A child died before it was ready, or crashed outside any job: a streak of these
+        delays each fork and ends the master (brooq.respawn)."""
         if c.generation != self.generation:
             return  # a generation given up already (a failed reload)
         if (
@@ -509,13 +537,19 @@ class Master:
             self.generation = self.reload_from
             self.reload_from = None
             return
-        self.boot_failures += 1
+        self.crashes.died(time.monotonic())
         if code == child_mod.EXIT_APP_LOAD_ERROR:
             self.fatal = "children cannot load the application"
-        elif self.boot_failures >= BOOT_FAILURES_FATAL:
+        elif self.crashes.fatal:
             self.fatal = (
-                f"{self.boot_failures} children in a row died before becoming ready; "
-                "not respawning forever"
+                f"{self.crashes.count} children in a row died before becoming ready or "
+                "before running a job; not respawning forever"
+            )
+        else:
+            log.warning(
+                "event=respawn_delayed delay=%.1fs deaths_in_a_row=%d",
+                self.crashes.delay(),
+                self.crashes.count,
             )
 
     def _kill_all(self, reason: str) -> None:
@@ -540,7 +574,9 @@ class Master:
             for c in self.children.values()
             if c.job is not None and c.kill_reason is None
         ]
-        for d in decide(busy, now, self.settings.effective_watchdog_grace):
+        decisions = decide(busy, now, self.settings.effective_watchdog_grace)
+        decisions += decide_stalled(self._holding(now), now, self.settings.lease)
+        for d in decisions:
             c = self.children[d.pid]
             if d.action == "dump_stack":
                 c.stack_requested_at = now
@@ -548,6 +584,9 @@ class Master:
                     os.kill(c.pid, signal.SIGUSR2)
                 continue
             c.kill_reason = d.reason
+            if d.reason == "stalled":
+                self._kill_stalled(c, now)
+                continue
             if self.metrics is not None:
                 self.metrics.killed.labels(
                     "max_execution_timeout" if d.reason == "max_execution_timeout" else "hung"
@@ -577,6 +616,69 @@ class Master:
                     stack,
                 )
             _killpg(c.pid)
+        self._give_back_batchmates(now)
+
+    def _holding(self, now: float) -> list[HoldingChild]:
+        """Children holding jobs outside any handler, for the stall rule. While the master
+        cannot reach the database either, nobody is stalled: it is an outage, and the
+        clock starts again when the database is back."""
+        holding = []
+        for c in self.children.values():
+            if not c.held or c.job is not None or c.kill_reason is not None:
+                continue
+            if not self.db_ok or c.board.in_hooks():  # an outage; the application's hooks
+                c.progress_at = now
+                continue
+            holding.append(HoldingChild(c.pid, c.progress_at, c.stack_requested_at))
+        return holding
+
+    def _kill_stalled(self, c: ChildProc, now: float) -> None:
+        if self.metrics is not None:
+            self.metrics.killed.labels("stalled").inc()
+        stack = _read_stack(c.stack_file)
+        log.error(
+            "event=child_killed pid=%d worker=%s reason=stalled held=%d idle=%.1fs: it held "
+            "jobs outside any handler for longer than the lease; they go back with the "
+            "attempt refunded\n%s",
+            c.pid,
+            c.identity,
+            len(c.held),
+            now - c.progress_at,
+            stack,
+        )
+        _killpg(c.pid)
+
+    def _give_back_batchmates(self, now: float) -> None:
+        """A job running for LONG_JOB gives back the jobs claimed after it in its batch
+        now, not when it returns, so that other children run them meanwhile. The child
+        gives them back again when the job returns; the guard makes that a no-op."""
+        for c in self.children.values():
+            job = c.job
+            if job is None or c.kill_reason is not None or c.gave_back_for == job.id:
+                continue
+            if now - job.started < child_mod.LONG_JOB or job.id not in c.held:
+                continue
+            rest = c.held[c.held.index(job.id) + 1 :]
+            c.gave_back_for = job.id
+            if not rest:
+                continue
+            released = self._with_db(
+                "give_back",
+                lambda conn, rest=rest, worker=c.identity: maintenance.release_ids(
+                    conn, rest, worker
+                ),
+            )
+            if released is None:
+                continue
+            gone = set(rest)  # not ours any more either way: never renew or report them
+            c.held = [i for i in c.held if i not in gone]
+            log.info(
+                "event=batch_given_back pid=%d job=%s count=%d: running for more than %gs",
+                c.pid,
+                job.id,
+                len(released),
+                child_mod.LONG_JOB,
+            )
 
     # -- database ------------------------------------------------------------------------
 
@@ -721,7 +823,21 @@ class Master:
             self._renew(now)
         if now >= self.due["reap"]:
             self.due["reap"] = now + s.effective_reaper_period
-            reaped = self._with_db("reaper", maintenance.reap_expired)
+            result = self._with_db(
+                "reaper",
+                lambda conn: maintenance.reap_expired(conn, s.max_lease_expiries),
+            )
+            reaped, dead = result if result is not None else (None, [])
+            for job_id, topic, expiries in dead:
+                if self.metrics is not None:
+                    self.metrics.outcomes.labels(topic, "dead").inc()
+                log.error(
+                    "event=job_dead job=%s topic=%s reason=lease_expired expiries=%d: the "
+                    "workers running it vanished that many times",
+                    job_id,
+                    topic,
+                    expiries,
+                )
             if reaped:
                 if self.metrics is not None:
                     for topic, n in reaped.items():

@@ -28,6 +28,8 @@ class Settings:
     backoff_base: float = 1.0
     backoff_max: float = 60.0
     max_attempts: int = 5
+    # Expired leases (a worker vanished with the job) before the reaper makes a job dead.
+    max_lease_expiries: int = 5
     reaper_period: float = 0.0  # 0: max(5s, lease/4)
     retention_ttl: float = 30 * 86400.0  # 0: retention disabled
     retention_batch: int = 1000
@@ -78,6 +80,7 @@ _DURATIONS = {
 _INTEGERS = {
     "workers",
     "max_attempts",
+    "max_lease_expiries",
     "retention_batch",
     "max_payload_bytes",
     "max_jobs_per_child",
@@ -95,6 +98,7 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_BACKOFF_BASE": "backoff_base",
     "QUEUE_BACKOFF_MAX": "backoff_max",
     "QUEUE_MAX_ATTEMPTS": "max_attempts",
+    "QUEUE_MAX_LEASE_EXPIRIES": "max_lease_expiries",
     "QUEUE_REAPER_PERIOD": "reaper_period",
     "QUEUE_RETENTION_TTL": "retention_ttl",
     "QUEUE_RETENTION_BATCH": "retention_batch",
@@ -142,6 +146,7 @@ def validate(settings: Settings) -> list[str]:
     for name in (
         "workers",
         "max_attempts",
+        "max_lease_expiries",
         "retention_batch",
         "max_payload_bytes",
         "claim_batch_max",

@@ -1,9 +1,15 @@
-"""What the master must do about its busy children, decided without side effects.
+"""What the master must do about its children, decided without side effects.
 
-Two limits: a job running past its max_execution_timeout is killed (hard timeout), and
-a child told its lease was lost that is still busy after the watchdog grace is killed
-as hung. A kill is two steps, like gunicorn's: first ask for the stack (SIGUSR2, the
-child's faulthandler writes it), then SIGKILL the process group on a later pass.
+Three limits: a job running past its max_execution_timeout is killed (hard timeout); a
+child told its lease was lost that is still busy after the watchdog grace is killed as
+hung; and a child that holds claimed jobs outside any handler (between jobs, in a round
+trip to the database, in an on_success hook) and makes no progress for longer than the
+lease is killed as stalled, so that its jobs go back instead of being renewed for ever. A
+kill is two steps, like gunicorn's: first ask for the stack (SIGUSR2, the child's
+faulthandler writes it), then SIGKILL the process group on a later pass.
+
+Progress is anything the master can see a child do: a job starting or ending on its
+board, or a new list of held jobs on its pipe.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Literal
 STACK_GRACE = 0.2
 
 Action = Literal["dump_stack", "kill"]
+Reason = Literal["max_execution_timeout", "lease_lost", "stalled"]
 
 
 @dataclass(frozen=True)
@@ -27,24 +34,48 @@ class BusyChild:
 
 
 @dataclass(frozen=True)
+class HoldingChild:
+    """A child that holds claimed jobs and runs no handler right now."""
+
+    pid: int
+    progress_at: float  # monotonic time of its last visible progress
+    stack_requested_at: float | None
+
+
+@dataclass(frozen=True)
 class Decision:
     pid: int
     action: Action
-    reason: str  # "max_execution_timeout" | "lease_lost"
+    reason: Reason
 
 
 def decide(children: list[BusyChild], now: float, grace: float) -> list[Decision]:
     decisions = []
     for c in children:
-        reason: str | None = None
+        reason: Reason | None = None
         if now - c.started >= c.max_execution_timeout:
             reason = "max_execution_timeout"
         elif c.lease_lost_at is not None and now - c.lease_lost_at >= grace:
             reason = "lease_lost"
-        if reason is None:
-            continue
-        if c.stack_requested_at is None:
-            decisions.append(Decision(c.pid, "dump_stack", reason))
-        elif now - c.stack_requested_at >= STACK_GRACE:
-            decisions.append(Decision(c.pid, "kill", reason))
+        if reason is not None:
+            decisions.extend(_two_steps(c.pid, reason, c.stack_requested_at, now))
     return decisions
+
+
+def decide_stalled(children: list[HoldingChild], now: float, limit: float) -> list[Decision]:
+    """Children holding jobs with no progress for ``limit`` seconds (the lease)."""
+    decisions = []
+    for c in children:
+        if now - c.progress_at >= limit:
+            decisions.extend(_two_steps(c.pid, "stalled", c.stack_requested_at, now))
+    return decisions
+
+
+def _two_steps(
+    pid: int, reason: Reason, stack_requested_at: float | None, now: float
+) -> list[Decision]:
+    if stack_requested_at is None:
+        return [Decision(pid, "dump_stack", reason)]
+    if now - stack_requested_at >= STACK_GRACE:
+        return [Decision(pid, "kill", reason)]
+    return []

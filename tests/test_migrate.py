@@ -80,6 +80,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "idempotency_key",
         "created_at",
         "updated_at",
+        "lease_expiries",
     ]
     nullable = {c[0] for c in columns if c[2] == "YES"}
     assert nullable == {"locked_by", "locked_until", "last_error", "idempotency_key"}
@@ -173,5 +174,32 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0002_lease_expiries\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and "reverted 0001_job" in out.stdout
     assert brooq_objects(empty_dsn) == []
+
+
+def test_lease_expiries_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0002 adds a column to a table that holds jobs; its down step gives back exactly the
+    table 0001 made, rows included."""
+
+    def shape() -> list[tuple[str, str]]:
+        with psycopg.connect(empty_dsn) as conn:
+            return conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_name = 'job' ORDER BY ordinal_position"
+            ).fetchall()
+
+    migrate.up(empty_dsn, 1)
+    before = shape()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 100)")
+    assert [m.name for m in migrate.up(empty_dsn)] == ["lease_expiries"]
+    with psycopg.connect(empty_dsn) as conn:
+        row = conn.execute("SELECT count(*), sum(lease_expiries) FROM job").fetchone()
+    assert row == (100, 0)
+    assert [m.name for m in migrate.down(empty_dsn)] == ["lease_expiries"]
+    assert shape() == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (100,)

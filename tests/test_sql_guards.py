@@ -147,7 +147,8 @@ def expire(db: Conn, *job_ids: uuid.UUID) -> None:
 
 
 def reap(conn: Conn) -> set[uuid.UUID]:
-    return {uuid.UUID(str(r["id"])) for r in conn.execute(Q.job_reap_expired).fetchall()}
+    rows = conn.execute(Q.job_reap_expired, {"max_expiries": 1000}).fetchall()
+    return {uuid.UUID(str(r["id"])) for r in rows}
 
 
 def renew(conn: Conn, held: list[tuple[uuid.UUID, str]], lease: float = LEASE) -> set[uuid.UUID]:
@@ -345,12 +346,12 @@ def test_a_stale_holder_loses(connect: Callable[..., Conn], db: Conn) -> None:
     row = get(db, job_id)
     assert (row["state"], row["attempts"], row["locked_by"], row["locked_until"]) == (
         "pending",
-        1,  # the reaper spends nothing: a lost lease is a crash, not a failure
+        0,  # the claim's attempt is refunded: a lost lease is a crash, not a failure
         None,
         None,
     )
     assert claim_one(b, "B") == job_id
-    assert get(db, job_id)["attempts"] == 2
+    assert get(db, job_id)["attempts"] == 1
     # A comes back: every write it tries matches no row.
     assert set_done(a, job_id, "A") == 0
     assert set_failed(a, job_id, "A") is None
@@ -566,15 +567,43 @@ def test_reaper_returns_only_expired_processing_rows(db: Conn) -> None:
     row = get(db, expired)
     assert (row["state"], row["attempts"], row["locked_by"], row["locked_until"]) == (
         "pending",
-        1,
+        0,  # refunded
         None,
         None,
     )
+    assert row["lease_expiries"] == 1
     assert row["available_at"] <= db.execute("SELECT now() AS t").fetchone()["t"]  # type: ignore[index]
     for job_id, before in finished.items():
         assert get(db, job_id) == before
     assert get(db, live) == before_live and get(db, pending) == before_pending
     assert reap(db) == set()
+
+
+def test_expired_leases_refund_the_attempt_until_the_bound_makes_the_job_dead(db: Conn) -> None:
+    """A job whose workers vanish with it never nears dead through max_attempts (a job
+    claimed by a lost host, reaped, then failing once with max_attempts=2 is failed, not
+    dead); its lease expiries are what bound it: the third of max_expiries=3 is dead."""
+    job_id = insert(db)
+    for expiries in (1, 2):
+        assert claim_one(db, "A") == job_id
+        expire(db, job_id)
+        rows = db.execute(Q.job_reap_expired, {"max_expiries": 3}).fetchall()
+        assert [(r["id"], r["state"], r["lease_expiries"]) for r in rows] == [
+            (job_id, "pending", expiries)
+        ]
+        assert get(db, job_id)["attempts"] == 0
+    assert claim_one(db, "A") == job_id
+    assert set_failed(db, job_id, "A", max_attempts=2) == "failed"  # the first real failure
+    db.execute("UPDATE job SET available_at = now() WHERE id = %s", (job_id,))
+    assert claim_one(db, "A") == job_id
+    expire(db, job_id)
+    rows = db.execute(Q.job_reap_expired, {"max_expiries": 3}).fetchall()
+    assert [(r["state"], r["lease_expiries"]) for r in rows] == [("dead", 3)]
+    row = get(db, job_id)
+    assert (row["state"], row["attempts"], row["locked_by"]) == ("dead", 2, None)
+    assert row["last_error"] == (
+        "lease expired 3 times: the workers running it vanished (host lost or frozen?)"
+    )
 
 
 def test_two_reapers_at_once_return_each_job_once(connect: Callable[..., Conn], db: Conn) -> None:

@@ -320,12 +320,16 @@ class QueueMachine(RuleBasedStateMachine):
             for job_id, row in self.before.items()
             if row["state"] == "processing" and row["locked_until"] < self.now
         }
-        rows = self.master.execute(Q.job_reap_expired).fetchall()
+        rows = self.master.execute(Q.job_reap_expired, {"max_expiries": 10**6}).fetchall()
         assert {row["id"] for row in rows} == expired
         for job_id in expired:
+            self.refunded.add(job_id)
             self.expected[job_id] = {
                 "state": "pending",
-                "attempts": self.before[job_id]["attempts"],  # a lost lease costs nothing
+                # An expired lease is a crash, not a failure: the attempt is refunded,
+                # and the expiry counted (what bounds a job that takes hosts down).
+                "attempts": max(self.before[job_id]["attempts"] - 1, 0),
+                "lease_expiries": self.before[job_id]["lease_expiries"] + 1,
                 "locked_by": None,
                 "locked_until": None,
             }

@@ -546,7 +546,8 @@ def test_children_dying_before_ready_five_times_in_a_row_is_fatal() -> None:
     import brooq
     from brooq import child as child_mod
     from brooq import protocol
-    from brooq.master import BOOT_FAILURES_FATAL, ChildProc, Master
+    from brooq.master import ChildProc, Master
+    from brooq.respawn import STORM_FATAL
     from brooq.settings import Settings
 
     queue = brooq.Queue("postgresql://nobody@127.0.0.1:1/none")
@@ -565,19 +566,54 @@ def test_children_dying_before_ready_five_times_in_a_row_is_fatal() -> None:
                 born=0.0,
             )
 
-        for _ in range(BOOT_FAILURES_FATAL - 1):
-            master._on_boot_failure(dead_at_boot(), child_mod.EXIT_BOOT_ERROR)
+        for _ in range(STORM_FATAL - 1):
+            master._on_death_outside_job(dead_at_boot(), child_mod.EXIT_BOOT_ERROR)
         assert master.fatal is None  # not yet
-        master._on_boot_failure(dead_at_boot(), child_mod.EXIT_BOOT_ERROR)
+        master._on_death_outside_job(dead_at_boot(), child_mod.EXIT_BOOT_ERROR)
         assert master.fatal is not None and "died before becoming ready" in master.fatal
 
         # A child that could not load the application is fatal at once.
         other = Master(queue, "app:queue", Settings(), "postgresql://nobody@127.0.0.1:1/none")
-        other._on_boot_failure(dead_at_boot(), child_mod.EXIT_APP_LOAD_ERROR)
+        other._on_death_outside_job(dead_at_boot(), child_mod.EXIT_APP_LOAD_ERROR)
         assert other.fatal == "children cannot load the application"
         other.runtime_dir.rmdir()
     finally:
         master.runtime_dir.rmdir()
+
+
+def test_a_crash_streak_backs_off_doubling_and_ends_at_five() -> None:
+    from brooq.respawn import RESPAWN_MAX, STORM_FATAL, CrashStreak
+
+    streak = CrashStreak()
+    assert streak.delay() == 0.0 and streak.fork_at() == float("-inf") and not streak.fatal
+    delays = []
+    for n in range(1, STORM_FATAL):
+        streak.died(100.0 + n)
+        delays.append(streak.delay())
+        assert streak.fork_at() == 100.0 + n + streak.delay()
+        assert not streak.fatal
+    assert delays == [0.5, 1.0, 2.0, 4.0]
+    streak.died(200.0)
+    assert streak.fatal
+    for _ in range(10):
+        streak.died(300.0)
+    assert streak.delay() == RESPAWN_MAX  # capped
+    streak.healthy()
+    assert streak.count == 0 and streak.delay() == 0.0 and streak.fork_at() == float("-inf")
+
+
+def test_a_child_holding_jobs_without_progress_is_killed_after_the_lease() -> None:
+    from brooq.watchdog import STACK_GRACE, Decision, HoldingChild, decide_stalled
+
+    lease = 2.0
+    fresh = HoldingChild(pid=1, progress_at=10.0, stack_requested_at=None)
+    assert decide_stalled([fresh], now=11.9, limit=lease) == []
+    assert decide_stalled([fresh], now=12.0, limit=lease) == [Decision(1, "dump_stack", "stalled")]
+    asked = HoldingChild(pid=1, progress_at=10.0, stack_requested_at=12.0)
+    assert decide_stalled([asked], now=12.0 + STACK_GRACE / 2, limit=lease) == []
+    assert decide_stalled([asked], now=12.0 + STACK_GRACE * 1.5, limit=lease) == [
+        Decision(1, "kill", "stalled")
+    ]
 
 
 # -- logs --------------------------------------------------------------------------------

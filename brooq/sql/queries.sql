@@ -121,13 +121,15 @@ SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::time
 FROM finished
 
 -- name: job_release_ids
--- A worker gives back jobs it claimed but will not run (drain, a long job in a batch):
--- pending, the attempt refunded. available_at stays (it is in the past), so the jobs
--- are claimable at once and keep their place in the FIFO order.
+-- A worker gives back jobs it claimed but will not run (drain, a long job in a batch;
+-- the master does it for a child whose job runs long): pending, the attempt refunded.
+-- available_at stays (it is in the past), so the jobs are claimable at once and keep
+-- their place in the FIFO order.
 UPDATE job
 SET state = 'pending', attempts = greatest(attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
 WHERE id = ANY(%(ids)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+RETURNING id
 
 -- name: job_get_held
 -- The job a dead worker was running, if it still holds it.
@@ -163,13 +165,24 @@ UPDATE job SET state = 'canceled', last_error = %(error)s, updated_at = now()
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 
 -- name: job_release
--- Give jobs back without spending the attempt (drain budget exceeded, immediate stop):
--- pending and claimable at once, in their old place in the FIFO order.
+-- Give jobs back without spending the attempt (drain budget exceeded, immediate stop, a
+-- stalled child killed): pending and claimable at once, in their old place in the FIFO
+-- order. A row locked by someone else is skipped, never waited for: the master's loop
+-- runs this, and the lock may belong to the killed child's own backend, itself hung in
+-- the middle of a statement. Such a row keeps its lease, which nobody renews any more:
+-- the reaper returns it when the lease expires.
+WITH held AS (
+    SELECT id FROM job
+    WHERE state = 'processing' AND locked_by = ANY(%(workers)b::text[])
+    FOR NO KEY UPDATE SKIP LOCKED
+)
 UPDATE job
-SET state = 'pending', attempts = greatest(attempts - 1, 0),
+SET state = 'pending', attempts = greatest(job.attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
-WHERE state = 'processing' AND locked_by = ANY(%(workers)b::text[])
-RETURNING id, topic
+FROM held
+WHERE job.id = held.id AND job.state = 'processing'
+  AND job.locked_by = ANY(%(workers)b::text[])
+RETURNING job.id, job.topic
 
 -- name: job_renew_leases
 -- One statement renews every in-flight job of this master, each guarded by its own
@@ -204,11 +217,14 @@ UNION
 SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
 
 -- name: job_reap_expired
--- Expired leases go back to pending. attempts stays: an expired lease is a crash, not a
--- recorded failure (invariant 7). The state check is made again on the locked row, so
--- an outcome committed meanwhile survives, and several masters may run this at once.
--- A locked row is skipped, not waited for: someone (its holder's outcome transaction,
--- often) is writing it; if it is still expired afterwards, the next pass takes it.
+-- Expired leases go back to pending with the attempt charged at claim refunded: an expired
+-- lease is a crash, not a recorded failure, and never brings a job closer to dead through
+-- max_attempts. What bounds a job that takes its whole host down each time is its count
+-- of expiries: the one that reaches %(max_expiries)s makes it dead, with the reason.
+-- The state check is made again on the locked row, so an outcome committed meanwhile
+-- survives, and several masters may run this at once. A locked row is skipped, not
+-- waited for: someone (its holder's outcome transaction, often) is writing it; if it is
+-- still expired afterwards, the next pass takes it.
 WITH expired AS (
     SELECT id
     FROM job
@@ -216,11 +232,23 @@ WITH expired AS (
     FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE job
-SET state = 'pending', locked_by = NULL, locked_until = NULL,
+SET state = CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELSE 'pending' END,
+    attempts = CASE
+        WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN job.attempts
+        ELSE greatest(job.attempts - 1, 0)
+    END,
+    lease_expiries = job.lease_expiries + 1,
+    last_error = CASE
+        WHEN job.lease_expiries + 1 >= %(max_expiries)s
+        THEN 'lease expired ' || (job.lease_expiries + 1)::text
+             || ' times: the workers running it vanished (host lost or frozen?)'
+        ELSE job.last_error
+    END,
+    locked_by = NULL, locked_until = NULL,
     available_at = now(), updated_at = now()
 FROM expired
 WHERE job.id = expired.id AND job.state = 'processing' AND job.locked_until < now()
-RETURNING job.id, job.topic
+RETURNING job.id, job.topic, job.state, job.lease_expiries
 
 -- name: job_delete_expired
 -- Retention: one batch of terminal rows older than the TTL, oldest first. SKIP LOCKED
