@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -22,6 +23,8 @@ from psycopg import conninfo
 import brooq
 from brooq import dsn as dsn_mod
 from brooq import migrate
+from brooq import settings as settings_mod
+from brooq.errors import InvalidSettings
 from tests.harness import APPS, FAST, StartMaster, prepare, wait_for
 
 # What the user puts in the DSN: their schema, a setting of their own with a space in its
@@ -284,3 +287,62 @@ def test_the_schema_is_checked_once_a_database_down_at_start_comes_up(
     assert code == 3, log[-3000:]
     assert "event=master_fatal reason='the brooq schema is not installed" in log
     assert "run `brooq migrate up`" in log
+
+
+# -- bounds -------------------------------------------------------------------------------
+
+
+def test_a_lease_postgresql_cannot_add_to_now_is_refused_at_start_up(dsn: str) -> None:
+    code, err = run_master(dsn, env={"QUEUE_LEASE": "999999999d"})
+    assert code == 2, err
+    assert "Traceback" not in err
+    naming = [line for line in err.splitlines() if "QUEUE_LEASE" in line]
+    assert naming == [
+        "  - QUEUE_LEASE='999999999d': more than the longest duration brooq accepts, "
+        "36500d (100 years)"
+    ]
+    assert "event=master_started" not in err
+
+
+DURATION_VARS = sorted(
+    v for v, n in settings_mod.ENVIRONMENT.items() if n in settings_mod._DURATIONS
+)
+INTEGER_VARS = sorted(v for v, n in settings_mod.ENVIRONMENT.items() if n in settings_mod._INTEGERS)
+
+
+def test_every_duration_and_integer_setting_is_bounded_and_all_are_listed_at_once() -> None:
+    environ = {v: "36501d" for v in DURATION_VARS} | {v: "2147483648" for v in INTEGER_VARS}
+    with pytest.raises(InvalidSettings) as info:
+        settings_mod.load(environ=environ)
+    for var in DURATION_VARS + INTEGER_VARS:
+        assert any(p.startswith(f"{var}=") for p in info.value.problems), var
+    assert "QUEUE_LEASE" in DURATION_VARS and "QUEUE_MAX_ATTEMPTS" in INTEGER_VARS
+    # At the limit is accepted.
+    ok = settings_mod.load(
+        environ={"QUEUE_RETENTION_TTL": "36500d", "QUEUE_MAX_ATTEMPTS": "2147483647"}
+    )
+    assert ok.retention_ttl == 36500 * 86400 and ok.max_attempts == 2**31 - 1
+    # Queue(**settings) and flags go through the same bounds.
+    with pytest.raises(InvalidSettings, match=r"Queue\(lease=\.\.\.\): more than"):
+        settings_mod.load(environ={}, overrides={"lease": 10**12})
+    with pytest.raises(InvalidSettings, match="--max-attempts: more than the largest integer"):
+        settings_mod.load(environ={}, flags={"max_attempts": 10**5000})
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"attempt_timeout": "36501d"}, "t.x: attempt_timeout: more than the longest duration"),
+        ({"max_execution_timeout": 10.0**10}, "t.x: max_execution_timeout: more than"),
+        ({"backoff_base": "999999999d"}, "t.x: backoff_base: more than"),
+        ({"backoff_max": 4e9}, "t.x: backoff_max: more than"),
+        ({"max_attempts": 2**31}, "t.x: max_attempts must be at most 2147483647"),
+    ],
+)
+def test_a_handler_option_out_of_range_is_refused_at_registration(
+    options: dict[str, Any], expected: str
+) -> None:
+    q = brooq.Queue("postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(InvalidSettings) as info:
+        q.handler("t.x", **options)(lambda claim: None)
+    assert any(expected in p for p in info.value.problems), info.value.problems
