@@ -211,9 +211,10 @@ def verify(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     lacking = [c for c in JOB_COLUMNS if c not in cast("list[str]", columns)]
     if lacking:
         raise SchemaMissing(
-            f"the table {schema}.job is not brooq's (it has no column {', '.join(lacking)}; "
-            f"search_path {search_path}): run `brooq migrate up` with the search_path "
-            "brooq should use, and give brooq that search_path (options in the DSN)"
+            f"the table {schema}.job is not brooq's (it lacks the columns "
+            f"{', '.join(lacking)}; search_path {search_path}): run `brooq migrate up` "
+            "against the schema brooq should use and give brooq that search_path "
+            "(options in the DSN)"
         )
     if not has_versions:
         return
