@@ -173,8 +173,8 @@ def check_schema(dsn: str) -> bool:
         return False
     try:
         migrate.verify(conn)
-    except psycopg.OperationalError:
-        return False  # lost meanwhile: the master checks once it is connected
+    except psycopg.Error:
+        return False  # lost meanwhile, or timed out: the master checks once connected
     finally:
         conn.close()
     return True
