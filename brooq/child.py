@@ -39,6 +39,7 @@ from setproctitle import setproctitle
 
 from brooq import execute, logs, protocol
 from brooq.board import Board, Running
+from brooq.dsn import session_options
 from brooq.errors import InvalidPayload
 from brooq.handlers import Handler, Policy
 from brooq.job import AttemptTimeout, Claim, Interruption, LeaseLost
@@ -237,9 +238,13 @@ class Child:
                     # first ANALYZE the planner would read every ready row of the ready
                     # index and sort them for each claim (22 ms instead of 1.3 ms for a
                     # 32-job claim on 20,000 rows). Users' on_success writes get them back.
-                    options=(
-                        f"-c synchronous_commit={self.settings.worker_synchronous_commit}"
-                        " -c enable_bitmapscan=off"
+                    # Added to the DSN's own options (search_path, ...), never instead.
+                    options=session_options(
+                        self.config.dsn,
+                        {
+                            "synchronous_commit": self.settings.worker_synchronous_commit,
+                            "enable_bitmapscan": "off",
+                        },
                     ),
                 )
                 # A payload that cannot be decoded (inserted by hand, nested too deep)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -68,3 +69,38 @@ def describe(dsn: str) -> str:
     port = params.get("port") or "5432"
     db = params.get("dbname") or user
     return f"{user}@{host}:{port}/{db}" if user else f"{host}:{port}/{db}"
+
+
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def _escape_option(value: str) -> str:
+    # The server splits `options` at whitespace; a backslash keeps the next character.
+    return re.sub(r"(\s|\\)", r"\\\1", value)
+
+
+def session_options(
+    dsn: str, settings: Mapping[str, str], environ: Mapping[str, str] | None = None
+) -> str:
+    """The libpq ``options`` of one of brooq's own connections: the user's options (the
+    DSN's ``options``, else the ``PGOPTIONS`` environment variable, as libpq would pick
+    them), then ``-c name=value`` for each of ``settings``.
+
+    Passing ``options=`` to connect replaces the DSN's and ``PGOPTIONS`` entirely, so a
+    ``search_path`` (or any ``-c``) given there would be lost. Keeping them first and
+    brooq's after means the server applies brooq's last: they win for the settings brooq
+    owns, and only for those."""
+    env = os.environ if environ is None else environ
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except Exception:
+        raise InvalidDsn("the database connection string cannot be parsed") from None
+    user = params.get("options")
+    if user is None:
+        user = env.get("PGOPTIONS")
+    parts = [str(user).strip()] if user and str(user).strip() else []
+    for name, value in settings.items():
+        if not _SETTING_NAME.fullmatch(name):
+            raise ValueError(f"not a setting name: {name!r}")
+        parts.append(f"-c {name}={_escape_option(str(value))}")
+    return " ".join(parts)

@@ -19,6 +19,20 @@ _UNITS = {
 _PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
 _BARE_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
+# The longest duration a setting or a handler option may be: 100 years. Far inside what
+# PostgreSQL can add to now() (timestamps reach 294276 AD), what timedelta holds, and what
+# threading and setitimer accept; far beyond any real lease, timeout or TTL. Without a
+# bound, QUEUE_LEASE=999999999d passed and then every claim failed: timestamp out of range.
+MAX_SECONDS = 100 * 365 * 86400.0
+MAX_TEXT = "36500d (100 years)"
+
+
+def too_long(seconds: float) -> str | None:
+    """Why ``seconds`` is refused as a setting's duration, or None when it is not."""
+    if seconds > MAX_SECONDS:
+        return f"more than the longest duration brooq accepts, {MAX_TEXT}"
+    return None
+
 
 def parse_duration_string(text: str) -> float:
     """Parse "1h30m", "2.5s", "250ms" into seconds. A bare number has no unit and is refused."""

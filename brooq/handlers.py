@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from brooq.durations import Duration, to_seconds
+from brooq.durations import Duration, to_seconds, too_long
 from brooq.errors import InvalidSettings
 from brooq.job import validate_topic
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from brooq.settings import Settings
 
 HandlerFn = Callable[["Claim"], None]
+MAX_ATTEMPTS = 2**31 - 1  # the job's attempts column is a PostgreSQL integer
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,15 @@ def build(
         max_attempts = None
     if max_attempts is not None and max_attempts < 1:
         problems.append(f"{topic}: max_attempts must be at least 1, got {max_attempts}")
+    if max_attempts is not None and max_attempts > MAX_ATTEMPTS:
+        # attempts is an integer column; and not {max_attempts}: a huge int's text raises.
+        problems.append(f"{topic}: max_attempts must be at most {MAX_ATTEMPTS}")
     for name, value in seconds.items():
         if value is not None and value <= 0:
             problems.append(f"{topic}: {name} must be positive, got {value:g}s")
+        reason = None if value is None else too_long(value)
+        if reason:
+            problems.append(f"{topic}: {name}: {reason}")
     pairs = (("attempt_timeout", "max_execution_timeout"), ("backoff_base", "backoff_max"))
     for low, high in pairs:
         low_s, high_s = seconds[low], seconds[high]

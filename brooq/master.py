@@ -29,9 +29,11 @@ from psycopg.rows import dict_row
 from setproctitle import setproctitle
 
 from brooq import child as child_mod
-from brooq import maintenance, protocol
+from brooq import maintenance, migrate, protocol
 from brooq import metrics as metrics_mod
 from brooq.board import Board, Running
+from brooq.dsn import session_options
+from brooq.errors import SchemaMissing
 from brooq.handlers import Policy
 from brooq.job import parse_job_id
 from brooq.ops import OpsHooks, OpsServer
@@ -50,6 +52,20 @@ WATCHDOG_TICK = 0.1
 # LOCKED) and a table lock (DDL without CONCURRENTLY) is waited for at most this long.
 MASTER_STATEMENT_TIMEOUT_MS = 10_000
 MASTER_LOCK_TIMEOUT_MS = 2_000
+MASTER_CONNECT_TIMEOUT = 3
+
+
+def master_options(dsn: str) -> str:
+    """libpq options of the master's maintenance connection: the DSN's own (search_path,
+    ...; else PGOPTIONS), then the two timeouts, which win over a value given there: the
+    loop's liveness depends on them."""
+    return session_options(
+        dsn,
+        {
+            "statement_timeout": str(MASTER_STATEMENT_TIMEOUT_MS),
+            "lock_timeout": str(MASTER_LOCK_TIMEOUT_MS),
+        },
+    )
 
 
 @dataclass
@@ -87,6 +103,7 @@ class Master:
         *,
         metrics_dir: Path | None = None,
         admin_token: bytes | None = None,
+        schema_verified: bool = False,
     ) -> None:
         self.queue = queue
         self.app_spec = app_spec
@@ -111,6 +128,9 @@ class Master:
         self.listener: psycopg.Connection[Any] | None = None
         self.db_retry_at = 0.0
         self.db_delay = 0.5
+        # brooq-master checks the schema before it forks when the database answers; when
+        # it did not, the first connection made here checks it.
+        self.schema_verified = schema_verified
         self.notifier = Notifier()
         self.ready_sent = False
         now = time.monotonic()
@@ -688,28 +708,33 @@ class Master:
         if time.monotonic() < self.db_retry_at:
             return False
         try:
-            options = (
-                f"-c statement_timeout={MASTER_STATEMENT_TIMEOUT_MS} "
-                f"-c lock_timeout={MASTER_LOCK_TIMEOUT_MS}"
-            )
             if self.db is None:
                 self.db = psycopg.connect(
                     self.dsn,
                     autocommit=True,
-                    connect_timeout=3,
-                    options=options,
+                    connect_timeout=MASTER_CONNECT_TIMEOUT,
+                    options=master_options(self.dsn),
                     application_name="brooq-master",
                 )
+                if not self.schema_verified:
+                    # The database was down when brooq-master checked before forking:
+                    # without the schema every child would crash on its first claim.
+                    migrate.verify(self.db)
+                    self.schema_verified = True
             if self.listener is None:
                 self.listener = psycopg.connect(
                     self.dsn,
                     autocommit=True,
-                    connect_timeout=3,
+                    connect_timeout=MASTER_CONNECT_TIMEOUT,
                     application_name="brooq-master-listen",
                 )
                 self.listener.execute("LISTEN brooq_job")
                 # Anything enqueued while we were not listening: have a look now.
                 self._wake_idle()
+        except SchemaMissing as exc:
+            self.fatal = str(exc)
+            self._close_db()
+            return False
         except psycopg.Error as exc:
             self._db_failed("connect", exc)
             return False

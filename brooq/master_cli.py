@@ -1,8 +1,9 @@
 """`brooq-master`: import the application once, validate everything, then fork.
 
 Exit codes: 0 drained cleanly; 1 stopped with jobs returned to pending (drain budget
-exceeded, SIGQUIT); 2 bad usage, bad settings or an application that cannot load
-(nothing was forked); 3 fatal supervision error (children cannot start).
+exceeded, SIGQUIT); 2 bad usage, bad settings, an application that cannot load, or a
+reachable database without brooq's schema (nothing was forked); 3 fatal supervision error
+(children cannot start, or the schema found missing once the database came up).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from brooq import app as app_mod
 from brooq import dsn as dsn_mod
 from brooq import metrics as metrics_mod
 from brooq import settings as settings_mod
-from brooq.errors import AppLoadError, InvalidDsn, InvalidSettings
+from brooq.errors import (
+    AppLoadError,
+    DatabaseUnavailable,
+    InvalidDsn,
+    InvalidSettings,
+    SchemaMissing,
+)
 from brooq.handlers import policy_problems
 
 DURATION_FLAGS = [
@@ -122,13 +129,55 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
         for p in problems:
             click.echo(f"  - {p}", err=True)
         return 2
+    try:
+        schema_verified = check_schema(dsn)
+    except SchemaMissing as exc:
+        click.echo(f"brooq-master: cannot start: {exc}", err=True)
+        return 2
     queue.configure(settings)
 
     from brooq.master import Master
 
     return Master(
-        queue, app_spec, settings, dsn, baseline, metrics_dir=metrics_path, admin_token=token
+        queue,
+        app_spec,
+        settings,
+        dsn,
+        baseline,
+        metrics_dir=metrics_path,
+        admin_token=token,
+        schema_verified=schema_verified,
     ).run()
+
+
+def check_schema(dsn: str) -> bool:
+    """Whether brooq's schema was found in order. Raise SchemaMissing when the database
+    answers but the schema is not there (or is older than this brooq): children forked now
+    would crash on their first claim, over and over. An unreachable database is not an
+    error here (False): the master retries its connection and checks once connected."""
+    import psycopg
+
+    from brooq import migrate
+    from brooq.db import connect
+    from brooq.master import MASTER_CONNECT_TIMEOUT, master_options
+
+    try:
+        conn = connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=MASTER_CONNECT_TIMEOUT,
+            options=master_options(dsn),
+            application_name="brooq-master",
+        )
+    except DatabaseUnavailable:
+        return False
+    try:
+        migrate.verify(conn)
+    except psycopg.Error:
+        return False  # lost meanwhile, or timed out: the master checks once connected
+    finally:
+        conn.close()
+    return True
 
 
 def admin_token() -> bytes | None:

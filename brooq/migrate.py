@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, cast
 import psycopg
 from psycopg import sql
 
-from brooq.errors import MigrationError
+from brooq.errors import MigrationError, SchemaMissing
+from brooq.sql import Q
 
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
@@ -174,6 +175,58 @@ def status(dsn: str) -> list[Status]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         done = _applied(conn)
     return [Status(m.version, m.name, done.get(m.version)) for m in load()]
+
+
+# The columns brooq's statements use: a table named job without them is someone else's
+# (an application's own job table found first on the search_path).
+JOB_COLUMNS = (
+    "id",
+    "topic",
+    "payload",
+    "state",
+    "attempts",
+    "available_at",
+    "locked_by",
+    "locked_until",
+    "last_error",
+    "idempotency_key",
+    "created_at",
+    "updated_at",
+)
+
+
+def verify(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """Raise SchemaMissing unless the ``job`` table the connection's search_path finds is
+    brooq's and, when the bookkeeping of ``brooq migrate`` is there, every migration this
+    brooq ships is applied. A schema applied with one's own tool (``brooq migrate sql``)
+    has no bookkeeping; its table is then checked alone."""
+    row = conn.execute(Q.schema_check).fetchone()
+    assert row is not None
+    schema, columns, has_versions, search_path = row
+    if schema is None:
+        raise SchemaMissing(
+            f"the brooq schema is not installed (no table job on the search_path "
+            f"{search_path}): run `brooq migrate up` first"
+        )
+    lacking = [c for c in JOB_COLUMNS if c not in cast("list[str]", columns)]
+    if lacking:
+        raise SchemaMissing(
+            f"the table {schema}.job is not brooq's (it lacks the columns "
+            f"{', '.join(lacking)}; search_path {search_path}): run `brooq migrate up` "
+            "against the schema brooq should use and give brooq that search_path "
+            "(options in the DSN)"
+        )
+    if not has_versions:
+        return
+    applied = {int(cast(int, v)) for (v,) in conn.execute(Q.migration_versions)}
+    expected = [m.version for m in load()]
+    missing = [v for v in expected if v not in applied]
+    if missing:
+        at = max(applied, default=0)
+        raise SchemaMissing(
+            f"the brooq schema in {schema} is at version {at} but this brooq needs version "
+            f"{expected[-1]} (missing: {', '.join(map(str, missing))}): run `brooq migrate up`"
+        )
 
 
 def script(direction: str = "up") -> str:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from brooq.durations import parse_duration_string, to_seconds
+from brooq.durations import parse_duration_string, to_seconds, too_long
 from brooq.errors import InvalidSettings
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -88,6 +88,8 @@ _INTEGERS = {
     "claim_batch_max",
 }
 _STRINGS = {"ops_addr", "worker_synchronous_commit"}
+# Integer settings reach int4 columns and parameters (attempts, LIMIT): PostgreSQL's integer.
+MAX_INTEGER = 2**31 - 1
 
 ENVIRONMENT: dict[str, str] = {
     "QUEUE_WORKERS": "workers",
@@ -120,20 +122,29 @@ def _convert(name: str, value: Any, source: str, *, from_text: bool) -> Any:
     """Convert one raw value; raises ValueError with a message naming the source."""
     if name in _DURATIONS:
         try:
-            if from_text:
-                return parse_duration_string(str(value))
-            return to_seconds(value)
+            seconds = parse_duration_string(str(value)) if from_text else to_seconds(value)
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
+        reason = too_long(seconds)
+        if reason:
+            raise ValueError(f"{source}: {reason}")
+        return seconds
     if name in _INTEGERS:
         if isinstance(value, bool):
             raise ValueError(f"{source}: {value!r} is not an integer")
         if isinstance(value, int):
-            return value
-        try:
-            return int(str(value).strip())
-        except ValueError:
-            raise ValueError(f"{source}: {value!r} is not an integer") from None
+            number = value
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                raise ValueError(f"{source}: {value!r} is not an integer") from None
+        if number > MAX_INTEGER:
+            # Not {number}: the text of an int over 4,300 digits raises ValueError itself.
+            raise ValueError(
+                f"{source}: more than the largest integer brooq accepts, {MAX_INTEGER}"
+            )
+        return number
     if name in _STRINGS:
         return str(value)
     raise ValueError(f"{source}: unknown setting")

@@ -312,3 +312,21 @@ FROM job
 WHERE state IN ('done', 'dead', 'canceled', 'failed')
   AND updated_at >= now() - make_interval(secs => %(seconds)s)
 GROUP BY topic
+
+-- name: schema_check
+-- Before the master forks: is the job table that the search_path finds brooq's, and is
+-- the migrations' bookkeeping there? One row, whatever exists; the table names resolve
+-- exactly as brooq's statements will resolve them (search_path, DSN options included).
+SELECT n.nspname AS job_schema,
+       coalesce(ARRAY(SELECT a.attname::text FROM pg_attribute a
+                      WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+                '{}') AS job_columns,
+       to_regclass('brooq_migration') IS NOT NULL AS has_versions,
+       current_setting('search_path') AS search_path
+FROM (SELECT to_regclass('job') AS oid) AS j
+LEFT JOIN pg_class c ON c.oid = j.oid
+LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
+
+-- name: migration_versions
+-- The versions applied by `brooq migrate up` (run only once schema_check found the table).
+SELECT version FROM brooq_migration ORDER BY version
