@@ -180,12 +180,14 @@ class Master:
             fds = [self.sig_r, *(c.reader.fd for c in self.children.values())]
             if self.listener is not None:
                 fds.append(self.listener.fileno())
+            writes: list[int] = []
             if self.ops is not None:
-                fds.append(self.ops.fileno())
+                fds.extend(self.ops.read_fds())
+                writes = self.ops.write_fds()
             try:
-                readable, _, _ = select.select(fds, [], [], timeout)
+                readable, writable, _ = select.select(fds, writes, [], timeout)
             except InterruptedError:
-                readable = []
+                readable = writable = []
             now = time.monotonic()
             if self.sig_r in readable:
                 self._handle_signals()
@@ -194,8 +196,9 @@ class Master:
                     self._read_child(c, now)
             if self.listener is not None and self.listener.fileno() in readable:
                 self._read_notifications()
-            if self.ops is not None and self.ops.fileno() in readable:
-                self.ops.handle()
+            if self.ops is not None:
+                # Never waits on a client: what is not ready now waits for a later pass.
+                self.ops.service(set(readable), set(writable))
             self._reap_children()
             self._run_due(time.monotonic())
             self._read_boards()
@@ -215,6 +218,9 @@ class Master:
         # A child holding jobs may start one at any moment without telling: keep looking.
         if any(c.held or c.job for c in self.children.values()) or self.stopping:
             nearest = min(nearest, now + WATCHDOG_TICK)
+        ops_deadline = self.ops.next_deadline() if self.ops is not None else None
+        if ops_deadline is not None:
+            nearest = min(nearest, ops_deadline)
         return max(0.0, min(nearest - now, 1.0))
 
     def _finish(self) -> int:
@@ -377,7 +383,7 @@ class Master:
             signal.signal(signum, signal.SIG_DFL)
         fds = [self.sig_r, self.sig_w, *close]
         if self.ops is not None:
-            fds.append(self.ops.fileno())
+            fds.extend(self.ops.fds())  # the listening socket and any client's
         for c in self.children.values():
             fds.extend(c.fds)
             c.board.close()  # a sibling's board is none of our business
