@@ -302,3 +302,65 @@ def test_a_child_does_not_block_on_a_pipe_its_master_does_not_read(tmp_path: Pat
         for fd in (rep_r, go_w, c2m_r, m2c_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _exchange(addr: tuple[str, int], *parts: bytes, pause: float = 0.0) -> bytes:
+    with socket.create_connection(addr, timeout=3) as s:
+        for part in parts:
+            s.sendall(part)
+            time.sleep(pause)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        return data
+
+
+def _status_and_headers(data: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, body
+
+
+def test_the_hand_written_server_answers_as_before_and_refuses_what_it_cannot_serve(
+    start_master: StartMaster, tmp_path: Path
+) -> None:
+    token = "t0k3n-" + "y" * 26
+    (tmp_path / "token").write_text(token + "\n")
+    m = start_master(workers=1, app=APP, env={"QUEUE_ADMIN_TOKEN_FILE": str(tmp_path / "token")})
+    addr = ops_addr(m)
+
+    def ask(*parts: bytes, pause: float = 0.0) -> tuple[int, dict[str, str], bytes]:
+        return _status_and_headers(_exchange(addr, *parts, pause=pause))
+
+    status, headers, body = ask(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (status, body) == (200, b"ok\n")
+    assert headers["Content-Type"] == "text/plain" and headers["Content-Length"] == "3"
+    assert headers["Cache-Control"] == "no-store" and headers["Connection"] == "close"
+    # A request in pieces, bare LF line ends (as http.server took them), a short body.
+    pieces = [b"GE", b"T /rea", b"dyz HTTP/1.0\n", b"Content-Length: 2\n\n", b"{}"]
+    assert ask(*pieces, pause=0.02)[0] in (200, 503)
+    admin = "/admin/jobs/00000000-0000-4000-8000-000000000000/cancel"
+    status, headers, body = ask(f"POST {admin} HTTP/1.1\r\n\r\n".encode())
+    assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="brooq"'
+    assert json.loads(body) == {"error": "missing or wrong bearer token"}
+    assert headers["Content-Type"] == "application/json"
+    status, _, body = ask(
+        f"POST {admin} HTTP/1.1\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+    )
+    assert status == 404 and "no job with id" in json.loads(body)["error"]
+    assert ask(b"GET /nope HTTP/1.1\r\n\r\n")[0] == 404
+    assert ask(b"DELETE /healthz HTTP/1.1\r\n\r\n")[0] == 501
+    assert ask(b"garbage\r\n\r\n")[0] == 400
+    assert ask(b"GET /healthz HTTP/2.0\r\n\r\n")[0] == 505
+    assert ask(b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n")[0] == 400
+    assert ask(b"GET /healthz HTTP/1.1\r\nX: " + b"a" * (ops.MAX_HEADER_BYTES + 1))[0] == 431
+    assert ask(b"GET /" + b"a" * (ops.MAX_HEADER_BYTES + 1))[0] == 414
+    big = f"POST {admin} HTTP/1.1\r\nContent-Length: {ops.MAX_BODY_BYTES + 1}\r\n\r\n"
+    assert ask(big.encode())[0] == 413
+    chunked = f"POST {admin} HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    assert ask(chunked.encode())[0] == 501
+    # One request per connection: a second one pipelined behind it is not answered.
+    twice = _exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n")
+    assert twice.count(b"HTTP/1.0 200") == 1
+    assert healthz(addr) < PROBE_BOUND and m.proc.poll() is None
