@@ -48,6 +48,7 @@ MAX_HEADERS = 100
 MAX_BODY_BYTES = 16 * 1024  # no endpoint reads a body; a small one is tolerated
 BACKLOG = 128  # a burst waits in the kernel, not in SYN retries of a second or more
 ACCEPTS_PER_PASS = 256  # bounds one pass of the loop during a flood
+ACCEPT_PAUSE = 0.5  # after accept() failed (EMFILE...): no busy loop meanwhile
 _READ_SIZE = 65536
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _VERSION = re.compile(r"^HTTP/1\.\d$")
@@ -204,6 +205,8 @@ class OpsServer:
         self.sock.setblocking(False)
         self.hooks = hooks
         self.conns: dict[int, _Conn] = {}  # by fd, in accept order (oldest first)
+        self.accept_paused_until = 0.0
+        self.accept_failure_logged_at = float("-inf")
 
     @property
     def address(self) -> str:
@@ -218,13 +221,19 @@ class OpsServer:
         return [self.sock.fileno(), *self.conns]
 
     def read_fds(self) -> list[int]:
-        return [self.sock.fileno(), *(fd for fd, c in self.conns.items() if c.state != _WRITING)]
+        fds = [fd for fd, c in self.conns.items() if c.state != _WRITING]
+        if time.monotonic() >= self.accept_paused_until:
+            fds.append(self.sock.fileno())
+        return fds
 
     def write_fds(self) -> list[int]:
         return [fd for fd, c in self.conns.items() if c.state == _WRITING]
 
     def next_deadline(self) -> float | None:
-        return min((c.deadline for c in self.conns.values()), default=None)
+        deadlines = [c.deadline for c in self.conns.values()]
+        if self.accept_paused_until > time.monotonic():
+            deadlines.append(self.accept_paused_until)
+        return min(deadlines, default=None)
 
     def service(self, readable: Collection[int], writable: Collection[int]) -> None:
         """Do what can be done without waiting: accept, read, answer, write, drop."""
@@ -257,7 +266,11 @@ class OpsServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE and the like: leave the rest in the backlog
-                log.warning("event=ops_accept_failed error=%r", exc.strerror)
+                now = time.monotonic()
+                self.accept_paused_until = now + ACCEPT_PAUSE
+                if now - self.accept_failure_logged_at >= 60:
+                    self.accept_failure_logged_at = now
+                    log.warning("event=ops_accept_failed error=%r", exc.strerror)
                 return
             sock.setblocking(False)
             if len(self.conns) >= MAX_CONNECTIONS:
