@@ -23,6 +23,7 @@ connection (answered with Connection: close), headers at most MAX_HEADER_BYTES, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -192,6 +193,20 @@ def answer(hooks: OpsHooks, request: _Request) -> bytes:
     return _json(status, payload)
 
 
+def _once(render: Callable[[], bytes]) -> Callable[[], bytes]:
+    """render, called at most once: the /metrics requests answered in one pass of the
+    loop share one scrape (some milliseconds each), so a flood of scrapes delays a pass
+    by one scrape, not by one per request."""
+    body: list[bytes] = []
+
+    def cached() -> bytes:
+        if not body:
+            body.append(render())
+        return body[0]
+
+    return cached
+
+
 class OpsServer:
     """Non-blocking HTTP serving for the master's loop. The loop selects on read_fds()
     and write_fds(), calls service() with what was ready, and waits no longer than
@@ -205,6 +220,7 @@ class OpsServer:
         self.sock.setblocking(False)
         self.hooks = hooks
         self.conns: dict[int, _Conn] = {}  # by fd, in accept order (oldest first)
+        self._pass_hooks = hooks
         self.accept_paused_until = 0.0
         self.accept_failure_logged_at = float("-inf")
 
@@ -237,6 +253,7 @@ class OpsServer:
 
     def service(self, readable: Collection[int], writable: Collection[int]) -> None:
         """Do what can be done without waiting: accept, read, answer, write, drop."""
+        self._pass_hooks = dataclasses.replace(self.hooks, metrics=_once(self.hooks.metrics))
         for fd in list(self.conns):
             c = self.conns.get(fd)
             if c is None:
@@ -312,7 +329,7 @@ class OpsServer:
             return
         request, _ = parsed
         try:
-            response = answer(self.hooks, request)
+            response = answer(self._pass_hooks, request)
         except Exception:
             log.exception("event=ops_request_failed")
             response = _response(500, b"internal error\n")
