@@ -52,7 +52,7 @@ ACCEPTS_PER_PASS = 256  # bounds one pass of the loop during a flood
 ACCEPT_PAUSE = 0.5  # after accept() failed (EMFILE...): no busy loop meanwhile
 _READ_SIZE = 65536
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
-_VERSION = re.compile(r"^HTTP/1\.\d$")
+_VERSION = re.compile(r"HTTP/1\.[0-9]")
 
 _READING, _WRITING, _LINGERING = "reading", "writing", "lingering"
 
@@ -81,19 +81,15 @@ class _BadRequest(Exception):
 @dataclass(eq=False)
 class _Conn:
     sock: socket.socket
-    accepted: float
     deadline: float
     state: str = _READING
     inbox: bytearray = field(default_factory=bytearray)
     outbox: bytes = b""
 
-    def fileno(self) -> int:
-        return self.sock.fileno()
 
-
-def _parse(data: bytes | bytearray) -> tuple[_Request, int] | None:
-    """The request in data and its whole length (head and body), or None while it is
-    still incomplete. Raises _BadRequest for what can never become a valid request."""
+def parse(data: bytes | bytearray) -> _Request | None:
+    """The request at the start of data, or None while it is still incomplete. Raises
+    _BadRequest (and nothing else) for what can never become a valid request."""
     end = _HEAD_END.search(data)
     if end is None:
         if len(data) > MAX_HEADER_BYTES:
@@ -111,7 +107,7 @@ def _parse(data: bytes | bytearray) -> tuple[_Request, int] | None:
     method, path, version = words
     if not version.startswith("HTTP/"):
         raise _BadRequest(400, f"bad request version {version[:20]!r}")
-    if not _VERSION.match(version):
+    if not _VERSION.fullmatch(version):
         raise _BadRequest(505, f"HTTP version not supported: {version[:20]!r}")
     if len(header_lines) > MAX_HEADERS:
         raise _BadRequest(431, "too many headers")
@@ -124,14 +120,15 @@ def _parse(data: bytes | bytearray) -> tuple[_Request, int] | None:
     if "transfer-encoding" in headers:
         raise _BadRequest(501, "Transfer-Encoding is not supported; send Content-Length")
     length_text = headers.get("content-length", "0")
-    if not length_text.isdigit():
+    if not (length_text.isascii() and length_text.isdigit()):  # isdigit alone takes "²"
         raise _BadRequest(400, f"bad Content-Length {length_text[:20]!r}")
-    length = int(length_text)
-    if length > MAX_BODY_BYTES:
+    # (No int() of thousands of digits: Python refuses those with ValueError.)
+    if len(length_text) > 9 or int(length_text) > MAX_BODY_BYTES:
         raise _BadRequest(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+    length = int(length_text)
     if len(data) < end.end() + length:
         return None
-    return _Request(method, path, headers), end.end() + length
+    return _Request(method, path, headers)
 
 
 def _response(
@@ -293,7 +290,7 @@ class OpsServer:
             if len(self.conns) >= MAX_CONNECTIONS:
                 self._drop(self._victim())
             now = time.monotonic()
-            c = _Conn(sock, now, now + REQUEST_TIMEOUT)
+            c = _Conn(sock, now + REQUEST_TIMEOUT)
             self.conns[sock.fileno()] = c
             self._read(c)  # a probe's request is usually there already: answer it now
 
@@ -321,16 +318,13 @@ class OpsServer:
             return  # discarded
         c.inbox += data
         try:
-            parsed = _parse(c.inbox)
-        except _BadRequest as exc:
-            self._reply(c, _response(exc.status, f"{exc}\n".encode()))
-            return
-        if parsed is None:
-            return
-        request, _ = parsed
-        try:
+            request = parse(c.inbox)
+            if request is None:
+                return
             response = answer(self._pass_hooks, request)
-        except Exception:
+        except _BadRequest as exc:
+            response = _response(exc.status, f"{exc}\n".encode())
+        except Exception:  # nothing a client sends may break the master's loop
             log.exception("event=ops_request_failed")
             response = _response(500, b"internal error\n")
         self._reply(c, response)

@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 
 import psycopg
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import brooq
 from brooq import ops
@@ -364,3 +366,32 @@ def test_the_hand_written_server_answers_as_before_and_refuses_what_it_cannot_se
     twice = _exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n")
     assert twice.count(b"HTTP/1.0 200") == 1
     assert healthz(addr) < PROBE_BOUND and m.proc.poll() is None
+
+
+_HEADS = st.sampled_from(
+    [b"GET /healthz HTTP/1.1\r\n", b"POST /admin/jobs/1/cancel HTTP/1.0\n", b""]
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.builds(
+            lambda head, length, rest: head + b"Content-Length: " + length + b"\r\n\r\n" + rest,
+            _HEADS,
+            st.one_of(st.binary(max_size=12), st.sampled_from([b"\xb2", b"9" * 5000, b"-1"])),
+            st.binary(max_size=40),
+        ),
+        st.builds(lambda head, rest: head + rest, _HEADS, st.binary(max_size=300)),
+    )
+)
+def test_any_bytes_parse_to_a_request_to_more_to_wait_for_or_a_refusal(data: bytes) -> None:
+    """The parser runs in the master's loop: whatever a client sends, it answers with a
+    request, None (wait for more) or _BadRequest with an HTTP status, nothing else."""
+    try:
+        request = ops.parse(data)
+    except ops._BadRequest as exc:
+        assert 400 <= exc.status < 600
+        return
+    assert request is None or request.method
