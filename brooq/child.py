@@ -137,7 +137,7 @@ class Child:
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         self._stack_fh = open(self.config.stack_file, "w")  # noqa: SIM115 - lives with us
         faulthandler.register(signal.SIGUSR2, file=self._stack_fh, all_threads=True)
-        os.set_blocking(self.config.to_master, True)
+        self._to_master = _ToMaster(self.config.to_master)  # never blocks, see there
         os.set_blocking(self.config.from_master, True)
         if self.config.reload_baseline is not None:
             self._reload_app()
@@ -190,6 +190,11 @@ class Child:
                 if reader.eof:
                     self._on_master_gone()
                     return
+            # What waited for room in a full pipe goes out once the master reads again.
+            if not self.master_gone and not self._to_master.flush():
+                self.master_gone = True
+                self.stopping = True
+                protocol.send(self._wake_w, b"x")
             self._update_title()
 
     def _on_master_gone(self) -> None:
@@ -201,7 +206,7 @@ class Child:
         os._exit(EXIT_MASTER_GONE)
 
     def _tell(self, message: dict[str, Any]) -> None:
-        if not protocol.send(self.config.to_master, protocol.encode(message)):
+        if not self._to_master.send(message):
             self.master_gone = True
             self.stopping = True
 
@@ -656,6 +661,51 @@ class Child:
             self._tell({"retire": "max-memory"})
             return True
         return False
+
+
+class _ToMaster:
+    """The child's end of its pipe to the master, written without ever blocking: a master
+    that does not read (busy, stopped, frozen) must not stop the child. Every message is
+    a state -- ready, the held list, retire -- so when the pipe is full the latest of each
+    kind waits here, replacing an older one of its kind, and goes out on a later send or
+    flush (the control thread flushes every TITLE_TICK). A line partly written is always
+    finished first, so the master only ever reads whole lines. The main thread and the
+    control thread both write: one lock around the buffer and the write."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self.gone = False  # EPIPE: the master is gone
+        self._lock = threading.Lock()
+        self._partial = b""  # the rest of a line already partly written
+        self._pending: dict[str, bytes] = {}  # kind -> its latest line, none of it written
+
+    def send(self, message: dict[str, Any]) -> bool:
+        """Write the message, or keep it for later; False once the master is gone."""
+        kind = next(iter(message))
+        with self._lock:
+            self._pending[kind] = protocol.encode(message)
+            return self._flush()
+
+    def flush(self) -> bool:
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> bool:
+        while not self.gone:
+            if not self._partial:
+                if not self._pending:
+                    break
+                self._partial = self._pending.pop(next(iter(self._pending)))
+            try:
+                written = os.write(self.fd, self._partial)
+            except BlockingIOError:
+                break  # the pipe is full: the rest waits
+            except OSError:
+                self.gone = True
+                break
+            self._partial = self._partial[written:]
+        return not self.gone
 
 
 def _log_quick(level: int, msg: str, *args: object) -> None:

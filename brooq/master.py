@@ -203,12 +203,14 @@ class Master:
             fds = [self.sig_r, *(c.reader.fd for c in self.children.values())]
             if self.listener is not None:
                 fds.append(self.listener.fileno())
+            writes: list[int] = []
             if self.ops is not None:
-                fds.append(self.ops.fileno())
+                fds.extend(self.ops.read_fds())
+                writes = self.ops.write_fds()
             try:
-                readable, _, _ = select.select(fds, [], [], timeout)
+                readable, writable, _ = select.select(fds, writes, [], timeout)
             except InterruptedError:
-                readable = []
+                readable = writable = []
             now = time.monotonic()
             if self.sig_r in readable:
                 self._handle_signals()
@@ -217,8 +219,9 @@ class Master:
                     self._read_child(c, now)
             if self.listener is not None and self.listener.fileno() in readable:
                 self._read_notifications()
-            if self.ops is not None and self.ops.fileno() in readable:
-                self.ops.handle()
+            if self.ops is not None:
+                # Never waits on a client: what is not ready now waits for a later pass.
+                self.ops.service(set(readable), set(writable))
             self._reap_children()
             self._run_due(time.monotonic())
             self._read_boards()
@@ -240,6 +243,9 @@ class Master:
             nearest = min(nearest, now + WATCHDOG_TICK)
         if self.crashes.count and len(self._current()) < self.target:
             nearest = min(nearest, max(self.crashes.fork_at(), now))  # a delayed fork
+        ops_deadline = self.ops.next_deadline() if self.ops is not None else None
+        if ops_deadline is not None:
+            nearest = min(nearest, ops_deadline)
         return max(0.0, min(nearest - now, 1.0))
 
     def _finish(self) -> int:
@@ -407,7 +413,7 @@ class Master:
             signal.signal(signum, signal.SIG_DFL)
         fds = [self.sig_r, self.sig_w, *close]
         if self.ops is not None:
-            fds.append(self.ops.fileno())
+            fds.extend(self.ops.fds())  # the listening socket and any client's
         for c in self.children.values():
             fds.extend(c.fds)
             c.board.close()  # a sibling's board is none of our business

@@ -1,29 +1,60 @@
 """The master's HTTP surface for operations: /healthz, /readyz, /metrics, and admin
-endpoints to cancel or retry a job, served from the master's own loop (no thread: the
-master must stay single-threaded to fork safely). Binds 127.0.0.1 by default.
+endpoints to cancel or retry a job. Binds 127.0.0.1 by default.
 
     GET  /healthz                   200 while the master loop runs
     GET  /readyz                    200, or 503 with the reason (draining, database down)
     GET  /metrics                   the whole fleet, Prometheus text format
     POST /admin/jobs/<id>/cancel    bearer token required
     POST /admin/jobs/<id>/retry     bearer token required
+
+Served from the master's own loop, with no thread (the master must stay single-threaded
+to fork safely) and without ever waiting on a client: every socket is non-blocking and
+multiplexed in the master's select (read_fds, write_fds, service). Each connection is a
+small state machine (reading the request, writing the answer, lingering until the client
+closes) with a deadline for the whole request, not per read: a client dripping a byte a
+second is dropped REQUEST_TIMEOUT after it connected, one that does not read its answer
+RESPONSE_TIMEOUT after the answer was ready. At most MAX_CONNECTIONS are open at once; a
+new one beyond that closes the oldest (one still sending its request first), so a flood
+of idle connections cannot lock /healthz out. Requests are HTTP/1.0 or 1.1, one per
+connection (answered with Connection: close), headers at most MAX_HEADER_BYTES, a body
+(Content-Length only, no chunked) at most MAX_BODY_BYTES.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hmac
 import json
 import logging
 import re
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any
 
 log = logging.getLogger("brooq.ops")
 
 _ADMIN = re.compile(r"^/admin/jobs/([0-9a-fA-F-]{1,64})/(cancel|retry)$")
+
+REQUEST_TIMEOUT = 5.0  # from accept to the whole request received
+RESPONSE_TIMEOUT = 5.0  # from the answer ready to the answer taken by the client
+LINGER = 1.0  # after the answer: read what the client still sends, so close sends no RST
+MAX_CONNECTIONS = 64
+MAX_HEADER_BYTES = 16 * 1024  # request line and headers
+MAX_HEADERS = 100
+MAX_BODY_BYTES = 16 * 1024  # no endpoint reads a body; a small one is tolerated
+BACKLOG = 128  # a burst waits in the kernel, not in SYN retries of a second or more
+ACCEPTS_PER_PASS = 256  # bounds one pass of the loop during a flood
+ACCEPT_PAUSE = 0.5  # after accept() failed (EMFILE...): no busy loop meanwhile
+_READ_SIZE = 65536
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_VERSION = re.compile(r"HTTP/1\.[0-9]")
+
+_READING, _WRITING, _LINGERING = "reading", "writing", "lingering"
 
 
 @dataclass
@@ -34,92 +65,303 @@ class OpsHooks:
     token: bytes | None
 
 
-class _Server(HTTPServer):
-    hooks: OpsHooks
+@dataclass
+class _Request:
+    method: str
+    path: str
+    headers: dict[str, str]  # names lower-cased; the last of repeated names
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = 2  # a slow client must not hold the master's loop
-    server_version = "brooq-ops"
-    sys_version = ""
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # no access log: /metrics is scraped often
 
-    def _send(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
+@dataclass(eq=False)
+class _Conn:
+    sock: socket.socket
+    deadline: float
+    state: str = _READING
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: bytes = b""
 
-    def _json(self, status: int, payload: dict[str, Any]) -> None:
-        self._send(status, json.dumps(payload).encode() + b"\n", "application/json")
 
-    def do_GET(self) -> None:
-        hooks = self.server.hooks
-        if self.path == "/healthz":
-            self._send(200, b"ok\n")
-        elif self.path == "/readyz":
+def parse(data: bytes | bytearray) -> _Request | None:
+    """The request at the start of data, or None while it is still incomplete. Raises
+    _BadRequest (and nothing else) for what can never become a valid request."""
+    end = _HEAD_END.search(data)
+    if end is None:
+        if len(data) > MAX_HEADER_BYTES:
+            if b"\n" not in data:
+                raise _BadRequest(414, "request line too long")
+            raise _BadRequest(431, "request headers too large")
+        return None
+    if end.start() > MAX_HEADER_BYTES:
+        raise _BadRequest(431, "request headers too large")
+    head = bytes(data[: end.start()]).decode("latin-1")
+    request_line, *header_lines = head.replace("\r\n", "\n").split("\n")
+    words = request_line.split()
+    if len(words) != 3:
+        raise _BadRequest(400, f"bad request line {request_line[:100]!r}")
+    method, path, version = words
+    if not version.startswith("HTTP/"):
+        raise _BadRequest(400, f"bad request version {version[:20]!r}")
+    if not _VERSION.fullmatch(version):
+        raise _BadRequest(505, f"HTTP version not supported: {version[:20]!r}")
+    if len(header_lines) > MAX_HEADERS:
+        raise _BadRequest(431, "too many headers")
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            raise _BadRequest(400, f"bad header line {line[:100]!r}")
+        headers[name.lower()] = value.strip()
+    if "transfer-encoding" in headers:
+        raise _BadRequest(501, "Transfer-Encoding is not supported; send Content-Length")
+    length_text = headers.get("content-length", "0")
+    if not (length_text.isascii() and length_text.isdigit()):  # isdigit alone takes "²"
+        raise _BadRequest(400, f"bad Content-Length {length_text[:20]!r}")
+    # (No int() of thousands of digits: Python refuses those with ValueError.)
+    if len(length_text) > 9 or int(length_text) > MAX_BODY_BYTES:
+        raise _BadRequest(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+    length = int(length_text)
+    if len(data) < end.end() + length:
+        return None
+    return _Request(method, path, headers)
+
+
+def _response(
+    status: int,
+    body: bytes,
+    content_type: str = "text/plain",
+    extra: Collection[tuple[str, str]] = (),
+) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    lines = [
+        f"HTTP/1.0 {status} {phrase}",
+        "Server: brooq-ops",
+        f"Date: {formatdate(usegmt=True)}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(body)}",
+        "Cache-Control: no-store",
+        "Connection: close",
+        *(f"{name}: {value}" for name, value in extra),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _json(status: int, payload: dict[str, Any], extra: Collection[tuple[str, str]] = ()) -> bytes:
+    return _response(status, json.dumps(payload).encode() + b"\n", "application/json", extra)
+
+
+def answer(hooks: OpsHooks, request: _Request) -> bytes:
+    """The whole HTTP response to one request (hooks run here, in the master's loop)."""
+    if request.method == "GET":
+        if request.path == "/healthz":
+            return _response(200, b"ok\n")
+        if request.path == "/readyz":
             ok, reason = hooks.ready()
-            self._send(200 if ok else 503, (reason + "\n").encode())
-        elif self.path == "/metrics":
-            self._send(200, hooks.metrics(), "text/plain; version=0.0.4; charset=utf-8")
-        else:
-            self._send(404, b"not found\n")
+            return _response(200 if ok else 503, (reason + "\n").encode())
+        if request.path == "/metrics":
+            return _response(200, hooks.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        return _response(404, b"not found\n")
+    if request.method != "POST":
+        return _response(501, f"unsupported method {request.method[:20]!r}\n".encode())
+    match = _ADMIN.match(request.path)
+    if not match:
+        return _response(404, b"not found\n")
+    if hooks.token is None:
+        return _json(403, {"error": "admin endpoints are off: no admin token configured"})
+    given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        value.strip().encode("latin-1"), hooks.token
+    ):
+        return _json(
+            401,
+            {"error": "missing or wrong bearer token"},
+            [("WWW-Authenticate", 'Bearer realm="brooq"')],
+        )
+    status, payload = hooks.admin(match.group(2), match.group(1))
+    return _json(status, payload)
 
-    def do_POST(self) -> None:
-        hooks = self.server.hooks
-        match = _ADMIN.match(self.path)
-        if not match:
-            self._send(404, b"not found\n")
-            return
-        if hooks.token is None:
-            self._json(403, {"error": "admin endpoints are off: no admin token configured"})
-            return
-        given = self.headers.get("Authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode(), hooks.token
-        ):
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Bearer realm="brooq"')
-            body = b'{"error": "missing or wrong bearer token"}\n'
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        status, payload = hooks.admin(match.group(2), match.group(1))
-        self._json(status, payload)
+
+def _once(render: Callable[[], bytes]) -> Callable[[], bytes]:
+    """render, called at most once: the /metrics requests answered in one pass of the
+    loop share one scrape (some milliseconds each), so a flood of scrapes delays a pass
+    by one scrape, not by one per request."""
+    body: list[bytes] = []
+
+    def cached() -> bytes:
+        if not body:
+            body.append(render())
+        return body[0]
+
+    return cached
 
 
 class OpsServer:
+    """Non-blocking HTTP serving for the master's loop. The loop selects on read_fds()
+    and write_fds(), calls service() with what was ready, and waits no longer than
+    next_deadline()."""
+
     def __init__(self, addr: str, hooks: OpsHooks) -> None:
         host, _, port = addr.rpartition(":")
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        _Server.address_family = family
-        self.server = _Server((host, int(port)), _Handler, bind_and_activate=True)
-        self.server.hooks = hooks
-        self.server.socket.setblocking(False)
+        self.sock = socket.create_server((host, int(port)), family=family, backlog=BACKLOG)
+        self.sock.setblocking(False)
+        self.hooks = hooks
+        self.conns: dict[int, _Conn] = {}  # by fd, in accept order (oldest first)
+        self._pass_hooks = hooks
+        self.accept_paused_until = 0.0
+        self.accept_failure_logged_at = float("-inf")
 
     @property
     def address(self) -> str:
-        host, port = self.server.server_address[:2]
+        host, port = self.sock.getsockname()[:2]
         return f"{host!s}:{port}"
 
     def fileno(self) -> int:
-        return self.server.fileno()
+        return self.sock.fileno()
 
-    def handle(self) -> None:
-        """Serve the request waiting on the listening socket (called when it is readable)."""
-        try:
-            self.server._handle_request_noblock()  # type: ignore[attr-defined]
-        except Exception:
-            log.exception("event=ops_request_failed")
+    def fds(self) -> list[int]:
+        """Every descriptor this server holds (a forked child closes them)."""
+        return [self.sock.fileno(), *self.conns]
+
+    def read_fds(self) -> list[int]:
+        fds = [fd for fd, c in self.conns.items() if c.state != _WRITING]
+        if time.monotonic() >= self.accept_paused_until:
+            fds.append(self.sock.fileno())
+        return fds
+
+    def write_fds(self) -> list[int]:
+        return [fd for fd, c in self.conns.items() if c.state == _WRITING]
+
+    def next_deadline(self) -> float | None:
+        deadlines = [c.deadline for c in self.conns.values()]
+        if self.accept_paused_until > time.monotonic():
+            deadlines.append(self.accept_paused_until)
+        return min(deadlines, default=None)
+
+    def service(self, readable: Collection[int], writable: Collection[int]) -> None:
+        """Do what can be done without waiting: accept, read, answer, write, drop."""
+        self._pass_hooks = dataclasses.replace(self.hooks, metrics=_once(self.hooks.metrics))
+        for fd in list(self.conns):
+            c = self.conns.get(fd)
+            if c is None:
+                continue
+            if fd in readable and c.state != _WRITING:
+                self._read(c)
+            elif fd in writable and c.state == _WRITING:
+                self._write(c)
+        if self.sock.fileno() in readable:
+            self._accept()
+        now = time.monotonic()
+        for c in list(self.conns.values()):
+            if now >= c.deadline:
+                self._expire(c)
 
     def close(self) -> None:
-        self.server.server_close()
+        for c in list(self.conns.values()):
+            self._drop(c)
+        self.sock.close()
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPTS_PER_PASS):
+            try:
+                sock, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: leave the rest in the backlog
+                now = time.monotonic()
+                self.accept_paused_until = now + ACCEPT_PAUSE
+                if now - self.accept_failure_logged_at >= 60:
+                    self.accept_failure_logged_at = now
+                    log.warning("event=ops_accept_failed error=%r", exc.strerror)
+                return
+            sock.setblocking(False)
+            if len(self.conns) >= MAX_CONNECTIONS:
+                self._drop(self._victim())
+            now = time.monotonic()
+            c = _Conn(sock, now + REQUEST_TIMEOUT)
+            self.conns[sock.fileno()] = c
+            self._read(c)  # a probe's request is usually there already: answer it now
+
+    def _victim(self) -> _Conn:
+        """The connection to close for a new one: one that is only lingering, else the
+        oldest still sending its request, else the oldest."""
+        for state in (_LINGERING, _READING):
+            for c in self.conns.values():
+                if c.state == state:
+                    return c
+        return next(iter(self.conns.values()))
+
+    def _read(self, c: _Conn) -> None:
+        try:
+            data = c.sock.recv(_READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(c)
+            return
+        if not data:  # the client closed (or half-closed) before a whole request
+            self._drop(c)
+            return
+        if c.state == _LINGERING:
+            return  # discarded
+        c.inbox += data
+        try:
+            request = parse(c.inbox)
+            if request is None:
+                return
+            response = answer(self._pass_hooks, request)
+        except _BadRequest as exc:
+            response = _response(exc.status, f"{exc}\n".encode())
+        except Exception:  # nothing a client sends may break the master's loop
+            log.exception("event=ops_request_failed")
+            response = _response(500, b"internal error\n")
+        self._reply(c, response)
+
+    def _reply(self, c: _Conn, response: bytes) -> None:
+        c.inbox.clear()
+        c.state = _WRITING
+        c.outbox = response
+        c.deadline = time.monotonic() + RESPONSE_TIMEOUT
+        self._write(c)
+
+    def _write(self, c: _Conn) -> None:
+        try:
+            sent = c.sock.send(c.outbox)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(c)
+            return
+        c.outbox = c.outbox[sent:]
+        if c.outbox:
+            return
+        # All sent: tell the client we are done, then read until it closes (or briefly),
+        # so that unread input does not turn our close into a reset that loses the answer.
+        with contextlib.suppress(OSError):
+            c.sock.shutdown(socket.SHUT_WR)
+        c.state = _LINGERING
+        c.deadline = time.monotonic() + LINGER
+
+    def _expire(self, c: _Conn) -> None:
+        if c.state == _READING:
+            # Too slow to send its request: say so if that can be done without waiting.
+            with contextlib.suppress(OSError):
+                c.sock.send(_response(408, b"request not received in time\n"))
+        self._drop(c)
+
+    def _drop(self, c: _Conn) -> None:
+        self.conns.pop(c.sock.fileno(), None)
+        with contextlib.suppress(OSError):
+            c.sock.close()
