@@ -38,6 +38,7 @@ _SIMPLE_ESCAPES = {
 # The keys of a JSON line's own. A message key=value with one of these names is kept under
 # "msg_" + name: a handler's error text saying "pid=1" must not replace the line's pid.
 HEADER_KEYS = frozenset({"time", "level", "logger", "pid", "message", "detail", "exception"})
+_QUOTES = "'\""
 
 
 class _Clock:
@@ -121,7 +122,10 @@ class JsonFormatter(_LineFormatter):
         if self.timestamps:
             out["time"] = self._clock.iso(event.created)
         for key, value in _PAIR.findall(first):
-            out["msg_" + key if key in HEADER_KEYS else key] = _value(value)
+            if key in HEADER_KEYS:
+                key = "msg_" + key
+            # Most values (ids, numbers, topics) are plain words: no call for them.
+            out[key] = _value(value) if value[0] in _QUOTES or value[-1] in _QUOTES else value
         out["message"] = first
         if rest:
             out["detail"] = rest
@@ -147,10 +151,10 @@ def _unescape(match: re.Match[str]) -> str:
 def _value(token: str) -> str:
     """A message value as it was logged: a quoted one (%r of a string) decoded back to
     that string, any other one as written (stray quotes at its ends dropped)."""
-    if len(token) >= 2 and token[0] in "'\"" and token[-1] == token[0]:
+    if len(token) >= 2 and token[0] in _QUOTES and token[-1] == token[0]:
         body = token[1:-1]
         return _ESCAPE.sub(_unescape, body) if "\\" in body else body
-    return token.strip("'\"")
+    return token.strip(_QUOTES)
 
 
 class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
