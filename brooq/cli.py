@@ -1,8 +1,9 @@
 """The `brooq` command: migrations and the operator's reads and writes.
 
 Exit codes: 0 success; 1 refused (unknown id, a transition the job's state does not allow,
-database unreachable or schema missing); 2 bad usage (unknown option, malformed id or
-value, no database configured). Errors are one line on stderr, never a traceback.
+database unreachable or schema missing) or an internal error; 2 bad usage (unknown option,
+malformed id or value, no database configured). Errors are one line on stderr, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import click
 import psycopg
+from setproctitle import setproctitle
 
 import brooq
 from brooq import dsn as dsn_mod
@@ -25,12 +27,15 @@ from brooq.durations import format_age, parse_duration_string
 from brooq.errors import (
     BrooqError,
     InvalidDsn,
+    InvalidIdempotencyKey,
     InvalidJob,
     InvalidJobId,
+    InvalidPayload,
     InvalidSettings,
+    InvalidTopic,
     JobNotFound,
 )
-from brooq.job import JobRecord
+from brooq.job import MAX_PAYLOAD_DEPTH, JobRecord
 
 # Errors that mean "the command was given something wrong" (exit 2); every other
 # BrooqError means "refused" (exit 1).
@@ -41,10 +46,42 @@ NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 SCREEN_LINES = 24  # `jobs show` fits a classic terminal
 SHOW_INLINE_PAYLOAD = 80  # characters of compact JSON shown on the payload line
+# `brooq top` sleeps in select(), which refuses a timeout past the platform's time_t.
+TOP_MAX_INTERVAL = 86400.0
+# --payload-file reads at most this much: a stored payload is far smaller (max_payload_bytes,
+# 1 MiB by default), but a file may be indented; /dev/zero must not fill the memory.
+PAYLOAD_FILE_MAX_BYTES = 64 * 1024 * 1024
+
+DSN_IN_ARGV_NOTE = (
+    " A password given here shows in ps (/proc/PID/cmdline) while Python starts, before "
+    "brooq replaces its command line; prefer DATABASE_URL_FILE or the credential."
+)
+
+
+def _hide_database(argv: list[str]) -> str:
+    """The command line as ps should show it: the value of --database replaced by ***
+    (only what ps shows changes; click parses sys.argv, a copy)."""
+    words = ["brooq"]
+    hide_next = False
+    for word in argv:
+        if hide_next:
+            word, hide_next = "***", False
+        elif word == "--database":
+            hide_next = True
+        elif word.startswith("--database="):
+            word = "--database=***"
+        words.append(word)
+    return " ".join(words)
 
 
 def _dsn(ctx: click.Context) -> str:
-    return dsn_mod.resolve(ctx.obj.get("database"))
+    try:
+        return dsn_mod.resolve(ctx.obj.get("database"))
+    except UnicodeDecodeError:  # DATABASE_URL_FILE or the credential holds binary bytes
+        raise InvalidDsn(
+            "the connection string file (DATABASE_URL_FILE or the credential "
+            f"{dsn_mod.CREDENTIAL_NAME}) is not UTF-8 text"
+        ) from None
 
 
 def _queue(ctx: click.Context) -> brooq.Queue:
@@ -73,7 +110,7 @@ def _one_line(text: str) -> str:
     "--database",
     metavar="DSN",
     help="PostgreSQL connection string (default: DATABASE_URL, DATABASE_URL_FILE "
-    "or the systemd credential database-url).",
+    "or the systemd credential database-url)." + DSN_IN_ARGV_NOTE,
 )
 @click.pass_context
 def cli(ctx: click.Context, database: str | None) -> None:
@@ -375,6 +412,8 @@ def top(ctx: click.Context, once: bool, interval: str, as_json: bool) -> None:
             f"{interval} is too short; the least is {top_mod.MIN_INTERVAL * 1000:g}ms",
             param_hint="--interval",
         )
+    if period > TOP_MAX_INTERVAL:
+        raise click.BadParameter(f"{interval} is too long; the most is 1d", param_hint="--interval")
     dsn = _dsn(ctx)
     queue = _queue(ctx)
 
@@ -440,9 +479,72 @@ def _parse_at(text: str) -> datetime:
     return moment
 
 
+def _read_payload_file(path: str) -> str:
+    """The text of --payload-file (``-``: standard input), or a usage error naming it."""
+    name = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            raw = sys.stdin.buffer.read(PAYLOAD_FILE_MAX_BYTES + 1)
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(PAYLOAD_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read {name}: {exc.strerror or exc}", param_hint="--payload-file"
+        ) from None
+    if len(raw) > PAYLOAD_FILE_MAX_BYTES:
+        raise click.BadParameter(
+            f"{name} is larger than {PAYLOAD_FILE_MAX_BYTES // (1024 * 1024)} MiB",
+            param_hint="--payload-file",
+        )
+    try:
+        return raw.decode("utf-8-sig")  # a byte order mark, as some editors write, is fine
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(
+            f"{name} is not UTF-8 text (byte {exc.start})", param_hint="--payload-file"
+        ) from None
+
+
+def _decode_payload(text: str, hint: str, name: str = "") -> Any:
+    """JSON text as a value, or a usage error: one line, whatever the text (json.loads
+    raises RecursionError on deep nesting and ValueError on a 5,000-digit integer)."""
+    where = f"{name}: " if name else ""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        message = f"{where}not JSON: {exc}"
+    except RecursionError:
+        message = (
+            f"{where}nested too deeply; a payload holds at most {MAX_PAYLOAD_DEPTH} levels "
+            "of arrays and objects"
+        )
+    except ValueError as exc:  # "Exceeds the limit (4300 digits) for integer string ..."
+        message = f"{where}not usable JSON: {str(exc).split(';')[0]}"
+    raise click.BadParameter(message, param_hint=hint)
+
+
+def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
+    """The argument or option that an InvalidJob raised by brooq.Job is about."""
+    if isinstance(exc, InvalidTopic):
+        return "TOPIC"
+    if isinstance(exc, InvalidPayload):
+        return payload_hint
+    if isinstance(exc, InvalidIdempotencyKey):
+        return "--key"
+    return time_hint  # available_at out of range
+
+
 @cli.command()
 @click.argument("topic")
-@click.option("--payload", default="null", show_default=True, help="The payload, as JSON.")
+@click.option("--payload", default=None, help="The payload, as JSON.  [default: null]")
+@click.option(
+    "--payload-file",
+    "payload_file",
+    metavar="PATH",
+    default=None,
+    help="Read the payload (JSON) from this file; - reads standard input. "
+    f"At most {PAYLOAD_FILE_MAX_BYTES // (1024 * 1024)} MiB of text.",
+)
 @click.option("--key", "key", default=None, help="Idempotency key: one job per topic and key.")
 @click.option("--at", "at", default=None, help="Run at this ISO 8601 time (with a zone).")
 @click.option("--in", "delay", default=None, help="Run after this duration, e.g. 5m.")
@@ -451,7 +553,8 @@ def _parse_at(text: str) -> datetime:
 def enqueue(
     ctx: click.Context,
     topic: str,
-    payload: str,
+    payload: str | None,
+    payload_file: str | None,
     key: str | None,
     at: str | None,
     delay: str | None,
@@ -461,10 +564,15 @@ def enqueue(
     this topic and key is already there (nothing is written then)."""
     if at and delay:
         raise click.UsageError("give --at or --in, not both")
-    try:
-        data = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
+    if payload is not None and payload_file is not None:
+        raise click.UsageError("give --payload or --payload-file, not both")
+    if payload_file is not None:
+        payload_hint = "--payload-file"
+        name = "standard input" if payload_file == "-" else payload_file
+        data = _decode_payload(_read_payload_file(payload_file), payload_hint, name)
+    else:
+        payload_hint = "--payload"
+        data = _decode_payload("null" if payload is None else payload, payload_hint)
     available_at: datetime | None = None
     if at:
         available_at = _parse_at(at)
@@ -473,9 +581,22 @@ def enqueue(
             seconds = parse_duration_string(delay)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--in") from None
-        available_at = datetime.now(timezone.utc) + timedelta(seconds=seconds)
-    job = brooq.Job(topic, data, idempotency_key=key, available_at=available_at)
-    job_id, created = _queue(ctx).enqueue(job)
+        try:
+            available_at = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        except OverflowError:  # past timedelta's 999,999,999 days or datetime's year 9999
+            raise click.BadParameter(
+                f"{delay} is too large: the job would run after the year 9999", param_hint="--in"
+            ) from None
+    try:
+        job = brooq.Job(topic, data, idempotency_key=key, available_at=available_at)
+    except InvalidJob as exc:
+        hint = _job_error_hint(exc, payload_hint, "--at" if at else "--in")
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+    queue = _queue(ctx)
+    try:
+        job_id, created = queue.enqueue(job)
+    except InvalidPayload as exc:  # larger than max_payload_bytes
+        raise click.BadParameter(str(exc), param_hint=payload_hint) from None
     if as_json:
         _emit_json({"id": str(job_id), "created": created})
     else:
@@ -494,6 +615,10 @@ def main() -> None:
     pool_log = logging.getLogger("psycopg.pool")
     pool_log.addHandler(logging.NullHandler())
     pool_log.propagate = False
+    # A DSN with its password in the arguments is readable by every local user in
+    # /proc/PID/cmdline; a command such as `brooq top` can run for hours.
+    if any(arg.startswith("--database") for arg in sys.argv[1:]):
+        setproctitle(_hide_database(sys.argv[1:]))
     try:
         code = cli.main(prog_name="brooq", standalone_mode=False)
     except NO_ARGS_IS_HELP as exc:  # `brooq` or `brooq jobs` alone: the help, as click does
@@ -516,4 +641,8 @@ def main() -> None:
         # The reader went away (brooq jobs list | head): stop quietly.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except Exception as exc:
+        # A last resort: bad input is refused above with exit 2; anything arriving here is
+        # a defect of brooq, still reported as one line (and exit 1), never a traceback.
+        _fail(f"internal error: {type(exc).__name__}: {exc}", 1)
     sys.exit(code if isinstance(code, int) else 0)

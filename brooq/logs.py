@@ -18,7 +18,27 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import NamedTuple, TextIO
 
-_PAIR = re.compile(r"(\w+)=('[^']*'|\"[^\"]*\"|\S+)")
+# key=value in a message; a quoted value is a Python string literal as %r writes it, taken
+# whole with its escapes ('it\'s', "a \"b\""), so a quote or a key=value inside it does not
+# end it early.
+_PAIR = re.compile(r"""(\w+)=('[^'\\]*(?:\\.[^'\\]*)*'|"[^"\\]*(?:\\.[^"\\]*)*"|\S+)""")
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{1,3}|.)", re.DOTALL)
+_SIMPLE_ESCAPES = {
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+}
+# The keys of a JSON line's own. A message key=value with one of these names is kept under
+# "msg_" + name: a handler's error text saying "pid=1" must not replace the line's pid.
+HEADER_KEYS = frozenset({"time", "level", "logger", "pid", "message", "detail", "exception"})
+_QUOTES = "'\""
 
 
 class _Clock:
@@ -102,13 +122,39 @@ class JsonFormatter(_LineFormatter):
         if self.timestamps:
             out["time"] = self._clock.iso(event.created)
         for key, value in _PAIR.findall(first):
-            out[key] = value.strip("'\"")
+            if key in HEADER_KEYS:
+                key = "msg_" + key
+            # Most values (ids, numbers, topics) are plain words: no call for them.
+            out[key] = _value(value) if value[0] in _QUOTES or value[-1] in _QUOTES else value
         out["message"] = first
         if rest:
             out["detail"] = rest
         if event.exception:
             out["exception"] = event.exception
         return json.dumps(out, ensure_ascii=False)
+
+
+def _unescape(match: re.Match[str]) -> str:
+    code = match.group(1)
+    simple = _SIMPLE_ESCAPES.get(code)
+    if simple is not None:
+        return simple
+    if len(code) > 1 and code[0] in "xuU":
+        value = int(code[1:], 16)
+    elif code[0] in "01234567":
+        value = int(code, 8)
+    else:
+        return match.group(0)  # not an escape: Python keeps the backslash too
+    return chr(value) if value <= 0x10FFFF else match.group(0)
+
+
+def _value(token: str) -> str:
+    """A message value as it was logged: a quoted one (%r of a string) decoded back to
+    that string, any other one as written (stray quotes at its ends dropped)."""
+    if len(token) >= 2 and token[0] in _QUOTES and token[-1] == token[0]:
+        body = token[1:-1]
+        return _ESCAPE.sub(_unescape, body) if "\\" in body else body
+    return token.strip(_QUOTES)
 
 
 class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]

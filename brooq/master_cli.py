@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from setproctitle import setproctitle
 
 from brooq import __version__, logs
 from brooq import app as app_mod
@@ -59,7 +60,9 @@ def _options(fn: Any) -> Any:
 @click.option(
     "--database",
     metavar="DSN",
-    help="Default: DATABASE_URL, DATABASE_URL_FILE or the systemd credential database-url.",
+    help="Default: DATABASE_URL, DATABASE_URL_FILE or the systemd credential database-url. "
+    "A password given here shows in ps (/proc/PID/cmdline) until the master has started "
+    "Python and parsed its flags; prefer DATABASE_URL_FILE or the credential.",
 )
 @click.option("--max-jobs-per-child", type=int, help="Retire a child after N jobs.")
 @click.option(
@@ -68,7 +71,11 @@ def _options(fn: Any) -> Any:
     metavar="MB",
     help="Retire a child whose resident memory exceeds MB after its job.",
 )
-@click.option("--ops-addr", metavar="HOST:PORT", help="Ops HTTP surface (QUEUE_OPS_ADDR).")
+@click.option(
+    "--ops-addr",
+    metavar="HOST:PORT",
+    help="Ops HTTP surface (QUEUE_OPS_ADDR); '' turns it off.",
+)
 @click.option(
     "--metrics-dir",
     metavar="DIR",
@@ -88,6 +95,10 @@ def command(
     **flags: Any,
 ) -> None:
     """Run the workers of a brooq application: one master, N forked children."""
+    # The command line may hold --database with a password, readable by every local user
+    # in /proc/PID/cmdline: replace it before importing the application, which can take
+    # seconds. (Master.run sets the final title.)
+    setproctitle(f"brooq-master: app={app_spec} starting")
     logs.setup(log_format, log_level)
     # Before anything imports prometheus_client: it picks multiprocess mode at import.
     metrics_path = metrics_mod.prepare_dir(metrics_dir)

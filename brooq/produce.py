@@ -7,14 +7,14 @@ is committed here. Queue.enqueue wraps these in a pooled connection and a transa
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
 
 from brooq.db import schema_missing
-from brooq.errors import BrooqError
+from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job, check_payload_size
 from brooq.sql import Q
@@ -33,6 +33,20 @@ def check_job(job: object, max_payload_bytes: int) -> Job:
         raise TypeError(f"expected a brooq.Job, not {type(job).__name__}")
     check_payload_size(job.payload_json, max_payload_bytes)
     return job
+
+
+def check_jobs(jobs: Iterable[object], max_payload_bytes: int) -> list[Job]:
+    """``check_job`` for each job of a batch; the error names the job by its index in the
+    batch ("job 3: payload is ..."), keeping its class."""
+    checked: list[Job] = []
+    for index, job in enumerate(jobs):
+        try:
+            checked.append(check_job(job, max_payload_bytes))
+        except InvalidJob as exc:
+            raise type(exc)(f"job {index}: {exc}") from None
+        except TypeError as exc:
+            raise TypeError(f"job {index}: {exc}") from None
+    return checked
 
 
 def _params(job: Job, job_id: uuid.UUID) -> dict[str, Any]:
@@ -124,8 +138,9 @@ def enqueue_many(
 
     A job whose key already exists (in the table, or earlier in the same batch) comes
     back with the existing id and created=False; those ids cost one more round trip.
+    A refused job is named by its index in ``jobs`` ("job 3: ..."); nothing is inserted.
     """
-    return insert_many_checked(target, [check_job(job, max_payload_bytes) for job in jobs])
+    return insert_many_checked(target, check_jobs(jobs, max_payload_bytes))
 
 
 def insert_many_checked(target: Target, checked: list[Job]) -> list[tuple[uuid.UUID, bool]]:

@@ -238,9 +238,9 @@ class Queue:
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[tuple[uuid.UUID, bool]]:
         """Insert many jobs in one transaction (COPY, or one INSERT when keys are given);
-        [(id, created), ...] in the order given."""
-        limit = self._max_payload
-        checked = [producer.check_job(job, limit) for job in jobs]  # before any I/O
+        [(id, created), ...] in the order given. A refused job is named by its index
+        ("job 3: ..."), and nothing is inserted."""
+        checked = producer.check_jobs(jobs, self._max_payload)  # before any I/O
         with self.transaction() as conn:
             return producer.insert_many_checked(conn, checked)
 

@@ -1,8 +1,9 @@
 """Settings: defaults, the QUEUE_* environment, Queue(**settings) and flags, validated at once.
 
 Precedence, lowest first: built-in defaults, the environment, keyword arguments of
-``brooq.Queue``, command-line flags. An empty environment variable counts as unset.
-Every problem is collected and reported together (InvalidSettings.problems).
+``brooq.Queue``, command-line flags. An empty environment variable counts as unset, with
+one exception: ``QUEUE_OPS_ADDR=`` turns the ops surface off (an environment file must be
+able to). Every problem is collected and reported together (InvalidSettings.problems).
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_WORKER_SYNCHRONOUS_COMMIT": "worker_synchronous_commit",
 }
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
+# Variables whose empty value is a value ("off"), not "unset".
+EMPTY_MEANS_OFF = {"QUEUE_OPS_ADDR"}
 
 
 def _convert(name: str, value: Any, source: str, *, from_text: bool) -> Any:
@@ -214,6 +217,8 @@ def load(
     for var, name in ENVIRONMENT.items():
         raw = env.get(var, "")
         if raw.strip() == "":
+            if var in EMPTY_MEANS_OFF and var in env:
+                values[name] = ""
             continue
         try:
             values[name] = _convert(name, raw, f"{var}={raw!r}", from_text=True)

@@ -159,6 +159,9 @@ def test_environment_layer() -> None:
 @pytest.mark.parametrize("empty", ["", "   ", "\t"])
 def test_empty_environment_value_counts_as_unset(empty: str) -> None:
     environ = {var: empty for var in settings.ENVIRONMENT}
+    # The one exception: QUEUE_OPS_ADDR= turns the ops surface off.
+    assert settings.load(environ=environ) == settings.Settings(ops_addr="")
+    del environ["QUEUE_OPS_ADDR"]
     assert settings.load(environ=environ) == settings.Settings()
     assert settings.getenv("QUEUE_LEASE", {"QUEUE_LEASE": empty}) is None
     assert settings.getenv("QUEUE_LEASE", {"QUEUE_LEASE": "5s"}) == "5s"
