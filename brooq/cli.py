@@ -75,13 +75,7 @@ def _hide_database(argv: list[str]) -> str:
 
 
 def _dsn(ctx: click.Context) -> str:
-    try:
-        return dsn_mod.resolve(ctx.obj.get("database"))
-    except UnicodeDecodeError:  # DATABASE_URL_FILE or the credential holds binary bytes
-        raise InvalidDsn(
-            "the connection string file (DATABASE_URL_FILE or the credential "
-            f"{dsn_mod.CREDENTIAL_NAME}) is not UTF-8 text"
-        ) from None
+    return dsn_mod.resolve(ctx.obj.get("database"))
 
 
 def _queue(ctx: click.Context) -> brooq.Queue:

@@ -19,6 +19,8 @@ def _read_file(path: str, what: str) -> str:
         text = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise InvalidDsn(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InvalidDsn(f"{what} {path} is not UTF-8 text") from None
     if not text:
         raise InvalidDsn(f"{what} {path} is empty")
     return text
