@@ -24,8 +24,7 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import top
-from brooq.cli import show_lines
+from brooq.cli import show_lines, top
 from brooq.queue import InFlight, TopicStats
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -980,7 +980,7 @@ def test_renewal_never_waits_for_a_row_lock(
     """Regression, at the SQL level: a held row locked by another transaction (its child's
     open outcome transaction) is skipped by the renewal, which does not wait and still
     counts it as held; it is found lost on the next pass once the outcome committed."""
-    from brooq import maintenance
+    from brooq.supervisor import maintenance
 
     a, b, c = expired_claims(db, queue, 3)
     held = [(a, "w-0"), (b, "w-1"), (c, "w-other")]
@@ -1000,7 +1000,7 @@ def test_reaper_never_waits_for_a_row_lock(
     """Regression, at the SQL level: an expired row locked by another transaction (its
     holder writing the outcome) is skipped by the reaper, which does not wait; a committed
     outcome stays, a rolled-back one leaves the row to the next pass."""
-    from brooq import maintenance
+    from brooq.supervisor import maintenance
 
     a, b, c = expired_claims(db, queue, 3)
     with psycopg.connect(dsn) as done, psycopg.connect(dsn) as undone:

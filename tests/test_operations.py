@@ -22,7 +22,7 @@ import pytest
 from psycopg import conninfo
 
 import brooq
-from brooq import maintenance
+from brooq.supervisor import maintenance
 from tests.harness import StartMaster, states, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,9 +30,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import brooq
-from brooq import ops
-from brooq.child import EXIT_MASTER_GONE, Child, ChildConfig
 from brooq.settings import Settings
+from brooq.supervisor import ops
+from brooq.worker.child import EXIT_MASTER_GONE, Child, ChildConfig
 from tests.harness import MasterProcess, StartMaster, states, wait_for
 
 APP = "brooq_opsslow:queue"

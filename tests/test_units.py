@@ -21,11 +21,12 @@ from psycopg import conninfo
 
 import brooq
 from brooq import dsn as dsn_mod
-from brooq import handlers, retry, settings
+from brooq import handlers, settings
 from brooq.db import connect
 from brooq.durations import format_seconds, parse_duration_string, to_seconds
 from brooq.errors import DatabaseUnavailable, InvalidDsn, InvalidSettings, InvalidTopic
 from brooq.job import TOPIC_MAX_LENGTH, Job, validate_topic
+from brooq.worker import retry
 
 # -- durations ---------------------------------------------------------------------------
 
@@ -547,11 +548,11 @@ def test_unreachable_database_error_hides_the_password() -> None:
 
 def test_children_dying_before_ready_five_times_in_a_row_is_fatal() -> None:
     import brooq
-    from brooq import child as child_mod
-    from brooq import protocol
-    from brooq.master import ChildProc, Master
-    from brooq.respawn import STORM_FATAL
+    from brooq.ipc import protocol
     from brooq.settings import Settings
+    from brooq.supervisor.master import ChildProc, Master
+    from brooq.supervisor.respawn import STORM_FATAL
+    from brooq.worker import child as child_mod
 
     queue = brooq.Queue("postgresql://nobody@127.0.0.1:1/none")
     queue.handler("t")(lambda claim: None)
@@ -585,7 +586,7 @@ def test_children_dying_before_ready_five_times_in_a_row_is_fatal() -> None:
 
 
 def test_a_crash_streak_backs_off_doubling_and_ends_at_five() -> None:
-    from brooq.respawn import RESPAWN_MAX, STORM_FATAL, CrashStreak
+    from brooq.supervisor.respawn import RESPAWN_MAX, STORM_FATAL, CrashStreak
 
     streak = CrashStreak()
     assert streak.delay() == 0.0 and streak.fork_at() == float("-inf") and not streak.fatal
@@ -606,7 +607,7 @@ def test_a_crash_streak_backs_off_doubling_and_ends_at_five() -> None:
 
 
 def test_a_child_holding_jobs_without_progress_is_killed_after_the_lease() -> None:
-    from brooq.watchdog import STACK_GRACE, Decision, HoldingChild, decide_stalled
+    from brooq.supervisor.watchdog import STACK_GRACE, Decision, HoldingChild, decide_stalled
 
     lease = 2.0
     fresh = HoldingChild(pid=1, progress_at=10.0, stack_requested_at=None)
@@ -706,7 +707,8 @@ def test_per_job_lines_made_without_a_log_record_read_as_logged_ones(
     import json
     import logging
 
-    from brooq import child, logs
+    from brooq import logs
+    from brooq.worker import child
 
     stream = io.StringIO()
     monkeypatch.setattr("sys.stderr", stream)
@@ -791,7 +793,7 @@ def test_board_shows_what_the_child_posted_across_a_fork() -> None:
     import os
     import uuid
 
-    from brooq.board import Board, Running
+    from brooq.ipc.board import Board, Running
 
     board = Board()
     assert board.read() is None  # a new board: idle
@@ -816,7 +818,7 @@ def test_board_shows_what_the_child_posted_across_a_fork() -> None:
 def test_board_keeps_a_long_topic_readable() -> None:
     import uuid
 
-    from brooq.board import Board, Running
+    from brooq.ipc.board import Board, Running
 
     board = Board()
     topic = "t" * 128
@@ -832,7 +834,7 @@ def test_board_read_waits_out_a_write_in_progress() -> None:
     import struct
     import uuid
 
-    from brooq.board import Board, Running
+    from brooq.ipc.board import Board, Running
 
     board = Board()
     job = Running(uuid.uuid4(), "a", 1, 1.0, 2.0)
@@ -874,3 +876,16 @@ def test_tally_writes_what_the_same_observations_would_have() -> None:
     values = [0.0, 0.01, 0.0100001, 0.05, 0.1, 0.5, 1.0, 1.5, 100.0, 0.001] * 7
     assert exposition(True, values) == exposition(False, values)
     assert b'h_seconds_bucket{le="0.01",topic="b"}' in exposition(True, values)
+
+
+def test_the_channel_is_spelled_the_same_wherever_sql_names_it() -> None:
+    import re
+
+    from brooq.ipc.channel import CHANNEL
+    from brooq.migrate import load
+    from brooq.sql import Q
+
+    assert Q.listen_jobs == f"LISTEN {CHANNEL}"
+    texts = [getattr(Q, name) for name in Q.names()] + [m.up for m in load()]
+    spelled = [c for text in texts for c in re.findall(r"pg_notify\('([^']*)'", text)]
+    assert spelled and set(spelled) == {CHANNEL}

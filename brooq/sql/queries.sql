@@ -330,3 +330,6 @@ LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
 -- name: migration_versions
 -- The versions applied by `brooq migrate up` (run only once schema_check found the table).
 SELECT version FROM brooq_migration ORDER BY version
+
+-- name: listen_jobs
+LISTEN brooq_job

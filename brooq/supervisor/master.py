@@ -28,21 +28,23 @@ import psycopg
 from psycopg.rows import dict_row
 from setproctitle import setproctitle
 
-from brooq import child as child_mod
-from brooq import maintenance, migrate, protocol
 from brooq import metrics as metrics_mod
-from brooq.board import Board, Running
+from brooq import migrate
 from brooq.dsn import session_options
 from brooq.errors import SchemaMissing
 from brooq.handlers import Policy
+from brooq.ipc import protocol
+from brooq.ipc.board import Board, Running
 from brooq.job import parse_job_id
-from brooq.ops import OpsHooks, OpsServer
 from brooq.queue import Queue
-from brooq.respawn import STABLE_AFTER, CrashStreak
-from brooq.sdnotify import Notifier
 from brooq.settings import Settings
 from brooq.sql import Q
-from brooq.watchdog import BusyChild, HoldingChild, decide, decide_stalled
+from brooq.supervisor import maintenance
+from brooq.supervisor.ops import OpsHooks, OpsServer
+from brooq.supervisor.respawn import STABLE_AFTER, CrashStreak
+from brooq.supervisor.sdnotify import Notifier
+from brooq.supervisor.watchdog import BusyChild, HoldingChild, decide, decide_stalled
+from brooq.worker import child as child_mod
 
 log = logging.getLogger("brooq.master")
 
@@ -734,7 +736,7 @@ class Master:
                     connect_timeout=MASTER_CONNECT_TIMEOUT,
                     application_name="brooq-master-listen",
                 )
-                self.listener.execute("LISTEN brooq_job")
+                self.listener.execute(Q.listen_jobs)
                 # Anything enqueued while we were not listening: have a look now.
                 self._wake_idle()
         except SchemaMissing as exc:

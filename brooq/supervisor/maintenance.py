@@ -12,10 +12,10 @@ from typing import Any
 
 import psycopg
 
-from brooq.execute import bounded
 from brooq.handlers import Policy
-from brooq.retry import backoff
 from brooq.sql import Q
+from brooq.worker.execute import bounded
+from brooq.worker.retry import backoff
 
 log = logging.getLogger("brooq.master")
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from brooq.handlers import Policy
 from brooq.job import AttemptTimeout, CancelJob, Delay, LeaseLost, PreserveAttempt
-from brooq.retry import backoff, delay_seconds
+from brooq.worker.retry import backoff, delay_seconds
 
 LAST_ERROR_MAX = 2000
 

@@ -22,7 +22,7 @@ from setproctitle import setproctitle
 import brooq
 from brooq import dsn as dsn_mod
 from brooq import migrate as migrate_mod
-from brooq import top as top_mod
+from brooq.cli import top as top_mod
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import (
     BrooqError,

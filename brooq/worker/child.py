@@ -37,16 +37,18 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from setproctitle import setproctitle
 
-from brooq import execute, logs, protocol
-from brooq.board import Board, Running
+from brooq import logs
 from brooq.dsn import session_options
 from brooq.errors import InvalidPayload
 from brooq.handlers import Handler, Policy
+from brooq.ipc import protocol
+from brooq.ipc.board import Board, Running
 from brooq.job import AttemptTimeout, Claim, Interruption, LeaseLost
 from brooq.metrics import Tally
 from brooq.produce import enqueue_many
 from brooq.settings import Settings
 from brooq.sql import Q
+from brooq.worker import execute
 
 if TYPE_CHECKING:
     from brooq.metrics import Metrics

@@ -1,0 +1,217 @@
+"""`brooq-master`: import the application once, validate everything, then fork.
+
+Exit codes: 0 drained cleanly; 1 stopped with jobs returned to pending (drain budget
+exceeded, SIGQUIT); 2 bad usage, bad settings, an application that cannot load, or a
+reachable database without brooq's schema (nothing was forked); 3 fatal supervision error
+(children cannot start, or the schema found missing once the database came up).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from setproctitle import setproctitle
+
+from brooq import __version__, logs
+from brooq import app as app_mod
+from brooq import dsn as dsn_mod
+from brooq import metrics as metrics_mod
+from brooq import settings as settings_mod
+from brooq.errors import (
+    AppLoadError,
+    DatabaseUnavailable,
+    InvalidDsn,
+    InvalidSettings,
+    SchemaMissing,
+)
+from brooq.handlers import policy_problems
+
+DURATION_FLAGS = [
+    ("poll_interval", "Idle children look for jobs this often even without NOTIFY."),
+    ("lease", "Lease length; the master renews every lease/3."),
+    ("attempt_timeout", "Default soft limit: AttemptTimeout raised in the handler."),
+    ("max_execution_timeout", "Default hard limit: the child is killed."),
+    ("graceful_timeout", "Drain budget on SIGTERM."),
+    ("reaper_period", "Reaper period (default max(5s, lease/4))."),
+    ("retention_ttl", "Delete terminal jobs older than this (0s: never)."),
+    ("watchdog_grace", "How long a child may run on after its lease was lost (default: lease)."),
+]
+
+
+def _options(fn: Any) -> Any:
+    for name, text in reversed(DURATION_FLAGS):
+        fn = click.option(f"--{name.replace('_', '-')}", name, metavar="DURATION", help=text)(fn)
+    return fn
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="brooq-master")
+@click.option(
+    "--app",
+    "app_spec",
+    required=True,
+    metavar="MODULE:ATTR",
+    help="The brooq.Queue of your application, e.g. myapp.jobs:queue.",
+)
+@click.option("--workers", type=int, help="Number of child processes (QUEUE_WORKERS).")
+@click.option(
+    "--database",
+    metavar="DSN",
+    help="Default: DATABASE_URL, DATABASE_URL_FILE or the systemd credential database-url. "
+    "A password given here shows in ps (/proc/PID/cmdline) until the master has started "
+    "Python and parsed its flags; prefer DATABASE_URL_FILE or the credential.",
+)
+@click.option("--max-jobs-per-child", type=int, help="Retire a child after N jobs.")
+@click.option(
+    "--max-memory-per-child",
+    type=int,
+    metavar="MB",
+    help="Retire a child whose resident memory exceeds MB after its job.",
+)
+@click.option(
+    "--ops-addr",
+    metavar="HOST:PORT",
+    help="Ops HTTP surface (QUEUE_OPS_ADDR); '' turns it off.",
+)
+@click.option(
+    "--metrics-dir",
+    metavar="DIR",
+    envvar="PROMETHEUS_MULTIPROC_DIR",
+    help="Directory for multiprocess metrics (wiped at start; default: a new "
+    "temporary directory). Under systemd: $RUNTIME_DIRECTORY/metrics.",
+)
+@click.option("--log-format", type=click.Choice(["kv", "json"]), default="kv", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True)
+@_options
+def command(
+    app_spec: str,
+    database: str | None,
+    metrics_dir: str | None,
+    log_format: str,
+    log_level: str,
+    **flags: Any,
+) -> None:
+    """Run the workers of a brooq application: one master, N forked children."""
+    # The command line may hold --database with a password, readable by every local user
+    # in /proc/PID/cmdline: replace it before importing the application, which can take
+    # seconds. (Master.run sets the final title.)
+    setproctitle(f"brooq-master: app={app_spec} starting")
+    logs.setup(log_format, log_level)
+    # Before anything imports prometheus_client: it picks multiprocess mode at import.
+    metrics_path = metrics_mod.prepare_dir(metrics_dir)
+    try:
+        code = _start(app_spec, database, metrics_path, flags)
+    finally:
+        metrics_mod.remove_dir(metrics_path, owned=metrics_dir is None)
+    sys.exit(code)
+
+
+def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) -> int:
+    baseline = frozenset(sys.modules)
+    try:
+        queue = app_mod.load(app_spec)
+    except AppLoadError as exc:
+        click.echo(f"brooq-master: {exc}", err=True)
+        return 2
+    problems: list[str] = []
+    settings = None
+    try:
+        settings = settings_mod.load(overrides=queue._overrides, flags=flags)
+    except InvalidSettings as exc:
+        problems.extend(exc.problems)
+    try:
+        dsn = dsn_mod.resolve(database or queue._dsn_arg)
+    except InvalidDsn as exc:
+        problems.append(str(exc))
+        dsn = ""
+    if settings is not None:
+        for topic, handler in sorted(queue.handlers.items()):
+            problems.extend(policy_problems(topic, handler.policy(settings)))
+    token: bytes | None = None
+    try:
+        token = admin_token()
+    except ValueError as exc:
+        problems.append(str(exc))
+    if problems or settings is None:
+        click.echo("brooq-master: cannot start:", err=True)
+        for p in problems:
+            click.echo(f"  - {p}", err=True)
+        return 2
+    try:
+        schema_verified = check_schema(dsn)
+    except SchemaMissing as exc:
+        click.echo(f"brooq-master: cannot start: {exc}", err=True)
+        return 2
+    queue.configure(settings)
+
+    from brooq.supervisor.master import Master
+
+    return Master(
+        queue,
+        app_spec,
+        settings,
+        dsn,
+        baseline,
+        metrics_dir=metrics_path,
+        admin_token=token,
+        schema_verified=schema_verified,
+    ).run()
+
+
+def check_schema(dsn: str) -> bool:
+    """Whether brooq's schema was found in order. Raise SchemaMissing when the database
+    answers but the schema is not there (or is older than this brooq): children forked now
+    would crash on their first claim, over and over. An unreachable database is not an
+    error here (False): the master retries its connection and checks once connected."""
+    import psycopg
+
+    from brooq import migrate
+    from brooq.db import connect
+    from brooq.supervisor.master import MASTER_CONNECT_TIMEOUT, master_options
+
+    try:
+        conn = connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=MASTER_CONNECT_TIMEOUT,
+            options=master_options(dsn),
+            application_name="brooq-master",
+        )
+    except DatabaseUnavailable:
+        return False
+    try:
+        migrate.verify(conn)
+    except psycopg.Error:
+        return False  # lost meanwhile, or timed out: the master checks once connected
+    finally:
+        conn.close()
+    return True
+
+
+def admin_token() -> bytes | None:
+    """The bearer token of the admin endpoints: QUEUE_ADMIN_TOKEN_FILE, or the systemd
+    credential admin-token. None turns the admin endpoints off."""
+    path = settings_mod.getenv("QUEUE_ADMIN_TOKEN_FILE")
+    creds = settings_mod.getenv("CREDENTIALS_DIRECTORY")
+    if path is None and creds and (Path(creds) / "admin-token").exists():
+        path = str(Path(creds) / "admin-token")
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the admin token file {path}: {exc.strerror}") from None
+    if len(token) < 16:
+        raise ValueError(f"the admin token in {path} is shorter than 16 bytes")
+    return token
+
+
+def main() -> None:
+    command(prog_name="brooq-master")
+
+
+if __name__ == "__main__":
+    main()
