@@ -170,7 +170,7 @@ def check_schema(dsn: str) -> bool:
 
     from brooq import migrate
     from brooq.db import connect
-    from brooq.supervisor.master import MASTER_CONNECT_TIMEOUT, master_options
+    from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT, master_options
 
     try:
         conn = connect(
