@@ -547,42 +547,33 @@ def test_unreachable_database_error_hides_the_password() -> None:
 
 
 def test_children_dying_before_ready_five_times_in_a_row_is_fatal() -> None:
-    import brooq
-    from brooq.ipc import protocol
-    from brooq.settings import Settings
-    from brooq.supervisor.master import ChildProc, Master
-    from brooq.supervisor.respawn import STORM_FATAL
-    from brooq.worker import child as child_mod
+    from brooq.ipc.reasons import EXIT_APP_LOAD_ERROR, EXIT_BOOT_ERROR
+    from brooq.supervisor.respawn import STORM_FATAL, CrashStreak
+    from brooq.supervisor.settlement import ChildEnd, outside_job, settle, storm_verdict
 
-    queue = brooq.Queue("postgresql://nobody@127.0.0.1:1/none")
-    queue.handler("t")(lambda claim: None)
-    master = Master(queue, "app:queue", Settings(), "postgresql://nobody@127.0.0.1:1/none")
-    try:
+    dead_at_boot = ChildEnd(
+        code=EXIT_BOOT_ERROR,
+        kill_reason=None,
+        retiring=None,
+        ready=False,
+        job=None,
+        stopping=False,
+        now=0.0,
+    )
+    assert settle(dead_at_boot).outside_job  # it counts in the streak
+    assert outside_job(EXIT_BOOT_ERROR, 0, 0, None) == "streak"
+    streak = CrashStreak()
+    for _ in range(STORM_FATAL - 1):
+        streak.died(0.0)
+        assert storm_verdict(EXIT_BOOT_ERROR, streak) is None  # not yet
+    streak.died(0.0)
+    verdict = storm_verdict(EXIT_BOOT_ERROR, streak)
+    assert verdict is not None and "died before becoming ready" in verdict
 
-        def dead_at_boot() -> ChildProc:
-            return ChildProc(
-                pid=1,
-                identity="h:1:x",
-                generation=0,
-                to_child=-1,
-                reader=protocol.LineReader(-1),
-                stack_file="",
-                born=0.0,
-            )
-
-        for _ in range(STORM_FATAL - 1):
-            master._on_death_outside_job(dead_at_boot(), child_mod.EXIT_BOOT_ERROR)
-        assert master.fatal is None  # not yet
-        master._on_death_outside_job(dead_at_boot(), child_mod.EXIT_BOOT_ERROR)
-        assert master.fatal is not None and "died before becoming ready" in master.fatal
-
-        # A child that could not load the application is fatal at once.
-        other = Master(queue, "app:queue", Settings(), "postgresql://nobody@127.0.0.1:1/none")
-        other._on_death_outside_job(dead_at_boot(), child_mod.EXIT_APP_LOAD_ERROR)
-        assert other.fatal == "children cannot load the application"
-        other.runtime_dir.rmdir()
-    finally:
-        master.runtime_dir.rmdir()
+    # A child that could not load the application is fatal at once.
+    first = CrashStreak()
+    first.died(0.0)
+    assert storm_verdict(EXIT_APP_LOAD_ERROR, first) == "children cannot load the application"
 
 
 def test_a_crash_streak_backs_off_doubling_and_ends_at_five() -> None:

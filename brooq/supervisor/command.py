@@ -4,6 +4,10 @@ Exit codes: 0 drained cleanly; 1 stopped with jobs returned to pending (drain bu
 exceeded, SIGQUIT); 2 bad usage, bad settings, an application that cannot load, or a
 reachable database without brooq's schema (nothing was forked); 3 fatal supervision error
 (children cannot start, or the schema found missing once the database came up).
+
+Owns the command line, the admin token file and the schema check before the first fork.
+It must never fork, or open a connection that outlives the check, before every problem
+is found: a bad start fails here, with every problem listed, and nothing runs.
 """
 
 from __future__ import annotations
@@ -170,7 +174,7 @@ def check_schema(dsn: str) -> bool:
 
     from brooq import migrate
     from brooq.db import connect
-    from brooq.supervisor.master import MASTER_CONNECT_TIMEOUT, master_options
+    from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT, master_options
 
     try:
         conn = connect(

@@ -1,6 +1,12 @@
-"""The master's periodic work on the database, each a run_once(conn, ...) returning counts,
-so tests call them without timers. All of them are single guarded statements, safe when
-several masters run against one database."""
+"""The master's statements on the table, each a function of a connection returning counts,
+so tests call them without timers (brooq.supervisor.duties runs them on a clock).
+
+Owns lease renewal, the reaper, retention, settling a dead worker's jobs and giving jobs
+back. Each is one guarded statement (or a bounded series), safe when several masters
+run against one database; rows are read by name. They must never wait on a row lock
+(SKIP LOCKED, or a guard on the holder) and never decide policy: the caller passes the
+lease, the limits and the handlers' policies.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from brooq.handlers import Policy
 from brooq.sql import Q
@@ -28,11 +35,14 @@ def renew_leases(
     """Extend every (job, holder) lease in one statement; the ids still held."""
     if not held:
         return set()
-    rows = conn.execute(
-        Q.job_renew_leases,
-        {"ids": [h[0] for h in held], "workers": [h[1] for h in held], "lease": lease},
-    ).fetchall()
-    return {r[0] for r in rows}
+    ids = [job_id for job_id, _ in held]
+    workers = [worker for _, worker in held]
+    rows = (
+        conn.cursor(row_factory=dict_row)
+        .execute(Q.job_renew_leases, {"ids": ids, "workers": workers, "lease": lease})
+        .fetchall()
+    )
+    return {r["id"] for r in rows}
 
 
 def reap_expired(
@@ -41,9 +51,13 @@ def reap_expired(
     """Return expired leases to pending, attempt refunded: counts by topic of the jobs
     returned, and (id, topic, expiries) of those whose expiries reached ``max_expiries``
     and are dead instead."""
-    rows = conn.execute(Q.job_reap_expired, {"max_expiries": max_expiries}).fetchall()
-    returned = Counter(topic for _, topic, state, _ in rows if state == "pending")
-    dead = [(job_id, topic, n) for job_id, topic, state, n in rows if state == "dead"]
+    rows = (
+        conn.cursor(row_factory=dict_row)
+        .execute(Q.job_reap_expired, {"max_expiries": max_expiries})
+        .fetchall()
+    )
+    returned = Counter(r["topic"] for r in rows if r["state"] == "pending")
+    dead = [(r["id"], r["topic"], r["lease_expiries"]) for r in rows if r["state"] == "dead"]
     return returned, dead
 
 
@@ -58,8 +72,12 @@ def delete_expired(
         return deleted, False
     for _ in range(RETENTION_MAX_BATCHES):
         with conn.transaction():
-            rows = conn.execute(Q.job_delete_expired, {"ttl": ttl, "batch": batch}).fetchall()
-        deleted.update(topic for (topic,) in rows)
+            rows = (
+                conn.cursor(row_factory=dict_row)
+                .execute(Q.job_delete_expired, {"ttl": ttl, "batch": batch})
+                .fetchall()
+            )
+        deleted.update(r["topic"] for r in rows)
         if len(rows) < batch:
             return deleted, False
     return deleted, True
@@ -80,24 +98,24 @@ def settle_dead_worker(
     and claimed elsewhere meanwhile is untouched.
     Returns (id, topic, new state) of the failed job and (id, topic) of the released."""
     failed = []
+    cur = conn.cursor(row_factory=dict_row)
     if running is not None:
-        held = conn.execute(Q.job_get_held, {"id": running, "worker": worker}).fetchone()
+        held = cur.execute(Q.job_get_held, {"id": running, "worker": worker}).fetchone()
         if held is not None:
-            job_id, topic, attempts = held
-            policy = policies.get(topic, default)
-            row = conn.execute(
+            policy = policies.get(held["topic"], default)
+            row = cur.execute(
                 Q.job_set_failed,
                 {
-                    "id": job_id,
+                    "id": held["id"],
                     "worker": worker,
                     "refund": False,
                     "max_attempts": policy.max_attempts,
-                    "delay": backoff(attempts, policy.backoff_base, policy.backoff_max),
+                    "delay": backoff(held["attempts"], policy.backoff_base, policy.backoff_max),
                     "error": bounded(cause),
                 },
             ).fetchone()
             if row is not None:
-                failed.append((job_id, topic, str(row[0])))
+                failed.append((held["id"], held["topic"], str(row["state"])))
     return failed, release_held(conn, [worker])
 
 
@@ -107,8 +125,9 @@ def release_ids(
     """Give back, attempt refunded, these jobs if ``worker`` still holds them."""
     if not ids:
         return []
-    rows = conn.execute(Q.job_release_ids, {"ids": list(ids), "worker": worker}).fetchall()
-    return [r[0] for r in rows]
+    cur = conn.cursor(row_factory=dict_row)
+    rows = cur.execute(Q.job_release_ids, {"ids": list(ids), "worker": worker}).fetchall()
+    return [r["id"] for r in rows]
 
 
 def release_held(
@@ -117,4 +136,5 @@ def release_held(
     """Give back, attempt refunded, every job these workers hold (drain budget exceeded)."""
     if not workers:
         return []
-    return [(r[0], r[1]) for r in conn.execute(Q.job_release, {"workers": list(workers)})]
+    cur = conn.cursor(row_factory=dict_row)
+    return [(r["id"], r["topic"]) for r in cur.execute(Q.job_release, {"workers": list(workers)})]

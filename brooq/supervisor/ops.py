@@ -18,6 +18,10 @@ new one beyond that closes the oldest (one still sending its request first), so 
 of idle connections cannot lock /healthz out. Requests are HTTP/1.0 or 1.1, one per
 connection (answered with Connection: close), headers at most MAX_HEADER_BYTES, a body
 (Content-Length only, no chunked) at most MAX_BODY_BYTES.
+
+Owns HTTP: parsing, answering through OpsHooks, the connections' state machines. What
+the answers say is brooq.supervisor.admin's. It must never block, start a thread, or let
+anything a client sends raise out of service().
 """
 
 from __future__ import annotations

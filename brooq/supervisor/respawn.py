@@ -12,7 +12,8 @@ Deaths inside a job (a poison job's segfault, a hard timeout) are the job's busi
 they are recorded as failed attempts and replaced at once, without backoff, so a poison
 job reaches `dead` after max_attempts runs rather than after max_attempts backoffs.
 
-Pure state with an injected clock: it decides, the master acts.
+Pure state with an injected clock: it decides, the fleet (brooq.supervisor.fleet) acts.
+It must never fork, sleep or read a clock of its own.
 """
 
 from __future__ import annotations

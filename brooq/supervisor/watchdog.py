@@ -10,6 +10,9 @@ faulthandler writes it), then SIGKILL the process group on a later pass.
 
 Progress is anything the master can see a child do: a job starting or ending on its
 board, or a new list of held jobs on its pipe.
+
+Pure functions of what the master last saw and the time it is given: they must never act
+(brooq.supervisor.enforce sends the signals) and never read a clock.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from brooq.ipc.reasons import LEASE_LOST, MAX_EXECUTION_TIMEOUT, STALLED, KillReason
+
 # Time between the stack request and the kill: enough for faulthandler to write.
 STACK_GRACE = 0.2
 
 Action = Literal["dump_stack", "kill"]
-Reason = Literal["max_execution_timeout", "lease_lost", "stalled"]
 
 
 @dataclass(frozen=True)
@@ -46,17 +50,17 @@ class HoldingChild:
 class Decision:
     pid: int
     action: Action
-    reason: Reason
+    reason: KillReason  # max_execution_timeout, lease_lost or stalled
 
 
 def decide(children: list[BusyChild], now: float, grace: float) -> list[Decision]:
     decisions = []
     for c in children:
-        reason: Reason | None = None
+        reason: KillReason | None = None
         if now - c.started >= c.max_execution_timeout:
-            reason = "max_execution_timeout"
+            reason = MAX_EXECUTION_TIMEOUT
         elif c.lease_lost_at is not None and now - c.lease_lost_at >= grace:
-            reason = "lease_lost"
+            reason = LEASE_LOST
         if reason is not None:
             decisions.extend(_two_steps(c.pid, reason, c.stack_requested_at, now))
     return decisions
@@ -67,12 +71,12 @@ def decide_stalled(children: list[HoldingChild], now: float, limit: float) -> li
     decisions = []
     for c in children:
         if now - c.progress_at >= limit:
-            decisions.extend(_two_steps(c.pid, "stalled", c.stack_requested_at, now))
+            decisions.extend(_two_steps(c.pid, STALLED, c.stack_requested_at, now))
     return decisions
 
 
 def _two_steps(
-    pid: int, reason: Reason, stack_requested_at: float | None, now: float
+    pid: int, reason: KillReason, stack_requested_at: float | None, now: float
 ) -> list[Decision]:
     if stack_requested_at is None:
         return [Decision(pid, "dump_stack", reason)]

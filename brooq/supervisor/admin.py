@@ -1,0 +1,92 @@
+"""What the ops surface asks the master: readiness, the metrics scrape, and the admin
+endpoints that cancel or retry a job.
+
+Owns the answers behind brooq.supervisor.ops's hooks -- /readyz's reason, /metrics's
+body, and the status and JSON body of POST /admin/jobs/<id>/{cancel,retry} -- and
+starting the ops server. Which states may be canceled or retried is not decided here:
+the statements guard it (brooq/sql/queries.sql) and brooq.job words the refusal.
+
+It runs inside the master's loop, so it must never wait: one short guarded statement per
+request on the maintenance connection, and an unreachable database answers 503 at once.
+It never touches a child.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from brooq import metrics as metrics_mod
+from brooq.job import parse_job_id, transition_refusal
+from brooq.sql import Q
+from brooq.supervisor.connections import Connections
+from brooq.supervisor.fleet import Fleet
+from brooq.supervisor.ops import OpsHooks, OpsServer
+
+log = logging.getLogger("brooq.master")
+
+
+class Admin:
+    def __init__(self, fleet: Fleet, conns: Connections, metrics_dir: Path | None) -> None:
+        self.fleet = fleet
+        self.conns = conns
+        self.metrics_dir = metrics_dir
+
+    def hooks(self, token: bytes | None) -> OpsHooks:
+        return OpsHooks(ready=self.readiness, metrics=self.scrape, admin=self.job, token=token)
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.fleet.stopping:
+            return False, "draining"
+        if not self.conns.ok:
+            return False, "database unreachable"
+        if not any(c.ready for c in self.fleet.children.values()):
+            return False, "no worker ready yet"
+        return True, "ready"
+
+    def scrape(self) -> bytes:
+        if self.metrics_dir is None:
+            return b"# metrics are off\n"
+        return metrics_mod.render(self.metrics_dir)
+
+    def job(self, action: str, raw_id: str) -> tuple[int, dict[str, Any]]:
+        """POST /admin/jobs/<raw_id>/<action>: (HTTP status, JSON body)."""
+        try:
+            job_id = parse_job_id(raw_id)
+        except ValueError as exc:
+            return 400, {"error": str(exc)}
+        query = Q.job_cancel if action == "cancel" else Q.job_retry
+        row = self.conns.with_db(
+            f"admin_{action}", lambda conn: conn.execute(query, {"id": job_id}).fetchone()
+        )
+        if row is not None:
+            log.info("event=admin_%s job=%s", action, job_id)
+            return 200, {"id": str(job_id), "action": action, "ok": True}
+        if not self.conns.ok:
+            return 503, {"error": "database unreachable"}
+        found = self.conns.with_db(
+            "admin_get",
+            lambda conn: (
+                conn.cursor(row_factory=dict_row).execute(Q.job_get, {"id": job_id}).fetchone()
+            ),
+        )
+        if found is None:
+            return 404, {"error": f"no job with id {job_id}"}
+        state = found["state"]
+        return 409, {"error": transition_refusal(action, state), "state": state}
+
+
+def start_ops(addr: str, hooks: OpsHooks) -> OpsServer | None:
+    """The ops server on ``addr``, or None when it is off ('') or cannot bind (logged)."""
+    if not addr:
+        return None
+    try:
+        server = OpsServer(addr, hooks)
+    except OSError as exc:
+        log.error("event=ops_bind_failed addr=%s error=%r", addr, exc.strerror)
+        return None
+    log.info("event=ops_listening addr=%s", server.address)
+    return server

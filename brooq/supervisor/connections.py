@@ -1,0 +1,177 @@
+"""The master's two database connections: maintenance, and LISTEN for new jobs.
+
+Owns connecting them (and, the first time, checking brooq's schema when brooq-master
+could not before it forked), the reconnection backoff (0.5 s doubling to 10 s), running
+one maintenance call on the maintenance connection (with_db), reading notifications,
+and the libpq options and timeouts that keep every statement of the master short.
+
+It must never block the loop for longer than a connect timeout or a statement timeout,
+never retry inside a call (a failed call waits for the next pass after the backoff), and
+never let a database error escape: the master keeps supervising while the database is
+away. A child never uses these connections: after fork they are closed at the
+descriptor level only (brooq.supervisor.fleet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+
+from brooq import migrate
+from brooq.dsn import session_options
+from brooq.errors import SchemaMissing
+from brooq.sql import Q
+
+log = logging.getLogger("brooq.master")
+
+T = TypeVar("T")
+
+# Maintenance statements never hold the loop for long: row locks are skipped (SKIP
+# LOCKED) and a table lock (DDL without CONCURRENTLY) is waited for at most this long.
+MASTER_STATEMENT_TIMEOUT_MS = 10_000
+MASTER_LOCK_TIMEOUT_MS = 2_000
+MASTER_CONNECT_TIMEOUT = 3
+RETRY_FIRST = 0.5
+RETRY_MAX = 10.0
+
+
+def master_options(dsn: str) -> str:
+    """libpq options of the master's maintenance connection: the DSN's own (search_path,
+    ...; else PGOPTIONS), then the two timeouts, which win over a value given there: the
+    loop's liveness depends on them."""
+    return session_options(
+        dsn,
+        {
+            "statement_timeout": str(MASTER_STATEMENT_TIMEOUT_MS),
+            "lock_timeout": str(MASTER_LOCK_TIMEOUT_MS),
+        },
+    )
+
+
+class Connections:
+    """``wake`` is called when jobs may be waiting (a notification, or LISTEN begun);
+    ``reconnected`` after a connection came back following a failure."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema_verified: bool,
+        wake: Callable[[], None],
+        reconnected: Callable[[], None],
+    ) -> None:
+        self.dsn = dsn
+        self.db: psycopg.Connection[Any] | None = None
+        self.listener: psycopg.Connection[Any] | None = None
+        self.retry_at = 0.0
+        self.delay = RETRY_FIRST
+        self.ok = False  # the last attempt to use the database worked
+        # brooq-master checks the schema before it forks when the database answers; when
+        # it did not, the first connection made here checks it.
+        self.schema_verified = schema_verified
+        self.fatal: str | None = None  # the schema is missing: the master must stop
+        self._wake = wake
+        self._reconnected = reconnected
+
+    @property
+    def connected(self) -> bool:
+        return self.db is not None and self.listener is not None
+
+    def listen_fd(self) -> int | None:
+        return self.listener.fileno() if self.listener is not None else None
+
+    def fds(self) -> list[int]:
+        """The descriptors of the open connections (a forked child closes them)."""
+        return [c.fileno() for c in (self.db, self.listener) if c is not None and not c.closed]
+
+    def connect(self) -> bool:
+        if self.connected:
+            return True
+        if time.monotonic() < self.retry_at:
+            return False
+        try:
+            if self.db is None:
+                self.db = psycopg.connect(
+                    self.dsn,
+                    autocommit=True,
+                    connect_timeout=MASTER_CONNECT_TIMEOUT,
+                    options=master_options(self.dsn),
+                    application_name="brooq-master",
+                )
+                if not self.schema_verified:
+                    # The database was down when brooq-master checked before forking:
+                    # without the schema every child would crash on its first claim.
+                    migrate.verify(self.db)
+                    self.schema_verified = True
+            if self.listener is None:
+                self.listener = psycopg.connect(
+                    self.dsn,
+                    autocommit=True,
+                    connect_timeout=MASTER_CONNECT_TIMEOUT,
+                    application_name="brooq-master-listen",
+                )
+                self.listener.execute(Q.listen_jobs)
+                # Anything enqueued while we were not listening: have a look now.
+                self._wake()
+        except SchemaMissing as exc:
+            self.fatal = str(exc)
+            self.close()
+            return False
+        except psycopg.Error as exc:
+            self.failed("connect", exc)
+            return False
+        self.ok = True
+        if self.delay > RETRY_FIRST:
+            log.info("event=db_reconnected who=master")
+            self._reconnected()
+        self.delay = RETRY_FIRST
+        return True
+
+    def with_db(self, what: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T | None:
+        """fn(the maintenance connection), or None when the database is unreachable or
+        the statement failed (logged)."""
+        if not self.connect():
+            return None
+        assert self.db is not None
+        try:
+            return fn(self.db)
+        except psycopg.OperationalError as exc:
+            self.failed(what, exc)
+        except psycopg.Error as exc:
+            log.error("event=maintenance_error during=%s error=%r", what, str(exc).strip())
+        return None
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning(
+            "event=db_error who=master during=%s retry_in=%.1fs error=%r",
+            what,
+            self.delay,
+            first,
+        )
+        self.close()
+        self.ok = False
+        self.retry_at = time.monotonic() + self.delay
+        self.delay = min(self.delay * 2, RETRY_MAX)
+
+    def read_notifications(self) -> None:
+        assert self.listener is not None
+        try:
+            got = any(True for _ in self.listener.notifies(timeout=0))
+        except psycopg.Error as exc:
+            self.failed("listen", exc)
+            return
+        if got:
+            self._wake()
+
+    def close(self) -> None:
+        for conn in (self.db, self.listener):
+            if conn is not None:
+                with contextlib.suppress(Exception):  # closing a broken connection
+                    conn.close()
+        self.db = self.listener = None

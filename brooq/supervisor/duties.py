@@ -1,0 +1,297 @@
+"""The master's periodic duties, and the one scheduler that runs them.
+
+Owns the timing of everything the master does on a clock: the systemd watchdog ping
+(twice per WatchdogSec), reconnecting the database (every pass while it is away), lease
+renewal (every lease/3; at once after a reconnection), the reaper (every
+effective_reaper_period, the first after 1 s), the job-count gauges (every stats_period,
+the first at once) and retention (every effective_retention_period, the first after at
+most 5 s). Each duty is a small object with its period and a ``run_once(now)`` returning
+counts; the statements they run are brooq.supervisor.maintenance's.
+
+The Scheduler is pure (its clock is the ``now`` it is given) and the duties must never
+wait: a duty that cannot reach the database returns nothing and runs again next period.
+No duty ever touches a child's process: renewal only tells a child its lease is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.rows import dict_row
+
+from brooq.ipc import protocol
+from brooq.metrics import Metrics
+from brooq.settings import Settings
+from brooq.sql import Q
+from brooq.supervisor import maintenance
+from brooq.supervisor.accounting import Accounting
+from brooq.supervisor.connections import Connections
+from brooq.supervisor.fleet import Fleet
+from brooq.supervisor.sdnotify import Notifier
+
+log = logging.getLogger("brooq.master")
+
+Counts = dict[str, int]
+
+SD_WATCHDOG, RECONNECT, RENEW, REAP, STATS, RETENTION = (
+    "sd_watchdog",
+    "reconnect",
+    "renew",
+    "reap",
+    "stats",
+    "retention",
+)
+
+
+class Duty(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def period(self) -> float | None:
+        """Seconds between two runs; None: every pass of the loop, on no timer."""
+
+    @property
+    def first_after(self) -> float:
+        """Seconds from the scheduler's start to the first run."""
+
+    def run_once(self, now: float) -> Counts: ...
+
+
+class Scheduler:
+    """Duties in a fixed order, each due ``period`` seconds after its last run."""
+
+    def __init__(self, duties: Sequence[Duty], now: float) -> None:
+        self.duties = list(duties)
+        self._next = {d.name: now + d.first_after for d in duties if d.period is not None}
+
+    def due(self, now: float) -> Iterator[Duty]:
+        """The duties due at ``now``, in order, each rescheduled one period after ``now``
+        as it is handed out. Lazy: a duty is looked at once the one before it has run, so
+        a duty made due at once by an earlier one (renewal, by a reconnection) runs in
+        the same pass."""
+        for d in self.duties:
+            if d.period is None:
+                yield d
+            elif now >= self._next[d.name]:
+                self._next[d.name] = now + d.period
+                yield d
+
+    def next_at(self) -> float:
+        """When the next timed duty is due."""
+        return min(self._next.values(), default=float("inf"))
+
+    def due_now(self, name: str) -> None:
+        self._next[name] = float("-inf")
+
+
+# -- the duties -------------------------------------------------------------------------------
+
+
+class SdWatchdog:
+    """WATCHDOG=1 to systemd; only scheduled when systemd asks for it (WATCHDOG_USEC)."""
+
+    name = SD_WATCHDOG
+    first_after = 0.0
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+        self.period = notifier.watchdog_period
+
+    def run_once(self, now: float) -> Counts:
+        self.notifier.send("WATCHDOG=1")
+        return {"pings": 1}
+
+
+class Reconnect:
+    """While a connection is down: try again (after its backoff), then write what the
+    master owes the table for children that ended meanwhile."""
+
+    name = RECONNECT
+    period = None
+    first_after = 0.0
+
+    def __init__(self, conns: Connections, accounting: Accounting) -> None:
+        self.conns = conns
+        self.accounting = accounting
+
+    def run_once(self, now: float) -> Counts:
+        if self.conns.connected or not self.conns.connect():
+            return {}
+        self.accounting.flush()
+        return {"reconnected": 1}
+
+
+class Renewal:
+    """Extend the lease of every job a child holds, and tell a child the jobs it lost."""
+
+    name = RENEW
+
+    def __init__(
+        self, fleet: Fleet, conns: Connections, settings: Settings, metrics: Metrics | None
+    ) -> None:
+        self.fleet = fleet
+        self.conns = conns
+        self.lease = settings.lease
+        self.period = self.first_after = settings.renew_period
+        self.metrics = metrics
+
+    def run_once(self, now: float) -> Counts:
+        fleet = self.fleet
+        # Read what children said first, so a job just finished is not taken for lost.
+        fleet.read_all(now)
+        held = [
+            (job_id, c.identity)
+            for c in fleet.children.values()
+            if c.kill_reason is None
+            for job_id in c.held
+        ]
+        if not held:
+            return {"renewed": 0, "lost": 0}
+        still = self.conns.with_db(
+            "renew", lambda conn: maintenance.renew_leases(conn, held, self.lease)
+        )
+        if still is None:
+            return {}
+        # A job missing from the answer was canceled, reaped or taken over -- unless the
+        # child settled it meanwhile: look at what the children said and run since.
+        fleet.read_all(now)
+        fleet.read_boards()
+        missing = {job_id for job_id, _ in held} - still
+        lost = 0
+        for c in fleet.children.values():
+            for job_id in c.held:
+                running = c.job is not None and c.job.id == job_id
+                if job_id not in missing or (running and c.lease_lost_at is not None):
+                    continue
+                protocol.send(c.to_child, f"lost {job_id}\n".encode())
+                lost += 1
+                if not running or c.job is None:
+                    continue  # not started yet (the child will skip it) or already settled
+                c.lease_lost_at = now
+                if self.metrics is not None:
+                    self.metrics.lease_lost.labels(c.job.topic).inc()
+                log.info(
+                    "event=lease_lost job=%s topic=%s pid=%d: canceled, reaped or taken over",
+                    c.job.id,
+                    c.job.topic,
+                    c.pid,
+                )
+        return {"renewed": len(held) - len(missing), "lost": lost}
+
+
+class Reaper:
+    """Expired leases back to pending (or dead after max_lease_expiries)."""
+
+    name = REAP
+    first_after = 1.0
+
+    def __init__(self, conns: Connections, settings: Settings, metrics: Metrics | None) -> None:
+        self.conns = conns
+        self.max_expiries = settings.max_lease_expiries
+        self.period = settings.effective_reaper_period
+        self.metrics = metrics
+
+    def run_once(self, now: float) -> Counts:
+        result = self.conns.with_db(
+            "reaper", lambda conn: maintenance.reap_expired(conn, self.max_expiries)
+        )
+        if result is None:
+            return {}
+        reaped, dead = result
+        for job_id, topic, expiries in dead:
+            if self.metrics is not None:
+                self.metrics.outcomes.labels(topic, "dead").inc()
+            log.error(
+                "event=job_dead job=%s topic=%s reason=lease_expired expiries=%d: the "
+                "workers running it vanished that many times",
+                job_id,
+                topic,
+                expiries,
+            )
+        if reaped:
+            if self.metrics is not None:
+                for topic, n in reaped.items():
+                    self.metrics.reaped.labels(topic).inc(n)
+            log.info(
+                "event=jobs_reaped count=%d topics=%s",
+                sum(reaped.values()),
+                ",".join(sorted(reaped)),
+            )
+        return {"reaped": sum(reaped.values()), "dead": len(dead)}
+
+
+class Stats:
+    """Jobs by topic and state, oldest ready age: read from the table on a timer, so the
+    scrape rate never multiplies the database load."""
+
+    name = STATS
+    first_after = 0.0
+
+    def __init__(
+        self,
+        conns: Connections,
+        topics: Sequence[str],
+        settings: Settings,
+        metrics: Metrics | None,
+    ) -> None:
+        self.conns = conns
+        self.topics = set(topics)
+        self.period = settings.stats_period
+        self.metrics = metrics
+
+    def run_once(self, now: float) -> Counts:
+        if self.metrics is None:
+            return {}
+
+        def read(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+            return conn.cursor(row_factory=dict_row).execute(Q.job_stats_by_topic).fetchall()
+
+        rows = self.conns.with_db("stats", read)
+        if rows is None:
+            return {}
+        by_topic = {r["topic"]: r for r in rows}
+        for topic in self.topics | set(by_topic):
+            r = by_topic.get(topic, {})
+            for state in ("pending", "processing", "failed", "dead"):
+                self.metrics.jobs.labels(topic, state).set(r.get(state, 0))
+            self.metrics.oldest_ready.labels(topic).set(float(r.get("oldest_ready_age", 0.0)))
+        return {"topics": len(rows)}
+
+
+class Retention:
+    """Delete terminal jobs older than retention_ttl (0: never)."""
+
+    name = RETENTION
+
+    def __init__(self, conns: Connections, settings: Settings, metrics: Metrics | None) -> None:
+        self.conns = conns
+        self.ttl = settings.retention_ttl
+        self.batch = settings.retention_batch
+        self.period = settings.effective_retention_period
+        self.first_after = min(5.0, self.period)
+        self.metrics = metrics
+
+    def run_once(self, now: float) -> Counts:
+        if self.ttl <= 0:
+            return {}
+        result = self.conns.with_db(
+            "retention", lambda conn: maintenance.delete_expired(conn, self.ttl, self.batch)
+        )
+        if not result:
+            return {}
+        deleted, more = result
+        if deleted and self.metrics is not None:
+            for topic, n in deleted.items():
+                self.metrics.retention_deleted.labels(topic).inc(n)
+        if deleted:
+            log.info("event=retention_deleted count=%d", sum(deleted.values()))
+        if more:
+            log.warning(
+                "event=retention_behind: %d batches were not enough; "
+                "the rest waits for the next tick",
+                maintenance.RETENTION_MAX_BATCHES,
+            )
+        return {"deleted": sum(deleted.values()), "behind": int(more)}

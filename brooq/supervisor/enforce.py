@@ -1,0 +1,158 @@
+"""Carrying out the watchdog's decisions on the fleet, each pass of the master's loop.
+
+Owns the side of the watchdog that acts: asking a child for its stack (SIGUSR2), killing
+it (SIGKILL of its process group) with the log line and the brooq_children_killed_total
+count that go with each reason, and giving back the batchmates of a job that runs long
+so that other children run them meanwhile. What to do, and when, is decided by the pure
+functions of brooq.supervisor.watchdog; what a killed child's jobs become is settled
+when it is reaped (brooq.supervisor.settlement).
+
+It must never wait: no signal is waited for, a stack not written in time is logged
+empty, and a give-back that cannot reach the database is tried again on a later pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from functools import partial
+
+from brooq.ipc.reasons import MAX_EXECUTION_TIMEOUT, STALLED, killed_label
+from brooq.metrics import Metrics
+from brooq.settings import Settings
+from brooq.supervisor import maintenance
+from brooq.supervisor.childproc import ChildProc, killpg, read_stack
+from brooq.supervisor.connections import Connections
+from brooq.supervisor.fleet import LONG_JOB, Fleet
+from brooq.supervisor.watchdog import BusyChild, HoldingChild, decide, decide_stalled
+
+log = logging.getLogger("brooq.master")
+
+
+class Enforcer:
+    def __init__(
+        self, fleet: Fleet, conns: Connections, settings: Settings, metrics: Metrics | None
+    ) -> None:
+        self.fleet = fleet
+        self.conns = conns
+        self.settings = settings
+        self.metrics = metrics
+
+    def run(self, now: float) -> None:
+        children = self.fleet.children
+        busy = [
+            BusyChild(
+                pid=c.pid,
+                started=c.job.started,
+                max_execution_timeout=c.job.max_execution_timeout,
+                lease_lost_at=c.lease_lost_at,
+                stack_requested_at=c.stack_requested_at,
+            )
+            for c in children.values()
+            if c.job is not None and c.kill_reason is None
+        ]
+        decisions = decide(busy, now, self.settings.effective_watchdog_grace)
+        decisions += decide_stalled(self._holding(now), now, self.settings.lease)
+        for d in decisions:
+            c = children[d.pid]
+            if d.action == "dump_stack":
+                c.stack_requested_at = now
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(c.pid, signal.SIGUSR2)
+                continue
+            c.kill_reason = d.reason
+            if d.reason == STALLED:
+                self._kill_stalled(c, now)
+            else:
+                self._kill_busy(c, now)
+        self._give_back_batchmates(now)
+
+    def _kill_busy(self, c: ChildProc, now: float) -> None:
+        assert c.job is not None and c.kill_reason is not None
+        if self.metrics is not None:
+            self.metrics.killed.labels(killed_label(c.kill_reason)).inc()
+        stack = read_stack(c.stack_file)
+        c.kill_detail = f"; stack (most recent call first):\n{stack}" if stack else ""
+        if c.kill_reason == MAX_EXECUTION_TIMEOUT:
+            log.error(
+                "event=child_killed pid=%d job=%s topic=%s reason=max_execution_timeout "
+                "limit=%gs ran=%.1fs\n%s",
+                c.pid,
+                c.job.id,
+                c.job.topic,
+                c.job.max_execution_timeout,
+                now - c.job.started,
+                stack,
+            )
+        else:
+            log.error(
+                "event=child_killed pid=%d job=%s topic=%s reason=hung_after_lease_lost "
+                "grace=%gs\n%s",
+                c.pid,
+                c.job.id,
+                c.job.topic,
+                self.settings.effective_watchdog_grace,
+                stack,
+            )
+        killpg(c.pid)
+
+    def _holding(self, now: float) -> list[HoldingChild]:
+        """Children holding jobs outside any handler, for the stall rule. While the master
+        cannot reach the database either, nobody is stalled: it is an outage, and the
+        clock starts again when the database is back."""
+        holding = []
+        for c in self.fleet.children.values():
+            if not c.held or c.job is not None or c.kill_reason is not None:
+                continue
+            if not self.conns.ok or c.board.in_hooks():  # an outage; the application's hooks
+                c.progress_at = now
+                continue
+            holding.append(HoldingChild(c.pid, c.progress_at, c.stack_requested_at))
+        return holding
+
+    def _kill_stalled(self, c: ChildProc, now: float) -> None:
+        if self.metrics is not None:
+            self.metrics.killed.labels(killed_label(STALLED)).inc()
+        stack = read_stack(c.stack_file)
+        log.error(
+            "event=child_killed pid=%d worker=%s reason=stalled held=%d idle=%.1fs: it held "
+            "jobs outside any handler for longer than the lease; they go back with the "
+            "attempt refunded\n%s",
+            c.pid,
+            c.identity,
+            len(c.held),
+            now - c.progress_at,
+            stack,
+        )
+        killpg(c.pid)
+
+    def _give_back_batchmates(self, now: float) -> None:
+        """A job running for LONG_JOB gives back the jobs claimed after it in its batch
+        now, not when it returns, so that other children run them meanwhile. The child
+        gives them back again when the job returns; the guard makes that a no-op."""
+        for c in self.fleet.children.values():
+            job = c.job
+            if job is None or c.kill_reason is not None or c.gave_back_for == job.id:
+                continue
+            if now - job.started < LONG_JOB or job.id not in c.held:
+                continue
+            rest = c.held[c.held.index(job.id) + 1 :]
+            c.gave_back_for = job.id
+            if not rest:
+                continue
+            released = self.conns.with_db(
+                "give_back", partial(maintenance.release_ids, ids=rest, worker=c.identity)
+            )
+            if released is None:
+                continue
+            gone = set(rest)  # not ours any more either way: never renew or report them
+            c.held = [i for i in c.held if i not in gone]
+            log.info(
+                "event=batch_given_back pid=%d job=%s count=%d: running for more than %gs",
+                c.pid,
+                job.id,
+                len(released),
+                LONG_JOB,
+            )

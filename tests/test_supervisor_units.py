@@ -1,0 +1,292 @@
+"""The master's pure parts, without a database or a process: how a child's end settles its
+jobs, the scheduler's timing with an injected clock, the watchdog's decisions."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import uuid
+from typing import Any
+
+import pytest
+
+from brooq.ipc.board import Running
+from brooq.ipc.reasons import (
+    DRAIN,
+    DRAIN_TIMEOUT,
+    EXIT_APP_LOAD_ERROR,
+    EXIT_BOOT_ERROR,
+    FATAL,
+    LEASE_LOST,
+    MAX_EXECUTION_TIMEOUT,
+    MAX_JOBS,
+    MAX_MEMORY,
+    RELOAD,
+    SCALE_DOWN,
+    STALLED,
+)
+from brooq.settings import Settings
+from brooq.supervisor.duties import (
+    REAP,
+    RECONNECT,
+    RENEW,
+    RETENTION,
+    SD_WATCHDOG,
+    STATS,
+    Counts,
+    Reaper,
+    Reconnect,
+    Renewal,
+    Retention,
+    Scheduler,
+    SdWatchdog,
+    Stats,
+)
+from brooq.supervisor.respawn import CrashStreak
+from brooq.supervisor.sdnotify import Notifier
+from brooq.supervisor.settlement import (
+    ChildEnd,
+    ReturnAll,
+    SettleHeld,
+    outside_job,
+    retire_reason,
+    settle,
+    storm_verdict,
+)
+from brooq.supervisor.watchdog import STACK_GRACE, BusyChild, Decision, decide
+
+JOB = Running(id=uuid.UUID(int=7), topic="t", attempt=1, started=100.0, max_execution_timeout=5.0)
+
+
+def end(**kw: Any) -> ChildEnd:
+    base: dict[str, Any] = dict(
+        code=0, kill_reason=None, retiring=None, ready=True, job=None, stopping=False, now=110.0
+    )
+    base.update(kw)
+    return ChildEnd(**base)
+
+
+# -- settlement: how a child ended -> what happens to its jobs --------------------------------
+
+
+def test_a_hard_timeout_kill_fails_the_running_job_with_the_limit_and_the_stack() -> None:
+    s = settle(
+        end(code=-signal.SIGKILL, kill_reason=MAX_EXECUTION_TIMEOUT, job=JOB, kill_detail="; st")
+    )
+    assert s.jobs == SettleHeld(JOB.id, "killed: max_execution_timeout 5s exceeded (ran 10.0s); st")
+    assert (s.label, s.exit, s.level) == (MAX_EXECUTION_TIMEOUT, "signal=SIGKILL", logging.ERROR)
+    assert s.count_restart and not s.outside_job
+
+
+def test_a_hard_timeout_kill_with_an_empty_board_fails_nothing_but_gives_back() -> None:
+    s = settle(end(code=-signal.SIGKILL, kill_reason=MAX_EXECUTION_TIMEOUT))
+    assert s.jobs == SettleHeld(None, "worker died: SIGKILL")
+    assert not s.outside_job  # the master killed it: not the fleet's fault
+
+
+@pytest.mark.parametrize("reason", [DRAIN_TIMEOUT, FATAL, STALLED])
+def test_drain_timeout_fatal_and_stalled_kills_return_everything(reason: Any) -> None:
+    s = settle(end(code=-signal.SIGKILL, kill_reason=reason, job=JOB))
+    assert s.jobs == ReturnAll()
+    assert s.label == reason and s.level == logging.ERROR and not s.outside_job
+
+
+def test_a_lease_lost_kill_fails_nothing_and_gives_back_the_rest_of_the_batch() -> None:
+    s = settle(end(code=-signal.SIGKILL, kill_reason=LEASE_LOST, job=JOB))
+    assert s.jobs == SettleHeld(None, "")
+    assert s.label == LEASE_LOST
+
+
+def test_a_crash_in_a_job_fails_that_job() -> None:
+    s = settle(end(code=-signal.SIGSEGV, job=JOB))
+    assert s.jobs == SettleHeld(JOB.id, "worker died: SIGSEGV")
+    assert (s.label, s.exit, s.level) == ("crash", "signal=SIGSEGV", logging.ERROR)
+    assert not s.outside_job  # inside a job: the job's business, no backoff
+
+
+def test_a_non_zero_exit_outside_a_job_counts_in_the_streak() -> None:
+    s = settle(end(code=1))
+    assert s.jobs == SettleHeld(None, "worker exited with status 1")
+    assert (s.label, s.exit) == ("crash", "exit_status=1")
+    assert s.outside_job
+
+
+def test_a_clean_exit_settles_nothing() -> None:
+    s = settle(end(code=0))
+    assert s.jobs is None and s.label == "exit" and s.level == logging.INFO
+    assert not s.outside_job  # it had said ready
+    assert settle(end(code=0, ready=False)).outside_job  # gone before it was ready
+
+
+@pytest.mark.parametrize("why", [DRAIN, SCALE_DOWN, RELOAD, MAX_JOBS, MAX_MEMORY])
+def test_a_child_asked_to_stop_is_no_crash(why: Any) -> None:
+    for code in (0, -signal.SIGTERM):
+        s = settle(end(code=code, retiring=why, ready=False))
+        assert s.label == why and not s.outside_job
+    # SIGTERM is still a death by signal for its jobs (it had none running here).
+    assert settle(end(code=-signal.SIGTERM, retiring=why)).jobs == SettleHeld(
+        None, "worker died: SIGTERM"
+    )
+    assert settle(end(code=1, retiring=why)).outside_job  # it crashed instead
+
+
+def test_deaths_while_draining_neither_count_restarts_nor_a_streak() -> None:
+    s = settle(end(code=1, stopping=True))
+    assert not s.count_restart and not s.outside_job
+    assert s.jobs == SettleHeld(None, "worker exited with status 1")
+
+
+def test_the_kill_reason_wins_the_label_over_the_stop_reason() -> None:
+    s = settle(end(code=-signal.SIGKILL, kill_reason=DRAIN_TIMEOUT, retiring=DRAIN))
+    assert s.label == DRAIN_TIMEOUT
+
+
+def test_retire_reasons_in_both_spellings_come_out_in_todays() -> None:
+    assert retire_reason("max_jobs") == retire_reason("max-jobs") == MAX_JOBS
+    assert retire_reason("max_memory") == retire_reason("max-memory") == MAX_MEMORY
+    assert retire_reason("bored") is None
+
+
+def test_a_death_outside_a_job_is_about_its_generation() -> None:
+    assert outside_job(EXIT_BOOT_ERROR, 1, 2, None) == "stale"  # a generation given up
+    assert outside_job(EXIT_APP_LOAD_ERROR, 2, 2, 1) == "reload_failed"
+    assert outside_job(EXIT_APP_LOAD_ERROR, 0, 0, None) == "streak"  # at start: fatal
+    assert outside_job(EXIT_BOOT_ERROR, 2, 2, 1) == "streak"
+    streak = CrashStreak()
+    streak.died(0.0)
+    assert storm_verdict(EXIT_BOOT_ERROR, streak) is None
+    assert storm_verdict(EXIT_APP_LOAD_ERROR, streak) == "children cannot load the application"
+
+
+# -- the scheduler: timing with an injected clock ---------------------------------------------
+
+
+def schedule(settings: Settings, watchdog_usec: str | None, monkeypatch: Any) -> Scheduler:
+    """The master's duties in the master's order; their dependencies are never touched
+    because nothing is run."""
+    if watchdog_usec is None:
+        monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    else:
+        monkeypatch.setenv("WATCHDOG_USEC", watchdog_usec)
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    notifier = Notifier()
+    none: Any = None
+    duties: list[Any] = [SdWatchdog(notifier)] if notifier.watchdog_period else []
+    duties += [
+        Reconnect(none, none),
+        Renewal(none, none, settings, None),
+        Reaper(none, settings, None),
+        Stats(none, [], settings, None),
+        Retention(none, settings, None),
+    ]
+    return Scheduler(duties, now=1000.0)
+
+
+def due_at(scheduler: Scheduler, now: float) -> list[str]:
+    return [d.name for d in scheduler.due(now)]
+
+
+def test_every_duty_keeps_its_period_and_first_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings(lease=6.0, stats_period=5.0, retention_period=3.0)  # reaper max(5, 6/4)
+    sched = schedule(s, "4000000", monkeypatch)  # WatchdogSec=4s: a ping every 2 s
+    assert due_at(sched, 1000.0) == [SD_WATCHDOG, RECONNECT, STATS]  # at once
+    assert due_at(sched, 1000.5) == [RECONNECT]  # every pass, on no timer
+    assert due_at(sched, 1001.0) == [RECONNECT, REAP]  # the first reap after 1 s
+    assert due_at(sched, 1002.0) == [SD_WATCHDOG, RECONNECT, RENEW]  # lease/3
+    assert due_at(sched, 1002.9) == [RECONNECT]
+    assert due_at(sched, 1003.0) == [RECONNECT, RETENTION]  # min(5 s, its 3 s period)
+    assert due_at(sched, 1004.0) == [SD_WATCHDOG, RECONNECT, RENEW]
+    assert due_at(sched, 1005.0) == [RECONNECT, STATS]
+    assert due_at(sched, 1006.0) == [SD_WATCHDOG, RECONNECT, RENEW, REAP, RETENTION]
+    assert sched.next_at() == 1008.0  # the next ping and renewal
+
+
+def test_a_late_pass_reschedules_from_when_it_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings(lease=30.0, stats_period=100.0, reaper_period=100.0)
+    sched = schedule(s, None, monkeypatch)
+    assert due_at(sched, 1000.0) == [RECONNECT, STATS]  # no WATCHDOG_USEC: no ping
+    assert due_at(sched, 1025.0) == [RECONNECT, RENEW, REAP, RETENTION]
+    assert due_at(sched, 1034.9) == [RECONNECT]
+    assert due_at(sched, 1035.0) == [RECONNECT, RENEW]  # 10 s after 1025, not 1010
+
+
+def test_retention_starts_after_at_most_five_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    sched = schedule(Settings(), None, monkeypatch)  # retention every 60 s
+    assert RETENTION not in due_at(sched, 1004.9)
+    assert RETENTION in due_at(sched, 1005.0)
+    assert RETENTION not in due_at(sched, 1064.9)
+    assert RETENTION in due_at(sched, 1065.0)
+
+
+def test_a_reconnection_makes_renewal_due_in_the_same_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scheduler is lazy: a duty made due at once by an earlier duty of the pass (the
+    reconnection, as Connections calls back) runs in that pass, before the reaper."""
+    sched = schedule(Settings(lease=30.0), None, monkeypatch)
+    due_at(sched, 1000.0)
+    ran = []
+    for duty in sched.due(1001.0):
+        ran.append(duty.name)
+        if duty.name == RECONNECT:
+            sched.due_now(RENEW)
+    assert ran == [RECONNECT, RENEW, REAP]
+    assert sched.next_at() == 1005.0  # stats and the first retention; renewal at 1011
+    assert due_at(sched, 1011.0) == [RECONNECT, RENEW, REAP, STATS, RETENTION]
+
+
+def test_a_scheduler_of_plain_duties() -> None:
+    class Tick:
+        name = "tick"
+        period = 2.0
+        first_after = 0.5
+        runs = 0
+
+        def run_once(self, now: float) -> Counts:
+            self.runs += 1
+            return {"ticks": 1}
+
+    tick = Tick()
+    sched = Scheduler([tick], now=0.0)
+    assert sched.next_at() == 0.5
+    for now in (0.0, 0.4, 0.5, 1.0, 2.4, 2.5, 4.5):
+        for duty in sched.due(now):
+            assert duty.run_once(now) == {"ticks": 1}
+    assert tick.runs == 3  # at 0.5, 2.5, 4.5
+    assert sched.next_at() == 6.5
+    assert Scheduler([], now=0.0).next_at() == float("inf")
+
+
+# -- watchdog decisions --------------------------------------------------------------------------
+
+
+def test_a_job_past_its_hard_limit_gets_a_stack_request_then_a_kill() -> None:
+    busy = BusyChild(
+        pid=1, started=100.0, max_execution_timeout=5.0, lease_lost_at=None, stack_requested_at=None
+    )
+    assert decide([busy], now=104.9, grace=30.0) == []
+    assert decide([busy], now=105.0, grace=30.0) == [
+        Decision(1, "dump_stack", MAX_EXECUTION_TIMEOUT)
+    ]
+    asked = BusyChild(1, 100.0, 5.0, None, stack_requested_at=105.0)
+    assert decide([asked], now=105.0 + STACK_GRACE / 2, grace=30.0) == []
+    assert decide([asked], now=105.0 + STACK_GRACE, grace=30.0) == [
+        Decision(1, "kill", MAX_EXECUTION_TIMEOUT)
+    ]
+
+
+def test_a_child_still_busy_after_its_lease_was_lost_is_killed_after_the_grace() -> None:
+    lost = BusyChild(
+        pid=2,
+        started=100.0,
+        max_execution_timeout=300.0,
+        lease_lost_at=110.0,
+        stack_requested_at=None,
+    )
+    assert decide([lost], now=111.9, grace=2.0) == []
+    assert decide([lost], now=112.0, grace=2.0) == [Decision(2, "dump_stack", LEASE_LOST)]
+    # The hard limit is looked at first.
+    both = BusyChild(3, 100.0, 5.0, lease_lost_at=100.0, stack_requested_at=None)
+    assert decide([both], now=200.0, grace=2.0) == [
+        Decision(3, "dump_stack", MAX_EXECUTION_TIMEOUT)
+    ]
