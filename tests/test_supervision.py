@@ -275,7 +275,7 @@ def test_recycling_by_job_count(
     wait_for(lambda: states(db) == {"done": 10}, timeout=30, what="done")
     per_pid = [n for _, n in db.execute("SELECT pid, count(*) FROM execution GROUP BY pid")]
     assert sorted(per_pid) == [1, 3, 3, 3]
-    assert "reason=max-jobs" in m.log()
+    assert "reason=max_jobs" in m.log()
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
 
@@ -291,6 +291,6 @@ def test_recycling_by_memory(
     pids = db.execute("SELECT job_id, pid FROM execution").fetchall()
     by_job = dict(pids)
     assert by_job[first] != by_job[second]  # the heavy child was retired
-    assert "reason=max-memory" in m.log()
+    assert "reason=max_memory" in m.log()
     m.signal(signal.SIGTERM)
     assert m.wait() == 0

@@ -32,6 +32,7 @@ from psycopg.rows import RowMaker
 from brooq import logs
 from brooq.handlers import Policy
 from brooq.ipc.board import Board, Running
+from brooq.ipc.reasons import MAX_JOBS, MAX_MEMORY
 from brooq.job import Claim, Interruption
 from brooq.sql import Q
 from brooq.worker import execute, interrupts
@@ -337,10 +338,10 @@ class Child:
     def _should_retire(self) -> bool:
         s = self.settings
         if s.max_jobs_per_child and self.jobs_done >= s.max_jobs_per_child:
-            self._tell({"retire": "max-jobs"})
+            self._tell({"retire": MAX_JOBS})
             return True
         if s.max_memory_per_child and resident_mib() > s.max_memory_per_child:
-            self._tell({"retire": "max-memory"})
+            self._tell({"retire": MAX_MEMORY})
             return True
         return False
 
