@@ -261,7 +261,7 @@ def test_a_child_does_not_block_on_a_pipe_its_master_does_not_read(tmp_path: Pat
             child.setup()  # says "ready"
             for h in held:
                 child._tell({"held": h})
-            child._tell({"retire": "max-jobs"})
+            child._tell({"retire": "max_jobs"})
             took = time.monotonic() - began
             os.write(rep_w, json.dumps([took, child.master_gone]).encode() + b"\n")
             os.read(go_r, 1)  # the master's read end is closed now
@@ -286,7 +286,7 @@ def test_a_child_does_not_block_on_a_pipe_its_master_does_not_read(tmp_path: Pat
                 buffer += os.read(c2m_r, 65536)
                 *complete, buffer = buffer.split(b"\n")
                 lines.extend(json.loads(x) for x in complete if x)
-        assert lines == [{"ready": 1}, {"held": held[-1]}, {"retire": "max-jobs"}]
+        assert lines == [{"ready": 1}, {"held": held[-1]}, {"retire": "max_jobs"}]
         # A pipe that is gone still means the master is gone.
         os.close(c2m_r)
         os.write(go_w, b"g")

@@ -699,7 +699,7 @@ def test_per_job_lines_made_without_a_log_record_read_as_logged_ones(
     import logging
 
     from brooq import logs
-    from brooq.worker import child
+    from brooq.worker import outcome
 
     stream = io.StringIO()
     monkeypatch.setattr("sys.stderr", stream)
@@ -715,11 +715,11 @@ def test_per_job_lines_made_without_a_log_record_read_as_logged_ones(
     monkeypatch.setattr(logs, "emit_plain", spy)
     fmt_args = ("event=job_%s job=%s attempt=%d duration=%.3fs", "done", "j1", 2, 0.0123)
     try:
-        with logs.batch(child.log):
-            child._log_quick(logging.INFO, *fmt_args)
-            child._log_quick(logging.DEBUG, *fmt_args)  # below the level: nothing
+        with logs.batch(outcome.log):
+            outcome._log_quick(logging.INFO, *fmt_args)
+            outcome._log_quick(logging.DEBUG, *fmt_args)  # below the level: nothing
         assert made_plain == [True, True]
-        child.log.info(*fmt_args)  # the usual way, outside a batch
+        outcome.log.info(*fmt_args)  # the usual way, outside a batch
         plain, usual = stream.getvalue().splitlines()
         assert plain == usual
         if fmt == "json":
@@ -730,12 +730,12 @@ def test_per_job_lines_made_without_a_log_record_read_as_logged_ones(
         stream.seek(0)
         made_plain.clear()
         dropper = logging.Filter("nothing.matches")
-        child.log.addFilter(dropper)
+        outcome.log.addFilter(dropper)
         try:
-            with logs.batch(child.log):
-                child._log_quick(logging.INFO, *fmt_args)
+            with logs.batch(outcome.log):
+                outcome._log_quick(logging.INFO, *fmt_args)
         finally:
-            child.log.removeFilter(dropper)
+            outcome.log.removeFilter(dropper)
         assert made_plain == [False] and stream.getvalue() == ""
 
         # Another handler further up would miss the line: the usual path again.
@@ -745,8 +745,8 @@ def test_per_job_lines_made_without_a_log_record_read_as_logged_ones(
         root.addHandler(seen)
         made_plain.clear()
         try:
-            with logs.batch(child.log):
-                child._log_quick(logging.INFO, *fmt_args)
+            with logs.batch(outcome.log):
+                outcome._log_quick(logging.INFO, *fmt_args)
         finally:
             root.removeHandler(seen)
         assert made_plain == [False] and len(seen.records) == 1

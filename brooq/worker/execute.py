@@ -1,4 +1,14 @@
-"""From what a handler did to the outcome to write. Pure: no I/O, no clock."""
+"""From what a handler did to the outcome to write: done, failed (with its delay and
+whether the attempt is refunded), canceled, or abandon (the lease is gone: write nothing).
+
+Owns the reading of the handler signals (brooq.job: Delay, PreserveAttempt, CancelJob,
+raised directly or as a __cause__ at any depth) and of brooq's interruptions
+(AttemptTimeout, LeaseLost), and the text of last_error (`describe`, `bounded`).
+
+Pure: no I/O, no clock, no randomness of its own (the jitter draw is passed in). Must
+never decide dead: whether a failed attempt was the last one is for job_set_failed to
+say, in the same statement that writes it.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,153 @@
+"""The child's side of its two pipes to the master, and its process title.
+
+Owns the control thread ("brooq-control"): it reads the master's "w" (wake: jobs may be
+ready) and "lost <id>" (that job's lease is lost: interrupt it if it runs), flushes what
+waited in a full pipe, and keeps the process title. Owns the write side too: `tell`
+(ready, held, retire; see brooq.ipc.protocol) through _ToMaster, which never blocks.
+
+When the master is gone (its pipe ends or breaks) the child stops: the main thread
+writes what it finished and gives back what it did not start, and the process exits
+within one renewal period (EXIT_MASTER_GONE), since nobody renews its leases any more.
+
+Must never touch the database, never renew a lease (the master does), and never raise
+in the main thread other than through SIGUSR1 for a job whose lease is lost (the signal
+handler of brooq.worker.interrupts decides whether a handler is running to receive it).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+import time
+import uuid
+from typing import Any
+
+from setproctitle import setproctitle
+
+from brooq.ipc import protocol
+from brooq.settings import Settings
+from brooq.worker.config import EXIT_MASTER_GONE, TITLE_TICK
+from brooq.worker.state import ChildState
+
+
+class MasterLink:
+    def __init__(self, to_master: int, from_master: int, settings: Settings, state: ChildState):
+        self.settings = settings
+        self.state = state
+        self.from_master = from_master
+        self.title = ""
+        self._to_master = _ToMaster(to_master)  # never blocks, see there
+        self._told_held: list[uuid.UUID] = []  # what the master was last told we hold
+        self._main_thread = threading.get_ident()
+        os.set_blocking(from_master, True)
+
+    def start(self) -> None:
+        threading.Thread(target=self._read_master, name="brooq-control", daemon=True).start()
+
+    def tell(self, message: dict[str, Any]) -> None:
+        if not self._to_master.send(message):
+            self.state.master_is_gone()
+
+    def tell_held(self, held: list[uuid.UUID]) -> None:
+        """Tell the master what we hold (it renews those leases), if that changed."""
+        if held != self._told_held:
+            self.tell({"held": [str(i) for i in held]})
+            self._told_held = list(held)
+
+    # -- the control thread ------------------------------------------------------------
+
+    def _read_master(self) -> None:
+        reader = protocol.LineReader(self.from_master)
+        state = self.state
+        while True:
+            ready, _, _ = select.select([self.from_master], [], [], TITLE_TICK)
+            if ready:
+                for line in reader.read():
+                    if line == b"w":
+                        state.wake(b"w")
+                    elif line.startswith(b"lost "):
+                        self._on_lost(uuid.UUID(line[5:].decode()))
+                if reader.eof:
+                    self._on_master_gone()
+                    return
+            # What waited for room in a full pipe goes out once the master reads again.
+            if not state.master_gone and not self._to_master.flush():
+                state.master_is_gone()
+                state.wake(b"x")
+            self.update_title()
+
+    def _on_lost(self, job_id: uuid.UUID) -> None:
+        self.state.lost.add(job_id)
+        running = self.state.running
+        if running is not None and running.id == job_id:
+            signal.pthread_kill(self._main_thread, signal.SIGUSR1)
+
+    def _on_master_gone(self) -> None:
+        # Without a master nobody renews our lease: finish within one renewal period or go.
+        self.state.master_is_gone()
+        self.state.wake(b"x")
+        time.sleep(self.settings.renew_period)
+        os._exit(EXIT_MASTER_GONE)
+
+    def update_title(self) -> None:
+        """The process title shows the running job or idle. The control thread keeps it,
+        a few times a second, rather than the main thread twice per job: setting it costs
+        about as much as a short job, and a job too short to be seen needs no title."""
+        claim, started = self.state.running, self.state.started
+        if claim is None:
+            title = "brooq-child: idle"
+        else:
+            title = (
+                f"brooq-child: {claim.topic} {claim.id} attempt {claim.attempt} "
+                f"running {time.monotonic() - started:.0f}s"
+            )
+        if title != self.title:
+            self.title = title
+            setproctitle(title)
+
+
+class _ToMaster:
+    """The child's end of its pipe to the master, written without ever blocking: a master
+    that does not read (busy, stopped, frozen) must not stop the child. Every message is
+    a state -- ready, the held list, retire -- so when the pipe is full the latest of each
+    kind waits here, replacing an older one of its kind, and goes out on a later send or
+    flush (the control thread flushes every TITLE_TICK). A line partly written is always
+    finished first, so the master only ever reads whole lines. The main thread and the
+    control thread both write: one lock around the buffer and the write."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self.gone = False  # EPIPE: the master is gone
+        self._lock = threading.Lock()
+        self._partial = b""  # the rest of a line already partly written
+        self._pending: dict[str, bytes] = {}  # kind -> its latest line, none of it written
+
+    def send(self, message: dict[str, Any]) -> bool:
+        """Write the message, or keep it for later; False once the master is gone."""
+        kind = next(iter(message))
+        with self._lock:
+            self._pending[kind] = protocol.encode(message)
+            return self._flush()
+
+    def flush(self) -> bool:
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> bool:
+        while not self.gone:
+            if not self._partial:
+                if not self._pending:
+                    break
+                self._partial = self._pending.pop(next(iter(self._pending)))
+            try:
+                written = os.write(self.fd, self._partial)
+            except BlockingIOError:
+                break  # the pipe is full: the rest waits
+            except OSError:
+                self.gone = True
+                break
+            self._partial = self._partial[written:]
+        return not self.gone

@@ -1,0 +1,86 @@
+"""What a child measures of itself: its metrics, and its resident memory.
+
+Owns the child's Tally (brooq.metrics: observations added up in memory and written to
+the shared metric files once per claim round trip), the per-attempt duration, CPU and
+peak RSS histograms, the claims and outcomes counters, the busy gauge, and the readings
+of resident memory that max_memory_per_child compares against.
+
+Must never write a metric per job (a multiprocess metric write costs more than a short
+job: everything goes through the Tally), and never change what it measures: the metric
+names and labels are the operator's interface.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import TYPE_CHECKING
+
+from brooq.job import Claim
+from brooq.metrics import Tally
+from brooq.worker.config import PEAK_RSS_MAX_AGE
+
+if TYPE_CHECKING:
+    from brooq.metrics import Metrics
+
+
+class Meter:
+    def __init__(self, metrics: Metrics | None) -> None:
+        self.metrics = metrics
+        self.tally = Tally()
+        self.peak_rss = 0.0
+        self.peak_rss_at = -PEAK_RSS_MAX_AGE
+        self.busy = False  # what the busy gauge shows
+
+    def cpu(self) -> float:
+        """The CPU time so far, when metrics are kept (else 0: not worth a system call)."""
+        return time.process_time() if self.metrics is not None else 0.0
+
+    def attempt(self, topic: str, duration: float, cpu_before: float) -> None:
+        metrics = self.metrics
+        if metrics is not None:
+            cpu = time.process_time() - cpu_before
+            self.tally.observe(metrics.attempt_duration, topic, duration)
+            self.tally.observe(metrics.attempt_cpu, topic, cpu)
+            self.tally.observe(metrics.attempt_rss, topic, self._peak_rss(duration))
+
+    def outcome(self, topic: str, state: str) -> None:
+        if self.metrics is not None:
+            self.tally.inc(self.metrics.outcomes, topic, state)
+
+    def claimed(self, claims: list[Claim]) -> None:
+        """Count the claims, set the busy gauge once per batch and write what the last
+        batch tallied."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        for c in claims:
+            self.tally.inc(metrics.claims, c.topic)
+        if bool(claims) != self.busy:
+            self.busy = bool(claims)
+            metrics.busy.set(1 if claims else 0)
+        self.tally.flush()
+
+    def flush(self) -> None:
+        self.tally.flush()
+
+    def _peak_rss(self, duration: float) -> float:
+        """The child's peak resident memory in bytes. getrusage costs more than a short
+        job, so after short attempts a reading up to PEAK_RSS_MAX_AGE old is reused (the
+        peak moves slowly and never down)."""
+        now = time.monotonic()
+        if duration >= PEAK_RSS_MAX_AGE or now - self.peak_rss_at >= PEAK_RSS_MAX_AGE:
+            self.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+            self.peak_rss_at = now
+        return self.peak_rss
+
+
+def resident_mib() -> float:
+    """Current resident set size in MiB (Linux /proc), else the peak from getrusage."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,210 @@
+"""Writing one job's outcome, and the log line and count of what was written.
+
+Owns the outcome statements other than the batched `done` of the claim round trip:
+done with chained jobs or on_success hooks (one transaction, the board's hooks flag set
+while the application's hooks run), failed (SQL makes it dead when the attempts are
+used up), canceled; retrying a write over a dropped connection; and `settled`, the one
+place that logs and counts what was written (job_done, job_failed, job_dead,
+outcome_skipped), the batched `done` lines included.
+
+Must never write unguarded: every statement matches the row only while it is still
+'processing' and locked by this child, so a write after the lease was lost, or a second
+write after a dropped connection, changes nothing. Must never renew a lease, and never
+run while an interruption may be raised (the handler has returned: brooq.worker.interrupts).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from brooq import logs
+from brooq.handlers import Policy
+from brooq.ipc.board import Board
+from brooq.job import Claim
+from brooq.produce import enqueue_many
+from brooq.settings import Settings
+from brooq.sql import Q
+from brooq.worker import execute
+from brooq.worker.connection import ChildConnection, Stop
+from brooq.worker.meter import Meter
+from brooq.worker.state import ChildState
+
+log = logging.getLogger("brooq.child")
+
+WRITE_TRIES = 5
+
+
+class OutcomeWriter:
+    def __init__(
+        self,
+        identity: str,
+        settings: Settings,
+        connection: ChildConnection,
+        state: ChildState,
+        board: Board,
+        meter: Meter,
+    ) -> None:
+        self.identity = identity
+        self.settings = settings
+        self.connection = connection
+        self.state = state
+        self.board = board
+        self.meter = meter
+
+    def write(
+        self, claim: Claim, policy: Policy, outcome: execute.Outcome
+    ) -> tuple[str | None, execute.Outcome]:
+        """Write the outcome: the state written (None when nothing was) and the outcome
+        actually written (a failing on_success turns done into failed)."""
+        if outcome.kind == "abandon":
+            log.info("event=lease_lost job=%s topic=%s: nothing written", claim.id, claim.topic)
+            return None, outcome
+        # The connection may drop mid-write: reconnect and write again. The guard makes
+        # a second write harmless (a committed first one left the row not 'processing').
+        for attempt in range(WRITE_TRIES):
+            try:
+                return self._write_once(claim, policy, outcome)
+            except psycopg.OperationalError as exc:
+                self.connection.failed("outcome", exc)
+                if attempt == WRITE_TRIES - 1 or self.state.master_gone:
+                    break
+                self.state.sleep(min(0.2 * 2**attempt, 2.0))
+            except Stop:
+                break
+        log.error(
+            "event=outcome_not_written job=%s topic=%s: the lease will expire and the reaper "
+            "returns the job",
+            claim.id,
+            claim.topic,
+        )
+        return None, outcome
+
+    def _write_once(
+        self, claim: Claim, policy: Policy, outcome: execute.Outcome
+    ) -> tuple[str | None, execute.Outcome]:
+        conn = self.connection.get()
+        who = {"id": claim.id, "worker": self.identity}
+        if outcome.kind == "done":  # with chained jobs or on_success hooks
+            try:
+                return self._write_done(conn, claim, who), outcome
+            except psycopg.OperationalError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "event=success_rolled_back job=%s topic=%s error=%r",
+                    claim.id,
+                    claim.topic,
+                    execute.describe(exc),
+                )
+                outcome = execute.decide(exc, claim.attempt, policy, random.random())
+                outcome = execute.Outcome(
+                    "failed",
+                    delay=outcome.delay,
+                    error=execute.bounded("on success: " + (outcome.error or "")),
+                )
+        if outcome.kind == "canceled":
+            cur = conn.execute(Q.job_set_canceled, {**who, "error": outcome.error})
+            return ("canceled" if cur.rowcount else None), outcome
+        cur = conn.cursor(row_factory=dict_row)  # the failure path: a dict costs nothing here
+        row = cur.execute(
+            Q.job_set_failed,
+            {
+                **who,
+                "refund": outcome.refund,
+                "max_attempts": policy.max_attempts,
+                "delay": outcome.delay,
+                "error": outcome.error,
+            },
+            prepare=True,
+        ).fetchone()
+        return (str(row["state"]) if row else None), outcome
+
+    def _write_done(
+        self, conn: psycopg.Connection[Any], claim: Claim, who: dict[str, Any]
+    ) -> str | None:
+        """`done`, the chained jobs and the on_success hooks in one transaction; None
+        (all rolled back) when the row is no longer ours."""
+        try:
+            with conn.transaction():
+                cur = conn.execute(Q.job_set_done, who, prepare=True)
+                if cur.rowcount == 0:
+                    raise _NotOurs
+                enqueue_many(conn, claim.chained, max_payload_bytes=self.settings.max_payload_bytes)
+                if claim.success_hooks:
+                    conn.execute(Q.session_planner_defaults)
+                    self.board.hooks_running(True)  # the stall rule leaves us alone
+                    try:
+                        for hook in claim.success_hooks:
+                            hook(conn)
+                    finally:
+                        self.board.hooks_running(False)
+        except _NotOurs:
+            return None
+        return "done"
+
+    def settled(
+        self,
+        claim: Claim,
+        state: str | None,
+        elapsed: float,
+        outcome: execute.Outcome | None = None,
+        traceback: str = "",
+    ) -> None:
+        """Log (and count) what was written for one job; None means nothing was.
+        ``traceback`` ends the failed and dead lines (empty, or a newline and the text)."""
+        if state is not None:
+            self.meter.outcome(claim.topic, state)
+        if state is None:
+            log.info(
+                "event=outcome_skipped job=%s topic=%s: no longer ours (canceled or reaped)",
+                claim.id,
+                claim.topic,
+            )
+        elif state == "dead":
+            log.error(
+                "event=job_dead job=%s topic=%s attempt=%d error=%r%s",
+                claim.id,
+                claim.topic,
+                claim.attempt,
+                outcome.error if outcome else None,
+                traceback,
+            )
+        elif state == "failed":
+            log.warning(
+                "event=job_failed job=%s topic=%s attempt=%d retry_in=%.1fs error=%r%s",
+                claim.id,
+                claim.topic,
+                claim.attempt,
+                outcome.delay if outcome else 0,
+                outcome.error if outcome else None,
+                traceback,
+            )
+        elif log.isEnabledFor(logging.INFO):
+            _log_quick(
+                logging.INFO,
+                "event=job_%s job=%s topic=%s attempt=%d duration=%.3fs",
+                state,
+                claim.id,
+                claim.topic,
+                claim.attempt,
+                elapsed,
+            )
+
+
+class _NotOurs(Exception):
+    """The done write matched no row: roll back the chain, write nothing."""
+
+
+def _log_quick(level: int, msg: str, *args: object) -> None:
+    """log.log() for the per-job lines: inside logs.batch(log) without a LogRecord when
+    brooq's own handler alone formats them (logs.emit_plain), else without
+    Logger.findCaller (walking the stack for the caller's file and line costs more than
+    a short job, and brooq's log formats do not show them)."""
+    if logs.emit_plain(log, level, msg, args):
+        return
+    log.handle(log.makeRecord(log.name, level, __file__, 0, msg, args, None))

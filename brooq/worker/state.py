@@ -1,0 +1,54 @@
+"""The little a child's pieces share: whether it stops, the job running now, the wake pipe.
+
+The main thread (claim loop, outcome writing), its signal handlers and the control thread
+(brooq.worker.link) all read and write this one object; it is the only state they share.
+Each field has one writer in normal operation (noted per field) and is a plain attribute
+read (no lock): a reader that sees an old value acts one tick later, never wrongly.
+
+The wake pipe is what the main thread sleeps on between polls and backoffs: the control
+thread writes to it ("w" when the master says jobs may be ready, "x" when the master is
+gone) and so does Python's signal wakeup (signal.set_wakeup_fd), so SIGTERM ends a sleep.
+
+Must never do I/O other than the wake pipe, and never decide anything: it only holds.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import uuid
+
+from brooq.ipc import protocol
+from brooq.job import Claim
+
+
+class ChildState:
+    def __init__(self) -> None:
+        self.stopping = False  # SIGTERM, or the master is gone: finish the job, then exit
+        self.master_gone = False  # the pipe to the master ended or broke
+        self.running: Claim | None = None  # the job whose handler runs now (main thread)
+        self.started = 0.0  # time.monotonic() when it started (main thread)
+        self.in_handler = False  # interruptions may be raised only while this is True
+        self.lost: set[uuid.UUID] = set()  # held jobs the master says are no longer ours
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    def master_is_gone(self) -> None:
+        """Without a master nobody renews our leases: stop taking jobs."""
+        self.master_gone = True
+        self.stopping = True
+
+    def wake(self, why: bytes) -> None:
+        """End the main thread's sleep (from another thread)."""
+        protocol.send(self.wake_w, why)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait for a wake-up, a signal or the timeout."""
+        ready, _, _ = select.select([self.wake_r], [], [], seconds)
+        if ready:
+            try:
+                while os.read(self.wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
