@@ -82,16 +82,13 @@ def test_a_long_message_is_bounded() -> None:
     assert outcome.error is not None
     assert outcome.error.startswith("ValueError: xxx")
     assert outcome.error.endswith("x ... [truncated]")
-    assert len(outcome.error) <= execute.LAST_ERROR_MAX + 1  # see the next test
+    assert len(outcome.error) <= execute.LAST_ERROR_MAX
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="execute.bounded keeps limit - 15 characters and adds 16: one over the limit "
-    "(left as it is in the issue-14 refactor: behaviour stays identical)",
-)
 def test_a_bounded_message_is_at_most_the_limit() -> None:
-    assert len(execute.bounded("x" * 10_000)) <= execute.LAST_ERROR_MAX
+    # It kept limit - 15 characters and added 16: one over the limit.
+    bounded = execute.bounded("x" * 10_000)
+    assert len(bounded) == execute.LAST_ERROR_MAX and bounded.endswith(" ... [truncated]")
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3)])

@@ -39,7 +39,8 @@ DONE = Outcome("done")  # the common case, made once (a frozen dataclass is slow
 
 
 def bounded(text: str, limit: int = LAST_ERROR_MAX) -> str:
-    return text if len(text) <= limit else text[: limit - 15] + " ... [truncated]"
+    suffix = " ... [truncated]"
+    return text if len(text) <= limit else text[: limit - len(suffix)] + suffix
 
 
 def describe(exc: BaseException) -> str:
