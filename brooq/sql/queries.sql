@@ -47,17 +47,20 @@ FROM job WHERE id = %(id)s
 
 -- name: job_cancel
 -- Operator or producer cancel. A processing row is canceled too: its holder learns it
--- at the next lease renewal, and its own outcome write then matches no row.
+-- at the next lease renewal, and its own outcome write then matches no row. from_states
+-- is brooq.job.CANCELABLE_STATES (bound by brooq.queue.transition_params), the one
+-- spelling of which states may be canceled.
 UPDATE job SET state = 'canceled', updated_at = now()
-WHERE id = %(id)s AND state IN ('pending', 'failed', 'processing')
+WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
 RETURNING id
 
 -- name: job_retry
 -- Operator retry of a finished job: back to pending now, attempts reset, last_error kept.
+-- from_states is brooq.job.RETRYABLE_STATES (bound by brooq.queue.transition_params).
 WITH retried AS (
     UPDATE job SET state = 'pending', attempts = 0, available_at = now(),
                    locked_by = NULL, locked_until = NULL, updated_at = now()
-    WHERE id = %(id)s AND state IN ('dead', 'canceled')
+    WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
     RETURNING id
 )
 SELECT retried.id, pg_notify('brooq_job', '') FROM retried
