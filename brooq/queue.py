@@ -9,7 +9,7 @@ Owns: the handler registry, the settings as the application gives them, the pool
 connection of producers and operators, the operator's reads (get, list_jobs, stats,
 in_flight, throughput) and transitions (cancel, retry: ``transition`` binds the states of
 brooq.job to job_cancel/job_retry, for the master's admin HTTP too).
-Must never: claim or finish jobs (that is the worker's), keep a connection across fork(),
+Must never: claim jobs or write their outcomes (the worker's), keep a connection across fork(),
 read a row by position, or spell which states a transition accepts (brooq.job does).
 """
 
