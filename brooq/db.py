@@ -1,4 +1,11 @@
-"""Connections: opened late, named without passwords, errors made readable."""
+"""Connections: opened late, named without passwords, errors made readable.
+
+Owns: the connect timeout, opening a plain connection for a command or a check, and
+turning libpq's failures into brooq's errors (DatabaseUnavailable naming the database
+without its password, SchemaMissing saying to run `brooq migrate up`).
+Must never: run SQL, keep a connection (callers own what they open), or let a password
+into a message.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@
     python -m brooq.devdb start          # start it, print DATABASE_URL
     python -m brooq.devdb stop
     python -m brooq.devdb run -- CMD...  # run CMD with DATABASE_URL set
+
+Owns: starting, finding and stopping that local PostgreSQL for the Makefile's targets.
+Must never: be imported by brooq itself (it is a development tool), run SQL, or start a
+server when DATABASE_URL is set (that database is used as it is).
 """
 
 from __future__ import annotations

@@ -1,11 +1,19 @@
-"""Handler registration and per-topic policy (attempts, timeouts, backoff)."""
+"""Handler registration and per-topic policy (attempts, timeouts, backoff).
+
+Owns: what ``@queue.handler(topic, ...)`` accepts and refuses (all problems reported
+together, each prefixed with the topic), and the Policy a topic runs under once the
+queue's settings fill the options left unset (brooq.limits orders and caps the limits).
+Must never: do I/O, run a handler, or word the limits' ordering itself (brooq.limits does,
+for settings too).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from brooq import limits
 from brooq.durations import Duration, to_seconds, too_long
 from brooq.errors import InvalidSettings
 from brooq.job import validate_topic
@@ -16,6 +24,7 @@ if TYPE_CHECKING:
 
 HandlerFn = Callable[["Claim"], None]
 MAX_ATTEMPTS = 2**31 - 1  # the job's attempts column is a PostgreSQL integer
+_LIMITS = limits.NAMES  # attempt_timeout, max_execution_timeout, backoff_base, backoff_max
 
 
 @dataclass(frozen=True)
@@ -41,43 +50,23 @@ class Handler:
     backoff_max: float | None
 
     def policy(self, settings: Settings) -> Policy:
-        def pick(value: Any, default: Any) -> Any:
-            return default if value is None else value
-
-        max_execution = pick(self.max_execution_timeout, settings.max_execution_timeout)
-        backoff_max = pick(self.backoff_max, settings.backoff_max)
-        # A default never contradicts a value given at registration: an unset
-        # attempt_timeout (backoff_base) is capped by the max_execution_timeout
-        # (backoff_max) the handler asked for.
-        return Policy(
-            max_attempts=pick(self.max_attempts, settings.max_attempts),
-            attempt_timeout=pick(
-                self.attempt_timeout, min(settings.attempt_timeout, max_execution)
-            ),
-            max_execution_timeout=max_execution,
-            backoff_base=pick(self.backoff_base, min(settings.backoff_base, backoff_max)),
-            backoff_max=backoff_max,
-        )
+        """The options given at registration, the queue's settings for the others (a
+        default capped so that it never contradicts a value given: brooq.limits.resolve)."""
+        given = {name: getattr(self, name) for name in _LIMITS}
+        defaults = {name: getattr(settings, name) for name in _LIMITS}
+        max_attempts = settings.max_attempts if self.max_attempts is None else self.max_attempts
+        return Policy(max_attempts=max_attempts, **limits.resolve(given, defaults))
 
 
 def policy_problems(topic: str, policy: Policy) -> list[str]:
     problems = []
     if policy.max_attempts < 1:
         problems.append(f"{topic}: max_attempts must be at least 1, got {policy.max_attempts}")
-    for name in ("attempt_timeout", "max_execution_timeout", "backoff_base", "backoff_max"):
-        value = getattr(policy, name)
+    seconds = {name: getattr(policy, name) for name in _LIMITS}
+    for name, value in seconds.items():
         if value <= 0:
             problems.append(f"{topic}: {name} must be positive, got {value:g}s")
-    if policy.attempt_timeout > policy.max_execution_timeout > 0:
-        problems.append(
-            f"{topic}: attempt_timeout ({policy.attempt_timeout:g}s) must not exceed "
-            f"max_execution_timeout ({policy.max_execution_timeout:g}s)"
-        )
-    if policy.backoff_base > policy.backoff_max > 0:
-        problems.append(
-            f"{topic}: backoff_base ({policy.backoff_base:g}s) must not exceed "
-            f"backoff_max ({policy.backoff_max:g}s)"
-        )
+    problems += limits.ordering_problems(seconds, prefix=f"{topic}: ")
     return problems
 
 
@@ -127,11 +116,7 @@ def build(
         reason = None if value is None else too_long(value)
         if reason:
             problems.append(f"{topic}: {name}: {reason}")
-    pairs = (("attempt_timeout", "max_execution_timeout"), ("backoff_base", "backoff_max"))
-    for low, high in pairs:
-        low_s, high_s = seconds[low], seconds[high]
-        if low_s is not None and high_s is not None and low_s > high_s > 0:
-            problems.append(f"{topic}: {low} ({low_s:g}s) must not exceed {high} ({high_s:g}s)")
+    problems += limits.ordering_problems(seconds, prefix=f"{topic}: ")
     if problems:
         raise InvalidSettings(problems)
     return Handler(topic=topic, fn=fn, max_attempts=max_attempts, **seconds)

@@ -1,4 +1,13 @@
-"""The vocabulary: jobs, claims, states and the signals a handler can raise. No I/O here."""
+"""The vocabulary: jobs, claims, states, which states an operator may move a job out of,
+and the signals a handler can raise.
+
+Owns: the job's states and the rule of operator transitions (CANCELABLE_STATES,
+RETRYABLE_STATES, transition_refusal: the SQL binds these, Queue, the CLI and the master's
+admin HTTP word their refusals with them), what a valid job is (topic, payload, key,
+available_at), JobRecord and Claim.
+Must never: do I/O (no database, no files, no clock beyond validating what it is given),
+or spell a state's name outside the constants below.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from itertools import accumulate
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from brooq.errors import (
     InvalidIdempotencyKey,
@@ -31,6 +40,19 @@ CANCELED: Final = "canceled"
 STATES: Final = (PENDING, PROCESSING, FAILED, DONE, DEAD, CANCELED)
 ACTIVE_STATES: Final = (PENDING, PROCESSING, FAILED)
 TERMINAL_STATES: Final = (DONE, DEAD, CANCELED)
+
+# The operator's transitions (brooq cancel/retry, Queue.cancel/retry, POST /admin/jobs/...).
+# job_cancel and job_retry take these as their from_states parameter, so the SQL cannot
+# disagree with the refusals below. Cancel also takes a processing job: its holder learns
+# at the next lease renewal (LeaseLost), and its own outcome write then matches no row.
+Transition = Literal["cancel", "retry"]
+CANCELABLE_STATES: Final = (PENDING, FAILED, PROCESSING)
+RETRYABLE_STATES: Final = (DEAD, CANCELED)
+FROM_STATES: Final[dict[Transition, tuple[str, ...]]] = {
+    "cancel": CANCELABLE_STATES,
+    "retry": RETRYABLE_STATES,
+}
+_DONE_WORD: Final[dict[Transition, str]] = {"cancel": "canceled", "retry": "retried"}
 
 TOPIC_PATTERN: Final = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
 TOPIC_MAX_LENGTH: Final = 128
@@ -54,6 +76,35 @@ _JSON_STRING_OR_NUMBER = re.compile(
 # be read back (psycopg cannot load year 0 or 10000 once shifted to the session's zone).
 _EARLIEST: Final = datetime.min.replace(tzinfo=timezone.utc) + timedelta(days=2)
 _LATEST: Final = datetime.max.replace(tzinfo=timezone.utc) - timedelta(days=2)
+
+
+def _either(words: tuple[str, ...]) -> str:
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+
+
+def transition_rule(action: Transition) -> str:
+    """The rule in words: "only pending, failed or processing jobs can be canceled"."""
+    return f"only {_either(FROM_STATES[action])} jobs can be {_DONE_WORD[action]}"
+
+
+def transition_refusal(action: Transition, state: str, job_id: object = None) -> str:
+    """Why ``action`` did nothing to a job found in ``state`` afterwards, in the words an
+    operator sees. Without ``job_id``, the admin HTTP's 409 ("job is done; only pending,
+    failed or processing jobs can be canceled"); with it, the CLI's and Queue's ("cannot
+    cancel job ID: it is done; only ..."). A state the action accepts means the job changed
+    between the write and the read that explains it: try again."""
+    if action not in FROM_STATES:
+        raise ValueError(f"action must be cancel or retry, got {action!r}")
+    if state in FROM_STATES[action]:
+        if job_id is None:
+            return f"job is now {state}: its state changed meanwhile; try again"
+        return (
+            f"cannot {action} job {job_id}: its state changed meanwhile and is now "
+            f"{state}; try again"
+        )
+    if job_id is None:
+        return f"job is {state}; {transition_rule(action)}"
+    return f"cannot {action} job {job_id}: it is {state}; {transition_rule(action)}"
 
 
 def validate_topic(topic: object) -> str:

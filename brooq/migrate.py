@@ -7,6 +7,12 @@ The files are the only schema truth. Each has an up part and a down part:
     CREATE TABLE ...;
     -- migrate:down
     DROP TABLE ...;
+
+Owns: reading and checking the migration files, the version bookkeeping (its statements
+are the migration_* ones of brooq/sql/queries.sql), and ``verify``, the check the master
+and the CLI make that the schema on the search_path is brooq's and up to date.
+Must never: run at start-up on its own (migrating is a deployment step), compose SQL with
+string formatting, or run SQL other than queries.sql's and the migration files' own text.
 """
 
 from __future__ import annotations
@@ -17,10 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
-from psycopg import sql
+from psycopg.rows import class_row, scalar_row
 
 from brooq.errors import MigrationError, SchemaMissing
 from brooq.sql import Q
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
 
 # "brooq" as a number: the key of the session advisory lock held while migrating.
 LOCK_KEY = 0x62726F6F71
+# The version table, as queries.sql's migration_* statements and schema_check spell it.
 VERSION_TABLE = "brooq_migration"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _UP = "-- migrate:up"
@@ -81,40 +88,52 @@ def load(directory: Path | None = None) -> list[Migration]:
     return found
 
 
-_CREATE_VERSION_TABLE = sql.SQL(
-    "CREATE TABLE IF NOT EXISTS {} ("
-    " version integer PRIMARY KEY,"
-    " name text NOT NULL,"
-    " applied_at timestamptz NOT NULL DEFAULT now())"
-).format(sql.Identifier(VERSION_TABLE))
+Conn = psycopg.Connection[Any]
 
 
-def _table_exists(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (VERSION_TABLE,)).fetchone()
-    return bool(row and row[0])
+class _Applied(NamedTuple):
+    """A row of migration_versions."""
+
+    version: int
+    applied_at: datetime
 
 
-def _applied(conn: psycopg.Connection[tuple[object, ...]]) -> dict[int, datetime]:
-    if not _table_exists(conn):
-        return {}
-    query = sql.SQL("SELECT version, applied_at FROM {} ORDER BY version").format(
-        sql.Identifier(VERSION_TABLE)
-    )
-    return {int(cast(int, v)): cast(datetime, at) for v, at in conn.execute(query)}
+class _SchemaCheck(NamedTuple):
+    """The row of schema_check."""
+
+    job_schema: str | None
+    job_columns: list[str]
+    has_versions: bool
+    search_path: str
+
+
+def _table_exists(conn: Conn) -> bool:
+    return bool(conn.cursor(row_factory=scalar_row).execute(Q.migration_table_exists).fetchone())
+
+
+def _versions(conn: Conn) -> dict[int, datetime]:
+    """Applied version -> when; the version table must exist."""
+    rows = conn.cursor(row_factory=class_row(_Applied)).execute(Q.migration_versions)
+    return {row.version: row.applied_at for row in rows}
+
+
+def _applied(conn: Conn) -> dict[int, datetime]:
+    return _versions(conn) if _table_exists(conn) else {}
 
 
 @contextmanager
-def _locked(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+def _locked(dsn: str) -> Iterator[Conn]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
+        conn.execute(Q.migration_lock, {"key": LOCK_KEY})
         try:
             yield conn
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+            conn.execute(Q.migration_unlock, {"key": LOCK_KEY})
 
 
-def _run(conn: psycopg.Connection[tuple[object, ...]], script: str) -> None:
-    # The migration files are trusted SQL shipped with brooq, run as one script.
+def _run(conn: Conn, script: str) -> None:
+    # sql-outside: a migration file's own text, trusted SQL shipped with brooq and run as
+    # one script; it cannot live in queries.sql, being the schema itself (migrations/).
     statement: LiteralString = script
     conn.execute(statement)
 
@@ -129,14 +148,9 @@ def up(dsn: str, target: int | None = None) -> list[Migration]:
             if m.version in done or (target is not None and m.version > target):
                 continue
             with conn.transaction():
-                conn.execute(_CREATE_VERSION_TABLE)
+                conn.execute(Q.migration_create_table)
                 _run(conn, m.up)
-                conn.execute(
-                    sql.SQL("INSERT INTO {} (version, name) VALUES (%s, %s)").format(
-                        sql.Identifier(VERSION_TABLE)
-                    ),
-                    (m.version, m.name),
-                )
+                conn.execute(Q.migration_insert, {"version": m.version, "name": m.name})
             applied_now.append(m)
     return applied_now
 
@@ -156,17 +170,10 @@ def down(dsn: str, steps: int = 1) -> list[Migration]:
                 )
             with conn.transaction():
                 _run(conn, m.down)
-                conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE version = %s").format(
-                        sql.Identifier(VERSION_TABLE)
-                    ),
-                    (version,),
-                )
-                left = conn.execute(
-                    sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(VERSION_TABLE))
-                ).fetchone()
-                if left is not None and left[0] == 0:
-                    conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(VERSION_TABLE)))
+                conn.execute(Q.migration_delete, {"version": version})
+                left = conn.cursor(row_factory=scalar_row).execute(Q.migration_count)
+                if left.fetchone() == 0:
+                    conn.execute(Q.migration_drop_table)
             undone.append(m)
     return undone
 
@@ -195,20 +202,20 @@ JOB_COLUMNS = (
 )
 
 
-def verify(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def verify(conn: Conn) -> None:
     """Raise SchemaMissing unless the ``job`` table the connection's search_path finds is
     brooq's and, when the bookkeeping of ``brooq migrate`` is there, every migration this
     brooq ships is applied. A schema applied with one's own tool (``brooq migrate sql``)
     has no bookkeeping; its table is then checked alone."""
-    row = conn.execute(Q.schema_check).fetchone()
-    assert row is not None
-    schema, columns, has_versions, search_path = row
+    found = conn.cursor(row_factory=class_row(_SchemaCheck)).execute(Q.schema_check).fetchone()
+    assert found is not None  # one row, whatever exists
+    schema, search_path = found.job_schema, found.search_path
     if schema is None:
         raise SchemaMissing(
             f"the brooq schema is not installed (no table job on the search_path "
             f"{search_path}): run `brooq migrate up` first"
         )
-    lacking = [c for c in JOB_COLUMNS if c not in cast("list[str]", columns)]
+    lacking = [c for c in JOB_COLUMNS if c not in found.job_columns]
     if lacking:
         raise SchemaMissing(
             f"the table {schema}.job is not brooq's (it lacks the columns "
@@ -216,9 +223,9 @@ def verify(conn: psycopg.Connection[tuple[object, ...]]) -> None:
             "against the schema brooq should use and give brooq that search_path "
             "(options in the DSN)"
         )
-    if not has_versions:
+    if not found.has_versions:
         return
-    applied = {int(cast(int, v)) for (v,) in conn.execute(Q.migration_versions)}
+    applied = set(_versions(conn))
     expected = [m.version for m in load()]
     missing = [v for v in expected if v not in applied]
     if missing:

@@ -2,16 +2,22 @@
 
 Every function here takes a psycopg Connection or Cursor that the caller owns; nothing
 is committed here. Queue.enqueue wraps these in a pooled connection and a transaction.
+
+Owns: the insert path (job_insert, job_insert_many, job_copy_*), the idempotency-key
+lookups after a conflict, and the checks a job passes before any I/O.
+Must never: commit, roll back or change the caller's connection (its row_factory
+included: statements run on a cursor of their own), or read a job once inserted beyond
+the ids.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
-from psycopg.rows import tuple_row
+from psycopg.rows import class_row, scalar_row
 
 from brooq.db import schema_missing
 from brooq.errors import BrooqError, InvalidJob
@@ -25,6 +31,14 @@ AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 # A conflicting row can vanish between our INSERT and our SELECT (retention deleted it):
 # then the INSERT is tried again. Two rounds are plenty; more means something is wrong.
 _KEY_ROUNDS = 3
+
+
+class _KeyedId(NamedTuple):
+    """A row of job_get_ids_by_keys: the job already holding (topic, key)."""
+
+    topic: str
+    key: str | None  # never None here (the lookup joins on it), typed as Job.idempotency_key
+    id: uuid.UUID
 
 
 def check_job(job: object, max_payload_bytes: int) -> Job:
@@ -59,17 +73,18 @@ def _params(job: Job, job_id: uuid.UUID) -> dict[str, Any]:
     }
 
 
-def _cursor(target: Target) -> psycopg.Cursor[tuple[Any, ...]]:
+def _cursor(target: Target) -> psycopg.Cursor[Any]:
     """A new cursor on the caller's connection, so in the caller's transaction, that
-    returns tuples whatever row_factory the caller chose (dict_row, class_row, ...) and
-    whatever kind of cursor was passed (a server-side one cannot run an INSERT)."""
+    returns the id column itself (scalar_row: every statement here answers ids) whatever
+    row_factory the caller chose (dict_row, class_row, ...) and whatever kind of cursor
+    was passed (a server-side one cannot run an INSERT)."""
     conn = target if isinstance(target, psycopg.Connection) else target.connection
-    return conn.cursor(row_factory=tuple_row)
+    return conn.cursor(row_factory=scalar_row)
 
 
-def _async_cursor(target: AsyncTarget) -> psycopg.AsyncCursor[tuple[Any, ...]]:
+def _async_cursor(target: AsyncTarget) -> psycopg.AsyncCursor[Any]:
     conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
-    return conn.cursor(row_factory=tuple_row)
+    return conn.cursor(row_factory=scalar_row)
 
 
 def enqueue(
@@ -89,14 +104,14 @@ def insert_checked(target: Target, job: Job) -> tuple[uuid.UUID, bool]:
     try:
         with _cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
-                row = cur.execute(Q.job_insert, _params(job, uuid7())).fetchone()
-                if row is not None:
-                    return row[0], True
-                row = cur.execute(
+                inserted = cur.execute(Q.job_insert, _params(job, uuid7())).fetchone()
+                if inserted is not None:
+                    return inserted, True
+                existing = cur.execute(
                     Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
                 ).fetchone()
-                if row is not None:
-                    return row[0], False
+                if existing is not None:
+                    return existing, False
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
     raise BrooqError(
@@ -114,15 +129,15 @@ async def enqueue_async(
         async with _async_cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
                 await cur.execute(Q.job_insert, _params(job, uuid7()))
-                row = await cur.fetchone()
-                if row is not None:
-                    return row[0], True
+                inserted = await cur.fetchone()
+                if inserted is not None:
+                    return inserted, True
                 await cur.execute(
                     Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
                 )
-                row = await cur.fetchone()
-                if row is not None:
-                    return row[0], False
+                existing = await cur.fetchone()
+                if existing is not None:
+                    return existing, False
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
     raise BrooqError(
@@ -158,7 +173,7 @@ def insert_many_checked(target: Target, checked: list[Job]) -> list[tuple[uuid.U
 
 
 def _copy_many(
-    cur: psycopg.Cursor[tuple[Any, ...]], checked: list[Job], ids: list[uuid.UUID]
+    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID]
 ) -> list[tuple[uuid.UUID, bool]]:
     """Jobs without keys cannot conflict: COPY them (ready ones and scheduled ones apart,
     so that "ready now" is the server's now(), never the client's clock)."""
@@ -178,7 +193,7 @@ def _copy_many(
 
 
 def _insert_many(
-    cur: psycopg.Cursor[tuple[Any, ...]], checked: list[Job], ids: list[uuid.UUID]
+    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID]
 ) -> list[tuple[uuid.UUID, bool]]:
     cur.execute(
         Q.job_insert_many,
@@ -190,18 +205,19 @@ def _insert_many(
             "available_ats": [j.available_at for j in checked],
         },
     )
-    inserted = {row[0] for row in cur.fetchall()}
+    inserted = set(cur.fetchall())  # the ids (scalar_row)
     result = [(job_id, job_id in inserted) for job_id in ids]
     missing = [i for i, (_, created) in enumerate(result) if not created]
     if missing:
-        cur.execute(
-            Q.job_get_ids_by_keys,
-            {
-                "topics": [checked[i].topic for i in missing],
-                "keys": [checked[i].idempotency_key for i in missing],
-            },
-        )
-        existing = {(topic, key): job_id for topic, key, job_id in cur.fetchall()}
+        with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
+            rows = by_key.execute(
+                Q.job_get_ids_by_keys,
+                {
+                    "topics": [checked[i].topic for i in missing],
+                    "keys": [checked[i].idempotency_key for i in missing],
+                },
+            )
+            existing = {(row.topic, row.key): row.id for row in rows}
         for i in missing:
             job = checked[i]
             found = existing.get((job.topic, job.idempotency_key))

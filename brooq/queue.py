@@ -4,6 +4,13 @@ it to learn the handlers, operators inspect through it.
 Creating a Queue opens nothing. The connection pool opens on first use, in the process
 that uses it; a pool inherited across fork() is dropped unused (never closed, since its
 sockets belong to the parent), so no connection ever crosses a fork.
+
+Owns: the handler registry, the settings as the application gives them, the pooled
+connection of producers and operators, the operator's reads (get, list_jobs, stats,
+in_flight, throughput) and transitions (cancel, retry: ``transition`` binds the states of
+brooq.job to job_cancel/job_retry, for the master's admin HTTP too).
+Must never: claim jobs or write their outcomes (the worker's), keep a connection across fork(),
+read a row by position, or spell which states a transition accepts (brooq.job does).
 """
 
 from __future__ import annotations
@@ -16,10 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from brooq import dsn as dsn_mod
@@ -29,13 +36,42 @@ from brooq.db import CONNECT_TIMEOUT, lost_connection, schema_missing, unavailab
 from brooq.durations import Duration
 from brooq.errors import BrooqError, InvalidTransition, JobNotFound
 from brooq.handlers import Handler, HandlerFn, build
-from brooq.job import STATES, Job, JobRecord, parse_job_id, validate_topic
+from brooq.job import (
+    FROM_STATES,
+    STATES,
+    Job,
+    JobRecord,
+    Transition,
+    parse_job_id,
+    transition_refusal,
+    validate_topic,
+)
 from brooq.sql import Q
+
+if TYPE_CHECKING:
+    from typing_extensions import LiteralString
 
 log = logging.getLogger("brooq")
 
 LIST_LIMIT_MAX = 1000
 IN_FLIGHT_LIMIT_MAX = 1000
+_TRANSITION_QUERIES: dict[Transition, LiteralString] = {
+    "cancel": Q.job_cancel,
+    "retry": Q.job_retry,
+}
+
+
+def transition_params(action: Transition, job_id: uuid.UUID) -> dict[str, Any]:
+    """The parameters of job_cancel (job_retry): the job and the states it may leave,
+    brooq.job.CANCELABLE_STATES (RETRYABLE_STATES)."""
+    return {"id": job_id, "from_states": list(FROM_STATES[action])}
+
+
+def transition(conn: psycopg.Connection[Any], action: Transition, job_id: uuid.UUID) -> bool:
+    """Cancel or retry ``job_id`` on the caller's connection (nothing committed here);
+    True when the job moved, False when it is unknown or its state does not allow it."""
+    cur = conn.execute(_TRANSITION_QUERIES[action], transition_params(action, job_id))
+    return cur.fetchone() is not None
 
 
 @dataclass(frozen=True)
@@ -250,8 +286,8 @@ class Queue:
         """The job's row, or None when no job has this id."""
         jid = parse_job_id(job_id)
         with self.connection() as conn:
-            row = conn.cursor(row_factory=dict_row).execute(Q.job_get, {"id": jid}).fetchone()
-        return None if row is None else JobRecord(**row)
+            cur = conn.cursor(row_factory=class_row(JobRecord))
+            return cur.execute(Q.job_get, {"id": jid}).fetchone()
 
     def cancel(self, job_id: uuid.UUID | str) -> bool:
         """pending, failed or processing -> canceled. False when the job is unknown or
@@ -259,35 +295,22 @@ class Queue:
         interrupted with brooq.LeaseLost at the master's next lease renewal."""
         jid = parse_job_id(job_id)
         with self.transaction() as conn:
-            return conn.execute(Q.job_cancel, {"id": jid}).fetchone() is not None
+            return transition(conn, "cancel", jid)
 
     def retry(self, job_id: uuid.UUID | str) -> bool:
         """dead or canceled -> pending now, attempts reset, last_error kept. False when
         the job is unknown or not in one of those states."""
         jid = parse_job_id(job_id)
         with self.transaction() as conn:
-            return conn.execute(Q.job_retry, {"id": jid}).fetchone() is not None
+            return transition(conn, "retry", jid)
 
-    def explain_refusal(self, job_id: uuid.UUID | str, action: str) -> BrooqError:
+    def explain_refusal(self, job_id: uuid.UUID | str, action: Transition) -> BrooqError:
         """Why cancel or retry did nothing, as an error to show an operator:
         JobNotFound, or InvalidTransition naming the job's state."""
-        allowed = {
-            "cancel": (("pending", "failed", "processing"), "canceled"),
-            "retry": (("dead", "canceled"), "retried"),
-        }
-        states, done = allowed[action]
         record = self.get(job_id)
         if record is None:
             return JobNotFound(f"no job with id {parse_job_id(job_id)}")
-        if record.state in states:
-            return InvalidTransition(
-                f"cannot {action} job {record.id}: its state changed meanwhile and is now "
-                f"{record.state}; try again"
-            )
-        return InvalidTransition(
-            f"cannot {action} job {record.id}: it is {record.state}; only "
-            f"{_either(states)} jobs can be {done}"
-        )
+        return InvalidTransition(transition_refusal(action, record.state, record.id))
 
     def list_jobs(
         self, *, topic: str | None = None, state: str | None = None, limit: int = 100
@@ -300,28 +323,26 @@ class Queue:
         if not 1 <= limit <= LIST_LIMIT_MAX:
             raise BrooqError(f"limit must be between 1 and {LIST_LIMIT_MAX}, got {limit}")
         with self.connection() as conn:
-            rows = conn.cursor(row_factory=dict_row).execute(
+            cur = conn.cursor(row_factory=class_row(JobRecord))
+            return cur.execute(
                 Q.job_list, {"topic": topic, "state": state, "limit": limit}
-            )
-            return [JobRecord(**row) for row in rows]
+            ).fetchall()
 
     def stats(self) -> list[TopicStats]:
         """Per topic, in one snapshot: jobs in each active state and dead, how many are
         ready and busy, and the age of the oldest ready job. Topics holding only done or
         canceled jobs are left out."""
         with self.connection() as conn:
-            rows = conn.cursor(row_factory=dict_row).execute(Q.job_stats_by_topic).fetchall()
-        return [TopicStats(**row) for row in rows]
+            cur = conn.cursor(row_factory=class_row(TopicStats))
+            return cur.execute(Q.job_stats_by_topic).fetchall()
 
     def in_flight(self, limit: int = 100) -> list[InFlight]:
         """Jobs in state processing, longest running first; at most ``limit`` (1,000)."""
         if not 1 <= limit <= IN_FLIGHT_LIMIT_MAX:
             raise BrooqError(f"limit must be between 1 and {IN_FLIGHT_LIMIT_MAX}, got {limit}")
         with self.connection() as conn:
-            rows = conn.cursor(row_factory=dict_row).execute(
-                Q.job_list_processing, {"limit": limit}
-            )
-            return [InFlight(**row) for row in rows]
+            cur = conn.cursor(row_factory=class_row(InFlight))
+            return cur.execute(Q.job_list_processing, {"limit": limit}).fetchall()
 
     def throughput(self, seconds: float = 60) -> dict[str, int]:
         """Per topic, the jobs that reached done, failed, dead or canceled in the last
@@ -329,9 +350,7 @@ class Queue:
         if not seconds > 0:
             raise BrooqError(f"seconds must be positive, got {seconds!r}")
         with self.connection() as conn:
-            rows = conn.execute(Q.job_count_finished_since, {"seconds": float(seconds)})
-            return {topic: int(jobs) for topic, jobs in rows}
-
-
-def _either(words: Sequence[str]) -> str:
-    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+            rows = conn.cursor(row_factory=dict_row).execute(
+                Q.job_count_finished_since, {"seconds": float(seconds)}
+            )
+            return {row["topic"]: int(row["jobs"]) for row in rows}

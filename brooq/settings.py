@@ -4,6 +4,11 @@ Precedence, lowest first: built-in defaults, the environment, keyword arguments 
 ``brooq.Queue``, command-line flags. An empty environment variable counts as unset, with
 one exception: ``QUEUE_OPS_ADDR=`` turns the ops surface off (an environment file must be
 able to). Every problem is collected and reported together (InvalidSettings.problems).
+
+Owns: the settings, their defaults, their QUEUE_* names, converting and validating them
+(brooq.limits words the ordering of the time limits, for handler options too).
+Must never: read anything but the environment and the values it is given (no files, no
+database), or let an invalid combination through: load() raises with every problem.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from brooq import limits
 from brooq.durations import parse_duration_string, to_seconds, too_long
 from brooq.errors import InvalidSettings
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES
@@ -185,15 +191,7 @@ def validate(settings: Settings) -> list[str]:
     for name in ("reaper_period", "retention_period", "watchdog_grace", "retention_ttl"):
         if getattr(s, name) < 0:
             problems.append(f"{name} must not be negative (0 means default/off)")
-    if s.attempt_timeout > s.max_execution_timeout > 0:
-        problems.append(
-            f"attempt_timeout ({s.attempt_timeout:g}s) must not exceed "
-            f"max_execution_timeout ({s.max_execution_timeout:g}s)"
-        )
-    if s.backoff_base > s.backoff_max > 0:
-        problems.append(
-            f"backoff_base ({s.backoff_base:g}s) must not exceed backoff_max ({s.backoff_max:g}s)"
-        )
+    problems += limits.ordering_problems({name: getattr(s, name) for name in limits.NAMES})
     if s.worker_synchronous_commit not in ("on", "off"):
         problems.append(
             f"worker_synchronous_commit must be on or off, got {s.worker_synchronous_commit!r}"

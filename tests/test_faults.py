@@ -25,6 +25,7 @@ import pytest
 
 import brooq
 from brooq.produce import enqueue_many
+from brooq.queue import transition_params
 from brooq.sql import Q
 from tests import audit
 from tests.harness import (
@@ -757,7 +758,10 @@ def test_retention_under_load_deletes_no_active_row(
         ).fetchall()
         ghosts.update(r[1] for r in rows if r[0])
         for job_id in rng.sample(ids, 3):
-            if job_id not in ghosts and db.execute(Q.job_cancel, {"id": job_id}).fetchone():
+            if (
+                job_id not in ghosts
+                and db.execute(Q.job_cancel, transition_params("cancel", job_id)).fetchone()
+            ):
                 canceled.add(job_id)
         time.sleep(0.2)
     finished = time.monotonic() - started

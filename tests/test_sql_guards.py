@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from brooq.queue import transition_params
 from brooq.sql import Q
 
 Conn = psycopg.Connection[Any]
@@ -391,7 +392,7 @@ def test_terminal_states_are_never_overwritten(db: Conn) -> None:
         assert set_done(db, job_id, "A") == 0
         assert set_failed(db, job_id, "A", refund=True) is None
         assert set_canceled(db, job_id, "A") == 0
-        assert db.execute(Q.job_cancel, {"id": job_id}).fetchall() == []
+        assert db.execute(Q.job_cancel, transition_params("cancel", job_id)).fetchall() == []
         assert renew(db, [(job_id, "A")]) == set()
         assert db.execute(Q.job_release, {"workers": ["A"]}).fetchall() == []
         assert get(db, job_id) == before
@@ -460,7 +461,7 @@ def test_handler_cancel_is_guarded_and_records_why(db: Conn) -> None:
 def test_operator_cancel_of_a_processing_job_makes_its_holder_lose(db: Conn) -> None:
     job_id = insert(db)
     claim_one(db, "A")
-    assert db.execute(Q.job_cancel, {"id": job_id}).fetchall() != []
+    assert db.execute(Q.job_cancel, transition_params("cancel", job_id)).fetchall() != []
     assert renew(db, [(job_id, "A")]) == set()  # the master tells the child: LeaseLost
     assert set_done(db, job_id, "A") == 0
     assert get(db, job_id)["state"] == "canceled"
@@ -470,7 +471,8 @@ def test_operator_retry_only_of_dead_or_canceled(db: Conn) -> None:
     job_id = insert(db)
     claim_one(db, "A")
     set_failed(db, job_id, "A", max_attempts=1, error="kaput")
-    assert db.execute(Q.job_retry, {"id": job_id}).fetchall() != []
+    retry = transition_params("retry", job_id)
+    assert db.execute(Q.job_retry, retry).fetchall() != []
     row = get(db, job_id)
     assert (row["state"], row["attempts"], row["locked_by"], row["last_error"]) == (
         "pending",
@@ -478,11 +480,11 @@ def test_operator_retry_only_of_dead_or_canceled(db: Conn) -> None:
         None,
         "kaput",
     )
-    assert db.execute(Q.job_retry, {"id": job_id}).fetchall() == []  # pending: refused
+    assert db.execute(Q.job_retry, retry).fetchall() == []  # pending: refused
     claim_one(db, "A")
-    assert db.execute(Q.job_retry, {"id": job_id}).fetchall() == []  # processing: refused
+    assert db.execute(Q.job_retry, retry).fetchall() == []  # processing: refused
     set_done(db, job_id, "A")
-    assert db.execute(Q.job_retry, {"id": job_id}).fetchall() == []  # done: refused
+    assert db.execute(Q.job_retry, retry).fetchall() == []  # done: refused
 
 
 # -- lease renewal and release -----------------------------------------------------------
@@ -492,7 +494,7 @@ def test_renewal_returns_only_jobs_still_processing_and_held(db: Conn) -> None:
     j1, j2, j3, j4, j5 = (insert(db, offset=-10 + i) for i in range(5))
     assert {uuid.UUID(str(r["id"])) for r in claim(db, "A", limit=2, lease=5)} == {j1, j2}
     assert claim_one(db, "B") == j3
-    db.execute(Q.job_cancel, {"id": j2})
+    db.execute(Q.job_cancel, transition_params("cancel", j2))
     assert claim_one(db, "A") == j4
     set_done(db, j4, "A")  # j5 stays pending
     before = {j: get(db, j) for j in (j1, j2, j3, j4, j5)}
@@ -557,7 +559,7 @@ def test_reaper_returns_only_expired_processing_rows(db: Conn) -> None:
         elif outcome == "canceled":
             set_canceled(db, job_id, "A")
         else:
-            db.execute(Q.job_cancel, {"id": job_id})
+            db.execute(Q.job_cancel, transition_params("cancel", job_id))
         expire(db, job_id)  # terminal rows keep their last lease, now long past
         finished[job_id] = get(db, job_id)
         assert finished[job_id]["locked_until"] is not None

@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 from psycopg.rows import dict_row
 
 import brooq
+from brooq.queue import transition_params
 from brooq.sql import Q
 
 Conn = psycopg.Connection[Any]
@@ -137,12 +138,12 @@ class QueueMachine(RuleBasedStateMachine):
         job_id = self.pick(index)
         state = self.before[job_id]["state"]
         if action == "cancel":
-            ok = self.op.execute(Q.job_cancel, {"id": job_id}).fetchall() != []
+            ok = self.op.execute(Q.job_cancel, transition_params("cancel", job_id)).fetchall() != []
             assert ok == (state in ("pending", "failed", "processing"))
             if ok:
                 self.expected[job_id] = {"state": "canceled"}
             return
-        ok = self.op.execute(Q.job_retry, {"id": job_id}).fetchall() != []
+        ok = self.op.execute(Q.job_retry, transition_params("retry", job_id)).fetchall() != []
         assert ok == (state in ("dead", "canceled"))
         if ok:
             self.retried.add(job_id)

@@ -4,6 +4,12 @@ A snapshot is read from the database (``take``), drawn by a pure function (``ren
 refreshed by a small loop (``run``) that puts the terminal in cbreak mode, waits for a key
 with select() between frames, and restores the terminal however it ends. Plain ANSI
 escapes only, so it works over SSH and needs no curses.
+
+Owns: the top command (``top_command``, its --interval bounds), the snapshot, the frame,
+the terminal while it runs.
+Must never: write to the database, read it but through Queue (stats, throughput,
+in_flight), leave the terminal in cbreak mode or on the alternate screen however it ends,
+or let a failed refresh end the view (the frame shows the error and the last good read).
 """
 
 from __future__ import annotations
@@ -23,15 +29,20 @@ from datetime import datetime, timezone
 from types import FrameType
 from typing import Any, TextIO
 
+import click
 import psycopg
 
-from brooq.durations import format_age
+from brooq import dsn as dsn_mod
+from brooq.cli.common import cli, dsn, emit_json, open_queue
+from brooq.durations import format_age, parse_duration_string
 from brooq.errors import BrooqError
 from brooq.queue import InFlight, Queue, TopicStats
 
 WINDOW_SECONDS = 60
 IN_FLIGHT_LIMIT = 200
 MIN_INTERVAL = 0.1
+# `brooq top` sleeps in select(), which refuses a timeout past the platform's time_t.
+MAX_INTERVAL = 86400.0
 
 # Alternate screen and hidden cursor while running; the operator's scrollback comes back.
 _ENTER = "\x1b[?1049h\x1b[?25l"
@@ -227,3 +238,46 @@ def run(
                     error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         except KeyboardInterrupt:
             return
+
+
+@cli.command("top")
+@click.option("--once", is_flag=True, help="Print one frame and exit.")
+@click.option(
+    "--interval",
+    default="1s",
+    show_default=True,
+    help="Time between refreshes, with a unit (500ms, 2s).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One snapshot as JSON (implies --once).")
+@click.pass_context
+def top_command(ctx: click.Context, once: bool, interval: str, as_json: bool) -> None:
+    """A live view of the queue, refreshed every second.
+
+    Per topic: ready, processing, busy, failed, dead, jobs finished in the last minute and
+    the oldest ready age; then the jobs in flight with their holders. q or Ctrl-C quits."""
+    try:
+        period = parse_duration_string(interval)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--interval") from None
+    if period < MIN_INTERVAL:
+        raise click.BadParameter(
+            f"{interval} is too short; the least is {MIN_INTERVAL * 1000:g}ms",
+            param_hint="--interval",
+        )
+    if period > MAX_INTERVAL:
+        raise click.BadParameter(f"{interval} is too long; the most is 1d", param_hint="--interval")
+    database = dsn_mod.describe(dsn(ctx))
+    queue = open_queue(ctx)
+
+    def take_snapshot() -> Snapshot:
+        return take(queue, database)
+
+    if as_json:
+        emit_json(take_snapshot().to_dict())
+    elif once:
+        for line in render(take_snapshot()):
+            click.echo(line)
+    elif not sys.stdout.isatty():
+        raise click.UsageError("brooq top draws on a terminal; use --once or --json for one frame")
+    else:
+        run(take_snapshot, interval=period)

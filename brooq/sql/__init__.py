@@ -1,6 +1,10 @@
 """Every SQL statement of brooq lives in queries.sql, named ``-- name: table_verb``.
 
 The file is parsed once; ``Q.job_get`` is the text of the statement named job_get.
+
+Owns: loading queries.sql and handing out its statements by name.
+Must never: build or alter SQL text (a statement is used as written; parameters are
+bound by psycopg), or hold a statement that is defined twice.
 """
 
 from __future__ import annotations

@@ -47,17 +47,20 @@ FROM job WHERE id = %(id)s
 
 -- name: job_cancel
 -- Operator or producer cancel. A processing row is canceled too: its holder learns it
--- at the next lease renewal, and its own outcome write then matches no row.
+-- at the next lease renewal, and its own outcome write then matches no row. from_states
+-- is brooq.job.CANCELABLE_STATES (bound by brooq.queue.transition_params), the one
+-- spelling of which states may be canceled.
 UPDATE job SET state = 'canceled', updated_at = now()
-WHERE id = %(id)s AND state IN ('pending', 'failed', 'processing')
+WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
 RETURNING id
 
 -- name: job_retry
 -- Operator retry of a finished job: back to pending now, attempts reset, last_error kept.
+-- from_states is brooq.job.RETRYABLE_STATES (bound by brooq.queue.transition_params).
 WITH retried AS (
     UPDATE job SET state = 'pending', attempts = 0, available_at = now(),
                    locked_by = NULL, locked_until = NULL, updated_at = now()
-    WHERE id = %(id)s AND state IN ('dead', 'canceled')
+    WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
     RETURNING id
 )
 SELECT retried.id, pg_notify('brooq_job', '') FROM retried
@@ -328,8 +331,44 @@ LEFT JOIN pg_class c ON c.oid = j.oid
 LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
 
 -- name: migration_versions
--- The versions applied by `brooq migrate up` (run only once schema_check found the table).
-SELECT version FROM brooq_migration ORDER BY version
+-- The versions applied by `brooq migrate up` (run only once schema_check or
+-- migration_table_exists found the table).
+SELECT version, applied_at FROM brooq_migration ORDER BY version
+
+-- The migrator's own bookkeeping (brooq/migrate.py). The version table's name is fixed
+-- (brooq.migrate.VERSION_TABLE); the migration files' own text is the one SQL run from
+-- elsewhere (brooq.migrate._run, marked sql-outside).
+
+-- name: migration_lock
+-- A session advisory lock held while migrating (key brooq.migrate.LOCK_KEY), so that two
+-- deploy steps cannot race; it waits for the other one to finish.
+SELECT pg_advisory_lock(%(key)s)
+
+-- name: migration_unlock
+SELECT pg_advisory_unlock(%(key)s)
+
+-- name: migration_table_exists
+SELECT to_regclass('brooq_migration') IS NOT NULL AS present
+
+-- name: migration_create_table
+CREATE TABLE IF NOT EXISTS brooq_migration (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: migration_insert
+INSERT INTO brooq_migration (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: migration_delete
+DELETE FROM brooq_migration WHERE version = %(version)s
+
+-- name: migration_count
+SELECT count(*) AS applied FROM brooq_migration
+
+-- name: migration_drop_table
+-- Undoing the first migration leaves nothing of brooq's, its bookkeeping included.
+DROP TABLE brooq_migration
 
 -- name: listen_jobs
 LISTEN brooq_job

@@ -1,0 +1,84 @@
+"""The `brooq` command group and what its commands share: the --database option, the
+queue an operator command talks through, JSON and table output, times as operators read
+them.
+
+Owns: the click group every command module registers on (``cli``), opening the database
+for a command (a reachable database checked first, so an unreachable one is one line
+at once rather than a pool's timeout later), and the small text helpers.
+Must never: run SQL of its own, catch errors (brooq.cli.main turns them into one line
+and an exit code), or print anything but what a command asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+import brooq
+from brooq import dsn as dsn_mod
+from brooq.db import connect
+
+DSN_IN_ARGV_NOTE = (
+    " A password given here shows in ps (/proc/PID/cmdline) while Python starts, before "
+    "brooq replaces its command line; prefer DATABASE_URL_FILE or the credential."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(brooq.__version__, prog_name="brooq")
+@click.option(
+    "--database",
+    metavar="DSN",
+    help="PostgreSQL connection string (default: DATABASE_URL, DATABASE_URL_FILE "
+    "or the systemd credential database-url)." + DSN_IN_ARGV_NOTE,
+)
+@click.pass_context
+def cli(ctx: click.Context, database: str | None) -> None:
+    """brooq: a PostgreSQL job queue. Operator commands."""
+    ctx.ensure_object(dict)
+    ctx.obj["database"] = database
+
+
+def dsn(ctx: click.Context) -> str:
+    """The connection string: --database, else DATABASE_URL and its kin."""
+    return dsn_mod.resolve(ctx.obj.get("database"))
+
+
+def checked_dsn(ctx: click.Context) -> str:
+    """The connection string once a connection has worked: a readable error now rather
+    than a traceback later."""
+    found = dsn(ctx)
+    connect(found).close()
+    return found
+
+
+def open_queue(ctx: click.Context) -> brooq.Queue:
+    """A Queue of one pooled connection, closed when the command ends."""
+    # One plain connection first: an unreachable database is reported at once, where the
+    # pool would keep retrying until its timeout.
+    opened = brooq.Queue(checked_dsn(ctx), pool_size=1)
+    ctx.call_on_close(opened.close)
+    return opened
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def utc(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """Columns as wide as their widest cell; the ``right`` ones (numbers) right-aligned."""
+    widths = [max(len(c) for c in column) for column in zip(headers, *rows, strict=True)]
+    return [
+        "  ".join(
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [headers, *rows]
+    ]

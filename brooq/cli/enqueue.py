@@ -1,0 +1,175 @@
+"""`brooq enqueue TOPIC`: one job from the command line.
+
+Owns: the enqueue command, reading its payload (--payload, --payload-file, standard
+input) and its time (--at, --in), and naming the option a refused value came from.
+Must never: insert but through Queue.enqueue (the producer's checks and SQL), or accept
+input that brooq.Job would refuse: every refusal is a usage error (exit 2) naming the
+argument or option.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import click
+
+import brooq
+from brooq.cli.common import cli, emit_json, open_queue
+from brooq.durations import parse_duration_string
+from brooq.errors import (
+    InvalidIdempotencyKey,
+    InvalidJob,
+    InvalidPayload,
+    InvalidTopic,
+)
+from brooq.job import MAX_PAYLOAD_DEPTH
+
+# --payload-file reads at most this much: a stored payload is far smaller (max_payload_bytes,
+# 1 MiB by default), but a file may be indented; /dev/zero must not fill the memory.
+PAYLOAD_FILE_MAX_BYTES = 64 * 1024 * 1024
+
+
+def _parse_at(text: str) -> datetime:
+    value = text.strip()
+    if value[-1:] in ("Z", "z"):  # fromisoformat accepts Z only from Python 3.11
+        value = value[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not an ISO 8601 time such as 2030-01-31T09:00:00+01:00",
+            param_hint="--at",
+        ) from None
+    if moment.tzinfo is None:
+        raise click.BadParameter(
+            f"{text!r} has no time zone; add one, e.g. {text}Z or {text}+01:00",
+            param_hint="--at",
+        )
+    return moment
+
+
+def _read_payload_file(path: str) -> str:
+    """The text of --payload-file (``-``: standard input), or a usage error naming it."""
+    name = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            raw = sys.stdin.buffer.read(PAYLOAD_FILE_MAX_BYTES + 1)
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(PAYLOAD_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read {name}: {exc.strerror or exc}", param_hint="--payload-file"
+        ) from None
+    if len(raw) > PAYLOAD_FILE_MAX_BYTES:
+        raise click.BadParameter(
+            f"{name} is larger than {PAYLOAD_FILE_MAX_BYTES // (1024 * 1024)} MiB",
+            param_hint="--payload-file",
+        )
+    try:
+        return raw.decode("utf-8-sig")  # a byte order mark, as some editors write, is fine
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(
+            f"{name} is not UTF-8 text (byte {exc.start})", param_hint="--payload-file"
+        ) from None
+
+
+def _decode_payload(text: str, hint: str, name: str = "") -> Any:
+    """JSON text as a value, or a usage error: one line, whatever the text (json.loads
+    raises RecursionError on deep nesting and ValueError on a 5,000-digit integer)."""
+    where = f"{name}: " if name else ""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        message = f"{where}not JSON: {exc}"
+    except RecursionError:
+        message = (
+            f"{where}nested too deeply; a payload holds at most {MAX_PAYLOAD_DEPTH} levels "
+            "of arrays and objects"
+        )
+    except ValueError as exc:  # "Exceeds the limit (4300 digits) for integer string ..."
+        message = f"{where}not usable JSON: {str(exc).split(';')[0]}"
+    raise click.BadParameter(message, param_hint=hint)
+
+
+def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
+    """The argument or option that an InvalidJob raised by brooq.Job is about."""
+    if isinstance(exc, InvalidTopic):
+        return "TOPIC"
+    if isinstance(exc, InvalidPayload):
+        return payload_hint
+    if isinstance(exc, InvalidIdempotencyKey):
+        return "--key"
+    return time_hint  # available_at out of range
+
+
+@cli.command()
+@click.argument("topic")
+@click.option("--payload", default=None, help="The payload, as JSON.  [default: null]")
+@click.option(
+    "--payload-file",
+    "payload_file",
+    metavar="PATH",
+    default=None,
+    help="Read the payload (JSON) from this file; - reads standard input. "
+    f"At most {PAYLOAD_FILE_MAX_BYTES // (1024 * 1024)} MiB of text.",
+)
+@click.option("--key", "key", default=None, help="Idempotency key: one job per topic and key.")
+@click.option("--at", "at", default=None, help="Run at this ISO 8601 time (with a zone).")
+@click.option("--in", "delay", default=None, help="Run after this duration, e.g. 5m.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def enqueue(
+    ctx: click.Context,
+    topic: str,
+    payload: str | None,
+    payload_file: str | None,
+    key: str | None,
+    at: str | None,
+    delay: str | None,
+    as_json: bool,
+) -> None:
+    """Put one job on the queue. Prints "enqueued ID", or "exists ID" when a job with
+    this topic and key is already there (nothing is written then)."""
+    if at and delay:
+        raise click.UsageError("give --at or --in, not both")
+    if payload is not None and payload_file is not None:
+        raise click.UsageError("give --payload or --payload-file, not both")
+    if payload_file is not None:
+        payload_hint = "--payload-file"
+        name = "standard input" if payload_file == "-" else payload_file
+        data = _decode_payload(_read_payload_file(payload_file), payload_hint, name)
+    else:
+        payload_hint = "--payload"
+        data = _decode_payload("null" if payload is None else payload, payload_hint)
+    available_at: datetime | None = None
+    if at:
+        available_at = _parse_at(at)
+    elif delay:
+        try:
+            seconds = parse_duration_string(delay)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--in") from None
+        try:
+            available_at = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        except OverflowError:  # past timedelta's 999,999,999 days or datetime's year 9999
+            raise click.BadParameter(
+                f"{delay} is too large: the job would run after the year 9999", param_hint="--in"
+            ) from None
+    try:
+        job = brooq.Job(topic, data, idempotency_key=key, available_at=available_at)
+    except InvalidJob as exc:
+        hint = _job_error_hint(exc, payload_hint, "--at" if at else "--in")
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+    queue = open_queue(ctx)
+    try:
+        job_id, created = queue.enqueue(job)
+    except InvalidPayload as exc:  # larger than max_payload_bytes
+        raise click.BadParameter(str(exc), param_hint=payload_hint) from None
+    if as_json:
+        emit_json({"id": str(job_id), "created": created})
+    else:
+        click.echo(f"{'enqueued' if created else 'exists'} {job_id}")

@@ -1,0 +1,191 @@
+"""`brooq jobs list|show`, `brooq cancel`, `brooq retry`: one job's fate, read or changed.
+
+Owns: those commands, the listing's table and ``show_lines``, the one-screen view of a
+job (a pure function of the record and the time).
+Must never: spell which states cancel or retry accept (brooq.job does; Queue binds them to
+the SQL and words the refusal), or write a job but through Queue.cancel and Queue.retry.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import click
+
+import brooq
+from brooq.cli.common import cli, emit_json, open_queue, table, utc
+from brooq.durations import format_age
+from brooq.errors import JobNotFound
+from brooq.job import JobRecord
+
+SCREEN_LINES = 24  # `jobs show` fits a classic terminal
+SHOW_INLINE_PAYLOAD = 80  # characters of compact JSON shown on the payload line
+
+
+def _when(moment: datetime, now: datetime) -> str:
+    """An instant with how far it is from now: "2030-01-31 09:00:00 UTC (in 5.0m)"."""
+    delta = (moment - now).total_seconds()
+    relative = f"in {format_age(delta)}" if delta > 0 else f"{format_age(delta)} ago"
+    return f"{utc(moment)} ({relative})"
+
+
+@cli.group()
+def jobs() -> None:
+    """List jobs or show one."""
+
+
+def _last_line(text: str | None, width: int = 60) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1]
+    return last if len(last) <= width else last[: width - 1] + "…"
+
+
+@jobs.command("list")
+@click.option("--topic", help="Only this topic.")
+@click.option("--state", type=click.Choice(brooq.job.STATES), help="Only this state.")
+@click.option(
+    "--limit",
+    default=100,
+    show_default=True,
+    type=int,
+    help=f"How many, newest first; at most {brooq.queue.LIST_LIMIT_MAX}.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def jobs_list(
+    ctx: click.Context, topic: str | None, state: str | None, limit: int, as_json: bool
+) -> None:
+    """Jobs, newest first (by creation time)."""
+    if not 1 <= limit <= brooq.queue.LIST_LIMIT_MAX:
+        raise click.BadParameter(
+            f"{limit} is out of range: a listing holds 1 to {brooq.queue.LIST_LIMIT_MAX} "
+            "jobs; narrow it with --topic or --state",
+            param_hint="--limit",
+        )
+    records = open_queue(ctx).list_jobs(topic=topic, state=state, limit=limit)
+    if as_json:
+        emit_json({"jobs": [r.to_dict() for r in records]})
+        return
+    if not records:
+        click.echo("(no jobs)")
+        return
+    rows = [
+        [
+            str(r.id),
+            r.topic,
+            r.state,
+            str(r.attempts),
+            utc(r.created_at),
+            _last_line(r.last_error),
+        ]
+        for r in records
+    ]
+    headers = ["ID", "TOPIC", "STATE", "ATTEMPTS", "CREATED", "LAST ERROR"]
+    for line in table(headers, rows, right={3}):
+        click.echo(line)
+
+
+def _clip(lines: list[str], room: int, *, tail: bool, job_id: object) -> list[str]:
+    """At most ``room`` lines: the first ones (or the last ones) and a note on the rest."""
+    if len(lines) <= room:
+        return lines
+    keep = max(room - 1, 1)
+    note = f"… {len(lines) - keep} more lines: brooq jobs show {job_id} --json"
+    return [note, *lines[-keep:]] if tail else [*lines[:keep], note]
+
+
+def show_lines(record: JobRecord, now: datetime) -> list[str]:
+    """`brooq jobs show` as text: the job's fate on one screen. A long error keeps its
+    last lines (where a traceback names the exception), a long payload its first ones."""
+    fields: list[tuple[str, str]] = [
+        ("id", str(record.id)),
+        ("topic", record.topic),
+        ("state", record.state),
+        ("attempts", str(record.attempts)),
+        ("idempotency key", record.idempotency_key or "-"),
+        ("created", _when(record.created_at, now)),
+        ("updated", _when(record.updated_at, now)),
+        ("available at", _when(record.available_at, now)),
+    ]
+    if record.state == "processing" and record.locked_until is not None:
+        left = (record.locked_until - now).total_seconds()
+        lease = _when(record.locked_until, now)
+        if left <= 0:
+            lease += ", expired: the reaper will make the job pending again"
+        fields += [("holder", record.locked_by or "-"), ("lease until", lease)]
+    elif record.locked_by:
+        fields += [("holder", f"- (last held by {record.locked_by})"), ("lease until", "-")]
+    else:
+        fields += [("holder", "-"), ("lease until", "-")]
+    lines = [f"{name + ':':<16} {value}" for name, value in fields]
+
+    error = (record.last_error or "-").rstrip().splitlines() or ["-"]
+    payload = [json.dumps(record.payload, ensure_ascii=False)]
+    if len(payload[0]) > SHOW_INLINE_PAYLOAD:
+        payload = json.dumps(record.payload, indent=2, ensure_ascii=False).splitlines()
+    # What does not fit on its field's line shares the rest of the screen.
+    room = SCREEN_LINES - len(lines) - 2
+    error_needs, payload_needs = (0 if len(b) == 1 else len(b) for b in (error, payload))
+    payload_room = min(payload_needs, max(room - error_needs, room // 2))
+    for name, body, body_room, tail in (
+        ("last error", error, room - payload_room, True),
+        ("payload", payload, payload_room, False),
+    ):
+        if len(body) == 1:
+            lines.append(f"{name + ':':<16} {body[0]}")
+        else:
+            lines.append(name + ":")
+            lines += ["  " + b for b in _clip(body, body_room, tail=tail, job_id=record.id)]
+    return lines
+
+
+@jobs.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """A job's fate on one screen: state, attempts, times, holder and lease, last error,
+    payload."""
+    jid = brooq.job.parse_job_id(job_id)
+    record = open_queue(ctx).get(jid)
+    if record is None:
+        raise JobNotFound(f"no job with id {jid}")
+    if as_json:
+        emit_json(record.to_dict())
+        return
+    for line in show_lines(record, datetime.now(timezone.utc)):
+        click.echo(line)
+
+
+# -- writes --------------------------------------------------------------------------------
+# Their help spells the rule of brooq.job (CANCELABLE_STATES, RETRYABLE_STATES) in words;
+# tests/test_rules_units.py checks that the two agree.
+
+
+@cli.command()
+@click.argument("job_id")
+@click.pass_context
+def cancel(ctx: click.Context, job_id: str) -> None:
+    """Cancel a job: pending, failed or processing -> canceled. A running handler gets
+    brooq.LeaseLost at the next lease renewal."""
+    jid = brooq.job.parse_job_id(job_id)
+    queue = open_queue(ctx)
+    if not queue.cancel(jid):
+        raise queue.explain_refusal(jid, "cancel")
+    click.echo(f"canceled {jid}")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.pass_context
+def retry(ctx: click.Context, job_id: str) -> None:
+    """Run a finished job again: dead or canceled -> pending now, attempts reset, last
+    error kept."""
+    jid = brooq.job.parse_job_id(job_id)
+    queue = open_queue(ctx)
+    if not queue.retry(jid):
+        raise queue.explain_refusal(jid, "retry")
+    click.echo(f"retried {jid}: pending now, attempts reset")
