@@ -365,11 +365,3 @@ class AttemptTimeout(Interruption):
 
 class LeaseLost(Interruption):
     """The job is no longer ours (canceled, reaped): stop, nothing will be written."""
-
-
-# provisional: the cli2 helper owns this (the lead reconciles it at merge).
-def transition_refusal(action: str, state: str) -> str:
-    """Why ``action`` (cancel or retry) does not apply to a job in ``state``."""
-    if action == "cancel":
-        return f"job is {state}; only pending, failed or processing jobs can be canceled"
-    return f"job is {state}; only dead or canceled jobs can be retried"

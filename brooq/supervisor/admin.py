@@ -20,7 +20,8 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from brooq import metrics as metrics_mod
-from brooq.job import parse_job_id, transition_refusal
+from brooq.job import FROM_STATES, Transition, parse_job_id, transition_refusal
+from brooq.queue import transition
 from brooq.sql import Q
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.fleet import Fleet
@@ -58,11 +59,11 @@ class Admin:
             job_id = parse_job_id(raw_id)
         except ValueError as exc:
             return 400, {"error": str(exc)}
-        query = Q.job_cancel if action == "cancel" else Q.job_retry
-        row = self.conns.with_db(
-            f"admin_{action}", lambda conn: conn.execute(query, {"id": job_id}).fetchone()
-        )
-        if row is not None:
+        if action not in FROM_STATES:
+            return 404, {"error": f"no admin action {action!r}"}  # ops routes only these two
+        verb: Transition = "cancel" if action == "cancel" else "retry"
+        moved = self.conns.with_db(f"admin_{action}", lambda conn: transition(conn, verb, job_id))
+        if moved:
             log.info("event=admin_%s job=%s", action, job_id)
             return 200, {"id": str(job_id), "action": action, "ok": True}
         if not self.conns.ok:
@@ -76,7 +77,7 @@ class Admin:
         if found is None:
             return 404, {"error": f"no job with id {job_id}"}
         state = found["state"]
-        return 409, {"error": transition_refusal(action, state), "state": state}
+        return 409, {"error": transition_refusal(verb, state), "state": state}
 
 
 def start_ops(addr: str, hooks: OpsHooks) -> OpsServer | None:
