@@ -251,15 +251,15 @@ CHILD_BUCKETS = [
         ["Child._flush_and_claim", "Connection.execute"],
     ),
     ("done + claim round trip: Claim objects, metrics, held list", ["Child._flush_and_claim"]),
-    ("other outcomes: waiting for PostgreSQL", ["Child._write_once", "Connection.wait"]),
-    ("other outcomes: psycopg client side", ["Child._write_once", "Connection.execute"]),
-    ("per-job log line (logging)", ["Child._settled"]),
+    ("other outcomes: waiting for PostgreSQL", ["OutcomeWriter.write", "Connection.wait"]),
+    ("other outcomes: psycopg client side", ["OutcomeWriter.write", "Connection.execute"]),
+    ("per-job log line (logging)", ["OutcomeWriter.settled"]),
     ("board: the running job for the watchdog", ["Board._write"]),
     ("metrics tally", ["Tally."]),
-    ("handler call and timers", ["Child._call"]),
+    ("handler call and timers", ["=call"]),  # brooq.worker.interrupts.call
     ("outcome decision", ["decide"]),
     ("traceback formatting", ["format_exception"]),
-    ("idle wait for a wake-up", ["Child._sleep"]),
+    ("idle wait for a wake-up", ["ChildState.sleep"]),
     ("other in _run_one", ["Child._run_one"]),
     ("other in the loop", ["Child.run"]),
 ]
@@ -286,7 +286,7 @@ def summarise_stacks(path: Path, jobs: int, wall: float, master: bool = False) -
             continue
         total += int(n)
         for name, needles in CHILD_BUCKETS:
-            if all(any(nd in f for f in frames) for nd in needles):
+            if all(any(_matches(nd, f) for f in frames) for nd in needles):
                 counts[name] += int(n)
                 break
         else:
@@ -304,16 +304,21 @@ def summarise_stacks(path: Path, jobs: int, wall: float, master: bool = False) -
     }
 
 
+def _matches(needle: str, frame: str) -> bool:
+    """A needle "=name" is the whole frame name (a module function); else a substring."""
+    return frame == needle[1:] if needle.startswith("=") else needle in frame
+
+
 def _master_bucket(frames: list[str]) -> str:
     if frames[-1].endswith("Master._loop"):
         return "select() wait (idle)"
     for name, needle in (
-        ("reading child messages (json.loads)", "Master._read_child"),
-        ("watchdog", "Master._watchdog"),
-        ("LISTEN notifications", "Master._read_notifications"),
+        ("reading child messages (json.loads)", "Fleet.read_child"),
+        ("watchdog", "Enforcer."),
+        ("LISTEN notifications", "Connections.read_notifications"),
         ("periodic work (renew, reaper, retention)", "Master._run_due"),
-        ("reaping children", "Master._reap_children"),
-        ("managing children", "Master._manage_children"),
+        ("reaping children", "Fleet.reap"),
+        ("managing children", "Fleet.manage"),
     ):
         if any(needle in f for f in frames):
             return name

@@ -74,7 +74,7 @@ SELECT retried.id, pg_notify('brooq_job', '') FROM retried
 -- them FIFO). The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
 -- the rows it returns through a materialized CTE with LIMIT, run once (an "id IN
 -- (subquery)" form may lock more: PostgreSQL bug #15715), and charges the attempt
--- (invariant 6).
+-- (the attempt is charged at claim: attempts counts the times a job was claimed).
 WITH finished AS (
     UPDATE job SET state = 'done', updated_at = now()
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
