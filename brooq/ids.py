@@ -2,9 +2,10 @@
 
 The claim orders ready jobs by (available_at, id). Jobs enqueued together share their
 available_at, so the id breaks the tie: time-ordered ids make that tie-break the enqueue
-order (the FIFO promise: by readiness, ties in enqueue order), and keep the primary-key index growing at its right edge. Within
-one process the ids are strictly increasing (a 12-bit counter in rand_a, RFC 9562's
-"method 1"); across processes they are ordered by millisecond.
+order (the FIFO promise: by readiness, ties in enqueue order), and keep the primary-key
+index growing at its right edge. Within one process the ids are strictly increasing (a
+12-bit counter in rand_a, RFC 9562's "method 1"); across processes they are ordered by
+millisecond.
 """
 
 from __future__ import annotations

@@ -30,9 +30,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import brooq
+from brooq.ipc.reasons import EXIT_MASTER_GONE
 from brooq.settings import Settings
 from brooq.supervisor import ops
-from brooq.worker.child import EXIT_MASTER_GONE, Child, ChildConfig
+from brooq.worker.child import Child
+from brooq.worker.config import ChildConfig
 from tests.harness import MasterProcess, StartMaster, states, wait_for
 
 APP = "brooq_opsslow:queue"

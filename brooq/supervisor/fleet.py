@@ -57,8 +57,8 @@ from brooq.supervisor.settlement import (
 )
 
 # The master's one import of the worker: what a child runs right after fork.
-from brooq.worker.child import LONG_JOB, ChildConfig, identity_for
 from brooq.worker.child import main as child_main
+from brooq.worker.config import LONG_JOB, ChildConfig, identity_for
 
 __all__ = ["LONG_JOB", "Fleet", "ForkSpec"]
 

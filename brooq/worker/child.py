@@ -32,40 +32,25 @@ from psycopg.rows import RowMaker
 from brooq import logs
 from brooq.handlers import Policy
 from brooq.ipc.board import Board, Running
-from brooq.ipc.reasons import MAX_JOBS, MAX_MEMORY
-from brooq.job import Claim, Interruption
-from brooq.sql import Q
-from brooq.worker import execute, interrupts
-from brooq.worker.config import (
-    BATCH_BUDGET,
+from brooq.ipc.reasons import (
     EXIT_APP_LOAD_ERROR,
     EXIT_BOOT_ERROR,
     EXIT_CRASHED,
-    EXIT_MASTER_GONE,
     EXIT_OK,
-    LONG_JOB,
-    ChildConfig,
-    identity_for,
+    MAX_JOBS,
+    MAX_MEMORY,
 )
+from brooq.job import Claim, Interruption
+from brooq.sql import Q
+from brooq.worker import execute, interrupts
+from brooq.worker.config import BATCH_BUDGET, LONG_JOB, ChildConfig
 from brooq.worker.connection import ChildConnection, Stop
 from brooq.worker.link import MasterLink
 from brooq.worker.meter import Meter, resident_mib
 from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.state import ChildState
 
-# What the master imports from here (brooq.supervisor.master).
-__all__ = [
-    "EXIT_APP_LOAD_ERROR",
-    "EXIT_BOOT_ERROR",
-    "EXIT_CRASHED",
-    "EXIT_MASTER_GONE",
-    "EXIT_OK",
-    "LONG_JOB",
-    "Child",
-    "ChildConfig",
-    "identity_for",
-    "main",
-]
+__all__ = ["Child", "ClaimRow", "claim_row", "main"]
 
 log = logging.getLogger("brooq.child")
 

@@ -15,13 +15,6 @@ from typing import TYPE_CHECKING
 
 from brooq.handlers import Handler
 from brooq.ipc.board import Board
-from brooq.ipc.reasons import (
-    EXIT_APP_LOAD_ERROR,
-    EXIT_BOOT_ERROR,
-    EXIT_CRASHED,
-    EXIT_MASTER_GONE,
-    EXIT_OK,
-)
 from brooq.settings import Settings
 
 if TYPE_CHECKING:
@@ -29,11 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_BUDGET",
-    "EXIT_APP_LOAD_ERROR",
-    "EXIT_BOOT_ERROR",
-    "EXIT_CRASHED",
-    "EXIT_MASTER_GONE",
-    "EXIT_OK",
     "LONG_JOB",
     "PEAK_RSS_MAX_AGE",
     "TITLE_TICK",

@@ -27,8 +27,9 @@ from typing import Any
 from setproctitle import setproctitle
 
 from brooq.ipc import protocol
+from brooq.ipc.reasons import EXIT_MASTER_GONE
 from brooq.settings import Settings
-from brooq.worker.config import EXIT_MASTER_GONE, TITLE_TICK
+from brooq.worker.config import TITLE_TICK
 from brooq.worker.state import ChildState
 
 
