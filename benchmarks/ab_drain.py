@@ -1,0 +1,113 @@
+"""A/B drain of checkouts of brooq: the same no-op drain from each tree, alternated.
+
+    python benchmarks/ab_drain.py --dsn ADMIN_DSN [--jobs 100000] [--rounds 5] TREE TREE ...
+
+Each TREE is a checkout (e.g. a `git worktree` of the commit before a change). A round
+drains JOBS ready no-op jobs with `brooq-master --workers 2` of every tree in turn, each in
+a fresh database (the migrations of the brooq that runs this script, a superset of the
+older trees' schema), and reports the jobs/s from the first finished job to the last and
+the CPU of the master and its children per job (RUSAGE_CHILDREN). Alternating the trees
+spreads the machine's drift over all of them; the medians are what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from brooq import migrate
+from psycopg import conninfo, sql
+
+
+def drain_once(admin: str, tree: Path, jobs: int) -> tuple[float, float]:
+    name = f"brooq_ab_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = conninfo.make_conninfo(admin, dbname=name)
+    try:
+        migrate.up(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO job (topic) SELECT 'bench.noop' FROM generate_series(1, %s)", (jobs,)
+            )
+            conn.execute("VACUUM ANALYZE job")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
+        env.update(
+            DATABASE_URL=dsn,
+            PYTHONPATH=os.pathsep.join([str(tree / "benchmarks" / "apps"), str(tree)]),
+            QUEUE_OPS_ADDR="127.0.0.1:0",
+        )
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        master = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "brooq.master_cli",
+                "--app",
+                "bench_brooq_app:queue",
+                "--workers",
+                "2",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+        )
+        first: tuple[float, int] | None = None
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while True:
+                row = conn.execute("SELECT count(*) FROM job WHERE state <> 'done'").fetchone()
+                left = int(row[0]) if row else 0
+                now = time.monotonic()
+                if first is None and left < jobs:
+                    first = (now, left)
+                if left == 0:
+                    break
+                time.sleep(0.05)
+        end = time.monotonic()
+        master.send_signal(signal.SIGTERM)
+        master.wait(30)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        assert first is not None
+        return first[1] / (end - first[0]), cpu / jobs * 1e6
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dsn", required=True, help="admin DSN (CREATE DATABASE)")
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("trees", nargs="+", type=Path)
+    args = ap.parse_args()
+    results: dict[Path, list[tuple[float, float]]] = {t: [] for t in args.trees}
+    for rnd in range(args.rounds):
+        for tree in args.trees:
+            rate, cpu = drain_once(args.dsn, tree.resolve(), args.jobs)
+            results[tree].append((rate, cpu))
+            print(f"round {rnd} {tree}: {rate:,.0f} jobs/s, {cpu:.1f} us CPU/job", flush=True)
+    for tree, runs in results.items():
+        rates, cpus = [r for r, _ in runs], [c for _, c in runs]
+        print(
+            f"{tree}: median {statistics.median(rates):,.0f} jobs/s "
+            f"({min(rates):,.0f}-{max(rates):,.0f}); master+children CPU median "
+            f"{statistics.median(cpus):.1f} us/job ({min(cpus):.1f}-{max(cpus):.1f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
