@@ -1,13 +1,16 @@
 """Messages between the master and one child, as JSON lines over two pipes.
 
 child -> master: {"ready": 1} | {"held": [id, ...]} | {"retire": reason}
+                 | {"release": [id, ...]}
 master -> child: "w" (wake: jobs may be ready) | "lost <id>" (lease lost: abandon it)
 
 "held" lists every job the child has claimed and not yet settled (the master renews
-their leases); it is sent once per claim, before any of those jobs runs. Which job runs
-right now is not a message: it is on the child's board (brooq.board), because a message
-per job cost more than a short job. Each pipe has one writer; the reader reassembles
-lines, so a long "held" list may take more than one write.
+their leases); it is sent once per claim, before any of those jobs runs. "release" names
+jobs of its batch the child will not run (they wait behind a long job): the master gives
+them back, guarded by the child's identity, and stops counting them as held. Which job
+runs right now is not a message: it is on the child's board (brooq.ipc.board), because a
+message per job cost more than a short job. Each pipe has one writer at a time; the
+reader reassembles lines, so a long list may take more than one write.
 """
 
 from __future__ import annotations

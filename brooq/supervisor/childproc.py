@@ -45,7 +45,8 @@ class ChildProc:
     fds: list[int] = field(default_factory=list)
     # Last visible progress (a job started or ended, a new held list): the stall rule.
     progress_at: float = 0.0
-    gave_back_for: uuid.UUID | None = None  # the long job whose batchmates went back
+    # Batchmates of a long job the child will not run: the enforcer gives them back.
+    to_release: list[uuid.UUID] = field(default_factory=list)
 
 
 def killpg(pid: int) -> None:

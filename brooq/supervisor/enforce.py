@@ -8,7 +8,8 @@ functions of brooq.supervisor.watchdog; what a killed child's jobs become is set
 when it is reaped (brooq.supervisor.settlement).
 
 It must never wait: no signal is waited for, a stack not written in time is logged
-empty, and a give-back that cannot reach the database is tried again on a later pass.
+empty, and a give-back that cannot reach the database is left to the child, which gives
+its batchmates back itself when the long job returns.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from brooq.settings import Settings
 from brooq.supervisor import maintenance
 from brooq.supervisor.childproc import ChildProc, killpg, read_stack
 from brooq.supervisor.connections import Connections
-from brooq.supervisor.fleet import LONG_JOB, Fleet
+from brooq.supervisor.fleet import Fleet
 from brooq.supervisor.watchdog import BusyChild, HoldingChild, decide, decide_stalled
+from brooq.worker.config import LONG_JOB
 
 log = logging.getLogger("brooq.master")
 
@@ -67,7 +69,7 @@ class Enforcer:
                 self._kill_stalled(c, now)
             else:
                 self._kill_busy(c, now)
-        self._give_back_batchmates(now)
+        self._give_back_batchmates()
 
     def _kill_busy(self, c: ChildProc, now: float) -> None:
         assert c.job is not None and c.kill_reason is not None
@@ -128,31 +130,26 @@ class Enforcer:
         )
         killpg(c.pid)
 
-    def _give_back_batchmates(self, now: float) -> None:
-        """A job running for LONG_JOB gives back the jobs claimed after it in its batch
-        now, not when it returns, so that other children run them meanwhile. The child
-        gives them back again when the job returns; the guard makes that a no-op."""
+    def _give_back_batchmates(self) -> None:
+        """The batchmates a child will not run (they waited behind a job running for
+        LONG_JOB; the child decided, see brooq.worker.link) go back now, so that other
+        children run them meanwhile. The child releases them again when the long job
+        returns; the guard makes that a no-op."""
         for c in self.fleet.children.values():
-            job = c.job
-            if job is None or c.kill_reason is not None or c.gave_back_for == job.id:
+            if not c.to_release or c.kill_reason is not None:
                 continue
-            if now - job.started < LONG_JOB or job.id not in c.held:
-                continue
-            rest = c.held[c.held.index(job.id) + 1 :]
-            c.gave_back_for = job.id
-            if not rest:
-                continue
+            ids, c.to_release = c.to_release, []
             released = self.conns.with_db(
-                "give_back", partial(maintenance.release_ids, ids=rest, worker=c.identity)
+                "give_back", partial(maintenance.release_ids, ids=ids, worker=c.identity)
             )
             if released is None:
-                continue
-            gone = set(rest)  # not ours any more either way: never renew or report them
+                continue  # the child gives them back itself when the long job returns
+            gone = set(ids)  # not ours any more either way: never renew or report them
             c.held = [i for i in c.held if i not in gone]
             log.info(
                 "event=batch_given_back pid=%d job=%s count=%d: running for more than %gs",
                 c.pid,
-                job.id,
+                c.job.id if c.job is not None else "-",
                 len(released),
                 LONG_JOB,
             )

@@ -58,9 +58,9 @@ from brooq.supervisor.settlement import (
 
 # The master's one import of the worker: what a child runs right after fork.
 from brooq.worker.child import main as child_main
-from brooq.worker.config import LONG_JOB, ChildConfig, identity_for
+from brooq.worker.config import ChildConfig, identity_for
 
-__all__ = ["LONG_JOB", "Fleet", "ForkSpec"]
+__all__ = ["Fleet", "ForkSpec"]
 
 log = logging.getLogger("brooq.master")
 
@@ -238,6 +238,9 @@ class Fleet:
                 c.progress_at = now
                 if c.job is None:
                     c.stack_requested_at = None  # a stall's stack request is moot now
+            elif "release" in msg:
+                c.to_release.extend(uuid.UUID(i) for i in msg["release"])
+                c.progress_at = now
             elif "ready" in msg:
                 c.ready = True
                 c.progress_at = now

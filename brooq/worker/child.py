@@ -181,11 +181,13 @@ class Child:
             if self.state.stopping:
                 self._release([c.id for c in claims[i:]])
                 return False
-            duration = self._run_one(claim)
-            elapsed += duration
             rest = claims[i + 1 :]
+            duration = self._run_one(claim, tuple(c.id for c in rest))
+            elapsed += duration
             if rest and duration >= LONG_JOB:
-                self._release([c.id for c in rest])  # others may run them sooner
+                # Others may run them sooner. The control thread asked the master to give
+                # them back already, at LONG_JOB into the job: this is a no-op for those.
+                self._release([c.id for c in rest])
                 self.batch = 1
                 return self._should_retire()
             if self._should_retire():
@@ -271,13 +273,14 @@ class Child:
         self.held = [i for i in self.held if i not in ids]
         self.link.tell_held(self.held)
 
-    def _run_one(self, claim: Claim) -> float:
+    def _run_one(self, claim: Claim, batchmates: tuple[uuid.UUID, ...] = ()) -> float:
         """Run one claimed job; write its outcome, or keep a plain `done` for the next
         round trip. Returns how long the handler ran."""
         policy = self.policies[claim.topic]
         state = self.state
         state.started = time.monotonic()
         state.running = claim
+        state.tail = (state.started, batchmates) if batchmates else None
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "event=job_claimed job=%s topic=%s attempt=%d",
@@ -296,6 +299,7 @@ class Child:
             )
         )
         error = interrupts.call(self.handlers[claim.topic], claim, policy, state)
+        state.tail = None  # before the duration is taken: see ChildState.tail
         self.board.clear()  # from here on the watchdog leaves us alone
         duration = time.monotonic() - state.started
         tb = ""

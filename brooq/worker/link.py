@@ -29,7 +29,7 @@ from setproctitle import setproctitle
 from brooq.ipc import protocol
 from brooq.ipc.reasons import EXIT_MASTER_GONE
 from brooq.settings import Settings
-from brooq.worker.config import TITLE_TICK
+from brooq.worker.config import LONG_JOB, TITLE_TICK
 from brooq.worker.state import ChildState
 
 
@@ -41,14 +41,15 @@ class MasterLink:
         self.title = ""
         self._to_master = _ToMaster(to_master)  # never blocks, see there
         self._told_held: list[uuid.UUID] = []  # what the master was last told we hold
+        self._gave_back_at: float | None = None  # the start of the job whose batch went back
         self._main_thread = threading.get_ident()
         os.set_blocking(from_master, True)
 
     def start(self) -> None:
         threading.Thread(target=self._read_master, name="brooq-control", daemon=True).start()
 
-    def tell(self, message: dict[str, Any]) -> None:
-        if not self._to_master.send(message):
+    def tell(self, message: dict[str, Any], key: str | None = None) -> None:
+        if not self._to_master.send(message, key):
             self.state.master_is_gone()
 
     def tell_held(self, held: list[uuid.UUID]) -> None:
@@ -77,7 +78,23 @@ class MasterLink:
             if not state.master_gone and not self._to_master.flush():
                 state.master_is_gone()
                 state.wake(b"x")
+            self._give_back_batchmates()
             self.update_title()
+
+    def _give_back_batchmates(self) -> None:
+        """A job running for LONG_JOB gives back the jobs claimed after it in its batch
+        now, not when it returns, so that other children run them meanwhile. The child
+        decides (the main thread will not run them: see ChildState.tail) and the master
+        writes it, on its own connection: this thread never touches the database."""
+        tail = self.state.tail
+        if tail is None or tail[0] == self._gave_back_at:
+            return
+        started, batchmates = tail
+        if time.monotonic() - started < LONG_JOB:
+            return
+        self._gave_back_at = started
+        ids = [str(i) for i in batchmates]
+        self.tell({"release": ids}, key=f"release {ids[0]}")
 
     def _on_lost(self, job_id: uuid.UUID) -> None:
         self.state.lost.add(job_id)
@@ -111,10 +128,11 @@ class MasterLink:
 
 class _ToMaster:
     """The child's end of its pipe to the master, written without ever blocking: a master
-    that does not read (busy, stopped, frozen) must not stop the child. Every message is
+    that does not read (busy, stopped, frozen) must not stop the child. Most messages are
     a state -- ready, the held list, retire -- so when the pipe is full the latest of each
     kind waits here, replacing an older one of its kind, and goes out on a later send or
-    flush (the control thread flushes every TITLE_TICK). A line partly written is always
+    flush (the control thread flushes every TITLE_TICK); a message that is not a state
+    (release) comes with a key of its own, so none replaces another. A line partly written is always
     finished first, so the master only ever reads whole lines. The main thread and the
     control thread both write: one lock around the buffer and the write."""
 
@@ -126,9 +144,10 @@ class _ToMaster:
         self._partial = b""  # the rest of a line already partly written
         self._pending: dict[str, bytes] = {}  # kind -> its latest line, none of it written
 
-    def send(self, message: dict[str, Any]) -> bool:
-        """Write the message, or keep it for later; False once the master is gone."""
-        kind = next(iter(message))
+    def send(self, message: dict[str, Any], key: str | None = None) -> bool:
+        """Write the message, or keep it for later (replacing a pending one of the same
+        key, by default its kind); False once the master is gone."""
+        kind = key or next(iter(message))
         with self._lock:
             self._pending[kind] = protocol.encode(message)
             return self._flush()
