@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Any, NamedTuple
@@ -181,9 +182,9 @@ class Child:
             if self.state.stopping:
                 self._release([c.id for c in claims[i:]])
                 return False
-            rest = claims[i + 1 :]
-            duration = self._run_one(claim, tuple(c.id for c in rest))
+            duration = self._run_one(claim, claims, i + 1)
             elapsed += duration
+            rest = claims[i + 1 :]
             if rest and duration >= LONG_JOB:
                 # Others may run them sooner. The control thread asked the master to give
                 # them back already, at LONG_JOB into the job: this is a no-op for those.
@@ -273,14 +274,15 @@ class Child:
         self.held = [i for i in self.held if i not in ids]
         self.link.tell_held(self.held)
 
-    def _run_one(self, claim: Claim, batchmates: tuple[uuid.UUID, ...] = ()) -> float:
+    def _run_one(self, claim: Claim, batch: Sequence[Claim] = (), after: int = 0) -> float:
         """Run one claimed job; write its outcome, or keep a plain `done` for the next
         round trip. Returns how long the handler ran."""
         policy = self.policies[claim.topic]
         state = self.state
         state.started = time.monotonic()
         state.running = claim
-        state.tail = (state.started, batchmates) if batchmates else None
+        # No list is made per job: the control thread slices batch[after:] if it must.
+        state.tail = (state.started, batch, after) if after < len(batch) else None
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "event=job_claimed job=%s topic=%s attempt=%d",

@@ -89,11 +89,11 @@ class MasterLink:
         tail = self.state.tail
         if tail is None or tail[0] == self._gave_back_at:
             return
-        started, batchmates = tail
+        started, batch, after = tail
         if time.monotonic() - started < LONG_JOB:
             return
         self._gave_back_at = started
-        ids = [str(i) for i in batchmates]
+        ids = [str(c.id) for c in batch[after:]]
         self.tell({"release": ids}, key=f"release {ids[0]}")
 
     def _on_lost(self, job_id: uuid.UUID) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import select
 import uuid
+from collections.abc import Sequence
 
 from brooq.ipc import protocol
 from brooq.job import Claim
@@ -30,12 +31,13 @@ class ChildState:
         self.started = 0.0  # time.monotonic() when it started (main thread)
         self.in_handler = False  # interruptions may be raised only while this is True
         self.lost: set[uuid.UUID] = set()  # held jobs the master says are no longer ours
-        # While a handler runs: when it started and the jobs of its batch claimed after it,
-        # in one assignment (the main thread writes, the control thread reads), so the two
-        # always belong together. None between handlers: set back before the duration is
-        # taken, so a job the control thread saw past LONG_JOB is one the main thread
-        # measures past LONG_JOB too, and never runs its batchmates (brooq.worker.link).
-        self.tail: tuple[float, tuple[uuid.UUID, ...]] | None = None
+        # While a handler runs: when it started, its batch and the index of the first job
+        # claimed after it, in one assignment (the main thread writes, the control thread
+        # reads), so they always belong together. None between handlers: set back before
+        # the duration is taken, so a job the control thread saw past LONG_JOB is one the
+        # main thread measures past LONG_JOB too, and never runs the rest of its batch
+        # (brooq.worker.link).
+        self.tail: tuple[float, Sequence[Claim], int] | None = None
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
