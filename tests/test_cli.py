@@ -36,8 +36,13 @@ LONG_ERROR = "\n".join(
 )
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CRED"))}
+def run(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m brooq ARGS` without the caller's database or QUEUE_* settings."""
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CRED", "QUEUE_"))
+    }
     environ["PYTHONPATH"] = str(ROOT)
     environ.update(env or {})
     return subprocess.run(
@@ -47,6 +52,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         timeout=60,
         env=environ,
         cwd=ROOT,
+        input=stdin,
     )
 
 

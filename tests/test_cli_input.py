@@ -24,27 +24,10 @@ from brooq import logs, produce
 from brooq import settings as settings_mod
 from tests import harness
 from tests.harness import StartMaster, wait_for
+from tests.test_cli import run
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "SECRETPW7"
-
-
-def run(
-    *args: str, env: dict[str, str] | None = None, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CRED"))}
-    environ = {k: v for k, v in environ.items() if not k.startswith("QUEUE_")}
-    environ["PYTHONPATH"] = str(ROOT)
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "brooq", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=environ,
-        cwd=ROOT,
-        input=stdin,
-    )
 
 
 def refused(dsn: str, *args: str, code: int = 2, **kwargs: Any) -> str:
