@@ -199,6 +199,7 @@ JOB_COLUMNS = (
     "idempotency_key",
     "created_at",
     "updated_at",
+    "lease_expiries",  # 0002: the reaper counts expiries (a `migrate sql` schema too)
 )
 
 
@@ -215,6 +216,17 @@ def verify(conn: Conn) -> None:
             f"the brooq schema is not installed (no table job on the search_path "
             f"{search_path}): run `brooq migrate up` first"
         )
+    if found.has_versions:  # first: an older brooq schema lacks the newer columns too
+        applied = set(_versions(conn))
+        expected = [m.version for m in load()]
+        missing = [v for v in expected if v not in applied]
+        if missing:
+            at = max(applied, default=0)
+            raise SchemaMissing(
+                f"the brooq schema in {schema} is at version {at} but this brooq needs "
+                f"version {expected[-1]} (missing: {', '.join(map(str, missing))}): run "
+                "`brooq migrate up`"
+            )
     lacking = [c for c in JOB_COLUMNS if c not in found.job_columns]
     if lacking:
         raise SchemaMissing(
@@ -222,17 +234,6 @@ def verify(conn: Conn) -> None:
             f"{', '.join(lacking)}; search_path {search_path}): run `brooq migrate up` "
             "against the schema brooq should use and give brooq that search_path "
             "(options in the DSN)"
-        )
-    if not found.has_versions:
-        return
-    applied = set(_versions(conn))
-    expected = [m.version for m in load()]
-    missing = [v for v in expected if v not in applied]
-    if missing:
-        at = max(applied, default=0)
-        raise SchemaMissing(
-            f"the brooq schema in {schema} is at version {at} but this brooq needs version "
-            f"{expected[-1]} (missing: {', '.join(map(str, missing))}): run `brooq migrate up`"
         )
 
 

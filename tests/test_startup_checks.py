@@ -213,6 +213,19 @@ def test_a_master_against_an_older_schema_refuses_to_start(dsn: str) -> None:
     )
 
 
+def test_a_master_against_a_schema_one_migration_behind_refuses_to_start(
+    empty_dsn: str,
+) -> None:
+    # A real older schema (0001 only): lease_expiries is missing, and the message says
+    # which version is needed rather than taking the table for someone else's.
+    migrate.up(empty_dsn, 1)
+    code, err = run_master(empty_dsn)
+    latest = migrate.load()[-1].version
+    assert_refused_before_forking(
+        code, err, f"is at version 1 but this brooq needs version {latest}"
+    )
+
+
 def test_an_application_table_named_job_is_not_taken_for_brooqs(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE job (id bigint PRIMARY KEY, title text)")
