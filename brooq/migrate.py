@@ -8,6 +8,18 @@ The files are the only schema truth. Each has an up part and a down part:
     -- migrate:down
     DROP TABLE ...;
 
+A file marked ``-- migrate:no-transaction`` (before its up part) runs statement by
+statement in autocommit instead: ``CREATE INDEX CONCURRENTLY`` cannot run in a
+transaction, and one transaction would keep every lock it took (an ACCESS EXCLUSIVE one
+included) until its end, blocking producers and claims on a big table. Each statement
+then runs under ``lock_timeout`` (LOCK_TIMEOUT) and is retried when it times out, so
+a long transaction holding the table never queues every producer behind the migration.
+Such a file must be idempotent (it is re-run from the top after a failure; its version
+is recorded after its last statement), may not hold a ``$$`` body (the split at ``;``
+ending a line is then exact) and, before it runs and after any failure, the invalid
+indexes it names (left by a failed concurrent build, and skipped silently by ``CREATE
+INDEX CONCURRENTLY IF NOT EXISTS``) are dropped.
+
 Owns: reading and checking the migration files, the version bookkeeping (its statements
 are the migration_* ones of brooq/sql/queries.sql), and ``verify``, the check the master
 and the CLI make that the schema on the search_path is brooq's and up to date.
@@ -17,7 +29,9 @@ string formatting, or run SQL other than queries.sql's and the migration files' 
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import class_row, scalar_row
 
 from brooq.errors import MigrationError, SchemaMissing
@@ -41,6 +56,21 @@ VERSION_TABLE = "brooq_migration"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _UP = "-- migrate:up"
 _DOWN = "-- migrate:down"
+_NO_TRANSACTION = "-- migrate:no-transaction"
+# A statement of a no-transaction file ends with ";" at the end of a line.
+_STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
+_INDEX_NAME = re.compile(
+    r"\bINDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+(?:NOT\s+)?EXISTS\s+)?([a-z_][a-z0-9_]*)",
+    re.IGNORECASE,
+)
+# A no-transaction statement waits at most this long for a lock (well under a second, so
+# producers queued behind it wait no longer), then is tried again after a pause.
+LOCK_TIMEOUT = "500ms"
+LOCK_RETRIES = 10
+LOCK_RETRY_PAUSE = 1.0  # seconds, times the attempt number
+LOCK_POLL = 0.2  # seconds between two tries of the migrator's advisory lock
+
+log = logging.getLogger("brooq.migrate")
 
 
 @dataclass(frozen=True)
@@ -49,6 +79,22 @@ class Migration:
     name: str
     up: str
     down: str
+    # False: run statement by statement in autocommit (the no-transaction marker).
+    transactional: bool = True
+
+    def indexes(self) -> list[str]:
+        """The index names the file's statements create or drop."""
+        return sorted(set(_INDEX_NAME.findall(self.up + "\n" + self.down)))
+
+
+def statements(text: str) -> list[str]:
+    """A no-transaction part, split at every ``;`` ending a line; comment-only pieces go."""
+    pieces = (piece.strip() for piece in _STATEMENT_END.split(text))
+    return [
+        piece
+        for piece in pieces
+        if any(line.strip() and not line.strip().startswith("--") for line in piece.splitlines())
+    ]
 
 
 @dataclass(frozen=True)
@@ -81,7 +127,13 @@ def load(directory: Path | None = None) -> list[Migration]:
         down = text[text.index(_DOWN) + len(_DOWN) :].strip()
         if not up or not down:
             raise MigrationError(f"{path.name}: the up and the down part must not be empty")
-        found.append(Migration(int(match.group(1)), match.group(2), up, down))
+        transactional = _NO_TRANSACTION not in text[: text.index(_UP)]
+        if not transactional and "$$" in text:
+            raise MigrationError(
+                f"{path.name}: a '{_NO_TRANSACTION}' file may not hold a $$ body (its "
+                "statements are split at ';'); put functions in a transactional file"
+            )
+        found.append(Migration(int(match.group(1)), match.group(2), up, down, transactional))
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
         raise MigrationError(f"migration versions must run 1, 2, 3, ... without gaps: {versions}")
@@ -124,7 +176,9 @@ def _applied(conn: Conn) -> dict[int, datetime]:
 @contextmanager
 def _locked(dsn: str) -> Iterator[Conn]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(Q.migration_lock, {"key": LOCK_KEY})
+        lock = conn.cursor(row_factory=scalar_row)
+        while not lock.execute(Q.migration_lock, {"key": LOCK_KEY}).fetchone():
+            time.sleep(LOCK_POLL)  # another `migrate` runs: queries.sql says why we poll
         try:
             yield conn
         finally:
@@ -138,6 +192,63 @@ def _run(conn: Conn, script: str) -> None:
     conn.execute(statement)
 
 
+def _drop_invalid_indexes(conn: Conn, m: Migration) -> list[str]:
+    """Drop the invalid indexes among those ``m`` names (a failed concurrent build leaves
+    one behind, and ``IF NOT EXISTS`` would then skip building it); returns their names.
+    Only the file's own names: another invalid index may be a build running right now."""
+    rows = conn.execute(Q.migration_invalid_indexes, {"names": m.indexes()}).fetchall()
+    for schema, name in rows:
+        log.warning("dropping the invalid index %s.%s left by a failed build", schema, name)
+        conn.execute(sql.SQL(Q.migration_drop_index).format(sql.Identifier(schema, name)))
+    return [f"{schema}.{name}" for schema, name in rows]
+
+
+def _run_statement(conn: Conn, m: Migration, statement: str) -> None:
+    """One statement of a no-transaction file, retried when it waits too long for a lock."""
+    for attempt in range(1, LOCK_RETRIES + 1):
+        try:
+            _run(conn, statement)
+            return
+        except psycopg.errors.LockNotAvailable:
+            dropped = _drop_invalid_indexes(conn, m)
+            holders = conn.execute(Q.migration_lock_holders).fetchall()
+            if attempt == LOCK_RETRIES:
+                raise MigrationError(
+                    f"{m.version:04d}_{m.name}: gave up after {attempt} waits of "
+                    f"{LOCK_TIMEOUT} for a lock on job; held by "
+                    + (", ".join(f"pid {pid} ({what})" for pid, what in holders) or "nobody now")
+                    + (f"; dropped the invalid index {', '.join(dropped)}" if dropped else "")
+                    + "; run `brooq migrate up` again when they are done"
+                ) from None
+            pause = LOCK_RETRY_PAUSE * attempt
+            log.warning(
+                "%04d_%s: a statement waited %s for a lock (held by %s); retrying in %.0f s",
+                m.version,
+                m.name,
+                LOCK_TIMEOUT,
+                ", ".join(f"pid {pid}" for pid, _ in holders) or "nobody now",
+                pause,
+            )
+            time.sleep(pause)
+        except psycopg.Error:
+            _drop_invalid_indexes(conn, m)
+            raise
+
+
+def _apply(conn: Conn, m: Migration, body: str) -> None:
+    """Run ``body`` (m's up or down part) the way its file asks."""
+    if m.transactional:
+        _run(conn, body)
+        return
+    _drop_invalid_indexes(conn, m)
+    conn.execute(Q.migration_set_lock_timeout, {"timeout": LOCK_TIMEOUT})
+    try:
+        for statement in statements(body):
+            _run_statement(conn, m, statement)
+    finally:
+        conn.execute(Q.migration_reset_lock_timeout)
+
+
 def up(dsn: str, target: int | None = None) -> list[Migration]:
     """Apply every migration not yet applied (up to ``target``); returns what was applied."""
     migrations = load()
@@ -147,10 +258,16 @@ def up(dsn: str, target: int | None = None) -> list[Migration]:
         for m in migrations:
             if m.version in done or (target is not None and m.version > target):
                 continue
-            with conn.transaction():
-                conn.execute(Q.migration_create_table)
-                _run(conn, m.up)
-                conn.execute(Q.migration_insert, {"version": m.version, "name": m.name})
+            if m.transactional:
+                with conn.transaction():
+                    conn.execute(Q.migration_create_table)
+                    _apply(conn, m, m.up)
+                    conn.execute(Q.migration_insert, {"version": m.version, "name": m.name})
+            else:  # recorded after its last statement: a failure leaves it to re-run
+                _apply(conn, m, m.up)
+                with conn.transaction():
+                    conn.execute(Q.migration_create_table)
+                    conn.execute(Q.migration_insert, {"version": m.version, "name": m.name})
             applied_now.append(m)
     return applied_now
 
@@ -168,14 +285,23 @@ def down(dsn: str, steps: int = 1) -> list[Migration]:
                 raise MigrationError(
                     f"version {version} is applied but has no file in {migrations_dir()}"
                 )
-            with conn.transaction():
-                _run(conn, m.down)
-                conn.execute(Q.migration_delete, {"version": version})
-                left = conn.cursor(row_factory=scalar_row).execute(Q.migration_count)
-                if left.fetchone() == 0:
-                    conn.execute(Q.migration_drop_table)
+            if m.transactional:
+                with conn.transaction():
+                    _apply(conn, m, m.down)
+                    _forget(conn, version)
+            else:  # forgotten after its last statement, as up records it
+                _apply(conn, m, m.down)
+                with conn.transaction():
+                    _forget(conn, version)
             undone.append(m)
     return undone
+
+
+def _forget(conn: Conn, version: int) -> None:
+    conn.execute(Q.migration_delete, {"version": version})
+    left = conn.cursor(row_factory=scalar_row).execute(Q.migration_count)
+    if left.fetchone() == 0:
+        conn.execute(Q.migration_drop_table)
 
 
 def status(dsn: str) -> list[Status]:
@@ -200,6 +326,8 @@ JOB_COLUMNS = (
     "created_at",
     "updated_at",
     "lease_expiries",  # 0002: the reaper counts expiries (a `migrate sql` schema too)
+    "queue",  # 0003
+    "priority",  # 0003
 )
 
 
@@ -242,5 +370,6 @@ def script(direction: str = "up") -> str:
     parts: list[str] = []
     for m in load() if direction == "up" else reversed(load()):
         body = m.up if direction == "up" else m.down
-        parts.append(f"-- brooq migration {m.version:04d}_{m.name} ({direction})\n{body}\n")
+        how = "" if m.transactional else "; run outside a transaction, statement by statement"
+        parts.append(f"-- brooq migration {m.version:04d}_{m.name} ({direction}{how})\n{body}\n")
     return "\n".join(parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import psycopg
 import pytest
@@ -81,6 +82,8 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "created_at",
         "updated_at",
         "lease_expiries",
+        "queue",
+        "priority",
     ]
     nullable = {c[0] for c in columns if c[2] == "YES"}
     assert nullable == {"locked_by", "locked_until", "last_error", "idempotency_key"}
@@ -90,6 +93,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "job_ready_idx",
         "job_processing_lease_idx",
         "job_terminal_updated_idx",
+        "job_ready_queue_idx",
     } <= indexes
     assert options is not None
     assert set(options[0]) >= {
@@ -111,6 +115,9 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
             "job_processing_lease_check",
         ),
         ("INSERT INTO job (topic, idempotency_key) VALUES ('a', '')", "job_idempotency_key_check"),
+        ("INSERT INTO job (topic, queue) VALUES ('a', 'Bad Queue')", "job_queue_check"),
+        ("INSERT INTO job (topic, queue) VALUES ('a', repeat('q', 129))", "job_queue_check"),
+        ("INSERT INTO brooq_queue (name) VALUES ('no way')", "brooq_queue_name_check"),
     ],
 )
 def test_schema_enforces_invariants(dsn: str, statement: str, constraint: str) -> None:
@@ -146,13 +153,26 @@ def test_concurrent_up_applies_each_migration_once(empty_dsn: str) -> None:
     assert sorted(len(r) for r in results) == [0, 0, 0, len(migrate.load())]
 
 
+def run_script(dsn: str, direction: str) -> None:
+    """``brooq migrate sql`` run the way its header says: a file marked no-transaction
+    statement by statement, the others as one script."""
+    text = migrate.script(direction)
+    files = text.split("-- brooq migration ")[1:]
+    assert len(files) == len(migrate.load())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for part in files:
+            if "run outside a transaction" in part.splitlines()[0]:
+                for statement in migrate.statements("-- " + part):
+                    conn.execute(statement)  # type: ignore[arg-type]
+            else:
+                conn.execute("-- " + part)  # type: ignore[arg-type]
+
+
 def test_sql_script_builds_the_same_schema(empty_dsn: str, dsn: str) -> None:
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        conn.execute(migrate.script("up"))  # type: ignore[arg-type]
+    run_script(empty_dsn, "up")
     declared = [o for o in brooq_objects(dsn) if "brooq_migration" not in o]
     assert brooq_objects(empty_dsn) == declared
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        conn.execute(migrate.script("down"))  # type: ignore[arg-type]
+    run_script(empty_dsn, "down")
     assert brooq_objects(empty_dsn) == []
 
 
@@ -173,6 +193,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     assert "nothing to apply" in cli("up").stdout
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0003_queues\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0002_lease_expiries\n", out.stdout
     out = cli("down")
@@ -195,7 +217,7 @@ def test_lease_expiries_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     before = shape()
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 100)")
-    assert [m.name for m in migrate.up(empty_dsn)] == ["lease_expiries"]
+    assert [m.name for m in migrate.up(empty_dsn, 2)] == ["lease_expiries"]
     with psycopg.connect(empty_dsn) as conn:
         row = conn.execute("SELECT count(*), sum(lease_expiries) FROM job").fetchone()
     assert row == (100, 0)
@@ -203,3 +225,130 @@ def test_lease_expiries_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     assert shape() == before
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (100,)
+
+
+def job_shape(dsn: str) -> list[tuple[object, ...]]:
+    """Columns, constraints and indexes of job, and brooq_queue's presence."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            """
+            SELECT 'column', column_name || ' ' || data_type || ' ' || coalesce(column_default, '')
+            FROM information_schema.columns WHERE table_name = 'job'
+            UNION ALL
+            SELECT 'constraint', conname || ' ' || pg_get_constraintdef(oid) || ' ' || convalidated
+            FROM pg_constraint WHERE conrelid = 'job'::regclass
+            UNION ALL
+            SELECT 'index', indexname || ' ' || indexdef FROM pg_indexes WHERE tablename = 'job'
+            UNION ALL
+            SELECT 'table', 'brooq_queue' WHERE to_regclass('brooq_queue') IS NOT NULL
+            ORDER BY 1, 2
+            """
+        ).fetchall()
+
+
+def test_queues_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0003 runs statement by statement on a table that holds jobs: the rows get the
+    default queue and priority, the CHECK is validated, the index is valid; down gives back
+    exactly 0002's table, rows included, and up works again."""
+    migrate.up(empty_dsn, 2)
+    before = job_shape(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 500)")
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 3)] == [("queues", False)]
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute(
+            "SELECT count(*), min(queue), max(queue), min(priority), max(priority) FROM job"
+        ).fetchone() == (500, "default", "default", 0, 0)
+        assert conn.execute(
+            "SELECT convalidated FROM pg_constraint WHERE conname = 'job_queue_check'"
+        ).fetchone() == (True,)
+        assert conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'job_ready_queue_idx'::regclass"
+        ).fetchone() == (True,)
+    after = job_shape(empty_dsn)
+    assert [m.name for m in migrate.down(empty_dsn)] == ["queues"]
+    assert job_shape(empty_dsn) == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (500,)
+        assert conn.execute("SELECT max(version) FROM brooq_migration").fetchone() == (2,)
+    migrate.up(empty_dsn, 3)
+    assert job_shape(empty_dsn) == after
+
+
+def test_a_failed_concurrent_build_is_rebuilt(empty_dsn: str) -> None:
+    """A canceled CREATE INDEX CONCURRENTLY leaves an INVALID index that `IF NOT EXISTS`
+    would skip; the migrator drops it and builds it again, and records the version only
+    then."""
+    migrate.up(empty_dsn, 3)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 50000)")
+        conn.execute("DROP INDEX job_ready_queue_idx")
+        conn.execute("DELETE FROM brooq_migration WHERE version = 3")
+        # An open writer: the build enters the catalog (INVALID), then waits for it.
+        with psycopg.connect(empty_dsn) as writer:
+            writer.execute("INSERT INTO job (topic) VALUES ('t')")
+            conn.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                conn.execute(
+                    "CREATE INDEX CONCURRENTLY job_ready_queue_idx "
+                    "ON job (queue, priority DESC, available_at, id) INCLUDE (topic) "
+                    "WHERE state IN ('pending', 'failed')"
+                )
+            conn.execute("RESET lock_timeout")
+        assert conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'job_ready_queue_idx'::regclass"
+        ).fetchone() == (False,)
+    assert [m.name for m in migrate.up(empty_dsn)] == ["queues"]
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'job_ready_queue_idx'::regclass"
+        ).fetchone() == (True,)
+
+
+def test_a_waiting_statement_does_not_queue_producers(
+    empty_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction that read job holds the ALTER of 0003 back. Without lock_timeout the
+    ALTER would wait in the lock queue and every producer behind it; with it, the ALTER
+    gives up after LOCK_TIMEOUT, producers go on while the reader is still open, and the
+    migration succeeds once it is gone."""
+    monkeypatch.setattr(migrate, "LOCK_RETRY_PAUSE", 0.2)
+    migrate.up(empty_dsn, 2)
+    reader = psycopg.connect(empty_dsn)
+    reader.execute("SELECT count(*) FROM job")  # holds ACCESS SHARE until it ends
+    done: list[object] = []
+    migrating = threading.Thread(target=lambda: done.append(migrate.up(empty_dsn)))
+    migrating.start()
+    with psycopg.connect(empty_dsn, autocommit=True) as producer:
+        # Wait until the ALTER is in the lock queue (or between its tries), then insert.
+        deadline = time.monotonic() + 10
+        while not producer.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE 'ALTER TABLE job%%'"
+        ).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "the migration never waited for its lock"
+            time.sleep(0.01)
+        producer.execute("SET statement_timeout = '3s'")  # without lock_timeout: canceled
+        producer.execute("INSERT INTO job (topic) VALUES ('t')")
+    assert migrating.is_alive()  # the reader still holds it back
+    reader.close()
+    migrating.join(30)
+    assert not migrating.is_alive() and len(done) == 1
+    assert [m.name for m in done[0]] == ["queues"]  # type: ignore[attr-defined]
+
+
+def test_a_lock_never_granted_fails_with_the_holder_named(
+    empty_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrate, "LOCK_RETRIES", 2)
+    monkeypatch.setattr(migrate, "LOCK_RETRY_PAUSE", 0.1)
+    migrate.up(empty_dsn, 2)
+    with psycopg.connect(empty_dsn, application_name="long-report") as reader:
+        reader.execute("SELECT count(*) FROM job")
+        pid = reader.info.backend_pid
+        with pytest.raises(migrate.MigrationError) as failed:
+            migrate.up(empty_dsn)
+    message = str(failed.value)
+    assert "0003_queues" in message and f"pid {pid} (long-report" in message, message
+    assert [s.version for s in migrate.status(empty_dsn) if s.applied_at] == [1, 2]
+    assert [m.name for m in migrate.up(empty_dsn)] == ["queues"]  # idempotent re-run

@@ -341,8 +341,11 @@ SELECT version, applied_at FROM brooq_migration ORDER BY version
 
 -- name: migration_lock
 -- A session advisory lock held while migrating (key brooq.migrate.LOCK_KEY), so that two
--- deploy steps cannot race; it waits for the other one to finish.
-SELECT pg_advisory_lock(%(key)s)
+-- deploy steps cannot race. Tried, never waited for inside a statement: a session
+-- waiting in pg_advisory_lock holds a snapshot, and CREATE INDEX CONCURRENTLY in the
+-- session that has the lock waits for every older snapshot to go (a deadlock nobody
+-- detects). The migrator polls instead.
+SELECT pg_try_advisory_lock(%(key)s) AS locked
 
 -- name: migration_unlock
 SELECT pg_advisory_unlock(%(key)s)
@@ -372,3 +375,41 @@ DROP TABLE brooq_migration
 
 -- name: listen_jobs
 LISTEN brooq_job
+
+-- The no-transaction migrations (brooq/migrate.py says why they exist).
+
+-- name: migration_set_lock_timeout
+-- Session-wide on the migrator's own connection, reset after the file.
+SELECT set_config('lock_timeout', %(timeout)s, false)
+
+-- name: migration_reset_lock_timeout
+RESET lock_timeout
+
+-- name: migration_invalid_indexes
+-- The invalid indexes of the job table among the given names: what a failed
+-- CREATE INDEX CONCURRENTLY leaves behind.
+SELECT n.nspname::text AS schema, c.relname::text AS name
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE i.indrelid = to_regclass('job') AND NOT i.indisvalid
+  AND c.relname = ANY(%(names)s::text[])
+ORDER BY 1, 2
+
+-- name: migration_drop_index
+-- Composed with psycopg.sql: the placeholder is the index's qualified Identifier.
+DROP INDEX CONCURRENTLY IF EXISTS {}
+
+-- name: migration_lock_holders
+-- Who may be holding what a timed-out statement waited for: other sessions in a
+-- transaction that holds a lock on job or a snapshot (CREATE INDEX CONCURRENTLY waits
+-- for every older transaction). No query text: it may hold literals.
+SELECT a.pid,
+       coalesce(nullif(a.application_name, ''), a.usename::text) || ', ' || a.state
+           || ', transaction open for ' || date_trunc('second', now() - a.xact_start)::text AS what
+FROM pg_stat_activity a
+WHERE a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL
+  AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL
+       OR EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.relation = to_regclass('job')))
+ORDER BY a.xact_start
+LIMIT 5
