@@ -15,6 +15,14 @@ class InvalidTopic(InvalidJob):
     """The topic does not match the topic format."""
 
 
+class InvalidQueue(InvalidJob):
+    """The queue name does not match the queue format (the topic's)."""
+
+
+class InvalidPriority(InvalidJob):
+    """The priority is not an integer from -32768 to 32767."""
+
+
 class InvalidPayload(InvalidJob):
     """The payload cannot be stored as JSON, or is too large."""
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from brooq import limits
 from brooq.durations import Duration, to_seconds, too_long
-from brooq.errors import InvalidSettings
-from brooq.job import validate_topic
+from brooq.errors import InvalidJob, InvalidSettings
+from brooq.job import DEFAULT_QUEUE, validate_queue, validate_topic
 
 if TYPE_CHECKING:
     from brooq.job import Claim
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 HandlerFn = Callable[["Claim"], None]
 MAX_ATTEMPTS = 2**31 - 1  # the job's attempts column is a PostgreSQL integer
+MAX_GLOBAL_LIMIT = 2**31 - 1  # bound as a PostgreSQL integer
 _LIMITS = limits.NAMES  # attempt_timeout, max_execution_timeout, backoff_base, backoff_max
 
 
@@ -48,6 +49,10 @@ class Handler:
     max_execution_timeout: float | None
     backoff_base: float | None
     backoff_max: float | None
+    # The queue a job of this topic goes to when it names none (enqueued through the
+    # Queue that has this handler), and the fleet-wide cap on its processing jobs.
+    queue: str = DEFAULT_QUEUE
+    global_limit: int | None = None
 
     def policy(self, settings: Settings) -> Policy:
         """The options given at registration, the queue's settings for the others (a
@@ -79,12 +84,27 @@ def build(
     max_execution_timeout: Duration | None,
     backoff_base: Duration | None,
     backoff_max: Duration | None,
+    queue: str = DEFAULT_QUEUE,
+    global_limit: int | None = None,
 ) -> Handler:
     """Validate what was given at registration and return the Handler."""
     validate_topic(topic)
     problems: list[str] = []
     if not callable(fn):
         problems.append(f"{topic}: the handler must be callable")
+    try:
+        validate_queue(queue)
+    except InvalidJob as exc:
+        problems.append(f"{topic}: {exc}")
+    if global_limit is not None:
+        if isinstance(global_limit, bool) or not isinstance(global_limit, int):
+            problems.append(f"{topic}: global_limit must be an integer, got {global_limit!r}")
+        elif not 1 <= global_limit <= MAX_GLOBAL_LIMIT:
+            problems.append(
+                f"{topic}: global_limit must be from 1 to {MAX_GLOBAL_LIMIT}, got {global_limit}"
+                if global_limit < 1
+                else f"{topic}: global_limit must be at most {MAX_GLOBAL_LIMIT}"
+            )
     seconds: dict[str, float | None] = {}
     for name, value in (
         ("attempt_timeout", attempt_timeout),
@@ -119,4 +139,11 @@ def build(
     problems += limits.ordering_problems(seconds, prefix=f"{topic}: ")
     if problems:
         raise InvalidSettings(problems)
-    return Handler(topic=topic, fn=fn, max_attempts=max_attempts, **seconds)
+    return Handler(
+        topic=topic,
+        fn=fn,
+        max_attempts=max_attempts,
+        queue=queue,
+        global_limit=global_limit,
+        **seconds,
+    )

@@ -26,6 +26,8 @@ from brooq.errors import (
     InvalidJob,
     InvalidJobId,
     InvalidPayload,
+    InvalidPriority,
+    InvalidQueue,
     InvalidTopic,
     NaiveDatetime,
 )
@@ -56,6 +58,11 @@ _DONE_WORD: Final[dict[Transition, str]] = {"cancel": "canceled", "retry": "retr
 
 TOPIC_PATTERN: Final = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
 TOPIC_MAX_LENGTH: Final = 128
+# Queue names follow the topic rule (the job_queue_check of migration 0003).
+DEFAULT_QUEUE: Final = "default"
+# priority is a smallint column: higher runs first.
+PRIORITY_MIN: Final = -32768
+PRIORITY_MAX: Final = 32767
 IDEMPOTENCY_KEY_MAX_LENGTH: Final = 1024
 # The key is indexed with the topic, and a btree entry holds at most 2,704 bytes.
 IDEMPOTENCY_KEY_MAX_BYTES: Final = 2048
@@ -107,21 +114,40 @@ def transition_refusal(action: Transition, state: str, job_id: object = None) ->
     return f"cannot {action} job {job_id}: it is {state}; {transition_rule(action)}"
 
 
-def validate_topic(topic: object) -> str:
-    if not isinstance(topic, str):
-        raise InvalidTopic(f"topic must be a string, not {type(topic).__name__}")
-    if len(topic) > TOPIC_MAX_LENGTH:
-        raise InvalidTopic(
-            f"topic is {len(topic)} characters long; the limit is {TOPIC_MAX_LENGTH}"
-        )
+def _validate_name(value: object, field: str, error: type[InvalidJob]) -> str:
+    if not isinstance(value, str):
+        raise error(f"{field} must be a string, not {type(value).__name__}")
+    if len(value) > TOPIC_MAX_LENGTH:
+        raise error(f"{field} is {len(value)} characters long; the limit is {TOPIC_MAX_LENGTH}")
     # fullmatch, not match: "$" also matches before a final "\n", which the database's
-    # CHECK constraint refuses (a CheckViolation at enqueue instead of InvalidTopic).
-    if not TOPIC_PATTERN.fullmatch(topic):
-        raise InvalidTopic(
-            f"topic {topic!r} does not match {TOPIC_PATTERN.pattern} "
+    # CHECK constraint refuses (a CheckViolation at enqueue instead of our error).
+    if not TOPIC_PATTERN.fullmatch(value):
+        raise error(
+            f"{field} {value!r} does not match {TOPIC_PATTERN.pattern} "
             "(lowercase letters and digits, words joined by '.', '_' or '-')"
         )
-    return topic
+    return value
+
+
+def validate_topic(topic: object) -> str:
+    return _validate_name(topic, "topic", InvalidTopic)
+
+
+def validate_queue(queue: object) -> str:
+    """A queue name: the topic rule, errors naming ``queue``."""
+    return _validate_name(queue, "queue", InvalidQueue)
+
+
+def validate_priority(priority: object) -> int:
+    """An int (not a bool, not a float) that the smallint column holds."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidPriority(f"priority must be an integer, not {type(priority).__name__}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidPriority(
+            f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first), "
+            f"got {priority}"
+        )
+    return priority
 
 
 _BRACKET_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
@@ -244,7 +270,15 @@ def parse_job_id(value: object) -> uuid.UUID:
 class Job:
     """A job to enqueue. Validated when built, so a bad job never reaches the database."""
 
-    __slots__ = ("available_at", "idempotency_key", "payload", "payload_json", "topic")
+    __slots__ = (
+        "available_at",
+        "idempotency_key",
+        "payload",
+        "payload_json",
+        "priority",
+        "queue",
+        "topic",
+    )
 
     def __init__(
         self,
@@ -253,8 +287,14 @@ class Job:
         *,
         idempotency_key: str | None = None,
         available_at: datetime | None = None,
+        queue: str | None = None,
+        priority: int = 0,
     ) -> None:
         self.topic = validate_topic(topic)
+        # None: the queue the topic's handler declares when enqueued through a Queue
+        # that has it, else "default" (brooq.produce resolves it).
+        self.queue = None if queue is None else validate_queue(queue)
+        self.priority = validate_priority(priority)
         self.payload = payload
         self.payload_json = encode_payload(payload)
         self.idempotency_key = normalise_key(idempotency_key)
@@ -265,7 +305,8 @@ class Job:
     def __repr__(self) -> str:
         return (
             f"Job(topic={self.topic!r}, payload={self.payload!r}, "
-            f"idempotency_key={self.idempotency_key!r}, available_at={self.available_at!r})"
+            f"idempotency_key={self.idempotency_key!r}, available_at={self.available_at!r}, "
+            f"queue={self.queue!r}, priority={self.priority!r})"
         )
 
 
@@ -285,6 +326,8 @@ class JobRecord:
     idempotency_key: str | None
     created_at: datetime
     updated_at: datetime
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: UUID and datetimes as strings."""
@@ -309,6 +352,8 @@ class Claim:
     attempt: int
     locked_by: str
     locked_until: datetime
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
     chained: list[Job] = field(default_factory=list, repr=False)
     success_hooks: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
 

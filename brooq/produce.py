@@ -13,7 +13,7 @@ the ids.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import psycopg
@@ -22,7 +22,7 @@ from psycopg.rows import class_row, scalar_row
 from brooq.db import schema_missing
 from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
-from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job, check_payload_size
+from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, Job, check_payload_size
 from brooq.sql import Q
 
 Target = psycopg.Connection[Any] | psycopg.Cursor[Any]
@@ -63,13 +63,25 @@ def check_jobs(jobs: Iterable[object], max_payload_bytes: int) -> list[Job]:
     return checked
 
 
-def _params(job: Job, job_id: uuid.UUID) -> dict[str, Any]:
+# Topic -> the queue its handler declares (a Queue's handlers); empty for brooq.enqueue.
+Declared = Mapping[str, str]
+_NONE_DECLARED: Declared = {}
+
+
+def queue_of(job: Job, declared: Declared) -> str:
+    """The queue a job goes to: its own, else its handler's, else "default"."""
+    return job.queue or declared.get(job.topic) or DEFAULT_QUEUE
+
+
+def _params(job: Job, job_id: uuid.UUID, declared: Declared) -> dict[str, Any]:
     return {
         "id": job_id,
         "topic": job.topic,
         "payload": job.payload_json,
         "key": job.idempotency_key,
         "available_at": job.available_at,
+        "queue": queue_of(job, declared),
+        "priority": job.priority,
     }
 
 
@@ -99,12 +111,14 @@ def enqueue(
     return insert_checked(target, check_job(job, max_payload_bytes))
 
 
-def insert_checked(target: Target, job: Job) -> tuple[uuid.UUID, bool]:
+def insert_checked(
+    target: Target, job: Job, declared: Declared = _NONE_DECLARED
+) -> tuple[uuid.UUID, bool]:
     """``enqueue`` for a job that check_job has passed."""
     try:
         with _cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
-                inserted = cur.execute(Q.job_insert, _params(job, uuid7())).fetchone()
+                inserted = cur.execute(Q.job_insert, _params(job, uuid7(), declared)).fetchone()
                 if inserted is not None:
                     return inserted, True
                 existing = cur.execute(
@@ -128,7 +142,7 @@ async def enqueue_async(
     try:
         async with _async_cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
-                await cur.execute(Q.job_insert, _params(job, uuid7()))
+                await cur.execute(Q.job_insert, _params(job, uuid7(), _NONE_DECLARED))
                 inserted = await cur.fetchone()
                 if inserted is not None:
                     return inserted, True
@@ -158,7 +172,9 @@ def enqueue_many(
     return insert_many_checked(target, check_jobs(jobs, max_payload_bytes))
 
 
-def insert_many_checked(target: Target, checked: list[Job]) -> list[tuple[uuid.UUID, bool]]:
+def insert_many_checked(
+    target: Target, checked: list[Job], declared: Declared = _NONE_DECLARED
+) -> list[tuple[uuid.UUID, bool]]:
     """``enqueue_many`` for jobs that check_job has passed."""
     if not checked:
         return []
@@ -166,14 +182,14 @@ def insert_many_checked(target: Target, checked: list[Job]) -> list[tuple[uuid.U
     try:
         with _cursor(target) as cur:
             if any(job.idempotency_key is not None for job in checked):
-                return _insert_many(cur, checked, ids)
-            return _copy_many(cur, checked, ids)
+                return _insert_many(cur, checked, ids, declared)
+            return _copy_many(cur, checked, ids, declared)
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
 
 
 def _copy_many(
-    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID]
+    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], declared: Declared
 ) -> list[tuple[uuid.UUID, bool]]:
     """Jobs without keys cannot conflict: COPY them (ready ones and scheduled ones apart,
     so that "ready now" is the server's now(), never the client's clock)."""
@@ -183,17 +199,20 @@ def _copy_many(
     if ready:
         with cur.copy(Q.job_copy_ready) as copy:
             for job_id, job in ready:
-                copy.write_row((job_id, job.topic, job.payload_json))
+                row = (job_id, job.topic, job.payload_json, queue_of(job, declared), job.priority)
+                copy.write_row(row)
     if len(ready) < len(checked):
         with cur.copy(Q.job_copy_scheduled) as copy:
             for job_id, job in zip(ids, checked, strict=True):
                 if job.available_at is not None:
-                    copy.write_row((job_id, job.topic, job.payload_json, job.available_at))
+                    queue = queue_of(job, declared)
+                    at = job.available_at
+                    copy.write_row((job_id, job.topic, job.payload_json, at, queue, job.priority))
     return [(job_id, True) for job_id in ids]
 
 
 def _insert_many(
-    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID]
+    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], declared: Declared
 ) -> list[tuple[uuid.UUID, bool]]:
     cur.execute(
         Q.job_insert_many,
@@ -203,6 +222,8 @@ def _insert_many(
             "payloads": [j.payload_json for j in checked],
             "keys": [j.idempotency_key for j in checked],
             "available_ats": [j.available_at for j in checked],
+            "queues": [queue_of(j, declared) for j in checked],
+            "priorities": [j.priority for j in checked],
         },
     )
     inserted = set(cur.fetchall())  # the ids (scalar_row)

@@ -37,6 +37,7 @@ from brooq.durations import Duration
 from brooq.errors import BrooqError, InvalidTransition, JobNotFound
 from brooq.handlers import Handler, HandlerFn, build
 from brooq.job import (
+    DEFAULT_QUEUE,
     FROM_STATES,
     STATES,
     Job,
@@ -136,6 +137,7 @@ class Queue:
         self._settings: settings_mod.Settings | None = None
         self.pool_size = pool_size
         self.handlers: dict[str, Handler] = {}
+        self._declared: dict[str, str] = {}  # topic -> its handler's queue
         self._pool: ConnectionPool[Any] | None = None
         self._pool_pid = 0
         # Fail early on unknown names and bad values given in code.
@@ -171,9 +173,13 @@ class Queue:
         max_execution_timeout: Duration | None = None,
         backoff_base: Duration | None = None,
         backoff_max: Duration | None = None,
+        queue: str = DEFAULT_QUEUE,
+        global_limit: int | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(claim)`` for ``topic``. Unset options take the queue's settings
-        (QUEUE_MAX_ATTEMPTS etc.; defaults 5, 1m, 5m, 1s, 1m)."""
+        (QUEUE_MAX_ATTEMPTS etc.; defaults 5, 1m, 5m, 1s, 1m). ``queue``: where jobs of
+        this topic go when they name none; ``global_limit``: at most that many of them
+        processing at once across every master on the database."""
 
         def register(fn: HandlerFn) -> HandlerFn:
             if topic in self.handlers:
@@ -186,7 +192,10 @@ class Queue:
                 max_execution_timeout=max_execution_timeout,
                 backoff_base=backoff_base,
                 backoff_max=backoff_max,
+                queue=queue,
+                global_limit=global_limit,
             )
+            self._declared[topic] = queue
             return fn
 
         return register
@@ -266,7 +275,7 @@ class Queue:
         with self.connection() as conn:
             conn.autocommit = True
             try:
-                return producer.insert_checked(conn, checked)
+                return producer.insert_checked(conn, checked, self._declared)
             finally:
                 # The pool hands out transactional connections; a broken one it drops.
                 with contextlib.suppress(psycopg.Error):
@@ -278,7 +287,7 @@ class Queue:
         ("job 3: ..."), and nothing is inserted."""
         checked = producer.check_jobs(jobs, self._max_payload)  # before any I/O
         with self.transaction() as conn:
-            return producer.insert_many_checked(conn, checked)
+            return producer.insert_many_checked(conn, checked, self._declared)
 
     # -- reading and operating -----------------------------------------------------------
 

@@ -5,8 +5,9 @@
 
 -- name: job_insert
 -- One job. ON CONFLICT covers only keyed rows (the unique index is partial).
-INSERT INTO job (id, topic, payload, idempotency_key, available_at)
-VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()))
+INSERT INTO job (id, topic, payload, idempotency_key, available_at, queue, priority)
+VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
+        %(queue)s, %(priority)s)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
@@ -14,10 +15,12 @@ RETURNING id
 -- Many jobs in one statement (one round trip, one NOTIFY). Ids are made by the client,
 -- so the caller knows every id before the answer; rows skipped by a key conflict are
 -- missing from RETURNING.
-INSERT INTO job (id, topic, payload, idempotency_key, available_at)
-SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now())
+INSERT INTO job (id, topic, payload, idempotency_key, available_at, queue, priority)
+SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
+       i.priority
 FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
-            %(available_ats)b::timestamptz[]) WITH ORDINALITY AS i(id, topic, payload, key, available_at, ord)
+            %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[])
+     WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, ord)
 ORDER BY i.ord
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
@@ -26,11 +29,11 @@ RETURNING id
 -- Many jobs without idempotency keys, ready now (available_at takes its default, the
 -- server's now()): COPY, a quarter cheaper for the server than INSERT ... SELECT. No key
 -- means no conflict to look for; COPY fires the statement's NOTIFY trigger like INSERT.
-COPY job (id, topic, payload) FROM STDIN
+COPY job (id, topic, payload, queue, priority) FROM STDIN
 
 -- name: job_copy_scheduled
 -- The same for jobs given an available_at.
-COPY job (id, topic, payload, available_at) FROM STDIN
+COPY job (id, topic, payload, available_at, queue, priority) FROM STDIN
 
 -- name: job_get_id_by_key
 SELECT id FROM job WHERE topic = %(topic)s AND idempotency_key = %(key)s
@@ -376,10 +379,8 @@ DROP TABLE brooq_migration
 -- name: listen_jobs
 LISTEN brooq_job
 
--- The no-transaction migrations (brooq/migrate.py says why they exist).
-
 -- name: migration_set_lock_timeout
--- Session-wide on the migrator's own connection, reset after the file.
+-- For the no-transaction migrations (brooq/migrate.py says why they exist). Session-wide on the migrator's own connection, reset after the file.
 SELECT set_config('lock_timeout', %(timeout)s, false)
 
 -- name: migration_reset_lock_timeout

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -26,7 +27,7 @@ from brooq import logs
 from brooq.handlers import Policy
 from brooq.ipc.board import Board
 from brooq.job import Claim
-from brooq.produce import enqueue_many
+from brooq.produce import check_jobs, insert_many_checked
 from brooq.settings import Settings
 from brooq.sql import Q
 from brooq.worker import execute
@@ -51,6 +52,8 @@ class OutcomeWriter:
     ) -> None:
         self.identity = identity
         self.settings = settings
+        # Topic -> its handler's queue, for chained jobs given no queue (the Child sets it).
+        self.declared: Mapping[str, str] = {}
         self.connection = connection
         self.state = state
         self.board = board
@@ -134,7 +137,8 @@ class OutcomeWriter:
                 cur = conn.execute(Q.job_set_done, who, prepare=True)
                 if cur.rowcount == 0:
                     raise _NotOurs
-                enqueue_many(conn, claim.chained, max_payload_bytes=self.settings.max_payload_bytes)
+                checked = check_jobs(claim.chained, self.settings.max_payload_bytes)
+                insert_many_checked(conn, checked, self.declared)
                 if claim.success_hooks:
                     conn.execute(Q.session_planner_defaults)
                     self.board.hooks_running(True)  # the stall rule leaves us alone
