@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from brooq.handlers import Handler
+from brooq.job import DEFAULT_QUEUE
 from brooq.settings import QueueWeights
 
 __all__ = ["RoundOrder", "worked_queues"]
@@ -23,7 +24,8 @@ def worked_queues(configured: QueueWeights, handlers: Mapping[str, Handler]) -> 
     """The queues a master works: those configured, else its handlers' queues, weight 1."""
     if configured:
         return configured
-    return tuple((name, 1) for name in sorted({h.queue for h in handlers.values()}))
+    declared = sorted({h.queue for h in handlers.values()}) or [DEFAULT_QUEUE]
+    return tuple((name, 1) for name in declared)
 
 
 class RoundOrder:
