@@ -162,6 +162,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
     ages = {t["topic"]: t.pop("oldest_ready_age_seconds") for t in topics}
     assert topics == [
         {
+            "queue": "default",
             "topic": "mail",
             "pending": 2,
             "ready": 2,
@@ -171,6 +172,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "dead": 1,
         },
         {
+            "queue": "default",
             "topic": "report",
             "pending": 1,
             "ready": 1,
@@ -266,6 +268,8 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
         "idempotency_key": None,
         "created_at": "2020-01-01T00:00:05+00:00",
         "updated_at": dead["updated_at"],
+        "queue": "default",
+        "priority": 0,
     }
     datetime.fromisoformat(dead["updated_at"])
 
