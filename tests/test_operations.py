@@ -119,6 +119,34 @@ def test_oldest_ready_age_and_busy_children(
     assert m.wait() == 0
 
 
+def test_jobs_gauges_carry_the_queue_and_drop_to_zero_when_it_empties(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    # A topic without a handler in this app: its jobs stay where they are put.
+    queue.enqueue_many([brooq.Job("nobody.handles", queue="bulk") for _ in range(3)])
+    queue.enqueue(brooq.Job("nobody.handles"))
+    m = start_master(workers=1, env=FAST_STATS)
+    addr = ops_addr(m)
+
+    def jobs(queue_name: str) -> float:
+        _, text = get(addr, "/metrics")
+        return sample(text, "brooq_jobs", topic="nobody.handles", state="pending", queue=queue_name)
+
+    wait_for(lambda: jobs("bulk") == 3, what="bulk counted")
+    assert jobs("default") == 1
+    _, text = get(addr, "/metrics")
+    assert 'brooq_jobs{queue="bulk",state="pending",topic="nobody.handles"} 3.0' in text
+    assert sample(text, "brooq_ready_oldest_age_seconds", topic="nobody.handles", queue="bulk") > 0
+    # The label set of a queue whose jobs are gone reads 0, not its last count.
+    db.execute("UPDATE job SET state = 'canceled' WHERE queue = 'bulk'")
+    wait_for(lambda: jobs("bulk") == 0 and 'queue="bulk"' in get(addr, "/metrics")[1], what="0")
+    _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_ready_oldest_age_seconds", topic="nobody.handles", queue="bulk") == 0
+    assert jobs("default") == 1
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
 def queue_rows(db: psycopg.Connection) -> list[tuple[str, bool]]:
     return [(n, p) for n, p in db.execute("SELECT name, paused FROM brooq_queue ORDER BY name")]
 
