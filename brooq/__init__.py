@@ -28,7 +28,7 @@ from brooq.job import (
     PreserveAttempt,
 )
 from brooq.produce import enqueue, enqueue_async
-from brooq.queue import InFlight, Queue, TopicStats
+from brooq.queue import InFlight, Queue, QueueStats, TopicStats
 
 __version__ = "0.1.0"
 
@@ -57,6 +57,7 @@ __all__ = [
     "NaiveDatetime",
     "PreserveAttempt",
     "Queue",
+    "QueueStats",
     "SchemaMissing",
     "TopicStats",
     "__version__",

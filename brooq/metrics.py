@@ -122,16 +122,18 @@ class Metrics:
         self.retention_deleted = Counter(
             "brooq_retention_deleted_total", "Terminal jobs deleted by retention", ["topic"]
         )
+        # One label set per (queue, topic) that holds jobs or has a handler: queues x
+        # topics at most, 5 series per pair. A pair whose jobs are gone reads 0.
         self.jobs = Gauge(
             "brooq_jobs",
-            "Jobs by topic and state (active states and dead), from the table",
-            ["topic", "state"],
+            "Jobs by topic, state (active states and dead) and queue, from the table",
+            ["topic", "state", "queue"],
             multiprocess_mode="mostrecent",
         )
         self.oldest_ready = Gauge(
             "brooq_ready_oldest_age_seconds",
-            "Age of the oldest ready job by topic (0 when none)",
-            ["topic"],
+            "Age of the oldest ready job by topic and queue (0 when none)",
+            ["topic", "queue"],
             multiprocess_mode="mostrecent",
         )
 

@@ -7,8 +7,8 @@ sockets belong to the parent), so no connection ever crosses a fork.
 
 Owns: the handler registry, the settings as the application gives them, the pooled
 connection of producers and operators, the operator's reads (get, list_jobs, stats,
-in_flight, throughput) and transitions (cancel, retry: ``transition`` binds the states of
-brooq.job to job_cancel/job_retry, for the master's admin HTTP too).
+in_flight, throughput, queues) and writes (cancel, retry: ``transition`` binds the states of
+brooq.job to job_cancel/job_retry, for the master's admin HTTP too; pause, resume).
 Must never: claim jobs or write their outcomes (the worker's), keep a connection across fork(),
 read a row by position, or spell which states a transition accepts (brooq.job does).
 """
@@ -45,6 +45,7 @@ from brooq.job import (
     Transition,
     parse_job_id,
     transition_refusal,
+    validate_queue,
     validate_topic,
 )
 from brooq.sql import Q
@@ -77,8 +78,9 @@ def transition(conn: psycopg.Connection[Any], action: Transition, job_id: uuid.U
 
 @dataclass(frozen=True)
 class TopicStats:
-    """One topic's jobs by state. ``ready``: pending or failed and due now. ``busy``:
-    processing under an unexpired lease, i.e. the children working on this topic."""
+    """One topic's jobs in one queue, by state. ``ready``: pending or failed and due now.
+    ``busy``: processing under an unexpired lease, i.e. the children working on this
+    topic. A topic whose jobs sit in two queues has a row in each."""
 
     topic: str
     pending: int = 0
@@ -88,9 +90,11 @@ class TopicStats:
     oldest_ready_age: float = 0.0
     ready: int = 0
     busy: int = 0
+    queue: str = DEFAULT_QUEUE  # last: positional and keyword construction keep working
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "queue": self.queue,
             "topic": self.topic,
             "pending": self.pending,
             "ready": self.ready,
@@ -99,6 +103,34 @@ class TopicStats:
             "failed": self.failed,
             "dead": self.dead,
             "oldest_ready_age_seconds": round(self.oldest_ready_age, 3),
+        }
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue: paused or not, and its jobs. ``ready``: pending or failed and due now;
+    ``scheduled``: pending or failed and due later; ``failed`` (waiting for a retry) is
+    counted in one of those too. A queue paused before any job came shows with zeros."""
+
+    name: str
+    paused: bool = False
+    ready: int = 0
+    scheduled: int = 0
+    processing: int = 0
+    failed: int = 0
+    dead: int = 0
+    oldest_ready_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "paused": self.paused,
+            "ready": self.ready,
+            "scheduled": self.scheduled,
+            "processing": self.processing,
+            "failed": self.failed,
+            "dead": self.dead,
+            "oldest_ready_seconds": round(self.oldest_ready_seconds, 3),
         }
 
 
@@ -322,11 +354,18 @@ class Queue:
         return InvalidTransition(transition_refusal(action, record.state, record.id))
 
     def list_jobs(
-        self, *, topic: str | None = None, state: str | None = None, limit: int = 100
+        self,
+        *,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int = 100,
+        queue: str | None = None,
     ) -> list[JobRecord]:
         """Newest first; at most 1,000 rows."""
         if topic is not None:
             validate_topic(topic)
+        if queue is not None:
+            validate_queue(queue)
         if state is not None and state not in STATES:
             raise BrooqError(f"state must be one of {', '.join(STATES)}, got {state!r}")
         if not 1 <= limit <= LIST_LIMIT_MAX:
@@ -334,13 +373,13 @@ class Queue:
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(JobRecord))
             return cur.execute(
-                Q.job_list, {"topic": topic, "state": state, "limit": limit}
+                Q.job_list, {"topic": topic, "state": state, "queue": queue, "limit": limit}
             ).fetchall()
 
     def stats(self) -> list[TopicStats]:
-        """Per topic, in one snapshot: jobs in each active state and dead, how many are
-        ready and busy, and the age of the oldest ready job. Topics holding only done or
-        canceled jobs are left out."""
+        """Per queue and topic (by queue, then topic), in one snapshot: jobs in each active
+        state and dead, how many are ready and busy, and the age of the oldest ready job.
+        Topics holding only done or canceled jobs are left out."""
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(TopicStats))
             return cur.execute(Q.job_stats_by_topic).fetchall()
@@ -356,10 +395,44 @@ class Queue:
     def throughput(self, seconds: float = 60) -> dict[str, int]:
         """Per topic, the jobs that reached done, failed, dead or canceled in the last
         ``seconds``. Topics with none are left out."""
+        totals: dict[str, int] = {}
+        for (_, topic), jobs in self.throughput_by_queue(seconds).items():
+            totals[topic] = totals.get(topic, 0) + jobs
+        return totals
+
+    # -- queues: pause, resume, per-queue counts ---------------------------------------------
+
+    def pause(self, name: str) -> None:
+        """Stop the claims of queue ``name`` (every master sees it within its
+        poll_interval). Running jobs finish; producers go on enqueueing. A queue nobody
+        used yet may be paused: the pause holds when its jobs arrive."""
+        self._set_paused(name, paused=True)
+
+    def resume(self, name: str) -> None:
+        """Let the masters claim from queue ``name`` again (a queue never paused is left
+        running, and gets a row saying so)."""
+        self._set_paused(name, paused=False)
+
+    def _set_paused(self, name: str, *, paused: bool) -> None:
+        checked = validate_queue(name)  # a malformed name fails before any I/O
+        with self.transaction() as conn:
+            conn.execute(Q.queue_set_paused, {"name": checked, "paused": paused})
+
+    def queues(self) -> list[QueueStats]:
+        """Every queue holding active or dead jobs, and every queue paused or resumed by
+        an operator, by name, in one snapshot: paused or not, ready, scheduled,
+        processing, failed and dead jobs, and the age of the oldest ready job."""
+        with self.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(QueueStats))
+            return cur.execute(Q.job_queue_stats).fetchall()
+
+    def throughput_by_queue(self, seconds: float = 60) -> dict[tuple[str, str], int]:
+        """Per (queue, topic), the jobs that reached done, failed, dead or canceled in the
+        last ``seconds``. Pairs with none are left out."""
         if not seconds > 0:
             raise BrooqError(f"seconds must be positive, got {seconds!r}")
         with self.connection() as conn:
             rows = conn.cursor(row_factory=dict_row).execute(
                 Q.job_count_finished_since, {"seconds": float(seconds)}
             )
-            return {row["topic"]: int(row["jobs"]) for row in rows}
+            return {(row["queue"], row["topic"]): int(row["jobs"]) for row in rows}

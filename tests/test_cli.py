@@ -89,8 +89,9 @@ class Jobs:
 
 @pytest.fixture
 def world(queue: brooq.Queue, db: psycopg.Connection[Any]) -> Jobs:
-    """Jobs in every state on two topics. Created one second apart in this order
-    (so `jobs list` has a known order), then each state set by UPDATE."""
+    """Jobs in every state on two topics: mail in the default queue, report in the queue
+    reports at priority 5. Created one second apart in this order (so `jobs list` has a
+    known order), then each state set by UPDATE."""
     specs: list[tuple[str, str, str]] = [
         # name, topic, UPDATE ... SET
         ("ready", "mail", "available_at = now() - interval '90 s'"),
@@ -136,7 +137,8 @@ def world(queue: brooq.Queue, db: psycopg.Connection[Any]) -> Jobs:
     for n, (name, topic, assignment) in enumerate(specs):
         key = "key-ready" if name == "ready" else None
         payload = {"to": f"{name}@example.org", "n": n}
-        ids[name], _ = queue.enqueue(brooq.Job(topic, payload, idempotency_key=key))
+        where = {"queue": "reports", "priority": 5} if topic == "report" else {}
+        ids[name], _ = queue.enqueue(brooq.Job(topic, payload, idempotency_key=key, **where))
         db.execute(
             "UPDATE job SET " + assignment + ", created_at = %(created)s WHERE id = %(id)s",
             {
@@ -162,6 +164,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
     ages = {t["topic"]: t.pop("oldest_ready_age_seconds") for t in topics}
     assert topics == [
         {
+            "queue": "default",
             "topic": "mail",
             "pending": 2,
             "ready": 2,
@@ -171,6 +174,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "dead": 1,
         },
         {
+            "queue": "reports",
             "topic": "report",
             "pending": 1,
             "ready": 1,
@@ -187,6 +191,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
 def test_stats_plain(dsn: str, world: Jobs) -> None:
     lines = ok(dsn, "stats").splitlines()
     assert lines[0].split() == [
+        "QUEUE",
         "TOPIC",
         "PENDING",
         "READY",
@@ -197,11 +202,12 @@ def test_stats_plain(dsn: str, world: Jobs) -> None:
         "OLDEST",
         "READY",
     ]
-    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    assert rows["mail"][:6] == ["2", "2", "1", "2", "1", "1"]
-    assert rows["mail"][6].endswith("m")  # 90 s and more shows as 1.5m
-    assert rows["report"][:6] == ["1", "1", "0", "1", "1", "0"]
-    assert rows["(total)"][:6] == ["3", "3", "1", "3", "2", "1"]
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[1:-1]}
+    assert rows[("default", "mail")][:6] == ["2", "2", "1", "2", "1", "1"]
+    assert rows[("default", "mail")][6].endswith("m")  # 90 s and more shows as 1.5m
+    assert rows[("reports", "report")][:6] == ["1", "1", "0", "1", "1", "0"]
+    total = lines[-1].split()
+    assert total[0] == "(total)" and total[1:7] == ["3", "3", "1", "3", "2", "1"]
 
 
 def test_stats_of_an_empty_queue(dsn: str) -> None:
@@ -215,6 +221,7 @@ def test_queue_stats_in_flight_and_throughput(queue: brooq.Queue, world: Jobs) -
     # done 10 s ago, dead 20 s ago, canceled 30 s ago; the failed row is 5 min old
     assert queue.throughput(60) == {"mail": 3, "report": 1}
     assert queue.throughput(15) == {"mail": 1, "report": 1}
+    assert queue.throughput_by_queue(60) == {("default", "mail"): 3, ("reports", "report"): 1}
     flying = queue.in_flight(10)
     assert [str(j.id) for j in flying] == [world.expired, world.busy, world.report_busy]
     assert [j.locked_by for j in flying] == [
@@ -276,18 +283,40 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
     processing = as_json(dsn, "jobs", "list", "--state", "processing", "--topic", "mail")
     assert [j["id"] for j in processing["jobs"]] == [world.expired, world.busy]
     assert as_json(dsn, "jobs", "list", "--topic", "nothing") == {"jobs": []}
+    reports = as_json(dsn, "jobs", "list", "--queue", "reports")["jobs"]
+    assert [j["id"] for j in reports] == [getattr(world, n) for n in NEWEST_FIRST[:4]]
+    assert {(j["queue"], j["priority"]) for j in reports} == {("reports", 5)}
+    busy = as_json(dsn, "jobs", "list", "--queue", "reports", "--state", "processing")
+    assert [j["id"] for j in busy["jobs"]] == [world.report_busy]
+    assert as_json(dsn, "jobs", "list", "--queue", "reports", "--topic", "mail") == {"jobs": []}
+    assert as_json(dsn, "jobs", "list", "--queue", "never.used") == {"jobs": []}
 
 
 def test_jobs_list_plain(dsn: str, world: Jobs) -> None:
     lines = ok(dsn, "jobs", "list", "--topic", "mail").splitlines()
-    assert lines[0].split() == ["ID", "TOPIC", "STATE", "ATTEMPTS", "CREATED", "LAST", "ERROR"]
+    assert lines[0].split() == [
+        "ID",
+        "TOPIC",
+        "QUEUE",
+        "PRIORITY",
+        "STATE",
+        "ATTEMPTS",
+        "CREATED",
+        "LAST",
+        "ERROR",
+    ]
     rows = [line.split() for line in lines[1:]]
     mail = [n for n in NEWEST_FIRST if not n.startswith("report")]
     assert [r[0] for r in rows] == [getattr(world, n) for n in mail]
     dead = rows[mail.index("dead")]
-    assert dead[1:7] == ["mail", "dead", "5", "2020-01-01", "00:00:05", "UTC"]
-    assert " ".join(dead[7:]) == "ValueError: bad address"
-    assert rows[mail.index("busy")][1:4] == ["mail", "processing", "2"]
+    assert dead[1:9] == ["mail", "default", "0", "dead", "5", "2020-01-01", "00:00:05", "UTC"]
+    assert " ".join(dead[9:]) == "ValueError: bad address"
+    assert rows[mail.index("busy")][1:6] == ["mail", "default", "0", "processing", "2"]
+    reports = [line.split() for line in ok(dsn, "jobs", "list", "--queue", "reports").splitlines()]
+    assert [r[1:5] for r in reports[1:]] == [["report", "reports", "5", "done"]] * 2 + [
+        ["report", "reports", "5", "processing"],
+        ["report", "reports", "5", "pending"],
+    ]
     assert ok(dsn, "jobs", "list", "--state", "done", "--topic", "x").strip() == "(no jobs)"
 
 
@@ -298,6 +327,8 @@ def test_jobs_list_limit_is_bounded(dsn: str, world: Jobs) -> None:
     refused(dsn, "jobs", "list", "--limit", "0", code=2)
     refused(dsn, "jobs", "list", "--state", "lost", code=2)
     assert "does not match" in refused(dsn, "jobs", "list", "--topic", "Bad Topic", code=2)
+    line = refused(dsn, "jobs", "list", "--queue", "Bad Queue", code=2)
+    assert "--queue" in line and "does not match" in line, line
 
 
 def test_default_limit_is_100(dsn: str, queue: brooq.Queue) -> None:
@@ -323,6 +354,7 @@ def test_jobs_show_a_processing_job(dsn: str, world: Jobs) -> None:
     assert shown["id"] == world.busy
     assert shown["state"] == "processing"
     assert shown["attempts"] == "2"
+    assert shown["queue"] == "default, priority 0"
     assert shown["holder"] == "web1:100/child-1"
     assert shown["lease until"].endswith("s)") and "(in " in shown["lease until"]
     assert "expired" not in shown["lease until"]
@@ -336,6 +368,7 @@ def test_jobs_show_an_expired_lease_and_a_dead_job(dsn: str, world: Jobs) -> Non
     expired = fields(ok(dsn, "jobs", "show", world.expired))
     assert "expired: the reaper will make the job pending again" in expired["lease until"]
 
+    assert fields(ok(dsn, "jobs", "show", world.report_ready))["queue"] == "reports, priority 5"
     text = ok(dsn, "jobs", "show", world.dead)
     shown = fields(text)
     assert shown["state"] == "dead" and shown["attempts"] == "5"
@@ -353,6 +386,9 @@ def test_jobs_show_json(dsn: str, world: Jobs, queue: brooq.Queue) -> None:
     shown = as_json(dsn, "jobs", "show", world.ready)
     assert shown == record.to_dict()
     assert (shown["state"], shown["idempotency_key"]) == ("pending", "key-ready")
+    assert (shown["queue"], shown["priority"]) == ("default", 0)
+    report = as_json(dsn, "jobs", "show", world.report_ready)
+    assert (report["queue"], report["priority"]) == ("reports", 5)
 
 
 def test_jobs_show_unknown_and_malformed(dsn: str, world: Jobs) -> None:
@@ -379,14 +415,15 @@ def test_show_lines_keep_a_long_payload_on_one_screen() -> None:
     )
     lines = show_lines(record, now)
     assert fields("\n".join(lines))["created"] == "2029-12-31 23:57:00 UTC (3.0m ago)"
-    assert lines[-1].startswith("  … 93 more lines") and len(lines) == 24
-    assert lines[-12:-1] == ["  {", '    "rows": [', *[f"      {n}," for n in range(9)]]
+    assert lines[-1].startswith("  … 94 more lines") and len(lines) == 24
+    assert lines[-11:-1] == ["  {", '    "rows": [', *[f"      {n}," for n in range(8)]]
 
     both = show_lines(dataclasses.replace(record, last_error=LONG_ERROR), now)
     assert len(both) == 24
-    assert both[10] == "last error:" and both[11].startswith("  … 26 more lines")
-    assert both[-8:-5] == ["  ValueError: bad address", "payload:", "  {"]
-    assert both[-1].startswith("  … 99 more lines")
+    assert both[2] == "queue:           default, priority 0"
+    assert both[11] == "last error:" and both[12].startswith("  … 26 more lines")
+    assert both[-7:-4] == ["  ValueError: bad address", "payload:", "  {"]
+    assert both[-1].startswith("  … 100 more lines")
 
 
 # -- cancel and retry -----------------------------------------------------------------------
@@ -492,6 +529,145 @@ def test_enqueue_refuses_bad_input(dsn: str, db: psycopg.Connection[Any]) -> Non
     assert row == (0,)
 
 
+def test_enqueue_with_a_queue_and_a_priority(dsn: str, queue: brooq.Queue) -> None:
+    job_id = ok(dsn, "enqueue", "mail.send", "--queue", "bulk", "--priority", "7").split()[1]
+    record = queue.get(job_id)
+    assert record is not None and (record.queue, record.priority) == ("bulk", 7)
+    low = as_json(dsn, "enqueue", "mail.send", "--queue", "bulk.low", "--priority", "-32768")
+    record = queue.get(low["id"])
+    assert record is not None and (record.queue, record.priority) == ("bulk.low", -32768)
+    for text, value in (("+32767", 32767), (" 0012 ", 12), ("-0", 0)):
+        record = queue.get(ok(dsn, "enqueue", "t", "--priority", text).split()[1])
+        assert record is not None and record.priority == value
+    plain = queue.get(ok(dsn, "enqueue", "mail.send").split()[1])
+    assert plain is not None and (plain.queue, plain.priority) == ("default", 0)
+
+
+# -- queues ---------------------------------------------------------------------------------
+
+
+def test_queues_json(dsn: str, world: Jobs) -> None:
+    listed = as_json(dsn, "queues")
+    assert isinstance(listed, list)
+    ages = [q.pop("oldest_ready_seconds") for q in listed]
+    assert listed == [
+        {
+            "name": "default",
+            "paused": False,
+            "ready": 2,  # ready, and retrying (failed, due)
+            "scheduled": 1,
+            "processing": 2,
+            "failed": 1,
+            "dead": 1,
+        },
+        {
+            "name": "reports",
+            "paused": False,
+            "ready": 1,
+            "scheduled": 0,
+            "processing": 1,
+            "failed": 0,
+            "dead": 0,
+        },
+    ]
+    assert 90 <= ages[0] < 120 and 10 <= ages[1] < 40
+
+
+def test_queues_plain(dsn: str, world: Jobs) -> None:
+    lines = ok(dsn, "queues").splitlines()
+    assert lines[0].split() == [
+        "NAME",
+        "PAUSED",
+        "READY",
+        "SCHEDULED",
+        "PROCESSING",
+        "FAILED",
+        "DEAD",
+        "OLDEST",
+        "READY",
+    ]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert rows["default"][:6] == ["no", "2", "1", "2", "1", "1"]
+    assert rows["default"][6].endswith("m")  # 90 s and more
+    assert rows["reports"] == ["no", "1", "0", "1", "0", "0", rows["reports"][6]]
+    assert len(rows) == 2
+
+
+def paused_rows(db: psycopg.Connection[Any]) -> list[tuple[str, bool]]:
+    return [
+        (name, paused)
+        for name, paused in db.execute("SELECT name, paused FROM brooq_queue ORDER BY name")
+    ]
+
+
+def test_pause_a_queue_before_any_job_then_resume_it(dsn: str, db: psycopg.Connection[Any]) -> None:
+    assert as_json(dsn, "queues") == []
+    assert ok(dsn, "queues").strip() == (
+        "(no queues: no pending, processing, failed or dead jobs, none paused)"
+    )
+    out = ok(dsn, "queues", "pause", "bulk").strip()
+    assert out == (
+        "paused queue bulk: no new claims within poll_interval, running jobs finish "
+        "(0 ready, 0 processing)"
+    )
+    assert paused_rows(db) == [("bulk", True)]
+    idle = {
+        "name": "bulk",
+        "paused": True,
+        "ready": 0,
+        "scheduled": 0,
+        "processing": 0,
+        "failed": 0,
+        "dead": 0,
+        "oldest_ready_seconds": 0.0,
+    }
+    assert as_json(dsn, "queues") == [idle]
+    assert ok(dsn, "queues").splitlines()[1].split() == [
+        "bulk",
+        "yes",
+        "0",
+        "0",
+        "0",
+        "0",
+        "0",
+        "-",
+    ]
+    assert ok(dsn, "queues", "pause", "bulk").startswith("paused queue bulk")  # again: fine
+    assert paused_rows(db) == [("bulk", True)]
+
+    assert (
+        ok(dsn, "queues", "resume", "bulk").strip() == "resumed queue bulk: claims go on (0 ready)"
+    )
+    assert paused_rows(db) == [("bulk", False)]
+    assert as_json(dsn, "queues") == [{**idle, "paused": False}]  # still listed: it has a row
+    assert db.execute("SELECT count(*) FROM job").fetchone() == (0,)  # no job was made
+
+
+def test_pause_a_queue_that_has_jobs(dsn: str, world: Jobs, db: psycopg.Connection[Any]) -> None:
+    out = ok(dsn, "queues", "pause", "reports").strip()
+    assert out.endswith("running jobs finish (1 ready, 1 processing)"), out
+    listed = {q["name"]: q for q in as_json(dsn, "queues")}
+    assert (listed["reports"]["paused"], listed["default"]["paused"]) == (True, False)
+    assert listed["reports"]["ready"] == 1  # a pause keeps the jobs; it stops claims
+    assert state_of(db, world.report_busy) == ("processing", 1)  # the running job is left alone
+    rows = {line.split()[0]: line.split()[1] for line in ok(dsn, "queues").splitlines()[1:]}
+    assert rows == {"default": "no", "reports": "yes"}
+    assert ok(dsn, "queues", "resume", "reports").strip().endswith("(1 ready)")
+    assert paused_rows(db) == [("reports", False)]
+
+
+def test_queues_refuse_bad_names_and_write_nothing(dsn: str, db: psycopg.Connection[Any]) -> None:
+    for command in ("pause", "resume"):
+        for name in ("Bad Name", "UPPER", "a..b", "x-", "q" * 129, ""):
+            line = refused(dsn, "queues", command, name, code=2)
+            assert "NAME" in line, line
+        assert "Missing argument 'NAME'" in refused(dsn, "queues", command, code=2)
+    assert "does not match" in refused(dsn, "queues", "pause", "Bad Name", code=2)
+    assert "--json" in refused(dsn, "queues", "--json", "pause", "bulk", code=2)
+    assert "No such command" in refused(dsn, "queues", "stop", "bulk", code=2)
+    assert paused_rows(db) == []
+
+
 # -- the database, and errors ---------------------------------------------------------------
 
 
@@ -551,6 +727,7 @@ def test_top_once(dsn: str, world: Jobs) -> None:
     lines = ok(dsn, "top", "--once").splitlines()
     assert lines[0].startswith("brooq top") and lines[0].endswith("(q quits)")
     assert lines[2].split() == [
+        "QUEUE",
         "TOPIC",
         "READY",
         "PROCESSING",
@@ -560,9 +737,9 @@ def test_top_once(dsn: str, world: Jobs) -> None:
         "FINISHED/60S",
         "OLDEST",
     ]
-    rows = {line.split()[0]: line.split()[1:] for line in lines[3:5]}
-    assert rows["mail"][:6] == ["2", "2", "1", "1", "1", "3"]
-    assert rows["report"][:6] == ["1", "1", "1", "0", "0", "1"]
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[3:5]}
+    assert rows[("default", "mail")][:6] == ["2", "2", "1", "1", "1", "3"]
+    assert rows[("reports", "report")][:6] == ["1", "1", "1", "0", "0", "1"]
     assert "IN FLIGHT  3 processing, 2 busy" in lines
     flying = lines[lines.index("IN FLIGHT  3 processing, 2 busy") + 2 :]
     assert [line.split()[:4] for line in flying] == [
@@ -577,10 +754,11 @@ def test_top_json(dsn: str, world: Jobs) -> None:
     snap = as_json(dsn, "top")
     assert snap["window_seconds"] == 60
     assert [
-        (t["topic"], t["ready"], t["busy"], t["finished_in_window"]) for t in snap["topics"]
+        (t["queue"], t["topic"], t["ready"], t["busy"], t["finished_in_window"])
+        for t in snap["topics"]
     ] == [
-        ("mail", 2, 1, 3),
-        ("report", 1, 1, 1),
+        ("default", "mail", 2, 1, 3),
+        ("reports", "report", 1, 1, 1),
     ]
     assert [(j["id"], j["locked_by"]) for j in snap["in_flight"]] == [
         (world.expired, "web1:100/child-2"),
@@ -701,26 +879,26 @@ def snapshot(in_flight: int, processing: int | None = None) -> top.Snapshot:
         taken_at=now,
         database="db",
         topics=[stats],
-        finished={"render": 4, "gone": 2},
+        finished={("default", "render"): 4, ("default", "gone"): 2, ("bulk", "render"): 1},
         in_flight=jobs,
     )
 
 
 def test_render_lists_topics_that_only_finished_jobs() -> None:
     lines = top.render(snapshot(0))
-    rows = {line.split()[0]: line.split()[1:] for line in lines[3:5]}
-    assert rows == {
-        "gone": ["0", "0", "0", "0", "0", "2", "-"],
-        "render": ["0", "0", "0", "0", "0", "4", "-"],
-    }
+    assert lines[3:6] == [  # by queue, then topic
+        "bulk     render      0           0     0       0     0             1       -",
+        "default  gone        0           0     0       0     0             2       -",
+        "default  render      0           0     0       0     0             4       -",
+    ]
     assert lines[-1] == "IN FLIGHT  0 processing, 0 busy"
 
 
 def test_render_fits_the_terminal() -> None:
     lines = top.render(snapshot(50), width=40, height=20)
     assert len(lines) == 20 and all(len(line) <= 40 for line in lines)
-    assert lines[-1] == "… 39 more in flight"
-    assert lines[-2] == str(uuid.UUID(int=10)) + "  re"  # cut at 40 columns
+    assert lines[-1] == "… 40 more in flight"
+    assert lines[-2] == str(uuid.UUID(int=9)) + "  re"  # cut at 40 columns
 
     everything = top.render(snapshot(50, processing=300))
     assert everything[-1] == "… 250 more in flight"  # beyond what was read

@@ -86,6 +86,30 @@ def test_every_bad_value_of_enqueue_names_its_option(dsn: str, db: psycopg.Conne
     assert count(db) == 0
 
 
+@pytest.mark.parametrize(
+    ("args", "option", "words"),
+    [
+        (["--queue", "Bad Queue"], "for --queue", "does not match"),
+        (["--queue", "q" * 129], "for --queue", "128"),
+        (["--queue", ""], "for --queue", ""),
+        (["--priority", "32768"], "for --priority", "-32768 to 32767"),
+        (["--priority", "-32769"], "for --priority", "-32768 to 32767"),
+        (["--priority", "00032768"], "for --priority", "-32768 to 32767"),
+        (["--priority", "1.5"], "for --priority", "not an integer"),
+        (["--priority", "high"], "for --priority", "not an integer"),
+        (["--priority", "true"], "for --priority", "not an integer"),
+        (["--priority", ""], "for --priority", "not an integer"),
+        (["--priority", "9" * 5000], "for --priority", "(5000 characters)"),
+    ],
+)
+def test_a_bad_queue_or_priority_is_exit_2_naming_it(
+    dsn: str, db: psycopg.Connection[Any], args: list[str], option: str, words: str
+) -> None:
+    line = refused(dsn, "enqueue", "t", *args)
+    assert option in line and words in line, line
+    assert count(db) == 0
+
+
 def test_top_refuses_an_interval_select_cannot_wait(dsn: str) -> None:
     # select() raised OverflowError past the platform's time_t.
     line = refused(dsn, "top", "--once", "--interval", "99999999999999d")

@@ -119,6 +119,142 @@ def test_oldest_ready_age_and_busy_children(
     assert m.wait() == 0
 
 
+def test_jobs_gauges_carry_the_queue_and_drop_to_zero_when_it_empties(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    # A topic without a handler in this app: its jobs stay where they are put.
+    queue.enqueue_many([brooq.Job("nobody.handles", queue="bulk") for _ in range(3)])
+    queue.enqueue(brooq.Job("nobody.handles"))
+    m = start_master(workers=1, env=FAST_STATS)
+    addr = ops_addr(m)
+
+    def jobs(queue_name: str) -> float:
+        _, text = get(addr, "/metrics")
+        return sample(text, "brooq_jobs", topic="nobody.handles", state="pending", queue=queue_name)
+
+    wait_for(lambda: jobs("bulk") == 3, what="bulk counted")
+    assert jobs("default") == 1
+    _, text = get(addr, "/metrics")
+    assert 'brooq_jobs{queue="bulk",state="pending",topic="nobody.handles"} 3.0' in text
+    assert sample(text, "brooq_ready_oldest_age_seconds", topic="nobody.handles", queue="bulk") > 0
+    # The label set of a queue whose jobs are gone reads 0, not its last count.
+    db.execute("UPDATE job SET state = 'canceled' WHERE queue = 'bulk'")
+    wait_for(lambda: jobs("bulk") == 0 and 'queue="bulk"' in get(addr, "/metrics")[1], what="0")
+    _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_ready_oldest_age_seconds", topic="nobody.handles", queue="bulk") == 0
+    assert jobs("default") == 1
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def queue_rows(db: psycopg.Connection) -> list[tuple[str, bool]]:
+    return [(n, p) for n, p in db.execute("SELECT name, paused FROM brooq_queue ORDER BY name")]
+
+
+def test_pause_resume_and_the_queues(queue: brooq.Queue, db: psycopg.Connection) -> None:
+    assert queue.queues() == []
+    queue.pause("fresh")  # before any job: allowed, it holds when jobs come
+    assert queue.queues() == [brooq.QueueStats(name="fresh", paused=True)]
+    assert queue_rows(db) == [("fresh", True)]
+    queue.pause("fresh")
+    assert queue_rows(db) == [("fresh", True)]
+
+    queue.enqueue_many([brooq.Job("a", queue="bulk") for _ in range(3)])
+    queue.enqueue(
+        brooq.Job("a", queue="bulk", available_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    )
+    queue.enqueue_many([brooq.Job("b") for _ in range(2)])
+    db.execute(
+        "UPDATE job SET available_at = now() - interval '5 s' WHERE queue = 'bulk' "
+        "AND available_at <= now()"
+    )
+    db.execute(
+        "UPDATE job SET state = 'processing', locked_by = 'w', locked_until = now() + "
+        "interval '1 min' WHERE id = (SELECT id FROM job WHERE queue = 'bulk' "
+        "AND available_at <= now() LIMIT 1)"
+    )
+    db.execute(
+        "UPDATE job SET state = 'dead' WHERE id = (SELECT id FROM job WHERE topic = 'b' LIMIT 1)"
+    )
+    queue.pause("bulk")
+    by_name = {q.name: q for q in queue.queues()}
+    assert list(by_name) == ["bulk", "default", "fresh"]
+    bulk = by_name["bulk"]
+    assert (bulk.paused, bulk.ready, bulk.scheduled, bulk.processing, bulk.failed, bulk.dead) == (
+        True,
+        2,
+        1,
+        1,
+        0,
+        0,
+    )
+    assert 5 <= bulk.oldest_ready_seconds < 30
+    default = by_name["default"]
+    assert (default.paused, default.ready, default.processing, default.dead) == (False, 1, 0, 1)
+    assert bulk.to_dict() == {
+        "name": "bulk",
+        "paused": True,
+        "ready": 2,
+        "scheduled": 1,
+        "processing": 1,
+        "failed": 0,
+        "dead": 0,
+        "oldest_ready_seconds": round(bulk.oldest_ready_seconds, 3),
+    }
+    # A pause stops claims, not producers: enqueueing goes on.
+    queue.enqueue(brooq.Job("a", queue="bulk"))
+    assert {q.name: q.ready for q in queue.queues()}["bulk"] == 3
+
+    queue.resume("bulk")
+    queue.resume("never.paused")  # a row saying it runs
+    assert queue_rows(db) == [("bulk", False), ("fresh", True), ("never.paused", False)]
+    assert [(q.name, q.paused) for q in queue.queues()] == [
+        ("bulk", False),
+        ("default", False),
+        ("fresh", True),
+        ("never.paused", False),
+    ]
+
+
+@pytest.mark.parametrize("name", ["Bad Name", "UPPER", "", "a" * 129, "x-", 3, None, b"bulk"])
+def test_a_malformed_queue_name_is_refused_before_any_write(
+    queue: brooq.Queue, db: psycopg.Connection, name: object
+) -> None:
+    for act in (queue.pause, queue.resume):
+        with pytest.raises(brooq.InvalidQueue, match="queue"):
+            act(name)  # type: ignore[arg-type]
+    if name is not None:  # list_jobs(queue=None) lists every queue
+        with pytest.raises(brooq.InvalidQueue):
+            queue.list_jobs(queue=name)  # type: ignore[arg-type]
+    assert queue_rows(db) == []
+
+
+def test_list_jobs_and_stats_by_queue(queue: brooq.Queue) -> None:
+    bulk = [queue.enqueue(brooq.Job("a", {"n": n}, queue="bulk", priority=n))[0] for n in range(3)]
+    plain, _ = queue.enqueue(brooq.Job("a"))
+    other, _ = queue.enqueue(brooq.Job("b", queue="bulk"))
+    listed = queue.list_jobs(queue="bulk")
+    assert {r.id for r in listed} == {*bulk, other}
+    assert {(r.queue, r.priority) for r in listed if r.topic == "a"} == {
+        ("bulk", n) for n in range(3)
+    }
+    assert [r.id for r in queue.list_jobs(queue="bulk", topic="b")] == [other]
+    assert [r.id for r in queue.list_jobs(queue="default")] == [plain]
+    assert queue.list_jobs(queue="nothing.here") == []
+    assert len(queue.list_jobs()) == 5
+    record = queue.get(bulk[2])
+    assert record is not None and (record.queue, record.priority) == ("bulk", 2)
+
+    stats = queue.stats()
+    assert [(s.queue, s.topic, s.pending, s.ready) for s in stats] == [
+        ("bulk", "a", 3, 3),
+        ("bulk", "b", 1, 1),
+        ("default", "a", 1, 1),
+    ]
+    assert stats[0].to_dict()["queue"] == "bulk"
+    assert queue.throughput(60) == {}
+
+
 def test_readyz_follows_the_database(
     private_server,
     start_master: StartMaster,  # type: ignore[no-untyped-def]

@@ -257,6 +257,82 @@ def test_a_scheduler_of_plain_duties() -> None:
     assert Scheduler([], now=0.0).next_at() == float("inf")
 
 
+# -- the job-count gauges --------------------------------------------------------------------
+
+
+class FakeGauge:
+    def __init__(self) -> None:
+        self.values: dict[tuple[tuple[str, str], ...], float] = {}
+        self.written: list[tuple[tuple[str, str], ...]] = []
+
+    def labels(self, **labels: str) -> Any:
+        key = tuple(sorted(labels.items()))
+        gauge = self
+
+        class Child:
+            def set(self, value: float) -> None:
+                gauge.values[key] = value
+                gauge.written.append(key)
+
+        return Child()
+
+
+class FakeMetrics:
+    def __init__(self) -> None:
+        self.jobs = FakeGauge()
+        self.oldest_ready = FakeGauge()
+
+
+class FakeConns:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def with_db(self, what: str, fn: Any) -> list[dict[str, Any]]:
+        return self.rows
+
+
+def stats_row(queue: str, topic: str, pending: int, age: float = 0.0) -> dict[str, Any]:
+    return {
+        "queue": queue,
+        "topic": topic,
+        "pending": pending,
+        "processing": 0,
+        "failed": 0,
+        "dead": 0,
+        "oldest_ready_age": age,
+    }
+
+
+def pending(metrics: FakeMetrics, queue: str, topic: str) -> float | None:
+    return metrics.jobs.values.get((("queue", queue), ("state", "pending"), ("topic", topic)))
+
+
+def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
+    conns, metrics = FakeConns(), FakeMetrics()
+    none: Any = None
+    duty = Stats(conns, {"mail": "bulk", "idle": "default"}, Settings(), metrics)  # type: ignore[arg-type]
+    conns.rows = [stats_row("bulk", "mail", 3, 2.5), stats_row("other", "mail", 1)]
+    assert duty.run_once(0.0) == {"topics": 2}
+    assert pending(metrics, "bulk", "mail") == 3 and pending(metrics, "other", "mail") == 1
+    assert pending(metrics, "default", "idle") == 0  # a handler's topic: zeros, not absent
+    assert metrics.oldest_ready.values[(("queue", "bulk"), ("topic", "mail"))] == 2.5
+
+    conns.rows = [stats_row("bulk", "mail", 2)]  # the other queue emptied
+    duty.run_once(1.0)
+    assert pending(metrics, "other", "mail") == 0  # not its last count
+    assert metrics.oldest_ready.values[(("queue", "other"), ("topic", "mail"))] == 0
+    metrics.jobs.written.clear()
+    duty.run_once(2.0)  # written as zero once, then forgotten (the gauge keeps the 0)
+    assert {dict(key)["queue"] for key in metrics.jobs.written} == {"bulk", "default"}
+
+    # A list of topics (the master's before handlers declared queues): the default queue.
+    listed = Stats(conns, ["mail"], Settings(), metrics)  # type: ignore[arg-type]
+    conns.rows = []
+    listed.run_once(0.0)
+    assert pending(metrics, "default", "mail") == 0
+    assert Stats(none, [], Settings(), None).run_once(0.0) == {}
+
+
 # -- watchdog decisions --------------------------------------------------------------------------
 
 

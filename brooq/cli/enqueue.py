@@ -1,7 +1,8 @@
 """`brooq enqueue TOPIC`: one job from the command line.
 
 Owns: the enqueue command, reading its payload (--payload, --payload-file, standard
-input) and its time (--at, --in), and naming the option a refused value came from.
+input), its time (--at, --in), its queue and priority, and naming the option a refused
+value came from.
 Must never: insert but through Queue.enqueue (the producer's checks and SQL), or accept
 input that brooq.Job would refuse: every refusal is a usage error (exit 2) naming the
 argument or option.
@@ -10,6 +11,7 @@ argument or option.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -23,9 +25,11 @@ from brooq.errors import (
     InvalidIdempotencyKey,
     InvalidJob,
     InvalidPayload,
+    InvalidPriority,
+    InvalidQueue,
     InvalidTopic,
 )
-from brooq.job import MAX_PAYLOAD_DEPTH
+from brooq.job import MAX_PAYLOAD_DEPTH, PRIORITY_MAX, PRIORITY_MIN
 
 # --payload-file reads at most this much: a stored payload is far smaller (max_payload_bytes,
 # 1 MiB by default), but a file may be indented; /dev/zero must not fill the memory.
@@ -49,6 +53,26 @@ def _parse_at(text: str) -> datetime:
             param_hint="--at",
         )
     return moment
+
+
+def _parse_priority(text: str) -> int:
+    """--priority as an int, or a usage error that never echoes a huge value whole (the
+    range itself is brooq.Job's check)."""
+    value = text.strip()
+    shown = value if len(value) <= 24 else f"{value[:12]}… ({len(value)} characters)"
+    if not re.fullmatch(r"[+-]?[0-9]+", value):
+        raise click.BadParameter(
+            f"{shown!r} is not an integer; a priority is from {PRIORITY_MIN} to "
+            f"{PRIORITY_MAX}, higher runs first",
+            param_hint="--priority",
+        )
+    if len(value.lstrip("+-").lstrip("0")) > len(str(PRIORITY_MAX)):
+        raise click.BadParameter(
+            f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first), "
+            f"got {shown}",
+            param_hint="--priority",
+        )
+    return int(value)
 
 
 def _read_payload_file(path: str) -> str:
@@ -103,6 +127,10 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
         return payload_hint
     if isinstance(exc, InvalidIdempotencyKey):
         return "--key"
+    if isinstance(exc, InvalidQueue):
+        return "--queue"
+    if isinstance(exc, InvalidPriority):
+        return "--priority"
     return time_hint  # available_at out of range
 
 
@@ -120,6 +148,22 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
 @click.option("--key", "key", default=None, help="Idempotency key: one job per topic and key.")
 @click.option("--at", "at", default=None, help="Run at this ISO 8601 time (with a zone).")
 @click.option("--in", "delay", default=None, help="Run after this duration, e.g. 5m.")
+@click.option(
+    "--queue",
+    "queue_name",
+    metavar="QUEUE",
+    default=None,
+    help="The queue of the job.  [default: default; this command knows no handlers, so "
+    "the queue a topic's handler declares is not applied]",
+)
+@click.option(
+    "--priority",
+    "priority_text",
+    metavar="N",
+    default="0",
+    show_default=True,
+    help=f"From {PRIORITY_MIN} to {PRIORITY_MAX}; higher runs first within its queue.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def enqueue(
@@ -130,6 +174,8 @@ def enqueue(
     key: str | None,
     at: str | None,
     delay: str | None,
+    queue_name: str | None,
+    priority_text: str,
     as_json: bool,
 ) -> None:
     """Put one job on the queue. Prints "enqueued ID", or "exists ID" when a job with
@@ -145,6 +191,7 @@ def enqueue(
     else:
         payload_hint = "--payload"
         data = _decode_payload("null" if payload is None else payload, payload_hint)
+    priority = _parse_priority(priority_text)
     available_at: datetime | None = None
     if at:
         available_at = _parse_at(at)
@@ -160,7 +207,14 @@ def enqueue(
                 f"{delay} is too large: the job would run after the year 9999", param_hint="--in"
             ) from None
     try:
-        job = brooq.Job(topic, data, idempotency_key=key, available_at=available_at)
+        job = brooq.Job(
+            topic,
+            data,
+            idempotency_key=key,
+            available_at=available_at,
+            queue=queue_name,
+            priority=priority,
+        )
     except InvalidJob as exc:
         hint = _job_error_hint(exc, payload_hint, "--at" if at else "--in")
         raise click.BadParameter(str(exc), param_hint=hint) from None

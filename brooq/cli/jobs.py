@@ -45,6 +45,7 @@ def _last_line(text: str | None, width: int = 60) -> str:
 
 @jobs.command("list")
 @click.option("--topic", help="Only this topic.")
+@click.option("--queue", "queue_name", metavar="QUEUE", help="Only this queue.")
 @click.option("--state", type=click.Choice(brooq.job.STATES), help="Only this state.")
 @click.option(
     "--limit",
@@ -56,16 +57,26 @@ def _last_line(text: str | None, width: int = 60) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def jobs_list(
-    ctx: click.Context, topic: str | None, state: str | None, limit: int, as_json: bool
+    ctx: click.Context,
+    topic: str | None,
+    queue_name: str | None,
+    state: str | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
     """Jobs, newest first (by creation time)."""
     if not 1 <= limit <= brooq.queue.LIST_LIMIT_MAX:
         raise click.BadParameter(
             f"{limit} is out of range: a listing holds 1 to {brooq.queue.LIST_LIMIT_MAX} "
-            "jobs; narrow it with --topic or --state",
+            "jobs; narrow it with --topic, --queue or --state",
             param_hint="--limit",
         )
-    records = open_queue(ctx).list_jobs(topic=topic, state=state, limit=limit)
+    if queue_name is not None:
+        try:
+            brooq.job.validate_queue(queue_name)
+        except brooq.InvalidQueue as exc:
+            raise click.BadParameter(str(exc), param_hint="--queue") from None
+    records = open_queue(ctx).list_jobs(topic=topic, state=state, limit=limit, queue=queue_name)
     if as_json:
         emit_json({"jobs": [r.to_dict() for r in records]})
         return
@@ -76,6 +87,8 @@ def jobs_list(
         [
             str(r.id),
             r.topic,
+            r.queue,
+            str(r.priority),
             r.state,
             str(r.attempts),
             utc(r.created_at),
@@ -83,8 +96,8 @@ def jobs_list(
         ]
         for r in records
     ]
-    headers = ["ID", "TOPIC", "STATE", "ATTEMPTS", "CREATED", "LAST ERROR"]
-    for line in table(headers, rows, right={3}):
+    headers = ["ID", "TOPIC", "QUEUE", "PRIORITY", "STATE", "ATTEMPTS", "CREATED", "LAST ERROR"]
+    for line in table(headers, rows, right={3, 5}):
         click.echo(line)
 
 
@@ -103,6 +116,7 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
     fields: list[tuple[str, str]] = [
         ("id", str(record.id)),
         ("topic", record.topic),
+        ("queue", f"{record.queue}, priority {record.priority}"),
         ("state", record.state),
         ("attempts", str(record.attempts)),
         ("idempotency key", record.idempotency_key or "-"),

@@ -7,7 +7,7 @@ escapes only, so it works over SSH and needs no curses.
 
 Owns: the top command (``top_command``, its --interval bounds), the snapshot, the frame,
 the terminal while it runs.
-Must never: write to the database, read it but through Queue (stats, throughput,
+Must never: write to the database, read it but through Queue (stats, throughput_by_queue,
 in_flight), leave the terminal in cbreak mode or on the alternate screen however it ends,
 or let a failed refresh end the view (the frame shows the error and the last good read).
 """
@@ -59,19 +59,20 @@ class Snapshot:
     taken_at: datetime
     database: str
     topics: list[TopicStats]
-    finished: dict[str, int]
+    finished: dict[tuple[str, str], int]  # (queue, topic) -> jobs finished in the window
     in_flight: list[InFlight]
     window: int = WINDOW_SECONDS
 
-    def topic_names(self) -> list[str]:
-        """Topics with active or dead jobs, and topics that only finished jobs lately."""
-        return sorted({t.topic for t in self.topics} | set(self.finished))
+    def topic_names(self) -> list[tuple[str, str]]:
+        """(queue, topic) pairs with active or dead jobs, and the pairs that only finished
+        jobs lately, by queue then topic."""
+        return sorted({(t.queue, t.topic) for t in self.topics} | set(self.finished))
 
     def rows(self) -> list[tuple[TopicStats, int]]:
-        by_name = {t.topic: t for t in self.topics}
+        by_name = {(t.queue, t.topic): t for t in self.topics}
         return [
-            (by_name.get(name, TopicStats(topic=name)), self.finished.get(name, 0))
-            for name in self.topic_names()
+            (by_name.get(key, TopicStats(queue=key[0], topic=key[1])), self.finished.get(key, 0))
+            for key in self.topic_names()
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,7 +93,7 @@ def take(queue: Queue, database: str) -> Snapshot:
         taken_at=datetime.now(timezone.utc),
         database=database,
         topics=queue.stats(),
-        finished=queue.throughput(WINDOW_SECONDS),
+        finished=queue.throughput_by_queue(WINDOW_SECONDS),
         in_flight=queue.in_flight(IN_FLIGHT_LIMIT),
     )
 
@@ -126,12 +127,14 @@ def render(
     rows = snap.rows()
     if rows:
         finished = f"FINISHED/{snap.window}S"
-        table = [["TOPIC", "READY", "PROCESSING", "BUSY", "FAILED", "DEAD", finished, "OLDEST"]]
+        table = [
+            ["QUEUE", "TOPIC", "READY", "PROCESSING", "BUSY", "FAILED", "DEAD", finished, "OLDEST"]
+        ]
         for stats, done in rows:
             oldest = format_age(stats.oldest_ready_age) if stats.ready else "-"
             numbers = (stats.ready, stats.processing, stats.busy, stats.failed, stats.dead, done)
-            table.append([stats.topic, *map(str, numbers), oldest])
-        lines += _columns(table, left={0})
+            table.append([stats.queue, stats.topic, *map(str, numbers), oldest])
+        lines += _columns(table, left={0, 1})
     else:
         lines.append("(no jobs waiting, running, failed or dead, none finished lately)")
     lines.append("")
@@ -253,8 +256,9 @@ def run(
 def top_command(ctx: click.Context, once: bool, interval: str, as_json: bool) -> None:
     """A live view of the queue, refreshed every second.
 
-    Per topic: ready, processing, busy, failed, dead, jobs finished in the last minute and
-    the oldest ready age; then the jobs in flight with their holders. q or Ctrl-C quits."""
+    Per queue and topic: ready, processing, busy, failed, dead, jobs finished in the last
+    minute and the oldest ready age; then the jobs in flight with their holders. q or
+    Ctrl-C quits."""
     try:
         period = parse_duration_string(interval)
     except ValueError as exc:

@@ -45,7 +45,7 @@ JOIN job ON job.topic = k.topic AND job.idempotency_key = k.key
 
 -- name: job_get
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
-       last_error, idempotency_key, created_at, updated_at
+       last_error, idempotency_key, created_at, updated_at, queue, priority
 FROM job WHERE id = %(id)s
 
 -- name: job_cancel
@@ -416,10 +416,11 @@ WHERE id IN (
 RETURNING topic
 
 -- name: job_stats_by_topic
--- Per topic, in one snapshot: the active states and dead (done grows without bound and is
--- never counted). ready = claimable now. busy = processing under a lease that has not
--- expired, i.e. a child working on it; an expired lease waits for the reaper.
-SELECT topic,
+-- Per queue and topic, in one snapshot: the active states and dead (done grows without
+-- bound and is never counted). ready = claimable now (a paused queue's ready jobs are
+-- still counted: they wait). busy = processing under a lease that has not expired, i.e.
+-- a child working on it; an expired lease waits for the reaper.
+SELECT queue, topic,
        count(*) FILTER (WHERE state = 'pending') AS pending,
        count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now()) AS ready,
        count(*) FILTER (WHERE state = 'processing') AS processing,
@@ -431,15 +432,58 @@ SELECT topic,
            AS oldest_ready_age
 FROM job
 WHERE state IN ('pending', 'processing', 'failed', 'dead')
-GROUP BY topic
-ORDER BY topic
+GROUP BY queue, topic
+ORDER BY queue, topic
+
+-- name: job_queue_stats
+-- Per queue, in one snapshot: every queue holding active or dead jobs, and every queue
+-- with a brooq_queue row (paused or resumed by an operator, perhaps before any job came),
+-- by name. A queue without a row is running (paused = false). ready = claimable now,
+-- scheduled = pending or failed and due later; failed (waiting for a retry) is counted in
+-- ready or scheduled as well. Like job_stats_by_topic, only the active states and dead
+-- are read, never done or canceled rows.
+WITH counts AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now())
+               AS ready,
+           count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at > now())
+               AS scheduled,
+           count(*) FILTER (WHERE state = 'processing') AS processing,
+           count(*) FILTER (WHERE state = 'failed') AS failed,
+           count(*) FILTER (WHERE state = 'dead') AS dead,
+           coalesce(extract(epoch FROM now() - min(available_at) FILTER (
+               WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
+               AS oldest_ready_seconds
+    FROM job
+    WHERE state IN ('pending', 'processing', 'failed', 'dead')
+    GROUP BY queue
+)
+SELECT coalesce(c.queue, q.name) AS name,
+       coalesce(q.paused, false) AS paused,
+       coalesce(c.ready, 0) AS ready,
+       coalesce(c.scheduled, 0) AS scheduled,
+       coalesce(c.processing, 0) AS processing,
+       coalesce(c.failed, 0) AS failed,
+       coalesce(c.dead, 0) AS dead,
+       coalesce(c.oldest_ready_seconds, 0)::float8 AS oldest_ready_seconds
+FROM counts AS c
+FULL JOIN brooq_queue AS q ON q.name = c.queue
+ORDER BY 1
+
+-- name: queue_set_paused
+-- Operator pause or resume of a queue. A queue nobody used yet may be paused: the row
+-- waits for its jobs. Running jobs are not touched; claims read the row.
+INSERT INTO brooq_queue (name, paused)
+VALUES (%(name)s, %(paused)s)
+ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
 
 -- name: job_list
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
-       last_error, idempotency_key, created_at, updated_at
+       last_error, idempotency_key, created_at, updated_at, queue, priority
 FROM job
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -456,13 +500,13 @@ ORDER BY updated_at, id
 LIMIT %(limit)s
 
 -- name: job_count_finished_since
--- Per topic, the jobs that reached done, failed, dead or canceled in the last
+-- Per queue and topic, the jobs that reached done, failed, dead or canceled in the last
 -- given number of seconds (each of those writes sets updated_at): the recent throughput.
-SELECT topic, count(*) AS jobs
+SELECT queue, topic, count(*) AS jobs
 FROM job
 WHERE state IN ('done', 'dead', 'canceled', 'failed')
   AND updated_at >= now() - make_interval(secs => %(seconds)s)
-GROUP BY topic
+GROUP BY queue, topic
 
 -- name: schema_check
 -- Before the master forks: is the job table that the search_path finds brooq's, and is

@@ -23,6 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from brooq.ipc import protocol
+from brooq.job import DEFAULT_QUEUE
 from brooq.metrics import Metrics
 from brooq.settings import Settings
 from brooq.sql import Q
@@ -224,8 +225,15 @@ class Reaper:
 
 
 class Stats:
-    """Jobs by topic and state, oldest ready age: read from the table on a timer, so the
-    scrape rate never multiplies the database load."""
+    """Jobs by queue, topic and state, oldest ready age: read from the table on a timer,
+    so the scrape rate never multiplies the database load.
+
+    ``topics``: the handlers' topics, as a list (their jobs' queue taken to be
+    ``default``) or as {topic: the queue its handler declares}; their label sets are
+    written, as zeros, even while the table holds none of their jobs. A label set read
+    last time and gone now (its jobs finished or moved to another queue) is written once
+    as zeros: a multiprocess gauge cannot drop a label set, and a stale count must not
+    stay on the dashboards."""
 
     name = STATS
     first_after = 0.0
@@ -233,14 +241,16 @@ class Stats:
     def __init__(
         self,
         conns: Connections,
-        topics: Sequence[str],
+        topics: Sequence[str] | dict[str, str],
         settings: Settings,
         metrics: Metrics | None,
     ) -> None:
         self.conns = conns
-        self.topics = set(topics)
+        declared = topics if isinstance(topics, dict) else dict.fromkeys(topics, DEFAULT_QUEUE)
+        self.handled = {(queue, topic) for topic, queue in declared.items()}
         self.period = settings.stats_period
         self.metrics = metrics
+        self.shown: set[tuple[str, str]] = set()  # (queue, topic) read at the last run
 
     def run_once(self, now: float) -> Counts:
         if self.metrics is None:
@@ -252,12 +262,15 @@ class Stats:
         rows = self.conns.with_db("stats", read)
         if rows is None:
             return {}
-        by_topic = {r["topic"]: r for r in rows}
-        for topic in self.topics | set(by_topic):
-            r = by_topic.get(topic, {})
+        by_key = {(r["queue"], r["topic"]): r for r in rows}
+        for queue, topic in self.handled | self.shown | set(by_key):
+            r = by_key.get((queue, topic), {})
             for state in ("pending", "processing", "failed", "dead"):
-                self.metrics.jobs.labels(topic, state).set(r.get(state, 0))
-            self.metrics.oldest_ready.labels(topic).set(float(r.get("oldest_ready_age", 0.0)))
+                self.metrics.jobs.labels(topic=topic, state=state, queue=queue).set(r.get(state, 0))
+            self.metrics.oldest_ready.labels(topic=topic, queue=queue).set(
+                float(r.get("oldest_ready_age", 0.0))
+            )
+        self.shown = set(by_key)
         return {"topics": len(rows)}
 
 

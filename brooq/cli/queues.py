@@ -1,0 +1,110 @@
+"""`brooq queues`, `brooq queues pause NAME`, `brooq queues resume NAME`: the queues, and
+stopping one during an incident without stopping the workers.
+
+Owns: those commands, the table of queues (``queues_lines``, a pure function) and the
+words of a pause and a resume.
+Must never: read or write the database but through Queue.queues, Queue.pause and
+Queue.resume, or write anything for a malformed name (it is refused before any I/O).
+"""
+
+from __future__ import annotations
+
+import click
+
+import brooq
+from brooq.cli.common import cli, emit_json, open_queue, table
+from brooq.durations import format_age
+from brooq.errors import InvalidQueue
+from brooq.job import validate_queue
+
+
+def queues_lines(rows: list[brooq.QueueStats]) -> list[str]:
+    """`brooq queues` as text: one row per queue, by name."""
+    if not rows:
+        return ["(no queues: no pending, processing, failed or dead jobs, none paused)"]
+    headers = [
+        "NAME",
+        "PAUSED",
+        "READY",
+        "SCHEDULED",
+        "PROCESSING",
+        "FAILED",
+        "DEAD",
+        "OLDEST READY",
+    ]
+    body = [
+        [
+            r.name,
+            "yes" if r.paused else "no",
+            *map(str, (r.ready, r.scheduled, r.processing, r.failed, r.dead)),
+            format_age(r.oldest_ready_seconds) if r.ready else "-",
+        ]
+        for r in rows
+    ]
+    return table(headers, body, right={2, 3, 4, 5, 6})
+
+
+def _checked_name(name: str) -> str:
+    """The queue name, or a usage error naming NAME (before the database is opened)."""
+    try:
+        return validate_queue(name)
+    except InvalidQueue as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+
+
+def _one(queue: brooq.Queue, name: str) -> brooq.QueueStats:
+    for stats in queue.queues():
+        if stats.name == name:
+            return stats
+    return brooq.QueueStats(name=name)
+
+
+@cli.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a list).")
+@click.pass_context
+def queues(ctx: click.Context, as_json: bool) -> None:
+    """The queues: paused or not, and their jobs; pause or resume one.
+
+    Per queue: paused, ready (due now), scheduled (due later), processing, failed
+    (waiting for a retry, counted in ready or scheduled too), dead, and the age of the
+    oldest ready job. Every queue holding such jobs is shown, and every queue paused or
+    resumed, even one that never had a job."""
+    if ctx.invoked_subcommand is not None:
+        if as_json:
+            raise click.UsageError("give --json without pause or resume: it lists the queues")
+        return
+    rows = open_queue(ctx).queues()
+    if as_json:
+        emit_json([r.to_dict() for r in rows])
+        return
+    for line in queues_lines(rows):
+        click.echo(line)
+
+
+@queues.command("pause")
+@click.argument("name")
+@click.pass_context
+def queues_pause(ctx: click.Context, name: str) -> None:
+    """Stop claims from queue NAME: every master stops taking its jobs within its
+    poll_interval, running jobs finish, producers go on enqueueing. A queue that has no
+    jobs yet may be paused; the pause holds when they come."""
+    checked = _checked_name(name)
+    queue = open_queue(ctx)
+    queue.pause(checked)
+    now = _one(queue, checked)
+    click.echo(
+        f"paused queue {checked}: no new claims within poll_interval, running jobs finish "
+        f"({now.ready} ready, {now.processing} processing)"
+    )
+
+
+@queues.command("resume")
+@click.argument("name")
+@click.pass_context
+def queues_resume(ctx: click.Context, name: str) -> None:
+    """Let the masters claim from queue NAME again."""
+    checked = _checked_name(name)
+    queue = open_queue(ctx)
+    queue.resume(checked)
+    now = _one(queue, checked)
+    click.echo(f"resumed queue {checked}: claims go on ({now.ready} ready)")
