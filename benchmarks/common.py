@@ -192,6 +192,32 @@ def cpu_events(dsn: str) -> list[tuple[str, float, float, float, int]]:
     return rows
 
 
+def span_events(dsn: str) -> list[tuple[str, int, int, int]]:
+    """(job, start ns, end ns, pid) of every job recorded by benchwork.record_span."""
+    rows = []
+    for f in events_dir(dsn).glob("*.spans"):
+        for line in f.read_text().split("\n")[:-1]:  # whole lines only
+            job, start, end, pid = line.split(",")
+            rows.append((job, int(start), int(end), int(pid)))
+    return rows
+
+
+def concurrency(spans: Sequence[tuple[int, int]], limit: int) -> tuple[int, int]:
+    """(the most (start, end) spans open at once, nanoseconds during which more than
+    ``limit`` were). A span ending at the instant another starts does not overlap it."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])  # -1 first
+    open_now = most = 0
+    over_ns = 0
+    last = 0
+    for t, step in events:
+        if open_now > limit:
+            over_ns += t - last
+        open_now += step
+        most = max(most, open_now)
+        last = t
+    return most, over_ns
+
+
 # -- worker processes ------------------------------------------------------------------
 
 
