@@ -140,9 +140,9 @@ def with_db(dsn: str, dbname: str) -> str:
 
 
 @contextlib.contextmanager
-def fresh_database(admin_dsn: str, label: str) -> Iterator[str]:
+def fresh_database(admin_dsn: str, label: str, prefix: str = "bench") -> Iterator[str]:
     """A new, empty database for one system/workload/repetition; dropped afterwards."""
-    name = f"bench_{label}_{uuid.uuid4().hex[:8]}"[:63]
+    name = f"{prefix}_{label}_{uuid.uuid4().hex[:8]}"[:63]
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = with_db(admin_dsn, name)

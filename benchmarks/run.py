@@ -461,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ceiling", action="store_true", help="skip the pgbench ceiling")
     ap.add_argument("--out", default=str(BENCH_DIR / "results"), help="output directory")
     ap.add_argument("--name", help="file name stem (default: the date, -quick when --quick)")
+    ap.add_argument(
+        "--db-prefix",
+        default="bench",
+        help="start of the scratch databases' names (default bench: bench_<run>_<hex>)",
+    )
     args = ap.parse_args(argv)
 
     sizes = Sizes(args.quick)
@@ -528,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             METER = LoadMeter()
             t = time.monotonic()
             try:
-                with fresh_database(admin_dsn, label) as dsn:
+                with fresh_database(admin_dsn, label, args.db_prefix) as dsn:
                     try:
                         if wl == "enqueue_single":
                             m = w_enqueue(s, dsn, sizes.enqueue, bulk=False)
