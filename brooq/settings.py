@@ -21,8 +21,11 @@ from typing import Any
 
 from brooq import limits
 from brooq.durations import parse_duration_string, to_seconds, too_long
-from brooq.errors import InvalidSettings
-from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES
+from brooq.errors import InvalidJob, InvalidSettings
+from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, validate_queue
+
+# The queues a master works, with their weights: (("default", 4), ("bulk", 1)).
+QueueWeights = tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class Settings:
     # The workers' own claim and outcome commits. "off" risks only a re-run after a
     # database crash (at least once allows it); enqueue is never affected.
     worker_synchronous_commit: str = "off"
+    # The queues this master works and their weights (--queues default=4,bulk=1). Empty:
+    # every queue its handlers declare, weight 1 each (brooq.supervisor.command decides).
+    queues: QueueWeights = ()
 
     @property
     def effective_reaper_period(self) -> float:
@@ -95,6 +101,7 @@ _INTEGERS = {
     "claim_batch_max",
 }
 _STRINGS = {"ops_addr", "worker_synchronous_commit"}
+_QUEUE_LISTS = {"queues"}
 # Integer settings reach int4 columns and parameters (attempts, LIMIT): PostgreSQL's integer.
 MAX_INTEGER = 2**31 - 1
 
@@ -121,14 +128,86 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_STATS_PERIOD": "stats_period",
     "QUEUE_CLAIM_BATCH_MAX": "claim_batch_max",
     "QUEUE_WORKER_SYNCHRONOUS_COMMIT": "worker_synchronous_commit",
+    "QUEUE_QUEUES": "queues",
 }
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
 # Variables whose empty value is a value ("off"), not "unset".
 EMPTY_MEANS_OFF = {"QUEUE_OPS_ADDR"}
 
 
+class _Problems(ValueError):
+    """Several problems with one value (a queue list), each to be listed."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+def _weight(text: str) -> int | None:
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def parse_queues(value: Any, source: str) -> QueueWeights:
+    """``"default=4,bulk=1"`` (a bare name weighs 1), a mapping {name: weight} or a
+    sequence of names or (name, weight) pairs; raises _Problems listing every problem:
+    a malformed name, a weight that is not an integer or is below 1, a repeated name."""
+    items: list[tuple[Any, Any]] = []
+    if isinstance(value, str):
+        for part in value.split(","):
+            text, sep, given = part.strip().partition("=")
+            items.append((text.strip(), given if sep else "1"))
+    elif isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, list | tuple):
+        for v in value:
+            pair = (v, 1) if isinstance(v, str) else tuple(v) if isinstance(v, list | tuple) else ()
+            if len(pair) != 2:
+                raise _Problems([f"{source}: expected queue names or (name, weight) pairs"])
+            items.append((pair[0], pair[1]))
+    else:
+        raise _Problems([f"{source}: expected NAME=WEIGHT,... , got {type(value).__name__}"])
+    problems: list[str] = []
+    parsed: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for name, raw in items:
+        if name == "":
+            problems.append(f"{source}: an empty queue name (NAME=WEIGHT items, comma-separated)")
+            continue
+        try:
+            validate_queue(name)
+        except InvalidJob as exc:
+            problems.append(f"{source}: {exc}")
+            continue
+        weight: int | None = (
+            raw if isinstance(raw, int) and not isinstance(raw, bool) else _weight(str(raw))
+        )
+        if isinstance(raw, bool) or weight is None:
+            problems.append(
+                f"{source}: the weight of queue {name!r} must be an integer, got {raw!r}"
+            )
+        elif weight < 1:
+            problems.append(
+                f"{source}: the weight of queue {name!r} must be at least 1, got {weight}"
+            )
+        elif weight > MAX_INTEGER:
+            problems.append(f"{source}: the weight of queue {name!r} must be at most {MAX_INTEGER}")
+        if name in seen:
+            problems.append(f"{source}: queue {name!r} is named twice")
+        seen.add(name)
+        if weight is not None:
+            parsed.append((name, weight))
+    if problems:
+        raise _Problems(problems)
+    return tuple(parsed)
+
+
 def _convert(name: str, value: Any, source: str, *, from_text: bool) -> Any:
     """Convert one raw value; raises ValueError with a message naming the source."""
+    if name in _QUEUE_LISTS:
+        return parse_queues(value, source)
     if name in _DURATIONS:
         try:
             seconds = parse_duration_string(str(value)) if from_text else to_seconds(value)
@@ -220,6 +299,8 @@ def load(
             continue
         try:
             values[name] = _convert(name, raw, f"{var}={raw!r}", from_text=True)
+        except _Problems as exc:
+            problems.extend(exc.problems)
         except ValueError as exc:
             problems.append(str(exc))
     for layer, label in ((overrides or {}, "Queue({}=...)"), (flags or {}, "--{}")):
@@ -232,6 +313,8 @@ def load(
             source = label.format(name.replace("_", "-") if label.startswith("--") else name)
             try:
                 values[name] = _convert(name, raw, source, from_text=False)
+            except _Problems as exc:
+                problems.extend(exc.problems)
             except ValueError as exc:
                 problems.append(str(exc))
     settings = Settings(**values)

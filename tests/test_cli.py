@@ -266,6 +266,8 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
         "idempotency_key": None,
         "created_at": "2020-01-01T00:00:05+00:00",
         "updated_at": dead["updated_at"],
+        "queue": "default",
+        "priority": 0,
     }
     datetime.fromisoformat(dead["updated_at"])
 

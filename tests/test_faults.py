@@ -754,6 +754,7 @@ def test_retention_under_load_deletes_no_active_row(
                 "children": 1,
                 "worker": "gone-host:1:dead00",
                 "lease": 0.2,
+                "queue": "default",
             },
         ).fetchall()
         ghosts.update(r[1] for r in rows if r[0])

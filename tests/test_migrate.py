@@ -194,6 +194,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0004_claim_limited\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0003_queues\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0002_lease_expiries\n", out.stdout
@@ -298,7 +300,7 @@ def test_a_failed_concurrent_build_is_rebuilt(empty_dsn: str) -> None:
         assert conn.execute(
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'job_ready_queue_idx'::regclass"
         ).fetchone() == (False,)
-    assert [m.name for m in migrate.up(empty_dsn)] == ["queues"]
+    assert [m.name for m in migrate.up(empty_dsn, 3)] == ["queues"]
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute(
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'job_ready_queue_idx'::regclass"
@@ -317,7 +319,7 @@ def test_a_waiting_statement_does_not_queue_producers(
     reader = psycopg.connect(empty_dsn)
     reader.execute("SELECT count(*) FROM job")  # holds ACCESS SHARE until it ends
     done: list[object] = []
-    migrating = threading.Thread(target=lambda: done.append(migrate.up(empty_dsn)))
+    migrating = threading.Thread(target=lambda: done.append(migrate.up(empty_dsn, 3)))
     migrating.start()
     with psycopg.connect(empty_dsn, autocommit=True) as producer:
         # Wait until the ALTER is in the lock queue (or between its tries), then insert.
@@ -347,8 +349,8 @@ def test_a_lock_never_granted_fails_with_the_holder_named(
         reader.execute("SELECT count(*) FROM job")
         pid = reader.info.backend_pid
         with pytest.raises(migrate.MigrationError) as failed:
-            migrate.up(empty_dsn)
+            migrate.up(empty_dsn, 3)
     message = str(failed.value)
     assert "0003_queues" in message and f"pid {pid} (long-report" in message, message
     assert [s.version for s in migrate.status(empty_dsn) if s.applied_at] == [1, 2]
-    assert [m.name for m in migrate.up(empty_dsn)] == ["queues"]  # idempotent re-run
+    assert [m.name for m in migrate.up(empty_dsn, 3)] == ["queues"]  # idempotent re-run

@@ -94,6 +94,7 @@ def claim(
             "children": children,
             "worker": worker,
             "lease": lease,
+            "queue": "default",
         },
     ).fetchall()
     return sorted((r for r in rows if r["claimed"]), key=lambda r: (r["available_at"], r["id"]))
@@ -837,6 +838,7 @@ def test_the_claim_uses_the_ready_index(db: Conn) -> None:
             "children": 1,
             "worker": "w1",
             "lease": 30.0,
+            "queue": "default",
         }
         row = db.execute("EXPLAIN (FORMAT JSON) " + Q.job_finish_and_claim, params).fetchone()
         assert row is not None
@@ -844,7 +846,7 @@ def test_the_claim_uses_the_ready_index(db: Conn) -> None:
         if isinstance(plan, str):
             plan = json.loads(plan)
         shown = json.dumps(plan, indent=1)
-        assert "job_ready_idx" in _index_names(plan), shown
+        assert "job_ready_queue_idx" in _index_names(plan), shown
         nodes = _node_types(plan)
         # The index gives the FIFO order: no sort of the ready rows, no scan of the table.
         assert ("Index Scan", "job") in nodes, shown

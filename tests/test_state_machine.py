@@ -123,6 +123,8 @@ class QueueMachine(RuleBasedStateMachine):
                 "payloads": [j.payload_json for j in jobs],
                 "keys": [j.idempotency_key for j in jobs],
                 "available_ats": [j.available_at for j in jobs],
+                "queues": ["default" for _ in jobs],
+                "priorities": [j.priority for j in jobs],
             },
         ).fetchall()
         assert sorted(row["id"] for row in rows) == sorted(ids)
@@ -172,6 +174,7 @@ class QueueMachine(RuleBasedStateMachine):
                     "children": 1,
                     "worker": worker,
                     "lease": LEASE,
+                    "queue": "default",
                 },
             )
             .fetchall()

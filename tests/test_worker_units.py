@@ -296,13 +296,15 @@ def test_the_ceiling_stops_at_backoff_max() -> None:
 
 
 def test_the_claim_row_fields_are_the_columns_of_the_claim_statement() -> None:
-    """ClaimRow names the columns of job_finish_and_claim's result, in order."""
+    """ClaimRow names the columns of each claim statement's result, in order."""
     sql = (Path(__file__).parents[1] / "brooq" / "sql" / "queries.sql").read_text()
-    statement = sql.split("-- name: job_finish_and_claim", 1)[1].split("-- name:", 1)[0]
-    select = re.search(r"^SELECT true AS claimed, (.*)$", statement, re.M)
-    assert select is not None
-    columns = ["claimed"] + [c.strip() for c in select.group(1).split(",")]
-    assert tuple(columns) == ClaimRow._fields
+    for name in ("", "_queues", "_limited"):
+        statement = sql.split(f"-- name: job_finish_and_claim{name}\n", 1)[1]
+        statement = statement.split("-- name:", 1)[0]
+        select = re.search(r"^SELECT true AS claimed, (.*?)\nFROM", statement, re.M | re.S)
+        assert select is not None, name
+        columns = ["claimed"] + [c.strip() for c in select.group(1).split(",")]
+        assert tuple(columns) == ClaimRow._fields, name
 
 
 class _FakeResult:
@@ -323,7 +325,7 @@ def test_claim_row_makes_named_rows_from_the_positions() -> None:
     make = claim_row(_FakeCursor(list(ClaimRow._fields)))  # type: ignore[arg-type]
     job_id = uuid.uuid4()
     now = datetime.now(timezone.utc)
-    row = make([True, job_id, "t", {"n": 1}, 2, "h:1:x", now, now])
+    row = make([True, job_id, "t", {"n": 1}, 2, "h:1:x", now, now, "bulk", 7])
     assert (row.claimed, row.id, row.topic, row.payload) == (True, job_id, "t", {"n": 1})
     assert (row.attempts, row.locked_by, row.locked_until, row.available_at) == (
         2,
@@ -331,6 +333,7 @@ def test_claim_row_makes_named_rows_from_the_positions() -> None:
         now,
         now,
     )
+    assert (row.queue, row.priority) == ("bulk", 7)
 
 
 @pytest.mark.parametrize(

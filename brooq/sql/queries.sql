@@ -70,14 +70,17 @@ SELECT retried.id, pg_notify('brooq_job', '') FROM retried
 
 -- name: job_finish_and_claim
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
--- up to `limit` ready jobs of the given topics, FIFO by (available_at, id), and no more
--- than a fair share among `children` workers.
+-- up to `limit` ready jobs of the given topics in one queue, higher priority first, then
+-- FIFO by (available_at, id), and no more than a fair share among `children` workers.
+-- Used when the master works one queue (every deployment that names no queues);
+-- job_finish_and_claim_queues is the same for several queues in a chosen order.
 -- The limit may be 0 (only write) and the done list empty (only claim). Finished rows
 -- come back with claimed = false, claimed rows with claimed = true (the caller sorts
--- them FIFO). The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
+-- them). The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
 -- the rows it returns through a materialized CTE with LIMIT, run once (an "id IN
 -- (subquery)" form may lock more: PostgreSQL bug #15715), and charges the attempt
 -- (the attempt is charged at claim: attempts counts the times a job was claimed).
+-- A paused queue (brooq_queue) gives nothing; the check is a one-time filter.
 WITH finished AS (
     UPDATE job SET state = 'done', updated_at = now()
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
@@ -86,10 +89,12 @@ WITH finished AS (
 next AS MATERIALIZED (
     SELECT id
     FROM job
-    WHERE state IN ('pending', 'failed')
+    WHERE queue = %(queue)s
+      AND state IN ('pending', 'failed')
       AND available_at <= now()
       AND topic = ANY(%(topics)b::text[])
-    ORDER BY available_at, id
+      AND NOT EXISTS (SELECT FROM brooq_queue p WHERE p.name = %(queue)s AND p.paused)
+    ORDER BY priority DESC, available_at, id
     -- At most a fair share of what is ready, so that at the end of a burst one child
     -- does not take the last jobs as a batch while its siblings find none. The count
     -- stops at what could matter (limit x children rows) and locks nothing.
@@ -97,10 +102,11 @@ next AS MATERIALIZED (
         SELECT (count(*) + %(children)s - 1) / %(children)s
         FROM (
             SELECT 1 FROM job
-            WHERE state IN ('pending', 'failed')
+            WHERE queue = %(queue)s
+              AND state IN ('pending', 'failed')
               AND available_at <= now()
               AND topic = ANY(%(topics)b::text[])
-            ORDER BY available_at, id  -- the ready index, read only as far as needed
+            ORDER BY priority DESC, available_at, id  -- the ready index, only as far as needed
             LIMIT %(limit)s * %(children)s
         ) AS ready
     ))
@@ -117,13 +123,152 @@ claimed AS (
     -- may become a hash join over the whole table in a generic plan).
     WHERE job.id = ANY(ARRAY(SELECT id FROM next))
     RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until,
-              job.available_at
+              job.available_at, job.queue, job.priority
 )
-SELECT true AS claimed, id, topic, payload, attempts, locked_by, locked_until, available_at
+SELECT true AS claimed, id, topic, payload, attempts, locked_by, locked_until, available_at,
+       queue, priority
 FROM claimed
 UNION ALL
 SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
-       NULL::timestamptz
+       NULL::timestamptz, NULL::text, NULL::smallint
+FROM finished
+
+-- name: job_finish_and_claim_queues
+-- job_finish_and_claim over several queues, tried in the order of the `queues` array
+-- (the child's weighted round robin puts a different queue first from round to round):
+-- a queue with fewer ready rows than the limit spills into the next. A subquery with FOR
+-- UPDATE is never flattened and its lateral reference makes a nested loop over the
+-- array, whose rows come in array order; inside, LockRows sits under the inner LIMIT
+-- (skipped rows do not count) and the outer LIMIT pulls row by row, so the rows locked
+-- are the rows returned. The inner LIMIT is required: without it the generic plan
+-- sorted every ready row (docs/plans/queues.md, 2.4).
+WITH finished AS (
+    UPDATE job SET state = 'done', updated_at = now()
+    WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    RETURNING id
+),
+next AS MATERIALIZED (
+    SELECT j.id
+    FROM unnest(%(queues)b::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT job.id
+        FROM job
+        WHERE job.queue = q.name
+          AND job.state IN ('pending', 'failed')
+          AND job.available_at <= now()
+          AND job.topic = ANY(%(topics)b::text[])
+          AND NOT EXISTS (SELECT FROM brooq_queue p WHERE p.name = q.name AND p.paused)
+        ORDER BY job.priority DESC, job.available_at, job.id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE OF job SKIP LOCKED
+    ) AS j
+    LIMIT least(%(limit)s, (
+        SELECT (count(*) + %(children)s - 1) / %(children)s
+        FROM (
+            SELECT FROM unnest(%(queues)b::text[]) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT FROM job
+                WHERE job.queue = q.name
+                  AND job.state IN ('pending', 'failed')
+                  AND job.available_at <= now()
+                  AND job.topic = ANY(%(topics)b::text[])
+                ORDER BY job.priority DESC, job.available_at, job.id
+                LIMIT %(limit)s * %(children)s
+            ) AS r
+            LIMIT %(limit)s * %(children)s
+        ) AS ready
+    ))
+),
+claimed AS (
+    UPDATE job
+    SET state = 'processing',
+        attempts = job.attempts + 1,
+        locked_by = %(worker)s,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        updated_at = now()
+    WHERE job.id = ANY(ARRAY(SELECT id FROM next))
+    RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until,
+              job.available_at, job.queue, job.priority
+)
+SELECT true AS claimed, id, topic, payload, attempts, locked_by, locked_until, available_at,
+       queue, priority
+FROM claimed
+UNION ALL
+SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
+       NULL::timestamptz, NULL::text, NULL::smallint
+FROM finished
+
+-- name: job_finish_and_claim_limited
+-- job_finish_and_claim_queues for a master with a topic under global_limit: first at most
+-- one job of that topic (`limited`, its cap `cap`), through brooq_claim_limited
+-- (migration 0004), which holds the fleet to the cap; then the other topics (`topics`
+-- never holds a limited one) for what is left of `limit`. One limited topic per
+-- statement, so one advisory lock per transaction: no lock order to get wrong. Only a
+-- master with a limited topic runs this; the others pay nothing for the feature.
+WITH finished AS (
+    UPDATE job SET state = 'done', updated_at = now()
+    WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    RETURNING id
+),
+limited AS MATERIALIZED (
+    SELECT c.id, c.topic, c.payload, c.attempts, c.locked_by, c.locked_until,
+           c.available_at, c.queue, c.priority
+    FROM brooq_claim_limited(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
+                             %(worker)s, %(lease)s, least(%(limit)s, 1)) AS c
+),
+next AS MATERIALIZED (
+    SELECT j.id
+    FROM unnest(%(queues)b::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT job.id
+        FROM job
+        WHERE job.queue = q.name
+          AND job.state IN ('pending', 'failed')
+          AND job.available_at <= now()
+          AND job.topic = ANY(%(topics)b::text[])
+          AND NOT EXISTS (SELECT FROM brooq_queue p WHERE p.name = q.name AND p.paused)
+        ORDER BY job.priority DESC, job.available_at, job.id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE OF job SKIP LOCKED
+    ) AS j
+    LIMIT least(%(limit)s - (SELECT count(*) FROM limited), (
+        SELECT (count(*) + %(children)s - 1) / %(children)s
+        FROM (
+            SELECT FROM unnest(%(queues)b::text[]) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT FROM job
+                WHERE job.queue = q.name
+                  AND job.state IN ('pending', 'failed')
+                  AND job.available_at <= now()
+                  AND job.topic = ANY(%(topics)b::text[])
+                ORDER BY job.priority DESC, job.available_at, job.id
+                LIMIT %(limit)s * %(children)s
+            ) AS r
+            LIMIT %(limit)s * %(children)s
+        ) AS ready
+    ))
+),
+claimed AS (
+    UPDATE job
+    SET state = 'processing',
+        attempts = job.attempts + 1,
+        locked_by = %(worker)s,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        updated_at = now()
+    WHERE job.id = ANY(ARRAY(SELECT id FROM next))
+    RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until,
+              job.available_at, job.queue, job.priority
+)
+SELECT true AS claimed, id, topic, payload, attempts, locked_by, locked_until, available_at,
+       queue, priority
+FROM limited
+UNION ALL
+SELECT true, id, topic, payload, attempts, locked_by, locked_until, available_at, queue,
+       priority
+FROM claimed
+UNION ALL
+SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
+       NULL::timestamptz, NULL::text, NULL::smallint
 FROM finished
 
 -- name: job_release_ids

@@ -12,6 +12,7 @@ is found: a bad start fails here, with every problem listed, and nothing runs.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,10 @@ from brooq.errors import (
     InvalidSettings,
     SchemaMissing,
 )
-from brooq.handlers import policy_problems
+from brooq.handlers import Handler, policy_problems
+from brooq.worker.weights import worked_queues
+
+log = logging.getLogger("brooq.master")
 
 DURATION_FLAGS = [
     ("poll_interval", "Idle children look for jobs this often even without NOTIFY."),
@@ -61,6 +65,12 @@ def _options(fn: Any) -> Any:
     help="The brooq.Queue of your application, e.g. myapp.jobs:queue.",
 )
 @click.option("--workers", type=int, help="Number of child processes (QUEUE_WORKERS).")
+@click.option(
+    "--queues",
+    metavar="NAME=WEIGHT,...",
+    help="The queues this master works and their weights, e.g. default=4,bulk=1 "
+    "(QUEUE_QUEUES; a bare name weighs 1). Default: every queue its handlers declare.",
+)
 @click.option(
     "--database",
     metavar="DSN",
@@ -150,6 +160,7 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
         click.echo(f"brooq-master: cannot start: {exc}", err=True)
         return 2
     queue.configure(settings)
+    _log_queues(settings, queue.handlers)
 
     from brooq.supervisor.master import Master
 
@@ -163,6 +174,25 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
         admin_token=token,
         schema_verified=schema_verified,
     ).run()
+
+
+def _log_queues(settings: settings_mod.Settings, handlers: dict[str, Handler]) -> None:
+    """Say which queues this master works, and which handler's queue it does not."""
+    worked = worked_queues(settings.queues, handlers)
+    names = {name for name, _ in worked}
+    log.info(
+        "event=queues queues=%s",
+        ",".join(f"{name}={weight}" for name, weight in worked),
+    )
+    for topic, handler in sorted(handlers.items()):
+        if handler.queue not in names:
+            log.warning(
+                "event=queue_not_worked topic=%s queue=%s: jobs of this topic enqueued "
+                "without a queue go to %s, which this master does not work",
+                topic,
+                handler.queue,
+                handler.queue,
+            )
 
 
 def check_schema(dsn: str) -> bool:

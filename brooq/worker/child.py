@@ -50,6 +50,7 @@ from brooq.worker.link import MasterLink
 from brooq.worker.meter import Meter, resident_mib
 from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.state import ChildState
+from brooq.worker.weights import RoundOrder, worked_queues
 
 __all__ = ["Child", "ClaimRow", "claim_row", "main"]
 
@@ -68,6 +69,8 @@ class ClaimRow(NamedTuple):
     locked_by: str
     locked_until: datetime
     available_at: datetime
+    queue: str
+    priority: int
 
 
 _CLAIM_COLUMNS = tuple(name.encode() for name in ClaimRow._fields)
@@ -95,7 +98,10 @@ class Child:
         self.settings = config.settings
         self.handlers = config.handlers
         self.policies: dict[str, Policy] = {}
-        self.topics: list[str] = []
+        self.topics: list[str] = []  # the topics claimed without a global_limit
+        self.limited: list[tuple[str, int]] = []  # (topic, global_limit), tried in turn
+        self._limited_turn = 0
+        self.order = RoundOrder((("default", 1),))
         self.state = ChildState()
         self.board = config.board or Board()
         self.meter = Meter(config.metrics)
@@ -123,7 +129,12 @@ class Child:
         if self.config.reload_baseline is not None:
             self._reload_app()
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
-        self.topics = sorted(self.handlers)
+        self.topics = sorted(t for t, h in self.handlers.items() if h.global_limit is None)
+        self.limited = sorted(
+            (t, h.global_limit) for t, h in self.handlers.items() if h.global_limit is not None
+        )
+        self.order = RoundOrder(worked_queues(self.settings.queues, self.handlers))
+        self.outcomes.declared = {t: h.queue for t, h in self.handlers.items()}
         self.link.start()
         self.link.update_title()
         self._tell({"ready": 1})
@@ -214,22 +225,31 @@ class Child:
             return []
         if self.state.stopping:
             limit = 0
+        queues = self.order.next()
+        params: dict[str, Any] = {
+            "done": [f.claim.id for f in finished],
+            "topics": self.topics,
+            "limit": limit,
+            "children": max(1, self.settings.workers),
+            "worker": self.config.identity,
+            "lease": self.settings.lease,
+        }
+        if self.limited:  # one limited topic per round, in turn
+            statement = Q.job_finish_and_claim_limited
+            self._limited_turn = (self._limited_turn + 1) % len(self.limited)
+            params["limited"], params["cap"] = self.limited[self._limited_turn]
+            params["queues"] = queues
+        elif len(queues) == 1:
+            statement = Q.job_finish_and_claim
+            params["queue"] = queues[0]
+        else:
+            statement = Q.job_finish_and_claim_queues
+            params["queues"] = queues
         try:
             rows = (
                 self.db.get()
                 .cursor(row_factory=claim_row)
-                .execute(
-                    Q.job_finish_and_claim,
-                    {
-                        "done": [f.claim.id for f in finished],
-                        "topics": self.topics,
-                        "limit": limit,
-                        "children": max(1, self.settings.workers),
-                        "worker": self.config.identity,
-                        "lease": self.settings.lease,
-                    },
-                    prepare=True,
-                )
+                .execute(statement, params, prepare=True)
                 .fetchall()
             )
         except psycopg.OperationalError as exc:
@@ -244,7 +264,12 @@ class Child:
             for f in finished:
                 state = "done" if f.claim.id in written else None
                 self.outcomes.settled(f.claim, state, f.duration)
-        claimed = sorted((r for r in rows if r.claimed), key=lambda r: (r.available_at, r.id))
+        # The order of the round: the queues as tried, then priority, then FIFO.
+        rank = {name: i for i, name in enumerate(queues)}
+        claimed = sorted(
+            (r for r in rows if r.claimed),
+            key=lambda r: (rank.get(r.queue, 0), -r.priority, r.available_at, r.id),
+        )
         claims = [
             Claim(
                 id=r.id,
@@ -253,6 +278,8 @@ class Child:
                 attempt=r.attempts,
                 locked_by=r.locked_by,
                 locked_until=r.locked_until,
+                queue=r.queue,
+                priority=r.priority,
             )
             for r in claimed
         ]
