@@ -192,13 +192,13 @@ def cpu_events(dsn: str) -> list[tuple[str, float, float, float, int]]:
     return rows
 
 
-def span_events(dsn: str) -> list[tuple[str, int, int, int]]:
-    """(job, start ns, end ns, pid) of every job recorded by benchwork.record_span."""
+def span_events(dsn: str) -> list[tuple[str, int, int, int, int]]:
+    """(job, start ns, end ns, pid, parent pid) of every job benchwork.record_span wrote."""
     rows = []
     for f in events_dir(dsn).glob("*.spans"):
         for line in f.read_text().split("\n")[:-1]:  # whole lines only
-            job, start, end, pid = line.split(",")
-            rows.append((job, int(start), int(end), int(pid)))
+            job, start, end, pid, ppid = line.split(",")
+            rows.append((job, int(start), int(end), int(pid), int(ppid)))
     return rows
 
 

@@ -315,11 +315,13 @@ def brooq_features(result: dict[str, Any]) -> list[str]:
             "10th and the 90th percentile.",
             "",
             "| max running at once | time above the cap (ms) | jobs/s (whole run) | jobs/s "
-            "(middle) | share of 200/s | job (ms, median) |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: |",
+            "(middle) | share of 200/s | job (ms, median) | children / masters that ran "
+            "jobs |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             f"| {fmt(e, 'max_concurrency')} | {fmt(e, 'over_cap_ms', 1)} "
             f"| {fmt(e, 'jobs_per_s')} | {fmt(e, 'jobs_per_s_middle')} "
-            f"| {fmt(e, 'share_of_ideal_pct')} % | {fmt(e, 'job_ms_median', 1)} |",
+            f"| {fmt(e, 'share_of_ideal_pct')} % | {fmt(e, 'job_ms_median', 1)} "
+            f"| {fmt(e, 'processes_seen')} / {fmt(e, 'masters_seen')} |",
         ]
     return lines
 

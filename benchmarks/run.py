@@ -323,15 +323,15 @@ def w_priority(system: System, dsn: str, n_low: int, n_high: int) -> dict[str, A
     finally:
         stop_all(workers)
     spans = span_events(dsn)
-    lo = sorted(s for k, s, _, _ in spans if k.startswith("lo"))
-    hi = sorted(s for k, s, _, _ in spans if k.startswith("hi"))
+    lo = sorted(s for k, s, *_ in spans if k.startswith("lo"))
+    hi = sorted(s for k, s, *_ in spans if k.startswith("hi"))
     if len(lo) < n_low or len(hi) < n_high:
         raise RuntimeError(f"recorded {len(lo)} low and {len(hi)} high jobs of {n_low}/{n_high}")
     before = sum(1 for s in lo if s < committed_ns)
     between = sum(1 for s in lo if committed_ns <= s <= hi[-1])
     remaining = n_low - before
-    first = min(s for _, s, _, _ in spans)
-    last = max(e for _, _, e, _ in spans)
+    first = min(s for _, s, *_ in spans)
+    last = max(e for _, _, e, *_ in spans)
     return {
         "jobs": n_low + n_high,
         "low_started_before_high": before,
@@ -342,7 +342,7 @@ def w_priority(system: System, dsn: str, n_low: int, n_high: int) -> dict[str, A
         "high_last_start_ms": (hi[-1] - committed_ns) / 1e6,
         "drain_s": (last - first) / 1e9,
         "jobs_per_s": (n_low + n_high) / ((last - first) / 1e9),
-        "processes_seen": len({pid for *_, pid in spans}),
+        "processes_seen": len({span[3] for span in spans}),
     }
 
 
@@ -367,9 +367,9 @@ def w_limited(system: System, dsn: str, n: int) -> dict[str, Any]:
     spans = span_events(dsn)
     if len(spans) < n:
         raise RuntimeError(f"recorded {len(spans)} of {n} limited jobs")
-    most, over_ns = concurrency([(s, e) for _, s, e, _ in spans], LIMITED_CAP)
-    starts = sorted(s for _, s, _, _ in spans)
-    first, last = starts[0], max(e for _, _, e, _ in spans)
+    most, over_ns = concurrency([(s, e) for _, s, e, *_ in spans], LIMITED_CAP)
+    starts = sorted(s for _, s, *_ in spans)
+    first, last = starts[0], max(e for _, _, e, *_ in spans)
     lo, hi = starts[len(starts) // 10], starts[len(starts) * 9 // 10]
     middle = sum(1 for s in starts if lo <= s < hi) / ((hi - lo) / 1e9)
     ideal = LIMITED_CAP / LIMITED_JOB_S
@@ -383,8 +383,9 @@ def w_limited(system: System, dsn: str, n: int) -> dict[str, Any]:
         "jobs_per_s_middle": middle,
         "ideal_jobs_per_s": ideal,
         "share_of_ideal_pct": 100 * middle / ideal,
-        "job_ms_median": percentile([(e - s) / 1e6 for _, s, e, _ in spans], 0.5),
-        "processes_seen": len({pid for *_, pid in spans}),
+        "job_ms_median": percentile([(e - s) / 1e6 for _, s, e, *_ in spans], 0.5),
+        "processes_seen": len({span[3] for span in spans}),
+        "masters_seen": len({span[4] for span in spans}),
     }
 
 

@@ -66,15 +66,16 @@ _spans_pid = 0
 
 
 def record_span(job: str, started_ns: int, ended_ns: int) -> None:
-    """A job's start and end (time.time_ns(), one host) as one line job,start,end,pid in
-    a .spans file of its own process (the priority and limited workloads)."""
+    """A job's start and end (time.time_ns(), one host) as one line
+    job,start,end,pid,ppid in a .spans file of its own process (the priority and limited
+    workloads; the parent is the child's master)."""
     global _spans_fd, _spans_pid
     pid = os.getpid()
     if _spans_pid != pid:
         path = os.path.join(os.environ["BENCH_EVENTS_DIR"], f"{pid}.spans")
         _spans_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         _spans_pid = pid
-    os.write(_spans_fd, f"{job},{started_ns},{ended_ns},{pid}\n".encode())
+    os.write(_spans_fd, f"{job},{started_ns},{ended_ns},{pid},{os.getppid()}\n".encode())
 
 
 def hang_forever() -> None:
