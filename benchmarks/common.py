@@ -140,9 +140,9 @@ def with_db(dsn: str, dbname: str) -> str:
 
 
 @contextlib.contextmanager
-def fresh_database(admin_dsn: str, label: str) -> Iterator[str]:
+def fresh_database(admin_dsn: str, label: str, prefix: str = "bench") -> Iterator[str]:
     """A new, empty database for one system/workload/repetition; dropped afterwards."""
-    name = f"bench_{label}_{uuid.uuid4().hex[:8]}"[:63]
+    name = f"{prefix}_{label}_{uuid.uuid4().hex[:8]}"[:63]
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = with_db(admin_dsn, name)
@@ -190,6 +190,32 @@ def cpu_events(dsn: str) -> list[tuple[str, float, float, float, int]]:
             job, start, end, cpu, pid = line.split(",")
             rows.append((job, float(start), float(end), float(cpu), int(pid)))
     return rows
+
+
+def span_events(dsn: str) -> list[tuple[str, int, int, int, int]]:
+    """(job, start ns, end ns, pid, parent pid) of every job benchwork.record_span wrote."""
+    rows = []
+    for f in events_dir(dsn).glob("*.spans"):
+        for line in f.read_text().split("\n")[:-1]:  # whole lines only
+            job, start, end, pid, ppid = line.split(",")
+            rows.append((job, int(start), int(end), int(pid), int(ppid)))
+    return rows
+
+
+def concurrency(spans: Sequence[tuple[int, int]], limit: int) -> tuple[int, int]:
+    """(the most (start, end) spans open at once, nanoseconds during which more than
+    ``limit`` were). A span ending at the instant another starts does not overlap it."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])  # -1 first
+    open_now = most = 0
+    over_ns = 0
+    last = 0
+    for t, step in events:
+        if open_now > limit:
+            over_ns += t - last
+        open_now += step
+        most = max(most, open_now)
+        last = t
+    return most, over_ns
 
 
 # -- worker processes ------------------------------------------------------------------

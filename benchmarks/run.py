@@ -10,6 +10,11 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
   cpu             200 jobs of ~25 ms pure Python     (wall s, parallelism = CPU s / wall s)
   pickup          200 single jobs on an idle queue   (commit -> handler start, ms)
   hung            handlers that never return, 2 s limit: does a next job run, and when
+  priority        brooq only: 10,000 ready jobs at priority 0 draining (--workers 2), then
+                  100 at priority 10: how many low ones start before the last high one
+  limited         brooq only: 1,000 jobs of 20 ms on a global_limit=4 topic, 2 masters x 8
+                  children: the most running at once (from the handlers' own start/end
+                  records) and jobs/s against 4 / 0.020 s = 200
 plus a pgbench ceiling: brooq's own claim and done statements, no Python in the way.
 """
 
@@ -39,21 +44,40 @@ from common import (
     LoadMeter,
     calibrated_iterations,
     choose_admin_dsn,
+    concurrency,
     cpu_events,
     fresh_database,
     percentile,
     server_facts,
+    span_events,
     summary,
     wait_for_quiet,
     wait_until,
 )
 from systems import Celery, System, all_systems
 
-WORKLOADS = ["enqueue_single", "enqueue_bulk", "drain", "cpu", "pickup", "hung"]
+WORKLOADS = [
+    "enqueue_single",
+    "enqueue_bulk",
+    "drain",
+    "cpu",
+    "pickup",
+    "hung",
+    "priority",
+    "limited",
+]
+# Features the peers are not compared on here: run only by systems naming them in
+# System.extra_workloads.
+BROOQ_ONLY = {"priority", "limited"}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
 POLL = 0.05  # seconds between looks at the database while draining
 HUNG_LIMIT = 2.0
 HUNG_WAIT = 15.0  # how long we wait for the next job after the hung ones started
+PRIO_HIGH_PRIORITY = 10
+PRIO_HIGH_AFTER = 1_000  # the high ones are enqueued once this many low ones have started
+# As in apps/bench_brooq_limited_app.py:
+LIMITED_CAP = 4
+LIMITED_JOB_S = 0.020
 
 
 class Sizes:
@@ -62,6 +86,10 @@ class Sizes:
         self.drain = 2_000 if quick else 20_000
         self.cpu = 40 if quick else 200
         self.pickup = 30 if quick else 200
+        # The issue's sizes, --quick or not (each run takes seconds).
+        self.priority_low = 10_000
+        self.priority_high = 100
+        self.limited = 1_000
         self.reps = 1 if quick else 3
 
 
@@ -266,6 +294,101 @@ def w_hung(system: System, dsn: str) -> dict[str, Any]:
     }
 
 
+def w_priority(system: System, dsn: str, n_low: int, n_high: int) -> dict[str, Any]:
+    """N_LOW ready jobs at priority 0 and the workers draining them; once PRIO_HIGH_AFTER
+    have started, N_HIGH jobs at priority PRIO_HIGH_PRIORITY in one statement. Every
+    handler (~1 ms) records its start and end (benchwork.record_span). Counted: the low
+    jobs that started after the high ones were committed and before the last high one
+    started, against the low ones still to start at that commit."""
+    system.prepare(dsn)
+    system.enqueue_bulk("prio", [{"k": f"lo{i}"} for i in range(n_low)])
+    system.analyze()
+    workers = start_all(system, "priority", "")
+    try:
+        wait_until(
+            lambda: check_alive(workers) or system.remaining() <= n_low - PRIO_HIGH_AFTER,
+            timeout=120,
+            interval=0.02,
+            what=f"{PRIO_HIGH_AFTER} low-priority jobs started",
+        )
+        high = [{"k": f"hi{i}"} for i in range(n_high)]
+        system.enqueue_bulk("prio", high, priority=PRIO_HIGH_PRIORITY)  # type: ignore[call-arg]
+        committed_ns = time.time_ns()
+        wait_until(
+            lambda: check_alive(workers) or system.remaining() == 0,
+            timeout=300,
+            interval=POLL,
+            what="every job finished",
+        )
+    finally:
+        stop_all(workers)
+    spans = span_events(dsn)
+    lo = sorted(s for k, s, *_ in spans if k.startswith("lo"))
+    hi = sorted(s for k, s, *_ in spans if k.startswith("hi"))
+    if len(lo) < n_low or len(hi) < n_high:
+        raise RuntimeError(f"recorded {len(lo)} low and {len(hi)} high jobs of {n_low}/{n_high}")
+    before = sum(1 for s in lo if s < committed_ns)
+    between = sum(1 for s in lo if committed_ns <= s <= hi[-1])
+    remaining = n_low - before
+    first = min(s for _, s, *_ in spans)
+    last = max(e for _, _, e, *_ in spans)
+    return {
+        "jobs": n_low + n_high,
+        "low_started_before_high": before,
+        "low_remaining_at_high": remaining,
+        "low_started_meanwhile": between,
+        "low_meanwhile_pct": 100 * between / remaining if remaining else 0.0,
+        "high_first_start_ms": (hi[0] - committed_ns) / 1e6,
+        "high_last_start_ms": (hi[-1] - committed_ns) / 1e6,
+        "drain_s": (last - first) / 1e9,
+        "jobs_per_s": (n_low + n_high) / ((last - first) / 1e9),
+        "processes_seen": len({span[3] for span in spans}),
+    }
+
+
+def w_limited(system: System, dsn: str, n: int) -> dict[str, Any]:
+    """N ready 20 ms jobs of a topic with global_limit=4, then the masters (2 x 8
+    children) start. From the handlers' own (start, end) records (time.time_ns(), one
+    host): the most running at once and the time spent above the cap; jobs/s over the
+    whole run and over its middle (the 10th to the 90th percentile of the starts)."""
+    system.prepare(dsn)
+    system.enqueue_bulk("limited", [{"k": f"l{i}"} for i in range(n)])
+    system.analyze()
+    workers = start_all(system, "limited", "")
+    try:
+        wait_until(
+            lambda: check_alive(workers) or system.remaining() == 0,
+            timeout=600,
+            interval=POLL,
+            what=f"{n} limited jobs",
+        )
+    finally:
+        stop_all(workers)
+    spans = span_events(dsn)
+    if len(spans) < n:
+        raise RuntimeError(f"recorded {len(spans)} of {n} limited jobs")
+    most, over_ns = concurrency([(s, e) for _, s, e, *_ in spans], LIMITED_CAP)
+    starts = sorted(s for _, s, *_ in spans)
+    first, last = starts[0], max(e for _, _, e, *_ in spans)
+    lo, hi = starts[len(starts) // 10], starts[len(starts) * 9 // 10]
+    middle = sum(1 for s in starts if lo <= s < hi) / ((hi - lo) / 1e9)
+    ideal = LIMITED_CAP / LIMITED_JOB_S
+    return {
+        "jobs": n,
+        "executions": len(spans),
+        "cap": LIMITED_CAP,
+        "max_concurrency": most,
+        "over_cap_ms": over_ns / 1e6,
+        "jobs_per_s": n / ((last - first) / 1e9),
+        "jobs_per_s_middle": middle,
+        "ideal_jobs_per_s": ideal,
+        "share_of_ideal_pct": 100 * middle / ideal,
+        "job_ms_median": percentile([(e - s) / 1e6 for _, s, e, *_ in spans], 0.5),
+        "processes_seen": len({span[3] for span in spans}),
+        "masters_seen": len({span[4] for span in spans}),
+    }
+
+
 # -- the run --------------------------------------------------------------------------------
 
 
@@ -339,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ceiling", action="store_true", help="skip the pgbench ceiling")
     ap.add_argument("--out", default=str(BENCH_DIR / "results"), help="output directory")
     ap.add_argument("--name", help="file name stem (default: the date, -quick when --quick)")
+    ap.add_argument(
+        "--db-prefix",
+        default="bench",
+        help="start of the scratch databases' names (default bench: bench_<run>_<hex>)",
+    )
     args = ap.parse_args(argv)
 
     sizes = Sizes(args.quick)
@@ -377,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {
                 wl: {v or "-": s.settings(wl, v) for v in (variants if wl == "drain" else [""])}
                 for wl in WORKLOADS
+                if wl not in BROOQ_ONLY or wl in s.extra_workloads
             },
         }
         if reason:
@@ -388,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         early = s.name == "celery-early-ack"  # only the drain, as a variant of Celery
         for wl in workloads:
             if early and wl != "drain":
+                continue
+            if wl in BROOQ_ONLY and wl not in s.extra_workloads:
                 continue
             for v in BROOQ_DRAIN_WORKERS if (s.name == "brooq" and wl == "drain") else [""]:
                 plan.append((s, wl, v))
@@ -403,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             METER = LoadMeter()
             t = time.monotonic()
             try:
-                with fresh_database(admin_dsn, label) as dsn:
+                with fresh_database(admin_dsn, label, args.db_prefix) as dsn:
                     try:
                         if wl == "enqueue_single":
                             m = w_enqueue(s, dsn, sizes.enqueue, bulk=False)
@@ -417,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
                             m = w_pickup(s, dsn, sizes.pickup)
                         elif wl == "hung":
                             m = w_hung(s, dsn)
+                        elif wl == "priority":
+                            m = w_priority(s, dsn, sizes.priority_low, sizes.priority_high)
+                        elif wl == "limited":
+                            m = w_limited(s, dsn, sizes.limited)
                         else:
                             raise ValueError(wl)
                     finally:

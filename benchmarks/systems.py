@@ -40,6 +40,8 @@ PEER_PROCESSES = 2
 class System:
     name = ""
     dsn = ""
+    # Workloads beyond the common ones (run.py's BROOQ_ONLY) this system runs.
+    extra_workloads: tuple[str, ...] = ()
 
     def available(self) -> str | None:
         """None when the system can run here, else why not."""
@@ -104,13 +106,19 @@ class System:
 
 class Brooq(System):
     name = "brooq"
+    extra_workloads = ("priority", "limited")
     TOPIC = {
         "noop": "bench.noop",
         "cpu": "bench.cpu",
         "pickup": "bench.pickup",
         "probe": "bench.pickup",
         "hung": "bench.hung",
+        "prio": "bench.prio",
+        "limited": "api.limited",
     }
+    # The limited workload: masters and children per master, as the issue asks (2 x 8).
+    LIMITED_MASTERS = 2
+    LIMITED_WORKERS = 8
 
     def prepare(self, dsn: str) -> None:
         import brooq
@@ -125,31 +133,43 @@ class Brooq(System):
             self.queue.close()
             self.queue = None  # type: ignore[assignment]
 
-    def _job(self, kind: str, item: dict[str, Any]) -> Any:
+    def _job(self, kind: str, item: dict[str, Any], priority: int = 0) -> Any:
         import brooq
 
-        return brooq.Job(self.TOPIC[kind], item)
+        return brooq.Job(self.TOPIC[kind], item, priority=priority)
 
     def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
         for item in items:
             self.queue.enqueue(self._job(kind, item))
 
-    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]], priority: int = 0) -> None:
         for i in range(0, len(items), CHUNK):
-            self.queue.enqueue_many([self._job(kind, it) for it in items[i : i + CHUNK]])
+            self.queue.enqueue_many([self._job(kind, it, priority) for it in items[i : i + CHUNK]])
 
     def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
         self.queue.enqueue(self._job(kind, item))
         return time.time()
 
+    def _app(self, workload: str) -> str:
+        # A master with a global_limit topic claims through another statement: only the
+        # limited workload loads that application.
+        return "bench_brooq_limited_app:queue" if workload == "limited" else "bench_brooq_app:queue"
+
+    def _masters(self, workload: str, variant: str) -> tuple[int, int]:
+        """(masters, children per master)."""
+        if workload == "limited":
+            return self.LIMITED_MASTERS, self.LIMITED_WORKERS
+        return 1, int(variant or 2)
+
     def workers(self, workload: str, variant: str = "") -> list[Worker]:
-        n = int(variant or 2)
+        masters, n = self._masters(workload, variant)
         env = base_env(self.dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0"})
-        argv = [venv_bin("brooq-master"), "--app", "bench_brooq_app:queue", "--workers", str(n)]
-        return [Worker(argv, env, f"brooq-{workload}-{n}")]
+        argv = [venv_bin("brooq-master"), "--app", self._app(workload), "--workers", str(n)]
+        return [Worker(argv, env, f"brooq-{workload}-{n}-{i}") for i in range(masters)]
 
     def slots(self, workload: str, variant: str = "") -> int:
-        return int(variant or 2)
+        masters, n = self._masters(workload, variant)
+        return masters * n
 
     def remaining(self) -> int:
         return self._count("SELECT count(*) FROM job WHERE state IN ('pending', 'processing')")
@@ -165,14 +185,20 @@ class Brooq(System):
         return {k: f"{state} (attempts={a}; {err})" for k, state, a, err in rows}
 
     def settings(self, workload: str, variant: str = "") -> dict[str, Any]:
+        masters, n = self._masters(workload, variant)
         s: dict[str, Any] = {
-            "command": f"brooq-master --app bench_brooq_app:queue --workers {variant or 2}",
+            "command": (f"{masters} x " if masters > 1 else "")
+            + f"brooq-master --app {self._app(workload)} --workers {n}",
             "settings": "defaults (poll_interval 1s, lease 30s, log level INFO)",
             "enqueue": "Queue.enqueue (one transaction per job); "
             f"Queue.enqueue_many in chunks of {CHUNK} (one statement per chunk)",
         }
         if workload == "hung":
             s["timeout"] = "handler max_execution_timeout=2s, attempt_timeout=2s, max_attempts=1"
+        if workload == "priority":
+            s["jobs"] = "bench.prio, ~1 ms (time.sleep(0.001)); low ones priority 0, high 10"
+        if workload == "limited":
+            s["jobs"] = "api.limited, @queue.handler(global_limit=4), time.sleep(0.02)"
         return s
 
 

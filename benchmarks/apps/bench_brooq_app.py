@@ -6,7 +6,7 @@ import time
 
 import brooq
 
-from benchwork import hang_forever, record, record_cpu, spin
+from benchwork import hang_forever, record, record_cpu, record_span, spin
 
 queue = brooq.Queue()
 
@@ -34,3 +34,12 @@ def pickup(claim: brooq.Claim) -> None:
 def hung(claim: brooq.Claim) -> None:
     record(claim.payload["k"], "start", time.time())
     hang_forever()
+
+
+# The priority workload: ~1 ms jobs recording when they start (no queue, no limit: this
+# handler changes nothing for the other workloads' claims).
+@queue.handler("bench.prio")
+def prio(claim: brooq.Claim) -> None:
+    started = time.time_ns()
+    time.sleep(0.001)
+    record_span(claim.payload["k"], started, time.time_ns())

@@ -6,7 +6,8 @@ The instrument must not slow what it measures, the same for every system: its
 connection commits with synchronous_commit = off (no wait for a disk flush), and
 record_cpu() -- inside the CPU-bound workload, whose wall time is the measure -- does not
 touch the database at all: it appends one line to a file of its own process under
-BENCH_EVENTS_DIR (no flush to disk; the benchmark reads the files).
+BENCH_EVENTS_DIR (no flush to disk; the benchmark reads the files). record_span() does
+the same for the priority and limited workloads (start and end in nanoseconds).
 """
 
 from __future__ import annotations
@@ -58,6 +59,23 @@ def record_cpu(job: str, started: float, ended: float, cpu: float) -> None:
         _events_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         _events_pid = pid
     os.write(_events_fd, f"{job},{started!r},{ended!r},{cpu!r},{pid}\n".encode())
+
+
+_spans_fd = -1
+_spans_pid = 0
+
+
+def record_span(job: str, started_ns: int, ended_ns: int) -> None:
+    """A job's start and end (time.time_ns(), one host) as one line
+    job,start,end,pid,ppid in a .spans file of its own process (the priority and limited
+    workloads; the parent is the child's master)."""
+    global _spans_fd, _spans_pid
+    pid = os.getpid()
+    if _spans_pid != pid:
+        path = os.path.join(os.environ["BENCH_EVENTS_DIR"], f"{pid}.spans")
+        _spans_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        _spans_pid = pid
+    os.write(_spans_fd, f"{job},{started_ns},{ended_ns},{pid},{os.getppid()}\n".encode())
 
 
 def hang_forever() -> None:
