@@ -211,7 +211,7 @@ def _run_statement(conn: Conn, m: Migration, statement: str) -> None:
             return
         except psycopg.errors.LockNotAvailable:
             dropped = _drop_invalid_indexes(conn, m)
-            holders = conn.execute(Q.migration_lock_holders).fetchall()
+            holders = conn.execute(Q.migration_lock_holders, {"waited": LOCK_TIMEOUT}).fetchall()
             if attempt == LOCK_RETRIES:
                 raise MigrationError(
                     f"{m.version:04d}_{m.name}: gave up after {attempt} waits of "

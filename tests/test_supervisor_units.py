@@ -176,7 +176,7 @@ def schedule(settings: Settings, watchdog_usec: str | None, monkeypatch: Any) ->
         Reconnect(none, none),
         Renewal(none, none, settings, None),
         Reaper(none, settings, None),
-        Stats(none, [], settings, None),
+        Stats(none, {}, settings, None),
         Retention(none, settings, None),
     ]
     return Scheduler(duties, now=1000.0)
@@ -325,12 +325,12 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
     duty.run_once(2.0)  # written as zero once, then forgotten (the gauge keeps the 0)
     assert {dict(key)["queue"] for key in metrics.jobs.written} == {"bulk", "default"}
 
-    # A list of topics (the master's before handlers declared queues): the default queue.
-    listed = Stats(conns, ["mail"], Settings(), metrics)  # type: ignore[arg-type]
+    # A handled topic without rows shows as zero in its handler's queue.
+    listed = Stats(conns, {"mail": "default"}, Settings(), metrics)  # type: ignore[arg-type]
     conns.rows = []
     listed.run_once(0.0)
     assert pending(metrics, "default", "mail") == 0
-    assert Stats(none, [], Settings(), None).run_once(0.0) == {}
+    assert Stats(none, {}, Settings(), None).run_once(0.0) == {}
 
 
 # -- watchdog decisions --------------------------------------------------------------------------

@@ -591,14 +591,16 @@ ORDER BY 1, 2
 DROP INDEX CONCURRENTLY IF EXISTS {}
 
 -- name: migration_lock_holders
--- Who may be holding what a timed-out statement waited for: other sessions in a
--- transaction that holds a lock on job or a snapshot (CREATE INDEX CONCURRENTLY waits
--- for every older transaction). No query text: it may hold literals.
+-- Who may be holding what a timed-out statement waited for: other sessions whose
+-- transaction has been open at least as long as the wait (shorter ones cannot have
+-- held it all along) and holds a lock on job or a snapshot (CREATE INDEX CONCURRENTLY
+-- waits for every older transaction). No query text: it may hold literals.
 SELECT a.pid,
        coalesce(nullif(a.application_name, ''), a.usename::text) || ', ' || a.state
            || ', transaction open for ' || date_trunc('second', now() - a.xact_start)::text AS what
 FROM pg_stat_activity a
-WHERE a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL
+WHERE a.pid <> pg_backend_pid()
+  AND a.xact_start <= now() - %(waited)s::interval
   AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL
        OR EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.relation = to_regclass('job')))
 ORDER BY a.xact_start

@@ -23,7 +23,6 @@ import psycopg
 from psycopg.rows import dict_row
 
 from brooq.ipc import protocol
-from brooq.job import DEFAULT_QUEUE
 from brooq.metrics import Metrics
 from brooq.settings import Settings
 from brooq.sql import Q
@@ -228,8 +227,7 @@ class Stats:
     """Jobs by queue, topic and state, oldest ready age: read from the table on a timer,
     so the scrape rate never multiplies the database load.
 
-    ``topics``: the handlers' topics, as a list (their jobs' queue taken to be
-    ``default``) or as {topic: the queue its handler declares}; their label sets are
+    ``topics``: {topic: the queue its handler declares}; their label sets are
     written, as zeros, even while the table holds none of their jobs. A label set read
     last time and gone now (its jobs finished or moved to another queue) is written once
     as zeros: a multiprocess gauge cannot drop a label set, and a stale count must not
@@ -241,13 +239,12 @@ class Stats:
     def __init__(
         self,
         conns: Connections,
-        topics: Sequence[str] | dict[str, str],
+        topics: dict[str, str],
         settings: Settings,
         metrics: Metrics | None,
     ) -> None:
         self.conns = conns
-        declared = topics if isinstance(topics, dict) else dict.fromkeys(topics, DEFAULT_QUEUE)
-        self.handled = {(queue, topic) for topic, queue in declared.items()}
+        self.handled = {(queue, topic) for topic, queue in topics.items()}
         self.period = settings.stats_period
         self.metrics = metrics
         self.shown: set[tuple[str, str]] = set()  # (queue, topic) read at the last run

@@ -117,7 +117,12 @@ class Master:
             Reconnect(self.conns, self.accounting),
             Renewal(self.fleet, self.conns, settings, self.metrics),
             Reaper(self.conns, settings, self.metrics),
-            Stats(self.conns, list(queue.handlers), settings, self.metrics),
+            Stats(
+                self.conns,
+                {t: h.queue for t, h in queue.handlers.items()},
+                settings,
+                self.metrics,
+            ),
             Retention(self.conns, settings, self.metrics),
         ]
         self.scheduler = Scheduler(duties, time.monotonic())
