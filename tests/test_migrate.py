@@ -293,7 +293,7 @@ def test_a_failed_concurrent_build_is_rebuilt(empty_dsn: str) -> None:
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 conn.execute(
                     "CREATE INDEX CONCURRENTLY job_ready_queue_idx "
-                    "ON job (queue, priority DESC, available_at, id) INCLUDE (topic) "
+                    "ON job (queue, priority DESC, available_at, id) "
                     "WHERE state IN ('pending', 'failed')"
                 )
             conn.execute("RESET lock_timeout")
