@@ -1,4 +1,8 @@
-"""The demo application of `make run`: three handlers that show what brooq does."""
+"""The demo application of `make run`: handlers that show what brooq does.
+
+Renders are bulk work in the "bulk" queue; the master works `--queues default=3,bulk=1`,
+so the default queue leads three claim rounds of four. Flaky calls share a fragile
+upstream: `global_limit=1` keeps them to one at a time across every master."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import brooq
 queue = brooq.Queue()
 
 
-@queue.handler("demo.render", max_execution_timeout="30s")
+@queue.handler("demo.render", queue="bulk", max_execution_timeout="30s")
 def render(claim: brooq.Claim) -> None:
     """CPU-heavy: pure-Python hashing, so each child keeps a core busy."""
     data = str(claim.payload).encode()
@@ -21,7 +25,9 @@ def render(claim: brooq.Claim) -> None:
     )
 
 
-@queue.handler("demo.flaky", max_attempts=5, backoff_base="200ms", backoff_max="2s")
+@queue.handler(
+    "demo.flaky", max_attempts=5, backoff_base="200ms", backoff_max="2s", global_limit=1
+)
 def flaky(claim: brooq.Claim) -> None:
     """Fails on its first attempts, then succeeds: retries with backoff."""
     if claim.attempt < 3 and random.random() < 0.7:

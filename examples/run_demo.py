@@ -1,5 +1,8 @@
 """`make run`: migrate, start brooq-master with the demo app, feed it jobs, show progress.
 
+Every round feeds renders (queue bulk), flaky calls (default, one at a time fleet-wide)
+and one urgent job at priority 10; every tenth round pauses the bulk queue for three
+rounds (`brooq queues pause bulk` does the same), then resumes it.
 Ctrl-C drains the master (running jobs finish) and prints the final counts.
 DATABASE_URL must be set (`make run` starts an embedded PostgreSQL when it is not).
 
@@ -26,17 +29,24 @@ from brooq import migrate  # noqa: E402
 def feed(queue: brooq.Queue, round_no: int) -> None:
     jobs = [brooq.Job("demo.render", {"n": round_no * 10 + i, "rounds": 30_000}) for i in range(4)]
     jobs += [brooq.Job("demo.flaky", {"n": round_no * 10 + i}) for i in range(3)]
+    jobs.append(brooq.Job("demo.notify", {"urgent": round_no}, priority=10))
     queue.enqueue_many(jobs)
+    if round_no % 10 == 5:
+        queue.pause("bulk")
+        print("[demo] paused queue bulk: renders wait, the rest goes on", flush=True)
+    elif round_no % 10 == 8:
+        queue.resume("bulk")
+        print("[demo] resumed queue bulk", flush=True)
 
 
 def show(queue: brooq.Queue, done_before: int) -> None:
-    rows = {s.topic: s for s in queue.stats()}
     with queue.connection() as conn:
         row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
     done = int(row[0]) if row else 0
     parts = [
-        f"{t}: {s.pending} pending, {s.processing} running, {s.failed} retrying, {s.dead} dead"
-        for t, s in sorted(rows.items())
+        f"{q.name}{' (paused)' if q.paused else ''}: {q.ready} ready, {q.processing} running, "
+        f"{q.failed} retrying, {q.dead} dead"
+        for q in queue.queues()
     ]
     print(f"[demo] done={done - done_before}  " + " | ".join(parts), flush=True)
 
@@ -51,7 +61,8 @@ def main() -> int:
         sys.exit("DATABASE_URL is not set; use `make run`, which starts a database for you")
     for m in migrate.up(dsn):
         print(f"[demo] applied migration {m.version:04d}_{m.name}")
-    queue = brooq.Queue(dsn)
+    sys.path.insert(0, str(HERE))
+    from demo_app import queue  # its handlers: a job naming no queue goes to its handler's
     with queue.connection() as conn:
         row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
     done_before = int(row[0]) if row else 0
@@ -65,6 +76,8 @@ def main() -> int:
             "demo_app:queue",
             "--workers",
             str(args.workers),
+            "--queues",
+            "default=3,bulk=1",
             "--log-level",
             "ERROR",
         ],

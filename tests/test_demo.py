@@ -34,5 +34,16 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
         )
     # CPU-heavy renders ran and chained their notifications; flaky jobs got through.
     assert done.get("demo.render", 0) > 0
-    assert done.get("demo.notify", 0) == done["demo.render"]
+    with psycopg.connect(empty_dsn) as conn:
+        chained = conn.execute(
+            "SELECT count(*) FROM job WHERE topic = 'demo.notify' AND state = 'done' "
+            "AND payload ? 'rendered'"
+        ).fetchone()
+    assert chained is not None and chained[0] == done["demo.render"]
     assert done.get("demo.flaky", 0) > 0
+    with psycopg.connect(empty_dsn) as conn:
+        queues = dict(conn.execute("SELECT topic, min(queue) FROM job GROUP BY topic").fetchall())
+        urgent = conn.execute("SELECT count(*) FROM job WHERE priority = 10").fetchone()
+    assert queues["demo.render"] == "bulk" and queues["demo.flaky"] == "default"
+    assert urgent is not None and urgent[0] > 0
+    assert "default:" in out.stdout
