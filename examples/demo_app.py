@@ -25,9 +25,7 @@ def render(claim: brooq.Claim) -> None:
     )
 
 
-@queue.handler(
-    "demo.flaky", max_attempts=5, backoff_base="200ms", backoff_max="2s", global_limit=1
-)
+@queue.handler("demo.flaky", max_attempts=5, backoff_base="200ms", backoff_max="2s", global_limit=1)
 def flaky(claim: brooq.Claim) -> None:
     """Fails on its first attempts, then succeeds: retries with backoff."""
     if claim.attempt < 3 and random.random() < 0.7:

@@ -63,6 +63,7 @@ def main() -> int:
         print(f"[demo] applied migration {m.version:04d}_{m.name}")
     sys.path.insert(0, str(HERE))
     from demo_app import queue  # its handlers: a job naming no queue goes to its handler's
+
     with queue.connection() as conn:
         row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
     done_before = int(row[0]) if row else 0
