@@ -10,7 +10,8 @@
 -- they are done when the lock is released. Rows leaving `processing` by other paths
 -- (release, reaper, cancel) can only make the count larger than the truth, never smaller.
 -- The first, unlocked count lets pollers of a topic at its cap go without queueing on
--- the lock. A transactional file: its body holds $$.
+-- the lock. p_queues holds no paused queue (the child leaves them out). A transactional
+-- file: its body holds $$.
 -- migrate:up
 CREATE FUNCTION brooq_claim_limited(
     p_topic text, p_cap integer, p_queues text[], p_done uuid[], p_worker text,
@@ -49,7 +50,6 @@ BEGIN
               AND j.state IN ('pending', 'failed')
               AND j.available_at <= now()
               AND j.topic = p_topic
-              AND NOT EXISTS (SELECT FROM brooq_queue p WHERE p.name = q.name AND p.paused)
             ORDER BY j.priority DESC, j.available_at, j.id
             LIMIT least(room, p_max)
             FOR NO KEY UPDATE OF j SKIP LOCKED

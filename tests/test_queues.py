@@ -133,22 +133,24 @@ def test_queues_are_tried_in_the_order_given_and_spill(db: Conn) -> None:
     assert {r["queue"] for r in rows} == {"bulk"} and len(rows) == 8
 
 
-def test_a_paused_queue_gives_nothing_and_resume_gives_it_back(db: Conn, dsn: str) -> None:
+def test_pauses_are_read_by_name_and_do_not_stop_producers(db: Conn, dsn: str) -> None:
+    """What a child reads before claiming (queue_paused_names): the paused ones among its
+    queues; pausing a queue nobody used yet is allowed; producers go on."""
     queue = brooq.Queue(dsn)
+
+    def paused(names: list[str]) -> set[str]:
+        rows = db.execute(Q.queue_paused_names, {"queues": names}).fetchall()
+        return {r["name"] for r in rows}
+
     try:
-        queue.pause("urgent")  # before any job of it: allowed
-        add(db, queue="urgent", priority=10)
-        add(db, queue="default")
-        assert claim_one_queue(db, "urgent") == []
-        rows = claim_queues(db, ["urgent", "default"], limit=5)
-        assert [r["queue"] for r in rows] == ["default"]
-        add(db, "lim", queue="urgent")
-        assert claim_limited(db, ["urgent"], "lim", 5, topics=()) == []
-        # Producers are not stopped by a pause.
-        queue.enqueue(brooq.Job("t", queue="urgent"))
+        assert paused(["urgent", "default"]) == set()
+        queue.pause("urgent")  # before any job of it
+        queue.pause("other")
+        assert paused(["urgent", "default"]) == {"urgent"}
+        queue.enqueue(brooq.Job("t", queue="urgent"))  # producers are not stopped
+        assert len(claim_queues(db, ["urgent"], limit=5)) == 1  # the statement itself does not look
         queue.resume("urgent")
-        assert len(claim_queues(db, ["urgent"], limit=5)) == 2
-        assert len(claim_limited(db, ["urgent"], "lim", 5, topics=())) == 1
+        assert paused(["urgent", "default", "other"]) == {"other"}
     finally:
         queue.close()
 

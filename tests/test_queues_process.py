@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +84,7 @@ def test_pause_stops_claims_lets_running_jobs_finish_and_resume_restarts(
     running, _ = queue.enqueue(brooq.Job("q.default", {"sleep": 1.5}))
     wait_for(lambda: count(db, "id = %s AND state = 'processing'", running), what="running")
     queue.pause("default")  # while its job runs
+    time.sleep(0.5)  # a pause holds within poll_interval (200 ms here): let it pass
     held = [queue.enqueue(brooq.Job("q.bulk"))[0] for _ in range(5)]  # producers go on
     later, _ = queue.enqueue(brooq.Job("q.default"))
     wait_for(lambda: count(db, "id = %s AND state = 'done'", running), what="running job done")

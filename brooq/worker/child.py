@@ -102,6 +102,8 @@ class Child:
         self.limited: list[tuple[str, int]] = []  # (topic, global_limit), tried in turn
         self._limited_turn = 0
         self.order = RoundOrder((("default", 1),))
+        self.paused: frozenset[str] = frozenset()  # worked queues found paused
+        self._paused_read = float("-inf")  # monotonic time of that reading
         self.state = ChildState()
         self.board = config.board or Board()
         self.meter = Meter(config.metrics)
@@ -221,11 +223,13 @@ class Child:
         """Write `done` for the finished jobs and claim up to ``limit`` new ones, in one
         statement. Tells the master the new state: busy comes with each job, idle here."""
         finished = self.unwritten
-        if not finished and limit == 0:
-            return []
         if self.state.stopping:
             limit = 0
-        queues = self.order.next()
+        queues = self._claimable_queues() if limit else []
+        if not queues:  # nothing to claim from: only write what finished
+            if not finished:
+                return []
+            limit, queues = 0, self.order.names[:1]
         params: dict[str, Any] = {
             "done": [f.claim.id for f in finished],
             "topics": self.topics,
@@ -289,6 +293,22 @@ class Child:
         self.link.tell_held(self.held)
         self.meter.claimed(claims)
         return claims
+
+    def _claimable_queues(self) -> list[str]:
+        """This round's queues in order, without the paused ones. The pauses are read
+        again once poll_interval has passed since the last reading, so an operator's pause
+        holds for this child within poll_interval; if the read fails, the last one holds."""
+        now = time.monotonic()
+        if now - self._paused_read >= self.settings.poll_interval:
+            try:
+                rows = self.db.get().execute(
+                    Q.queue_paused_names, {"queues": self.order.names}, prepare=True
+                )
+                self.paused = frozenset(row[0] for row in rows)
+                self._paused_read = now
+            except psycopg.OperationalError as exc:
+                self.db.failed("paused queues", exc)
+        return [name for name in self.order.next() if name not in self.paused]
 
     def _release(self, ids: list[uuid.UUID]) -> None:
         if not ids:
