@@ -40,6 +40,7 @@ from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties import (
     RENEW,
     Duty,
+    Periodic,
     Reaper,
     Reconnect,
     Renewal,
@@ -125,6 +126,16 @@ class Master:
             ),
             Retention(self.conns, settings, self.metrics),
         ]
+        if queue.schedules:
+            duties.append(
+                Periodic(
+                    self.conns,
+                    queue.schedules,
+                    {t: h.queue for t, h in queue.handlers.items()},
+                    settings,
+                    self.metrics,
+                )
+            )
         self.scheduler = Scheduler(duties, time.monotonic())
 
     # -- life cycle --------------------------------------------------------------------------
