@@ -96,9 +96,9 @@ def build_schedule(
     every_s: int | None = None
     if (cron is None) == (every is None):
         problems.append(f"periodic {label}: give exactly one of cron= and every=")
-    elif cron is not None:
+    if cron is not None:
         problems += [f"periodic {label}: {p}" for p in cron_problems(cron)]
-    else:
+    if every is not None:
         try:
             seconds = to_seconds(every, allow_bare_number=True)  # type: ignore[arg-type]
         except ValueError as exc:
