@@ -125,7 +125,7 @@ def test_a_tick_older_than_its_period_is_not_due() -> None:
     assert due_tick(s2, at(2026, 12, 31, 23, 59)) == at(2026, 12, 1, 3)
 
 
-def test_due_tick_is_none_beyond_one_period() -> None:
+def test_the_most_recent_tick_is_always_younger_than_its_period() -> None:
     """With one period being the interval from the tick to the next, the most recent tick
     is always younger than that (the next would be the most recent otherwise), so
     due_tick is None only for a now before the first tick ever (every=): defensive."""
