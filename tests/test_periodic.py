@@ -24,10 +24,23 @@ from brooq.sql import Q
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties import Periodic
 from tests.harness import APPS, MasterProcess, wait_for
+from tests.test_operations import get, ops_addr
 
 UTC = timezone.utc
 APP = "brooq_periodicapp:queue"
 StartMaster = Callable[..., MasterProcess]
+
+
+def sample(text: str, metric: str, **labels: str) -> float:
+    """One sample of the Prometheus text (0 when absent); test_operations' own takes a
+    parameter called name, which is this metric's label."""
+    for line in text.splitlines():
+        if not line.startswith(metric + "{"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return 0.0
 
 
 def parse_key(key: str) -> datetime:
@@ -161,6 +174,18 @@ def test_two_masters_one_job_per_tick(
     a.wait_ready(1)
     b.wait_ready(1)
     wait_for(lambda: len(ticks(db)) >= 12, timeout=40, what="12 ticks")
+    # brooq_periodic_enqueued_total{name}: what this master enqueued, read between two
+    # counts of its log lines (it goes on ticking meanwhile).
+    scraped = 0.0
+    for m in (a, b):
+        low = m.log().count("event=periodic_enqueued name=tick ")
+        status, text = get(ops_addr(m), "/metrics")
+        high = m.log().count("event=periodic_enqueued name=tick ")
+        assert status == 200
+        value = sample(text, "brooq_periodic_enqueued_total", name="tick")
+        assert low <= value <= high, (low, value, high)
+        scraped += value
+    assert scraped >= 11
     for m in (a, b):
         m.signal(15)
     assert a.wait() == 0 and b.wait() == 0
