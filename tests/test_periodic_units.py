@@ -284,6 +284,7 @@ class FakeConns:
     def __init__(self) -> None:
         self.answer: Any = None
         self.calls: list[str] = []
+        self.connected = False
 
     def with_db(self, what: str, fn: Any) -> Any:
         self.calls.append(what)
@@ -357,3 +358,14 @@ def test_a_failing_callable_is_logged_skipped_and_does_not_stop_the_others(
     assert d.run_once(1)["failed"] == 0  # once per tick, not every pass
     clock.now += timedelta(seconds=1)
     assert d.run_once(2) == {"enqueued": 1, "lost": 0, "failed": 2}
+
+
+def test_a_refused_statement_skips_that_tick_and_goes_on_with_the_others() -> None:
+    """with_db answers None with the connection still up (a statement refused, logged
+    there): that schedule's tick is skipped, the next schedules are still tried."""
+    clock = Clock(at(2026, 12, 1, 12))
+    d, conns = duty({n: sched(name=n, every="1s") for n in ("a", "b")}, clock)
+    conns.connected = True
+    assert d.run_once(0) == {"enqueued": 0, "lost": 0, "failed": 2}
+    assert conns.calls == ["periodic", "periodic"]
+    assert d.pending(clock()) == []

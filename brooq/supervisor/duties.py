@@ -382,7 +382,12 @@ class Periodic:
                 continue
             result = self.conns.with_db("periodic", self._claimer(schedule, tick, job))
             if result is None:
-                return {"enqueued": enqueued, "lost": lost, "failed": failed}  # db away
+                if not self.conns.connected:  # the database is away: try again next pass
+                    return {"enqueued": enqueued, "lost": lost, "failed": failed}
+                # A statement refused (logged by with_db): skip this tick, not the others.
+                self.settled[schedule.name] = tick
+                failed += 1
+                continue
             self.settled[schedule.name] = tick
             if result is False:
                 lost += 1
