@@ -614,12 +614,14 @@ LIMIT 5
 -- name: periodic_claim
 -- A master claims a schedule's tick: the row moves forward only, so of N masters one gets
 -- the row back (it won the tick and enqueues its job in the same transaction); the others,
--- and a master whose clock is behind (an older tick), get nothing.
+-- and a master whose clock is behind (an older tick), get nothing. `first`: the row is
+-- new (xmax is 0 only for a row this statement inserted), i.e. the schedule was never
+-- claimed before.
 INSERT INTO brooq_periodic (name, last_tick)
 VALUES (%(name)s, %(tick)s)
 ON CONFLICT (name) DO UPDATE SET last_tick = EXCLUDED.last_tick, updated_at = now()
 WHERE brooq_periodic.last_tick < EXCLUDED.last_tick
-RETURNING name
+RETURNING name, (xmax = 0) AS first
 
 -- name: periodic_set_job
 -- The job the winner of a tick enqueued, in the claim's transaction.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 import psycopg
@@ -54,6 +54,10 @@ SD_WATCHDOG, RECONNECT, RENEW, REAP, STATS, RETENTION, PERIODIC = (
     "periodic",
 )
 PERIODIC_PERIOD = 1.0
+# A schedule seen for the first time enqueues its most recent tick only if that tick is
+# this recent (it fell due while the masters were running, a pass ago at most); an older
+# one is recorded as its starting point and the first job comes with the next tick.
+FIRST_TICK_GRACE = timedelta(seconds=2 * PERIODIC_PERIOD)
 
 
 class Duty(Protocol):
@@ -392,6 +396,14 @@ class Periodic:
             if result is False:
                 lost += 1
                 continue
+            if result is True:
+                log.info(
+                    "event=periodic_started name=%s tick=%s: a new schedule; its first job "
+                    "comes with its next tick",
+                    schedule.name,
+                    tick.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                )
+                continue
             enqueued += 1
             if self.metrics is not None:
                 self.metrics.periodic_enqueued.labels(schedule.name).inc()
@@ -415,8 +427,9 @@ class Periodic:
         tick: datetime,
         job: Any,
     ) -> uuid.UUID | bool:
-        """The id of the job enqueued for ``tick``, or False when another master (or an
-        earlier run) claimed this tick or a later one."""
+        """The id of the job enqueued for ``tick``; False when another master (or an
+        earlier run) claimed this tick or a later one; True when the schedule is new and
+        ``tick`` passed before it existed (claimed as its start, no job)."""
         try:
             with conn.transaction():
                 won = conn.execute(
@@ -424,6 +437,10 @@ class Periodic:
                 ).fetchone()
                 if won is None:
                     return False
+                if won[1] and self.clock() - tick > FIRST_TICK_GRACE:
+                    # A schedule never claimed before starts with its next tick: its
+                    # last one passed before it existed, so nothing was missed.
+                    return True
                 job_id, _ = produce.insert_checked(conn, job, self.declared)
                 conn.execute(Q.periodic_set_job, {"name": schedule.name, "job": job_id})
                 return job_id
