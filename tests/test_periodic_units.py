@@ -324,6 +324,27 @@ def test_duty_claims_each_tick_once_and_retries_when_the_database_is_away() -> N
     assert d.run_once(4)["lost"] == 0 and len(conns.calls) == 3
 
 
+def test_a_draining_master_enqueues_no_more_ticks() -> None:
+    clock = Clock(at(2026, 12, 1, 12, 0, 0, 100000))
+    draining = [False]
+    conns = FakeConns()
+    conns.answer = uuid.uuid4
+    d = Periodic(
+        conns,  # type: ignore[arg-type]
+        {"hb": sched(name="hb", every="1s")},
+        {},
+        load_settings(),
+        None,
+        clock=clock,
+        draining=lambda: draining[0],
+    )
+    assert d.run_once(0)["enqueued"] == 1
+    draining[0] = True
+    clock.now += timedelta(seconds=1)
+    assert d.run_once(1) == {"enqueued": 0, "lost": 0, "failed": 0}
+    assert conns.calls == ["periodic"]
+
+
 def test_duty_after_downtime_claims_only_the_most_recent_tick() -> None:
     clock = Clock(at(2026, 12, 1, 12))
     d, conns = duty({"hb": sched(name="hb", every="2s")}, clock)

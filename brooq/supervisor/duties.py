@@ -347,6 +347,7 @@ class Periodic:
         metrics: Metrics | None,
         clock: Callable[[], datetime] = _wall_clock,
         period: float = PERIODIC_PERIOD,
+        draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.conns = conns
         self.schedules = dict(schedules)
@@ -355,6 +356,9 @@ class Periodic:
         self.metrics = metrics
         self.clock = clock
         self.period = period
+        # A draining master enqueues no more ticks: the other masters, or this one's
+        # successor, take the next ones (the catch-up rule covers a gap).
+        self.draining = draining
         self.settled: dict[str, datetime] = {}  # name -> the last tick decided here
 
     def pending(self, now: datetime) -> list[tuple[periodic_mod.Schedule, datetime]]:
@@ -369,6 +373,8 @@ class Periodic:
 
     def run_once(self, now: float) -> Counts:
         enqueued = lost = failed = 0
+        if self.draining():
+            return {"enqueued": 0, "lost": 0, "failed": 0}
         for schedule, tick in self.pending(self.clock()):
             try:
                 job = periodic_mod.build_job(schedule, tick)

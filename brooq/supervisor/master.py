@@ -136,6 +136,7 @@ class Master:
                     {t: h.queue for t, h in queue.handlers.items()},
                     settings,
                     self.metrics,
+                    draining=lambda: self.fleet.stopping,
                 )
             )
         self.scheduler = Scheduler(duties, time.monotonic())
