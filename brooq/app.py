@@ -8,7 +8,7 @@ import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from brooq.errors import AppLoadError
+from brooq.errors import AppLoadError, InvalidSettings
 
 if TYPE_CHECKING:
     from brooq.queue import Queue
@@ -24,6 +24,12 @@ def load(spec: str) -> Queue:
         sys.path.insert(0, str(Path.cwd()))  # like `python -m`, the current directory imports
     try:
         module = importlib.import_module(module_name)
+    except InvalidSettings as exc:
+        # A bad schedule or handler option at registration: every problem, one each.
+        problems = [f"{module_name}: {p}" for p in exc.problems]
+        raise AppLoadError(
+            f"cannot import {module_name!r}: " + "; ".join(exc.problems), problems
+        ) from exc
     except Exception as exc:
         raise AppLoadError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
     obj = module

@@ -72,4 +72,10 @@ class InvalidTransition(BrooqError):
 
 
 class AppLoadError(BrooqError):
-    """``--app`` could not be imported or does not name a brooq.Queue."""
+    """``--app`` could not be imported or does not name a brooq.Queue. ``problems``: what
+    the import refused, one each, when it raised InvalidSettings (a bad schedule or
+    handler option at registration); else empty."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = list(problems or [])
+        super().__init__(message)

@@ -122,6 +122,11 @@ class Metrics:
         self.retention_deleted = Counter(
             "brooq_retention_deleted_total", "Terminal jobs deleted by retention", ["topic"]
         )
+        self.periodic_enqueued = Counter(
+            "brooq_periodic_enqueued_total",
+            "Periodic ticks enqueued, by schedule (counted by the master that won the tick)",
+            ["name"],
+        )
         # One label set per (queue, topic) that holds jobs or has a handler: queues x
         # topics at most, 5 series per pair. A pair whose jobs are gone reads 0.
         self.jobs = Gauge(

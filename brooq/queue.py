@@ -48,6 +48,7 @@ from brooq.job import (
     validate_queue,
     validate_topic,
 )
+from brooq.periodic import JobSpec, Schedule, build_schedule
 from brooq.sql import Q
 
 if TYPE_CHECKING:
@@ -170,6 +171,7 @@ class Queue:
         self.pool_size = pool_size
         self.handlers: dict[str, Handler] = {}
         self._declared: dict[str, str] = {}  # topic -> its handler's queue
+        self.schedules: dict[str, Schedule] = {}  # queue.periodic(...), by name
         self._pool: ConnectionPool[Any] | None = None
         self._pool_pid = 0
         # Fail early on unknown names and bad values given in code.
@@ -231,6 +233,28 @@ class Queue:
             return fn
 
         return register
+
+    def periodic(
+        self,
+        name: str,
+        cron: str | None = None,
+        every: Duration | None = None,
+        tz: str = "UTC",
+        job: JobSpec | None = None,
+    ) -> Schedule:
+        """Enqueue ``job`` once per tick, whatever the number of masters (brooq-master
+        runs the schedules). ``cron``: 5 fields or @hourly/@daily/@weekly/@monthly/
+        @yearly, whole minutes in ``tz`` (an IANA name); ``every``: a duration of at
+        least 1s, ticks at the multiples of it from the Unix epoch. ``job``: a brooq.Job,
+        or a callable taking the tick (an aware datetime in ``tz``) and returning one.
+        Each tick's job has the key ``periodic:<name>:<tick UTC, e.g.
+        2026-12-01T03:00:00Z>`` (a key the Job names is replaced). Every problem of the
+        call is raised at once, as InvalidSettings."""
+        schedule = build_schedule(
+            name, cron=cron, every=every, tz=tz, job=job, taken=self.schedules
+        )
+        self.schedules[schedule.name] = schedule
+        return schedule
 
     # -- connections -------------------------------------------------------------------
 

@@ -86,6 +86,11 @@ def main() -> int:
         env=env,
     )
     print(f"[demo] brooq-master pid {master.pid} with {args.workers} workers; Ctrl-C to stop")
+    print(
+        "[demo] periodic: a heartbeat job every 10 s, once per tick across masters "
+        "(brooq periodic --app demo_app:queue lists it)",
+        flush=True,
+    )
     started = time.monotonic()
     round_no = 0
     try:

@@ -194,6 +194,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0005_periodic\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0004_claim_limited\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0003_queues\n", out.stdout
@@ -227,6 +229,26 @@ def test_lease_expiries_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     assert shape() == before
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (100,)
+
+
+def test_periodic_up_and_down(empty_dsn: str) -> None:
+    """0005 adds brooq_periodic and nothing else (transactional); down drops exactly it,
+    the jobs untouched, and up works again."""
+    migrate.up(empty_dsn, 4)
+    before = brooq_objects(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 100)")
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 5)] == [("periodic", True)]
+    added = sorted(set(brooq_objects(empty_dsn)) - set(before))
+    assert "relation brooq_periodic" in added and "relation brooq_periodic_pkey" in added
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO brooq_periodic (name, last_tick) VALUES ('n', now())")
+    assert [m.name for m in migrate.down(empty_dsn)] == ["periodic"]
+    assert brooq_objects(empty_dsn) == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (100,)
+    migrate.up(empty_dsn, 5)
+    assert "relation brooq_periodic" in brooq_objects(empty_dsn)
 
 
 def job_shape(dsn: str) -> list[tuple[object, ...]]:

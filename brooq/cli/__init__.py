@@ -8,7 +8,8 @@ traceback.
 The commands live in rooms of their own, each registering on the group of
 brooq.cli.common: migrate (brooq.cli.migrate), jobs list|show, cancel, retry
 (brooq.cli.jobs), enqueue (brooq.cli.enqueue), stats (brooq.cli.stats), top
-(brooq.cli.top), queues [pause|resume NAME] (brooq.cli.queues).
+(brooq.cli.top), queues [pause|resume NAME] (brooq.cli.queues), periodic --app
+(brooq.cli.periodic).
 
 Owns: ``main``, the entry point of ``brooq`` and ``python -m brooq``: turning every
 error into one line on stderr and its exit code, and hiding --database from ps.
@@ -27,7 +28,15 @@ import psycopg
 from setproctitle import setproctitle
 
 from brooq import migrate as migrate_mod  # noqa: F401  (tests replace migrate_mod.script)
-from brooq.cli import enqueue, jobs, migrate, queues, stats, top  # noqa: F401  (they register)
+from brooq.cli import (  # noqa: F401  (they register)
+    enqueue,
+    jobs,
+    migrate,
+    periodic,
+    queues,
+    stats,
+    top,
+)
 from brooq.cli.common import cli
 from brooq.cli.jobs import show_lines
 from brooq.cli.stats import stats_lines

@@ -610,3 +610,27 @@ WHERE a.pid <> pg_backend_pid()
        OR EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.relation = to_regclass('job')))
 ORDER BY a.xact_start
 LIMIT 5
+
+-- name: periodic_claim
+-- A master claims a schedule's tick: the row moves forward only, so of N masters one gets
+-- the row back (it won the tick and enqueues its job in the same transaction); the others,
+-- and a master whose clock is behind (an older tick), get nothing. `first`: the row is
+-- new (xmax is 0 only for a row this statement inserted), i.e. the schedule was never
+-- claimed before.
+INSERT INTO brooq_periodic (name, last_tick)
+VALUES (%(name)s, %(tick)s)
+ON CONFLICT (name) DO UPDATE SET last_tick = EXCLUDED.last_tick, updated_at = now()
+WHERE brooq_periodic.last_tick < EXCLUDED.last_tick
+RETURNING name, (xmax = 0) AS first
+
+-- name: periodic_set_job
+-- The job the winner of a tick enqueued, in the claim's transaction.
+UPDATE brooq_periodic SET last_job = %(job)s WHERE name = %(name)s
+
+-- name: periodic_list
+-- `brooq periodic`: the last claimed tick of each named schedule and its job's state
+-- (NULL state with a last_job: retention deleted the job).
+SELECT p.name, p.last_tick, p.last_job, j.state
+FROM brooq_periodic p
+LEFT JOIN job j ON j.id = p.last_job
+WHERE p.name = ANY(%(names)s::text[])

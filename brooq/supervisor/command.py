@@ -128,7 +128,12 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
     try:
         queue = app_mod.load(app_spec)
     except AppLoadError as exc:
-        click.echo(f"brooq-master: {exc}", err=True)
+        if exc.problems:
+            click.echo("brooq-master: cannot start:", err=True)
+            for p in exc.problems:
+                click.echo(f"  - {p}", err=True)
+        else:
+            click.echo(f"brooq-master: {exc}", err=True)
         return 2
     problems: list[str] = []
     settings = None

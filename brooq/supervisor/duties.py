@@ -4,9 +4,12 @@ Owns the timing of everything the master does on a clock: the systemd watchdog p
 (twice per WatchdogSec), reconnecting the database (every pass while it is away), lease
 renewal (every lease/3; at once after a reconnection), the reaper (every
 effective_reaper_period, the first after 1 s), the job-count gauges (every stats_period,
-the first at once) and retention (every effective_retention_period, the first after at
-most 5 s). Each duty is a small object with its period and a ``run_once(now)`` returning
-counts; the statements they run are brooq.supervisor.maintenance's.
+the first at once), retention (every effective_retention_period, the first after at
+most 5 s) and the periodic schedules (every second, the first at once: Periodic, which
+claims a tick in brooq_periodic and enqueues its job in one transaction). Each duty is a
+small object with its period and a ``run_once(now)`` returning counts; the statements
+they run are brooq.supervisor.maintenance's (Periodic's own: periodic_claim and
+periodic_set_job, with brooq.produce's insert).
 
 The Scheduler is pure (its clock is the ``now`` it is given) and the duties must never
 wait: a duty that cannot reach the database returns nothing and runs again next period.
@@ -16,12 +19,17 @@ No duty ever touches a child's process: renewal only tells a child its lease is 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 import psycopg
 from psycopg.rows import dict_row
 
+from brooq import periodic as periodic_mod
+from brooq import produce
+from brooq.errors import BrooqError
 from brooq.ipc import protocol
 from brooq.metrics import Metrics
 from brooq.settings import Settings
@@ -36,14 +44,20 @@ log = logging.getLogger("brooq.master")
 
 Counts = dict[str, int]
 
-SD_WATCHDOG, RECONNECT, RENEW, REAP, STATS, RETENTION = (
+SD_WATCHDOG, RECONNECT, RENEW, REAP, STATS, RETENTION, PERIODIC = (
     "sd_watchdog",
     "reconnect",
     "renew",
     "reap",
     "stats",
     "retention",
+    "periodic",
 )
+PERIODIC_PERIOD = 1.0
+# A schedule seen for the first time enqueues its most recent tick only if that tick is
+# this recent (it fell due while the masters were running, a pass ago at most); an older
+# one is recorded as its starting point and the first job comes with the next tick.
+FIRST_TICK_GRACE = timedelta(seconds=2 * PERIODIC_PERIOD)
 
 
 class Duty(Protocol):
@@ -305,3 +319,139 @@ class Retention:
                 maintenance.RETENTION_MAX_BATCHES,
             )
         return {"deleted": sum(deleted.values()), "behind": int(more)}
+
+
+def _wall_clock() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Periodic:
+    """Enqueue each schedule's due tick (brooq.periodic.due_tick), once across every
+    master: the tick is claimed in brooq_periodic and its job inserted, with the key
+    periodic:<name>:<tick>, in one transaction on the maintenance connection.
+
+    ``clock``: the wall clock (ticks are instants, not monotonic times); tests inject
+    one. A tick this master already claimed, lost to another master or could not build
+    is not tried again; a tick it could not reach the database for is (the next pass
+    still finds it due while it is younger than one period)."""
+
+    name = PERIODIC
+    first_after = 0.0
+
+    def __init__(
+        self,
+        conns: Connections,
+        schedules: Mapping[str, periodic_mod.Schedule],
+        declared: Mapping[str, str],
+        settings: Settings,
+        metrics: Metrics | None,
+        clock: Callable[[], datetime] = _wall_clock,
+        period: float = PERIODIC_PERIOD,
+        draining: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.conns = conns
+        self.schedules = dict(schedules)
+        self.declared = dict(declared)
+        self.max_payload = settings.max_payload_bytes
+        self.metrics = metrics
+        self.clock = clock
+        self.period = period
+        # A draining master enqueues no more ticks: the other masters, or this one's
+        # successor, take the next ones (the catch-up rule covers a gap).
+        self.draining = draining
+        self.settled: dict[str, datetime] = {}  # name -> the last tick decided here
+
+    def pending(self, now: datetime) -> list[tuple[periodic_mod.Schedule, datetime]]:
+        """The (schedule, tick) pairs to try at ``now``: due and not decided here yet."""
+        out = []
+        for name, schedule in sorted(self.schedules.items()):
+            tick = periodic_mod.due_tick(schedule, now)
+            if tick is None or self.settled.get(name) == tick:
+                continue
+            out.append((schedule, tick))
+        return out
+
+    def run_once(self, now: float) -> Counts:
+        enqueued = lost = failed = 0
+        if self.draining():
+            return {"enqueued": 0, "lost": 0, "failed": 0}
+        for schedule, tick in self.pending(self.clock()):
+            try:
+                job = periodic_mod.build_job(schedule, tick)
+                produce.check_job(job, self.max_payload)
+            except (periodic_mod.PeriodicJobError, BrooqError, TypeError, ValueError) as exc:
+                # Not claimed: another master whose callable works may still enqueue it.
+                self.settled[schedule.name] = tick
+                failed += 1
+                log.error(
+                    "event=periodic_failed name=%s tick=%s error=%r: tick skipped",
+                    schedule.name,
+                    tick.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    str(exc),
+                )
+                continue
+            result = self.conns.with_db("periodic", self._claimer(schedule, tick, job))
+            if result is None:
+                if not self.conns.connected:  # the database is away: try again next pass
+                    return {"enqueued": enqueued, "lost": lost, "failed": failed}
+                # A statement refused (logged by with_db): skip this tick, not the others.
+                self.settled[schedule.name] = tick
+                failed += 1
+                continue
+            self.settled[schedule.name] = tick
+            if result is False:
+                lost += 1
+                continue
+            if result is True:
+                log.info(
+                    "event=periodic_started name=%s tick=%s: a new schedule; its first job "
+                    "comes with its next tick",
+                    schedule.name,
+                    tick.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                )
+                continue
+            enqueued += 1
+            if self.metrics is not None:
+                self.metrics.periodic_enqueued.labels(schedule.name).inc()
+            log.info(
+                "event=periodic_enqueued name=%s tick=%s job=%s",
+                schedule.name,
+                tick.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                result,
+            )
+        return {"enqueued": enqueued, "lost": lost, "failed": failed}
+
+    def _claimer(
+        self, schedule: periodic_mod.Schedule, tick: datetime, job: Any
+    ) -> Callable[[psycopg.Connection[Any]], uuid.UUID | bool]:
+        return lambda conn: self._claim(conn, schedule, tick, job)
+
+    def _claim(
+        self,
+        conn: psycopg.Connection[Any],
+        schedule: periodic_mod.Schedule,
+        tick: datetime,
+        job: Any,
+    ) -> uuid.UUID | bool:
+        """The id of the job enqueued for ``tick``; False when another master (or an
+        earlier run) claimed this tick or a later one; True when the schedule is new and
+        ``tick`` passed before it existed (claimed as its start, no job)."""
+        try:
+            with conn.transaction():
+                won = conn.execute(
+                    Q.periodic_claim, {"name": schedule.name, "tick": tick}
+                ).fetchone()
+                if won is None:
+                    return False
+                if won[1] and self.clock() - tick > FIRST_TICK_GRACE:
+                    # A schedule never claimed before starts with its next tick: its
+                    # last one passed before it existed, so nothing was missed.
+                    return True
+                job_id, _ = produce.insert_checked(conn, job, self.declared)
+                conn.execute(Q.periodic_set_job, {"name": schedule.name, "job": job_id})
+                return job_id
+        except BrooqError as exc:
+            log.error(
+                "event=periodic_failed name=%s error=%r: tick skipped", schedule.name, str(exc)
+            )
+            return False

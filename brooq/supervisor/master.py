@@ -14,7 +14,9 @@ It must never block on a client or a child: every descriptor is non-blocking and
 for in the one select, whose timeout is the nearest deadline. It must never hold a lock
 or start a thread, because it forks (a lock held across fork stays held in the child for
 ever), and never run application code: the application is imported once, before the
-first fork, and no handler or hook runs here.
+first fork, and no handler or hook runs here. The one exception is a periodic schedule's
+``job`` callable (queue.periodic), called by the Periodic duty once per tick to build the
+tick's Job; docs/design.md, "Departures", says why and what it must not do.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties import (
     RENEW,
     Duty,
+    Periodic,
     Reaper,
     Reconnect,
     Renewal,
@@ -125,6 +128,17 @@ class Master:
             ),
             Retention(self.conns, settings, self.metrics),
         ]
+        if queue.schedules:
+            duties.append(
+                Periodic(
+                    self.conns,
+                    queue.schedules,
+                    {t: h.queue for t, h in queue.handlers.items()},
+                    settings,
+                    self.metrics,
+                    draining=lambda: self.fleet.stopping,
+                )
+            )
         self.scheduler = Scheduler(duties, time.monotonic())
 
     # -- life cycle --------------------------------------------------------------------------
