@@ -3,7 +3,7 @@
 Renders are bulk work in the "bulk" queue; the master works `--queues default=3,bulk=1`,
 so the default queue leads three claim rounds of four. Flaky calls share a fragile
 upstream: `global_limit=1` keeps them to one at a time across every master. A heartbeat
-runs every 10 s, once per tick however many masters run (queue.periodic)."""
+runs every 3 s, once per tick however many masters run (queue.periodic)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import random
 import brooq
 
 queue = brooq.Queue()
-# Once per 10 s tick across every master: the tick's key is periodic:heartbeat:<tick>.
-queue.periodic("heartbeat", every="10s", job=brooq.Job("demo.notify", {"heartbeat": True}))
+# Once per 3 s tick across every master: the tick's key is periodic:heartbeat:<tick>.
+queue.periodic("heartbeat", every="3s", job=brooq.Job("demo.notify", {"heartbeat": True}))
 
 
 @queue.handler("demo.render", queue="bulk", max_execution_timeout="30s")

@@ -87,7 +87,7 @@ def main() -> int:
     )
     print(f"[demo] brooq-master pid {master.pid} with {args.workers} workers; Ctrl-C to stop")
     print(
-        "[demo] periodic: a heartbeat job every 10 s, once per tick across masters "
+        "[demo] periodic: a heartbeat job every 3 s, once per tick across masters "
         "(brooq periodic --app demo_app:queue lists it)",
         flush=True,
     )
