@@ -114,7 +114,7 @@ def transition_refusal(action: Transition, state: str, job_id: object = None) ->
     return f"cannot {action} job {job_id}: it is {state}; {transition_rule(action)}"
 
 
-def _validate_name(value: object, field: str, error: type[InvalidJob]) -> str:
+def validate_name(value: object, field: str, error: type[InvalidJob]) -> str:
     if not isinstance(value, str):
         raise error(f"{field} must be a string, not {type(value).__name__}")
     if len(value) > TOPIC_MAX_LENGTH:
@@ -130,12 +130,12 @@ def _validate_name(value: object, field: str, error: type[InvalidJob]) -> str:
 
 
 def validate_topic(topic: object) -> str:
-    return _validate_name(topic, "topic", InvalidTopic)
+    return validate_name(topic, "topic", InvalidTopic)
 
 
 def validate_queue(queue: object) -> str:
     """A queue name: the topic rule, errors naming ``queue``."""
-    return _validate_name(queue, "queue", InvalidQueue)
+    return validate_name(queue, "queue", InvalidQueue)
 
 
 def validate_priority(priority: object) -> int:

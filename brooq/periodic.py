@@ -28,7 +28,7 @@ from cronsim import CronSim, CronSimError
 
 from brooq.durations import format_seconds, to_seconds
 from brooq.errors import InvalidJob, InvalidSettings, InvalidTopic
-from brooq.job import Job, _validate_name
+from brooq.job import Job, validate_name
 
 JobSpec = Job | Callable[[datetime], Job]
 
@@ -87,7 +87,7 @@ def build_schedule(
     problems: list[str] = []
     label = repr(name) if isinstance(name, str) else "?"
     try:
-        _validate_name(name, "name", InvalidTopic)
+        validate_name(name, "name", InvalidTopic)
     except InvalidJob as exc:
         problems.append(f"periodic {label}: {exc}")
     else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg.rows import class_row, scalar_row
@@ -24,6 +24,9 @@ from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, Job, check_payload_size
 from brooq.sql import Q
+
+if TYPE_CHECKING:
+    from brooq.handlers import Handler
 
 Target = psycopg.Connection[Any] | psycopg.Cursor[Any]
 AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
@@ -63,24 +66,28 @@ def check_jobs(jobs: Iterable[object], max_payload_bytes: int) -> list[Job]:
     return checked
 
 
-# Topic -> the queue its handler declares (a Queue's handlers); empty for brooq.enqueue.
-Declared = Mapping[str, str]
-_NONE_DECLARED: Declared = {}
+# A Queue's handlers by topic (their queue is where a job naming none goes); empty for
+# brooq.enqueue, which knows no handlers.
+Handlers = Mapping[str, "Handler"]
+_NO_HANDLERS: Handlers = {}
 
 
-def queue_of(job: Job, declared: Declared) -> str:
+def queue_of(job: Job, handlers: Handlers) -> str:
     """The queue a job goes to: its own, else its handler's, else "default"."""
-    return job.queue or declared.get(job.topic) or DEFAULT_QUEUE
+    if job.queue:
+        return job.queue
+    handler = handlers.get(job.topic)
+    return handler.queue if handler is not None else DEFAULT_QUEUE
 
 
-def _params(job: Job, job_id: uuid.UUID, declared: Declared) -> dict[str, Any]:
+def _params(job: Job, job_id: uuid.UUID, handlers: Handlers) -> dict[str, Any]:
     return {
         "id": job_id,
         "topic": job.topic,
         "payload": job.payload_json,
         "key": job.idempotency_key,
         "available_at": job.available_at,
-        "queue": queue_of(job, declared),
+        "queue": queue_of(job, handlers),
         "priority": job.priority,
     }
 
@@ -112,13 +119,13 @@ def enqueue(
 
 
 def insert_checked(
-    target: Target, job: Job, declared: Declared = _NONE_DECLARED
+    target: Target, job: Job, handlers: Handlers = _NO_HANDLERS
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue`` for a job that check_job has passed."""
     try:
         with _cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
-                inserted = cur.execute(Q.job_insert, _params(job, uuid7(), declared)).fetchone()
+                inserted = cur.execute(Q.job_insert, _params(job, uuid7(), handlers)).fetchone()
                 if inserted is not None:
                     return inserted, True
                 existing = cur.execute(
@@ -142,7 +149,7 @@ async def enqueue_async(
     try:
         async with _async_cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
-                await cur.execute(Q.job_insert, _params(job, uuid7(), _NONE_DECLARED))
+                await cur.execute(Q.job_insert, _params(job, uuid7(), _NO_HANDLERS))
                 inserted = await cur.fetchone()
                 if inserted is not None:
                     return inserted, True
@@ -173,7 +180,7 @@ def enqueue_many(
 
 
 def insert_many_checked(
-    target: Target, checked: list[Job], declared: Declared = _NONE_DECLARED
+    target: Target, checked: list[Job], handlers: Handlers = _NO_HANDLERS
 ) -> list[tuple[uuid.UUID, bool]]:
     """``enqueue_many`` for jobs that check_job has passed."""
     if not checked:
@@ -182,14 +189,14 @@ def insert_many_checked(
     try:
         with _cursor(target) as cur:
             if any(job.idempotency_key is not None for job in checked):
-                return _insert_many(cur, checked, ids, declared)
-            return _copy_many(cur, checked, ids, declared)
+                return _insert_many(cur, checked, ids, handlers)
+            return _copy_many(cur, checked, ids, handlers)
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
 
 
 def _copy_many(
-    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], declared: Declared
+    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
 ) -> list[tuple[uuid.UUID, bool]]:
     """Jobs without keys cannot conflict: COPY them (ready ones and scheduled ones apart,
     so that "ready now" is the server's now(), never the client's clock)."""
@@ -199,20 +206,20 @@ def _copy_many(
     if ready:
         with cur.copy(Q.job_copy_ready) as copy:
             for job_id, job in ready:
-                row = (job_id, job.topic, job.payload_json, queue_of(job, declared), job.priority)
+                row = (job_id, job.topic, job.payload_json, queue_of(job, handlers), job.priority)
                 copy.write_row(row)
     if len(ready) < len(checked):
         with cur.copy(Q.job_copy_scheduled) as copy:
             for job_id, job in zip(ids, checked, strict=True):
                 if job.available_at is not None:
-                    queue = queue_of(job, declared)
+                    queue = queue_of(job, handlers)
                     at = job.available_at
                     copy.write_row((job_id, job.topic, job.payload_json, at, queue, job.priority))
     return [(job_id, True) for job_id in ids]
 
 
 def _insert_many(
-    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], declared: Declared
+    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
 ) -> list[tuple[uuid.UUID, bool]]:
     cur.execute(
         Q.job_insert_many,
@@ -222,7 +229,7 @@ def _insert_many(
             "payloads": [j.payload_json for j in checked],
             "keys": [j.idempotency_key for j in checked],
             "available_ats": [j.available_at for j in checked],
-            "queues": [queue_of(j, declared) for j in checked],
+            "queues": [queue_of(j, handlers) for j in checked],
             "priorities": [j.priority for j in checked],
         },
     )

@@ -170,7 +170,6 @@ class Queue:
         self._settings: settings_mod.Settings | None = None
         self.pool_size = pool_size
         self.handlers: dict[str, Handler] = {}
-        self._declared: dict[str, str] = {}  # topic -> its handler's queue
         self.schedules: dict[str, Schedule] = {}  # queue.periodic(...), by name
         self._pool: ConnectionPool[Any] | None = None
         self._pool_pid = 0
@@ -229,7 +228,6 @@ class Queue:
                 queue=queue,
                 global_limit=global_limit,
             )
-            self._declared[topic] = queue
             return fn
 
         return register
@@ -331,7 +329,7 @@ class Queue:
         with self.connection() as conn:
             conn.autocommit = True
             try:
-                return producer.insert_checked(conn, checked, self._declared)
+                return producer.insert_checked(conn, checked, self.handlers)
             finally:
                 # The pool hands out transactional connections; a broken one it drops.
                 with contextlib.suppress(psycopg.Error):
@@ -343,7 +341,7 @@ class Queue:
         ("job 3: ..."), and nothing is inserted."""
         checked = producer.check_jobs(jobs, self._max_payload)  # before any I/O
         with self.transaction() as conn:
-            return producer.insert_many_checked(conn, checked, self._declared)
+            return producer.insert_many_checked(conn, checked, self.handlers)
 
     # -- reading and operating -----------------------------------------------------------
 

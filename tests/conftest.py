@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import conninfo, sql
+from psycopg.rows import dict_row
 
 import brooq
 from brooq import migrate
@@ -148,3 +149,24 @@ def private_server() -> Iterator[pgserver.PrivateServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def connect(dsn: str) -> Iterator[Callable[..., psycopg.Connection[Any]]]:
+    """Open more connections to the test database; each waits at most 5 s for a lock, so a
+    claim that blocks instead of skipping fails the test instead of hanging it."""
+    opened: list[psycopg.Connection[Any]] = []
+
+    def open_one(*, autocommit: bool = True) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] = psycopg.connect(
+            dsn, autocommit=autocommit, row_factory=dict_row
+        )
+        conn.execute("SET lock_timeout = '5s'")
+        if not autocommit:
+            conn.commit()
+        opened.append(conn)
+        return conn
+
+    yield open_one
+    for conn in opened:
+        conn.close()

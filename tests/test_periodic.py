@@ -115,16 +115,18 @@ def test_duty_on_real_connections_and_a_clock_behind(dsn: str, db: psycopg.Conne
     claims first; the one behind never enqueues a tick the other already passed, and a
     rolled-back claim leaves neither row nor job. Retention deleting the job changes
     nothing: the tick stays claimed in brooq_periodic."""
-    schedules = {"hb": brooq.Queue(dsn).periodic("hb", every="1s", job=brooq.Job("p.tick"))}
+    app = brooq.Queue(dsn)
+    app.handler("p.tick", queue="ticks")(print)
+    schedules = {"hb": app.periodic("hb", every="1s", job=brooq.Job("p.tick"))}
     now = [datetime(2026, 12, 1, 12, tzinfo=UTC)]
     settings = load_settings()
     ahead = Periodic(
-        _connections(dsn), schedules, {"p.tick": "ticks"}, settings, None, clock=lambda: now[0]
+        _connections(dsn), schedules, app.handlers, settings, None, clock=lambda: now[0]
     )
     behind = Periodic(
         _connections(dsn),
         schedules,
-        {"p.tick": "ticks"},
+        app.handlers,
         settings,
         None,
         clock=lambda: now[0] - timedelta(seconds=3),

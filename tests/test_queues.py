@@ -8,7 +8,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -24,21 +24,6 @@ from brooq.worker.weights import RoundOrder, worked_queues
 
 Conn = psycopg.Connection[Any]
 LEASE = 30.0
-
-
-@pytest.fixture
-def connect(dsn: str) -> Iterator[Callable[..., Conn]]:
-    opened: list[Conn] = []
-
-    def open_one() -> Conn:
-        conn: Conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
-        conn.execute("SET lock_timeout = '5s'")
-        opened.append(conn)
-        return conn
-
-    yield open_one
-    for conn in opened:
-        conn.close()
 
 
 @pytest.fixture

@@ -9,13 +9,12 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from brooq.queue import transition_params
 from brooq.sql import Q
@@ -24,25 +23,6 @@ Conn = psycopg.Connection[Any]
 Row = dict[str, Any]
 
 LEASE = 30.0
-
-
-@pytest.fixture
-def connect(dsn: str) -> Iterator[Callable[..., Conn]]:
-    """Open more connections to the test database; each waits at most 5 s for a lock, so a
-    claim that blocks instead of skipping fails the test instead of hanging it."""
-    opened: list[Conn] = []
-
-    def open_one(*, autocommit: bool = True) -> Conn:
-        conn: Conn = psycopg.connect(dsn, autocommit=autocommit, row_factory=dict_row)
-        conn.execute("SET lock_timeout = '5s'")
-        if not autocommit:
-            conn.commit()
-        opened.append(conn)
-        return conn
-
-    yield open_one
-    for conn in opened:
-        conn.close()
 
 
 @pytest.fixture

@@ -46,36 +46,30 @@ def record(job: str, kind: str, t: float, cpu: float | None = None) -> None:
     )
 
 
-_events_fd = -1
-_events_pid = 0
+_files: dict[tuple[int, str], int] = {}  # (pid, suffix) -> an O_APPEND descriptor
+
+
+def _append(suffix: str, line: str) -> None:
+    """One line to this process's own file in BENCH_EVENTS_DIR (opened once per process:
+    a forked child gets a file of its own)."""
+    key = (os.getpid(), suffix)
+    fd = _files.get(key)
+    if fd is None:
+        path = os.path.join(os.environ["BENCH_EVENTS_DIR"], f"{key[0]}.{suffix}")
+        fd = _files[key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, line.encode())
 
 
 def record_cpu(job: str, started: float, ended: float, cpu: float) -> None:
     """Both times of a CPU-bound job as one line: job,start,end,cpu,pid."""
-    global _events_fd, _events_pid
-    pid = os.getpid()
-    if _events_pid != pid:
-        path = os.path.join(os.environ["BENCH_EVENTS_DIR"], f"{pid}.csv")
-        _events_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        _events_pid = pid
-    os.write(_events_fd, f"{job},{started!r},{ended!r},{cpu!r},{pid}\n".encode())
-
-
-_spans_fd = -1
-_spans_pid = 0
+    _append("csv", f"{job},{started!r},{ended!r},{cpu!r},{os.getpid()}\n")
 
 
 def record_span(job: str, started_ns: int, ended_ns: int) -> None:
     """A job's start and end (time.time_ns(), one host) as one line
     job,start,end,pid,ppid in a .spans file of its own process (the priority and limited
     workloads; the parent is the child's master)."""
-    global _spans_fd, _spans_pid
-    pid = os.getpid()
-    if _spans_pid != pid:
-        path = os.path.join(os.environ["BENCH_EVENTS_DIR"], f"{pid}.spans")
-        _spans_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        _spans_pid = pid
-    os.write(_spans_fd, f"{job},{started_ns},{ended_ns},{pid},{os.getppid()}\n".encode())
+    _append("spans", f"{job},{started_ns},{ended_ns},{os.getpid()},{os.getppid()}\n")
 
 
 def hang_forever() -> None:

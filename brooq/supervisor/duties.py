@@ -342,7 +342,7 @@ class Periodic:
         self,
         conns: Connections,
         schedules: Mapping[str, periodic_mod.Schedule],
-        declared: Mapping[str, str],
+        handlers: produce.Handlers,
         settings: Settings,
         metrics: Metrics | None,
         clock: Callable[[], datetime] = _wall_clock,
@@ -351,7 +351,7 @@ class Periodic:
     ) -> None:
         self.conns = conns
         self.schedules = dict(schedules)
-        self.declared = dict(declared)
+        self.handlers = dict(handlers)
         self.max_payload = settings.max_payload_bytes
         self.metrics = metrics
         self.clock = clock
@@ -447,7 +447,7 @@ class Periodic:
                     # A schedule never claimed before starts with its next tick: its
                     # last one passed before it existed, so nothing was missed.
                     return True
-                job_id, _ = produce.insert_checked(conn, job, self.declared)
+                job_id, _ = produce.insert_checked(conn, job, self.handlers)
                 conn.execute(Q.periodic_set_job, {"name": schedule.name, "job": job_id})
                 return job_id
         except BrooqError as exc:

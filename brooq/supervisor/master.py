@@ -133,7 +133,7 @@ class Master:
                 Periodic(
                     self.conns,
                     queue.schedules,
-                    {t: h.queue for t, h in queue.handlers.items()},
+                    queue.handlers,
                     settings,
                     self.metrics,
                     draining=lambda: self.fleet.stopping,

@@ -136,7 +136,7 @@ class Child:
             (t, h.global_limit) for t, h in self.handlers.items() if h.global_limit is not None
         )
         self.order = RoundOrder(worked_queues(self.settings.queues, self.handlers))
-        self.outcomes.declared = {t: h.queue for t, h in self.handlers.items()}
+        self.outcomes.handlers = self.handlers
         self.link.start()
         self.link.update_title()
         self._tell({"ready": 1})

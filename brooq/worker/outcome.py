@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -27,7 +26,7 @@ from brooq import logs
 from brooq.handlers import Policy
 from brooq.ipc.board import Board
 from brooq.job import Claim
-from brooq.produce import check_jobs, insert_many_checked
+from brooq.produce import Handlers, check_jobs, insert_many_checked
 from brooq.settings import Settings
 from brooq.sql import Q
 from brooq.worker import execute
@@ -52,8 +51,8 @@ class OutcomeWriter:
     ) -> None:
         self.identity = identity
         self.settings = settings
-        # Topic -> its handler's queue, for chained jobs given no queue (the Child sets it).
-        self.declared: Mapping[str, str] = {}
+        # The child's handlers: a chained job naming no queue goes to its handler's.
+        self.handlers: Handlers = {}
         self.connection = connection
         self.state = state
         self.board = board
@@ -138,7 +137,7 @@ class OutcomeWriter:
                 if cur.rowcount == 0:
                     raise _NotOurs
                 checked = check_jobs(claim.chained, self.settings.max_payload_bytes)
-                insert_many_checked(conn, checked, self.declared)
+                insert_many_checked(conn, checked, self.handlers)
                 if claim.success_hooks:
                     conn.execute(Q.session_planner_defaults)
                     self.board.hooks_running(True)  # the stall rule leaves us alone
