@@ -237,6 +237,37 @@ def test_sighup_reloads_changed_handler_code(
     assert m.wait() == 0
 
 
+def test_sigterm_to_a_child_just_forked_does_not_drain_the_master(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, tmp_path: Path
+) -> None:
+    """Between fork and the child's own signal set-up, the child still has the master's
+    handlers and wakeup fd: a SIGTERM it got there (the master stopping a reload that
+    failed, an operator's kill) used to reach the master's pipe and drain the master. The
+    application's at-fork hook (libraries register them) makes that window wide here."""
+    (tmp_path / "slow_fork_app.py").write_text(
+        textwrap.dedent(
+            """
+            import os, time, brooq
+            queue = brooq.Queue()
+            os.register_at_fork(after_in_child=lambda: time.sleep(0.5))
+
+            @queue.handler("t.forked")
+            def forked(claim):
+                pass
+            """
+        )
+    )
+    m = start_master(workers=1, app="slow_fork_app:queue", cwd=tmp_path)
+    first = wait_for(m.children, what="a child forked")[0]
+    os.kill(first, signal.SIGTERM)  # inside its at-fork hook
+    wait_for(lambda: not process_alive(first), what="the child ended")
+    job_id, _ = queue.enqueue(brooq.Job("t.forked"))
+    wait_for(lambda: row(db, job_id)[0] == "done", what="a new child ran the job")
+    assert "event=drain_started" not in m.log()
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
 def test_reload_loses_and_repeats_nothing(
     queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
 ) -> None:

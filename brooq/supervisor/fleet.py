@@ -60,9 +60,21 @@ from brooq.supervisor.settlement import (
 from brooq.worker.child import main as child_main
 from brooq.worker.config import ChildConfig, identity_for
 
-__all__ = ["Fleet", "ForkSpec"]
+__all__ = ["MASTER_SIGNALS", "Fleet", "ForkSpec"]
 
 log = logging.getLogger("brooq.master")
+
+
+# What the master catches (each handler only wakes its loop); blocked across a fork.
+MASTER_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGHUP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+    signal.SIGCHLD,
+)
 
 
 @dataclass(frozen=True)
@@ -169,10 +181,16 @@ class Fleet:
         stack_file = str(self.runtime_dir / f"stack-{identity_tag}.txt")
         reload_baseline = spec.baseline if self.generation > 0 else None
         board = Board()
+        # Until the child has its own signal set-up it has the master's handlers and wakeup
+        # fd: a signal it got there would wake the master as if the master had got it (a
+        # SIGTERM meant for the child drained the master) and be lost to the child. Blocked
+        # across fork, it stays pending in the child until the child's defaults are in place.
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, MASTER_SIGNALS)
         pid = os.fork()
         if pid == 0:  # the child: never returns
             try:
                 self._in_child_after_fork(close=[c2m_r, m2c_w])
+                signal.pthread_sigmask(signal.SIG_SETMASK, masked)
                 child_main(
                     ChildConfig(
                         identity=identity_for(os.getpid(), identity_tag),
@@ -190,6 +208,7 @@ class Fleet:
                 )
             finally:
                 os._exit(EXIT_BOOT_ERROR)
+        signal.pthread_sigmask(signal.SIG_SETMASK, masked)
         os.close(c2m_w)
         os.close(m2c_r)
         os.set_blocking(c2m_r, False)

@@ -52,7 +52,7 @@ from brooq.supervisor.duties import (
     Stats,
 )
 from brooq.supervisor.enforce import Enforcer
-from brooq.supervisor.fleet import Fleet, ForkSpec
+from brooq.supervisor.fleet import MASTER_SIGNALS, Fleet, ForkSpec
 from brooq.supervisor.ops import OpsServer
 from brooq.supervisor.sdnotify import Notifier
 
@@ -60,15 +60,6 @@ log = logging.getLogger("brooq.master")
 
 EXIT_FATAL = 3
 WATCHDOG_TICK = 0.1
-SIGNALS = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGQUIT,
-    signal.SIGHUP,
-    signal.SIGTTIN,
-    signal.SIGTTOU,
-    signal.SIGCHLD,
-)
 
 
 class Master:
@@ -148,7 +139,7 @@ class Master:
         for fd in (self.sig_r, self.sig_w):
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(self.sig_w, warn_on_full_buffer=False)
-        for signum in SIGNALS:
+        for signum in MASTER_SIGNALS:
             signal.signal(signum, _wake_only)
         self._title()
         gc.freeze()  # what the app imported stays in shared copy-on-write pages
