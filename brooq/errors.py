@@ -27,6 +27,16 @@ class InvalidPayload(InvalidJob):
     """The payload cannot be stored as JSON, or is too large."""
 
 
+class PayloadMismatch(InvalidPayload):
+    """The payload does not fit the type its handler declares (``payload=Model``); the
+    message names the field (``payload.user_id``) and the type expected."""
+
+
+class InvalidResult(InvalidJob):
+    """What a handler returned cannot be stored: not JSON-serialisable, or too large. It
+    fails the attempt."""
+
+
 class InvalidIdempotencyKey(InvalidJob):
     """The idempotency key cannot be stored."""
 
@@ -65,6 +75,10 @@ class MigrationError(BrooqError):
 
 class JobNotFound(BrooqError, LookupError):
     """No job has the given id (it never existed, or retention deleted it)."""
+
+
+class WaitTimeout(BrooqError, TimeoutError):
+    """queue.wait() gave up: the job did not end within the timeout."""
 
 
 class InvalidTransition(BrooqError):

@@ -328,6 +328,9 @@ JOB_COLUMNS = (
     "lease_expiries",  # 0002: the reaper counts expiries (a `migrate sql` schema too)
     "queue",  # 0003
     "priority",  # 0003
+    "result",  # 0006
+    "errors",  # 0006
+    "waited",  # 0006
 )
 
 

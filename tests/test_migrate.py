@@ -84,9 +84,20 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "lease_expiries",
         "queue",
         "priority",
+        "result",
+        "errors",
+        "waited",
     ]
     nullable = {c[0] for c in columns if c[2] == "YES"}
-    assert nullable == {"locked_by", "locked_until", "last_error", "idempotency_key"}
+    assert nullable == {
+        "locked_by",
+        "locked_until",
+        "last_error",
+        "idempotency_key",
+        "result",
+        "errors",
+        "waited",
+    }
     assert {
         "job_pkey",
         "job_topic_idempotency_key_key",
@@ -194,6 +205,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0006_handlers\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0005_periodic\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0004_claim_limited\n", out.stdout
@@ -297,6 +310,42 @@ def test_queues_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         assert conn.execute("SELECT max(version) FROM brooq_migration").fetchone() == (2,)
     migrate.up(empty_dsn, 3)
     assert job_shape(empty_dsn) == after
+
+
+def test_handlers_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0006 adds result, errors and waited (nullable, no default) and the waited trigger
+    to a table that holds jobs; down gives back exactly 0005's schema, rows included, and
+    up again the same as the first time."""
+
+    def schema() -> tuple[list[tuple[object, ...]], list[str]]:
+        return job_shape(empty_dsn), brooq_objects(empty_dsn)
+
+    migrate.up(empty_dsn, 5)
+    before = schema()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 500)")
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 6)] == [
+        ("handlers", False)
+    ]
+    after = schema()
+    assert "trigger job_waited_notify" in after[1]
+    assert "function brooq_job_waited_notify" in after[1]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT count(*), count(result), count(errors), count(waited) FROM job"
+        ).fetchone() == (500, 0, 0, 0)
+        # The trigger notifies the end of a waited job, and only of one.
+        conn.execute("LISTEN brooq_outcome")
+        ids = [r[0] for r in conn.execute("SELECT id FROM job ORDER BY id LIMIT 2")]
+        conn.execute("UPDATE job SET waited = true WHERE id = %s", (ids[0],))
+        conn.execute("UPDATE job SET state = 'done' WHERE id = ANY(%s)", (ids,))
+        assert [n.payload for n in conn.notifies(timeout=1, stop_after=2)] == [str(ids[0])]
+    assert [m.name for m in migrate.down(empty_dsn)] == ["handlers"]
+    assert schema() == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (500,)
+    migrate.up(empty_dsn, 6)
+    assert schema() == after
 
 
 def test_a_failed_concurrent_build_is_rebuilt(empty_dsn: str) -> None:
