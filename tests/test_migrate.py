@@ -324,9 +324,7 @@ def test_handlers_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     before = schema()
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 500)")
-    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 6)] == [
-        ("handlers", False)
-    ]
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 6)] == [("handlers", False)]
     after = schema()
     assert "trigger job_waited_notify" in after[1]
     assert "function brooq_job_waited_notify" in after[1]
