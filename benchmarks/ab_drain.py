@@ -2,7 +2,9 @@
 
     python benchmarks/ab_drain.py --dsn ADMIN_DSN [--jobs 100000] [--rounds 5] TREE TREE ...
 
-Each TREE is a checkout (e.g. a `git worktree` of the commit before a change). A round
+Each TREE is a checkout (e.g. a `git worktree` of the commit before a change), optionally
+followed by environment for its master: `TREE,BENCH_MIDDLEWARE=1` drains with one no-op
+middleware registered by the benchmark app (the same tree may be given twice). A round
 drains JOBS ready no-op jobs with `brooq-master --workers 2` of every tree in turn, each in
 a fresh database (the migrations of the brooq that runs this script, a superset of the
 older trees' schema), and reports the jobs/s from the first finished job to the last and
@@ -28,7 +30,9 @@ from brooq import migrate
 from psycopg import conninfo, sql
 
 
-def drain_once(admin: str, tree: Path, jobs: int) -> tuple[float, float]:
+def drain_once(
+    admin: str, tree: Path, jobs: int, extra_env: dict[str, str]
+) -> tuple[float, float]:
     name = f"brooq_ab_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -46,6 +50,7 @@ def drain_once(admin: str, tree: Path, jobs: int) -> tuple[float, float]:
             PYTHONPATH=os.pathsep.join([str(tree / "benchmarks" / "apps"), str(tree)]),
             QUEUE_OPS_ADDR="127.0.0.1:0",
         )
+        env.update(extra_env)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         master = subprocess.Popen(
             [
@@ -92,12 +97,14 @@ def main() -> None:
     ap.add_argument("--dsn", required=True, help="admin DSN (CREATE DATABASE)")
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("trees", nargs="+", type=Path)
+    ap.add_argument("trees", nargs="+", help="TREE or TREE,NAME=VALUE,...")
     args = ap.parse_args()
-    results: dict[Path, list[tuple[float, float]]] = {t: [] for t in args.trees}
+    results: dict[str, list[tuple[float, float]]] = {t: [] for t in args.trees}
     for rnd in range(args.rounds):
         for tree in args.trees:
-            rate, cpu = drain_once(args.dsn, tree.resolve(), args.jobs)
+            path, *assignments = tree.split(",")
+            extra = dict(a.split("=", 1) for a in assignments)
+            rate, cpu = drain_once(args.dsn, Path(path).resolve(), args.jobs, extra)
             results[tree].append((rate, cpu))
             print(f"round {rnd} {tree}: {rate:,.0f} jobs/s, {cpu:.1f} us CPU/job", flush=True)
     for tree, runs in results.items():

@@ -9,11 +9,13 @@ for settings too).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-from brooq import limits
+from brooq import limits, payloads
 from brooq.durations import Duration, to_seconds, too_long
 from brooq.errors import InvalidJob, InvalidSettings
 from brooq.job import DEFAULT_QUEUE, validate_queue, validate_topic
@@ -22,7 +24,11 @@ if TYPE_CHECKING:
     from brooq.job import Claim
     from brooq.settings import Settings
 
-HandlerFn = Callable[["Claim"], None]
+HandlerFn = Callable[["Claim[Any]"], Any]
+# fn(claim, call_next) -> what call_next(claim) returned (or raise).
+Middleware = Callable[["Claim[Any]", HandlerFn], Any]
+# fn(attempt, exc) -> the delay before the next attempt, or None: no more attempts.
+RetryPolicy = Callable[[int, BaseException], "timedelta | None"]
 MAX_ATTEMPTS = 2**31 - 1  # the job's attempts column is a PostgreSQL integer
 MAX_GLOBAL_LIMIT = 2**31 - 1  # bound as a PostgreSQL integer
 _LIMITS = limits.NAMES  # attempt_timeout, max_execution_timeout, backoff_base, backoff_max
@@ -53,6 +59,10 @@ class Handler:
     # Queue that has this handler), and the fleet-wide cap on its processing jobs.
     queue: str = DEFAULT_QUEUE
     global_limit: int | None = None
+    # payload=Model: claim.payload is decoded to it before the middleware runs.
+    codec: payloads.Codec | None = None
+    middleware: tuple[Middleware, ...] = ()  # this topic's, inside the Queue's
+    retry: RetryPolicy | None = None
 
     def policy(self, settings: Settings) -> Policy:
         """The options given at registration, the queue's settings for the others (a
@@ -86,12 +96,30 @@ def build(
     backoff_max: Duration | None,
     queue: str = DEFAULT_QUEUE,
     global_limit: int | None = None,
+    payload: object = None,
+    middleware: Sequence[Middleware] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Handler:
     """Validate what was given at registration and return the Handler."""
     validate_topic(topic)
     problems: list[str] = []
     if not callable(fn):
         problems.append(f"{topic}: the handler must be callable")
+    codec = None
+    if payload is not None:
+        try:
+            codec = payloads.codec_for(payload)
+        except ValueError as exc:
+            problems.append(f"{topic}: payload: {exc}")
+    layers = tuple(middleware or ())
+    for i, layer in enumerate(layers):
+        problem = callable_problem(layer, 2, "fn(claim, call_next)")
+        if problem:
+            problems.append(f"{topic}: middleware[{i}] {problem}")
+    if retry is not None:
+        problem = callable_problem(retry, 2, "fn(attempt, exc)")
+        if problem:
+            problems.append(f"{topic}: retry {problem}")
     try:
         validate_queue(queue)
     except InvalidJob as exc:
@@ -145,5 +173,22 @@ def build(
         max_attempts=max_attempts,
         queue=queue,
         global_limit=global_limit,
+        codec=codec,
+        middleware=layers,
+        retry=retry,
         **seconds,
     )
+
+
+def callable_problem(fn: object, arity: int, shape: str) -> str | None:
+    """Why ``fn`` cannot be called with ``arity`` positional arguments, or None. A
+    signature Python cannot read (some builtins) is given the benefit of the doubt."""
+    if not callable(fn):
+        return f"must be callable as {shape}, got {type(fn).__name__}"
+    try:
+        inspect.signature(fn).bind(*([None] * arity))
+    except TypeError:
+        return f"must be callable as {shape}: {getattr(fn, '__name__', fn)!r} is not"
+    except ValueError:
+        return None
+    return None

@@ -182,33 +182,36 @@ def _keep_floats(text: str) -> str:
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def encode_payload(payload: Any) -> str:
-    """The payload as JSON text ready for jsonb, or InvalidPayload saying why not."""
+def encode_payload(
+    payload: Any, what: str = "payload", error: type[InvalidJob] = InvalidPayload
+) -> str:
+    """The payload (a handler's result: ``what``) as JSON text ready for jsonb, or
+    ``error`` saying why not."""
     try:
         text = _ENCODER.encode(payload)
     except RecursionError:
-        raise InvalidPayload("payload is nested too deeply to be encoded as JSON") from None
+        raise error(f"{what} is nested too deeply to be encoded as JSON") from None
     except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+        raise error(f"{what} is not JSON-serialisable: {exc}") from None
     if _depth(text) > MAX_PAYLOAD_DEPTH:
-        raise InvalidPayload(
-            f"payload is nested more than {MAX_PAYLOAD_DEPTH} levels deep (arrays and objects)"
+        raise error(
+            f"{what} is nested more than {MAX_PAYLOAD_DEPTH} levels deep (arrays and objects)"
         )
     if _JSON_NUL.search(text):
-        raise InvalidPayload(r"payload contains the character \u0000, which jsonb cannot store")
+        raise error(rf"{what} contains the character \u0000, which jsonb cannot store")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidPayload(
-            "payload contains an unpaired surrogate, which is not valid Unicode"
-        ) from None
+        raise error(f"{what} contains an unpaired surrogate, which is not valid Unicode") from None
     return _keep_floats(text)
 
 
-def check_payload_size(text: str, limit: int) -> None:
+def check_payload_size(
+    text: str, limit: int, what: str = "payload", error: type[InvalidJob] = InvalidPayload
+) -> None:
     size = len(text.encode("utf-8"))
     if size > limit:
-        raise InvalidPayload(f"payload is {size} bytes encoded as JSON; the limit is {limit}")
+        raise error(f"{what} is {size} bytes encoded as JSON; the limit is {limit}")
 
 
 def normalise_key(key: object) -> str | None:

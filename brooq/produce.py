@@ -12,6 +12,7 @@ the ids.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -44,21 +45,30 @@ class _KeyedId(NamedTuple):
     id: uuid.UUID
 
 
-def check_job(job: object, max_payload_bytes: int) -> Job:
-    """``job`` if it can be enqueued, else the error that says why (before any I/O)."""
+def check_job(job: object, max_payload_bytes: int, handlers: Handlers | None = None) -> Job:
+    """``job`` if it can be enqueued, else the error that says why (before any I/O). With
+    ``handlers`` (a Queue's), the payload of a typed topic must fit its handler's type:
+    it is checked as the worker will read it (the JSON text), so a dataclass built with
+    wrong types is caught too (PayloadMismatch names the field)."""
     if not isinstance(job, Job):
         raise TypeError(f"expected a brooq.Job, not {type(job).__name__}")
     check_payload_size(job.payload_json, max_payload_bytes)
+    if handlers:
+        handler = handlers.get(job.topic)
+        if handler is not None and handler.codec is not None:
+            handler.codec.decode(json.loads(job.payload_json))
     return job
 
 
-def check_jobs(jobs: Iterable[object], max_payload_bytes: int) -> list[Job]:
+def check_jobs(
+    jobs: Iterable[object], max_payload_bytes: int, handlers: Handlers | None = None
+) -> list[Job]:
     """``check_job`` for each job of a batch; the error names the job by its index in the
     batch ("job 3: payload is ..."), keeping its class."""
     checked: list[Job] = []
     for index, job in enumerate(jobs):
         try:
-            checked.append(check_job(job, max_payload_bytes))
+            checked.append(check_job(job, max_payload_bytes, handlers))
         except InvalidJob as exc:
             raise type(exc)(f"job {index}: {exc}") from None
         except TypeError as exc:

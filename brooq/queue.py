@@ -34,8 +34,8 @@ from brooq import produce as producer
 from brooq import settings as settings_mod
 from brooq.db import CONNECT_TIMEOUT, lost_connection, schema_missing, unavailable
 from brooq.durations import Duration
-from brooq.errors import BrooqError, InvalidTransition, JobNotFound
-from brooq.handlers import Handler, HandlerFn, build
+from brooq.errors import BrooqError, InvalidSettings, InvalidTransition, JobNotFound
+from brooq.handlers import Handler, HandlerFn, Middleware, RetryPolicy, build, callable_problem
 from brooq.job import (
     DEFAULT_QUEUE,
     FROM_STATES,
@@ -170,6 +170,7 @@ class Queue:
         self._settings: settings_mod.Settings | None = None
         self.pool_size = pool_size
         self.handlers: dict[str, Handler] = {}
+        self.middlewares: list[Middleware] = []  # every topic's, outermost first
         self.schedules: dict[str, Schedule] = {}  # queue.periodic(...), by name
         self._pool: ConnectionPool[Any] | None = None
         self._pool_pid = 0
@@ -208,11 +209,20 @@ class Queue:
         backoff_max: Duration | None = None,
         queue: str = DEFAULT_QUEUE,
         global_limit: int | None = None,
+        payload: type | None = None,
+        middleware: Sequence[Middleware] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(claim)`` for ``topic``. Unset options take the queue's settings
         (QUEUE_MAX_ATTEMPTS etc.; defaults 5, 1m, 5m, 1s, 1m). ``queue``: where jobs of
         this topic go when they name none; ``global_limit``: at most that many of them
-        processing at once across every master on the database."""
+        processing at once across every master on the database. ``payload``: a dataclass
+        or pydantic model; ``claim.payload`` is then an instance of it, and a job enqueued
+        through this Queue is checked against it before anything is written.
+        ``middleware``: this topic's, inside the Queue's (``@queue.middleware``).
+        ``retry``: ``fn(attempt, exc) -> timedelta | None`` after a failed attempt (None:
+        no more attempts); without it, exponential backoff. What ``fn`` returns, if not
+        None, is stored with ``done`` (``queue.get(id).result``)."""
 
         def register(fn: HandlerFn) -> HandlerFn:
             if topic in self.handlers:
@@ -227,10 +237,24 @@ class Queue:
                 backoff_max=backoff_max,
                 queue=queue,
                 global_limit=global_limit,
+                payload=payload,
+                middleware=middleware,
+                retry=retry,
             )
             return fn
 
         return register
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Register ``fn(claim, call_next)`` around every job of this Queue; it must
+        return ``call_next(claim)`` (or raise). The first registered is the outermost;
+        a handler's own ``middleware=[...]`` runs inside these. brooq's logging and
+        metrics wrap them all."""
+        problem = callable_problem(fn, 2, "fn(claim, call_next)")
+        if problem:
+            raise InvalidSettings([f"middleware {problem}"])
+        self.middlewares.append(fn)
+        return fn
 
     def periodic(
         self,
@@ -325,7 +349,8 @@ class Queue:
 
         One statement in autocommit: the INSERT is its own transaction, so no BEGIN and
         no COMMIT round trips (a key conflict costs one more statement, the lookup)."""
-        checked = producer.check_job(job, self._max_payload)  # bad input fails before I/O
+        # Bad input fails before I/O; a typed topic's payload is checked against its type.
+        checked = producer.check_job(job, self._max_payload, self.handlers)
         with self.connection() as conn:
             conn.autocommit = True
             try:
@@ -339,7 +364,7 @@ class Queue:
         """Insert many jobs in one transaction (COPY, or one INSERT when keys are given);
         [(id, created), ...] in the order given. A refused job is named by its index
         ("job 3: ..."), and nothing is inserted."""
-        checked = producer.check_jobs(jobs, self._max_payload)  # before any I/O
+        checked = producer.check_jobs(jobs, self._max_payload, self.handlers)  # before any I/O
         with self.transaction() as conn:
             return producer.insert_many_checked(conn, checked, self.handlers)
 

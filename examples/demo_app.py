@@ -3,16 +3,49 @@
 Renders are bulk work in the "bulk" queue; the master works `--queues default=3,bulk=1`,
 so the default queue leads three claim rounds of four. Flaky calls share a fragile
 upstream: `global_limit=1` keeps them to one at a time across every master. A heartbeat
-runs every 3 s, once per tick however many masters run (queue.periodic)."""
+runs every 3 s, once per tick however many masters run (queue.periodic). Quotes have a
+typed payload (a dataclass) and return a result the demo waits for (queue.wait); one
+middleware wraps every job and logs the slow ones."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
+import time
+from dataclasses import dataclass
+from typing import Any
 
 import brooq
 
+log = logging.getLogger("demo")
 queue = brooq.Queue()
+
+
+@queue.middleware
+def warn_when_slow(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn) -> Any:
+    """Around every job (the first registered is the outermost)."""
+    started = time.monotonic()
+    try:
+        return call_next(claim)
+    finally:
+        took = time.monotonic() - started
+        if took > 1.0:
+            log.warning("slow job %s (%s): %.1fs", claim.id, claim.topic, took)
+
+
+@dataclass
+class Quote:
+    sku: str
+    quantity: int
+    unit_price: float
+
+
+@queue.handler("demo.quote", payload=Quote)
+def quote(claim: brooq.Claim[Quote]) -> dict[str, Any]:
+    """A typed payload in, a result out: stored with `done`, read by queue.wait()."""
+    q = claim.payload
+    return {"sku": q.sku, "total": round(q.quantity * q.unit_price, 2)}
 # Once per 3 s tick across every master: the tick's key is periodic:heartbeat:<tick>.
 queue.periodic("heartbeat", every="3s", job=brooq.Job("demo.notify", {"heartbeat": True}))
 

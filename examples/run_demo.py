@@ -1,8 +1,9 @@
 """`make run`: migrate, start brooq-master with the demo app, feed it jobs, show progress.
 
-Every round feeds renders (queue bulk), flaky calls (default, one at a time fleet-wide)
-and one urgent job at priority 10; every tenth round pauses the bulk queue for three
-rounds (`brooq queues pause bulk` does the same), then resumes it.
+Every round feeds renders (queue bulk), flaky calls (default, one at a time fleet-wide),
+one urgent job at priority 10 and a quote (a typed payload) whose result it waits for;
+every tenth round pauses the bulk queue for three rounds (`brooq queues pause bulk` does
+the same), then resumes it.
 Ctrl-C drains the master (running jobs finish) and prints the final counts.
 DATABASE_URL must be set (`make run` starts an embedded PostgreSQL when it is not).
 
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -26,17 +28,33 @@ import brooq  # noqa: E402
 from brooq import migrate  # noqa: E402
 
 
-def feed(queue: brooq.Queue, round_no: int) -> None:
+def feed(queue: brooq.Queue, round_no: int) -> Any:
+    """Enqueue this round's jobs; the id of its quote."""
+    from demo_app import Quote  # the app's payload type (main put examples/ on the path)
+
     jobs = [brooq.Job("demo.render", {"n": round_no * 10 + i, "rounds": 30_000}) for i in range(4)]
     jobs += [brooq.Job("demo.flaky", {"n": round_no * 10 + i}) for i in range(3)]
     jobs.append(brooq.Job("demo.notify", {"urgent": round_no}, priority=10))
-    queue.enqueue_many(jobs)
+    # A typed payload: checked against the handler's dataclass before it is written.
+    jobs.append(brooq.Job("demo.quote", Quote(f"sku-{round_no}", round_no + 1, 9.99)))
+    ids = queue.enqueue_many(jobs)
     if round_no % 10 == 5:
         queue.pause("bulk")
         print("[demo] paused queue bulk: renders wait, the rest goes on", flush=True)
     elif round_no % 10 == 8:
         queue.resume("bulk")
         print("[demo] resumed queue bulk", flush=True)
+    return ids[-1][0]
+
+
+def show_quote(queue: brooq.Queue, job_id: Any) -> None:
+    """Wait for the quote's result (a NOTIFY wakes the waiter; no tight polling)."""
+    try:
+        record = queue.wait(job_id, timeout=2)
+    except brooq.WaitTimeout:
+        print("[demo] quote still queued behind other work", flush=True)
+        return
+    print(f"[demo] quote {record.state}: result={record.result} (queue.wait)", flush=True)
 
 
 def show(queue: brooq.Queue, done_before: int) -> None:
@@ -62,7 +80,8 @@ def main() -> int:
     for m in migrate.up(dsn):
         print(f"[demo] applied migration {m.version:04d}_{m.name}")
     sys.path.insert(0, str(HERE))
-    from demo_app import queue  # its handlers: a job naming no queue goes to its handler's
+    # Its handlers: a job naming no queue goes to its handler's, a typed one is checked.
+    from demo_app import queue
 
     with queue.connection() as conn:
         row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
@@ -95,10 +114,11 @@ def main() -> int:
     round_no = 0
     try:
         while master.poll() is None:
-            feed(queue, round_no)
+            quote = feed(queue, round_no)
             round_no += 1
             time.sleep(1.0)
             show(queue, done_before)
+            show_quote(queue, quote)
             if args.seconds and time.monotonic() - started >= args.seconds:
                 master.send_signal(signal.SIGTERM)
                 break

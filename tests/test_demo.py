@@ -57,3 +57,11 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
         ).fetchone()
     assert beats is not None and 1 <= beats[0] <= 3
     assert "[demo] periodic: a heartbeat job every 3 s" in out.stdout
+    # Quotes: a typed payload stored as JSON, a result read back through queue.wait.
+    with psycopg.connect(empty_dsn) as conn:
+        quotes = conn.execute(
+            "SELECT payload, result FROM job WHERE topic = 'demo.quote' AND state = 'done' "
+            "ORDER BY created_at LIMIT 1"
+        ).fetchone()
+    assert quotes == ({"sku": "sku-0", "quantity": 1, "unit_price": 9.99}, {"sku": "sku-0", "total": 9.99})
+    assert "[demo] quote done: result={'sku': 'sku-0', 'total': 9.99} (queue.wait)" in out.stdout

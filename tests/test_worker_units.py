@@ -18,8 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brooq.errors import InvalidPayload
-from brooq.handlers import MAX_ATTEMPTS, Handler, Policy
+from brooq.handlers import MAX_ATTEMPTS, Policy
 from brooq.job import AttemptTimeout, CancelJob, Claim, Delay, LeaseLost, PreserveAttempt
 from brooq.worker import execute, interrupts, retry
 from brooq.worker.child import ClaimRow, claim_row
@@ -378,35 +377,30 @@ def _claim(payload: Any = None) -> Claim:
     )
 
 
-def _handler(fn: Any) -> Handler:
-    return Handler("t", fn, None, None, None, None, None)
-
-
 def test_call_returns_what_the_handler_raised_and_disarms() -> None:
     import signal
 
     state = ChildState()
     ran: list[Claim] = []
     claim = _claim()
-    assert interrupts.call(_handler(ran.append), claim, POLICY, state) is None
+    assert interrupts.call(ran.append, claim, POLICY, state) == (None, None)
     assert ran == [claim] and not state.in_handler
+    assert interrupts.call(lambda c: {"n": 1}, claim, POLICY, state) == (None, {"n": 1})
 
     def fails(c: Claim) -> None:
         assert state.in_handler  # interruptions may land while the handler runs
         raise ValueError("no")
 
-    error = interrupts.call(_handler(fails), claim, POLICY, state)
-    assert isinstance(error, ValueError) and not state.in_handler
+    error, value = interrupts.call(fails, claim, POLICY, state)
+    assert isinstance(error, ValueError) and value is None and not state.in_handler
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
-def test_call_does_not_run_a_job_already_lost_or_undecodable() -> None:
+def test_call_does_not_run_a_job_already_lost() -> None:
     state = ChildState()
     ran: list[Claim] = []
     lost = _claim()
     state.lost.add(lost.id)
-    assert isinstance(interrupts.call(_handler(ran.append), lost, POLICY, state), LeaseLost)
-    unreadable = _claim(Undecodable("JSONDecodeError: x"))
-    error = interrupts.call(_handler(ran.append), unreadable, POLICY, state)
-    assert isinstance(error, InvalidPayload) and "JSONDecodeError: x" in str(error)
+    error, _ = interrupts.call(ran.append, lost, POLICY, state)
+    assert isinstance(error, LeaseLost)
     assert ran == []

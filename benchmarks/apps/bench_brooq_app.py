@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import brooq
@@ -9,6 +10,13 @@ import brooq
 from benchwork import hang_forever, record, record_cpu, record_span, spin
 
 queue = brooq.Queue()
+
+if os.environ.get("BENCH_MIDDLEWARE"):  # the cost of one no-op middleware (issue 17)
+
+    @queue.middleware
+    def passthrough(claim: brooq.Claim, call_next: brooq.handlers.HandlerFn) -> object:
+        return call_next(claim)
+
 
 
 @queue.handler("bench.noop")

@@ -270,6 +270,195 @@ SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::time
        NULL::timestamptz, NULL::text, NULL::smallint
 FROM finished
 
+-- name: job_finish_and_claim_results
+-- job_finish_and_claim for a round trip that stores what handlers returned: `results` holds, for
+-- each id of `done`, its result as JSON text or NULL. Only the `finished` CTE differs
+-- (a unit test holds them together): the statements of round trips without a result
+-- stay as they are (the array lookup cost 1 us per job, docs/plans/handlers.md 3.2).
+WITH finished AS (
+    UPDATE job SET state = 'done', updated_at = now(),
+        result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
+    WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    RETURNING id
+),
+next AS MATERIALIZED (
+    SELECT id
+    FROM job
+    WHERE queue = %(queue)s
+      AND state IN ('pending', 'failed')
+      AND available_at <= now()
+      AND topic = ANY(%(topics)b::text[])
+    ORDER BY priority DESC, available_at, id
+    -- At most a fair share of what is ready, so that at the end of a burst one child
+    -- does not take the last jobs as a batch while its siblings find none. The count
+    -- stops at what could matter (limit x children rows) and locks nothing.
+    LIMIT least(%(limit)s, (
+        SELECT (count(*) + %(children)s - 1) / %(children)s
+        FROM (
+            SELECT 1 FROM job
+            WHERE queue = %(queue)s
+              AND state IN ('pending', 'failed')
+              AND available_at <= now()
+              AND topic = ANY(%(topics)b::text[])
+            ORDER BY priority DESC, available_at, id  -- the ready index, only as far as needed
+            LIMIT %(limit)s * %(children)s
+        ) AS ready
+    ))
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE job
+    SET state = 'processing',
+        attempts = job.attempts + 1,
+        locked_by = %(worker)s,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        updated_at = now()
+    -- By primary key whatever the planner guesses of the LIMIT above (a join here
+    -- may become a hash join over the whole table in a generic plan).
+    WHERE job.id = ANY(ARRAY(SELECT id FROM next))
+    RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until,
+              job.available_at, job.queue, job.priority
+)
+SELECT true AS claimed, id, topic, payload, attempts, locked_by, locked_until, available_at,
+       queue, priority
+FROM claimed
+UNION ALL
+SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
+       NULL::timestamptz, NULL::text, NULL::smallint
+FROM finished
+
+-- name: job_finish_and_claim_queues_results
+-- job_finish_and_claim_queues for a round trip that stores what handlers returned: `results` holds, for
+-- each id of `done`, its result as JSON text or NULL. Only the `finished` CTE differs
+-- (a unit test holds them together): the statements of round trips without a result
+-- stay as they are (the array lookup cost 1 us per job, docs/plans/handlers.md 3.2).
+WITH finished AS (
+    UPDATE job SET state = 'done', updated_at = now(),
+        result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
+    WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    RETURNING id
+),
+next AS MATERIALIZED (
+    SELECT j.id
+    FROM unnest(%(queues)b::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT job.id
+        FROM job
+        WHERE job.queue = q.name
+          AND job.state IN ('pending', 'failed')
+          AND job.available_at <= now()
+          AND job.topic = ANY(%(topics)b::text[])
+        ORDER BY job.priority DESC, job.available_at, job.id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE OF job SKIP LOCKED
+    ) AS j
+    LIMIT least(%(limit)s, (
+        SELECT (count(*) + %(children)s - 1) / %(children)s
+        FROM (
+            SELECT FROM unnest(%(queues)b::text[]) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT FROM job
+                WHERE job.queue = q.name
+                  AND job.state IN ('pending', 'failed')
+                  AND job.available_at <= now()
+                  AND job.topic = ANY(%(topics)b::text[])
+                ORDER BY job.priority DESC, job.available_at, job.id
+                LIMIT %(limit)s * %(children)s
+            ) AS r
+            LIMIT %(limit)s * %(children)s
+        ) AS ready
+    ))
+),
+claimed AS (
+    UPDATE job
+    SET state = 'processing',
+        attempts = job.attempts + 1,
+        locked_by = %(worker)s,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        updated_at = now()
+    WHERE job.id = ANY(ARRAY(SELECT id FROM next))
+    RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until,
+              job.available_at, job.queue, job.priority
+)
+SELECT true AS claimed, id, topic, payload, attempts, locked_by, locked_until, available_at,
+       queue, priority
+FROM claimed
+UNION ALL
+SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
+       NULL::timestamptz, NULL::text, NULL::smallint
+FROM finished
+
+-- name: job_finish_and_claim_limited_results
+-- job_finish_and_claim_limited for a round trip that stores what handlers returned: `results` holds, for
+-- each id of `done`, its result as JSON text or NULL. Only the `finished` CTE differs
+-- (a unit test holds them together): the statements of round trips without a result
+-- stay as they are (the array lookup cost 1 us per job, docs/plans/handlers.md 3.2).
+WITH finished AS (
+    UPDATE job SET state = 'done', updated_at = now(),
+        result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
+    WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    RETURNING id
+),
+limited AS MATERIALIZED (
+    SELECT c.id, c.topic, c.payload, c.attempts, c.locked_by, c.locked_until,
+           c.available_at, c.queue, c.priority
+    FROM brooq_claim_limited(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
+                             %(worker)s, %(lease)s, least(%(limit)s, 1)) AS c
+),
+next AS MATERIALIZED (
+    SELECT j.id
+    FROM unnest(%(queues)b::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT job.id
+        FROM job
+        WHERE job.queue = q.name
+          AND job.state IN ('pending', 'failed')
+          AND job.available_at <= now()
+          AND job.topic = ANY(%(topics)b::text[])
+        ORDER BY job.priority DESC, job.available_at, job.id
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE OF job SKIP LOCKED
+    ) AS j
+    LIMIT least(%(limit)s - (SELECT count(*) FROM limited), (
+        SELECT (count(*) + %(children)s - 1) / %(children)s
+        FROM (
+            SELECT FROM unnest(%(queues)b::text[]) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT FROM job
+                WHERE job.queue = q.name
+                  AND job.state IN ('pending', 'failed')
+                  AND job.available_at <= now()
+                  AND job.topic = ANY(%(topics)b::text[])
+                ORDER BY job.priority DESC, job.available_at, job.id
+                LIMIT %(limit)s * %(children)s
+            ) AS r
+            LIMIT %(limit)s * %(children)s
+        ) AS ready
+    ))
+),
+claimed AS (
+    UPDATE job
+    SET state = 'processing',
+        attempts = job.attempts + 1,
+        locked_by = %(worker)s,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        updated_at = now()
+    WHERE job.id = ANY(ARRAY(SELECT id FROM next))
+    RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until,
+              job.available_at, job.queue, job.priority
+)
+SELECT true AS claimed, id, topic, payload, attempts, locked_by, locked_until, available_at,
+       queue, priority
+FROM limited
+UNION ALL
+SELECT true, id, topic, payload, attempts, locked_by, locked_until, available_at, queue,
+       priority
+FROM claimed
+UNION ALL
+SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
+       NULL::timestamptz, NULL::text, NULL::smallint
+FROM finished
+
 -- name: queue_paused_names
 -- Which of the given queues are paused: a child reads it at most poll_interval apart
 -- and leaves those out of its claims, so a pause holds fleet-wide within poll_interval.
@@ -292,7 +481,9 @@ SELECT id, topic, attempts FROM job
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 
 -- name: job_set_done
-UPDATE job SET state = 'done', updated_at = now()
+-- `done` with chained jobs or on_success hooks, in their transaction; `result` is what
+-- the handler returned as JSON text, or NULL.
+UPDATE job SET state = 'done', result = %(result)s::jsonb, updated_at = now()
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 
 -- name: session_planner_defaults

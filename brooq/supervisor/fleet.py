@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brooq import metrics as metrics_mod
-from brooq.handlers import Handler
+from brooq.handlers import Handler, Middleware
 from brooq.ipc import protocol
 from brooq.ipc.board import Board
 from brooq.ipc.reasons import (
@@ -87,6 +87,7 @@ class ForkSpec:
     app_spec: str
     baseline: frozenset[str]  # sys.modules before the app: what a reload must not re-import
     metrics: Metrics | None
+    middleware: tuple[Middleware, ...] = ()  # the Queue's (a reload takes the new Queue's)
 
 
 class Fleet:
@@ -204,6 +205,7 @@ class Fleet:
                         reload_baseline=reload_baseline,
                         metrics=spec.metrics,
                         board=board,
+                        middleware=spec.middleware,
                     )
                 )
             finally:

@@ -102,7 +102,15 @@ class Master:
             ),
             self.metrics,
         )
-        spec = ForkSpec(dsn, settings, queue.handlers, app_spec, baseline, self.metrics)
+        spec = ForkSpec(
+            dsn,
+            settings,
+            queue.handlers,
+            app_spec,
+            baseline,
+            self.metrics,
+            tuple(queue.middlewares),
+        )
         self.fleet = Fleet(spec, self.accounting, self._own_fds)
         self.enforcer = Enforcer(self.fleet, self.conns, settings, self.metrics)
         self.admin = Admin(self.fleet, self.conns, metrics_dir)

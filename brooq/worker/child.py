@@ -31,7 +31,8 @@ import psycopg
 from psycopg.rows import RowMaker
 
 from brooq import logs
-from brooq.handlers import Policy
+from brooq.errors import InvalidPayload, InvalidResult, PayloadMismatch
+from brooq.handlers import Handler, HandlerFn, Middleware, Policy
 from brooq.ipc.board import Board, Running
 from brooq.ipc.reasons import (
     EXIT_APP_LOAD_ERROR,
@@ -41,11 +42,13 @@ from brooq.ipc.reasons import (
     MAX_JOBS,
     MAX_MEMORY,
 )
-from brooq.job import Claim, Interruption
+from brooq.job import Claim, Interruption, check_payload_size, encode_payload
+from brooq.payloads import to_json
 from brooq.sql import Q
 from brooq.worker import execute, interrupts
+from brooq.worker.chain import compose
 from brooq.worker.config import BATCH_BUDGET, LONG_JOB, ChildConfig
-from brooq.worker.connection import ChildConnection, Stop
+from brooq.worker.connection import ChildConnection, Stop, Undecodable
 from brooq.worker.link import MasterLink
 from brooq.worker.meter import Meter, resident_mib
 from brooq.worker.outcome import OutcomeWriter
@@ -88,8 +91,18 @@ def claim_row(cursor: psycopg.Cursor[Any]) -> RowMaker[ClaimRow]:
 
 @dataclass
 class _Finished:
-    claim: Claim
+    claim: Claim[Any]
     duration: float
+    result: str | None  # what the handler returned, as JSON text
+
+
+# The claim statement of a round trip: (without results, with results), by the shape of
+# the round (one queue, several, a limited topic).
+_STATEMENTS = {
+    "one": (Q.job_finish_and_claim, Q.job_finish_and_claim_results),
+    "queues": (Q.job_finish_and_claim_queues, Q.job_finish_and_claim_queues_results),
+    "limited": (Q.job_finish_and_claim_limited, Q.job_finish_and_claim_limited_results),
+}
 
 
 class Child:
@@ -97,6 +110,8 @@ class Child:
         self.config = config
         self.settings = config.settings
         self.handlers = config.handlers
+        self.middleware: tuple[Middleware, ...] = config.middleware
+        self.runners: dict[str, HandlerFn] = {}  # each topic's middleware chain and handler
         self.policies: dict[str, Policy] = {}
         self.topics: list[str] = []  # the topics claimed without a global_limit
         self.limited: list[tuple[str, int]] = []  # (topic, global_limit), tried in turn
@@ -131,6 +146,9 @@ class Child:
         if self.config.reload_baseline is not None:
             self._reload_app()
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
+        self.runners = {
+            t: compose(h.fn, (*self.middleware, *h.middleware)) for t, h in self.handlers.items()
+        }
         self.topics = sorted(t for t, h in self.handlers.items() if h.global_limit is None)
         self.limited = sorted(
             (t, h.global_limit) for t, h in self.handlers.items() if h.global_limit is not None
@@ -148,6 +166,7 @@ class Child:
         forget_user_modules(set(self.config.reload_baseline))
         queue = load(self.config.app_spec)
         self.handlers = queue.handlers
+        self.middleware = tuple(queue.middlewares)
 
     def _tell(self, message: dict[str, Any]) -> None:
         self.link.tell(message)
@@ -239,16 +258,21 @@ class Child:
             "lease": self.settings.lease,
         }
         if self.limited:  # one limited topic per round, in turn
-            statement = Q.job_finish_and_claim_limited
+            shape = "limited"
             self._limited_turn = (self._limited_turn + 1) % len(self.limited)
             params["limited"], params["cap"] = self.limited[self._limited_turn]
             params["queues"] = queues
         elif len(queues) == 1:
-            statement = Q.job_finish_and_claim
+            shape = "one"
             params["queue"] = queues[0]
         else:
-            statement = Q.job_finish_and_claim_queues
+            shape = "queues"
             params["queues"] = queues
+        plain, with_results = _STATEMENTS[shape]
+        statement = plain
+        if any(f.result is not None for f in finished):
+            statement = with_results
+            params["results"] = [f.result for f in finished]
         try:
             rows = (
                 self.db.get()
@@ -347,23 +371,46 @@ class Child:
                 max_execution_timeout=policy.max_execution_timeout,
             )
         )
-        error = interrupts.call(self.handlers[claim.topic], claim, policy, state)
+        handler = self.handlers[claim.topic]
+        refused = _refused_payload(claim, handler)
+        if refused is None:
+            error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
+        else:  # the handler and its middleware run zero times
+            error, value = refused, None
         state.tail = None  # before the duration is taken: see ChildState.tail
         self.board.clear()  # from here on the watchdog leaves us alone
         duration = time.monotonic() - state.started
+        result = None
+        if value is not None and error is None:
+            try:
+                result = _encode_result(value, self.settings.max_payload_bytes)
+            except InvalidResult as exc:
+                error = exc
         tb = ""
-        if error is not None and not isinstance(error, Interruption):
+        if error is not None and refused is None and not isinstance(error, Interruption):
             tb = "\n" + "".join(traceback.format_exception(error)).rstrip()
-        outcome = execute.decide(error, claim.attempt, policy, random.random())
+        if refused is not None:  # retrying cannot fix it
+            outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
+        else:
+            outcome = execute.decide(error, claim.attempt, policy, random.random(), handler.retry)
+            if outcome.policy_error is not None:
+                log.error(
+                    "event=retry_policy_failed job=%s topic=%s error=%r: the default backoff "
+                    "applies",
+                    claim.id,
+                    claim.topic,
+                    outcome.policy_error,
+                )
         if claim.id in state.lost:
             outcome = execute.Outcome("abandon")
         self.meter.attempt(claim.topic, duration, cpu_before)
         state.running = None
         self.jobs_done += 1
         if outcome.kind == "done" and not claim.chained and not claim.success_hooks:
-            self.unwritten.append(_Finished(claim, duration))  # written with the next claim
+            # written with the next claim
+            self.unwritten.append(_Finished(claim, duration, result))
             return duration
-        written_state, written = self.outcomes.write(claim, policy, outcome)
+        written_state, written = self.outcomes.write(claim, policy, outcome, result)
         if outcome.kind != "abandon":
             self.outcomes.settled(claim, written_state, duration, written, tb)
         # Tell the master at once (outcomes other than a plain done are rare): a renewal
@@ -382,6 +429,27 @@ class Child:
             self._tell({"retire": MAX_MEMORY})
             return True
         return False
+
+
+def _refused_payload(claim: Claim[Any], handler: Handler) -> InvalidPayload | None:
+    """Decode a typed topic's payload in place (before the middleware: every layer sees
+    the Model); the error when the stored payload cannot be read or does not fit."""
+    payload = claim.payload
+    if isinstance(payload, Undecodable):
+        return InvalidPayload(f"the stored payload cannot be decoded: {payload}")
+    if handler.codec is not None:
+        try:
+            claim.payload = handler.codec.decode(payload)
+        except PayloadMismatch as exc:
+            return exc
+    return None
+
+
+def _encode_result(value: Any, limit: int) -> str:
+    """What a handler returned as JSON text for the result column, or InvalidResult."""
+    text = encode_payload(to_json(value), "result", InvalidResult)
+    check_payload_size(text, limit, "result", InvalidResult)
+    return text
 
 
 def main(config: ChildConfig) -> None:

@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from brooq.handlers import Handler
+from brooq.handlers import Handler, Middleware
 from brooq.ipc.board import Board
 from brooq.settings import Settings
 
@@ -54,6 +54,7 @@ class ChildConfig:
     reload_baseline: frozenset[str] | None = None  # set after SIGHUP: re-import the app
     metrics: Metrics | None = None
     board: Board | None = None  # shared with the master; a private one when alone
+    middleware: tuple[Middleware, ...] = ()  # the Queue's, outermost first
 
 
 def identity_for(pid: int, tag: str) -> str:

@@ -5,17 +5,23 @@ Owns the reading of the handler signals (brooq.job: Delay, PreserveAttempt, Canc
 raised directly or as a __cause__ at any depth) and of brooq's interruptions
 (AttemptTimeout, LeaseLost), and the text of last_error (`describe`, `bounded`).
 
+Also owns the handler's retry policy (``retry=fn``): asked only where the default backoff
+would apply (a plain exception, AttemptTimeout); the signals keep their meaning.
+
 Pure: no I/O, no clock, no randomness of its own (the jitter draw is passed in). Must
-never decide dead: whether a failed attempt was the last one is for job_set_failed to
-say, in the same statement that writes it.
+never count attempts: whether a failed attempt was the last one is for job_set_failed to
+say, in the same statement that writes it. ``final`` (a payload that cannot fit its type,
+a retry policy that gives up) makes it dead whatever attempts are left.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
-from brooq.handlers import Policy
+from brooq.durations import MAX_SECONDS
+from brooq.handlers import Policy, RetryPolicy
 from brooq.job import AttemptTimeout, CancelJob, Delay, LeaseLost, PreserveAttempt
 from brooq.worker.retry import backoff, delay_seconds
 
@@ -33,6 +39,8 @@ class Outcome:
     delay: float = 0.0
     refund: bool = False
     error: str | None = None
+    final: bool = False  # failed with no more attempts, whatever max_attempts says
+    policy_error: str | None = None  # the retry policy failed: the default backoff applied
 
 
 DONE = Outcome("done")  # the common case, made once (a frozen dataclass is slow to build)
@@ -47,7 +55,7 @@ def describe(exc: BaseException) -> str:
     """``Type: message`` for last_error, bounded in length."""
     name = type(exc).__qualname__
     module = type(exc).__module__
-    if module not in ("builtins", "brooq.job"):
+    if module not in ("builtins", "brooq.job", "brooq.errors"):  # brooq's own: short
         name = f"{module}.{name}"
     message = str(exc)
     return bounded(f"{name}: {message}" if message else name)
@@ -65,8 +73,15 @@ def find_signal(exc: BaseException) -> BaseException | None:
     return None
 
 
-def decide(exc: BaseException | None, attempts: int, policy: Policy, draw: float) -> Outcome:
-    """The outcome of one attempt. ``draw`` in [0, 1) is the jitter draw."""
+def decide(
+    exc: BaseException | None,
+    attempts: int,
+    policy: Policy,
+    draw: float,
+    retry: RetryPolicy | None = None,
+) -> Outcome:
+    """The outcome of one attempt. ``draw`` in [0, 1) is the jitter draw; ``retry`` the
+    handler's policy, consulted for a plain exception or an AttemptTimeout."""
     if exc is None:
         return DONE
     signal = find_signal(exc)
@@ -80,16 +95,45 @@ def decide(exc: BaseException | None, attempts: int, policy: Policy, draw: float
             delay=delay_seconds(signal.seconds, policy.backoff_max),
             error=describe(exc),
         )
-    wait = _jittered(attempts, policy, draw)
     if isinstance(signal, PreserveAttempt):
+        wait = _jittered(attempts, policy, draw)
         return Outcome("failed", delay=wait, refund=True, error=describe(exc))
     if isinstance(signal, AttemptTimeout):
-        return Outcome(
-            "failed",
-            delay=wait,
-            error=bounded(f"AttemptTimeout: attempt_timeout {policy.attempt_timeout:g}s exceeded"),
+        error = bounded(f"AttemptTimeout: attempt_timeout {policy.attempt_timeout:g}s exceeded")
+    else:
+        error = describe(exc)
+    if retry is None:
+        return Outcome("failed", delay=_jittered(attempts, policy, draw), error=error)
+    try:
+        verdict = ask_retry_policy(retry, attempts, exc)
+    except RetryPolicyFailed as failed:
+        wait = _jittered(attempts, policy, draw)
+        return Outcome("failed", delay=wait, error=error, policy_error=str(failed))
+    if verdict is None:
+        return Outcome("failed", error=error, final=True)
+    return Outcome("failed", delay=verdict, error=error)
+
+
+class RetryPolicyFailed(Exception):
+    """The retry policy raised or returned something else than a timedelta or None."""
+
+
+def ask_retry_policy(retry: RetryPolicy, attempt: int, exc: BaseException) -> float | None:
+    """The policy's delay in seconds, clamped to [0, 36500 days] (negative means now; the
+    bound keeps available_at representable), or None: no more attempts. Not clamped to
+    backoff_max, which bounds the default schedule: the policy is the schedule. Raises
+    RetryPolicyFailed when the policy raised or returned anything else."""
+    try:
+        answer = retry(attempt, exc)
+    except Exception as failure:
+        raise RetryPolicyFailed(describe(failure)) from None
+    if answer is None:
+        return None
+    if not isinstance(answer, timedelta):
+        raise RetryPolicyFailed(
+            f"returned {type(answer).__name__}, expected a datetime.timedelta or None"
         )
-    return Outcome("failed", delay=wait, error=describe(exc))
+    return min(max(answer.total_seconds(), 0.0), MAX_SECONDS)
 
 
 def _jittered(attempts: int, policy: Policy, draw: float) -> float:

@@ -18,12 +18,11 @@ import faulthandler
 import logging
 import os
 import signal
-from typing import IO
+from collections.abc import Callable
+from typing import IO, Any
 
-from brooq.errors import InvalidPayload
-from brooq.handlers import Handler, Policy
+from brooq.handlers import Policy
 from brooq.job import AttemptTimeout, Claim, Interruption, LeaseLost
-from brooq.worker.connection import Undecodable
 from brooq.worker.state import ChildState
 
 log = logging.getLogger("brooq.child")
@@ -62,18 +61,21 @@ def install(state: ChildState, stack_file: str) -> IO[str]:
     return stack_fh
 
 
-def call(handler: Handler, claim: Claim, policy: Policy, state: ChildState) -> BaseException | None:
-    """Run the handler with the soft timeout armed; return what it raised, if anything."""
+def call(
+    fn: Callable[[Claim[Any]], Any], claim: Claim[Any], policy: Policy, state: ChildState
+) -> tuple[BaseException | None, Any]:
+    """Run the topic's runner (its middleware chain around the handler) with the soft
+    timeout armed, so that a hanging middleware is bounded like a handler; return what it
+    raised, if anything, and what it returned."""
     error: BaseException | None = None
+    value: Any = None
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, policy.attempt_timeout)
             state.in_handler = True
             if claim.id in state.lost:
                 raise LeaseLost(f"lease of job {claim.id} lost")
-            if isinstance(claim.payload, Undecodable):
-                raise InvalidPayload(f"the stored payload cannot be decoded: {claim.payload}")
-            handler.fn(claim)
+            value = fn(claim)
         except BaseException as exc:
             error = exc
         finally:
@@ -83,4 +85,4 @@ def call(handler: Handler, claim: Claim, policy: Policy, state: ChildState) -> B
         error = exc
     if isinstance(error, KeyboardInterrupt | SystemExit):
         log.warning("event=handler_exit job=%s raised=%s", claim.id, type(error).__name__)
-    return error
+    return error, value

@@ -59,10 +59,15 @@ class OutcomeWriter:
         self.meter = meter
 
     def write(
-        self, claim: Claim, policy: Policy, outcome: execute.Outcome
+        self,
+        claim: Claim[Any],
+        policy: Policy,
+        outcome: execute.Outcome,
+        result: str | None = None,
     ) -> tuple[str | None, execute.Outcome]:
         """Write the outcome: the state written (None when nothing was) and the outcome
-        actually written (a failing on_success turns done into failed)."""
+        actually written (a failing on_success turns done into failed). ``result``: what
+        the handler returned as JSON text, stored with `done`."""
         if outcome.kind == "abandon":
             log.info("event=lease_lost job=%s topic=%s: nothing written", claim.id, claim.topic)
             return None, outcome
@@ -70,7 +75,7 @@ class OutcomeWriter:
         # a second write harmless (a committed first one left the row not 'processing').
         for attempt in range(WRITE_TRIES):
             try:
-                return self._write_once(claim, policy, outcome)
+                return self._write_once(claim, policy, outcome, result)
             except psycopg.OperationalError as exc:
                 self.connection.failed("outcome", exc)
                 if attempt == WRITE_TRIES - 1 or self.state.master_gone:
@@ -87,13 +92,13 @@ class OutcomeWriter:
         return None, outcome
 
     def _write_once(
-        self, claim: Claim, policy: Policy, outcome: execute.Outcome
+        self, claim: Claim[Any], policy: Policy, outcome: execute.Outcome, result: str | None
     ) -> tuple[str | None, execute.Outcome]:
         conn = self.connection.get()
         who = {"id": claim.id, "worker": self.identity}
         if outcome.kind == "done":  # with chained jobs or on_success hooks
             try:
-                return self._write_done(conn, claim, who), outcome
+                return self._write_done(conn, claim, who, result), outcome
             except psycopg.OperationalError:
                 raise
             except Exception as exc:
@@ -103,11 +108,14 @@ class OutcomeWriter:
                     claim.topic,
                     execute.describe(exc),
                 )
-                outcome = execute.decide(exc, claim.attempt, policy, random.random())
+                handler = self.handlers.get(claim.topic)
+                retry = handler.retry if handler is not None else None
+                outcome = execute.decide(exc, claim.attempt, policy, random.random(), retry)
                 outcome = execute.Outcome(
                     "failed",
                     delay=outcome.delay,
                     error=execute.bounded("on success: " + (outcome.error or "")),
+                    final=outcome.final,
                 )
         if outcome.kind == "canceled":
             cur = conn.execute(Q.job_set_canceled, {**who, "error": outcome.error})
@@ -118,7 +126,8 @@ class OutcomeWriter:
             {
                 **who,
                 "refund": outcome.refund,
-                "max_attempts": policy.max_attempts,
+                # final: dead now (attempts >= 0 always holds in job_set_failed)
+                "max_attempts": 0 if outcome.final else policy.max_attempts,
                 "delay": outcome.delay,
                 "error": outcome.error,
             },
@@ -127,16 +136,20 @@ class OutcomeWriter:
         return (str(row["state"]) if row else None), outcome
 
     def _write_done(
-        self, conn: psycopg.Connection[Any], claim: Claim, who: dict[str, Any]
+        self,
+        conn: psycopg.Connection[Any],
+        claim: Claim[Any],
+        who: dict[str, Any],
+        result: str | None,
     ) -> str | None:
         """`done`, the chained jobs and the on_success hooks in one transaction; None
         (all rolled back) when the row is no longer ours."""
         try:
             with conn.transaction():
-                cur = conn.execute(Q.job_set_done, who, prepare=True)
+                cur = conn.execute(Q.job_set_done, {**who, "result": result}, prepare=True)
                 if cur.rowcount == 0:
                     raise _NotOurs
-                checked = check_jobs(claim.chained, self.settings.max_payload_bytes)
+                checked = check_jobs(claim.chained, self.settings.max_payload_bytes, self.handlers)
                 insert_many_checked(conn, checked, self.handlers)
                 if claim.success_hooks:
                     conn.execute(Q.session_planner_defaults)
