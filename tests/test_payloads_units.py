@@ -12,6 +12,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import uuid
 from dataclasses import InitVar, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, NewType, Optional
@@ -21,6 +22,7 @@ import pytest
 
 from brooq import payloads
 from brooq.errors import InvalidPayload, PayloadMismatch
+from brooq.job import Claim, Job
 from brooq.payloads import codec_for, is_model_instance, to_json
 
 
@@ -430,6 +432,7 @@ import sys
 from dataclasses import dataclass
 import brooq
 from brooq import payloads
+from brooq.job import Job
 
 @dataclass
 class Signup:
@@ -439,6 +442,7 @@ codec = payloads.codec_for(Signup)
 codec.decode({"user_id": 1})
 payloads.to_json(Signup(1))
 payloads.is_model_instance(Signup(1))
+Job("t", Signup(1))
 try:
     payloads.codec_for(int)
 except ValueError:
@@ -520,3 +524,46 @@ def test_is_model_instance():
     assert not is_model_instance({"user_id": 1})
     assert not is_model_instance(None)
     assert not is_model_instance(object())
+
+
+# -- Job and Claim --------------------------------------------------------------------------
+
+
+def test_job_with_a_dataclass_instance():
+    value = Signup(7, "a@b", 1.5, Address("1"), ["x"])
+    job = Job("user.signup", value)
+    assert job.payload is value
+    assert json.loads(job.payload_json) == to_json(value)
+    assert SIGNUP.decode(json.loads(job.payload_json)) == value
+
+
+def test_job_with_a_pydantic_instance():
+    value = PSignup(user_id=7, email="a@b", tags=[1])
+    job = Job("user.signup", value)
+    assert job.payload is value
+    assert json.loads(job.payload_json) == {"user_id": 7, "email": "a@b", "tags": [1]}
+    assert codec_for(PSignup).decode(json.loads(job.payload_json)) == value
+
+
+def test_job_with_a_dataclass_of_unserialisable_fields_is_refused():
+    @dataclass
+    class Stamp:
+        at: datetime
+
+    with pytest.raises(InvalidPayload, match="not JSON-serialisable"):
+        Job("t", Stamp(datetime.now(timezone.utc)))
+
+
+def test_job_with_a_plain_payload_is_unchanged():
+    assert Job("t", {"a": [1, 2.5]}).payload_json == '{"a":[1,2.5]}'
+    assert Job("t", (1, 2)).payload_json == "[1,2]"
+    assert Job("t").payload_json == "null"
+
+
+def test_claim_is_generic_at_no_cost():
+    now = datetime.now(timezone.utc)
+    typed = Claim[Signup](uuid.uuid4(), "t", Signup(1, "a", 1.0), 1, "w", now)
+    assert typed.payload.user_id == 1
+    bare = Claim(uuid.uuid4(), "t", {"a": 1}, 1, "w", now)
+    assert bare.payload == {"a": 1}
+    assert type(typed) is Claim
