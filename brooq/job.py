@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from itertools import accumulate
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal
 
+from brooq import payloads
 from brooq.errors import (
     InvalidIdempotencyKey,
     InvalidJob,
@@ -31,6 +32,17 @@ from brooq.errors import (
     InvalidTopic,
     NaiveDatetime,
 )
+
+if TYPE_CHECKING:
+    # A default, so that a bare `Claim` stays Claim[Any] for mypy --strict (no "missing
+    # type arguments" in every module naming it); typing has defaults from 3.13 only.
+    from typing_extensions import TypeVar
+
+    P = TypeVar("P", default=Any)
+else:
+    from typing import TypeVar
+
+    P = TypeVar("P")
 
 PENDING: Final = "pending"
 PROCESSING: Final = "processing"
@@ -298,7 +310,9 @@ class Job:
         # that has it, else "default" (brooq.produce resolves it).
         self.queue = None if queue is None else validate_queue(queue)
         self.priority = validate_priority(priority)
-        self.payload = payload
+        self.payload = payload  # a model instance stays one; it is stored as its JSON
+        if payload.__class__ not in payloads.JSON_TYPES:  # the only cost for a plain one
+            payload = payloads.to_json(payload)
         self.payload_json = encode_payload(payload)
         self.idempotency_key = normalise_key(idempotency_key)
         self.available_at = (
@@ -346,12 +360,14 @@ class JobRecord:
 
 
 @dataclass
-class Claim:
-    """A claimed job as a handler sees it."""
+class Claim(Generic[P]):
+    """A claimed job as a handler sees it. ``Claim[Signup]``: a handler registered with
+    ``payload=Signup`` gets its payload decoded to a Signup (typing only: no runtime
+    cost, a bare Claim is Claim[Any])."""
 
     id: uuid.UUID
     topic: str
-    payload: Any
+    payload: P
     attempt: int
     locked_by: str
     locked_until: datetime

@@ -1,0 +1,557 @@
+"""Typed payloads: from a handler's declared model (a dataclass or a pydantic model) to a
+checker of the JSON its jobs carry, and from a model instance back to JSON.
+
+Owns: `codec_for` (one `Codec` per typed topic, built once at registration: the field
+checkers are precomputed there, so `decode` only walks the value), the supported
+annotations and the refusal of the others (ValueError naming the field and the
+annotation; the caller prefixes the topic), the text of `PayloadMismatch`
+(``payload.user_id: expected int, got str (Signup)``), and `to_json`.
+
+Must never: import pydantic (an application that uses it has imported it: a class is a
+pydantic model iff ``"pydantic" in sys.modules`` and it subclasses its BaseModel), do
+I/O, or second-guess a pydantic model's own config (its strictness is the model's).
+
+What `decode` checks for a dataclass, and why:
+
+- Values are checked by their exact JSON type, as ``json.loads`` returns them: ``int``
+  refuses ``bool`` (True is an int in Python, not in JSON), ``float`` accepts an int and
+  keeps it an int (PEP 484's numeric tower: an int is a valid float), nothing is coerced.
+- Unknown keys are ignored, as pydantic's default ``extra="ignore"``: a producer one
+  release ahead that adds a field must not kill the jobs of workers one release behind.
+- A field with a default or a default_factory may be missing; ``init=False`` fields are
+  neither read nor required. Object keys are not checked (JSON keys are strings).
+- A ``__post_init__`` that raises ValueError or TypeError refuses the payload too.
+- Annotations are resolved once, by typing.get_type_hints against the class's module (so
+  string annotations work; a class local to a function cannot be named by one, and is
+  refused with the NameError). ``Annotated[X, ...]`` and a NewType of X are checked as X;
+  a dataclass may contain itself (``children: list[Node]``).
+
+Cost (timeit, Python 3.11.7, the shared 2-core machine, under nice): `decode` of a
+3-field dataclass (int, str, float) 0.51-0.56 µs, of which the bare constructor
+``Signup(**p)`` is 0.17 µs (the plan's prototype: 0.69 µs); `to_json` of the same
+instance 0.53 µs, so ``Job(topic, Signup(...))`` takes 3.6 µs against 3.0 µs for the
+equivalent dict. A plain payload pays one frozenset lookup in `brooq.Job`: Job with a
+dict payload measured 2.24 µs before this module, 2.21 µs with it (noise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Final, Literal, Union
+
+from brooq.errors import InvalidPayload, PayloadMismatch
+
+# The payloads `brooq.Job` stores as they are: `to_json` (and Job before calling it)
+# answers them with one set lookup, since this is on the enqueue hot path.
+JSON_TYPES: Final = frozenset({dict, list, str, int, float, bool, type(None)})
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+_LITERAL_TYPES: Final = frozenset({str, int, bool, type(None)})
+
+_SUPPORTED: Final = (
+    "supported are int, float, str, bool, None, Any, unions of these, list[T], "
+    "dict[str, T], Literal[...] and dataclasses"
+)
+
+Check = Callable[[Any], Any]
+
+
+class _Mismatch(Exception):
+    """A checker's refusal. The path is appended on the way out (innermost first), so
+    the happy path never builds a path string."""
+
+    def __init__(self, text: str, got: str | None = None) -> None:
+        super().__init__(text)
+        self.text = text
+        self.got = got  # for "expected X, got Y": a union rewords X and keeps Y
+        self.path: list[str] = []
+
+    def render(self, model: str) -> str:
+        return f"payload{''.join(reversed(self.path))}: {self.text} ({model})"
+
+
+class _Unsupported(Exception):
+    """An annotation codec_for refuses; `part` is the piece at fault within it."""
+
+    def __init__(self, part: object, reason: str = _SUPPORTED) -> None:
+        super().__init__(reason)
+        self.part = part
+        self.reason = reason
+
+
+def _kind(value: object) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def _wrong(expected: str, got: str) -> _Mismatch:
+    return _Mismatch(f"expected {expected}, got {got}", got)
+
+
+def _show(hint: object) -> str:
+    """An annotation as it would be written: list[set[int]], int | None, Literal['a']."""
+    if hint is None or hint is type(None):
+        return "None"
+    if hint is Any:
+        return "Any"
+    if hint is Ellipsis:
+        return "..."
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        return f"Literal[{', '.join(map(repr, args))}]"
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(map(_show, args))
+    if origin is not None:
+        return f"{_show(origin)}[{', '.join(map(_show, args))}]" if args else _show(origin)
+    if isinstance(hint, type):
+        return hint.__qualname__
+    return repr(hint)
+
+
+class _Spec:
+    """How to check one annotation. `transforms`: the check returns a new value (a
+    dataclass built from a dict, or a container of such); when False it only validates,
+    and a container may keep the list or dict it was given instead of copying it."""
+
+    __slots__ = ("check", "expected", "transforms")
+
+    def __init__(self, check: Check, expected: str, transforms: bool = False) -> None:
+        self.check = check
+        self.expected = expected
+        self.transforms = transforms
+
+
+def _any(value: Any) -> Any:
+    return value
+
+
+_ANY: Final = _Spec(_any, "Any")
+
+
+def _exact(*classes: type, expected: str) -> _Spec:
+    if len(classes) == 1:
+        only = classes[0]
+
+        def check(value: Any) -> Any:
+            if value.__class__ is only:
+                return value
+            raise _wrong(expected, _kind(value))
+
+    else:
+        allowed = frozenset(classes)
+
+        def check(value: Any) -> Any:
+            if value.__class__ in allowed:
+                return value
+            raise _wrong(expected, _kind(value))
+
+    return _Spec(check, expected)
+
+
+_PLAIN: Final[dict[object, _Spec]] = {
+    int: _exact(int, expected="int"),
+    float: _exact(float, int, expected="float"),
+    str: _exact(str, expected="str"),
+    bool: _exact(bool, expected="bool"),
+    type(None): _exact(type(None), expected="None"),
+}
+_PLAIN[None] = _PLAIN[type(None)]  # one spec, so that a union can tell it is Optional
+
+
+def _literal(values: tuple[Any, ...]) -> _Spec:
+    for value in values:
+        if value.__class__ not in _LITERAL_TYPES:
+            raise _Unsupported(Literal[values], "Literal values must be str, int, bool or None")
+    # Keyed by (class, value): True == 1, and a Literal[1] must not accept true.
+    allowed = frozenset((value.__class__, value) for value in values)
+    expected = " or ".join(map(repr, values))
+
+    def check(value: Any) -> Any:
+        if value.__class__ in _SCALARS and (value.__class__, value) in allowed:
+            return value
+        got = repr(value) if value.__class__ in _SCALARS else _kind(value)
+        raise _wrong(expected, got)
+
+    return _Spec(check, expected)
+
+
+def _union(members: list[_Spec]) -> _Spec:
+    expected = " or ".join(member.expected for member in members)
+    transforms = any(member.transforms for member in members)
+    nullable = any(member is _PLAIN[None] for member in members)
+    others = [member for member in members if member is not _PLAIN[None]]
+    if nullable and len(others) == 1:
+        # Optional[X], the common case: no exception-driven tries, and X's own error
+        # (with its path) when the value is not None.
+        inner = others[0].check
+
+        def optional(value: Any) -> Any:
+            if value is None:
+                return None
+            try:
+                return inner(value)
+            except _Mismatch as exc:
+                if exc.path or exc.got is None:
+                    raise  # X's own words from inside the value
+                raise _wrong(expected, exc.got) from None
+
+        return _Spec(optional, expected, transforms)
+
+    checks = [member.check for member in members]
+
+    def check(value: Any) -> Any:
+        deeper: _Mismatch | None = None
+        got: str | None = None
+        for one in checks:
+            try:
+                return one(value)
+            except _Mismatch as exc:
+                # A member that got inside the value (a list, an object) says more
+                # than "expected A or B, got list".
+                if deeper is None and exc.path:
+                    deeper = exc
+                got = got or exc.got
+        if deeper is not None:
+            raise deeper
+        raise _wrong(expected, got or _kind(value))
+
+    return _Spec(check, expected, transforms)
+
+
+def _list(item: _Spec) -> _Spec:
+    if item is _ANY:
+
+        def check_any(value: Any) -> Any:
+            if value.__class__ is list:
+                return value
+            raise _wrong("list", _kind(value))
+
+        return _Spec(check_any, "list")
+
+    each = item.check
+    transforms = item.transforms
+
+    def check(value: Any) -> Any:
+        if value.__class__ is not list:
+            raise _wrong("list", _kind(value))
+        try:
+            if transforms:
+                return [each(x) for x in value]
+            for x in value:
+                each(x)
+            return value
+        except _Mismatch:
+            pass
+        # The slow path, taken only to refuse: find which item, for the path.
+        for index, x in enumerate(value):
+            try:
+                each(x)
+            except _Mismatch as exc:
+                exc.path.append(f"[{index}]")
+                raise exc from None
+        raise AssertionError("unreachable: an item was refused above")
+
+    return _Spec(check, "list", transforms)
+
+
+def _dict(item: _Spec) -> _Spec:
+    if item is _ANY:
+
+        def check_any(value: Any) -> Any:
+            if value.__class__ is dict:
+                return value
+            raise _wrong("dict", _kind(value))
+
+        return _Spec(check_any, "dict")
+
+    each = item.check
+    transforms = item.transforms
+
+    def check(value: Any) -> Any:
+        if value.__class__ is not dict:
+            raise _wrong("dict", _kind(value))
+        out: dict[str, Any] | None = {} if transforms else None
+        for key, x in value.items():
+            try:
+                checked = each(x)
+            except _Mismatch as exc:
+                exc.path.append(f"[{key!r}]")
+                raise
+            if out is not None:
+                out[key] = checked
+        return value if out is None else out
+
+    return _Spec(check, "dict", transforms)
+
+
+class _Shape:
+    """One dataclass: its fields' checkers, and the check building an instance."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.name = cls.__name__
+        # (name, path segment, required, check); set by _Builder once the fields are
+        # built (after this shape is registered, so that a recursive model terminates).
+        self.fields: tuple[tuple[str, str, bool, Check], ...] = ()
+
+    def check(self, value: Any) -> Any:
+        if value.__class__ is not dict:
+            raise _wrong(f"an object for {self.name}", _kind(value))
+        kwargs: dict[str, Any] = {}
+        for name, segment, required, check in self.fields:
+            try:
+                field_value = value[name]
+            except KeyError:
+                if required:
+                    exc = _Mismatch("required field missing")
+                    exc.path.append(segment)
+                    raise exc from None
+                continue
+            try:
+                kwargs[name] = check(field_value)
+            except _Mismatch as exc:
+                exc.path.append(segment)
+                raise
+        try:
+            return self.cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            # A __post_init__ refusing a value: the payload does not fit the model.
+            raise _Mismatch(f"{self.name}() raised {type(exc).__name__}: {exc}") from None
+
+
+class _FieldUnsupported(Exception):
+    """An unsupported annotation with the path of the field holding it."""
+
+    def __init__(self, name: str, hint: object, cause: _Unsupported) -> None:
+        super().__init__(name)
+        self.path = [name]
+        self.hint = hint
+        self.cause = cause
+
+    def message(self) -> str:
+        part = self.cause.part
+        reason = self.cause.reason
+        if part is not self.hint:
+            reason = f"because of {_show(part)}; {reason}"
+        return f"field {'.'.join(self.path)!r}: {_show(self.hint)} is not supported ({reason})"
+
+
+class _Builder:
+    """Builds the specs of one codec_for call; `shapes` makes recursive models finite."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[type, _Shape] = {}
+
+    def spec(self, hint: Any) -> _Spec:
+        plain = _PLAIN.get(hint) if isinstance(hint, type) or hint is None else None
+        if plain is not None:
+            return plain
+        if hint is Any:
+            return _ANY
+        supertype = getattr(hint, "__supertype__", None)  # typing.NewType
+        if supertype is not None:
+            return self.spec(supertype)
+        origin = typing.get_origin(hint)
+        args = typing.get_args(hint)
+        if origin is Literal:
+            return _literal(args)
+        if origin is Union or origin is types.UnionType:
+            return _union([self.spec(arg) for arg in args])
+        if hint is list or origin is list:
+            return _list(self.spec(args[0]) if args else _ANY)
+        if hint is dict or origin is dict:
+            if args and args[0] is not str:
+                raise _Unsupported(hint, "dict keys must be str: JSON object keys are strings")
+            return _dict(self.spec(args[1]) if args else _ANY)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            shape = self.shape(hint)
+            return _Spec(shape.check, hint.__name__, transforms=True)
+        raise _Unsupported(hint)
+
+    def shape(self, cls: type) -> _Shape:
+        known = self.shapes.get(cls)
+        if known is not None:
+            return known
+        shape = self.shapes[cls] = _Shape(cls)
+        try:
+            # Once, here: resolves string annotations (from __future__ import annotations)
+            # against the class's module.
+            hints = typing.get_type_hints(cls)
+        except Exception as exc:  # NameError for a name the module does not define, ...
+            raise ValueError(
+                f"the annotations of {cls.__qualname__} cannot be resolved: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        for name, hint in hints.items():
+            if isinstance(hint, dataclasses.InitVar):
+                # A constructor argument that is not a field: decode could not pass it.
+                reason = "an InitVar is a constructor argument, not a field"
+                raise _FieldUnsupported(name, hint, _Unsupported(hint, reason))
+        fields = []
+        for field in dataclasses.fields(cls):
+            if not field.init:
+                continue  # computed by the class itself (in __post_init__)
+            hint = hints[field.name]
+            try:
+                spec = self.spec(hint)
+            except _Unsupported as exc:
+                raise _FieldUnsupported(field.name, hint, exc) from None
+            except _FieldUnsupported as exc:
+                exc.path.insert(0, field.name)
+                raise
+            required = (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            )
+            fields.append((field.name, f".{field.name}", required, spec.check))
+        shape.fields = tuple(fields)
+        return shape
+
+
+class Codec:
+    """A typed topic's payload model, and its decoding of a job's parsed JSON."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: type) -> None:
+        self.model = model
+
+    def decode(self, obj: Any) -> Any:
+        """The model instance, or PayloadMismatch naming the field at fault."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.model.__qualname__})"
+
+
+class _DataclassCodec(Codec):
+    __slots__ = ("_check",)
+
+    def __init__(self, model: type, shape: _Shape) -> None:
+        super().__init__(model)
+        self._check = shape.check
+
+    def decode(self, obj: Any) -> Any:
+        try:
+            return self._check(obj)
+        except _Mismatch as exc:
+            raise PayloadMismatch(exc.render(self.model.__name__)) from None
+
+
+class _PydanticCodec(Codec):
+    __slots__ = ("_error", "_validate")
+
+    def __init__(self, model: type, error: type[Exception]) -> None:
+        super().__init__(model)
+        self._validate: Check = model.model_validate  # type: ignore[attr-defined]
+        self._error = error
+
+    def decode(self, obj: Any) -> Any:
+        try:
+            return self._validate(obj)
+        except self._error as exc:
+            raise PayloadMismatch(_pydantic_message(exc, self.model.__name__)) from None
+
+
+def _pydantic_message(exc: Any, model: str) -> str:
+    errors = exc.errors(include_url=False)
+    if not errors:  # not seen in practice; keep pydantic's own text
+        return f"payload: {exc} ({model})"
+    first = errors[0]
+    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"payload{path}: {first['type']}: {first['msg']} ({model}){more}"
+
+
+def _pydantic_base() -> type | None:
+    module = sys.modules.get("pydantic")
+    base = getattr(module, "BaseModel", None)
+    return base if isinstance(base, type) else None
+
+
+def codec_for(model: object) -> Codec:
+    """The codec of ``model``, a dataclass class or a pydantic BaseModel subclass.
+    ValueError when it is neither, or when a field's annotation is not supported (the
+    message names the field and the annotation; the caller prefixes the topic)."""
+    base = _pydantic_base()
+    if base is not None and isinstance(model, type) and issubclass(model, base):
+        error = sys.modules["pydantic"].ValidationError
+        return _PydanticCodec(model, error)
+    if not (isinstance(model, type) and dataclasses.is_dataclass(model)):
+        what = (
+            "a dataclass instance, not its class"
+            if dataclasses.is_dataclass(model)
+            else f"{_show(model) if isinstance(model, type) else type(model).__name__}"
+        )
+        raise ValueError(f"payload= takes a dataclass or a pydantic model class, not {what}")
+    try:
+        shape = _Builder().shape(model)
+    except _FieldUnsupported as exc:
+        raise ValueError(exc.message()) from None
+    return _DataclassCodec(model, shape)
+
+
+# -- to JSON -----------------------------------------------------------------------------
+
+# Field names per dataclass (dataclasses.fields() is slow to call per instance).
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    try:
+        return _FIELD_NAMES[cls]
+    except KeyError:
+        pass
+    names = (
+        tuple(field.name for field in dataclasses.fields(cls))
+        if dataclasses.is_dataclass(cls)
+        else None
+    )
+    _FIELD_NAMES[cls] = names
+    return names
+
+
+def _is_pydantic(value: object) -> bool:
+    base = _pydantic_base()
+    return base is not None and isinstance(value, base)
+
+
+def _convert(value: Any) -> Any:
+    cls = value.__class__
+    if cls in _SCALARS:
+        return value
+    if cls is list or cls is tuple:
+        return [_convert(x) for x in value]
+    if cls is dict:
+        return {key: _convert(x) for key, x in value.items()}
+    names = _field_names(cls)
+    if names is not None:
+        # Every field, init=False ones too (as dataclasses.asdict): decode ignores them.
+        return {name: _convert(getattr(value, name)) for name in names}
+    if _is_pydantic(value):
+        return value.model_dump(mode="json")
+    return value  # left for encode_payload to accept or refuse
+
+
+def to_json(value: Any) -> Any:
+    """A dataclass or pydantic instance as a JSON-able value (nested dataclasses, and
+    lists and dicts of them, converted too); any other value unchanged. A plain dict
+    is not walked: only a model's fields are."""
+    if value.__class__ in JSON_TYPES:
+        return value
+    if _field_names(value.__class__) is None and not _is_pydantic(value):
+        return value
+    try:
+        return _convert(value)
+    except RecursionError:  # a dataclass holding itself
+        raise InvalidPayload("payload is nested too deeply to be encoded as JSON") from None
+
+
+def is_model_instance(value: Any) -> bool:
+    """Whether ``value`` is a dataclass instance or a pydantic model instance."""
+    if value.__class__ in JSON_TYPES:
+        return False
+    return _field_names(value.__class__) is not None or _is_pydantic(value)
