@@ -30,9 +30,7 @@ from brooq import migrate
 from psycopg import conninfo, sql
 
 
-def drain_once(
-    admin: str, tree: Path, jobs: int, extra_env: dict[str, str]
-) -> tuple[float, float]:
+def drain_once(admin: str, tree: Path, jobs: int, extra_env: dict[str, str]) -> tuple[float, float]:
     name = f"brooq_ab_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

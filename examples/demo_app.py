@@ -46,6 +46,8 @@ def quote(claim: brooq.Claim[Quote]) -> dict[str, Any]:
     """A typed payload in, a result out: stored with `done`, read by queue.wait()."""
     q = claim.payload
     return {"sku": q.sku, "total": round(q.quantity * q.unit_price, 2)}
+
+
 # Once per 3 s tick across every master: the tick's key is periodic:heartbeat:<tick>.
 queue.periodic("heartbeat", every="3s", job=brooq.Job("demo.notify", {"heartbeat": True}))
 

@@ -63,5 +63,8 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
             "SELECT payload, result FROM job WHERE topic = 'demo.quote' AND state = 'done' "
             "ORDER BY created_at LIMIT 1"
         ).fetchone()
-    assert quotes == ({"sku": "sku-0", "quantity": 1, "unit_price": 9.99}, {"sku": "sku-0", "total": 9.99})
+    assert quotes == (
+        {"sku": "sku-0", "quantity": 1, "unit_price": 9.99},
+        {"sku": "sku-0", "total": 9.99},
+    )
     assert "[demo] quote done: result={'sku': 'sku-0', 'total': 9.99} (queue.wait)" in out.stdout

@@ -216,8 +216,7 @@ def test_results_are_stored_from_batched_round_trips(
     ids = [job_id for job_id, _ in queue.enqueue_many(jobs)]
     m = start(start_master, trace_dir, workers=2)
     wait_for(
-        lambda: db.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
-        == (220,),
+        lambda: db.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone() == (220,),
         what="all done",
     )
     results = dict(db.execute("SELECT id, result FROM job").fetchall())

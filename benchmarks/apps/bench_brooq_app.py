@@ -18,7 +18,6 @@ if os.environ.get("BENCH_MIDDLEWARE"):  # the cost of one no-op middleware (issu
         return call_next(claim)
 
 
-
 @queue.handler("bench.noop")
 def noop(claim: brooq.Claim) -> None:
     pass
