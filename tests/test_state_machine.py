@@ -251,6 +251,7 @@ class QueueMachine(RuleBasedStateMachine):
                     "refund": outcome == "refund",
                     "delay": delay,
                     "error": f"{outcome} by {worker}",
+                    "history_error": f"{outcome} by {worker}",
                 },
             ).fetchone()
             ok = row is not None

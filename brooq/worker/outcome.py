@@ -121,6 +121,7 @@ class OutcomeWriter:
                 "max_attempts": policy.max_attempts,
                 "delay": outcome.delay,
                 "error": outcome.error,
+                "history_error": execute.bounded(outcome.error or "", 1000),
             },
             prepare=True,
         ).fetchone()
