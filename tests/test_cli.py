@@ -275,6 +275,8 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
         "updated_at": dead["updated_at"],
         "queue": "default",
         "priority": 0,
+        "result": None,
+        "errors": [],
     }
     datetime.fromisoformat(dead["updated_at"])
 
