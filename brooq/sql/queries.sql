@@ -407,10 +407,6 @@ SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
 -- survives, and several masters may run this at once. A locked row is skipped, not
 -- waited for: someone (its holder's outcome transaction, often) is writing it; if it is
 -- still expired afterwards, the next pass takes it.
--- Each expiry also appends to the error history (job_set_failed's expression): attempt
--- is the attempt charged at claim, worker the holder whose lease ran out (in SET,
--- job.locked_by is still the old value). The attempt is refunded, so the next claim
--- charges the same number again: the history then shows that attempt number twice.
 WITH expired AS (
     SELECT id
     FROM job
@@ -430,6 +426,11 @@ SET state = CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELS
              || ' times: the workers running it vanished (host lost or frozen?)'
         ELSE job.last_error
     END,
+    -- Each expiry appends to the error history (job_set_failed's expression; here, after
+    -- the UPDATE keyword, so that pg_stat_activity's first 1 kB still shows it): attempt
+    -- is the attempt charged at claim, worker the holder whose lease ran out (in SET,
+    -- job.locked_by is still the old value). The attempt is refunded, so the next claim
+    -- charges the same number again: the history then shows that attempt number twice.
     errors = jsonb_path_query_array(
         coalesce(job.errors, '[]'::jsonb)
             || jsonb_build_object(
