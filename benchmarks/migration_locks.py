@@ -1,24 +1,27 @@
-"""The locks migration 0003 (queues) takes on a live table, through the real migrator.
+"""The locks a migration (0003, queues, by default; `--migration 6` for 0006, handlers)
+takes on a live table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
 
     .venv/bin/python benchmarks/migration_locks.py [--dsn ADMIN_DSN] [--rows 1000000]
+    .venv/bin/python benchmarks/migration_locks.py --migration 6
 
-In a scratch database of its own (dropped at the end): `brooq.migrate.up(dsn, 2)`, then
+In a scratch database of its own (dropped at the end): `brooq.migrate.up(dsn, N - 1)`, then
 ROWS jobs (90 % `done`, 10 % pending over three topics, one INSERT ... SELECT
 generate_series), ANALYZE. Then, while
 
 - a producer probe inserts one job every 20 ms (its own connection, autocommit),
-- a claim probe runs the claim of the release before 0003 (job_finish_and_claim, limit
-  1, rolled back: the rows stay ready) every 20 ms -- that statement, because during the
-  deploy only masters of the previous release run (a newer master refuses to start on a
-  schema it does not know),
+- a claim probe runs the claim of the release before migration N (job_finish_and_claim,
+  limit 1, rolled back: the rows stay ready) every 20 ms -- that statement, because during
+  the deploy only masters of the previous release run (a newer master refuses to start on
+  a schema it does not know): for 0003 the statement of 8a67732, for 0006 today's
+  (0006 changes no statement the previous release sends),
 - a sampler reads pg_locks of the migrating backend every 5 ms (the lock modes it holds
   or waits for on job),
 
 it runs, each scenario in turn:
 
-1. `brooq.migrate.up(dsn, 3)`: migration 0003 alone (later ones are not measured);
+1. `brooq.migrate.up(dsn, N)`: migration N alone (later ones are not measured);
 2. `brooq.migrate.down(dsn)`: its down step;
 3. `up` again while a transaction that has read job stays open for 3 s (it started just
    before the migration): the first ALTER waits for it, lock_timeout (500 ms) ends the
@@ -55,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 import psycopg
 from brooq import migrate
+from brooq.sql import Q
 from psycopg import conninfo, sql
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -119,7 +123,11 @@ CLAIM_PARAMS = {
     "limit": 1,
     "children": 2,
     "lease": 30.0,
+    "queue": "default",  # unused by CLAIM_BEFORE_0003
 }
+# The migrations this measures: version -> the claim the release before it sends.
+CLAIM_BEFORE = {3: CLAIM_BEFORE_0003, 6: Q.job_finish_and_claim}
+MIGRATION = 3  # set by --migration
 
 LOAD = """
 INSERT INTO job (topic, payload, state, attempts, available_at, created_at, updated_at)
@@ -225,7 +233,7 @@ def probe_insert(conn: psycopg.Connection[Any]) -> None:
 
 def probe_claim(conn: psycopg.Connection[Any]) -> None:
     with conn.transaction(force_rollback=True):
-        conn.execute(CLAIM_BEFORE_0003, CLAIM_PARAMS, prepare=True).fetchall()
+        conn.execute(CLAIM_BEFORE[MIGRATION], CLAIM_PARAMS, prepare=True).fetchall()
 
 
 class LockSampler(threading.Thread):
@@ -407,8 +415,8 @@ def measure(
 
 
 def load(dsn: str, rows: int) -> int:
-    log(f"migrate up to version 2, then {rows:,} jobs")
-    migrate.up(dsn, 2)
+    log(f"migrate up to version {MIGRATION - 1}, then {rows:,} jobs")
+    migrate.up(dsn, MIGRATION - 1)
     with psycopg.connect(dsn, autocommit=True) as conn:
         t = time.perf_counter()
         conn.execute(LOAD, {"rows": rows, "done": rows * 9 // 10})
@@ -422,12 +430,15 @@ def load(dsn: str, rows: int) -> int:
 def access_exclusive(sc: Scenario) -> tuple[float, str]:
     """The longest hold of ACCESS EXCLUSIVE on job (bounded by the statement's time after
     its last sampled wait), and its statement: the statements sampled with it, or known
-    to take it (every ALTER TABLE that adds or drops a column or a constraint)."""
+    to take it (every ALTER TABLE that adds or drops a column or a constraint, and
+    DROP TRIGGER)."""
     worst = (0.0, "")
     for st in sc.statements:
         text = st["statement"]
-        takes = "AccessExclusiveLock" in st["locks_seen"] or (
-            text.startswith("ALTER TABLE job") and "VALIDATE CONSTRAINT" not in text
+        takes = (
+            "AccessExclusiveLock" in st["locks_seen"]
+            or (text.startswith("ALTER TABLE job") and "VALIDATE CONSTRAINT" not in text)
+            or (text.startswith("DROP TRIGGER") and text.endswith(" ON job"))
         )
         if takes and st["error"] is None and st["held_at_most_ms"] > worst[0]:
             worst = (st["held_at_most_ms"], text)
@@ -444,7 +455,7 @@ def probes(st: dict[str, Any]) -> str:
 
 def markdown(scenarios: list[Scenario], facts: dict[str, Any]) -> str:
     out = [
-        f"Migration 0003 on a live {facts['rows']:,}-row job table ({facts['size']}), "
+        f"Migration {MIGRATION:04d} on a live {facts['rows']:,}-row job table ({facts['size']}), "
         f"PostgreSQL {facts['server']}, {facts['nproc']} CPUs, load average before "
         f"{facts['loadavg']}; probes every {PROBE_PERIOD * 1000:.0f} ms, pg_locks every "
         f"{SAMPLE_PERIOD * 1000:.0f} ms (measured "
@@ -494,7 +505,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control", action="store_true", help="also run without lock_timeout")
     ap.add_argument("--keep", action="store_true", help="do not drop the scratch database")
     ap.add_argument("--json", help="write every figure to this file")
+    ap.add_argument(
+        "--migration",
+        type=int,
+        choices=sorted(CLAIM_BEFORE),
+        default=3,
+        help="the migration to measure (default 3)",
+    )
     args = ap.parse_args(argv)
+    global MIGRATION
+    MIGRATION = args.migration
+    n = MIGRATION
 
     name = args.db or f"bench_migration_locks_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.dsn, autocommit=True) as admin:
@@ -514,14 +535,14 @@ def main(argv: list[str] | None = None) -> int:
             "nproc": __import__("os").cpu_count(),
             "loadavg": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
         }
-        scenarios.append(measure("up (0003)", dsn, job_oid, lambda: migrate.up(mdsn, 3)))
-        scenarios.append(measure("down (0003)", dsn, job_oid, lambda: migrate.down(mdsn)))
+        scenarios.append(measure(f"up ({n:04d})", dsn, job_oid, lambda: migrate.up(mdsn, n)))
+        scenarios.append(measure(f"down ({n:04d})", dsn, job_oid, lambda: migrate.down(mdsn)))
         scenarios.append(
             measure(
                 f"up, a {READER_HOLD:g} s reader open",
                 dsn,
                 job_oid,
-                lambda: migrate.up(mdsn, 3),
+                lambda: migrate.up(mdsn, n),
                 reader=READER_HOLD,
             )
         )
@@ -535,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"control: up, a {READER_HOLD:g} s reader open, no lock_timeout",
                         dsn,
                         job_oid,
-                        lambda: migrate.up(mdsn, 3),
+                        lambda: migrate.up(mdsn, n),
                         reader=READER_HOLD,
                     )
                 )

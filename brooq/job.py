@@ -345,6 +345,11 @@ class JobRecord:
     updated_at: datetime
     queue: str = DEFAULT_QUEUE
     priority: int = 0
+    # What the handler returned (decoded JSON), None when nothing was stored.
+    result: Any = None
+    # The error history: one {"attempt", "at", "error", "worker"} per failed attempt (and
+    # per lease expiry), the last 20, oldest first; "at" is the ISO text jsonb writes.
+    errors: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: UUID and datetimes as strings."""

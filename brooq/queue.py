@@ -8,7 +8,9 @@ sockets belong to the parent), so no connection ever crosses a fork.
 Owns: the handler registry, the settings as the application gives them, the pooled
 connection of producers and operators, the operator's reads (get, list_jobs, stats,
 in_flight, throughput, queues) and writes (cancel, retry: ``transition`` binds the states of
-brooq.job to job_cancel/job_retry, for the master's admin HTTP too; pause, resume).
+brooq.job to job_cancel/job_retry, for the master's admin HTTP too; pause, resume), and
+waiting for a job's end (wait, wait_async: a connection of their own per call, never the
+pool's, LISTENing to brooq_outcome, with a backoff poll as the fallback).
 Must never: claim jobs or write their outcomes (the worker's), keep a connection across fork(),
 read a row by position, or spell which states a transition accepts (brooq.job does).
 """
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,12 +38,13 @@ from brooq import produce as producer
 from brooq import settings as settings_mod
 from brooq.db import CONNECT_TIMEOUT, lost_connection, schema_missing, unavailable
 from brooq.durations import Duration
-from brooq.errors import BrooqError, InvalidSettings, InvalidTransition, JobNotFound
+from brooq.errors import BrooqError, InvalidSettings, InvalidTransition, JobNotFound, WaitTimeout
 from brooq.handlers import Handler, HandlerFn, Middleware, RetryPolicy, build, callable_problem
 from brooq.job import (
     DEFAULT_QUEUE,
     FROM_STATES,
     STATES,
+    TERMINAL_STATES,
     Job,
     JobRecord,
     Transition,
@@ -483,3 +488,154 @@ class Queue:
                 Q.job_count_finished_since, {"seconds": float(seconds)}
             )
             return {(row["queue"], row["topic"]): int(row["jobs"]) for row in rows}
+
+    # -- waiting for a job's end -------------------------------------------------------------
+
+    def wait(self, job_id: uuid.UUID | str, timeout: float | None = None) -> JobRecord:
+        """Block until the job is done, dead or canceled; its row then. WaitTimeout after
+        ``timeout`` seconds (None: no limit), JobNotFound for an unknown id.
+
+        On a connection of its own (autocommit, not the pool's: a waiter never starves
+        enqueue): LISTEN brooq_outcome, flag the row as waited for (the trigger of
+        migration 0006 then notifies its end), read it; then read it again on its
+        notification, or when the poll interval (0.1 s doubling to 5 s) passes, the
+        fallback for a notification missed. The workers pay nothing for jobs nobody waits
+        for. A connection lost meanwhile is opened again after a poll interval (the
+        flag is set again, the row read again); DatabaseUnavailable if that fails."""
+        jid = parse_job_id(job_id)
+        clock = _WaitClock(timeout)
+        while True:
+            try:
+                with self._wait_connection() as conn:
+                    cur = conn.cursor(row_factory=class_row(JobRecord))
+                    conn.execute(Q.listen_outcomes)  # before the flag: no lost wake-up
+                    conn.execute(Q.job_wait_register, {"id": jid})
+                    while True:
+                        record = cur.execute(Q.job_get, {"id": jid}).fetchone()
+                        if clock.finished(jid, record):
+                            assert record is not None
+                            return record
+                        mine = str(jid)
+                        woken = False
+                        for notify in conn.notifies(timeout=clock.next_wait(jid)):
+                            if notify.payload == mine:
+                                woken = True
+                                break
+                        if not woken:
+                            clock.polled()
+            except _Reconnect:  # its notifications may be lost: read the row anew
+                time.sleep(clock.next_wait(jid))
+                clock.polled()
+
+    async def wait_async(self, job_id: uuid.UUID | str, timeout: float | None = None) -> JobRecord:
+        """``await queue.wait_async(id)``: queue.wait on a psycopg.AsyncConnection opened
+        for the call; the event loop runs meanwhile."""
+        import asyncio
+
+        jid = parse_job_id(job_id)
+        clock = _WaitClock(timeout)
+        while True:
+            try:
+                async with self._wait_connection_async() as conn:
+                    cur = conn.cursor(row_factory=class_row(JobRecord))
+                    await conn.execute(Q.listen_outcomes)  # before the flag
+                    await conn.execute(Q.job_wait_register, {"id": jid})
+                    while True:
+                        await cur.execute(Q.job_get, {"id": jid})
+                        record = await cur.fetchone()
+                        if clock.finished(jid, record):
+                            assert record is not None
+                            return record
+                        mine = str(jid)
+                        woken = False
+                        notifies = conn.notifies(timeout=clock.next_wait(jid))
+                        async with contextlib.aclosing(notifies):
+                            async for notify in notifies:
+                                if notify.payload == mine:
+                                    woken = True
+                                    break
+                        if not woken:
+                            clock.polled()
+            except _Reconnect:
+                await asyncio.sleep(clock.next_wait(jid))
+                clock.polled()
+
+    @contextmanager
+    def _wait_connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection for one waiter, closed at the end. _Reconnect when it is lost
+        after it was opened (a first connect that fails is DatabaseUnavailable)."""
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+        except psycopg.OperationalError as exc:
+            raise unavailable(self.dsn, exc) from None
+        try:
+            with conn:
+                yield conn
+        except psycopg.errors.UndefinedTable as exc:
+            raise schema_missing(exc) from None
+        except psycopg.OperationalError as exc:
+            if not lost_connection(exc):
+                raise
+            raise _Reconnect from exc
+
+    @contextlib.asynccontextmanager
+    async def _wait_connection_async(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+            )
+        except psycopg.OperationalError as exc:
+            raise unavailable(self.dsn, exc) from None
+        try:
+            async with conn:
+                yield conn
+        except psycopg.errors.UndefinedTable as exc:
+            raise schema_missing(exc) from None
+        except psycopg.OperationalError as exc:
+            if not lost_connection(exc):
+                raise
+            raise _Reconnect from exc
+
+
+WAIT_POLL_FIRST = 0.1  # seconds: queue.wait's fallback poll, doubling...
+WAIT_POLL_MAX = 5.0  # ...to this
+
+
+class _Reconnect(Exception):
+    """The waiter's connection was lost: open another (its notifications may be lost)."""
+
+
+class _WaitClock:
+    """queue.wait's deadline and poll interval, shared by the sync and async forms."""
+
+    def __init__(self, timeout: float | None) -> None:
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+        ):
+            raise BrooqError(f"timeout must be a number of seconds or None, not {timeout!r}")
+        if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
+            raise BrooqError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.poll = WAIT_POLL_FIRST
+
+    def finished(self, job_id: uuid.UUID, record: JobRecord | None) -> bool:
+        """True when the job has ended; JobNotFound when there is no such job."""
+        if record is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return record.state in TERMINAL_STATES
+
+    def next_wait(self, job_id: uuid.UUID) -> float:
+        """How long to wait for a notification before polling; WaitTimeout past the
+        deadline."""
+        if self.deadline is None:
+            return self.poll
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(
+                f"job {job_id} did not end (done, dead or canceled) within {self.timeout:g}s"
+            )
+        return min(self.poll, left)
+
+    def polled(self) -> None:
+        self.poll = min(self.poll * 2, WAIT_POLL_MAX)

@@ -275,6 +275,8 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
         "updated_at": dead["updated_at"],
         "queue": "default",
         "priority": 0,
+        "result": None,
+        "errors": [],
     }
     datetime.fromisoformat(dead["updated_at"])
 
@@ -414,16 +416,70 @@ def test_show_lines_keep_a_long_payload_on_one_screen() -> None:
         updated_at=now,
     )
     lines = show_lines(record, now)
-    assert fields("\n".join(lines))["created"] == "2029-12-31 23:57:00 UTC (3.0m ago)"
-    assert lines[-1].startswith("  … 94 more lines") and len(lines) == 24
-    assert lines[-11:-1] == ["  {", '    "rows": [', *[f"      {n}," for n in range(8)]]
+    shown = fields("\n".join(lines))
+    assert shown["created"] == "2029-12-31 23:57:00 UTC (3.0m ago)"
+    assert (shown["result"], shown["errors"], shown["last error"]) == ("-", "-", "-")
+    assert lines[-1].startswith("  … 96 more lines") and len(lines) == 24
+    assert lines[-9:-1] == ["  {", '    "rows": [', *[f"      {n}," for n in range(6)]]
 
     both = show_lines(dataclasses.replace(record, last_error=LONG_ERROR), now)
     assert len(both) == 24
     assert both[2] == "queue:           default, priority 0"
-    assert both[11] == "last error:" and both[12].startswith("  … 26 more lines")
-    assert both[-7:-4] == ["  ValueError: bad address", "payload:", "  {"]
-    assert both[-1].startswith("  … 100 more lines")
+    assert both[13] == "last error:" and both[14].startswith("  … 27 more lines")
+    assert both[-6:-3] == ["  ValueError: bad address", "payload:", "  {"]
+    assert both[-1].startswith("  … 101 more lines")
+
+
+def test_show_lines_print_the_result_and_the_error_history() -> None:
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    history = [
+        {
+            "attempt": n,
+            # as jsonb writes now(): a fraction of fewer than 6 digits included
+            "at": f"2029-12-31T23:5{n}:00.{'12345'[:n]}+01:00",
+            "error": f"ValueError: bad input on attempt {n}\nTraceback (most recent call last):",
+            "worker": f"web1:100/child-{n}",
+        }
+        for n in range(1, 4)
+    ]
+    record = brooq.JobRecord(
+        id=uuid.UUID(int=1),
+        topic="t",
+        payload={"n": 1},
+        state="dead",
+        attempts=3,
+        available_at=now,
+        locked_by="web1:100/child-3",
+        locked_until=None,
+        last_error="ValueError: bad input on attempt 3",
+        idempotency_key=None,
+        created_at=now,
+        updated_at=now,
+        result={"sent": 2},
+        errors=history,
+    )
+    lines = show_lines(record, now)
+    assert len(lines) <= 24
+    assert fields("\n".join(lines))["result"] == '{"sent": 2}'
+    at = lines.index("errors (3, oldest first):")
+    assert lines[at + 1 : at + 4] == [
+        f"  attempt {n}  2029-12-31 22:5{n}:00 UTC  web1:100/child-{n}  "
+        f"ValueError: bad input on attempt {n}"
+        for n in range(1, 4)
+    ]
+    assert lines[at + 4].startswith("last error:")
+
+    # 20 entries, a long result and a long payload: the newest entries are kept
+    many = [{**history[0], "attempt": n} for n in range(1, 21)]
+    big = {"rows": list(range(50))}
+    crowded = show_lines(dataclasses.replace(record, errors=many, result=big, payload=big), now)
+    assert len(crowded) == 24
+    at = crowded.index("errors (20, oldest first):")
+    assert crowded[at + 1].startswith("  … 18 more lines: brooq jobs show")
+    assert crowded[at + 2].startswith("  attempt 19  ")
+    assert crowded[at + 3].startswith("  attempt 20  ")
+    assert crowded[at + 4] == "last error:      ValueError: bad input on attempt 3"
+    assert crowded.index("result:") == 11 and crowded[12] == "  {"
 
 
 # -- cancel and retry -----------------------------------------------------------------------

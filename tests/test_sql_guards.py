@@ -109,6 +109,7 @@ def set_failed(
             "refund": refund,
             "delay": delay,
             "error": error,
+            "history_error": error,
         },
     ).fetchone()
     return None if row is None else str(row["state"])

@@ -51,6 +51,11 @@ MAX_JOBS = 6
 VOLATILE = ("updated_at", "available_at", "locked_until")
 
 
+def history(row: dict[str, Any] | None) -> list[tuple[Any, ...]]:
+    """The error history of a row without the times: (attempt, error, worker)."""
+    return [(e["attempt"], e["error"], e["worker"]) for e in (row or {}).get("errors") or []]
+
+
 class QueueMachine(RuleBasedStateMachine):
     conns: ClassVar[dict[str, Conn]] = {}
 
@@ -251,6 +256,7 @@ class QueueMachine(RuleBasedStateMachine):
                     "refund": outcome == "refund",
                     "delay": delay,
                     "error": f"{outcome} by {worker}",
+                    "history_error": f"{outcome} by {worker}",
                 },
             ).fetchone()
             ok = row is not None
@@ -271,6 +277,7 @@ class QueueMachine(RuleBasedStateMachine):
                 "attempts": max(attempts - 1, 0),
                 "last_error": f"refund by {worker}",
                 "ready_in": delay,
+                "errors_added": (attempts, f"refund by {worker}", worker),
             }
         else:
             self.expected[job_id] = {
@@ -278,6 +285,7 @@ class QueueMachine(RuleBasedStateMachine):
                 "attempts": attempts,
                 "last_error": f"failed by {worker}",
                 "ready_in": delay,
+                "errors_added": (attempts, f"failed by {worker}", worker),
             }
 
     # -- the master ------------------------------------------------------------------------
@@ -328,7 +336,13 @@ class QueueMachine(RuleBasedStateMachine):
         assert {row["id"] for row in rows} == expired
         for job_id in expired:
             self.refunded.add(job_id)
+            old = self.before[job_id]
+            expiry = (
+                f"lease expired ({old['lease_expiries'] + 1} of {10**6}): "
+                "back to pending, the attempt refunded"
+            )
             self.expected[job_id] = {
+                "errors_added": (old["attempts"], expiry, old["locked_by"]),
                 "state": "pending",
                 # An expired lease is a crash, not a failure: the attempt is refunded,
                 # and the expiry counted (what bounds a job that takes hosts down).
@@ -404,10 +418,14 @@ class QueueMachine(RuleBasedStateMachine):
                         assert row["available_at"] <= now
                     else:
                         assert row["available_at"] > now + timedelta(seconds=value / 2)
+                elif column == "errors_added":  # one history entry appended, the last 20 kept
+                    assert history(row) == [*history(old), value][-20:], (old, row)
                 else:
                     assert row[column] == value, (column, old, row)
             if old is not None:
                 for column in row:
+                    if column == "errors" and "errors_added" in expected:
+                        continue
                     if column not in expected and column not in VOLATILE:
                         assert row[column] == old[column], (column, old, row)
 

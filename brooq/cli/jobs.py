@@ -8,8 +8,10 @@ the SQL and words the refusal), or write a job but through Queue.cancel and Queu
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import datetime, timezone
+from typing import Any
 
 import click
 
@@ -20,7 +22,8 @@ from brooq.errors import JobNotFound
 from brooq.job import JobRecord
 
 SCREEN_LINES = 24  # `jobs show` fits a classic terminal
-SHOW_INLINE_PAYLOAD = 80  # characters of compact JSON shown on the payload line
+SHOW_INLINE_PAYLOAD = 80  # characters of compact JSON shown on the payload (result) line
+HISTORY_ERROR_WIDTH = 80  # characters of an error's first line in the history
 
 
 def _when(moment: datetime, now: datetime) -> str:
@@ -112,7 +115,8 @@ def _clip(lines: list[str], room: int, *, tail: bool, job_id: object) -> list[st
 
 def show_lines(record: JobRecord, now: datetime) -> list[str]:
     """`brooq jobs show` as text: the job's fate on one screen. A long error keeps its
-    last lines (where a traceback names the exception), a long payload its first ones."""
+    last lines (where a traceback names the exception), a long error history its newest
+    entries, a long payload or result its first lines."""
     fields: list[tuple[str, str]] = [
         ("id", str(record.id)),
         ("topic", record.topic),
@@ -137,18 +141,25 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
     lines = [f"{name + ':':<16} {value}" for name, value in fields]
 
     error = (record.last_error or "-").rstrip().splitlines() or ["-"]
-    payload = [json.dumps(record.payload, ensure_ascii=False)]
-    if len(payload[0]) > SHOW_INLINE_PAYLOAD:
-        payload = json.dumps(record.payload, indent=2, ensure_ascii=False).splitlines()
+    # A result is never JSON null: a handler returning None stores nothing (SQL NULL).
+    result = ["-"] if record.result is None else _json_lines(record.result)
+    payload = _json_lines(record.payload)
+    history = [_history_line(entry) for entry in record.errors]
+    blocks = [
+        # name, body, on its name's line, keep the end when clipped (a traceback names the
+        # exception last; the newest failures are the last entries)
+        ("result", result, len(result) == 1, False),
+        (f"errors ({len(history)}, oldest first)", history, False, True)
+        if history
+        else ("errors", ["-"], True, True),
+        ("last error", error, len(error) == 1, True),
+        ("payload", payload, len(payload) == 1, False),
+    ]
     # What does not fit on its field's line shares the rest of the screen.
-    room = SCREEN_LINES - len(lines) - 2
-    error_needs, payload_needs = (0 if len(b) == 1 else len(b) for b in (error, payload))
-    payload_room = min(payload_needs, max(room - error_needs, room // 2))
-    for name, body, body_room, tail in (
-        ("last error", error, room - payload_room, True),
-        ("payload", payload, payload_room, False),
-    ):
-        if len(body) == 1:
+    room = SCREEN_LINES - len(lines) - len(blocks)
+    needs = [0 if inline else len(body) for _, body, inline, _ in blocks]
+    for (name, body, inline, tail), body_room in zip(blocks, _share(needs, room), strict=True):
+        if inline:
             lines.append(f"{name + ':':<16} {body[0]}")
         else:
             lines.append(name + ":")
@@ -156,13 +167,63 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
     return lines
 
 
+def _json_lines(value: object) -> list[str]:
+    """Compact JSON on one line when short, else indented over several."""
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text) <= SHOW_INLINE_PAYLOAD:
+        return [text]
+    return json.dumps(value, indent=2, ensure_ascii=False).splitlines()
+
+
+def _history_line(entry: dict[str, Any]) -> str:
+    """One error history entry: "attempt 2  2026-12-01 10:00:00 UTC  host:1/child-1
+    ValueError: ..." (the error's first line)."""
+    at = str(entry.get("at") or "-")
+    with contextlib.suppress(ValueError):
+        at = utc(_parse_at(at))
+    first = next(
+        (ln.strip() for ln in str(entry.get("error") or "").splitlines() if ln.strip()), ""
+    )
+    if len(first) > HISTORY_ERROR_WIDTH:
+        first = first[: HISTORY_ERROR_WIDTH - 1] + "…"
+    return f"attempt {entry.get('attempt', '?')}  {at}  {entry.get('worker') or '-'}  {first}"
+
+
+def _parse_at(text: str) -> datetime:
+    """The ISO text jsonb writes for a timestamptz ("2026-12-01T10:00:00.1234+00:00");
+    Python 3.10's fromisoformat takes only 3 or 6 digits of fraction."""
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = f"{head}.{rest[:digits][:6].ljust(6, '0')}{rest[digits:]}"
+    return datetime.fromisoformat(text)
+
+
+def _share(needs: list[int], room: int) -> list[int]:
+    """Lines for each block beyond its header: ``room`` split evenly among the blocks
+    that need more, what one does not use going to the others (the earlier ones first)."""
+    given = [0] * len(needs)
+    left = max(room, 0)
+    while left > 0:
+        wanting = [i for i, need in enumerate(needs) if given[i] < need]
+        if not wanting:
+            break
+        each = max(left // len(wanting), 1)
+        for i in wanting:
+            add = min(each, needs[i] - given[i], left)
+            given[i] += add
+            left -= add
+    return given
+
+
 @jobs.command("show")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """A job's fate on one screen: state, attempts, times, holder and lease, last error,
-    payload."""
+    """A job's fate on one screen: state, attempts, times, holder and lease, result,
+    error history (attempt, time, worker, first line of each error), last error, payload.
+    --json: every field whole."""
     jid = brooq.job.parse_job_id(job_id)
     record = open_queue(ctx).get(jid)
     if record is None:

@@ -1,12 +1,17 @@
-"""The LISTEN/NOTIFY channel on which producers wake the master.
+"""The LISTEN/NOTIFY channels: producers wake the master on CHANNEL; the end of a job
+someone waits for (queue.wait) is notified on OUTCOME_CHANNEL.
 
-Python code names the channel through CHANNEL only. SQL cannot import it: the channel is
-spelled in brooq/sql/queries.sql (`listen_jobs`, `job_retry`) and in the trigger of
-migrations/0001_job.sql, and tests/test_units.py checks that every one of them says
-CHANNEL. The payload is always empty: a notification means "jobs may be ready", never
-which ones, so a lost or folded notification costs latency, never a job.
+Python code names the channels through these constants only. SQL cannot import them:
+CHANNEL is spelled in brooq/sql/queries.sql (`listen_jobs`, `job_retry`) and in the
+trigger of migrations/0001_job.sql, OUTCOME_CHANNEL in `listen_outcomes` and the trigger
+function of migrations/0006_handlers.sql; tests/test_units.py checks that every one of
+them says one of these. CHANNEL's payload is always empty: a notification means "jobs
+may be ready", never which ones, so a lost or folded notification costs latency, never
+a job. OUTCOME_CHANNEL's payload is the job's id; a waiter that misses one finds the
+outcome by its poll.
 """
 
 from typing import Final
 
 CHANNEL: Final = "brooq_job"
+OUTCOME_CHANNEL: Final = "brooq_outcome"

@@ -44,9 +44,24 @@ FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
 JOIN job ON job.topic = k.topic AND job.idempotency_key = k.key
 
 -- name: job_get
+-- errors: [] when none (NULL until the first failed attempt, and on rows an older master
+-- wrote).
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
-       last_error, idempotency_key, created_at, updated_at, queue, priority
+       last_error, idempotency_key, created_at, updated_at, queue, priority,
+       result, coalesce(errors, '[]'::jsonb) AS errors
 FROM job WHERE id = %(id)s
+
+-- name: job_wait_register
+-- queue.wait(): flag the job as waited for, so that the trigger job_waited_notify
+-- (migration 0006) notifies brooq_outcome when it reaches done, dead or canceled. Run
+-- after LISTEN, so the end of the job cannot fall between the two (an outcome committed
+-- first is seen by the job_get that follows). A terminal, unknown or already flagged
+-- row is not written; updated_at stays (the flag is no change of the job's fate).
+UPDATE job SET waited = true
+WHERE id = %(id)s AND state IN ('pending', 'processing', 'failed') AND waited IS NOT TRUE
+
+-- name: listen_outcomes
+LISTEN brooq_outcome
 
 -- name: job_cancel
 -- Operator or producer cancel. A processing row is canceled too: its holder learns it
@@ -495,6 +510,11 @@ SELECT set_config('enable_bitmapscan', 'on', true), set_config('plan_cache_mode'
 -- name: job_set_failed
 -- A failed attempt: dead when the attempts are used up, else failed until the backoff
 -- has passed. The refund flag gives the attempt back (PreserveAttempt), which never leads to dead.
+-- The error history gets one entry in the same UPDATE: appended, then the last 20 kept
+-- (a lax jsonpath range is clamped, so a shorter history stays whole), oldest first. In
+-- SET, job.attempts is the value before this UPDATE: this attempt's number, charged at
+-- claim (a refunded attempt's number comes again). history_error is the error bounded
+-- to 1,000 characters (last_error keeps 2,000).
 UPDATE job
 SET state = CASE
         WHEN NOT %(refund)s AND attempts >= %(max_attempts)s THEN 'dead'
@@ -503,6 +523,12 @@ SET state = CASE
     attempts = CASE WHEN %(refund)s THEN greatest(attempts - 1, 0) ELSE attempts END,
     available_at = now() + make_interval(secs => %(delay)s),
     last_error = %(error)s,
+    errors = jsonb_path_query_array(
+        coalesce(job.errors, '[]'::jsonb)
+            || jsonb_build_object('attempt', job.attempts, 'at', now(),
+                                  'error', %(history_error)s::text,
+                                  'worker', %(worker)s::text),
+        '$[last - 19 to last]'),
     updated_at = now()
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 RETURNING state
@@ -591,6 +617,23 @@ SET state = CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELS
              || ' times: the workers running it vanished (host lost or frozen?)'
         ELSE job.last_error
     END,
+    -- Each expiry appends to the error history (job_set_failed's expression; here, after
+    -- the UPDATE keyword, so that pg_stat_activity's first 1 kB still shows it): attempt
+    -- is the attempt charged at claim, worker the holder whose lease ran out (in SET,
+    -- job.locked_by is still the old value). The attempt is refunded, so the next claim
+    -- charges the same number again: the history then shows that attempt number twice.
+    errors = jsonb_path_query_array(
+        coalesce(job.errors, '[]'::jsonb)
+            || jsonb_build_object(
+                'attempt', job.attempts, 'at', now(),
+                'error', 'lease expired (' || (job.lease_expiries + 1)::text || ' of '
+                    || %(max_expiries)s::text || '): '
+                    || CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s
+                            THEN 'dead, the workers running it vanished (host lost or frozen?)'
+                            ELSE 'back to pending, the attempt refunded'
+                       END,
+                'worker', job.locked_by),
+        '$[last - 19 to last]'),
     locked_by = NULL, locked_until = NULL,
     available_at = now(), updated_at = now()
 FROM expired
@@ -675,7 +718,8 @@ ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
 
 -- name: job_list
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
-       last_error, idempotency_key, created_at, updated_at, queue, priority
+       last_error, idempotency_key, created_at, updated_at, queue, priority,
+       result, coalesce(errors, '[]'::jsonb) AS errors
 FROM job
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)

@@ -27,6 +27,7 @@ from brooq.worker.retry import backoff
 log = logging.getLogger("brooq.master")
 
 RETENTION_MAX_BATCHES = 100
+HISTORY_ERROR_MAX = 1000  # characters of an error history entry (job_set_failed)
 
 
 def renew_leases(
@@ -50,7 +51,8 @@ def reap_expired(
 ) -> tuple[Counter[str], list[tuple[uuid.UUID, str, int]]]:
     """Return expired leases to pending, attempt refunded: counts by topic of the jobs
     returned, and (id, topic, expiries) of those whose expiries reached ``max_expiries``
-    and are dead instead."""
+    and are dead instead. Each expiry appends an entry to the job's error history (the
+    old holder as worker, the refunded attempt's number, which the next claim repeats)."""
     rows = (
         conn.cursor(row_factory=dict_row)
         .execute(Q.job_reap_expired, {"max_expiries": max_expiries})
@@ -95,7 +97,8 @@ def settle_dead_worker(
     failed attempt with ``cause``; every other job it held (claimed in a batch but not
     started, or finished but not yet written) goes back to pending with the attempt
     refunded — they did not fail. Everything is guarded by the holder, so a job reaped
-    and claimed elsewhere meanwhile is untouched.
+    and claimed elsewhere meanwhile is untouched. The failed job's error history gets
+    an entry naming ``worker`` (the dead child's identity) and ``cause``.
     Returns (id, topic, new state) of the failed job and (id, topic) of the released."""
     failed = []
     cur = conn.cursor(row_factory=dict_row)
@@ -112,6 +115,7 @@ def settle_dead_worker(
                     "max_attempts": policy.max_attempts,
                     "delay": backoff(held["attempts"], policy.backoff_base, policy.backoff_max),
                     "error": bounded(cause),
+                    "history_error": bounded(cause, HISTORY_ERROR_MAX),
                 },
             ).fetchone()
             if row is not None:

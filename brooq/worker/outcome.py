@@ -130,6 +130,7 @@ class OutcomeWriter:
                 "max_attempts": 0 if outcome.final else policy.max_attempts,
                 "delay": outcome.delay,
                 "error": outcome.error,
+                "history_error": execute.bounded(outcome.error or "", 1000),
             },
             prepare=True,
         ).fetchone()
