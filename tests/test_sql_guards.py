@@ -87,7 +87,7 @@ def claim_one(conn: Conn, worker: str, topics: tuple[str, ...] = ("t",)) -> uuid
 
 
 def set_done(conn: Conn, job_id: uuid.UUID, worker: str) -> int:
-    return conn.execute(Q.job_set_done, {"id": job_id, "worker": worker}).rowcount
+    return conn.execute(Q.job_set_done, {"id": job_id, "worker": worker, "result": None}).rowcount
 
 
 def set_failed(

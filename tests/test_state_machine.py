@@ -244,7 +244,7 @@ class QueueMachine(RuleBasedStateMachine):
         conn = self.conns[worker]
         params = {"id": job_id, "worker": worker}
         if outcome == "done":
-            ok = conn.execute(Q.job_set_done, params).rowcount == 1
+            ok = conn.execute(Q.job_set_done, {**params, "result": None}).rowcount == 1
         elif outcome == "canceled":
             ok = conn.execute(Q.job_set_canceled, {**params, "error": "by handler"}).rowcount == 1
         else:
