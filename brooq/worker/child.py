@@ -130,6 +130,7 @@ class Child:
         self.batch = 1
         self.held: list[uuid.UUID] = []  # claimed and not yet settled, in claim order
         self.unwritten: list[_Finished] = []  # finished with `done`, written next trip
+        self.results_unwritten = False  # one of them has a result to store
         self._stack_fh: IO[str] | None = None
 
     @property
@@ -270,7 +271,7 @@ class Child:
             params["queues"] = queues
         plain, with_results = _STATEMENTS[shape]
         statement = plain
-        if any(f.result is not None for f in finished):
+        if self.results_unwritten:
             statement = with_results
             params["results"] = [f.result for f in finished]
         try:
@@ -287,6 +288,7 @@ class Child:
             self.db.failed("claim", exc)
             return []
         self.unwritten = []
+        self.results_unwritten = False
         written = {r.id for r in rows if not r.claimed}
         with logs.batch(log):  # the round trip's job_done lines in one write
             for f in finished:
@@ -372,7 +374,9 @@ class Child:
             )
         )
         handler = self.handlers[claim.topic]
-        refused = _refused_payload(claim, handler)
+        refused = None
+        if handler.codec is not None or claim.payload.__class__ is Undecodable:
+            refused = _refused_payload(claim, handler)  # not a call per untyped job
         if refused is None:
             error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
         else:  # the handler and its middleware run zero times
@@ -409,6 +413,8 @@ class Child:
         if outcome.kind == "done" and not claim.chained and not claim.success_hooks:
             # written with the next claim
             self.unwritten.append(_Finished(claim, duration, result))
+            if result is not None:
+                self.results_unwritten = True
             return duration
         written_state, written = self.outcomes.write(claim, policy, outcome, result)
         if outcome.kind != "abandon":
