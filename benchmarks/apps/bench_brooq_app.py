@@ -18,9 +18,13 @@ if os.environ.get("BENCH_MIDDLEWARE"):  # the cost of one no-op middleware (issu
         return call_next(claim)
 
 
+# BENCH_RESULT=1: each no-op returns a small result (the _results claim statements).
+_RESULT = {"ok": True} if os.environ.get("BENCH_RESULT") else None
+
+
 @queue.handler("bench.noop")
-def noop(claim: brooq.Claim) -> None:
-    pass
+def noop(claim: brooq.Claim) -> object:
+    return _RESULT
 
 
 @queue.handler("bench.cpu")
