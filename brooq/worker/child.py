@@ -51,7 +51,7 @@ from brooq.worker.config import BATCH_BUDGET, LONG_JOB, ChildConfig
 from brooq.worker.connection import ChildConnection, Stop, Undecodable
 from brooq.worker.link import MasterLink
 from brooq.worker.meter import Meter, resident_mib
-from brooq.worker.outcome import OutcomeWriter
+from brooq.worker.outcome import OutcomeWriter, report_policy_error
 from brooq.worker.state import ChildState
 from brooq.worker.weights import RoundOrder, worked_queues
 
@@ -397,14 +397,7 @@ class Child:
             outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
         else:
             outcome = execute.decide(error, claim.attempt, policy, random.random(), handler.retry)
-            if outcome.policy_error is not None:
-                log.error(
-                    "event=retry_policy_failed job=%s topic=%s error=%r: the default backoff "
-                    "applies",
-                    claim.id,
-                    claim.topic,
-                    outcome.policy_error,
-                )
+            report_policy_error(claim, outcome)
         if claim.id in state.lost:
             outcome = execute.Outcome("abandon")
         self.meter.attempt(claim.topic, duration, cpu_before)

@@ -111,6 +111,7 @@ class OutcomeWriter:
                 handler = self.handlers.get(claim.topic)
                 retry = handler.retry if handler is not None else None
                 outcome = execute.decide(exc, claim.attempt, policy, random.random(), retry)
+                report_policy_error(claim, outcome)
                 outcome = execute.Outcome(
                     "failed",
                     delay=outcome.delay,
@@ -211,6 +212,17 @@ class OutcomeWriter:
                 claim.attempt,
                 elapsed,
             )
+
+
+def report_policy_error(claim: Claim[Any], outcome: execute.Outcome) -> None:
+    """Log a retry policy that raised or answered nonsense (the default backoff applied)."""
+    if outcome.policy_error is not None:
+        log.error(
+            "event=retry_policy_failed job=%s topic=%s error=%r: the default backoff applies",
+            claim.id,
+            claim.topic,
+            outcome.policy_error,
+        )
 
 
 class _NotOurs(Exception):
