@@ -134,7 +134,9 @@ def test_a_typed_payload_round_trips_as_an_instance(
     start(start_master, trace_dir)
     sent = app.Signup(7, "ada@example.com", app.Address("London", "N1"), ["new"])
     job_id, _ = typed_queue.enqueue(brooq.Job("h.typed", sent))
-    wait_for(lambda: state_of(db, job_id) == "done", what="done")
+    # The result, read back across processes by queue.wait.
+    record = typed_queue.wait(job_id, timeout=20)
+    assert (record.state, record.result) == ("done", {"user_id": 7, "welcomed": True})
     lines = traced(trace_dir, job_id)
     # The middleware sees the instance too: decoded before the chain.
     assert lines[0] == ("in:g1", "Signup")
