@@ -30,7 +30,7 @@ from brooq.job import (
     LeaseLost,
     PreserveAttempt,
 )
-from brooq.produce import enqueue, enqueue_async
+from brooq.produce import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from brooq.queue import InFlight, Queue, QueueStats, TopicStats
 
 __version__ = "0.1.0"
@@ -69,4 +69,6 @@ __all__ = [
     "__version__",
     "enqueue",
     "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
 ]

@@ -155,11 +155,17 @@ async def enqueue_async(
     target: AsyncTarget, job: Job, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue`` for a psycopg AsyncConnection or AsyncCursor, in the caller's transaction."""
-    check_job(job, max_payload_bytes)
+    return await insert_checked_async(target, check_job(job, max_payload_bytes))
+
+
+async def insert_checked_async(
+    target: AsyncTarget, job: Job, handlers: Handlers = _NO_HANDLERS
+) -> tuple[uuid.UUID, bool]:
+    """``enqueue_async`` for a job that check_job has passed."""
     try:
         async with _async_cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
-                await cur.execute(Q.job_insert, _params(job, uuid7(), _NO_HANDLERS))
+                await cur.execute(Q.job_insert, _params(job, uuid7(), handlers))
                 inserted = await cur.fetchone()
                 if inserted is not None:
                     return inserted, True
@@ -205,64 +211,141 @@ def insert_many_checked(
         raise schema_missing(exc) from None
 
 
+async def enqueue_many_async(
+    target: AsyncTarget,
+    jobs: Sequence[Job],
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> list[tuple[uuid.UUID, bool]]:
+    """``enqueue_many`` for a psycopg AsyncConnection or AsyncCursor."""
+    return await insert_many_checked_async(target, check_jobs(jobs, max_payload_bytes))
+
+
+async def insert_many_checked_async(
+    target: AsyncTarget, checked: list[Job], handlers: Handlers = _NO_HANDLERS
+) -> list[tuple[uuid.UUID, bool]]:
+    """``enqueue_many_async`` for jobs that check_job has passed."""
+    if not checked:
+        return []
+    ids = uuid7_many(len(checked))
+    try:
+        async with _async_cursor(target) as cur:
+            if any(job.idempotency_key is not None for job in checked):
+                return await _insert_many_async(cur, checked, ids, handlers)
+            return await _copy_many_async(cur, checked, ids, handlers)
+    except psycopg.errors.UndefinedTable as exc:
+        raise schema_missing(exc) from None
+
+
+def _copy_rows(
+    checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The COPY rows of jobs without keys, ready ones and scheduled ones apart, so that
+    "ready now" is the server's now(), never the client's clock."""
+    ready: list[tuple[Any, ...]] = []
+    scheduled: list[tuple[Any, ...]] = []
+    for job_id, job in zip(ids, checked, strict=True):
+        queue = queue_of(job, handlers)
+        if job.available_at is None:
+            ready.append((job_id, job.topic, job.payload_json, queue, job.priority))
+        else:
+            at = job.available_at
+            scheduled.append((job_id, job.topic, job.payload_json, at, queue, job.priority))
+    return ready, scheduled
+
+
 def _copy_many(
     cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
 ) -> list[tuple[uuid.UUID, bool]]:
-    """Jobs without keys cannot conflict: COPY them (ready ones and scheduled ones apart,
-    so that "ready now" is the server's now(), never the client's clock)."""
-    ready = [
-        (job_id, job) for job_id, job in zip(ids, checked, strict=True) if job.available_at is None
-    ]
-    if ready:
-        with cur.copy(Q.job_copy_ready) as copy:
-            for job_id, job in ready:
-                row = (job_id, job.topic, job.payload_json, queue_of(job, handlers), job.priority)
-                copy.write_row(row)
-    if len(ready) < len(checked):
-        with cur.copy(Q.job_copy_scheduled) as copy:
-            for job_id, job in zip(ids, checked, strict=True):
-                if job.available_at is not None:
-                    queue = queue_of(job, handlers)
-                    at = job.available_at
-                    copy.write_row((job_id, job.topic, job.payload_json, at, queue, job.priority))
+    """Jobs without keys cannot conflict: COPY them."""
+    ready, scheduled = _copy_rows(checked, ids, handlers)
+    for statement, rows in ((Q.job_copy_ready, ready), (Q.job_copy_scheduled, scheduled)):
+        if rows:
+            with cur.copy(statement) as copy:
+                for row in rows:
+                    copy.write_row(row)
     return [(job_id, True) for job_id in ids]
+
+
+async def _copy_many_async(
+    cur: psycopg.AsyncCursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
+) -> list[tuple[uuid.UUID, bool]]:
+    ready, scheduled = _copy_rows(checked, ids, handlers)
+    for statement, rows in ((Q.job_copy_ready, ready), (Q.job_copy_scheduled, scheduled)):
+        if rows:
+            async with cur.copy(statement) as copy:
+                for row in rows:
+                    await copy.write_row(row)
+    return [(job_id, True) for job_id in ids]
+
+
+def _many_params(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -> dict[str, Any]:
+    return {
+        "ids": ids,
+        "topics": [j.topic for j in checked],
+        "payloads": [j.payload_json for j in checked],
+        "keys": [j.idempotency_key for j in checked],
+        "available_ats": [j.available_at for j in checked],
+        "queues": [queue_of(j, handlers) for j in checked],
+        "priorities": [j.priority for j in checked],
+    }
+
+
+def _missing(
+    checked: list[Job], ids: list[uuid.UUID], inserted: set[uuid.UUID]
+) -> tuple[list[tuple[uuid.UUID, bool]], list[int], dict[str, Any]]:
+    """After job_insert_many: (id, created) per job, the indexes of the jobs whose key
+    was taken, and the job_get_ids_by_keys parameters that find the rows holding them."""
+    result = [(job_id, job_id in inserted) for job_id in ids]
+    missing = [i for i, (_, created) in enumerate(result) if not created]
+    lookup = {
+        "topics": [checked[i].topic for i in missing],
+        "keys": [checked[i].idempotency_key for i in missing],
+    }
+    return result, missing, lookup
+
+
+def _fill_existing(
+    result: list[tuple[uuid.UUID, bool]],
+    checked: list[Job],
+    missing: list[int],
+    rows: Iterable[_KeyedId],
+) -> list[tuple[uuid.UUID, bool]]:
+    existing = {(row.topic, row.key): row.id for row in rows}
+    for i in missing:
+        job = checked[i]
+        found = existing.get((job.topic, job.idempotency_key))
+        if found is None:
+            raise BrooqError(
+                f"job {i} ({job.topic!r}, key {job.idempotency_key!r}) conflicted "
+                "with a row that has since disappeared; enqueue it again"
+            )
+        result[i] = (found, False)
+    return result
 
 
 def _insert_many(
     cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
 ) -> list[tuple[uuid.UUID, bool]]:
-    cur.execute(
-        Q.job_insert_many,
-        {
-            "ids": ids,
-            "topics": [j.topic for j in checked],
-            "payloads": [j.payload_json for j in checked],
-            "keys": [j.idempotency_key for j in checked],
-            "available_ats": [j.available_at for j in checked],
-            "queues": [queue_of(j, handlers) for j in checked],
-            "priorities": [j.priority for j in checked],
-        },
-    )
+    cur.execute(Q.job_insert_many, _many_params(checked, ids, handlers))
     inserted = set(cur.fetchall())  # the ids (scalar_row)
-    result = [(job_id, job_id in inserted) for job_id in ids]
-    missing = [i for i, (_, created) in enumerate(result) if not created]
-    if missing:
-        with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
-            rows = by_key.execute(
-                Q.job_get_ids_by_keys,
-                {
-                    "topics": [checked[i].topic for i in missing],
-                    "keys": [checked[i].idempotency_key for i in missing],
-                },
-            )
-            existing = {(row.topic, row.key): row.id for row in rows}
-        for i in missing:
-            job = checked[i]
-            found = existing.get((job.topic, job.idempotency_key))
-            if found is None:
-                raise BrooqError(
-                    f"job {i} ({job.topic!r}, key {job.idempotency_key!r}) conflicted "
-                    "with a row that has since disappeared; enqueue it again"
-                )
-            result[i] = (found, False)
-    return result
+    result, missing, lookup = _missing(checked, ids, inserted)
+    if not missing:
+        return result
+    with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
+        rows = by_key.execute(Q.job_get_ids_by_keys, lookup).fetchall()
+    return _fill_existing(result, checked, missing, rows)
+
+
+async def _insert_many_async(
+    cur: psycopg.AsyncCursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
+) -> list[tuple[uuid.UUID, bool]]:
+    await cur.execute(Q.job_insert_many, _many_params(checked, ids, handlers))
+    inserted = set(await cur.fetchall())
+    result, missing, lookup = _missing(checked, ids, inserted)
+    if not missing:
+        return result
+    async with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
+        await by_key.execute(Q.job_get_ids_by_keys, lookup)
+        rows = await by_key.fetchall()
+    return _fill_existing(result, checked, missing, rows)

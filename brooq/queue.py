@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import class_row, dict_row
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from brooq import dsn as dsn_mod
 from brooq import produce as producer
@@ -179,6 +179,10 @@ class Queue:
         self.schedules: dict[str, Schedule] = {}  # queue.periodic(...), by name
         self._pool: ConnectionPool[Any] | None = None
         self._pool_pid = 0
+        # The async producers' pool: opened on first use in a running event loop, bound
+        # to that loop and to this process (dropped unused after a fork, like the other).
+        self._apool: AsyncConnectionPool[Any] | None = None
+        self._apool_owner: tuple[int, object] = (0, None)  # (pid, event loop)
         # Fail early on unknown names and bad values given in code.
         unknown = sorted(set(settings) - settings_mod.FIELDS)
         if unknown:
@@ -343,6 +347,72 @@ class Queue:
             self._pool.close()
         self._pool = None
 
+    async def _get_async_pool(self) -> AsyncConnectionPool[Any]:
+        import asyncio
+
+        owner = (os.getpid(), asyncio.get_running_loop())
+        if self._apool is not None and self._apool_owner != owner:
+            # Another process's (inherited across fork) or another loop's: its sockets
+            # and futures are not ours to use or close here. Forget it.
+            self._apool = None
+        if self._apool is None:
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                self.dsn,
+                min_size=1,
+                max_size=max(1, self.pool_size),
+                open=False,
+                timeout=CONNECT_TIMEOUT,
+                kwargs={"connect_timeout": CONNECT_TIMEOUT},
+                check=AsyncConnectionPool.check_connection,
+                name="brooq-async",
+            )
+            try:
+                await pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+            except PoolTimeout:
+                await pool.close(timeout=0)
+                raise self._unavailable() from None
+            self._apool, self._apool_owner = pool, owner
+        return self._apool
+
+    @contextlib.asynccontextmanager
+    async def _async_connection(
+        self, *, autocommit: bool = False
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of the async pool, in a transaction (or in autocommit: each
+        statement its own, no BEGIN and COMMIT round trips), with the errors of
+        ``connection``."""
+        pool = await self._get_async_pool()
+        try:
+            async with pool.connection() as conn:
+                if autocommit:
+                    await conn.set_autocommit(True)
+                    try:
+                        yield conn
+                    finally:
+                        with contextlib.suppress(psycopg.Error):
+                            await conn.set_autocommit(False)  # the pool's are transactional
+                else:
+                    async with conn.transaction():
+                        yield conn
+        except PoolTimeout:
+            raise self._unavailable() from None
+        except psycopg.errors.UndefinedTable as exc:
+            raise schema_missing(exc) from None
+        except psycopg.OperationalError as exc:
+            if not lost_connection(exc):
+                raise
+            raise unavailable(self.dsn, exc) from None
+
+    async def close_async(self) -> None:
+        """Close the async pool (from the event loop that used it); ``close`` closes the
+        other."""
+        import asyncio
+
+        owner = (os.getpid(), asyncio.get_running_loop())
+        if self._apool is not None and self._apool_owner == owner:
+            await self._apool.close()
+        self._apool = None
+
     # -- producing -----------------------------------------------------------------------
 
     @property
@@ -372,6 +442,19 @@ class Queue:
         checked = producer.check_jobs(jobs, self._max_payload, self.handlers)  # before any I/O
         with self.transaction() as conn:
             return producer.insert_many_checked(conn, checked, self.handlers)
+
+    async def enqueue_async(self, job: Job) -> tuple[uuid.UUID, bool]:
+        """``enqueue`` from asyncio code, on this Queue's async pool (opened on first use
+        in the running loop, never before a fork); (id, created)."""
+        checked = producer.check_job(job, self._max_payload, self.handlers)
+        async with self._async_connection(autocommit=True) as conn:  # one statement
+            return await producer.insert_checked_async(conn, checked, self.handlers)
+
+    async def enqueue_many_async(self, jobs: Sequence[Job]) -> list[tuple[uuid.UUID, bool]]:
+        """``enqueue_many`` from asyncio code, in one transaction on the async pool."""
+        checked = producer.check_jobs(jobs, self._max_payload, self.handlers)
+        async with self._async_connection() as conn:
+            return await producer.insert_many_checked_async(conn, checked, self.handlers)
 
     # -- reading and operating -----------------------------------------------------------
 
