@@ -66,9 +66,11 @@ def prio(claim: brooq.Claim) -> None:
 
 
 # The I/O-bound workloads (issue 18): sync handlers, as brooq has today, blocking the
-# child for the wait. Issue 18's async variant adds `async def` handlers of its own
-# topics (bench.io_async, bench.io_http_async) beside these, doing what the peers'
-# handlers do: `await asyncio.sleep(IO_SECONDS)` and `await http_get_async(...)`.
+# child for the wait. Issue 18's "async" variant is meant to load an application of its
+# own (say apps/bench_brooq_async_app.py) with `async def` handlers of the same two
+# topics doing what the peers' handlers do (`await asyncio.sleep(IO_SECONDS)`,
+# `await http_get_async(http_url())`), so that the jobs enqueued stay the same and this
+# application's claims stay those of a sync-only master (see benchmarks/README.md).
 @queue.handler("bench.io")
 def io(claim: brooq.Claim) -> None:
     started = time.time_ns()
