@@ -460,6 +460,8 @@ def w_io(system: System, dsn: str, n: int, workload: str, variant: str) -> dict[
     finally:
         system.http_url = ""
         if server is not None:
+            if METER is not None:
+                METER.checkpoint()  # the server's CPU is the benchmark's own
             server.stop(graceful=3.0)
     spans = span_events(dsn)
     first = min(s for _, s, *_ in spans)
