@@ -516,7 +516,14 @@ def chart(result: dict[str, Any], path: Path) -> None:
         "celery-early-ack": "#e377c2",
         "pgbench": "#7f7f7f",
     }
-    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    io_names = [n for n in systems_in(result) if io_variants(result, n)]
+    if io_names:  # a third row for issue 18's I/O-bound workloads, when the run had them
+        fig = plt.figure(figsize=(16, 13.5))
+        grid = fig.add_gridspec(3, 3)
+        axes = [[fig.add_subplot(grid[r, c]) for c in range(3)] for r in range(2)]
+        io_chart(result, fig.add_subplot(grid[2, :]), io_names, colours)
+    else:
+        fig, axes = plt.subplots(2, 3, figsize=(16, 9))
 
     def bars(
         ax: Any,
@@ -661,6 +668,39 @@ def chart(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def io_chart(result: dict[str, Any], ax: Any, names: list[str], colours: dict[str, str]) -> None:
+    """Jobs/s of io (plain) and io_http (hatched) per configuration, log scale."""
+    labels, cols, io, http = [], [], [], []
+    for n in names:
+        for v in io_variants(result, n):
+            labels.append(f"{n} -w {v}" if n == "brooq" and v.isdigit() else f"{n} {v}".strip())
+            cols.append(colours.get(n, "k"))
+            io.append(_med(_s(result, n, "io", v), "jobs_per_s") or 0.0)
+            http.append(_med(_s(result, n, "io_http", v), "jobs_per_s") or 0.0)
+    x = range(len(labels))
+    for off, vals, hatch in ((-0.2, io, ""), (0.2, http, "//")):
+        ax.bar([i + off for i in x], vals, width=0.4, hatch=hatch, color=cols)
+        for i, v in enumerate(vals):
+            ax.annotate(
+                _num(v),
+                (i + off, v),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("jobs/s (log)")
+    ax.set_title(
+        f"I/O-bound (issue 18): {result['sizes'].get('io', 0):,} jobs of 50 ms; "
+        "asyncio.sleep / time.sleep plain, HTTP GET hatched",
+        fontsize=10,
+    )
 
 
 if __name__ == "__main__":
