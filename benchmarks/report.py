@@ -21,9 +21,15 @@ WORKLOAD_TITLES = {
     "hung": "hung",
     "priority": "priority",
     "limited": "global_limit",
+    "io": "I/O sleep",
+    "io_http": "I/O HTTP",
 }
 PRIORITY_TARGET_PCT = 5.0  # of the low jobs still to start when the high ones come
 LIMITED_TARGET_SHARE = 0.9  # of cap / job time
+# Issue 18: brooq's I/O-bound figure against the best peer's. The variant judged is
+# "async" once run.py's BROOQ_IO_VARIANTS has it, else today's `--workers 2`.
+IO_TARGET_RATIO = 1.5
+IO_TARGET_VARIANTS = ("async", "2")
 
 
 def _s(result: dict[str, Any], system: str, workload: str, variant: str = "") -> dict[str, Any]:
@@ -204,6 +210,7 @@ def markdown(result: dict[str, Any]) -> str:
         )
 
     lines += brooq_features(result)
+    lines += io_section(result)
 
     lines += ["", "## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
     lines += targets(result)
@@ -234,9 +241,16 @@ def markdown(result: dict[str, Any]) -> str:
                 cells.append("–")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
 
-    if skipped:
+    skipped_wl: dict[tuple[str, str], list[str]] = {}  # (system, why) -> workloads
+    for n in names:
+        if skipped.get(n) or n == "celery-early-ack":  # that one runs the drain only
+            continue
+        for wl, why in result["systems"][n].get("skipped_workloads", {}).items():
+            skipped_wl.setdefault((n, why), []).append(wl)
+    if skipped or skipped_wl:
         lines += ["", "## Skipped", ""]
         lines += [f"- {n}: {why}" for n, why in skipped.items()]
+        lines += [f"- {n}, {', '.join(wls)}: {why}" for (n, why), wls in skipped_wl.items()]
     errors = [r for r in result["runs"] if "error" in r]
     if errors:
         lines += ["", "## Errors", ""]
@@ -326,6 +340,76 @@ def brooq_features(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def io_variants(result: dict[str, Any], system: str) -> list[str]:
+    """The variants a system ran the I/O-bound workloads in, in the order they ran."""
+    seen: list[str] = []
+    for r in result["runs"]:
+        if (
+            r["system"] == system
+            and r["workload"] in ("io", "io_http")
+            and r["variant"] not in seen
+        ):
+            seen.append(r["variant"])
+    return seen
+
+
+def io_label(result: dict[str, Any], system: str, variant: str) -> str:
+    settings = result["systems"][system]["settings"]
+    for wl in ("io", "io_http"):
+        st = settings.get(wl, {}).get(variant or "-")
+        if st:
+            return f"`{st['command']}`"
+    return variant
+
+
+def io_best_peer(result: dict[str, Any], workload: str) -> tuple[str, float] | None:
+    best: tuple[str, float] | None = None
+    for name in systems_in(result):
+        if name == "brooq":
+            continue
+        for v in io_variants(result, name):
+            med = _med(_s(result, name, workload, v), "jobs_per_s")
+            if med is not None and (best is None or med > best[1]):
+                best = (name + (f" ({v})" if v else ""), med)
+    return best
+
+
+def io_section(result: dict[str, Any]) -> list[str]:
+    """Issue 18's I/O-bound workloads, when the run had them."""
+    names = [n for n in systems_in(result) if io_variants(result, n)]
+    if not names:
+        return []
+    n_jobs = result["sizes"].get("io", 0)
+    lines = [
+        "",
+        f"## I/O-bound (issue 18): {n_jobs:,} ready jobs that each wait 50 ms",
+        "",
+        "`io`: each job sleeps 50 ms (async handlers `await asyncio.sleep(0.05)`, brooq's sync "
+        "handler `time.sleep(0.05)`). `io_http`: each job GETs a local server that answers "
+        "after 50 ms (one connection per request; async handlers over "
+        "`asyncio.open_connection`, sync ones with `urllib`). Jobs/s from the first handler "
+        "start to the last handler end (the handlers' own `time.time_ns()` records); most at "
+        "once from the same records; job time = end − start of each job. The bound is what "
+        "the configuration's slots (jobs it runs at once at most) allow: slots ÷ 50 ms.",
+        "",
+        "| system | configuration | bound (jobs/s) | io (jobs/s) | io_http (jobs/s) | most at "
+        "once (io / io_http) | io_http job p50 / p95 (ms) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for n in names:
+        for v in io_variants(result, n):
+            a, b = _s(result, n, "io", v), _s(result, n, "io_http", v)
+            slots = _med(a, "slots") or _med(b, "slots")
+            bound = f"{slots / 0.05:,.0f}" if slots else "–"
+            lines.append(
+                f"| {n} | {io_label(result, n, v)} | {bound} | {fmt(a, 'jobs_per_s')} "
+                f"| {fmt(b, 'jobs_per_s')} | {fmt(a, 'max_concurrency')} / "
+                f"{fmt(b, 'max_concurrency')} | {fmt(b, 'job_ms_p50', 1)} / "
+                f"{fmt(b, 'job_ms_p95', 1)} |"
+            )
+    return lines
+
+
 def targets(result: dict[str, Any]) -> list[str]:
     rows = []
 
@@ -393,6 +477,19 @@ def targets(result: dict[str, Any]) -> list[str]:
             f"(worst {share['min']:.0f} %)",
             worst <= 4 and share["min"] >= 100 * LIMITED_TARGET_SHARE,
         )
+    ran = io_variants(result, "brooq")
+    judged = next((v for v in IO_TARGET_VARIANTS if v in ran), None)
+    for wl in ("io", "io_http"):
+        b = _med(_s(result, "brooq", wl, judged or ""), "jobs_per_s") if judged else None
+        peer = io_best_peer(result, wl)
+        if b and peer:
+            ratio = b / peer[1]
+            label = "async" if judged == "async" else f"--workers {judged}, sync"
+            row(
+                f"{wl} (issue 18): brooq ≥ {IO_TARGET_RATIO:g}× the best peer",
+                f"brooq {b:,.0f} jobs/s ({label}) vs {peer[0]} {peer[1]:,.0f} = {ratio:.2f}×",
+                ratio >= IO_TARGET_RATIO,
+            )
     return rows
 
 
@@ -419,7 +516,14 @@ def chart(result: dict[str, Any], path: Path) -> None:
         "celery-early-ack": "#e377c2",
         "pgbench": "#7f7f7f",
     }
-    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    io_names = [n for n in systems_in(result) if io_variants(result, n)]
+    if io_names:  # a third row for issue 18's I/O-bound workloads, when the run had them
+        fig = plt.figure(figsize=(16, 13.5))
+        grid = fig.add_gridspec(3, 3)
+        axes = [[fig.add_subplot(grid[r, c]) for c in range(3)] for r in range(2)]
+        io_chart(result, fig.add_subplot(grid[2, :]), io_names, colours)
+    else:
+        fig, axes = plt.subplots(2, 3, figsize=(16, 9))
 
     def bars(
         ax: Any,
@@ -564,6 +668,39 @@ def chart(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def io_chart(result: dict[str, Any], ax: Any, names: list[str], colours: dict[str, str]) -> None:
+    """Jobs/s of io (plain) and io_http (hatched) per configuration, log scale."""
+    labels, cols, io, http = [], [], [], []
+    for n in names:
+        for v in io_variants(result, n):
+            labels.append(f"{n} -w {v}" if n == "brooq" and v.isdigit() else f"{n} {v}".strip())
+            cols.append(colours.get(n, "k"))
+            io.append(_med(_s(result, n, "io", v), "jobs_per_s") or 0.0)
+            http.append(_med(_s(result, n, "io_http", v), "jobs_per_s") or 0.0)
+    x = range(len(labels))
+    for off, vals, hatch in ((-0.2, io, ""), (0.2, http, "//")):
+        ax.bar([i + off for i in x], vals, width=0.4, hatch=hatch, color=cols)
+        for i, v in enumerate(vals):
+            ax.annotate(
+                _num(v),
+                (i + off, v),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("jobs/s (log)")
+    ax.set_title(
+        f"I/O-bound (issue 18): {result['sizes'].get('io', 0):,} jobs of 50 ms; "
+        "asyncio.sleep / time.sleep plain, HTTP GET hatched",
+        fontsize=10,
+    )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
   limited         brooq only: 1,000 jobs of 20 ms on a global_limit=4 topic, 2 masters x 8
                   children: the most running at once (from the handlers' own start/end
                   records) and jobs/s against 4 / 0.020 s = 200
+  io              issue 18: 2,000 ready jobs that each wait 50 ms (async peers:
+                  asyncio.sleep; brooq today: time.sleep in a sync handler), jobs/s
+                  from the first handler start to the last handler end
+  io_http         the same, each job a GET to a local server answering after 50 ms
+                  (httpwait.py, started for the run)
 plus a pgbench ceiling: brooq's own claim and done statements, no Python in the way.
 """
 
@@ -25,9 +30,12 @@ import json
 import os
 import platform
 import random
+import re
+import socket
 import sys
 import time
 import traceback
+import urllib.request
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -42,6 +50,7 @@ import report
 from common import (
     BENCH_DIR,
     LoadMeter,
+    Worker,
     calibrated_iterations,
     choose_admin_dsn,
     concurrency,
@@ -65,11 +74,20 @@ WORKLOADS = [
     "hung",
     "priority",
     "limited",
+    "io",
+    "io_http",
 ]
 # Features the peers are not compared on here: run only by systems naming them in
 # System.extra_workloads.
 BROOQ_ONLY = {"priority", "limited"}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
+# The I/O-bound workloads (issue 18) run brooq once per variant: "N" is
+# `brooq-master --workers N` with the sync handlers of apps/bench_brooq_app.py.
+# >>> Issue 18 adds its async variant here: "async" (see benchmarks/README.md,
+# >>> "I/O-bound workloads"), mapped to its command line in systems.Brooq.
+BROOQ_IO_VARIANTS = ["2", "8", "32"]
+IO_WORKLOADS = ("io", "io_http")
+IO_SECONDS = 0.05  # as in apps/benchwork.py (each job's wait, the HTTP server's delay)
 POLL = 0.05  # seconds between looks at the database while draining
 HUNG_LIMIT = 2.0
 HUNG_WAIT = 15.0  # how long we wait for the next job after the hung ones started
@@ -90,6 +108,7 @@ class Sizes:
         self.priority_low = 10_000
         self.priority_high = 100
         self.limited = 1_000
+        self.io = 200 if quick else 2_000
         self.reps = 1 if quick else 3
 
 
@@ -389,6 +408,93 @@ def w_limited(system: System, dsn: str, n: int) -> dict[str, Any]:
     }
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_http_server() -> tuple[Worker, str]:
+    """httpwait.py on a free port, as a worker of its own (its CPU is the benchmark's);
+    returns once it has answered a GET."""
+    port = _free_port()
+    argv = [sys.executable, str(BENCH_DIR / "httpwait.py"), "--port", str(port)]
+    server = Worker([*argv, "--delay", str(IO_SECONDS)], dict(os.environ), "httpwait")
+    server.start(METER)
+    url = f"http://127.0.0.1:{port}/wait"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                resp.read()
+            return server, url
+        except OSError as exc:
+            if not server.alive() or time.monotonic() > deadline:
+                server.stop(graceful=1.0)
+                raise RuntimeError(f"the HTTP server did not answer:\n{server.log_tail()}") from exc
+            time.sleep(0.05)
+
+
+def w_io(system: System, dsn: str, n: int, workload: str, variant: str) -> dict[str, Any]:
+    """N ready I/O-bound jobs (each waits IO_SECONDS: asleep, or for the local HTTP
+    server), then the workers start. From the handlers' own (start, end) records
+    (benchwork.record_span, time.time_ns(), one host): jobs/s from the first start to
+    the last end, the most running at once, each job's duration."""
+    system.prepare(dsn)
+    system.enqueue_bulk(workload, [{"k": f"i{i}"} for i in range(n)])
+    system.analyze()
+    server = None
+    try:
+        if workload == "io_http":
+            server, system.http_url = start_http_server()
+        workers = start_all(system, workload, variant)
+        try:
+            wait_until(
+                lambda: check_alive(workers) or len({s[0] for s in span_events(dsn)}) >= n,
+                timeout=600,
+                interval=0.1,
+                what=f"{n} {workload} jobs",
+            )
+        finally:
+            stop_all(workers)
+    finally:
+        system.http_url = ""
+        if server is not None:
+            if METER is not None:
+                METER.checkpoint()  # the server's CPU is the benchmark's own
+            server.stop(graceful=3.0)
+    spans = span_events(dsn)
+    first = min(s for _, s, *_ in spans)
+    last = max(e for _, _, e, *_ in spans)
+    durations = [(e - s) / 1e6 for _, s, e, *_ in spans]
+    most, _ = concurrency([(s, e) for _, s, e, *_ in spans], system.slots(workload, variant))
+    m: dict[str, Any] = {
+        "jobs": n,
+        "executions": len(spans),
+        "seconds": (last - first) / 1e9,
+        "jobs_per_s": n / ((last - first) / 1e9),
+        "max_concurrency": most,
+        "slots": system.slots(workload, variant),
+        "job_ms_p50": percentile(durations, 0.5),
+        "job_ms_p95": percentile(durations, 0.95),
+        "processes_seen": len({span[3] for span in spans}),
+    }
+    if server is not None:
+        found = re.search(r"served (\d+) requests", server.log_tail())
+        # Every job's GET and the readiness probe's; None if the count was not written.
+        m["http_served"] = int(found.group(1)) if found else None
+    return m
+
+
+def variants(system: System, workload: str) -> list[str]:
+    """The variants a system runs a workload in ("" when it has one configuration)."""
+    if system.name == "brooq" and workload == "drain":
+        return BROOQ_DRAIN_WORKERS
+    if system.name == "brooq" and workload in IO_WORKLOADS:
+        return BROOQ_IO_VARIANTS
+    return [""]
+
+
 # -- the run --------------------------------------------------------------------------------
 
 
@@ -499,13 +605,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     for s in systems:
         reason = s.available()
-        variants = BROOQ_DRAIN_WORKERS if s.name == "brooq" else [""]
         result["systems"][s.name] = {
             "skipped": reason,
             "settings": {
-                wl: {v or "-": s.settings(wl, v) for v in (variants if wl == "drain" else [""])}
+                wl: {v or "-": s.settings(wl, v) for v in variants(s, wl)}
                 for wl in WORKLOADS
-                if wl not in BROOQ_ONLY or wl in s.extra_workloads
+                if (wl not in BROOQ_ONLY or wl in s.extra_workloads) and wl not in s.skip_workloads
+            },
+            "skipped_workloads": {
+                wl: why for wl, why in s.skip_workloads.items() if wl in workloads
             },
         }
         if reason:
@@ -520,7 +628,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if wl in BROOQ_ONLY and wl not in s.extra_workloads:
                 continue
-            for v in BROOQ_DRAIN_WORKERS if (s.name == "brooq" and wl == "drain") else [""]:
+            if wl in s.skip_workloads:
+                continue
+            for v in variants(s, wl):
                 plan.append((s, wl, v))
 
     for rep in range(reps):
@@ -552,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
                             m = w_priority(s, dsn, sizes.priority_low, sizes.priority_high)
                         elif wl == "limited":
                             m = w_limited(s, dsn, sizes.limited)
+                        elif wl in IO_WORKLOADS:
+                            m = w_io(s, dsn, sizes.io, wl, variant)
                         else:
                             raise ValueError(wl)
                     finally:

@@ -10,7 +10,8 @@ Every driver offers the same verbs, used by the workloads in run.py:
   remaining()                  jobs not yet finished, as the database (or Redis) says
   job_states(keys)             the state each job of the given keys ended in
   settings(workload)           the configuration, written next to the figures
-Kinds: noop, cpu, pickup, probe, hung. Items are dicts like {"k": key, "n": iterations}.
+Kinds: noop, cpu, pickup, probe, hung, prio, limited, io, io_http. Items are dicts like
+{"k": key, "n": iterations}.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ CHUNK = 1000  # jobs per bulk call
 # CPU-bound work (pgqueuer "One Process per CPU Core", procrastinate "launch multiple
 # workers, each using their own process", Celery prefork concurrency = cores).
 PEER_PROCESSES = 2
+IO_WORKLOADS = ("io", "io_http")  # issue 18's I/O-bound workloads
 
 
 class System:
@@ -42,6 +44,10 @@ class System:
     dsn = ""
     # Workloads beyond the common ones (run.py's BROOQ_ONLY) this system runs.
     extra_workloads: tuple[str, ...] = ()
+    # Common workloads this system does not run here: workload -> why (in the report).
+    skip_workloads: dict[str, str] = {}
+    # The io_http workload's server (run.py sets it while one runs); passed to workers.
+    http_url = ""
 
     def available(self) -> str | None:
         """None when the system can run here, else why not."""
@@ -95,6 +101,9 @@ class System:
         row = conn.execute(query, prepare=True).fetchone()  # type: ignore[arg-type]
         return int(row[0]) if row else 0
 
+    def _io_env(self) -> dict[str, str]:
+        return {"BENCH_HTTP_URL": self.http_url} if self.http_url else {}
+
     def close_poll(self) -> None:
         conn = self.__dict__.pop("_poll_conn", None)
         if conn is not None:
@@ -115,6 +124,8 @@ class Brooq(System):
         "hung": "bench.hung",
         "prio": "bench.prio",
         "limited": "api.limited",
+        "io": "bench.io",
+        "io_http": "bench.io_http",
     }
     # The limited workload: masters and children per master, as the issue asks (2 x 8).
     LIMITED_MASTERS = 2
@@ -156,14 +167,16 @@ class Brooq(System):
         return "bench_brooq_limited_app:queue" if workload == "limited" else "bench_brooq_app:queue"
 
     def _masters(self, workload: str, variant: str) -> tuple[int, int]:
-        """(masters, children per master)."""
+        """(masters, children per master). The variant of the drain and I/O workloads is
+        the number of children (run.py's BROOQ_DRAIN_WORKERS, BROOQ_IO_VARIANTS); issue
+        18's "async" I/O variant is to be mapped here and in workers()/settings()."""
         if workload == "limited":
             return self.LIMITED_MASTERS, self.LIMITED_WORKERS
         return 1, int(variant or 2)
 
     def workers(self, workload: str, variant: str = "") -> list[Worker]:
         masters, n = self._masters(workload, variant)
-        env = base_env(self.dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0"})
+        env = base_env(self.dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0", **self._io_env()})
         argv = [venv_bin("brooq-master"), "--app", self._app(workload), "--workers", str(n)]
         return [Worker(argv, env, f"brooq-{workload}-{n}-{i}") for i in range(masters)]
 
@@ -199,6 +212,13 @@ class Brooq(System):
             s["jobs"] = "bench.prio, ~1 ms (time.sleep(0.001)); low ones priority 0, high 10"
         if workload == "limited":
             s["jobs"] = "api.limited, @queue.handler(global_limit=4), time.sleep(0.02)"
+        if workload == "io":
+            s["jobs"] = "bench.io, a sync handler: time.sleep(0.05)"
+        if workload == "io_http":
+            s["jobs"] = (
+                "bench.io_http, a sync handler: urllib.request.urlopen of the local server "
+                "(answers after 50 ms), one connection per request"
+            )
         return s
 
 
@@ -209,6 +229,9 @@ class Procrastinate(System):
     name = "procrastinate"
     # Async no-op tasks: concurrency per process (procrastinate's "sub-workers").
     NOOP_CONCURRENCY = 30  # the docs example; 1 -> ~185, 10 and 30 -> ~250-280 jobs/s here
+    # I/O-bound async tasks: the docs' own example ("Execute multiple jobs at the same
+    # time": while a job waits for I/O, others run; `--concurrency=30`).
+    IO_CONCURRENCY = 30
 
     def available(self) -> str | None:
         try:
@@ -253,10 +276,12 @@ class Procrastinate(System):
         return time.time()
 
     def _concurrency(self, workload: str) -> int:
+        if workload in IO_WORKLOADS:
+            return self.IO_CONCURRENCY
         return self.NOOP_CONCURRENCY if workload in ("drain", "pickup") else 1
 
     def workers(self, workload: str, variant: str = "") -> list[Worker]:
-        env = base_env(self.dsn)
+        env = base_env(self.dsn, self._io_env())
         argv = [
             venv_bin("procrastinate"),
             "--app",
@@ -293,8 +318,8 @@ class Procrastinate(System):
             f"worker --queues bench --concurrency {c}",
             "settings": "listen_notify on, fetch_job_polling_interval 5s, delete_jobs never "
             "(defaults); PsycopgConnector",
-            "tasks": "no-op and pickup tasks are async; cpu and hung tasks are sync (run in a "
-            "thread by procrastinate), hence concurrency 1 for them",
+            "tasks": "no-op, pickup and I/O-bound (io, io_http) tasks are async; cpu and hung "
+            "tasks are sync (run in a thread by procrastinate), hence concurrency 1 for them",
             "enqueue": f"task.defer() per job; task.batch_defer() in chunks of {CHUNK}",
         }
         if workload == "hung":
@@ -311,6 +336,10 @@ class Procrastinate(System):
 class PgQueuer(System):
     name = "pgqueuer"
     BATCH_SIZE = 50  # after trying 10, 50, 100 and 200 (see README)
+    # I/O-bound jobs: a cap on each process's picked jobs, the performance guide's own
+    # example of a global cap (`max_concurrent_tasks=100`); without one, pgqueuer picks
+    # every ready job at once. It must be at least 2 x batch_size.
+    IO_MAX_CONCURRENT = 100
 
     def available(self) -> str | None:
         try:
@@ -374,6 +403,9 @@ class PgQueuer(System):
             # Long, blocking jobs: the performance guide's "decrease batch_size when jobs
             # are long-running", with the smallest cap it allows (2 x batch_size).
             args = ["--batch-size", "1", "--max-concurrent-tasks", "2"]
+        elif workload in IO_WORKLOADS:
+            args = ["--batch-size", str(self.BATCH_SIZE)]
+            args += ["--max-concurrent-tasks", str(self.IO_MAX_CONCURRENT)]
         else:
             args = ["--batch-size", str(self.BATCH_SIZE)]
         if workload == "hung":
@@ -381,11 +413,13 @@ class PgQueuer(System):
         return args
 
     def workers(self, workload: str, variant: str = "") -> list[Worker]:
-        env = base_env(self.dsn)
+        env = base_env(self.dsn, self._io_env())
         argv = [venv_bin("pgq"), "run", "bench_pgqueuer_app:main", *self._args(workload)]
         return [Worker(argv, env, f"pgqueuer-{workload}-{i}") for i in range(PEER_PROCESSES)]
 
     def slots(self, workload: str, variant: str = "") -> int:
+        if workload in IO_WORKLOADS:
+            return PEER_PROCESSES * self.IO_MAX_CONCURRENT
         return PEER_PROCESSES * (2 if workload in ("cpu", "hung") else self.BATCH_SIZE)
 
     def remaining(self) -> int:
@@ -409,7 +443,8 @@ class PgQueuer(System):
             + " ".join(self._args(workload)),
             "settings": "AsyncpgDriver on one asyncpg connection per QueueManager; durability "
             "durable (default); `pgq autovac` applied; dequeue_timeout 30s (default)",
-            "tasks": "async entrypoints; cpu and hung work in asyncio.to_thread",
+            "tasks": "async entrypoints (io, io_http await on the event loop); cpu and hung "
+            "work in asyncio.to_thread",
             "enqueue": f"Queries.enqueue(name, payload) per job; Queries.enqueue(lists) in "
             f"chunks of {CHUNK}",
         }
@@ -427,6 +462,12 @@ class PgQueuer(System):
 class Celery(System):
     name = "celery"
     PREFETCH = 128  # "Say 64, or 128" for many short tasks (Celery's optimizing guide)
+    skip_workloads = dict.fromkeys(
+        IO_WORKLOADS,
+        "for I/O-bound tasks Celery's documentation advises the eventlet or gevent pool "
+        "(`-P eventlet -c 1000`); neither is installed (not in requirements-peers.txt), and "
+        "the prefork pool of 2 processes would only repeat brooq's one job per process",
+    )
 
     def __init__(self, acks_late: bool = True) -> None:
         self.acks_late = acks_late

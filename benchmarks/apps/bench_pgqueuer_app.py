@@ -18,7 +18,16 @@ import asyncpg
 from pgqueuer import PgQueuer
 from pgqueuer.models import Job
 
-from benchwork import hang_forever, record, record_cpu, spin
+from benchwork import (
+    IO_SECONDS,
+    hang_forever,
+    http_get_async,
+    http_url,
+    record,
+    record_cpu,
+    record_span,
+    spin,
+)
 
 
 def _payload(job: Job) -> dict:
@@ -62,6 +71,19 @@ async def main() -> AsyncIterator[PgQueuer]:
     @pgq.entrypoint("hung")
     async def hung(job: Job) -> None:
         await asyncio.to_thread(_hung, _payload(job)["k"])
+
+    # The I/O-bound workloads (issue 18): async entrypoints, waiting on the event loop.
+    @pgq.entrypoint("io")
+    async def io(job: Job) -> None:
+        started = time.time_ns()
+        await asyncio.sleep(IO_SECONDS)
+        record_span(_payload(job)["k"], started, time.time_ns())
+
+    @pgq.entrypoint("io_http")
+    async def io_http(job: Job) -> None:
+        started = time.time_ns()
+        await http_get_async(http_url())
+        record_span(_payload(job)["k"], started, time.time_ns())
 
     try:
         yield pgq

@@ -8,12 +8,22 @@ procrastinate runs in a thread, and are run with concurrency 1 as its documentat
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
 import procrastinate
 
-from benchwork import hang_forever, record, record_cpu, spin
+from benchwork import (
+    IO_SECONDS,
+    hang_forever,
+    http_get_async,
+    http_url,
+    record,
+    record_cpu,
+    record_span,
+    spin,
+)
 
 app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=os.environ["BENCH_DSN"]))
 
@@ -45,3 +55,18 @@ def probe(k: str) -> None:
 def hung(k: str) -> None:
     record(k, "start", time.time())
     hang_forever()
+
+
+# The I/O-bound workloads (issue 18): async tasks, run --concurrency at a time per worker.
+@app.task(name="io", queue="bench")
+async def io(k: str) -> None:
+    started = time.time_ns()
+    await asyncio.sleep(IO_SECONDS)
+    record_span(k, started, time.time_ns())
+
+
+@app.task(name="io_http", queue="bench")
+async def io_http(k: str) -> None:
+    started = time.time_ns()
+    await http_get_async(http_url())
+    record_span(k, started, time.time_ns())

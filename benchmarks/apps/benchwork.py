@@ -7,15 +7,28 @@ connection commits with synchronous_commit = off (no wait for a disk flush), and
 record_cpu() -- inside the CPU-bound workload, whose wall time is the measure -- does not
 touch the database at all: it appends one line to a file of its own process under
 BENCH_EVENTS_DIR (no flush to disk; the benchmark reads the files). record_span() does
-the same for the priority and limited workloads (start and end in nanoseconds).
+the same for the priority, limited and I/O-bound workloads (start and end in
+nanoseconds).
+
+The I/O-bound workloads (issue 18) wait IO_SECONDS per job: asleep (time.sleep in a
+sync handler, asyncio.sleep in an async one) or for a local HTTP server
+(benchmarks/httpwait.py, at BENCH_HTTP_URL) that answers every GET after IO_SECONDS.
+http_get() is the sync client (stdlib urllib), http_get_async() the async one (a raw
+HTTP/1.1 GET over asyncio.open_connection); both open one connection per request and
+send `Connection: close`, so neither side keeps connections the other does not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
+
+IO_SECONDS = 0.05  # each I/O-bound job's wait (the HTTP server's delay too)
 
 _conn: psycopg.Connection[Any] | None = None
 _pid = 0
@@ -81,3 +94,37 @@ def hang_forever() -> None:
                 pass
         except BaseException:  # the point is to ignore everything
             continue
+
+
+def http_url() -> str:
+    """The local HTTP server of the io_http workload (run.py starts it)."""
+    return os.environ["BENCH_HTTP_URL"]
+
+
+def http_get(url: str) -> bytes:
+    """A blocking GET (stdlib urllib: a new connection per request, closed after it)."""
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"GET {url}: HTTP {resp.status}")
+        return bytes(resp.read())
+
+
+async def http_get_async(url: str) -> bytes:
+    """The same GET on the event loop: one connection per request, HTTP/1.1 with
+    `Connection: close`, the body read to the end of the stream."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(
+            f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), timeout=30)
+    finally:
+        writer.close()
+    status = data.split(b"\r\n", 1)[0]
+    if status.split()[1:2] != [b"200"]:
+        raise RuntimeError(f"GET {url}: {status!r}")
+    return data.split(b"\r\n\r\n", 1)[1]
