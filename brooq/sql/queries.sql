@@ -869,3 +869,20 @@ SELECT p.name, p.last_tick, p.last_job, j.state
 FROM brooq_periodic p
 LEFT JOIN job j ON j.id = p.last_job
 WHERE p.name = ANY(%(names)s::text[])
+
+-- name: testing_ready_queues
+-- brooq.testing.drain: the queues that hold jobs of these topics ready now, so that one
+-- claim statement (job_finish_and_claim_queues) can be given all of them.
+SELECT DISTINCT queue FROM job
+WHERE state IN ('pending', 'failed') AND available_at <= now() AND topic = ANY(%(topics)s::text[])
+ORDER BY queue
+
+-- name: testing_jobs
+-- brooq.testing.jobs: every job (of a topic, in a state), oldest first, for assertions.
+SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
+       last_error, idempotency_key, created_at, updated_at, queue, priority,
+       result, coalesce(errors, '[]'::jsonb) AS errors
+FROM job
+WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+ORDER BY created_at, id

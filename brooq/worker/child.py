@@ -55,7 +55,7 @@ from brooq.worker.outcome import OutcomeWriter, report_policy_error
 from brooq.worker.state import ChildState
 from brooq.worker.weights import RoundOrder, worked_queues
 
-__all__ = ["Child", "ClaimRow", "claim_row", "main"]
+__all__ = ["Child", "ClaimRow", "claim_row", "encode_result", "main", "refused_payload"]
 
 log = logging.getLogger("brooq.child")
 
@@ -376,7 +376,7 @@ class Child:
         handler = self.handlers[claim.topic]
         refused = None
         if handler.codec is not None or claim.payload.__class__ is Undecodable:
-            refused = _refused_payload(claim, handler)  # not a call per untyped job
+            refused = refused_payload(claim, handler)  # not a call per untyped job
         if refused is None:
             error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
         else:  # the handler and its middleware run zero times
@@ -387,7 +387,7 @@ class Child:
         result = None
         if value is not None and error is None:
             try:
-                result = _encode_result(value, self.settings.max_payload_bytes)
+                result = encode_result(value, self.settings.max_payload_bytes)
             except InvalidResult as exc:
                 error = exc
         tb = ""
@@ -430,7 +430,7 @@ class Child:
         return False
 
 
-def _refused_payload(claim: Claim[Any], handler: Handler) -> InvalidPayload | None:
+def refused_payload(claim: Claim[Any], handler: Handler) -> InvalidPayload | None:
     """Decode a typed topic's payload in place (before the middleware: every layer sees
     the Model); the error when the stored payload cannot be read or does not fit."""
     payload = claim.payload
@@ -444,7 +444,7 @@ def _refused_payload(claim: Claim[Any], handler: Handler) -> InvalidPayload | No
     return None
 
 
-def _encode_result(value: Any, limit: int) -> str:
+def encode_result(value: Any, limit: int) -> str:
     """What a handler returned as JSON text for the result column, or InvalidResult."""
     text = encode_payload(to_json(value), "result", InvalidResult)
     check_payload_size(text, limit, "result", InvalidResult)

