@@ -368,11 +368,45 @@ def verify(conn: Conn) -> None:
         )
 
 
-def script(direction: str = "up") -> str:
-    """The SQL of every migration, for teams that apply schema with their own tool."""
+def _chosen(direction: str, first: int, last: int | None) -> list[Migration]:
+    if direction not in ("up", "down"):
+        raise MigrationError(f"direction must be 'up' or 'down', not {direction!r}")
+    every = load()
+    newest = every[-1].version if every else 0
+    if not 1 <= first <= (last if last is not None else newest) <= newest:
+        raise MigrationError(
+            f"no brooq migrations {first} to {last}: this brooq ships 1 to {newest}"
+        )
+    chosen = [m for m in every if first <= m.version <= (last or newest)]
+    return chosen if direction == "up" else chosen[::-1]
+
+
+def script(direction: str = "up", *, first: int = 1, last: int | None = None) -> str:
+    """The SQL of every migration (of versions ``first`` to ``last``, both included; ``last``
+    None: the newest), for teams that apply schema with their own tool. A migration to
+    run outside a transaction says so in its heading comment."""
     parts: list[str] = []
-    for m in load() if direction == "up" else reversed(load()):
+    for m in _chosen(direction, first, last):
         body = m.up if direction == "up" else m.down
         how = "" if m.transactional else "; run outside a transaction, statement by statement"
         parts.append(f"-- brooq migration {m.version:04d}_{m.name} ({direction}{how})\n{body}\n")
     return "\n".join(parts)
+
+
+def script_parts(direction: str = "up", *, first: int = 1, last: int | None = None) -> list[str]:
+    """``script``'s SQL as pieces to run one after another on an autocommit connection, as
+    ``migrations.RunSQL(sql=[...])`` in a Django migration with ``atomic = False`` does: a
+    transactional migration is one piece (PostgreSQL runs a query of many statements in
+    one implicit transaction, so it applies whole or not at all), a ``no-transaction`` one
+    is a piece per statement (``CREATE INDEX CONCURRENTLY`` cannot run in a transaction).
+    Unlike ``up``, nothing retries a statement that waits for a lock: on a big, busy
+    ``job`` table use ``brooq migrate up``."""
+    parts: list[str] = []
+    for m in _chosen(direction, first, last):
+        body = m.up if direction == "up" else m.down
+        heading = f"-- brooq migration {m.version:04d}_{m.name} ({direction})"
+        if m.transactional:
+            parts.append(f"{heading}\n{body}\n")
+        else:
+            parts.extend(f"{heading}\n{statement}\n" for statement in statements(body))
+    return parts

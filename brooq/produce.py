@@ -2,17 +2,21 @@
 
 Every function here takes a psycopg Connection or Cursor that the caller owns; nothing
 is committed here. Queue.enqueue wraps these in a pooled connection and a transaction.
+``enqueue`` and ``enqueue_many`` also take a Django connection or a SQLAlchemy Session or
+Connection on psycopg 3, whose psycopg connection (and so transaction) they use.
 
 Owns: the insert path (job_insert, job_insert_many, job_copy_*), the idempotency-key
 lookups after a conflict, and the checks a job passes before any I/O.
 Must never: commit, roll back or change the caller's connection (its row_factory
 included: statements run on a cursor of their own), or read a job once inserted beyond
-the ids.
+the ids; import Django or SQLAlchemy (an object is one of theirs only if its module is
+already in ``sys.modules``, as brooq/payloads.py finds pydantic).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -31,6 +35,10 @@ if TYPE_CHECKING:
 
 Target = psycopg.Connection[Any] | psycopg.Cursor[Any]
 AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
+# What brooq.enqueue and brooq.enqueue_many take: a Target, or a Django connection or a
+# SQLAlchemy Session/Connection on psycopg 3 (told apart at run time: typed ``object`` so
+# that a type checker accepts them without brooq naming the frameworks' types).
+AnyTarget = Target | object
 
 # A conflicting row can vanish between our INSERT and our SELECT (retention deleted it):
 # then the INSERT is tried again. Two rounds are plenty; more means something is wrong.
@@ -111,20 +119,107 @@ def _cursor(target: Target) -> psycopg.Cursor[Any]:
     return conn.cursor(row_factory=scalar_row)
 
 
+_ACCEPTED = (
+    "a psycopg Connection or Cursor, a Django connection or a SQLAlchemy "
+    "Session/Connection (psycopg 3)"
+)
+
+
+def resolve_target(target: object, caller: str) -> Target:
+    """The psycopg connection behind a framework object, so that the job joins the
+    framework's transaction; a TypeError naming what is accepted otherwise. Called only
+    once ``target`` is known not to be a psycopg Connection or Cursor."""
+    if isinstance(target, psycopg.AsyncConnection | psycopg.AsyncCursor):
+        raise TypeError(
+            f"{caller} takes a psycopg Connection or Cursor, not an async one: "
+            f"use {caller}_async for a {type(target).__name__}"
+        )
+    raw = _django_connection(target)
+    if raw is not None:
+        return _driver_checked(raw, caller, "a Django connection", "Django's psycopg 3 backend")
+    raw = _sqlalchemy_connection(target)
+    if raw is not None:
+        return _driver_checked(
+            raw, caller, "a SQLAlchemy connection", "the postgresql+psycopg:// dialect"
+        )
+    raise TypeError(f"{caller} takes {_ACCEPTED}, not {_type_name(target)}")
+
+
+def _type_name(value: object) -> str:
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+
+
+def _driver_checked(raw: object, caller: str, what: str, needed: str) -> Target:
+    if isinstance(raw, psycopg.Connection):
+        return raw
+    if isinstance(raw, psycopg.AsyncConnection):
+        hint = f"an asyncio engine's (use {caller}_async on its psycopg AsyncConnection)"
+    else:
+        hint = f"{type(raw).__module__.split('.')[0]}'s {type(raw).__name__}"
+    raise TypeError(f"{caller} takes {what} only on psycopg 3 ({needed}); this one is {hint}")
+
+
+def _django_connection(target: object) -> object | None:
+    """The DB-API connection of a Django connection wrapper (``django.db.connection``, a
+    proxy to the default alias's wrapper, or ``connections[alias]``), else None. Opens it
+    if need be: in Django's autocommit mode (outside ``atomic``) the job commits at once."""
+    proxy = sys.modules.get("django.utils.connection")
+    if proxy is None:  # imported by django.db, which every Django connection comes from
+        return None
+    if not isinstance(target, proxy.ConnectionProxy):
+        base = sys.modules.get("django.db.backends.base.base")
+        if base is None or not isinstance(target, base.BaseDatabaseWrapper):
+            return None
+    wrapper: Any = target
+    wrapper.ensure_connection()
+    wrapper.validate_no_broken_transaction()  # as Django's own cursors refuse to run then
+    raw: object = wrapper.connection
+    return raw
+
+
+def _sqlalchemy_connection(target: object) -> object | None:
+    """The driver connection of a SQLAlchemy Session (its transaction for the default
+    bind, begun if need be) or Connection (a transaction begun if none is, as SQLAlchemy
+    would on its next statement: else its commit() would not commit the job), else None."""
+    orm = sys.modules.get("sqlalchemy.orm")
+    engine = sys.modules.get("sqlalchemy.engine")
+    if engine is None:
+        return None
+    conn: Any
+    if orm is not None and isinstance(target, orm.Session | orm.scoped_session):
+        conn = target.connection()
+    elif isinstance(target, engine.Connection):
+        conn = target
+        if not conn.in_transaction():
+            conn.begin()
+    else:
+        return None
+    raw: object = conn.connection.driver_connection
+    return raw
+
+
 def _async_cursor(target: AsyncTarget) -> psycopg.AsyncCursor[Any]:
     conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
     return conn.cursor(row_factory=scalar_row)
 
 
 def enqueue(
-    target: Target, job: Job, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    target: AnyTarget, job: Job, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> tuple[uuid.UUID, bool]:
     """Insert ``job`` in the caller's transaction; return (id, created).
+
+    ``target`` is a psycopg Connection or Cursor, a Django connection (in ``atomic()``
+    the job commits or rolls back with the model writes; outside it, in Django's
+    autocommit mode, it is committed at once) or a SQLAlchemy Session or Connection on
+    psycopg 3 (the job joins its transaction).
 
     ``created`` is False when a job with the same (topic, idempotency_key) already
     exists; the id is then that job's id. Rollback leaves no job; commit makes it
     visible to workers (and wakes them once per transaction).
     """
+    if not isinstance(target, (psycopg.Connection, psycopg.Cursor)):
+        target = resolve_target(target, "brooq.enqueue")
     return insert_checked(target, check_job(job, max_payload_bytes))
 
 
@@ -184,14 +279,17 @@ async def insert_checked_async(
 
 
 def enqueue_many(
-    target: Target, jobs: Sequence[Job], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    target: AnyTarget, jobs: Sequence[Job], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> list[tuple[uuid.UUID, bool]]:
     """Insert many jobs in the caller's transaction; [(id, created), ...] in the order given.
 
     A job whose key already exists (in the table, or earlier in the same batch) comes
     back with the existing id and created=False; those ids cost one more round trip.
     A refused job is named by its index in ``jobs`` ("job 3: ..."); nothing is inserted.
+    ``target`` is what ``enqueue`` takes.
     """
+    if not isinstance(target, (psycopg.Connection, psycopg.Cursor)):
+        target = resolve_target(target, "brooq.enqueue_many")
     return insert_many_checked(target, check_jobs(jobs, max_payload_bytes))
 
 
