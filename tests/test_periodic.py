@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -158,6 +159,37 @@ def test_duty_on_real_connections_and_a_clock_behind(dsn: str, db: psycopg.Conne
     finally:
         ahead.conns.close()
         behind.conns.close()
+
+
+def test_a_tick_whose_job_does_not_fit_its_typed_handler_is_skipped(
+    dsn: str, db: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The duty checks a typed topic's payload as Queue.enqueue does: a schedule whose job
+    cannot fit is logged and its tick skipped, instead of a row that goes dead unrun."""
+
+    @dataclass
+    class Report:
+        day: str
+
+    app = brooq.Queue(dsn)
+    app.handler("p.report", payload=Report)(print)
+    schedules = {
+        "bad": app.periodic("bad", every="1s", job=brooq.Job("p.report", {"day": 1})),
+        "good": app.periodic("good", every="1s", job=brooq.Job("p.report", {"day": "mon"})),
+    }
+    now = [datetime(2026, 12, 1, 12, tzinfo=UTC)]
+    duty = Periodic(
+        _connections(dsn), schedules, app.handlers, load_settings(), None, clock=lambda: now[0]
+    )
+    try:
+        for _ in range(3):
+            now[0] += timedelta(seconds=1)
+            duty.run_once(0)
+    finally:
+        duty.conns.close()
+    assert ticks(db, "bad") == [] and len(ticks(db, "good")) >= 1
+    assert "event=periodic_failed name=bad" in caplog.text
+    assert "payload.day: expected str, got int (Report)" in caplog.text
 
 
 # -- real masters -----------------------------------------------------------------------------

@@ -274,6 +274,23 @@ def test_wait_on_a_job_that_goes_dead(
     assert record.last_error == "ValueError: bad input on attempt 3"
 
 
+def test_a_retried_job_is_no_longer_flagged_waited(
+    queue: brooq.Queue, db: psycopg.Connection[Any]
+) -> None:
+    """Its waiter has returned: a retry clears the flag, so the job's next end costs no
+    notification; the history stays."""
+    job_id, _ = queue.enqueue(brooq.Job("t.ok"))
+    db.execute(
+        "UPDATE job SET state = 'dead', waited = true, errors = '[{\"attempt\": 1}]' WHERE id = %s",
+        (job_id,),
+    )
+    assert queue.retry(job_id)
+    assert not waited(db, job_id)
+    assert db.execute("SELECT errors FROM job WHERE id = %s", (job_id,)).fetchone() == (
+        [{"attempt": 1}],
+    )
+
+
 def test_wait_times_out(queue: brooq.Queue, db: psycopg.Connection[Any]) -> None:
     job_id, _ = queue.enqueue(brooq.Job("t.ok"))  # no master: it stays pending
     started = time.monotonic()

@@ -73,11 +73,13 @@ WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
 RETURNING id
 
 -- name: job_retry
--- Operator retry of a finished job: back to pending now, attempts reset, last_error kept.
+-- Operator retry of a finished job: back to pending now, attempts reset, last_error and
+-- the error history kept, the waited flag cleared (its waiter has returned: the next end
+-- would otherwise notify nobody's wait).
 -- from_states is brooq.job.RETRYABLE_STATES (bound by brooq.queue.transition_params).
 WITH retried AS (
     UPDATE job SET state = 'pending', attempts = 0, available_at = now(),
-                   locked_by = NULL, locked_until = NULL, updated_at = now()
+                   locked_by = NULL, locked_until = NULL, waited = NULL, updated_at = now()
     WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
     RETURNING id
 )

@@ -378,7 +378,9 @@ class Periodic:
         for schedule, tick in self.pending(self.clock()):
             try:
                 job = periodic_mod.build_job(schedule, tick)
-                produce.check_job(job, self.max_payload)
+                # A typed topic's payload is checked too: a tick's job that cannot fit
+                # would only go dead in the worker.
+                produce.check_job(job, self.max_payload, self.handlers)
             except (periodic_mod.PeriodicJobError, BrooqError, TypeError, ValueError) as exc:
                 # Not claimed: another master whose callable works may still enqueue it.
                 self.settled[schedule.name] = tick
