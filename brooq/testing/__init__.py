@@ -154,19 +154,7 @@ class _Drain:
             .execute(Q.job_finish_and_claim_queues, params)
             .fetchall()
         )
-        for r in rows:
-            if r.claimed:
-                return Claim(
-                    id=r.id,
-                    topic=r.topic,
-                    payload=r.payload,
-                    attempt=r.attempts,
-                    locked_by=r.locked_by,
-                    locked_until=r.locked_until,
-                    queue=r.queue,
-                    priority=r.priority,
-                )
-        return None
+        return next((r.claim() for r in rows if r.claimed), None)
 
     def _run(self, claim: Claim[Any]) -> str | None:
         """The child's _run_one for one job, its outcome written at once."""

@@ -75,6 +75,19 @@ class ClaimRow(NamedTuple):
     queue: str
     priority: int
 
+    def claim(self) -> Claim[Any]:
+        """The Claim a handler gets for a claimed row."""
+        return Claim(
+            id=self.id,
+            topic=self.topic,
+            payload=self.payload,
+            attempt=self.attempts,
+            locked_by=self.locked_by,
+            locked_until=self.locked_until,
+            queue=self.queue,
+            priority=self.priority,
+        )
+
 
 _CLAIM_COLUMNS = tuple(name.encode() for name in ClaimRow._fields)
 
@@ -300,19 +313,7 @@ class Child:
             (r for r in rows if r.claimed),
             key=lambda r: (rank.get(r.queue, 0), -r.priority, r.available_at, r.id),
         )
-        claims = [
-            Claim(
-                id=r.id,
-                topic=r.topic,
-                payload=r.payload,
-                attempt=r.attempts,
-                locked_by=r.locked_by,
-                locked_until=r.locked_until,
-                queue=r.queue,
-                priority=r.priority,
-            )
-            for r in claimed
-        ]
+        claims = [r.claim() for r in claimed]
         self.held = [c.id for c in claims]
         self.state.lost.intersection_update(self.held)
         # The master renews what we hold: it must know before any of these jobs runs.
