@@ -296,13 +296,9 @@ class Queue:
         if self._pool is None:
             pool: ConnectionPool[Any] = ConnectionPool(
                 self.dsn,
-                min_size=1,
-                max_size=max(1, self.pool_size),
-                open=False,
-                timeout=CONNECT_TIMEOUT,
-                kwargs={"connect_timeout": CONNECT_TIMEOUT},
                 check=ConnectionPool.check_connection,
                 name="brooq",
+                **self._pool_options(),
             )
             try:
                 pool.open(wait=True, timeout=CONNECT_TIMEOUT)
@@ -319,13 +315,21 @@ class Queue:
             return unavailable(self.dsn, exc)
         return unavailable(self.dsn, TimeoutError("timed out waiting for a pooled connection"))
 
+    def _pool_options(self) -> dict[str, Any]:
+        """What the sync and the async pool share: opened by the caller, its size."""
+        return {
+            "min_size": 1,
+            "max_size": max(1, self.pool_size),
+            "open": False,
+            "timeout": CONNECT_TIMEOUT,
+            "kwargs": {"connect_timeout": CONNECT_TIMEOUT},
+        }
+
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection (autocommit off); committed on success, rolled back on error."""
-        pool = self._get_pool()
+    def _database_errors(self) -> Iterator[None]:
+        """brooq's errors for a pooled connection's failures (both pools)."""
         try:
-            with pool.connection() as conn:
-                yield conn
+            yield
         except PoolTimeout:
             raise self._unavailable() from None
         except psycopg.errors.UndefinedTable as exc:
@@ -334,6 +338,13 @@ class Queue:
             if not lost_connection(exc):
                 raise
             raise unavailable(self.dsn, exc) from None
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection (autocommit off); committed on success, rolled back on error."""
+        pool = self._get_pool()
+        with self._database_errors(), pool.connection() as conn:
+            yield conn
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[Any]]:
@@ -358,13 +369,9 @@ class Queue:
         if self._apool is None:
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 self.dsn,
-                min_size=1,
-                max_size=max(1, self.pool_size),
-                open=False,
-                timeout=CONNECT_TIMEOUT,
-                kwargs={"connect_timeout": CONNECT_TIMEOUT},
                 check=AsyncConnectionPool.check_connection,
                 name="brooq-async",
+                **self._pool_options(),
             )
             try:
                 await pool.open(wait=True, timeout=CONNECT_TIMEOUT)
@@ -382,7 +389,7 @@ class Queue:
         statement its own, no BEGIN and COMMIT round trips), with the errors of
         ``connection``."""
         pool = await self._get_async_pool()
-        try:
+        with self._database_errors():
             async with pool.connection() as conn:
                 if autocommit:
                     await conn.set_autocommit(True)
@@ -394,14 +401,6 @@ class Queue:
                 else:
                     async with conn.transaction():
                         yield conn
-        except PoolTimeout:
-            raise self._unavailable() from None
-        except psycopg.errors.UndefinedTable as exc:
-            raise schema_missing(exc) from None
-        except psycopg.OperationalError as exc:
-            if not lost_connection(exc):
-                raise
-            raise unavailable(self.dsn, exc) from None
 
     async def close_async(self) -> None:
         """Close the async pool (from the event loop that used it); ``close`` closes the
