@@ -63,6 +63,8 @@ class Handler:
     codec: payloads.Codec | None = None
     middleware: tuple[Middleware, ...] = ()  # this topic's, inside the Queue's
     retry: RetryPolicy | None = None
+    # An `async def` handler: it runs in an async child, many at once (docs/async.md).
+    is_async: bool = False
 
     def policy(self, settings: Settings) -> Policy:
         """The options given at registration, the queue's settings for the others (a
@@ -111,11 +113,14 @@ def build(
             codec = payloads.codec_for(payload)
         except ValueError as exc:
             problems.append(f"{topic}: payload: {exc}")
+    is_async = is_async_callable(fn)
     layers = tuple(middleware or ())
     for i, layer in enumerate(layers):
         problem = callable_problem(layer, 2, "fn(claim, call_next)")
         if problem:
             problems.append(f"{topic}: middleware[{i}] {problem}")
+        elif is_async_callable(layer) != is_async:
+            problems.append(f"{topic}: middleware[{i}] {kind_mismatch(is_async)}")
     if retry is not None:
         problem = callable_problem(retry, 2, "fn(attempt, exc)")
         if problem:
@@ -176,7 +181,28 @@ def build(
         codec=codec,
         middleware=layers,
         retry=retry,
+        is_async=is_async,
         **seconds,
+    )
+
+
+def is_async_callable(fn: object) -> bool:
+    """An `async def` function, a partial of one, or an object whose __call__ is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the method itself, not callable()
+    )
+
+
+def kind_mismatch(handler_is_async: bool) -> str:
+    """Why a middleware of the other kind cannot wrap this handler (docs/async.md)."""
+    if handler_is_async:
+        return (
+            "is a sync function and the handler is async: its call_next(claim) would "
+            "return before the job ran; write it as async def fn(claim, call_next)"
+        )
+    return (
+        "is async and the handler is sync: sync handlers run in children without an "
+        "event loop; write it as a plain def fn(claim, call_next)"
     )
 
 

@@ -97,6 +97,20 @@ class Metrics:
         self.busy = Gauge(
             "brooq_children_busy", "Children running a job", multiprocess_mode="livesum"
         )
+        # One series per live child (its pid label): how many jobs it runs now, 0 or 1 for
+        # a sync child, up to --concurrency for an async one. Summed: jobs running.
+        self.child_jobs = Gauge(
+            "brooq_child_jobs_running",
+            "Jobs a child is running now (one series per child, label pid)",
+            multiprocess_mode="liveall",
+        )
+        self.jobs_returned = Counter(
+            "brooq_jobs_returned_total",
+            "Jobs the master gave back with the attempt refunded after their child ended, "
+            "by why (sibling_killed: another job got the child killed; suspect: the child "
+            "died with jobs in flight and no culprit; returned: drain timeout, stall)",
+            ["reason"],
+        )
         self.configured = Gauge(
             "brooq_children_configured",
             "Children the master keeps",
@@ -105,7 +119,7 @@ class Metrics:
         self.killed = Counter(
             "brooq_children_killed_total",
             "Children killed by the master (max_execution_timeout, hung after lease lost, "
-            "drain timeout)",
+            "loop_blocked, stalled, drain timeout)",
             ["reason"],
         )
         self.restarts = Counter(

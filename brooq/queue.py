@@ -258,7 +258,9 @@ class Queue:
         """Register ``fn(claim, call_next)`` around every job of this Queue; it must
         return ``call_next(claim)`` (or raise). The first registered is the outermost;
         a handler's own ``middleware=[...]`` runs inside these. brooq's logging and
-        metrics wrap them all."""
+        metrics wrap them all. A plain ``def`` wraps the sync handlers, an ``async def``
+        (which awaits ``call_next(claim)``) the async ones: a middleware never wraps a
+        handler of the other kind (docs/async.md says why)."""
         problem = callable_problem(fn, 2, "fn(claim, call_next)")
         if problem:
             raise InvalidSettings([f"middleware {problem}"])

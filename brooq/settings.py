@@ -58,6 +58,12 @@ class Settings:
     # The queues this master works and their weights (--queues default=4,bulk=1). Empty:
     # every queue its handlers declare, weight 1 each (brooq.supervisor.command decides).
     queues: QueueWeights = ()
+    # Async handlers (docs/async.md): jobs one async child runs at once; how many of the
+    # children run the async topics when the application has both kinds; how long an
+    # async child's event loop may stop reporting before the master kills it.
+    concurrency: int = 100
+    async_workers: int = 1
+    loop_block_timeout: float = 5.0
 
     @property
     def effective_reaper_period(self) -> float:
@@ -89,6 +95,7 @@ _DURATIONS = {
     "graceful_timeout",
     "watchdog_grace",
     "stats_period",
+    "loop_block_timeout",
 }
 _INTEGERS = {
     "workers",
@@ -99,11 +106,15 @@ _INTEGERS = {
     "max_jobs_per_child",
     "max_memory_per_child",
     "claim_batch_max",
+    "concurrency",
+    "async_workers",
 }
 _STRINGS = {"ops_addr", "worker_synchronous_commit"}
 _QUEUE_LISTS = {"queues"}
 # Integer settings reach int4 columns and parameters (attempts, LIMIT): PostgreSQL's integer.
 MAX_INTEGER = 2**31 - 1
+# Jobs one async child runs at once: its board holds a slot for each (brooq.ipc.board).
+MAX_CONCURRENCY = 10_000
 
 ENVIRONMENT: dict[str, str] = {
     "QUEUE_WORKERS": "workers",
@@ -129,6 +140,9 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_CLAIM_BATCH_MAX": "claim_batch_max",
     "QUEUE_WORKER_SYNCHRONOUS_COMMIT": "worker_synchronous_commit",
     "QUEUE_QUEUES": "queues",
+    "QUEUE_CONCURRENCY": "concurrency",
+    "QUEUE_ASYNC_WORKERS": "async_workers",
+    "QUEUE_LOOP_BLOCK_TIMEOUT": "loop_block_timeout",
 }
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
 # Variables whose empty value is a value ("off"), not "unset".
@@ -249,6 +263,8 @@ def validate(settings: Settings) -> list[str]:
         "retention_batch",
         "max_payload_bytes",
         "claim_batch_max",
+        "concurrency",
+        "async_workers",
     ):
         if getattr(s, name) < 1:
             problems.append(f"{name} must be at least 1, got {getattr(s, name)}")
@@ -270,6 +286,11 @@ def validate(settings: Settings) -> list[str]:
     for name in ("reaper_period", "retention_period", "watchdog_grace", "retention_ttl"):
         if getattr(s, name) < 0:
             problems.append(f"{name} must not be negative (0 means default/off)")
+    if s.concurrency > MAX_CONCURRENCY:
+        problems.append(f"concurrency must be at most {MAX_CONCURRENCY}, got {s.concurrency}")
+    if s.loop_block_timeout < 1:
+        # Under a second, a GC pause or a first import would kill children.
+        problems.append(f"loop_block_timeout must be at least 1s, got {s.loop_block_timeout:g}s")
     problems += limits.ordering_problems({name: getattr(s, name) for name in limits.NAMES})
     if s.worker_synchronous_commit not in ("on", "off"):
         problems.append(

@@ -1,17 +1,25 @@
 """The notice board: what one child is running right now, in memory shared with the master.
 
-The master's watchdog needs, for every child, the job it runs and since when. Telling it
+The master's watchdog needs, for every child, the jobs it runs and since when. Telling it
 over the pipe cost a message per job (a write, a wake-up of the master, a JSON decode):
-more than a no-op job itself. Instead the master maps a small shared page per child
-before the fork; the child writes its current job there (no system call) and the master
+more than a no-op job itself. Instead the master maps a small shared area per child
+before the fork; the child writes its current jobs there (no system call) and the master
 reads it when it needs to (each watchdog tick, at renewal, when the child dies). The
 board cannot be silenced by the child hanging: its last write stays readable.
 
-One writer (the child's main thread), one reader (the master). A sequence counter makes
-reads consistent: the writer makes it odd before a change and even after; a reader that
-sees it odd or changed reads again (a seqlock). A child killed in the middle of a write
-leaves it odd: the reader then takes what is there, which names either the old job or the
-new one, both of which the master's guarded statements handle.
+A board has ``capacity`` slots: one for a sync child (one job at a time), ``concurrency``
+for an async child (docs/async.md). Each slot has one writer (the thread running jobs)
+and one reader (the master), and a sequence counter of its own that makes reads
+consistent: the writer makes it odd before a change and even after; a reader that sees
+it odd or changed reads again (a seqlock). Slots are independent, so a reader never
+retries because a neighbour changed. A child killed in the middle of a write leaves it
+odd: the reader then takes what is there, which names either the old job or the new one,
+both of which the master's guarded statements handle.
+
+The header holds what is not a job: the async loop's heartbeat (written by the loop every
+LOOP_BEAT seconds; a loop that stops writing is blocked), the job the child's control
+thread found blocking the loop (the culprit, under a seqlock of its own), and the flag of
+the application's on_success hooks.
 """
 
 from __future__ import annotations
@@ -23,72 +31,125 @@ from dataclasses import dataclass
 
 _SEQ = struct.Struct("<Q")
 # job id (16 bytes, zero when idle), started (time.monotonic(), one clock for every
-# process of the host), max_execution_timeout, attempt, topic length, topic (<= 128).
-_BODY = struct.Struct("<16sddIH128s")
-SIZE = mmap.PAGESIZE
-_NO_JOB = bytes(16)
-_READ_TRIES = 1000
+# process of the host), max_execution_timeout, attempt_timeout, attempt, topic length,
+# topic (<= 128).
+_BODY = struct.Struct("<16sdddIH128s")
+_SLOT = 256  # bytes per slot: its seq, then the body
+_SLOTS_AT = 128
+# Header: the loop's beat (a double, one aligned store), the culprit (seq, id, since).
+_BEAT_AT = 0
+_CULPRIT_SEQ_AT = 8
+_CULPRIT = struct.Struct("<16sd")
+_CULPRIT_AT = 16
 # A flag of its own (one aligned byte, written in one store): the child runs the
 # application's on_success hooks, application code outside the handler that the stall
 # rule of brooq.watchdog must leave alone.
-_HOOKS_AT = 512
+_HOOKS_AT = 64
+_DOUBLE = struct.Struct("<d")
+_NO_JOB = bytes(16)
+_READ_TRIES = 1000
+LOOP_BEAT = 0.1  # how often an async child's loop writes its beat
 
 
 @dataclass(frozen=True)
 class Running:
-    """The job a child has on its board."""
+    """A job a child has on its board."""
 
     id: uuid.UUID
     topic: str
     attempt: int
     started: float  # time.monotonic() of the child when the handler was called
     max_execution_timeout: float
+    attempt_timeout: float = 0.0
+
+
+def size_for(capacity: int) -> int:
+    """The board's bytes for ``capacity`` slots, whole pages."""
+    wanted = _SLOTS_AT + capacity * _SLOT
+    return -(-wanted // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 class Board:
     """Create in the master before the fork; the child writes, the master reads."""
 
-    def __init__(self) -> None:
-        self._mem = mmap.mmap(-1, SIZE, flags=mmap.MAP_SHARED)
-        self._seq = 0
+    def __init__(self, capacity: int = 1) -> None:
+        self.capacity = max(1, capacity)
+        self._mem = mmap.mmap(-1, size_for(self.capacity), flags=mmap.MAP_SHARED)
+        self._seqs = [0] * self.capacity
+        self._culprit_seq = 0
 
     # -- the child ---------------------------------------------------------------------------
 
-    def post(self, job: Running) -> None:
+    def post(self, job: Running, slot: int = 0) -> None:
         topic = job.topic.encode()[:128]
         self._write(
+            slot,
             job.id.bytes,
             job.started,
             job.max_execution_timeout,
+            job.attempt_timeout,
             job.attempt,
             len(topic),
             topic,
         )
 
-    def clear(self) -> None:
-        self._write(_NO_JOB, 0.0, 0.0, 0, 0, b"")
+    def clear(self, slot: int = 0) -> None:
+        self._write(slot, _NO_JOB, 0.0, 0.0, 0.0, 0, 0, b"")
 
     def hooks_running(self, running: bool) -> None:
         self._mem[_HOOKS_AT] = 1 if running else 0
 
-    def _write(self, *body: object) -> None:
-        self._seq += 1
-        _SEQ.pack_into(self._mem, 0, self._seq)  # odd: being written
-        _BODY.pack_into(self._mem, _SEQ.size, *body)
-        self._seq += 1
-        _SEQ.pack_into(self._mem, 0, self._seq)  # even: consistent
+    def beat(self, now: float) -> None:
+        """The async loop is alive (the loop's own callback, every LOOP_BEAT)."""
+        _DOUBLE.pack_into(self._mem, _BEAT_AT, now)
+
+    def set_culprit(self, job_id: uuid.UUID | None, since: float) -> None:
+        """The job blocking the loop, as the control thread saw it (None: none)."""
+        self._culprit_seq += 1
+        _SEQ.pack_into(self._mem, _CULPRIT_SEQ_AT, self._culprit_seq)
+        _CULPRIT.pack_into(self._mem, _CULPRIT_AT, job_id.bytes if job_id else _NO_JOB, since)
+        self._culprit_seq += 1
+        _SEQ.pack_into(self._mem, _CULPRIT_SEQ_AT, self._culprit_seq)
+
+    def _write(self, slot: int, *body: object) -> None:
+        at = _SLOTS_AT + slot * _SLOT
+        seq = self._seqs[slot] + 1
+        _SEQ.pack_into(self._mem, at, seq)  # odd: being written
+        _BODY.pack_into(self._mem, at + _SEQ.size, *body)
+        self._seqs[slot] = seq = seq + 1
+        _SEQ.pack_into(self._mem, at, seq)  # even: consistent
 
     # -- the master --------------------------------------------------------------------------
 
     def read(self) -> Running | None:
+        """The job in the first slot: a sync child's job."""
+        return self._read_slot(0)
+
+    def read_all(self) -> tuple[Running, ...]:
+        """Every job on the board, by slot."""
+        if self.capacity == 1:
+            job = self._read_slot(0)
+            return () if job is None else (job,)
+        jobs = []
+        for slot in range(self.capacity):
+            job = self._read_slot(slot)
+            if job is not None:
+                jobs.append(job)
+        return tuple(jobs)
+
+    def _read_slot(self, slot: int) -> Running | None:
+        at = _SLOTS_AT + slot * _SLOT
+        mem = self._mem
         body: tuple[object, ...] = ()
         for _ in range(_READ_TRIES):
-            (before,) = _SEQ.unpack_from(self._mem, 0)
-            body = _BODY.unpack_from(self._mem, _SEQ.size)
-            (after,) = _SEQ.unpack_from(self._mem, 0)
+            (before,) = _SEQ.unpack_from(mem, at)
+            if not before:
+                return None  # never written
+            body = _BODY.unpack_from(mem, at + _SEQ.size)
+            (after,) = _SEQ.unpack_from(mem, at)
             if before == after and not before & 1:
                 break
-        raw_id, started, max_exec, attempt, topic_len, topic = body
+        raw_id, started, max_exec, soft, attempt, topic_len, topic = body
         assert isinstance(raw_id, bytes) and isinstance(topic, bytes)
         assert isinstance(topic_len, int) and isinstance(attempt, int)
         if raw_id == _NO_JOB:
@@ -99,7 +160,28 @@ class Board:
             attempt=attempt,
             started=float(started),  # type: ignore[arg-type]
             max_execution_timeout=float(max_exec),  # type: ignore[arg-type]
+            attempt_timeout=float(soft),  # type: ignore[arg-type]
         )
+
+    def loop_beat(self) -> float:
+        """The loop's last beat (monotonic); 0.0 when no loop ever ran."""
+        (beat,) = _DOUBLE.unpack_from(self._mem, _BEAT_AT)
+        return float(beat)
+
+    def culprit(self) -> tuple[uuid.UUID, float] | None:
+        """The job the child found blocking its loop, and since when; None: none."""
+        body: tuple[object, ...] = (_NO_JOB, 0.0)
+        for _ in range(_READ_TRIES):
+            (before,) = _SEQ.unpack_from(self._mem, _CULPRIT_SEQ_AT)
+            body = _CULPRIT.unpack_from(self._mem, _CULPRIT_AT)
+            (after,) = _SEQ.unpack_from(self._mem, _CULPRIT_SEQ_AT)
+            if before == after and not before & 1:
+                break
+        raw_id, since = body
+        assert isinstance(raw_id, bytes)
+        if raw_id == _NO_JOB:
+            return None
+        return uuid.UUID(bytes=raw_id), float(since)  # type: ignore[arg-type]
 
     def in_hooks(self) -> bool:
         return self._mem[_HOOKS_AT] == 1

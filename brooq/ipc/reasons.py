@@ -27,15 +27,26 @@ RELOAD: Final = "reload"
 RELOAD_FAILED: Final = "reload_failed"
 
 # -- the master kills a child (SIGKILL of its process group) ------------------------------
-KillReason = Literal["max_execution_timeout", "lease_lost", "stalled", "drain_timeout", "fatal"]
+KillReason = Literal[
+    "max_execution_timeout", "lease_lost", "stalled", "drain_timeout", "fatal", "loop_blocked"
+]
 MAX_EXECUTION_TIMEOUT: Final = "max_execution_timeout"
+# An async child's event loop stopped reporting: a coroutine that never yields.
+LOOP_BLOCKED: Final = "loop_blocked"
 LEASE_LOST: Final = "lease_lost"
 STALLED: Final = "stalled"
 DRAIN_TIMEOUT: Final = "drain_timeout"
 FATAL: Final = "fatal"
 
 # brooq_children_killed_total{reason}: a child killed after its lease was lost is "hung".
-KilledLabel = Literal["max_execution_timeout", "hung", "stalled", "drain_timeout", "fatal"]
+KilledLabel = Literal[
+    "max_execution_timeout", "hung", "stalled", "drain_timeout", "fatal", "loop_blocked"
+]
+
+# -- which handlers a child runs (fixed at fork; docs/async.md) -----------------------------
+ChildKind = Literal["sync", "async"]
+SYNC: Final = "sync"
+ASYNC: Final = "async"
 
 # -- how a child ended that nobody asked for ------------------------------------------------
 CRASH: Final = "crash"

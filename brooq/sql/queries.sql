@@ -492,6 +492,36 @@ SET state = 'pending', attempts = greatest(attempts - 1, 0),
 WHERE id = ANY(%(ids)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
 RETURNING id
 
+-- name: job_release_suspects
+-- An async child died with several jobs in flight and nobody to blame (a crash, a loop
+-- blocked by C code): each goes back with the attempt refunded and counts a lease expiry,
+-- the reaper's bound for a job that takes its worker down (the one that reaches
+-- %(max_expiries)s makes it dead, with the reason, as job_reap_expired words it).
+UPDATE job
+SET state = CASE WHEN lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELSE 'pending' END,
+    attempts = CASE
+        WHEN lease_expiries + 1 >= %(max_expiries)s THEN attempts
+        ELSE greatest(attempts - 1, 0)
+    END,
+    lease_expiries = lease_expiries + 1,
+    last_error = CASE
+        WHEN lease_expiries + 1 >= %(max_expiries)s
+        THEN 'its worker died with it in flight ' || (lease_expiries + 1)::text
+             || ' times: ' || %(cause)s
+        ELSE last_error
+    END,
+    errors = jsonb_path_query_array(
+        coalesce(errors, '[]'::jsonb)
+            || jsonb_build_object(
+                'attempt', attempts, 'at', now(),
+                'error', 'in flight when its worker died (' || (lease_expiries + 1)::text
+                    || ' of ' || %(max_expiries)s::text || '): ' || %(cause)s,
+                'worker', locked_by),
+        '$[last - 19 to last]'),
+    locked_by = NULL, locked_until = NULL, updated_at = now()
+WHERE id = ANY(%(ids)s::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+RETURNING id, topic, state
+
 -- name: job_get_held
 -- The job a dead worker was running, if it still holds it.
 SELECT id, topic, attempts FROM job

@@ -33,6 +33,8 @@ class _Failure:
     identity: str  # the worker that died
     running: uuid.UUID | None  # the job it was running, if any
     cause: str
+    suspects: tuple[uuid.UUID, ...] = ()
+    because: str = ""  # why the others go back (log and metric)
 
 
 class Accounting:
@@ -42,7 +44,9 @@ class Accounting:
         policies: dict[str, Policy],
         default_policy: Policy,
         metrics: Metrics | None,
+        max_lease_expiries: int = 5,
     ) -> None:
+        self.max_lease_expiries = max_lease_expiries
         self.conns = conns
         self.policies = policies
         self.default_policy = default_policy
@@ -55,7 +59,9 @@ class Accounting:
         if isinstance(jobs, ReturnAll):
             self.pending_releases.append(identity)
         else:
-            self.pending_failures.append(_Failure(identity, jobs.job, jobs.cause))
+            self.pending_failures.append(
+                _Failure(identity, jobs.job, jobs.cause, jobs.suspects, jobs.because)
+            )
 
     def flush(self) -> None:
         while self.pending_failures:
@@ -71,6 +77,8 @@ class Accounting:
                     owed.cause,
                     self.policies,
                     self.default_policy,
+                    owed.suspects,
+                    self.max_lease_expiries,
                 )
 
             result = self.conns.with_db("crash_accounting", settle)
@@ -88,8 +96,17 @@ class Accounting:
                     state,
                     owed.cause.splitlines()[0],
                 )
+            because = f" because={owed.because}" if owed.because else ""
             for job_id, topic in released:
-                log.info("event=job_returned job=%s topic=%s attempt_refunded=1", job_id, topic)
+                log.info(
+                    "event=job_returned job=%s topic=%s attempt_refunded=1%s",
+                    job_id,
+                    topic,
+                    because,
+                )
+            if self.metrics is not None and released and owed.because:
+                reason = "suspect" if owed.because == "suspect" else "sibling_killed"
+                self.metrics.jobs_returned.labels(reason).inc(len(released))
         if self.pending_releases:
             workers = list(self.pending_releases)
             returned = self.conns.with_db(
@@ -99,5 +116,7 @@ class Accounting:
                 return
             self.pending_releases.clear()
             self.released += len(returned)
+            if self.metrics is not None and returned:
+                self.metrics.jobs_returned.labels("returned").inc(len(returned))
             for job_id, topic in returned:
                 log.warning("event=job_returned job=%s topic=%s attempt_refunded=1", job_id, topic)

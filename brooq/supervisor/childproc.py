@@ -21,7 +21,7 @@ from pathlib import Path
 
 from brooq.ipc import protocol
 from brooq.ipc.board import Board, Running
-from brooq.ipc.reasons import KillReason, RetireReason, StopReason
+from brooq.ipc.reasons import SYNC, ChildKind, KillReason, RetireReason, StopReason
 
 
 @dataclass
@@ -35,18 +35,30 @@ class ChildProc:
     born: float
     ready: bool = False
     board: Board = field(default_factory=Board)  # what it runs now, shared memory
-    job: Running | None = None  # the board as last read (Fleet.read_boards)
-    held: list[uuid.UUID] = field(default_factory=list)  # every job it holds, job included
+    kind: ChildKind = SYNC  # which handlers it runs (docs/async.md)
+    jobs: tuple[Running, ...] = ()  # the board as last read (Fleet.read_boards)
+    held: list[uuid.UUID] = field(default_factory=list)  # every job it holds, jobs included
     retiring: StopReason | RetireReason | None = None  # why it was asked to (or will) stop
     kill_reason: KillReason | None = None
+    kill_job: uuid.UUID | None = None  # the job the watchdog charges for the kill
     kill_detail: str = ""
     stack_requested_at: float | None = None
-    lease_lost_at: float | None = None
+    lease_lost: dict[uuid.UUID, float] = field(default_factory=dict)  # job -> told at
     fds: list[int] = field(default_factory=list)
     # Last visible progress (a job started or ended, a new held list): the stall rule.
     progress_at: float = 0.0
     # Batchmates of a long job the child will not run: the enforcer gives them back.
     to_release: list[uuid.UUID] = field(default_factory=list)
+
+    @property
+    def job(self) -> Running | None:
+        """The job it runs, for a sync child; an async child's first."""
+        return self.jobs[0] if self.jobs else None
+
+    @property
+    def full(self) -> bool:
+        """No free slot: a wake-up would find it with nothing to claim into."""
+        return len(self.jobs) >= self.board.capacity
 
 
 def killpg(pid: int) -> None:
@@ -63,8 +75,21 @@ def killpg(pid: int) -> None:
 
 
 def read_stack(path: str, limit: int = 1500) -> str:
-    try:
-        text = Path(path).read_text(errors="replace").strip()
-    except OSError:
-        return ""
-    return text if len(text) <= limit else text[:limit] + "\n..."
+    """What the child's faulthandler wrote, after the await chain of the job when an
+    async child wrote one (brooq.worker.link)."""
+    parts = []
+    for name in (path + ".await", path):
+        try:
+            text = Path(name).read_text(errors="replace").strip()
+        except OSError:
+            continue
+        if text:
+            parts.append(text if len(text) <= limit else text[:limit] + "\n...")
+    return "\n".join(parts)
+
+
+def empty_stack(path: str) -> None:
+    """Before asking for a stack: forget an earlier one (the child appends)."""
+    for name in (path, path + ".await"):
+        with contextlib.suppress(OSError):
+            os.truncate(name, 0)

@@ -46,6 +46,10 @@ DURATION_FLAGS = [
     ("reaper_period", "Reaper period (default max(5s, lease/4))."),
     ("retention_ttl", "Delete terminal jobs older than this (0s: never)."),
     ("watchdog_grace", "How long a child may run on after its lease was lost (default: lease)."),
+    (
+        "loop_block_timeout",
+        "Kill an async child whose event loop is blocked this long (default 5s).",
+    ),
 ]
 
 
@@ -65,6 +69,18 @@ def _options(fn: Any) -> Any:
     help="The brooq.Queue of your application, e.g. myapp.jobs:queue.",
 )
 @click.option("--workers", type=int, help="Number of child processes (QUEUE_WORKERS).")
+@click.option(
+    "--concurrency",
+    type=int,
+    help="Async jobs one child runs at once (QUEUE_CONCURRENCY, default 100); "
+    "sync handlers run one at a time.",
+)
+@click.option(
+    "--async-workers",
+    type=int,
+    help="In an application with sync and async handlers: how many of the children "
+    "run the async ones (QUEUE_ASYNC_WORKERS, default 1).",
+)
 @click.option(
     "--queues",
     metavar="NAME=WEIGHT,...",

@@ -176,21 +176,22 @@ class Renewal:
         missing = {job_id for job_id, _ in held} - still
         lost = 0
         for c in fleet.children.values():
+            on_board = {j.id: j for j in c.jobs}
             for job_id in c.held:
-                running = c.job is not None and c.job.id == job_id
-                if job_id not in missing or (running and c.lease_lost_at is not None):
+                running = on_board.get(job_id)
+                if job_id not in missing or (running is not None and job_id in c.lease_lost):
                     continue
                 protocol.send(c.to_child, f"lost {job_id}\n".encode())
                 lost += 1
-                if not running or c.job is None:
+                if running is None:
                     continue  # not started yet (the child will skip it) or already settled
-                c.lease_lost_at = now
+                c.lease_lost[job_id] = now
                 if self.metrics is not None:
-                    self.metrics.lease_lost.labels(c.job.topic).inc()
+                    self.metrics.lease_lost.labels(running.topic).inc()
                 log.info(
                     "event=lease_lost job=%s topic=%s pid=%d: canceled, reaped or taken over",
-                    c.job.id,
-                    c.job.topic,
+                    running.id,
+                    running.topic,
                     c.pid,
                 )
         return {"renewed": len(held) - len(missing), "lost": lost}

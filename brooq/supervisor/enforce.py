@@ -20,14 +20,21 @@ import os
 import signal
 from functools import partial
 
-from brooq.ipc.reasons import MAX_EXECUTION_TIMEOUT, STALLED, killed_label
+from brooq.ipc import protocol
+from brooq.ipc.reasons import ASYNC, LOOP_BLOCKED, MAX_EXECUTION_TIMEOUT, STALLED, killed_label
 from brooq.metrics import Metrics
 from brooq.settings import Settings
 from brooq.supervisor import maintenance
-from brooq.supervisor.childproc import ChildProc, killpg, read_stack
+from brooq.supervisor.childproc import ChildProc, empty_stack, killpg, read_stack
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.fleet import Fleet
-from brooq.supervisor.watchdog import BusyChild, HoldingChild, decide, decide_stalled
+from brooq.supervisor.watchdog import (
+    BusyChild,
+    HoldingChild,
+    LoopView,
+    decide,
+    decide_stalled,
+)
 from brooq.worker.config import LONG_JOB
 
 log = logging.getLogger("brooq.master")
@@ -44,58 +51,91 @@ class Enforcer:
 
     def run(self, now: float) -> None:
         children = self.fleet.children
-        busy = [
-            BusyChild(
-                pid=c.pid,
-                started=c.job.started,
-                max_execution_timeout=c.job.max_execution_timeout,
-                lease_lost_at=c.lease_lost_at,
-                stack_requested_at=c.stack_requested_at,
-            )
-            for c in children.values()
-            if c.job is not None and c.kill_reason is None
-        ]
+        busy = [self._busy(c) for c in children.values() if c.jobs and c.kill_reason is None]
         decisions = decide(busy, now, self.settings.effective_watchdog_grace)
         decisions += decide_stalled(self._holding(now), now, self.settings.lease)
+        decided = {d.pid for d in decisions}
+        for c in children.values():
+            if c.stack_requested_at is not None and c.kill_reason is None and c.pid not in decided:
+                c.stack_requested_at = None  # what asked for it is over (an async child)
         for d in decisions:
             c = children[d.pid]
             if d.action == "dump_stack":
                 c.stack_requested_at = now
+                empty_stack(c.stack_file)
+                if c.kind == ASYNC and d.job is not None:
+                    # A suspended job shows only the loop in the thread stacks: ask its
+                    # control thread for the job's await chain as well.
+                    protocol.send(c.to_child, f"stack {d.job}\n".encode())
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(c.pid, signal.SIGUSR2)
                 continue
             c.kill_reason = d.reason
+            c.kill_job = d.job
             if d.reason == STALLED:
                 self._kill_stalled(c, now)
             else:
                 self._kill_busy(c, now)
         self._give_back_batchmates()
 
+    def _busy(self, c: ChildProc) -> BusyChild:
+        loop = None
+        if c.kind == ASYNC:
+            culprit = c.board.culprit()
+            loop = LoopView(
+                beat=c.board.loop_beat(),
+                culprit=culprit[0] if culprit else None,
+                block_timeout=self.settings.loop_block_timeout,
+            )
+        return BusyChild(
+            pid=c.pid,
+            jobs=c.jobs,
+            stack_requested_at=c.stack_requested_at,
+            lease_lost=c.lease_lost,
+            loop=loop,
+        )
+
     def _kill_busy(self, c: ChildProc, now: float) -> None:
-        assert c.job is not None and c.kill_reason is not None
+        assert c.kill_reason is not None
         if self.metrics is not None:
             self.metrics.killed.labels(killed_label(c.kill_reason)).inc()
-        stack = read_stack(c.stack_file)
+        stack = read_stack(c.stack_file, 4000 if c.kind == ASYNC else 1500)
         c.kill_detail = f"; stack (most recent call first):\n{stack}" if stack else ""
-        if c.kill_reason == MAX_EXECUTION_TIMEOUT:
+        job = next((j for j in c.jobs if j.id == c.kill_job), c.job)
+        others = f" in_flight={len(c.jobs)}" if c.kind == ASYNC else ""
+        if c.kill_reason == MAX_EXECUTION_TIMEOUT and job is not None:
             log.error(
                 "event=child_killed pid=%d job=%s topic=%s reason=max_execution_timeout "
-                "limit=%gs ran=%.1fs\n%s",
+                "limit=%gs ran=%.1fs%s\n%s",
                 c.pid,
-                c.job.id,
-                c.job.topic,
-                c.job.max_execution_timeout,
-                now - c.job.started,
+                job.id,
+                job.topic,
+                job.max_execution_timeout,
+                now - job.started,
+                others,
+                stack,
+            )
+        elif c.kill_reason == LOOP_BLOCKED:
+            log.error(
+                "event=child_killed pid=%d job=%s topic=%s reason=loop_blocked blocked=%.1fs%s: "
+                "a coroutine held the event loop without yielding; only it is charged, the "
+                "other jobs go back with the attempt refunded\n%s",
+                c.pid,
+                job.id if job is not None and c.kill_job else "-",
+                job.topic if job is not None and c.kill_job else "-",
+                now - c.board.loop_beat(),
+                others,
                 stack,
             )
         else:
             log.error(
                 "event=child_killed pid=%d job=%s topic=%s reason=hung_after_lease_lost "
-                "grace=%gs\n%s",
+                "grace=%gs%s\n%s",
                 c.pid,
-                c.job.id,
-                c.job.topic,
+                job.id if job is not None else "-",
+                job.topic if job is not None else "-",
                 self.settings.effective_watchdog_grace,
+                others,
                 stack,
             )
         killpg(c.pid)
@@ -106,7 +146,7 @@ class Enforcer:
         clock starts again when the database is back."""
         holding = []
         for c in self.fleet.children.values():
-            if not c.held or c.job is not None or c.kill_reason is not None:
+            if not c.held or c.jobs or c.kill_reason is not None:
                 continue
             if not self.conns.ok or c.board.in_hooks():  # an outage; the application's hooks
                 c.progress_at = now

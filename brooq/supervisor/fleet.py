@@ -34,11 +34,14 @@ from brooq.handlers import Handler, Middleware
 from brooq.ipc import protocol
 from brooq.ipc.board import Board
 from brooq.ipc.reasons import (
+    ASYNC,
     DRAIN,
     EXIT_BOOT_ERROR,
     RELOAD,
     RELOAD_FAILED,
     SCALE_DOWN,
+    SYNC,
+    ChildKind,
     KillReason,
     StopReason,
     killed_label,
@@ -102,6 +105,17 @@ class Fleet:
         self.metrics = spec.metrics
         self._master_fds = master_fds
         self.target = spec.settings.workers
+        # Which kinds of child this application needs (docs/async.md: children are
+        # split by kind, so neither kind starves the other).
+        kinds = {h.is_async for h in spec.handlers.values()}
+        self.mixed = kinds == {True, False}
+        self.all_async = kinds == {True}
+        if self.mixed and self.target < 2:
+            log.warning(
+                "event=workers_raised workers=2 reason='an application with sync and async "
+                "handlers needs a child of each kind'"
+            )
+            self.target = 2
         self.children: dict[int, ChildProc] = {}
         self.generation = 0  # the generation new children belong to
         self.generations = 0  # every generation ever started, so numbers are never reused
@@ -134,12 +148,16 @@ class Fleet:
         if self.crashes.count and any(now - c.born >= STABLE_AFTER for c in current):
             self.crashes.healthy()
         if now >= self.crashes.fork_at():  # after deaths outside a job: backoff
-            for _ in range(self.target - len(current)):
-                self.spawn()
-        if len(current) > self.target:
-            extra = sorted(current, key=lambda c: (c.job is not None, -c.born))
-            for c in extra[: len(current) - self.target]:
-                self.ask_to_stop(c, SCALE_DOWN)
+            for kind, wanted in self.targets().items():
+                have = sum(1 for c in current if c.kind == kind)
+                for _ in range(wanted - have):
+                    self.spawn(kind)
+        for kind, wanted in self.targets().items():
+            mine = [c for c in current if c.kind == kind]
+            if len(mine) > wanted:
+                extra = sorted(mine, key=lambda c: (bool(c.jobs), -c.born))
+                for c in extra[: len(mine) - wanted]:
+                    self.ask_to_stop(c, SCALE_DOWN)
         if self.reload_from is not None:
             new = self.current()
             if len(new) >= self.target and all(c.ready for c in new):
@@ -149,6 +167,17 @@ class Fleet:
                 log.info("event=reload_done generation=%d", self.generation)
                 self.reload_from = None
         return bool(current) and all(c.ready for c in current)
+
+    def targets(self) -> dict[ChildKind, int]:
+        """Children per kind: all of one kind when the application has one; in a mixed
+        one, async_workers async children (at most all but one) and the rest sync. The
+        signals that scale (SIGTTIN, SIGTTOU) change the sync children of a mixed app."""
+        if self.all_async:
+            return {ASYNC: self.target}
+        if not self.mixed:
+            return {SYNC: self.target}
+        async_n = max(1, min(self.spec.settings.async_workers, self.target - 1))
+        return {ASYNC: async_n, SYNC: max(1, self.target - async_n)}
 
     def next_fork_at(self) -> float | None:
         """When a fork delayed by the crash streak is due, if one is."""
@@ -166,22 +195,28 @@ class Fleet:
         log.info("event=reload_started generation=%d", self.generation)
 
     def busy(self) -> int:
-        return sum(1 for c in self.children.values() if c.job)
+        """Children running at least one job."""
+        return sum(1 for c in self.children.values() if c.jobs)
+
+    def running(self) -> int:
+        """Jobs running in every child."""
+        return sum(len(c.jobs) for c in self.children.values())
 
     def holding(self) -> bool:
         """A child holds jobs: it may start one at any moment without telling."""
-        return any(c.held or c.job for c in self.children.values())
+        return any(c.held or c.jobs for c in self.children.values())
 
     # -- fork ----------------------------------------------------------------------------
 
-    def spawn(self) -> None:
+    def spawn(self, kind: ChildKind = SYNC) -> None:
         spec = self.spec
         c2m_r, c2m_w = os.pipe()
         m2c_r, m2c_w = os.pipe()
         identity_tag = uuid.uuid4().hex[:6]
         stack_file = str(self.runtime_dir / f"stack-{identity_tag}.txt")
         reload_baseline = spec.baseline if self.generation > 0 else None
-        board = Board()
+        board = Board(spec.settings.concurrency if kind == ASYNC else 1)
+        children = self.targets().get(kind, self.target)
         # Until the child has its own signal set-up it has the master's handlers and wakeup
         # fd: a signal it got there would wake the master as if the master had got it (a
         # SIGTERM meant for the child drained the master) and be lost to the child. Blocked
@@ -206,6 +241,8 @@ class Fleet:
                         metrics=spec.metrics,
                         board=board,
                         middleware=spec.middleware,
+                        kind=kind,
+                        children=children,
                     )
                 )
             finally:
@@ -225,10 +262,11 @@ class Fleet:
             stack_file=stack_file,
             born=time.monotonic(),
             board=board,
+            kind=kind,
             fds=[c2m_r, m2c_w],
             progress_at=time.monotonic(),
         )
-        log.debug("event=child_spawned pid=%d worker=%s", pid, identity)
+        log.debug("event=child_spawned pid=%d worker=%s kind=%s", pid, identity, kind)
 
     def _in_child_after_fork(self, close: list[int]) -> None:
         """Close what belongs to the master and the siblings. The master's database sockets
@@ -257,7 +295,7 @@ class Fleet:
             if "held" in msg:
                 c.held = [uuid.UUID(h) for h in msg["held"]]
                 c.progress_at = now
-                if c.job is None:
+                if not c.jobs:
                     c.stack_requested_at = None  # a stall's stack request is moot now
             elif "release" in msg:
                 c.to_release.extend(uuid.UUID(i) for i in msg["release"])
@@ -278,17 +316,21 @@ class Fleet:
             self.read_child(c, now)
 
     def read_boards(self) -> None:
-        """What each child runs now. A new job (or none) clears the watchdog's notes
-        about the previous one."""
+        """What each child runs now. A job that left the board takes the watchdog's notes
+        about it along (a sync child's stack request too: its one job changed; an async
+        child's is dropped by the enforcer once no limit applies)."""
         now = time.monotonic()
         for c in self.children.values():
-            running = c.board.read()
-            if running != c.job:
-                c.lease_lost_at = None
-                c.stack_requested_at = None
-                c.job = running
+            running = c.board.read_all()
+            if running != c.jobs:
+                if c.lease_lost:
+                    ids = {j.id for j in running}
+                    c.lease_lost = {i: t for i, t in c.lease_lost.items() if i in ids}
+                if c.kind == SYNC:
+                    c.stack_requested_at = None
+                c.jobs = running
                 c.progress_at = now
-                if running is not None and self.crashes.count:
+                if running and self.crashes.count:
                     self.crashes.healthy()  # children get as far as running jobs
 
     def wake_idle(self) -> None:
@@ -297,7 +339,7 @@ class Fleet:
         # empty claim. One running a handler claims again when it is done anyway.
         self.read_boards()
         for c in self.children.values():
-            if c.ready and c.job is None and c.retiring is None:
+            if c.ready and not c.full and c.retiring is None:
                 protocol.send(c.to_child, b"w\n")
 
     # -- stop, kill, reap -----------------------------------------------------------------
@@ -310,13 +352,15 @@ class Fleet:
 
     def stop_all(self) -> None:
         for c in self.children.values():
+            if c.kind == ASYNC:  # its deadline is graceful_timeout (brooq.worker.aio)
+                protocol.send(c.to_child, b"drain\n")
             self.ask_to_stop(c, DRAIN)
 
     def kill_all(self, reason: KillReason) -> None:
         for c in self.children.values():
             if c.kill_reason is None:
                 c.kill_reason = reason
-                if self.metrics is not None and c.job is not None:
+                if self.metrics is not None and c.jobs:
                     self.metrics.killed.labels(killed_label(reason)).inc()
                 killpg(c.pid)
 
@@ -335,7 +379,8 @@ class Fleet:
     def _ended(self, c: ChildProc, status: int) -> None:
         # Read what it said and posted last (its held jobs may have changed).
         self.read_child(c, time.monotonic())
-        c.job = c.board.read()  # a hung or crashed child's last job stays on its board
+        c.jobs = c.board.read_all()  # a hung or crashed child's last jobs stay on its board
+        culprit = c.board.culprit()
         c.board.close()
         for fd in c.fds:
             with contextlib.suppress(OSError):
@@ -346,10 +391,13 @@ class Fleet:
             kill_reason=c.kill_reason,
             retiring=c.retiring,
             ready=c.ready,
-            job=c.job,
+            jobs=c.jobs,
             stopping=self.stopping,
             now=time.monotonic(),
             kill_detail=c.kill_detail,
+            kill_job=c.kill_job,
+            culprit=culprit[0] if culprit else None,
+            kind=c.kind,
         )
         verdict = settle(end)
         if self.metrics is not None:
@@ -360,17 +408,20 @@ class Fleet:
             self.accounting.owe(c.identity, verdict.jobs)
         log.log(
             verdict.level,
-            "event=child_exited pid=%d worker=%s %s reason=%s job=%s",
+            "event=child_exited pid=%d worker=%s %s reason=%s job=%s%s",
             c.pid,
             c.identity,
             verdict.exit,
             verdict.label,
-            c.job.id if c.job else "-",
+            c.kill_job or (c.job.id if c.job and c.kind == SYNC else "-"),
+            f" kind=async in_flight={len(c.jobs)}" if c.kind == ASYNC else "",
         )
         if verdict.outside_job:
             self._died_outside_job(c, code)
         with contextlib.suppress(OSError):
             os.unlink(c.stack_file)
+        with contextlib.suppress(OSError):
+            os.unlink(c.stack_file + ".await")
         self.accounting.flush()
 
     def _died_outside_job(self, c: ChildProc, code: int) -> None:

@@ -92,6 +92,8 @@ def settle_dead_worker(
     cause: str,
     policies: dict[str, Policy],
     default: Policy,
+    suspects: Sequence[uuid.UUID] = (),
+    max_expiries: int = 5,
 ) -> tuple[list[tuple[uuid.UUID, str, str]], list[tuple[uuid.UUID, str]]]:
     """A worker died or was killed. The job it was running (if it still holds it) gets a
     failed attempt with ``cause``; every other job it held (claimed in a batch but not
@@ -99,9 +101,24 @@ def settle_dead_worker(
     refunded — they did not fail. Everything is guarded by the holder, so a job reaped
     and claimed elsewhere meanwhile is untouched. The failed job's error history gets
     an entry naming ``worker`` (the dead child's identity) and ``cause``.
+    The ``suspects`` go back counting a lease expiry each (job_release_suspects); those
+    made dead by it are listed with the failed.
     Returns (id, topic, new state) of the failed job and (id, topic) of the released."""
     failed = []
     cur = conn.cursor(row_factory=dict_row)
+    if suspects:
+        rows = cur.execute(
+            Q.job_release_suspects,
+            {
+                "ids": list(suspects),
+                "worker": worker,
+                "max_expiries": max_expiries,
+                "cause": bounded(cause, HISTORY_ERROR_MAX),
+            },
+        ).fetchall()
+        suspected = [(r["id"], r["topic"]) for r in rows if r["state"] == "pending"]
+        failed += [(r["id"], r["topic"], "dead") for r in rows if r["state"] == "dead"]
+        return failed, suspected + release_held(conn, [worker])
     if running is not None:
         held = cur.execute(Q.job_get_held, {"id": running, "worker": worker}).fetchone()
         if held is not None:

@@ -33,7 +33,7 @@ from setproctitle import setproctitle
 
 from brooq import metrics as metrics_mod
 from brooq.handlers import Policy
-from brooq.ipc.reasons import DRAIN_TIMEOUT, FATAL
+from brooq.ipc.reasons import ASYNC, DRAIN_TIMEOUT, FATAL, SYNC
 from brooq.queue import Queue
 from brooq.settings import Settings
 from brooq.supervisor.accounting import Accounting
@@ -101,6 +101,7 @@ class Master:
                 settings.backoff_max,
             ),
             self.metrics,
+            settings.max_lease_expiries,
         )
         spec = ForkSpec(
             dsn,
@@ -300,7 +301,13 @@ class Master:
         self.drain_deadline = time.monotonic() + budget
         self.notifier.send("STOPPING=1", f"STATUS=draining ({why})")
         busy = self.fleet.busy()
-        log.info("event=drain_started signal=%s busy_children=%d budget=%gs", why, busy, budget)
+        log.info(
+            "event=drain_started signal=%s busy_children=%d in_flight=%d budget=%gs",
+            why,
+            busy,
+            self.fleet.running(),
+            budget,
+        )
         self._title()
         self.fleet.stop_all()
 
@@ -316,7 +323,13 @@ class Master:
 
     def _title(self) -> None:
         state = " draining" if self.fleet.stopping else ""
-        setproctitle(f"brooq-master: app={self.app_spec} workers={self.fleet.target}{state}")
+        targets = self.fleet.targets()
+        kinds = ""
+        if ASYNC in targets:
+            concurrency = self.settings.concurrency
+            sync = f"{targets[SYNC]} sync, " if SYNC in targets else ""
+            kinds = f" ({sync}{targets[ASYNC]} async x {concurrency})"
+        setproctitle(f"brooq-master: app={self.app_spec} workers={self.fleet.target}{kinds}{state}")
 
 
 def _wake_only(signum: int, frame: object) -> None:

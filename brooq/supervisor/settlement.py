@@ -23,16 +23,20 @@ from typing import Literal
 
 from brooq.ipc.board import Running
 from brooq.ipc.reasons import (
+    ASYNC,
     CRASH,
     DRAIN_TIMEOUT,
     EXIT,
     EXIT_APP_LOAD_ERROR,
     FATAL,
     LEASE_LOST,
+    LOOP_BLOCKED,
     MAX_EXECUTION_TIMEOUT,
     MAX_JOBS,
     MAX_MEMORY,
     STALLED,
+    SYNC,
+    ChildKind,
     KillReason,
     RestartReason,
     RetireReason,
@@ -63,19 +67,37 @@ class ChildEnd:
     kill_reason: KillReason | None  # the master killed it (SIGKILL), and why
     retiring: StopReason | RetireReason | None  # asked to stop, or said it retires
     ready: bool  # it had said ready
-    job: Running | None  # the job left on its board
+    jobs: tuple[Running, ...]  # the jobs left on its board (one at most: a sync child)
     stopping: bool  # the master is draining
     now: float  # monotonic time of the reap
     kill_detail: str = ""  # the stack read before a hard-timeout kill
+    kill_job: uuid.UUID | None = None  # the job the watchdog killed it for
+    culprit: uuid.UUID | None = None  # an async child: the job it found blocking its loop
+    kind: ChildKind = SYNC
+
+    @property
+    def job(self) -> Running | None:
+        """The job a sync child ran; for an async child the guilty one, if known."""
+        if self.kind == SYNC or len(self.jobs) == 1:
+            return self.jobs[0] if self.jobs else None
+        guilty = self.kill_job or self.culprit
+        return next((j for j in self.jobs if j.id == guilty), None)
 
 
 @dataclass(frozen=True)
 class SettleHeld:
     """The job it ran (``job``; None: none) gets a failed attempt with ``cause`` if the
-    child still holds it; every other job it held goes back with the attempt refunded."""
+    child still holds it; every other job it held goes back with the attempt refunded
+    (``because`` says why in their log lines and brooq_jobs_returned_total). The
+    ``suspects`` (an async child that died with several jobs in flight and no culprit)
+    go back too but count a lease expiry each, the reaper's bound for a job that takes
+    its worker down: refunding them for free would let one such job kill child after
+    child for ever, charging them all would fail the innocent."""
 
     job: uuid.UUID | None
     cause: str
+    suspects: tuple[uuid.UUID, ...] = ()
+    because: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,12 +123,30 @@ def settle(end: ChildEnd) -> Settlement:
     code, kill = end.code, end.kill_reason
     label: RestartReason = kill or end.retiring or (CRASH if code else EXIT)
     jobs: JobsVerdict = None
-    if kill == MAX_EXECUTION_TIMEOUT and end.job is not None:
+    job = end.job
+    siblings = f"sibling_of={job.id}" if job is not None and len(end.jobs) > 1 else ""
+    if kill == MAX_EXECUTION_TIMEOUT and job is not None:
         jobs = SettleHeld(
-            end.job.id,
-            f"killed: max_execution_timeout {end.job.max_execution_timeout:g}s "
-            f"exceeded (ran {end.now - end.job.started:.1f}s){end.kill_detail}",
+            job.id,
+            f"killed: max_execution_timeout {job.max_execution_timeout:g}s "
+            f"exceeded (ran {end.now - job.started:.1f}s){end.kill_detail}",
+            because=siblings,
         )
+    elif kill == LOOP_BLOCKED:
+        if job is not None:
+            jobs = SettleHeld(
+                job.id,
+                f"killed: the event loop was blocked by this job (ran "
+                f"{end.now - job.started:.1f}s without yielding){end.kill_detail}",
+                because=siblings,
+            )
+        else:  # C code holding the GIL: nobody could be named
+            jobs = SettleHeld(
+                None,
+                "killed: its event loop was blocked and no job could be named",
+                tuple(j.id for j in end.jobs),
+                "suspect",
+            )
     elif kill in (DRAIN_TIMEOUT, FATAL, STALLED):
         # A stalled child ran none of what it held (or finished them unwritten).
         jobs = ReturnAll()
@@ -114,7 +154,10 @@ def settle(end: ChildEnd) -> Settlement:
         # The running job is no longer ours; give back what else it held (a batch).
         jobs = SettleHeld(None, "")
     elif code != 0:
-        jobs = SettleHeld(end.job.id if end.job else None, _died(code))
+        if end.kind == ASYNC and job is None and end.jobs:
+            jobs = SettleHeld(None, _died(code), tuple(j.id for j in end.jobs), "suspect")
+        else:
+            jobs = SettleHeld(job.id if job else None, _died(code), because=siblings)
     asked_to_stop = end.retiring is not None and code in (0, -signal.SIGTERM)
     return Settlement(
         label=label,
@@ -123,7 +166,7 @@ def settle(end: ChildEnd) -> Settlement:
         level=logging.INFO if code == 0 and kill is None else logging.ERROR,
         jobs=jobs,
         outside_job=(
-            end.job is None
+            not end.jobs
             and kill is None
             and not end.stopping
             and not asked_to_stop

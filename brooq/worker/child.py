@@ -32,9 +32,10 @@ from psycopg.rows import RowMaker
 
 from brooq import logs
 from brooq.errors import InvalidPayload, InvalidResult, PayloadMismatch
-from brooq.handlers import Handler, HandlerFn, Middleware, Policy
+from brooq.handlers import Handler, HandlerFn, Middleware, Policy, is_async_callable
 from brooq.ipc.board import Board, Running
 from brooq.ipc.reasons import (
+    ASYNC,
     EXIT_APP_LOAD_ERROR,
     EXIT_BOOT_ERROR,
     EXIT_CRASHED,
@@ -46,7 +47,7 @@ from brooq.job import Claim, Interruption, check_payload_size, encode_payload
 from brooq.payloads import to_json
 from brooq.sql import Q
 from brooq.worker import execute, interrupts
-from brooq.worker.chain import compose
+from brooq.worker.chain import compose, compose_async
 from brooq.worker.config import BATCH_BUDGET, LONG_JOB, ChildConfig
 from brooq.worker.connection import ChildConnection, Stop, Undecodable
 from brooq.worker.link import MasterLink
@@ -155,17 +156,25 @@ class Child:
     def setup(self) -> None:
         self._stack_fh = interrupts.install(self.state, self.config.stack_file)
         self.link = MasterLink(
-            self.config.to_master, self.config.from_master, self.settings, self.state
+            self.config.to_master,
+            self.config.from_master,
+            self.settings,
+            self.state,
+            self.config.stack_file,
         )
         if self.config.reload_baseline is not None:
             self._reload_app()
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
-        self.runners = {
-            t: compose(h.fn, (*self.middleware, *h.middleware)) for t, h in self.handlers.items()
-        }
-        self.topics = sorted(t for t, h in self.handlers.items() if h.global_limit is None)
+        # A child runs the handlers of its kind only, each wrapped by the Queue's
+        # middleware of that kind (docs/async.md: a middleware never wraps the other kind).
+        is_async = self.config.kind == ASYNC
+        mine = {t: h for t, h in self.handlers.items() if h.is_async == is_async}
+        outer = tuple(m for m in self.middleware if is_async_callable(m) == is_async)
+        join = compose_async if is_async else compose
+        self.runners = {t: join(h.fn, (*outer, *h.middleware)) for t, h in mine.items()}
+        self.topics = sorted(t for t, h in mine.items() if h.global_limit is None)
         self.limited = sorted(
-            (t, h.global_limit) for t, h in self.handlers.items() if h.global_limit is not None
+            (t, h.global_limit) for t, h in mine.items() if h.global_limit is not None
         )
         self.order = RoundOrder(worked_queues(self.settings.queues, self.handlers))
         self.outcomes.handlers = self.handlers
@@ -193,6 +202,10 @@ class Child:
     # batch back to one and gives back what it had claimed beyond the job it runs.
 
     def run(self) -> int:
+        if self.config.kind == ASYNC:
+            from brooq.worker.aio import AsyncLoop
+
+            return AsyncLoop(self).run()
         try:
             while not self.state.stopping:
                 claims = self._flush_and_claim(self.batch)
@@ -258,16 +271,38 @@ class Child:
         finished = self.unwritten
         if self.state.stopping:
             limit = 0
+        trip = self._round_trip(finished, self.results_unwritten, limit)
+        if trip is None:
+            return []
+        self.unwritten = []
+        self.results_unwritten = False
+        claims = self._settle_round(finished, *trip)
+        self.held = [c.id for c in claims]
+        self.state.lost.intersection_update(self.held)
+        # The master renews what we hold: it must know before any of these jobs runs.
+        self.link.tell_held(self.held)
+        self.meter.claimed(claims)
+        return claims
+
+    def _round_trip(
+        self, finished: list[_Finished], with_results: bool, limit: int
+    ) -> tuple[list[ClaimRow], list[str]] | None:
+        """The claim statement: write ``finished`` as `done`, claim up to ``limit``. Its
+        rows and the round's queues in order; None when the database failed (not known
+        whether it committed: the finished jobs stay held and are written again on the
+        next pass, the guard makes that harmless; claims it may have made come back
+        through the reaper). Only the database here: an async child runs it in its DB
+        thread (brooq.worker.aio)."""
         queues = self._claimable_queues() if limit else []
         if not queues:  # nothing to claim from: only write what finished
             if not finished:
-                return []
+                return [], []
             limit, queues = 0, self.order.names[:1]
         params: dict[str, Any] = {
             "done": [f.claim.id for f in finished],
             "topics": self.topics,
             "limit": limit,
-            "children": max(1, self.settings.workers),
+            "children": self.config.children or max(1, self.settings.workers),
             "worker": self.config.identity,
             "lease": self.settings.lease,
         }
@@ -282,10 +317,10 @@ class Child:
         else:
             shape = "queues"
             params["queues"] = queues
-        plain, with_results = _STATEMENTS[shape]
+        plain, with_results_statement = _STATEMENTS[shape]
         statement = plain
-        if self.results_unwritten:
-            statement = with_results
+        if with_results:
+            statement = with_results_statement
             params["results"] = [f.result for f in finished]
         try:
             rows = (
@@ -295,31 +330,26 @@ class Child:
                 .fetchall()
             )
         except psycopg.OperationalError as exc:
-            # Not known whether it committed. The finished jobs stay held and are written
-            # again on the next pass (the guard makes that harmless); claims it may have
-            # made come back through the reaper.
             self.db.failed("claim", exc)
-            return []
-        self.unwritten = []
-        self.results_unwritten = False
+            return None
+        return rows, queues
+
+    def _settle_round(
+        self, finished: list[_Finished], rows: list[ClaimRow], queues: list[str]
+    ) -> list[Claim]:
+        """After a round trip: log and count the `done` written, and the claims in the
+        order of the round (the queues as tried, then priority, then FIFO)."""
         written = {r.id for r in rows if not r.claimed}
         with logs.batch(log):  # the round trip's job_done lines in one write
             for f in finished:
                 state = "done" if f.claim.id in written else None
                 self.outcomes.settled(f.claim, state, f.duration)
-        # The order of the round: the queues as tried, then priority, then FIFO.
         rank = {name: i for i, name in enumerate(queues)}
         claimed = sorted(
             (r for r in rows if r.claimed),
             key=lambda r: (rank.get(r.queue, 0), -r.priority, r.available_at, r.id),
         )
-        claims = [r.claim() for r in claimed]
-        self.held = [c.id for c in claims]
-        self.state.lost.intersection_update(self.held)
-        # The master renews what we hold: it must know before any of these jobs runs.
-        self.link.tell_held(self.held)
-        self.meter.claimed(claims)
-        return claims
+        return [r.claim() for r in claimed]
 
     def _claimable_queues(self) -> list[str]:
         """This round's queues in order, without the paused ones. The pauses are read
@@ -372,6 +402,7 @@ class Child:
                 attempt=claim.attempt,
                 started=state.started,
                 max_execution_timeout=policy.max_execution_timeout,
+                attempt_timeout=policy.attempt_timeout,
             )
         )
         handler = self.handlers[claim.topic]
@@ -385,22 +416,7 @@ class Child:
         state.tail = None  # before the duration is taken: see ChildState.tail
         self.board.clear()  # from here on the watchdog leaves us alone
         duration = time.monotonic() - state.started
-        result = None
-        if value is not None and error is None:
-            try:
-                result = encode_result(value, self.settings.max_payload_bytes)
-            except InvalidResult as exc:
-                error = exc
-        tb = ""
-        if error is not None and refused is None and not isinstance(error, Interruption):
-            tb = "\n" + "".join(traceback.format_exception(error)).rstrip()
-        if refused is not None:  # retrying cannot fix it
-            outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
-        else:
-            outcome = execute.decide(error, claim.attempt, policy, random.random(), handler.retry)
-            report_policy_error(claim, outcome)
-        if claim.id in state.lost:
-            outcome = execute.Outcome("abandon")
+        outcome, result, tb = self._conclude(claim, policy, handler, error, value, refused)
         self.meter.attempt(claim.topic, duration, cpu_before)
         state.running = None
         self.jobs_done += 1
@@ -419,6 +435,36 @@ class Child:
         self.held = [i for i in self.held if i != claim.id]
         self.link.tell_held(self.held)
         return duration
+
+    def _conclude(
+        self,
+        claim: Claim,
+        policy: Policy,
+        handler: Handler,
+        error: BaseException | None,
+        value: Any,
+        refused: InvalidPayload | None,
+    ) -> tuple[execute.Outcome, str | None, str]:
+        """What an attempt comes to, from what the handler raised or returned: the
+        outcome, the result as JSON text, and the traceback to log. Shared by the sync
+        loop and the async one (brooq.worker.aio)."""
+        result = None
+        if value is not None and error is None:
+            try:
+                result = encode_result(value, self.settings.max_payload_bytes)
+            except InvalidResult as exc:
+                error = exc
+        tb = ""
+        if error is not None and refused is None and not isinstance(error, Interruption):
+            tb = "\n" + "".join(traceback.format_exception(error)).rstrip()
+        if refused is not None:  # retrying cannot fix it
+            outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
+        else:
+            outcome = execute.decide(error, claim.attempt, policy, random.random(), handler.retry)
+            report_policy_error(claim, outcome)
+        if claim.id in self.state.lost:
+            outcome = execute.Outcome("abandon")
+        return outcome, result, tb
 
     def _should_retire(self) -> bool:
         s = self.settings

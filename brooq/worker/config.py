@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from brooq.handlers import Handler, Middleware
 from brooq.ipc.board import Board
+from brooq.ipc.reasons import SYNC, ChildKind
 from brooq.settings import Settings
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class ChildConfig:
     metrics: Metrics | None = None
     board: Board | None = None  # shared with the master; a private one when alone
     middleware: tuple[Middleware, ...] = ()  # the Queue's, outermost first
+    kind: ChildKind = SYNC  # which handlers it runs (docs/async.md)
+    children: int = 0  # the master's children of this kind (the claim's fair share); 0: workers
 
 
 def identity_for(pid: int, tag: str) -> str:

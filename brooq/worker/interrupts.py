@@ -56,7 +56,8 @@ def install(state: ChildState, stack_file: str) -> IO[str]:
     signal.signal(signal.SIGALRM, on_alarm)
     signal.signal(signal.SIGUSR1, on_lease_lost)
     signal.set_wakeup_fd(state.wake_w, warn_on_full_buffer=False)
-    stack_fh = open(stack_file, "w")  # noqa: SIM115 - lives with the process
+    # Appended to: the master empties the file before it asks for a stack.
+    stack_fh = open(stack_file, "a")  # noqa: SIM115 - lives with the process
     faulthandler.register(signal.SIGUSR2, file=stack_fh, all_threads=True)
     return stack_fh
 

@@ -34,8 +34,16 @@ from brooq.worker.state import ChildState
 
 
 class MasterLink:
-    def __init__(self, to_master: int, from_master: int, settings: Settings, state: ChildState):
+    def __init__(
+        self,
+        to_master: int,
+        from_master: int,
+        settings: Settings,
+        state: ChildState,
+        stack_file: str = "",
+    ):
         self.settings = settings
+        self.stack_file = stack_file
         self.state = state
         self.from_master = from_master
         self.title = ""
@@ -71,6 +79,10 @@ class MasterLink:
                         state.wake(b"w")
                     elif line.startswith(b"lost "):
                         self._on_lost(uuid.UUID(line[5:].decode()))
+                    elif line == b"drain" and state.aio is not None:
+                        state.aio.drain_from_thread()
+                    elif line.startswith(b"stack "):
+                        self._write_await_chain(uuid.UUID(line[6:].decode()))
                 if reader.eof:
                     self._on_master_gone()
                     return
@@ -79,6 +91,9 @@ class MasterLink:
                 state.master_is_gone()
                 state.wake(b"x")
             self._give_back_batchmates()
+            aio = state.aio
+            if aio is not None:
+                aio.watch_loop(time.monotonic())
             self.update_title()
 
     def _give_back_batchmates(self) -> None:
@@ -98,9 +113,25 @@ class MasterLink:
 
     def _on_lost(self, job_id: uuid.UUID) -> None:
         self.state.lost.add(job_id)
+        aio = self.state.aio
+        if aio is not None:  # an async child: cancel that job's task, never a signal
+            aio.lost_from_thread(job_id)
+            return
         running = self.state.running
         if running is not None and running.id == job_id:
             signal.pthread_kill(self._main_thread, signal.SIGUSR1)
+
+    def _write_await_chain(self, job_id: uuid.UUID) -> None:
+        """The master kills an async child for a job past max_execution_timeout: that job
+        is suspended, so the thread stacks show only the loop; write its await chain
+        beside them (the master reads both into last_error)."""
+        aio = self.state.aio
+        if aio is None or not self.stack_file:
+            return
+        chain = aio.await_chain(job_id)
+        if chain:
+            with open(self.stack_file + ".await", "w") as f:
+                f.write(chain + "\n")
 
     def _on_master_gone(self) -> None:
         # Without a master nobody renews our lease: finish within one renewal period or go.
@@ -113,8 +144,19 @@ class MasterLink:
         """The process title shows the running job or idle. The control thread keeps it,
         a few times a second, rather than the main thread twice per job: setting it costs
         about as much as a short job, and a job too short to be seen needs no title."""
+        aio = self.state.aio
         claim, started = self.state.running, self.state.started
-        if claim is None:
+        if aio is not None:
+            count, topics, oldest = aio.counts
+            if count:
+                per_topic = ", ".join(f"{t} {n}" for t, n in sorted(topics.items()))
+                title = (
+                    f"brooq-child: async {count}/{aio.capacity} jobs ({per_topic}) "
+                    f"oldest {oldest:.1f}s"
+                )
+            else:
+                title = f"brooq-child: async idle 0/{aio.capacity}"
+        elif claim is None:
             title = "brooq-child: idle"
         else:
             title = (

@@ -32,17 +32,20 @@ class Meter:
         self.peak_rss = 0.0
         self.peak_rss_at = -PEAK_RSS_MAX_AGE
         self.busy = False  # what the busy gauge shows
+        self.jobs = 0  # what the jobs-running gauge shows (an async child)
 
     def cpu(self) -> float:
         """The CPU time so far, when metrics are kept (else 0: not worth a system call)."""
         return time.process_time() if self.metrics is not None else 0.0
 
-    def attempt(self, topic: str, duration: float, cpu_before: float) -> None:
+    def attempt(self, topic: str, duration: float, cpu_before: float | None) -> None:
+        """``cpu_before`` None: an async job, whose siblings share the process's CPU time,
+        so none is observed for it."""
         metrics = self.metrics
         if metrics is not None:
-            cpu = time.process_time() - cpu_before
             self.tally.observe(metrics.attempt_duration, topic, duration)
-            self.tally.observe(metrics.attempt_cpu, topic, cpu)
+            if cpu_before is not None:
+                self.tally.observe(metrics.attempt_cpu, topic, time.process_time() - cpu_before)
             self.tally.observe(metrics.attempt_rss, topic, self._peak_rss(duration))
 
     def outcome(self, topic: str, state: str) -> None:
@@ -60,7 +63,30 @@ class Meter:
         if bool(claims) != self.busy:
             self.busy = bool(claims)
             metrics.busy.set(1 if claims else 0)
+            metrics.child_jobs.set(1 if claims else 0)
         self.tally.flush()
+
+    def counted(self, claims: list[Claim]) -> None:
+        """An async child's round trip: count the claims, write what was tallied (its
+        gauges follow the jobs running: see running)."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        for c in claims:
+            self.tally.inc(metrics.claims, c.topic)
+        self.tally.flush()
+
+    def running(self, jobs: int) -> None:
+        """An async child: the jobs it runs now (set at most once per round trip and
+        completion; a gauge write is an mmap store). Busy while it runs any."""
+        metrics = self.metrics
+        if metrics is None or jobs == self.jobs:
+            return
+        self.jobs = jobs
+        metrics.child_jobs.set(jobs)
+        if bool(jobs) != self.busy:
+            self.busy = bool(jobs)
+            metrics.busy.set(1 if jobs else 0)
 
     def flush(self) -> None:
         self.tally.flush()

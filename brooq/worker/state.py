@@ -18,9 +18,13 @@ import os
 import select
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from brooq.ipc import protocol
 from brooq.job import Claim
+
+if TYPE_CHECKING:
+    from brooq.worker.aio import AsyncLoop
 
 
 class ChildState:
@@ -38,6 +42,9 @@ class ChildState:
         # main thread measures past LONG_JOB too, and never runs the rest of its batch
         # (brooq.worker.link).
         self.tail: tuple[float, Sequence[Claim], int] | None = None
+        # An async child's loop while it runs (brooq.worker.aio): the control thread posts
+        # lost leases and the drain into it, names the job blocking it, titles its jobs.
+        self.aio: AsyncLoop | None = None
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)

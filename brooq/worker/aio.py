@@ -1,0 +1,489 @@
+"""An async child: one event loop running up to `concurrency` jobs of `async def` handlers.
+
+The design and its measurements are docs/plans/async.md; the user's view docs/async.md.
+The loop runs in the main thread. brooq's own statements run in one DB thread on the
+child's sync connection (brooq.worker.connection, brooq.worker.outcome unchanged), so the
+loop never waits on the network for them. One coroutine, the claimer, makes one round
+trip at a time: the `done` of the jobs finished meanwhile and a claim of up to the free
+slots, in the one statement of the sync child (Child._round_trip); eagerly while the
+queue fills what it asks for, else on a completion, a wake from the master or
+poll_interval.
+
+Interruptions are per task, never signals (a signal would land in whatever the loop runs
+at that moment): the soft limit and a lost lease cancel that job's task with the reason,
+which then becomes the attempt's exception (AttemptTimeout) or writes nothing (LeaseLost),
+while its siblings go on. The hard limits stay the master's: a job past its
+max_execution_timeout, or a loop that stops beating on the board (a coroutine that never
+yields), gets the child killed and only the guilty job charged (brooq.supervisor).
+
+Must never: run a sync handler (a sync child does), raise into a task from another
+thread (the control thread posts into the loop), cancel a task outside its handler (the
+outcome write after it is brooq's), or write an outcome other than through the guarded
+statements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+import traceback
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from brooq.errors import InvalidResult
+from brooq.ipc.board import LOOP_BEAT, Running
+from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
+from brooq.job import AttemptTimeout, Claim, LeaseLost
+from brooq.sql import Q
+from brooq.worker.connection import Stop, Undecodable
+
+if TYPE_CHECKING:
+    from brooq.worker.child import Child, _Finished
+
+log = logging.getLogger("brooq.child")
+
+# A timer that fires this late (the loop was blocked by a sibling) re-arms once for its
+# lateness: a job is never charged the seconds another job took from it.
+LATE_TIMER = 1.0
+# The control thread names the job blocking the loop once the beat is this old.
+CULPRIT_AFTER = 0.5
+# On a drain, what still runs this long before graceful_timeout is cancelled and given
+# back by the child itself, so the jobs that finished are written (the master's kill at
+# the deadline would return them too).
+DRAIN_MARGIN = 1.0
+
+
+class _Shutdown(BaseException):
+    """The reason of a task cancelled by a drain: its job goes back, attempt refunded."""
+
+
+@dataclass(eq=False)
+class _Slot:
+    index: int
+    claim: Claim[Any]
+    started: float = 0.0
+    task: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    deadline: float = 0.0  # loop time of the soft limit
+    in_handler: bool = False
+    reason: BaseException | None = None  # why brooq cancelled it
+    rearmed: bool = False
+
+
+class AsyncLoop:
+    def __init__(self, child: Child) -> None:
+        self.child = child
+        self.settings = child.settings
+        self.capacity = max(1, child.settings.concurrency)
+        self.free = list(range(self.capacity - 1, -1, -1))  # pop() gives the lowest slot
+        self.in_flight: dict[uuid.UUID, _Slot] = {}
+        self.by_task: dict[asyncio.Task[None], _Slot] = {}
+        self.db = ThreadPoolExecutor(1, thread_name_prefix="brooq-db")
+        self.retiring = False
+        self.crashed: BaseException | None = None
+        self.to_release: list[uuid.UUID] = []
+        self._event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._culprit: uuid.UUID | None = None
+        self._culprit_logged_for = 0.0
+
+    # -- the process --------------------------------------------------------------------
+
+    def run(self) -> int:
+        code = EXIT_OK
+        try:
+            code = asyncio.run(self._main())
+        except Stop:
+            pass
+        finally:
+            self.db.shutdown(wait=False)
+            self.child.meter.flush()
+        return code
+
+    async def _main(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._event = asyncio.Event()
+        state = self.child.state
+        loop.add_signal_handler(signal.SIGTERM, self._on_term)
+        loop.add_reader(state.wake_r, self._on_wake_pipe)
+        state.aio = self  # the control thread posts into the loop through it
+        self._beat()
+        try:
+            await self._claim_loop()
+        finally:
+            await self._finish_up()
+            state.aio = None
+        return EXIT_CRASHED if self.crashed is not None else EXIT_OK
+
+    def _on_term(self) -> None:
+        self.child.state.stopping = True
+        self.child.state.wake(b"t")  # the DB thread's backoff sleeps on the wake pipe
+        self._poke()
+
+    def _on_wake_pipe(self) -> None:
+        state = self.child.state
+        try:
+            while os.read(state.wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        self._poke()
+
+    def _poke(self) -> None:
+        assert self._event is not None
+        self._event.set()
+
+    def _beat(self) -> None:
+        assert self._loop is not None
+        self.child.board.beat(time.monotonic())
+        self._loop.call_later(LOOP_BEAT, self._beat)
+
+    # -- claiming -----------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        child, state = self.child, self.child.state
+        assert self._event is not None
+        shallow = False
+        while self.crashed is None:
+            stopping = state.stopping or self.retiring
+            limit = 0 if stopping else self.capacity - len(self.in_flight)
+            want = limit > 0 and not shallow
+            if want or child.unwritten:
+                claims = await self._round_trip(limit if want else 0)
+                if claims is None:  # the database failed: back off a little
+                    shallow = True
+                    await self._wait(min(1.0, self.settings.poll_interval))
+                    continue
+                if want:
+                    shallow = len(claims) < limit
+                self._start(claims)
+                continue
+            if stopping and not self.in_flight and not self.to_release:
+                return
+            if self.to_release:
+                await self._give_back()
+                continue
+            await self._wait(None if stopping else self.settings.poll_interval)
+            shallow = False  # a completion, a wake-up or poll_interval: claim again
+
+    async def _wait(self, timeout: float | None) -> bool:
+        assert self._event is not None
+        self._event.clear()
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+            return False
+        return True
+
+    async def _round_trip(self, limit: int) -> list[Claim[Any]] | None:
+        child = self.child
+        finished, child.unwritten = child.unwritten, []
+        with_results, child.results_unwritten = child.results_unwritten, False
+        loop = asyncio.get_running_loop()
+        try:
+            trip = await loop.run_in_executor(
+                self.db, child._round_trip, finished, with_results, limit
+            )
+        except Stop:
+            trip = None
+        if trip is None:  # not known whether it committed: written again next time
+            child.unwritten = finished + child.unwritten
+            child.results_unwritten = with_results or child.results_unwritten
+            return None
+        claims = child._settle_round(finished, *trip)
+        for claim in claims:
+            child.state.lost.discard(claim.id)
+        self._tell_held(claims)
+        child.meter.counted(claims)
+        self._set_busy()
+        return claims
+
+    def _tell_held(self, new: Sequence[Claim[Any]] = ()) -> None:
+        """The master renews what we hold: in flight, finished unwritten, just claimed.
+        Sent before the new jobs start."""
+        child = self.child
+        held = list(
+            dict.fromkeys(
+                [
+                    *self.in_flight,
+                    *(f.claim.id for f in child.unwritten),
+                    *(c.id for c in new),
+                    *self.to_release,
+                ]
+            )
+        )
+        child.held = held
+        child.link.tell_held(held)
+
+    def _set_busy(self) -> None:
+        self.child.meter.running(len(self.in_flight))
+
+    # -- running jobs -------------------------------------------------------------------
+
+    def _start(self, claims: list[Claim[Any]]) -> None:
+        for claim in claims:
+            slot = _Slot(self.free.pop(), claim)
+            self.in_flight[claim.id] = slot
+            task = asyncio.ensure_future(self._run_one(slot))
+            slot.task = task
+            self.by_task[task] = slot
+            task.add_done_callback(self._done)
+        self._set_busy()
+
+    async def _run_one(self, slot: _Slot) -> None:
+        child = self.child
+        claim = slot.claim
+        policy = child.policies[claim.topic]
+        handler = child.handlers[claim.topic]
+        loop = asyncio.get_running_loop()
+        slot.started = time.monotonic()
+        child.board.post(
+            Running(
+                id=claim.id,
+                topic=claim.topic,
+                attempt=claim.attempt,
+                started=slot.started,
+                max_execution_timeout=policy.max_execution_timeout,
+                attempt_timeout=policy.attempt_timeout,
+            ),
+            slot.index,
+        )
+        refused = None
+        if handler.codec is not None or claim.payload.__class__ is Undecodable:
+            from brooq.worker.child import refused_payload
+
+            refused = refused_payload(claim, handler)
+        error: BaseException | None = refused
+        value: Any = None
+        if refused is None:
+            if claim.id in child.state.lost:
+                error = LeaseLost(f"lease of job {claim.id} lost")
+            else:
+                slot.deadline = loop.time() + policy.attempt_timeout
+                slot.timer = loop.call_at(slot.deadline, self._soft_limit, slot)
+                slot.in_handler = True
+                try:
+                    value = await child.runners[claim.topic](claim)
+                    if asyncio.iscoroutine(value):
+                        value.close()
+                        raise InvalidResult(
+                            "the handler returned a coroutine: declare it async def, "
+                            "or await what it calls"
+                        )
+                except asyncio.CancelledError as exc:
+                    error = exc
+                    if slot.reason is not None:
+                        error = slot.reason
+                        # The cancellation is ours and handled: the task ends normally
+                        # (Python 3.11 counts cancellations, asyncio.timeout reads them).
+                        uncancel = getattr(asyncio.current_task(), "uncancel", None)
+                        if uncancel is not None:
+                            uncancel()
+                except BaseException as exc:  # the attempt's, as in a sync child
+                    error = exc
+                finally:
+                    slot.in_handler = False
+                    slot.timer.cancel()
+        child.board.clear(slot.index)
+        duration = time.monotonic() - slot.started
+        if isinstance(slot.reason, _Shutdown):
+            self.to_release.append(claim.id)  # given back by the claimer, attempt refunded
+            return
+        if isinstance(error, KeyboardInterrupt | SystemExit):
+            log.warning("event=handler_exit job=%s raised=%s", claim.id, type(error).__name__)
+        outcome, result, tb = child._conclude(claim, policy, handler, error, value, refused)
+        child.meter.attempt(claim.topic, duration, None)
+        if outcome.kind == "done" and not claim.chained and not claim.success_hooks:
+            child.unwritten.append(_finished(claim, duration, result))
+            if result is not None:
+                child.results_unwritten = True
+            return
+        try:
+            written_state, written = await loop.run_in_executor(
+                self.db, child.outcomes.write, claim, policy, outcome, result
+            )
+        except Stop:
+            return  # the lease expires and the reaper returns it
+        if outcome.kind != "abandon":
+            child.outcomes.settled(claim, written_state, duration, written, tb)
+        self.in_flight.pop(claim.id, None)
+        self._tell_held()
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        slot = self.by_task.pop(task)
+        self.in_flight.pop(slot.claim.id, None)
+        self.free.append(slot.index)
+        if not task.cancelled() and task.exception() is not None:
+            # brooq's own code failed around the handler: like a sync child's crash.
+            exc = task.exception()
+            assert exc is not None
+            log.error(
+                "event=child_crashed job=%s\n%s",
+                slot.claim.id,
+                "".join(traceback.format_exception(exc)).rstrip(),
+            )
+            self.crashed = exc
+        child = self.child
+        child.jobs_done += 1
+        if not self.retiring and child._should_retire():
+            self.retiring = True
+        self._set_busy()
+        self._poke()
+
+    # -- interruptions --------------------------------------------------------------------
+
+    def _soft_limit(self, slot: _Slot) -> None:
+        assert self._loop is not None
+        late = self._loop.time() - slot.deadline
+        if late > LATE_TIMER and not slot.rearmed:
+            slot.rearmed = True  # the loop was blocked: give back the time it lost
+            slot.deadline = self._loop.time() + late
+            slot.timer = self._loop.call_at(slot.deadline, self._soft_limit, slot)
+            return
+        policy = self.child.policies[slot.claim.topic]
+        self._interrupt(
+            slot, AttemptTimeout(f"attempt_timeout {policy.attempt_timeout:g}s exceeded")
+        )
+
+    def _interrupt(self, slot: _Slot, reason: BaseException) -> None:
+        """Cancel the job's task with ``reason`` if its handler still runs."""
+        if not slot.in_handler or slot.reason is not None or slot.task is None:
+            return
+        slot.reason = reason
+        slot.task.cancel(f"brooq.{type(reason).__name__}: {reason}")
+
+    def lost_from_thread(self, job_id: uuid.UUID) -> None:
+        """The control thread heard `lost <id>` (state.lost has it already)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._lost, job_id)
+
+    def _lost(self, job_id: uuid.UUID) -> None:
+        slot = self.in_flight.get(job_id)
+        if slot is not None:
+            self._interrupt(slot, LeaseLost(f"lease of job {job_id} lost"))
+
+    def drain_from_thread(self) -> None:
+        """The master said this stop is a drain: its deadline is graceful_timeout."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._arm_drain_deadline)
+
+    def _arm_drain_deadline(self) -> None:
+        assert self._loop is not None
+        delay = max(0.0, self.settings.graceful_timeout - DRAIN_MARGIN)
+        self._loop.call_later(delay, self._drain_deadline)
+
+    def _drain_deadline(self) -> None:
+        for slot in list(self.in_flight.values()):
+            self._interrupt(slot, _Shutdown("brooq: shutting down"))
+
+    async def _give_back(self) -> None:
+        ids, self.to_release = self.to_release, []
+        child = self.child
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(Stop, psycopg.Error):  # else the reaper returns them
+            await loop.run_in_executor(self.db, _release, child, ids)
+        for job_id in ids:
+            log.warning("event=job_returned job=%s attempt_refunded=1 because=drain", job_id)
+        self._tell_held()
+
+    async def _finish_up(self) -> None:
+        """Before exiting: write what finished (also when the master is gone: a finished
+        job whose `done` is not written runs again once its lease expires)."""
+        for slot in list(self.in_flight.values()):
+            if slot.task is not None:
+                slot.task.cancel()  # only after a crash: nothing else leaves jobs running
+        if self.child.unwritten:
+            await self._round_trip(0)
+        if self.to_release:
+            await self._give_back()
+
+    # -- the control thread's view ----------------------------------------------------------
+
+    def watch_loop(self, now: float) -> None:
+        """Called by the control thread every TITLE_TICK: a loop silent for CULPRIT_AFTER
+        is blocked by the task running now; name its job on the board for the master."""
+        board = self.child.board
+        beat = board.loop_beat()
+        loop = self._loop
+        if loop is None or not beat:
+            return
+        if now - beat < CULPRIT_AFTER:
+            if self._culprit is not None:
+                self._culprit = None
+                board.set_culprit(None, 0.0)
+            return
+        task = asyncio.current_task(loop)
+        slot = self.by_task.get(task) if task is not None else None
+        culprit = slot.claim.id if slot is not None else None
+        if culprit != self._culprit:
+            self._culprit = culprit
+            board.set_culprit(culprit, beat)
+        if culprit is not None and slot is not None and self._culprit_logged_for != beat:
+            self._culprit_logged_for = beat
+            log.warning(
+                "event=loop_blocked job=%s topic=%s blocked=%.1fs: a coroutine that does "
+                "not yield (time.sleep, CPU work, a blocking client) holds the event loop",
+                culprit,
+                slot.claim.topic,
+                now - beat,
+            )
+
+    def await_chain(self, job_id: uuid.UUID) -> str:
+        """The await chain of a job's task, outermost first, as a traceback reads (the
+        thread stacks show only the loop while a task is suspended)."""
+        slot = self.in_flight.get(job_id)
+        if slot is None or slot.task is None:
+            return ""
+        return format_await_chain(slot.task)
+
+    @property
+    def counts(self) -> tuple[int, dict[str, int], float]:
+        """For the title: jobs in flight, per topic, the oldest's age."""
+        slots = list(self.in_flight.values())
+        topics: dict[str, int] = {}
+        for s in slots:
+            topics[s.claim.topic] = topics.get(s.claim.topic, 0) + 1
+        oldest = min((s.started for s in slots if s.started), default=0.0)
+        return len(slots), topics, (time.monotonic() - oldest) if oldest else 0.0
+
+
+def format_await_chain(task: asyncio.Task[Any]) -> str:
+    """What a suspended task awaits, from its outermost coroutine down, as the
+    `File "...", line N, in fn` lines of a traceback."""
+    frames: list[traceback.FrameSummary] = []
+    coro: Any = task.get_coro()
+    seen = 0
+    while coro is not None and seen < 100:
+        seen += 1
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append(
+            traceback.FrameSummary(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        )
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    if not frames:
+        return ""
+    lines = "".join(traceback.format_list(frames))
+    return f"Task await chain (most recent call last):\n{lines}".rstrip()
+
+
+def _release(child: Child, ids: list[uuid.UUID]) -> None:
+    conn = child.db.get()
+    conn.execute(Q.job_release_ids, {"ids": ids, "worker": child.config.identity})
+
+
+def _finished(claim: Claim[Any], duration: float, result: str | None) -> _Finished:
+    from brooq.worker.child import _Finished
+
+    return _Finished(claim, duration, result)
