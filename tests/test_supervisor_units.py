@@ -60,8 +60,11 @@ JOB = Running(id=uuid.UUID(int=7), topic="t", attempt=1, started=100.0, max_exec
 
 def end(**kw: Any) -> ChildEnd:
     base: dict[str, Any] = dict(
-        code=0, kill_reason=None, retiring=None, ready=True, job=None, stopping=False, now=110.0
+        code=0, kill_reason=None, retiring=None, ready=True, jobs=(), stopping=False, now=110.0
     )
+    job = kw.pop("job", None)
+    if job is not None:
+        base["jobs"] = (job,)
     base.update(kw)
     return ChildEnd(**base)
 
@@ -336,33 +339,35 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
 # -- watchdog decisions --------------------------------------------------------------------------
 
 
+def _running(started: float, limit: float, n: int = 1, soft: float = 0.0) -> Running:
+    return Running(uuid.UUID(int=n), "t", 1, started, limit, soft)
+
+
 def test_a_job_past_its_hard_limit_gets_a_stack_request_then_a_kill() -> None:
-    busy = BusyChild(
-        pid=1, started=100.0, max_execution_timeout=5.0, lease_lost_at=None, stack_requested_at=None
-    )
+    job = _running(100.0, 5.0)
+    busy = BusyChild(pid=1, jobs=(job,), stack_requested_at=None)
     assert decide([busy], now=104.9, grace=30.0) == []
     assert decide([busy], now=105.0, grace=30.0) == [
-        Decision(1, "dump_stack", MAX_EXECUTION_TIMEOUT)
+        Decision(1, "dump_stack", MAX_EXECUTION_TIMEOUT, job.id)
     ]
-    asked = BusyChild(1, 100.0, 5.0, None, stack_requested_at=105.0)
+    asked = BusyChild(1, (job,), stack_requested_at=105.0)
     assert decide([asked], now=105.0 + STACK_GRACE / 2, grace=30.0) == []
     assert decide([asked], now=105.0 + STACK_GRACE, grace=30.0) == [
-        Decision(1, "kill", MAX_EXECUTION_TIMEOUT)
+        Decision(1, "kill", MAX_EXECUTION_TIMEOUT, job.id)
     ]
 
 
 def test_a_child_still_busy_after_its_lease_was_lost_is_killed_after_the_grace() -> None:
-    lost = BusyChild(
-        pid=2,
-        started=100.0,
-        max_execution_timeout=300.0,
-        lease_lost_at=110.0,
-        stack_requested_at=None,
-    )
+    job = _running(100.0, 300.0)
+    lost = BusyChild(pid=2, jobs=(job,), stack_requested_at=None, lease_lost={job.id: 110.0})
     assert decide([lost], now=111.9, grace=2.0) == []
     assert decide([lost], now=112.0, grace=2.0) == [Decision(2, "dump_stack", LEASE_LOST)]
     # The hard limit is looked at first.
-    both = BusyChild(3, 100.0, 5.0, lease_lost_at=100.0, stack_requested_at=None)
+    hard = _running(100.0, 5.0)
+    both = BusyChild(3, (hard,), stack_requested_at=None, lease_lost={hard.id: 100.0})
     assert decide([both], now=200.0, grace=2.0) == [
-        Decision(3, "dump_stack", MAX_EXECUTION_TIMEOUT)
+        Decision(3, "dump_stack", MAX_EXECUTION_TIMEOUT, hard.id)
     ]
+    # A lost job no longer on the board (it ended) is not a reason.
+    gone = BusyChild(4, (job,), stack_requested_at=None, lease_lost={uuid.UUID(int=99): 100.0})
+    assert decide([gone], now=200.0, grace=2.0) == []

@@ -29,6 +29,7 @@ from brooq.supervisor.childproc import ChildProc, empty_stack, killpg, read_stac
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.fleet import Fleet
 from brooq.supervisor.watchdog import (
+    STACK_GRACE,
     BusyChild,
     HoldingChild,
     LoopView,
@@ -56,8 +57,11 @@ class Enforcer:
         decisions += decide_stalled(self._holding(now), now, self.settings.lease)
         decided = {d.pid for d in decisions}
         for c in children.values():
-            if c.stack_requested_at is not None and c.kill_reason is None and c.pid not in decided:
-                c.stack_requested_at = None  # what asked for it is over (an async child)
+            asked = c.stack_requested_at
+            if asked is not None and now - asked >= STACK_GRACE and c.pid not in decided:
+                # Past the grace a limit still hit would be a kill: what asked is over (an
+                # async child's job ended, its loop beats again). Ask afresh next time.
+                c.stack_requested_at = None
         for d in decisions:
             c = children[d.pid]
             if d.action == "dump_stack":

@@ -300,6 +300,7 @@ class Master:
         self.fleet.stopping = True
         self.drain_deadline = time.monotonic() + budget
         self.notifier.send("STOPPING=1", f"STATUS=draining ({why})")
+        self.fleet.read_boards()  # what runs at this moment, not at the last tick
         busy = self.fleet.busy()
         log.info(
             "event=drain_started signal=%s busy_children=%d in_flight=%d budget=%gs",
