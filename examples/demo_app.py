@@ -5,10 +5,13 @@ so the default queue leads three claim rounds of four. Flaky calls share a fragi
 upstream: `global_limit=1` keeps them to one at a time across every master. A heartbeat
 runs every 3 s, once per tick however many masters run (queue.periodic). Quotes have a
 typed payload (a dataclass) and return a result the demo waits for (queue.wait); one
-middleware wraps every job and logs the slow ones."""
+middleware wraps every sync job and logs the slow ones, its async twin the async ones.
+Fetches are I/O-bound: an `async def` handler, run many at once in the async child
+(`--concurrency`), while renders keep the sync children's cores busy."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import random
@@ -32,6 +35,25 @@ def warn_when_slow(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn)
         took = time.monotonic() - started
         if took > 1.0:
             log.warning("slow job %s (%s): %.1fs", claim.id, claim.topic, took)
+
+
+@queue.middleware
+async def warn_when_slow_async(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn) -> Any:
+    """The same around every async job: a middleware wraps the handlers of its kind."""
+    started = time.monotonic()
+    try:
+        return await call_next(claim)
+    finally:
+        took = time.monotonic() - started
+        if took > 1.0:
+            log.warning("slow job %s (%s): %.1fs", claim.id, claim.topic, took)
+
+
+@queue.handler("demo.fetch", attempt_timeout="5s")
+async def fetch(claim: brooq.Claim) -> dict[str, Any]:
+    """I/O-bound: waits as an HTTP call would; dozens run at once in one child."""
+    await asyncio.sleep(random.uniform(0.1, 0.5))
+    return {"url": claim.payload["url"], "status": 200}
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """`make run`: migrate, start brooq-master with the demo app, feed it jobs, show progress.
 
 Every round feeds renders (queue bulk), flaky calls (default, one at a time fleet-wide),
-one urgent job at priority 10 and a quote (a typed payload) whose result it waits for;
+one urgent job at priority 10, a quote (a typed payload) whose result it waits for and
+forty fetches (async handlers, run at once by the async child: `--concurrency`);
 every tenth round pauses the bulk queue for three rounds (`brooq queues pause bulk` does
 the same), then resumes it.
 Ctrl-C drains the master (running jobs finish) and prints the final counts.
@@ -35,6 +36,9 @@ def feed(queue: brooq.Queue, round_no: int) -> Any:
     jobs = [brooq.Job("demo.render", {"n": round_no * 10 + i, "rounds": 30_000}) for i in range(4)]
     jobs += [brooq.Job("demo.flaky", {"n": round_no * 10 + i}) for i in range(3)]
     jobs.append(brooq.Job("demo.notify", {"urgent": round_no}, priority=10))
+    jobs += [
+        brooq.Job("demo.fetch", {"url": f"https://example.test/{round_no}/{i}"}) for i in range(40)
+    ]
     # A typed payload: checked against the handler's dataclass before it is written.
     jobs.append(brooq.Job("demo.quote", Quote(f"sku-{round_no}", round_no + 1, 9.99)))
     ids = queue.enqueue_many(jobs)
@@ -71,7 +75,8 @@ def show(queue: brooq.Queue, done_before: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    # One child per core for the CPU-heavy sync jobs, and one async child for the fetches.
+    parser.add_argument("--workers", type=int, default=(os.cpu_count() or 2) + 1)
     parser.add_argument("--seconds", type=float, default=0, help="stop after this long")
     args = parser.parse_args()
     dsn = os.environ.get("DATABASE_URL", "")
@@ -104,7 +109,10 @@ def main() -> int:
         cwd=HERE,
         env=env,
     )
-    print(f"[demo] brooq-master pid {master.pid} with {args.workers} workers; Ctrl-C to stop")
+    print(
+        f"[demo] brooq-master pid {master.pid} with {args.workers} workers (one async child "
+        "runs the fetches, up to 100 at once; the others the sync jobs); Ctrl-C to stop"
+    )
     print(
         "[demo] periodic: a heartbeat job every 3 s, once per tick across masters "
         "(brooq periodic --app demo_app:queue lists it)",

@@ -4,8 +4,10 @@ the drain, and an application with both kinds."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,22 @@ def test_two_children_run_twenty_jobs_each_at_once(
         what="an async child's title with its jobs",
     )
     assert "/20 jobs (a.sleep " in titles[0]
+    # Each child's jobs in brooq_child_jobs_running{pid}; busy counts children.
+    addr = wait_for(lambda: re.search(r"event=ops_listening addr=(\S+)", m.log())).group(1)
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    per_child = wait_for(
+        lambda: [
+            float(v)
+            for v in re.findall(r'^brooq_child_jobs_running\{pid="\d+"\} (\S+)', scrape(), re.M)
+            if float(v) > 1
+        ],
+        what="a child running more than one job in the metric",
+    )
+    assert max(per_child) <= 20
     wait_for(lambda: count(db, ids, "done") == 200, timeout=30, what="200 done")
     # One at a time that is 200 x 0.2 s / 2 children = 20 s; 2 x 20 slots make it 1 s.
     span = db.execute(
@@ -210,5 +228,18 @@ def test_a_mixed_application_runs_both_kinds_in_children_of_their_own(
     # Two sync children, one async child.
     kinds = [("async" in title_of(pid)) for pid in m.children()]
     assert sorted(kinds) == [False, False, True]
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_the_master_says_at_start_which_handlers_no_global_middleware_wraps(
+    start_master: StartMaster,
+) -> None:
+    m = start_master(workers=1, app="brooq_asyncapp:skips")
+    wait_for(lambda: "event=middleware_skips" in m.log(), what="the warning")
+    line = next(x for x in m.log().splitlines() if "event=middleware_skips" in x)
+    assert "kind=async topics=1 middleware=sync_mark" in line
+    assert "async def fn(claim, call_next)" in line
+    m.wait_ready(1)
     m.signal(signal.SIGTERM)
     assert m.wait() == 0

@@ -34,6 +34,8 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
         )
     # CPU-heavy renders ran and chained their notifications; flaky jobs got through.
     assert done.get("demo.render", 0) > 0
+    # The async fetches ran in the async child beside them, many at once.
+    assert done.get("demo.fetch", 0) >= 40
     with psycopg.connect(empty_dsn) as conn:
         chained = conn.execute(
             "SELECT count(*) FROM job WHERE topic = 'demo.notify' AND state = 'done' "

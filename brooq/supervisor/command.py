@@ -32,7 +32,7 @@ from brooq.errors import (
     InvalidSettings,
     SchemaMissing,
 )
-from brooq.handlers import Handler, policy_problems
+from brooq.handlers import Handler, is_async_callable, policy_problems
 from brooq.worker.weights import worked_queues
 
 log = logging.getLogger("brooq.master")
@@ -182,6 +182,7 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
         return 2
     queue.configure(settings)
     _log_queues(settings, queue.handlers)
+    _log_middleware_kinds(queue.middlewares, queue.handlers)
 
     from brooq.supervisor.master import Master
 
@@ -195,6 +196,28 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
         admin_token=token,
         schema_verified=schema_verified,
     ).run()
+
+
+def _log_middleware_kinds(middlewares: list[Any], handlers: dict[str, Handler]) -> None:
+    """A global middleware wraps the handlers of its own kind only (docs/async.md): say
+    so at start when some topics get none of the Queue's middleware because of it, so a
+    missing trace or timing is seen now, not in production."""
+    if not middlewares:
+        return
+    for kind_is_async, kind in ((True, "async"), (False, "sync")):
+        topics = sorted(t for t, h in handlers.items() if h.is_async == kind_is_async)
+        wrapping = [m for m in middlewares if is_async_callable(m) == kind_is_async]
+        if topics and not wrapping:
+            names = ",".join(getattr(m, "__name__", type(m).__name__) for m in middlewares)
+            log.warning(
+                "event=middleware_skips kind=%s topics=%d middleware=%s: the Queue's "
+                "middleware is of the other kind and does not wrap these handlers; "
+                "register a twin written as %s to wrap them",
+                kind,
+                len(topics),
+                names,
+                "async def fn(claim, call_next)" if kind_is_async else "def fn(claim, call_next)",
+            )
 
 
 def _log_queues(settings: settings_mod.Settings, handlers: dict[str, Handler]) -> None:

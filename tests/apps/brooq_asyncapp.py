@@ -116,3 +116,8 @@ def _build(*groups: list[tuple[Any, str, dict[str, Any]]]) -> brooq.Queue:
 
 queue = _build(ASYNC_HANDLERS)  # every handler async: every child is an async child
 mixed = _build(ASYNC_HANDLERS, SYNC_HANDLERS)  # both kinds: children split by kind
+
+# Async handlers and only a sync global middleware: the master warns at start.
+skips = brooq.Queue()
+skips.middleware(sync_mark)
+skips.handler("a.sleep")(a_sleep)
