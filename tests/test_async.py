@@ -178,7 +178,8 @@ def test_sigterm_drains_every_async_job_in_flight(
 ) -> None:
     ids = enqueue(queue, [brooq.Job("a.sleep", {"s": 1}) for _ in range(40)])
     m = start_master(workers=1, app=APP, args=("--concurrency", "50"))
-    wait_for(lambda: count(db, ids, "processing") == 40, what="40 in flight")
+    [child] = m.wait_ready(1)
+    wait_for(lambda: "async 40/50 jobs" in title_of(child), what="40 in flight")
     m.signal(signal.SIGTERM)
     assert m.wait(timeout=10) == 0
     assert count(db, ids, "done") == 40

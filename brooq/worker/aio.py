@@ -195,15 +195,19 @@ class AsyncLoop:
                 self.db, child._round_trip, finished, with_results, limit
             )
         except Stop:
-            trip = None
+            # Stopping while the database is unreachable: what is held comes back through
+            # the master (its drain deadline) or the reaper.
+            child.unwritten = finished + child.unwritten
+            raise
         if trip is None:  # not known whether it committed: written again next time
             child.unwritten = finished + child.unwritten
             child.results_unwritten = with_results or child.results_unwritten
             return None
         claims = child._settle_round(finished, *trip)
         for claim in claims:
-            child.state.lost.discard(claim.id)
+            child.state.lost.discard(claim.id)  # claimed again: ours now
         self._tell_held(claims)
+        child.state.lost.intersection_update(child.held)
         child.meter.counted(claims)
         self._set_busy()
         return claims
@@ -398,10 +402,13 @@ class AsyncLoop:
 
     async def _finish_up(self) -> None:
         """Before exiting: write what finished (also when the master is gone: a finished
-        job whose `done` is not written runs again once its lease expires)."""
+        job whose `done` is not written runs again once its lease expires). Jobs still in
+        flight here (only after brooq's own code failed) are given back, never failed."""
+        tasks = [s.task for s in self.in_flight.values() if s.task is not None]
         for slot in list(self.in_flight.values()):
-            if slot.task is not None:
-                slot.task.cancel()  # only after a crash: nothing else leaves jobs running
+            self._interrupt(slot, _Shutdown("brooq: the child is stopping"))
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
         if self.child.unwritten:
             await self._round_trip(0)
         if self.to_release:
