@@ -244,3 +244,21 @@ def test_the_master_says_at_start_which_handlers_no_global_middleware_wraps(
     m.wait_ready(1)
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
+
+
+def test_recycling_waits_for_every_job_of_the_child(
+    queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    ids = enqueue(queue, [brooq.Job("a.sleep", {"s": 0.3}) for _ in range(60)])
+    m = start_master(workers=1, app=APP, args=("--concurrency", "20", "--max-jobs-per-child", "5"))
+    wait_for(lambda: count(db, ids, "done") == 60, timeout=30, what="60 done")
+    log = m.log()
+    assert log.count("event=child_retiring") >= 2  # retired after its 5th, more than once
+    assert "event=job_returned" not in log  # every job it held ran to its end
+    # Each ran once: nothing was cut short and run again.
+    assert {r[1] for r in rows(db, ids).values()} == {1}
+    assert db.execute(
+        "SELECT count(*) FROM execution WHERE job_id = ANY(%s) AND note = 'end'", (ids,)
+    ).fetchone() == (60,)
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
