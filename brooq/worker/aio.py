@@ -77,6 +77,7 @@ class _Slot:
     in_handler: bool = False
     reason: BaseException | None = None  # why brooq cancelled it
     rearmed: bool = False
+    settled: bool = False  # its outcome is written: no longer held (the slot frees in _done)
 
 
 class AsyncLoop:
@@ -156,7 +157,7 @@ class AsyncLoop:
         shallow = False
         while self.crashed is None:
             stopping = state.stopping or self.retiring
-            limit = 0 if stopping else self.capacity - len(self.in_flight)
+            limit = 0 if stopping else len(self.free)  # a slot frees when its task is done
             want = limit > 0 and not shallow
             if want or child.unwritten:
                 claims = await self._round_trip(limit if want else 0)
@@ -219,7 +220,7 @@ class AsyncLoop:
         held = list(
             dict.fromkeys(
                 [
-                    *self.in_flight,
+                    *(i for i, s in self.in_flight.items() if not s.settled),
                     *(f.claim.id for f in child.unwritten),
                     *(c.id for c in new),
                     *self.to_release,
@@ -320,7 +321,9 @@ class AsyncLoop:
             return  # the lease expires and the reaper returns it
         if outcome.kind != "abandon":
             child.outcomes.settled(claim, written_state, duration, written, tb)
-        self.in_flight.pop(claim.id, None)
+        # Tell the master at once, as a sync child does: a renewal that finds the job
+        # settled would report its lease lost after it may have been claimed again.
+        slot.settled = True
         self._tell_held()
 
     def _done(self, task: asyncio.Task[None]) -> None:
