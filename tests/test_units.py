@@ -556,7 +556,7 @@ def test_children_dying_before_ready_five_times_in_a_row_is_fatal() -> None:
         kill_reason=None,
         retiring=None,
         ready=False,
-        job=None,
+        jobs=(),
         stopping=False,
         now=0.0,
     )
