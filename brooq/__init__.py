@@ -31,7 +31,7 @@ from brooq.job import (
     PreserveAttempt,
 )
 from brooq.produce import enqueue, enqueue_async, enqueue_many, enqueue_many_async
-from brooq.queue import InFlight, Queue, QueueStats, TopicStats
+from brooq.queue import HolderStats, InFlight, Queue, QueueStats, TopicStats
 
 __version__ = "0.1.0"
 
@@ -42,6 +42,7 @@ __all__ = [
     "Claim",
     "DatabaseUnavailable",
     "Delay",
+    "HolderStats",
     "InFlight",
     "InvalidDsn",
     "InvalidIdempotencyKey",

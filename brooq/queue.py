@@ -7,10 +7,11 @@ sockets belong to the parent), so no connection ever crosses a fork.
 
 Owns: the handler registry, the settings as the application gives them, the pooled
 connection of producers and operators, the operator's reads (get, list_jobs, stats,
-in_flight, throughput, queues) and writes (cancel, retry: ``transition`` binds the states of
-brooq.job to job_cancel/job_retry, for the master's admin HTTP too; pause, resume), and
-waiting for a job's end (wait, wait_async: a connection of their own per call, never the
-pool's, LISTENing to brooq_outcome, with a backoff poll as the fallback).
+in_flight, processing_by_holder, throughput, queues) and writes (cancel, retry:
+``transition`` binds the states of brooq.job to job_cancel/job_retry, for the master's
+admin HTTP too; pause, resume), and waiting for a job's end (wait, wait_async: a
+connection of their own per call, never the pool's, LISTENing to brooq_outcome, with a
+backoff poll as the fallback).
 Must never: claim jobs or write their outcomes (the worker's), keep a connection across fork(),
 read a row by position, or spell which states a transition accepts (brooq.job does).
 """
@@ -162,6 +163,24 @@ class InFlight:
             "locked_until": self.locked_until.isoformat(),
             "running_for_seconds": round(self.running_for, 3),
             "lease_left_seconds": round(self.lease_left, 3),
+        }
+
+
+@dataclass(frozen=True)
+class HolderStats:
+    """One holder of jobs in state processing (its ``locked_by``: a child, one job at a
+    time if sync, many if async): how many it holds, and how long the oldest of them has
+    run. Expired leases count until the reaper gives them back."""
+
+    locked_by: str
+    processing: int
+    oldest_running: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "locked_by": self.locked_by,
+            "processing": self.processing,
+            "oldest_running_seconds": round(self.oldest_running, 3),
         }
 
 
@@ -527,6 +546,15 @@ class Queue:
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(InFlight))
             return cur.execute(Q.job_list_processing, {"limit": limit}).fetchall()
+
+    def processing_by_holder(self, limit: int = 100) -> list[HolderStats]:
+        """Per holder (``locked_by``), its jobs in state processing, busiest first (then by
+        name); at most ``limit`` (1,000) holders."""
+        if not 1 <= limit <= IN_FLIGHT_LIMIT_MAX:
+            raise BrooqError(f"limit must be between 1 and {IN_FLIGHT_LIMIT_MAX}, got {limit}")
+        with self.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(HolderStats))
+            return cur.execute(Q.job_processing_by_holder, {"limit": limit}).fetchall()
 
     def throughput(self, seconds: float = 60) -> dict[str, int]:
         """Per topic, the jobs that reached done, failed, dead or canceled in the last

@@ -25,7 +25,7 @@ import pytest
 
 import brooq
 from brooq.cli import show_lines, top
-from brooq.queue import InFlight, TopicStats
+from brooq.queue import HolderStats, InFlight, TopicStats
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = str(uuid.UUID(int=7))
@@ -826,6 +826,60 @@ def test_top_json(dsn: str, world: Jobs) -> None:
     )
 
 
+def test_top_counts_the_jobs_each_child_holds(
+    dsn: str, queue: brooq.Queue, db: psycopg.Connection[Any]
+) -> None:
+    """CHILDREN: one row per holder of processing jobs, busiest first, with how long its
+    oldest job has run; other states (a done row keeps its last holder) are not counted."""
+    ids = [queue.enqueue(brooq.Job("render", {"n": n}))[0] for n in range(6)]
+    holds = [  # job, holder, claimed this long ago
+        (0, "app1:10/child-2", "40 s"),  # an async child: three at once
+        (1, "app1:10/child-2", "7 s"),
+        (2, "app1:10/child-2", "2 s"),
+        (3, "app2:20/child-1", "90 s"),
+    ]
+    for n, holder, ago in holds:
+        db.execute(
+            "UPDATE job SET state = 'processing', locked_by = %s, "
+            "locked_until = now() + interval '1 min', updated_at = now() - %s::interval "
+            "WHERE id = %s",
+            (holder, ago, ids[n]),
+        )
+    db.execute(  # finished, its last lease kept
+        "UPDATE job SET state = 'done', locked_by = 'app3:30/child-1' WHERE id = %s", (ids[4],)
+    )
+
+    lines = ok(dsn, "top", "--once").splitlines()
+    start = lines.index("CHILDREN  2 holding jobs")
+    assert lines[start + 1].split() == ["HOLDER", "PROCESSING", "LONGEST"]
+    rows = [line.split() for line in lines[start + 2 : start + 4]]
+    assert [row[:2] for row in rows] == [["app1:10/child-2", "3"], ["app2:20/child-1", "1"]]
+    assert rows[0][2].endswith("s") and 40 <= float(rows[0][2][:-1]) < 70  # the oldest of 3
+    assert rows[1][2].endswith("m") and 1.5 <= float(rows[1][2][:-1]) < 2.5
+    assert lines[start + 4] == "" and lines[start + 5] == "IN FLIGHT  4 processing, 4 busy"
+
+    children = as_json(dsn, "top")["children"]
+    assert [(c["locked_by"], c["processing"]) for c in children] == [
+        ("app1:10/child-2", 3),
+        ("app2:20/child-1", 1),
+    ]
+    assert 40 <= children[0]["oldest_running_seconds"] < 70
+    assert 90 <= children[1]["oldest_running_seconds"] < 120
+
+    [busiest] = queue.processing_by_holder(limit=1)  # the LIMIT keeps the busiest
+    assert (busiest.locked_by, busiest.processing) == ("app1:10/child-2", 3)
+    with pytest.raises(brooq.BrooqError, match="limit must be between 1 and 1000"):
+        queue.processing_by_holder(limit=0)
+
+
+def test_top_has_no_children_block_when_nothing_runs(dsn: str, queue: brooq.Queue) -> None:
+    queue.enqueue(brooq.Job("render"))
+    lines = ok(dsn, "top", "--once").splitlines()
+    assert not any(line.startswith("CHILDREN") for line in lines)
+    assert lines[-1] == "IN FLIGHT  0 processing, 0 busy"
+    assert as_json(dsn, "top")["children"] == []
+
+
 def test_top_needs_a_terminal_and_a_sane_interval(dsn: str) -> None:
     assert "--once" in refused(dsn, "top", code=2)
     assert "too short" in refused(dsn, "top", "--interval", "10ms", code=2)
@@ -958,6 +1012,38 @@ def test_render_fits_the_terminal() -> None:
 
     everything = top.render(snapshot(50, processing=300))
     assert everything[-1] == "… 250 more in flight"  # beyond what was read
+
+
+def test_render_cuts_the_children_after_the_jobs_in_flight() -> None:
+    holders = [HolderStats(f"host:1/child-{n}", 10 - n, 60.0 * n + 3) for n in range(6)]
+    snap = dataclasses.replace(snapshot(5), children=holders)
+    whole = top.render(snap)
+    start = whole.index("CHILDREN  6 holding jobs")
+    assert whole[start + 1 : start + 3] == [
+        "HOLDER          PROCESSING  LONGEST",
+        "host:1/child-0          10     3.0s",
+    ]
+    assert whole[start + 8] == "" and whole[start + 9].startswith("IN FLIGHT")
+
+    # 18 lines: every holder, no job in flight but the line saying how many are hidden.
+    tall = top.render(snap, height=18)
+    assert tall[start : start + 8] == whole[start : start + 8]
+    assert tall[-2:] == ["IN FLIGHT  5 processing, 5 busy", "… 5 more in flight"]
+    # 14 lines: the holders give way too, with their own line.
+    short = top.render(snap, height=14)
+    assert short[start:] == [
+        "CHILDREN  6 holding jobs",
+        "HOLDER          PROCESSING  LONGEST",
+        "host:1/child-0          10     3.0s",
+        "… 5 more holders",
+        "",
+        "IN FLIGHT  5 processing, 5 busy",
+        "… 5 more in flight",
+    ]
+
+    read_to_the_limit = [HolderStats(f"h:{n}/child-1", 1, 1.0) for n in range(top.CHILDREN_LIMIT)]
+    many = top.render(dataclasses.replace(snap, children=read_to_the_limit))
+    assert f"CHILDREN  {top.CHILDREN_LIMIT} or more holding jobs" in many
 
 
 def test_render_shows_a_read_error() -> None:

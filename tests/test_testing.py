@@ -3,6 +3,7 @@ PostgreSQL; the plugin through a real pytest run of a user's test file (issue 19
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -151,6 +152,192 @@ def test_drain_in_another_thread_runs_without_the_timer(q: Any) -> None:
     worker.start()
     worker.join(30)
     assert out == [{"done": 1}]
+
+
+# -- async handlers ---------------------------------------------------------------------
+
+
+def async_app(dsn: str) -> brooq.Queue:
+    """An application with async handlers, one sync topic, and a Queue middleware of each
+    kind; ``q.ran`` records what ran, in order."""
+    q = brooq.Queue(dsn)
+    ran: list[str] = []
+    q.ran = ran  # type: ignore[attr-defined]
+    q.seen = {}  # type: ignore[attr-defined]
+
+    @q.middleware
+    def sync_mw(claim: brooq.Claim[Any], call_next: Any) -> Any:
+        ran.append(f"sync-mw:{claim.topic}")
+        return call_next(claim)
+
+    @q.middleware
+    async def async_mw(claim: brooq.Claim[Any], call_next: Any) -> Any:
+        ran.append(f"async-mw:{claim.topic}")
+        value = await call_next(claim)
+        ran.append(f"async-mw-after:{claim.topic}")
+        return {**value, "wrapped": True} if isinstance(value, dict) else value
+
+    async def topic_mw(claim: brooq.Claim[Any], call_next: Any) -> Any:
+        ran.append(f"topic-mw:{claim.topic}")
+        return await call_next(claim)
+
+    @q.handler("a.ok", middleware=[topic_mw])
+    async def ok(claim: brooq.Claim[Any]) -> Any:
+        await asyncio.sleep(0.01)  # it really suspends
+        ran.append("a.ok")
+        if claim.payload.get("chain"):
+            claim.chain(brooq.Job("s.ok", {"from": claim.payload["n"]}))
+        return {"n": claim.payload["n"]}
+
+    @q.handler("s.ok")
+    def sync_ok(claim: brooq.Claim[Any]) -> Any:
+        ran.append("s.ok")
+        return {"sync": claim.payload}
+
+    @q.handler("a.fail", max_attempts=2, backoff_base="1ms", backoff_max="2ms")
+    async def fail(claim: brooq.Claim[Any]) -> None:
+        await asyncio.sleep(0)
+        ran.append(f"a.fail:{claim.attempt}")
+        raise ValueError(f"bad address {claim.attempt}")
+
+    @q.handler("a.cancel")
+    async def cancel(claim: brooq.Claim[Any]) -> None:
+        raise brooq.CancelJob("not wanted")
+
+    @q.handler("a.slow", attempt_timeout="200ms", max_attempts=1)
+    async def slow(claim: brooq.Claim[Any]) -> None:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            ran.append("a.slow:cancelled")
+            raise
+
+    @q.handler("a.own-timeout", max_attempts=1)
+    async def own_timeout(claim: brooq.Claim[Any]) -> None:
+        raise TimeoutError("the upstream took too long")
+
+    @q.handler("a.loop")
+    async def on_the_loop(claim: brooq.Claim[Any]) -> Any:
+        q.seen["loop"] = asyncio.get_running_loop()  # type: ignore[attr-defined]
+        await q.seen["gate"].wait()  # type: ignore[attr-defined]  # set by the test's task
+        return {"opened": True}
+
+    @q.handler("a.hang", attempt_timeout="30s")
+    async def hang(claim: brooq.Claim[Any]) -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            ran.append("a.hang:ended")
+
+    return q
+
+
+@pytest.fixture
+def aq(dsn: str) -> Any:
+    queue = async_app(dsn)
+    yield queue
+    queue.close()
+
+
+def test_drain_runs_an_async_handler_inside_its_async_middleware(aq: Any) -> None:
+    job_id, _ = aq.enqueue(brooq.Job("a.ok", {"n": 1}))
+    assert brooq.testing.drain(aq) == {"done": 1}
+    # The Queue's async middleware, then the topic's, then the handler; no sync layer.
+    assert aq.ran == ["async-mw:a.ok", "topic-mw:a.ok", "a.ok", "async-mw-after:a.ok"]
+    record = aq.get(job_id)
+    assert (record.state, record.result) == ("done", {"n": 1, "wrapped": True})
+
+
+def test_drain_fails_an_async_job_as_a_sync_one(aq: Any) -> None:
+    failing, _ = aq.enqueue(brooq.Job("a.fail"))
+    canceled, _ = aq.enqueue(brooq.Job("a.cancel"))
+    own, _ = aq.enqueue(brooq.Job("a.own-timeout"))
+    # failed once (retried after 1-2 ms, in the same drain), then dead; CancelJob cancels.
+    assert brooq.testing.drain(aq) == {"failed": 1, "dead": 2, "canceled": 1}
+    assert aq.ran.count("a.fail:1") == 1 and aq.ran.count("a.fail:2") == 1
+    record = aq.get(failing)
+    assert (record.state, record.attempts) == ("dead", 2)
+    assert record.last_error == "ValueError: bad address 2"
+    assert [e["attempt"] for e in record.errors] == [1, 2]
+    assert aq.get(canceled).state == "canceled"
+    assert aq.get(canceled).last_error == "CancelJob: not wanted"
+    # A TimeoutError of the handler's own is not brooq's soft limit.
+    assert aq.get(own).last_error == "TimeoutError: the upstream took too long"
+
+
+def test_drain_cancels_an_async_job_at_its_attempt_timeout(aq: Any) -> None:
+    slow, _ = aq.enqueue(brooq.Job("a.slow"))
+    started = time.monotonic()
+    assert brooq.testing.drain(aq) == {"dead": 1}
+    assert time.monotonic() - started < 3
+    assert "a.slow:cancelled" in aq.ran  # cancelled in the handler, as wait_for does
+    assert aq.get(slow).last_error == "AttemptTimeout: attempt_timeout 0.2s exceeded"
+
+    # In another thread too: the loop's timer needs no signal.
+    aq.enqueue(brooq.Job("a.slow"))
+    out: list[dict[str, int]] = []
+    worker = threading.Thread(target=lambda: out.append(brooq.testing.drain(aq)))
+    worker.start()
+    worker.join(30)
+    assert out == [{"dead": 1}] and aq.ran.count("a.slow:cancelled") == 2
+
+
+def test_drain_a_mixed_queue_wraps_each_handler_in_middleware_of_its_kind(aq: Any) -> None:
+    aq.enqueue(brooq.Job("a.ok", {"n": 3, "chain": True}))  # chains a sync job
+    assert brooq.testing.drain(aq) == {"done": 2}
+    assert aq.ran == [
+        "async-mw:a.ok",
+        "topic-mw:a.ok",
+        "a.ok",
+        "async-mw-after:a.ok",
+        "sync-mw:s.ok",
+        "s.ok",
+    ]
+    [chained] = brooq.testing.jobs(aq, topic="s.ok")
+    assert (chained.state, chained.result) == ("done", {"sync": {"from": 3}})
+
+
+def test_drain_async_runs_on_the_callers_loop(aq: Any) -> None:
+    """In a test running its own loop (as pytest-asyncio's): drain refuses the async
+    topics before claiming anything, drain_async runs them on that loop."""
+    job_id, _ = aq.enqueue(brooq.Job("a.loop"))
+    aq.enqueue(brooq.Job("s.ok", {"n": 1}))
+    aq.enqueue(brooq.Job("a.ok", {"n": 2}))
+
+    async def test() -> tuple[dict[str, int], dict[str, int]]:
+        with pytest.raises(RuntimeError, match=r"await brooq\.testing\.drain_async"):
+            brooq.testing.drain(aq)
+        only_sync = brooq.testing.drain(aq, topics=["s.ok"])  # no loop needed: as before
+        aq.seen["gate"] = asyncio.Event()  # of this loop: it cannot be awaited on another
+
+        async def open_gate() -> None:  # runs while the handler awaits: the loop is free
+            await asyncio.sleep(0.05)
+            aq.seen["gate"].set()
+
+        opener = asyncio.create_task(open_gate())
+        counts = await brooq.testing.drain_async(aq)
+        await opener
+        assert aq.seen["loop"] is asyncio.get_running_loop()
+        return only_sync, counts
+
+    only_sync, counts = asyncio.run(test())
+    assert only_sync == {"done": 1} and counts == {"done": 2}
+    assert aq.get(job_id).result == {"opened": True, "wrapped": True}
+    assert [j.state for j in brooq.testing.jobs(aq)] == ["done", "done", "done"]
+    assert aq.ran[:2] == ["sync-mw:s.ok", "s.ok"]
+
+
+def test_drain_async_cancelled_gives_the_running_job_back(aq: Any) -> None:
+    job_id, _ = aq.enqueue(brooq.Job("a.hang"))
+
+    async def test() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(brooq.testing.drain_async(aq), 0.5)
+
+    asyncio.run(test())
+    assert aq.ran == ["async-mw:a.hang", "a.hang:ended"]  # cancelled, and it finished
+    record = aq.get(job_id)
+    assert (record.state, record.attempts, record.locked_by) == ("pending", 0, None)
 
 
 def test_bind_points_an_application_queue_at_a_database_and_back(

@@ -8,8 +8,9 @@ escapes only, so it works over SSH and needs no curses.
 Owns: the top command (``top_command``, its --interval bounds), the snapshot, the frame,
 the terminal while it runs.
 Must never: write to the database, read it but through Queue (stats, throughput_by_queue,
-in_flight), leave the terminal in cbreak mode or on the alternate screen however it ends,
-or let a failed refresh end the view (the frame shows the error and the last good read).
+processing_by_holder, in_flight), leave the terminal in cbreak mode or on the alternate
+screen however it ends, or let a failed refresh end the view (the frame shows the error
+and the last good read).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 import tty
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from types import FrameType
 from typing import Any, TextIO
@@ -36,10 +37,11 @@ from brooq import dsn as dsn_mod
 from brooq.cli.common import cli, dsn, emit_json, open_queue
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import BrooqError
-from brooq.queue import InFlight, Queue, TopicStats
+from brooq.queue import HolderStats, InFlight, Queue, TopicStats
 
 WINDOW_SECONDS = 60
 IN_FLIGHT_LIMIT = 200
+CHILDREN_LIMIT = 100  # holders read, busiest first
 MIN_INTERVAL = 0.1
 # `brooq top` sleeps in select(), which refuses a timeout past the platform's time_t.
 MAX_INTERVAL = 86400.0
@@ -62,6 +64,7 @@ class Snapshot:
     finished: dict[tuple[str, str], int]  # (queue, topic) -> jobs finished in the window
     in_flight: list[InFlight]
     window: int = WINDOW_SECONDS
+    children: list[HolderStats] = field(default_factory=list)  # busiest first
 
     def topic_names(self) -> list[tuple[str, str]]:
         """(queue, topic) pairs with active or dead jobs, and the pairs that only finished
@@ -84,6 +87,7 @@ class Snapshot:
                 {**stats.to_dict(), "finished_in_window": finished}
                 for stats, finished in self.rows()
             ],
+            "children": [holder.to_dict() for holder in self.children],
             "in_flight": [job.to_dict() for job in self.in_flight],
         }
 
@@ -95,6 +99,7 @@ def take(queue: Queue, database: str) -> Snapshot:
         topics=queue.stats(),
         finished=queue.throughput_by_queue(WINDOW_SECONDS),
         in_flight=queue.in_flight(IN_FLIGHT_LIMIT),
+        children=queue.processing_by_holder(CHILDREN_LIMIT),
     )
 
 
@@ -117,7 +122,8 @@ def render(
     error: str | None = None,
 ) -> list[str]:
     """The frame for ``snap`` as lines, cut to ``width`` columns and ``height`` lines when
-    given (the jobs in flight give way first, with a line saying how many are hidden)."""
+    given (the jobs in flight give way first, then the children, each with a line saying
+    how many are hidden)."""
     clock = snap.taken_at.astimezone(timezone.utc).strftime("%H:%M:%S UTC")
     lines = [f"brooq top  {snap.database}  {clock}  (q quits)"]
     if error:
@@ -138,6 +144,8 @@ def render(
     else:
         lines.append("(no jobs waiting, running, failed or dead, none finished lately)")
     lines.append("")
+    # The children leave room for the IN FLIGHT line and the one saying how many are hidden.
+    lines += _children_block(snap, None if height is None else height - len(lines) - 2)
 
     processing = sum(t.processing for t in snap.topics)
     busy = sum(t.busy for t in snap.topics)
@@ -164,6 +172,24 @@ def render(
     if width is not None:
         lines = [line[:width] for line in lines]
     return lines
+
+
+def _children_block(snap: Snapshot, room: int | None) -> list[str]:
+    """CHILDREN: each holder of processing jobs (its locked_by), busiest first, with the
+    running time of its oldest job, then a blank line; nothing when no job is processing.
+    Cut to ``room`` lines when given, a last row saying how many holders are hidden."""
+    if not snap.children:
+        return []
+    count = len(snap.children)
+    more = " or more" if count >= CHILDREN_LIMIT else ""  # the read stopped at the limit
+    table = [["HOLDER", "PROCESSING", "LONGEST"]]
+    for holder in snap.children:
+        table.append([holder.locked_by, str(holder.processing), format_age(holder.oldest_running)])
+    rows = _columns(table, left={0})
+    if room is not None and len(rows) + 2 > room:  # the title, the rows, the blank line
+        shown = max(room - 4, 0)  # below the title and the table's header, above "… more"
+        rows = [*(rows[: shown + 1] if shown else []), f"… {count - shown} more holders"]
+    return [f"CHILDREN  {count}{more} holding jobs", *rows, ""]
 
 
 def _frame(lines: list[str]) -> str:
@@ -257,7 +283,8 @@ def top_command(ctx: click.Context, once: bool, interval: str, as_json: bool) ->
     """A live view of the queue, refreshed every second.
 
     Per queue and topic: ready, processing, busy, failed, dead, jobs finished in the last
-    minute and the oldest ready age; then the jobs in flight with their holders. q or
+    minute and the oldest ready age; then the children holding jobs, how many each and
+    the oldest one's running time; then the jobs in flight with their holders. q or
     Ctrl-C quits."""
     try:
         period = parse_duration_string(interval)

@@ -771,6 +771,20 @@ WHERE state = 'processing'
 ORDER BY updated_at, id
 LIMIT %(limit)s
 
+-- name: job_processing_by_holder
+-- Per holder (a child's locked_by), its jobs in state processing, busiest first (an async
+-- child holds many at once): how many, and how long the oldest has run, counted from the
+-- claim as job_list_processing counts it. Expired leases are counted (the reaper has not
+-- given them back yet). At most the given number of holders.
+SELECT locked_by,
+       count(*) AS processing,
+       extract(epoch FROM now() - min(updated_at))::float8 AS oldest_running
+FROM job
+WHERE state = 'processing'
+GROUP BY locked_by
+ORDER BY processing DESC, locked_by
+LIMIT %(limit)s
+
 -- name: job_count_finished_since
 -- Per queue and topic, the jobs that reached done, failed, dead or canceled in the last
 -- given number of seconds (each of those writes sets updated_at): the recent throughput.

@@ -3,26 +3,33 @@
     counts = brooq.testing.drain(queue)            # run what is ready, here, now
     assert counts == {"done": 3}
     [job] = brooq.testing.jobs(queue, topic="email.send")
+    counts = await brooq.testing.drain_async(queue)  # in an async test: on its loop
 
-Owns `drain` (the jobs ready now, run in the calling process through the worker's own
-claim and outcome statements: retries, signals, chain, on_success, typed payloads,
-results, middleware, retry policies) and `jobs` (every matching row, oldest first), and
-`bind` (point an application's Queue at a test database). The pytest plugin
+Owns `drain` and `drain_async` (the jobs ready now, run in the calling process through
+the worker's own claim and outcome statements: retries, signals, chain, on_success,
+typed payloads, results, middleware of the handler's kind, retry policies; an `async
+def` handler awaited to completion on an event loop), `jobs` (every matching row, oldest
+first), and `bind` (point an application's Queue at a test database). The pytest plugin
 (brooq.testing.pytest_plugin, registered as ``brooq``) provides the ``brooq_dsn`` fixture.
 
 What one process cannot honour: ``max_execution_timeout`` (the master's hard kill; a
-handler that never returns hangs the test) and lease renewal (a handler running longer
-than the lease may be reaped by a brooq-master working the same database). The soft
-``attempt_timeout`` is honoured when ``drain`` runs in the main thread (SIGALRM), not in
-another thread. A failed job is retried only once its backoff has passed: ``drain`` runs
-what is ready *now*; set ``backoff_base`` small in tests, or call it again.
+handler that never returns, or a coroutine that never yields, hangs the test) and lease
+renewal (a handler running longer than the lease may be reaped by a brooq-master working
+the same database). The soft ``attempt_timeout`` of a sync handler is honoured when the
+drain runs in the main thread (SIGALRM), not in another thread; an async handler's, by
+cancelling its task, in any thread. A failed job is retried only once its backoff has
+passed: a drain runs what is ready *now*; set ``backoff_base`` small in tests, or call it
+again.
 
 Must never: run jobs a master could not (paused queues stay paused, topics without a
-handler stay), or write outcomes other than through the worker's guarded statements.
+handler stay), wrap a handler in middleware of the other kind (brooq.worker.child's
+rule), run a sync handler on an event loop of its own making (a sync child has none), or
+write outcomes other than through the worker's guarded statements.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -38,21 +45,21 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
-from brooq.errors import InvalidResult
-from brooq.handlers import Handler
+from brooq.errors import InvalidPayload, InvalidResult
+from brooq.handlers import Handler, HandlerFn, is_async_callable
 from brooq.ipc.board import Board
 from brooq.job import AttemptTimeout, Claim, JobRecord, validate_topic
 from brooq.queue import Queue
 from brooq.sql import Q
 from brooq.worker import execute, interrupts
-from brooq.worker.chain import compose
+from brooq.worker.chain import compose, compose_async
 from brooq.worker.child import ClaimRow, claim_row, encode_result, refused_payload
 from brooq.worker.connection import ChildConnection
 from brooq.worker.meter import Meter
 from brooq.worker.outcome import OutcomeWriter, report_policy_error
 from brooq.worker.state import ChildState
 
-__all__ = ["bind", "drain", "jobs"]
+__all__ = ["bind", "drain", "drain_async", "jobs"]
 
 
 def drain(
@@ -62,7 +69,50 @@ def drain(
     (chained jobs, retries without delay), one at a time in this process; the counts of
     what was written, by state: ``{"done": 3, "failed": 1}`` (also "dead", "canceled").
     ``topics``: only these (of the Queue's handlers); ``max_jobs``: stop after that many.
-    Jobs scheduled for later, of paused queues, or of topics without a handler stay."""
+    Jobs scheduled for later, of paused queues, or of topics without a handler stay.
+
+    A sync handler runs in this thread, wrapped by the Queue's sync middleware, with no
+    event loop running; an ``async def`` handler is awaited to completion, wrapped by
+    the Queue's async middleware, on an event loop of this call's own (made at the first
+    async job, closed at the end of the drain as ``asyncio.run`` closes its own), and
+    its soft ``attempt_timeout`` cancels it (``brooq.AttemptTimeout``, as for a sync
+    handler). In a thread where an event loop is already running (an async test), no
+    loop of drain's own can run: topics with an async handler raise RuntimeError before
+    anything is claimed (the sync topics still drain); ``await drain_async(...)`` runs
+    them on that loop."""
+    wanted = _wanted(queue, topics, max_jobs)
+    asynchronous = [t for t in wanted if queue.handlers[t].is_async]
+    if asynchronous and _loop_running():
+        raise RuntimeError(
+            "drain: an event loop is running in this thread and cannot run the async "
+            f"handlers of {', '.join(asynchronous)}: await brooq.testing.drain_async(queue) "
+            "runs them on it (or pass topics= without them)"
+        )
+    runner = _Drain(queue, wanted)
+    try:
+        return runner.run(max_jobs)
+    finally:
+        runner.close()
+
+
+async def drain_async(
+    queue: Queue, *, topics: Collection[str] | None = None, max_jobs: int | None = None
+) -> dict[str, int]:
+    """``drain`` for an async test: the same jobs, outcomes and counts, the async
+    handlers awaited on the running loop (so they may use what the test made on it: an
+    async client, an Event, a server task). brooq's own statements and the sync handlers
+    run in this thread, holding the loop meanwhile, as a sync call would. If this call
+    is cancelled, so is the job running, and it is given back (pending, its attempt
+    refunded)."""
+    wanted = _wanted(queue, topics, max_jobs)
+    runner = _Drain(queue, wanted)
+    try:
+        return await runner.run_async(max_jobs)
+    finally:
+        runner.close()
+
+
+def _wanted(queue: Queue, topics: Collection[str] | None, max_jobs: int | None) -> list[str]:
     wanted = sorted(queue.handlers) if topics is None else sorted(set(topics))
     for topic in wanted:
         validate_topic(topic)
@@ -70,11 +120,15 @@ def drain(
             raise ValueError(f"drain: no handler for topic {topic!r} in this Queue")
     if max_jobs is not None and max_jobs < 0:
         raise ValueError(f"drain: max_jobs must be at least 0, got {max_jobs}")
-    runner = _Drain(queue, wanted)
+    return wanted
+
+
+def _loop_running() -> bool:
     try:
-        return runner.run(max_jobs)
-    finally:
-        runner.close()
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def jobs(queue: Queue, *, topic: str | None = None, state: str | None = None) -> list[JobRecord]:
@@ -99,7 +153,8 @@ def bind(queue: Queue, dsn: str) -> Iterator[Queue]:
 
 
 class _Drain:
-    """One drain: a connection of its own, as a child's, and the child's outcome writer."""
+    """One drain: a connection of its own, as a child's, and the child's outcome writer;
+    for the async jobs of a sync drain, an event loop of its own made at the first."""
 
     def __init__(self, queue: Queue, topics: list[str]) -> None:
         self.queue = queue
@@ -114,24 +169,66 @@ class _Drain:
             self.identity, self.settings, self.db, self.state, self.board, Meter(None)
         )
         self.outcomes.handlers = self.handlers
-        self.runners = {
-            t: compose(h.fn, (*queue.middlewares, *h.middleware)) for t, h in self.handlers.items()
+        # As a child composes them: the Queue's middleware of the handler's kind, then
+        # the topic's own (of that kind: registration refuses the other).
+        outer_sync = tuple(m for m in queue.middlewares if not is_async_callable(m))
+        outer_async = tuple(m for m in queue.middlewares if is_async_callable(m))
+        self.runners: dict[str, HandlerFn] = {
+            t: (
+                compose_async(h.fn, (*outer_async, *h.middleware))
+                if h.is_async
+                else compose(h.fn, (*outer_sync, *h.middleware))
+            )
+            for t, h in self.handlers.items()
         }
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def run(self, max_jobs: int | None) -> dict[str, int]:
         counts: Counter[str] = Counter()
-        ran = 0
         with _soft_timeout(self.state):
-            while max_jobs is None or ran < max_jobs:
-                claim = self._claim_one()
-                if claim is None:
-                    break
-                written = self._run(claim)
-                ran += 1
-                if written is not None:
-                    counts[written] += 1
+            for claim, refused, started in self._claims(max_jobs):
+                error: BaseException | None
+                value: Any
+                if refused is not None:
+                    error, value = refused, None
+                elif self.handlers[claim.topic].is_async:
+                    if self.loop is None:
+                        self.loop = asyncio.new_event_loop()
+                    error, value = self.loop.run_until_complete(self._call_async(claim))
+                else:
+                    error, value = self._call(claim)
+                _count(counts, self._settle(claim, refused, error, value, started))
         return dict(counts)
+
+    async def run_async(self, max_jobs: int | None) -> dict[str, int]:
+        counts: Counter[str] = Counter()
+        with _soft_timeout(self.state):
+            for claim, refused, started in self._claims(max_jobs):
+                error: BaseException | None
+                value: Any
+                if refused is not None:
+                    error, value = refused, None
+                elif self.handlers[claim.topic].is_async:
+                    error, value = await self._call_async(claim)
+                else:
+                    error, value = self._call(claim)
+                _count(counts, self._settle(claim, refused, error, value, started))
+        return dict(counts)
+
+    def _claims(
+        self, max_jobs: int | None
+    ) -> Iterator[tuple[Claim[Any], InvalidPayload | None, float]]:
+        """Each job claimed, one at a time, until none is ready or ``max_jobs`` ran: the
+        claim, why its payload was refused (or None: it is decoded in place), when."""
+        ran = 0
+        while max_jobs is None or ran < max_jobs:
+            claim = self._claim_one()
+            if claim is None:
+                return
+            started = time.monotonic()
+            yield claim, refused_payload(claim, self.handlers[claim.topic]), started
+            ran += 1
 
     def _claim_one(self) -> Claim[Any] | None:
         conn = self.db.get()
@@ -156,20 +253,55 @@ class _Drain:
         )
         return next((r.claim() for r in rows if r.claimed), None)
 
-    def _run(self, claim: Claim[Any]) -> str | None:
-        """The child's _run_one for one job, its outcome written at once."""
+    def _call(self, claim: Claim[Any]) -> tuple[BaseException | None, Any]:
+        """A sync handler, in this thread: the child's interrupts.call."""
+        runner, policy = self.runners[claim.topic], self.policies[claim.topic]
+        if threading.current_thread() is threading.main_thread():
+            return interrupts.call(runner, claim, policy, self.state)
+        return _call_untimed(runner, claim)  # no SIGALRM here: it would end the process
+
+    async def _call_async(self, claim: Claim[Any]) -> tuple[BaseException | None, Any]:
+        """An async handler, awaited in a task of its own on the running loop, cancelled
+        at its attempt_timeout as an async child cancels it: AttemptTimeout is then the
+        attempt's exception (a TimeoutError the handler raises itself stays its own).
+        Cancelled from outside, the job is cancelled too and given back."""
+        policy = self.policies[claim.topic]
+        loop = asyncio.get_running_loop()
+        reason: list[BaseException] = []  # why brooq cancelled the task, if it did
+        task = loop.create_task(_attempt(self.runners[claim.topic], claim, reason))
+
+        def cancel(why: BaseException) -> None:
+            if not task.done() and not reason:
+                reason.append(why)
+                task.cancel(f"brooq.{type(why).__name__}: {why}")
+
+        limit = f"attempt_timeout {policy.attempt_timeout:g}s exceeded"
+        timer = loop.call_later(policy.attempt_timeout, cancel, AttemptTimeout(limit))
+        try:
+            # Not `await task`: a cancel of this call must not reach the task without
+            # its reason (the handler's own cancellations are its attempt's exception).
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            cancel(_GivenBack("brooq: the drain was cancelled"))
+            await asyncio.wait([task])
+            conn = self.db.get()
+            conn.execute(Q.job_release_ids, {"ids": [claim.id], "worker": self.identity})
+            raise
+        finally:
+            timer.cancel()
+        return task.result()
+
+    def _settle(
+        self,
+        claim: Claim[Any],
+        refused: InvalidPayload | None,
+        error: BaseException | None,
+        value: Any,
+        started: float,
+    ) -> str | None:
+        """The child's _conclude and outcome write for one job, written at once."""
         handler = self.handlers[claim.topic]
         policy = self.policies[claim.topic]
-        started = time.monotonic()
-        refused = refused_payload(claim, handler)
-        error: BaseException | None
-        value: Any
-        if refused is not None:
-            error, value = refused, None
-        elif threading.current_thread() is threading.main_thread():
-            error, value = interrupts.call(self.runners[claim.topic], claim, policy, self.state)
-        else:  # no SIGALRM here: its default action would end the process
-            error, value = _call_untimed(self.runners[claim.topic], claim)
         result = None
         if value is not None and error is None:
             try:
@@ -187,6 +319,8 @@ class _Drain:
         return state
 
     def close(self) -> None:
+        if self.loop is not None:
+            _close_loop(self.loop)
         conn = self.db.conn
         if conn is not None and not conn.closed:
             with contextlib.suppress(psycopg.Error):
@@ -197,11 +331,58 @@ class _Drain:
                 os.close(fd)
 
 
+def _count(counts: Counter[str], state: str | None) -> None:
+    if state is not None:
+        counts[state] += 1
+
+
 def _call_untimed(fn: Any, claim: Claim[Any]) -> tuple[BaseException | None, Any]:
     try:
         return None, fn(claim)
     except Exception as exc:
         return exc, None
+
+
+class _GivenBack(BaseException):
+    """Why a job's task was cancelled when drain_async itself was: it goes back."""
+
+
+async def _attempt(
+    fn: HandlerFn, claim: Claim[Any], reason: list[BaseException]
+) -> tuple[BaseException | None, Any]:
+    """One attempt of an async runner, as brooq.worker.aio runs it: what it raised (any
+    BaseException: a KeyboardInterrupt must not escape the loop here either) or
+    returned. A cancellation of brooq's raises its reason; any other is the handler's."""
+    try:
+        value = await fn(claim)
+    except asyncio.CancelledError as exc:
+        return (reason[0] if reason else exc), None
+    except BaseException as exc:
+        return exc, None
+    if asyncio.iscoroutine(value):
+        value.close()
+        return (
+            InvalidResult(
+                "the handler returned a coroutine: declare it async def, or await what it calls"
+            ),
+            None,
+        )
+    return None, value
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """What asyncio.run does after its coroutine: cancel the tasks left (a handler's
+    background tasks), finish the async generators and the default executor, close."""
+    try:
+        tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+    finally:
+        loop.close()
 
 
 @contextlib.contextmanager
