@@ -8,16 +8,18 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
   enqueue_bulk    N jobs through the bulk API        (jobs/s)
   drain           N ready no-op jobs drained         (jobs/s)
   cpu             200 jobs of ~25 ms pure Python     (wall s, parallelism = CPU s / wall s)
-  pickup          200 single jobs on an idle queue   (commit -> handler start, ms)
+  pickup          200 single jobs on an idle queue   (commit -> handler start, ms);
+                  brooq also with its async children (variant "async")
   hung            handlers that never return, 2 s limit: does a next job run, and when
   priority        brooq only: 10,000 ready jobs at priority 0 draining (--workers 2), then
                   100 at priority 10: how many low ones start before the last high one
   limited         brooq only: 1,000 jobs of 20 ms on a global_limit=4 topic, 2 masters x 8
                   children: the most running at once (from the handlers' own start/end
                   records) and jobs/s against 4 / 0.020 s = 200
-  io              issue 18: 2,000 ready jobs that each wait 50 ms (async peers:
-                  asyncio.sleep; brooq today: time.sleep in a sync handler), jobs/s
-                  from the first handler start to the last handler end
+  io              issue 18: 2,000 ready jobs that each wait 50 ms (async handlers:
+                  asyncio.sleep; brooq's sync variants: time.sleep), jobs/s from the
+                  first handler start to the last handler end, and its share of the
+                  bound slots / 50 ms
   io_http         the same, each job a GET to a local server answering after 50 ms
                   (httpwait.py, started for the run)
 plus a pgbench ceiling: brooq's own claim and done statements, no Python in the way.
@@ -82,10 +84,15 @@ WORKLOADS = [
 BROOQ_ONLY = {"priority", "limited"}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
 # The I/O-bound workloads (issue 18) run brooq once per variant: "N" is
-# `brooq-master --workers N` with the sync handlers of apps/bench_brooq_app.py.
-# >>> Issue 18 adds its async variant here: "async" (see benchmarks/README.md,
-# >>> "I/O-bound workloads"), mapped to its command line in systems.Brooq.
-BROOQ_IO_VARIANTS = ["2", "8", "32"]
+# `brooq-master --workers N` with the sync handlers of apps/bench_brooq_app.py; "async"
+# and "async200" are `--workers 2` with the async handlers of
+# apps/bench_brooq_async_app.py at brooq's default --concurrency (100: 200 slots, those
+# of pgqueuer here) and at `--concurrency 200` (400 slots, enough to show 1.5x pgqueuer).
+# systems.Brooq maps them to their command lines (see benchmarks/README.md).
+BROOQ_IO_VARIANTS = ["2", "8", "32", "async", "async200"]
+# Pickup latency: "" is `--workers 2` with sync handlers, "async" the async children
+# (issue 18's "pickup p95 unchanged").
+BROOQ_PICKUP_VARIANTS = ["", "async"]
 IO_WORKLOADS = ("io", "io_http")
 IO_SECONDS = 0.05  # as in apps/benchwork.py (each job's wait, the HTTP server's delay)
 POLL = 0.05  # seconds between looks at the database while draining
@@ -246,9 +253,9 @@ def warm_up(system: System, conn: psycopg.Connection[Any], workers: list[Any]) -
     time.sleep(1.0)
 
 
-def w_pickup(system: System, dsn: str, n: int) -> dict[str, Any]:
+def w_pickup(system: System, dsn: str, n: int, variant: str = "") -> dict[str, Any]:
     system.prepare(dsn)
-    workers = start_all(system, "pickup", "")
+    workers = start_all(system, "pickup", variant)
     latencies = []
     missed = 0
     try:
@@ -467,14 +474,19 @@ def w_io(system: System, dsn: str, n: int, workload: str, variant: str) -> dict[
     first = min(s for _, s, *_ in spans)
     last = max(e for _, _, e, *_ in spans)
     durations = [(e - s) / 1e6 for _, s, e, *_ in spans]
-    most, _ = concurrency([(s, e) for _, s, e, *_ in spans], system.slots(workload, variant))
+    slots = system.slots(workload, variant)
+    most, _ = concurrency([(s, e) for _, s, e, *_ in spans], slots)
+    jobs_per_s = n / ((last - first) / 1e9)
     m: dict[str, Any] = {
         "jobs": n,
         "executions": len(spans),
         "seconds": (last - first) / 1e9,
-        "jobs_per_s": n / ((last - first) / 1e9),
+        "jobs_per_s": jobs_per_s,
         "max_concurrency": most,
-        "slots": system.slots(workload, variant),
+        "slots": slots,
+        # No configuration exceeds its slots / IO_SECONDS: the fairer figure to compare.
+        "ideal_jobs_per_s": slots / IO_SECONDS,
+        "share_of_ideal_pct": 100 * jobs_per_s * IO_SECONDS / slots,
         "job_ms_p50": percentile(durations, 0.5),
         "job_ms_p95": percentile(durations, 0.95),
         "processes_seen": len({span[3] for span in spans}),
@@ -492,6 +504,8 @@ def variants(system: System, workload: str) -> list[str]:
         return BROOQ_DRAIN_WORKERS
     if system.name == "brooq" and workload in IO_WORKLOADS:
         return BROOQ_IO_VARIANTS
+    if system.name == "brooq" and workload == "pickup":
+        return BROOQ_PICKUP_VARIANTS
     return [""]
 
 
@@ -655,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
                         elif wl == "cpu":
                             m = w_cpu(s, dsn, sizes.cpu, iterations)
                         elif wl == "pickup":
-                            m = w_pickup(s, dsn, sizes.pickup)
+                            m = w_pickup(s, dsn, sizes.pickup, variant)
                         elif wl == "hung":
                             m = w_hung(s, dsn)
                         elif wl == "priority":

@@ -130,6 +130,11 @@ class Brooq(System):
     # The limited workload: masters and children per master, as the issue asks (2 x 8).
     LIMITED_MASTERS = 2
     LIMITED_WORKERS = 8
+    # Issue 18's async variants (run.py's BROOQ_IO_VARIANTS, BROOQ_PICKUP_VARIANTS):
+    # variant -> the --concurrency on the command line (None: brooq's default, 100), each
+    # with ASYNC_WORKERS children of apps/bench_brooq_async_app.py, all of them async.
+    ASYNC_VARIANTS: dict[str, int | None] = {"async": None, "async200": 200}
+    ASYNC_WORKERS = 2
 
     def prepare(self, dsn: str) -> None:
         import brooq
@@ -161,28 +166,55 @@ class Brooq(System):
         self.queue.enqueue(self._job(kind, item))
         return time.time()
 
-    def _app(self, workload: str) -> str:
+    def _app(self, workload: str, variant: str = "") -> str:
         # A master with a global_limit topic claims through another statement: only the
-        # limited workload loads that application.
-        return "bench_brooq_limited_app:queue" if workload == "limited" else "bench_brooq_app:queue"
+        # limited workload loads that application. The async variants load one whose
+        # handlers are all async (so are its children).
+        if workload == "limited":
+            return "bench_brooq_limited_app:queue"
+        if variant in self.ASYNC_VARIANTS:
+            return "bench_brooq_async_app:queue"
+        return "bench_brooq_app:queue"
 
     def _masters(self, workload: str, variant: str) -> tuple[int, int]:
-        """(masters, children per master). The variant of the drain and I/O workloads is
-        the number of children (run.py's BROOQ_DRAIN_WORKERS, BROOQ_IO_VARIANTS); issue
-        18's "async" I/O variant is to be mapped here and in workers()/settings()."""
+        """(masters, children per master). The variant of the drain and sync I/O
+        workloads is the number of children (run.py's BROOQ_DRAIN_WORKERS,
+        BROOQ_IO_VARIANTS); an async variant has ASYNC_WORKERS."""
         if workload == "limited":
             return self.LIMITED_MASTERS, self.LIMITED_WORKERS
+        if variant in self.ASYNC_VARIANTS:
+            return 1, self.ASYNC_WORKERS
         return 1, int(variant or 2)
+
+    def _concurrency(self, variant: str) -> tuple[int, list[str]]:
+        """Jobs each child runs at once, and the flags that say so: (1, []) for a sync
+        child; an async variant's --concurrency, or brooq's own default when the variant
+        leaves the flag out (read from brooq.settings, so a new default is counted)."""
+        if variant not in self.ASYNC_VARIANTS:
+            return 1, []
+        given = self.ASYNC_VARIANTS[variant]
+        if given is None:
+            from brooq.settings import Settings
+
+            return Settings().concurrency, []
+        return given, ["--concurrency", str(given)]
+
+    def _argv(self, workload: str, variant: str) -> list[str]:
+        """The command line after brooq-master."""
+        _, n = self._masters(workload, variant)
+        flags = self._concurrency(variant)[1]
+        return ["--app", self._app(workload, variant), "--workers", str(n), *flags]
 
     def workers(self, workload: str, variant: str = "") -> list[Worker]:
         masters, n = self._masters(workload, variant)
         env = base_env(self.dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0", **self._io_env()})
-        argv = [venv_bin("brooq-master"), "--app", self._app(workload), "--workers", str(n)]
-        return [Worker(argv, env, f"brooq-{workload}-{n}-{i}") for i in range(masters)]
+        argv = [venv_bin("brooq-master"), *self._argv(workload, variant)]
+        name = f"brooq-{workload}-{variant or n}"
+        return [Worker(argv, env, f"{name}-{i}") for i in range(masters)]
 
     def slots(self, workload: str, variant: str = "") -> int:
         masters, n = self._masters(workload, variant)
-        return masters * n
+        return masters * n * self._concurrency(variant)[0]
 
     def remaining(self) -> int:
         return self._count("SELECT count(*) FROM job WHERE state IN ('pending', 'processing')")
@@ -201,7 +233,8 @@ class Brooq(System):
         masters, n = self._masters(workload, variant)
         s: dict[str, Any] = {
             "command": (f"{masters} x " if masters > 1 else "")
-            + f"brooq-master --app {self._app(workload)} --workers {n}",
+            + "brooq-master "
+            + " ".join(self._argv(workload, variant)),
             "settings": "defaults (poll_interval 1s, lease 30s, log level INFO)",
             "enqueue": "Queue.enqueue (one transaction per job); "
             f"Queue.enqueue_many in chunks of {CHUNK} (one statement per chunk)",
@@ -212,9 +245,23 @@ class Brooq(System):
             s["jobs"] = "bench.prio, ~1 ms (time.sleep(0.001)); low ones priority 0, high 10"
         if workload == "limited":
             s["jobs"] = "api.limited, @queue.handler(global_limit=4), time.sleep(0.02)"
-        if workload == "io":
+        if variant in self.ASYNC_VARIANTS:
+            c, flags = self._concurrency(variant)
+            default = "" if flags else " (--concurrency left at brooq's default)"
+            s["concurrency"] = f"{n} async children x {c} jobs at once = {n * c} slots{default}"
+            if workload == "pickup":
+                s["jobs"] = "bench.pickup, an async handler (its start written as the sync one)"
+            if workload == "io":
+                s["jobs"] = "bench.io, an async handler: await asyncio.sleep(0.05)"
+            if workload == "io_http":
+                s["jobs"] = (
+                    "bench.io_http, an async handler: a raw HTTP/1.1 GET of the local server "
+                    "(answers after 50 ms) over asyncio.open_connection, one connection per "
+                    "request (benchwork.http_get_async, the peers' client)"
+                )
+        elif workload == "io":
             s["jobs"] = "bench.io, a sync handler: time.sleep(0.05)"
-        if workload == "io_http":
+        elif workload == "io_http":
             s["jobs"] = (
                 "bench.io_http, a sync handler: urllib.request.urlopen of the local server "
                 "(answers after 50 ms), one connection per request"

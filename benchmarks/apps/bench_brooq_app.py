@@ -65,12 +65,11 @@ def prio(claim: brooq.Claim) -> None:
     record_span(claim.payload["k"], started, time.time_ns())
 
 
-# The I/O-bound workloads (issue 18): sync handlers, as brooq has today, blocking the
-# child for the wait. Issue 18's "async" variant is meant to load an application of its
-# own (say apps/bench_brooq_async_app.py) with `async def` handlers of the same two
-# topics doing what the peers' handlers do (`await asyncio.sleep(IO_SECONDS)`,
-# `await http_get_async(http_url())`), so that the jobs enqueued stay the same and this
-# application's claims stay those of a sync-only master (see benchmarks/README.md).
+# The I/O-bound workloads (issue 18): sync handlers, blocking the child for the wait
+# (run.py's variants "2", "8", "32"). The async variants ("async", "async200") load
+# apps/bench_brooq_async_app.py instead: `async def` handlers of the same two topics, so
+# that the jobs enqueued stay the same and this application's claims stay those of a
+# sync-only master (see benchmarks/README.md).
 @queue.handler("bench.io")
 def io(claim: brooq.Claim) -> None:
     started = time.time_ns()
