@@ -166,7 +166,9 @@ class AsyncLoop:
                     await self._wait(min(1.0, self.settings.poll_interval))
                     continue
                 if want:
-                    shallow = len(claims) < limit
+                    # Only an empty claim means the queue is empty: a short one may be
+                    # the fair share (ceil(ready / children)), and more are ready.
+                    shallow = not claims
                 self._start(claims)
                 continue
             if stopping and not self.in_flight and not self.to_release:
