@@ -91,7 +91,7 @@ class AsyncLoop:
         self.retiring = False
         self.crashed: BaseException | None = None
         self.to_release: list[uuid.UUID] = []
-        self._event: asyncio.Event | None = None
+        self._waiter: asyncio.Future[None] | None = None  # the claimer's, while it waits
         self._loop: asyncio.AbstractEventLoop | None = None
         self._culprit: uuid.UUID | None = None
         self._culprit_logged_for = 0.0
@@ -112,7 +112,6 @@ class AsyncLoop:
     async def _main(self) -> int:
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._event = asyncio.Event()
         state = self.child.state
         # SIGTERM keeps the child's own handler (brooq.worker.interrupts: it sets
         # state.stopping, and Python's wakeup fd writes to the wake pipe, read here), not
@@ -138,8 +137,11 @@ class AsyncLoop:
         self._poke()
 
     def _poke(self) -> None:
-        assert self._event is not None
-        self._event.set()
+        """Wake the claimer if it waits. Pokes come from loop callbacks only, and the
+        claimer looks at what is owed right before it waits, so none is lost."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _beat(self) -> None:
         assert self._loop is not None
@@ -150,7 +152,6 @@ class AsyncLoop:
 
     async def _claim_loop(self) -> None:
         child, state = self.child, self.child.state
-        assert self._event is not None
         shallow = False
         while self.crashed is None:
             stopping = state.stopping or self.retiring
@@ -176,14 +177,21 @@ class AsyncLoop:
             await self._wait(None if stopping else self.settings.poll_interval)
             shallow = False  # a completion, a wake-up or poll_interval: claim again
 
-    async def _wait(self, timeout: float | None) -> bool:
-        assert self._event is not None
-        self._event.clear()
+    async def _wait(self, timeout: float | None) -> None:
+        """Until a poke or ``timeout``: a bare future and a timer, not asyncio.wait_for
+        (a task per wait, loop iterations on the pickup path)."""
+        assert self._loop is not None
+        waiter = self._loop.create_future()
+        self._waiter = waiter
+        timer = None
+        if timeout is not None:
+            timer = self._loop.call_later(timeout, self._poke)
         try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-            return False
-        return True
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     async def _round_trip(self, limit: int) -> list[Claim[Any]] | None:
         child = self.child
