@@ -3,7 +3,8 @@
 The design and its measurements are docs/plans/async.md; the user's view docs/async.md.
 The loop runs in the main thread. brooq's own statements run in one DB thread on the
 child's sync connection (brooq.worker.connection, brooq.worker.outcome unchanged), so the
-loop never waits on the network for them. One coroutine, the claimer, makes one round
+loop never waits on the network for them while jobs run; an idle child (nothing in
+flight) runs its round trip on the loop, since nothing would wait behind it. One coroutine, the claimer, makes one round
 trip at a time: the `done` of the jobs finished meanwhile and a claim of up to the free
 slots, in the one statement of the sync child (Child._round_trip); eagerly while the
 queue fills what it asks for, else on a completion, a wake from the master or

@@ -292,7 +292,7 @@ class Child:
         whether it committed: the finished jobs stay held and are written again on the
         next pass, the guard makes that harmless; claims it may have made come back
         through the reaper). Only the database here: an async child runs it in its DB
-        thread (brooq.worker.aio)."""
+        thread while jobs run (brooq.worker.aio)."""
         queues = self._claimable_queues() if limit else []
         if not queues:  # nothing to claim from: only write what finished
             if not finished:
