@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import signal
 import socket
 import threading
@@ -51,12 +50,12 @@ from brooq.ipc.board import Board
 from brooq.job import AttemptTimeout, Claim, JobRecord, validate_topic
 from brooq.queue import Queue
 from brooq.sql import Q
-from brooq.worker import execute, interrupts
+from brooq.worker import interrupts
 from brooq.worker.chain import compose, compose_async
-from brooq.worker.child import ClaimRow, claim_row, encode_result, refused_payload
+from brooq.worker.child import ClaimRow, claim_row, conclude, refused_payload
 from brooq.worker.connection import ChildConnection
 from brooq.worker.meter import Meter
-from brooq.worker.outcome import OutcomeWriter, report_policy_error
+from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.state import ChildState
 
 __all__ = ["bind", "drain", "drain_async", "jobs"]
@@ -299,20 +298,12 @@ class _Drain:
         value: Any,
         started: float,
     ) -> str | None:
-        """The child's _conclude and outcome write for one job, written at once."""
+        """What the child concludes (brooq.worker.child.conclude) and its outcome write
+        for one job, written at once."""
         handler = self.handlers[claim.topic]
         policy = self.policies[claim.topic]
-        result = None
-        if value is not None and error is None:
-            try:
-                result = encode_result(value, self.settings.max_payload_bytes)
-            except InvalidResult as exc:
-                error = exc
-        if refused is not None:
-            outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
-        else:
-            outcome = execute.decide(error, claim.attempt, policy, random.random(), handler.retry)
-            report_policy_error(claim, outcome)
+        max_bytes = self.settings.max_payload_bytes
+        outcome, result, _ = conclude(claim, policy, handler, error, value, refused, max_bytes)
         state, written = self.outcomes.write(claim, policy, outcome, result)
         if outcome.kind != "abandon":
             self.outcomes.settled(claim, state, time.monotonic() - started, written)

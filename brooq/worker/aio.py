@@ -4,11 +4,11 @@ The design and its measurements are docs/plans/async.md; the user's view docs/as
 The loop runs in the main thread. brooq's own statements run in one DB thread on the
 child's sync connection (brooq.worker.connection, brooq.worker.outcome unchanged), so the
 loop never waits on the network for them while jobs run; an idle child (nothing in
-flight) runs its round trip on the loop, since nothing would wait behind it. One coroutine, the claimer, makes one round
-trip at a time: the `done` of the jobs finished meanwhile and a claim of up to the free
-slots, in the one statement of the sync child (Child._round_trip); eagerly while the
-queue fills what it asks for, else on a completion, a wake from the master or
-poll_interval.
+flight) runs its round trip on the loop, since nothing would wait behind it. One
+coroutine, the claimer, makes one round trip at a time: the `done` of the jobs finished
+meanwhile and a claim of up to the free slots, in the one statement of the sync child
+(Child._round_trip); again at once while claims come back non-empty, else on a
+completion, a wake from the master or poll_interval.
 
 Interruptions are per task, never signals (a signal would land in whatever the loop runs
 at that moment): the soft limit and a lost lease cancel that job's task with the reason,
@@ -44,10 +44,11 @@ from brooq.ipc.board import LOOP_BEAT, Running
 from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
 from brooq.job import AttemptTimeout, Claim, LeaseLost
 from brooq.sql import Q
+from brooq.worker.child import _Finished, conclude, refused_payload
 from brooq.worker.connection import Stop, Undecodable
 
 if TYPE_CHECKING:
-    from brooq.worker.child import Child, _Finished
+    from brooq.worker.child import Child
 
 log = logging.getLogger("brooq.child")
 
@@ -279,8 +280,6 @@ class AsyncLoop:
         )
         refused = None
         if handler.codec is not None or claim.payload.__class__ is Undecodable:
-            from brooq.worker.child import refused_payload
-
             refused = refused_payload(claim, handler)
         error: BaseException | None = refused
         value: Any = None
@@ -320,10 +319,19 @@ class AsyncLoop:
             return
         if isinstance(error, KeyboardInterrupt | SystemExit):
             log.warning("event=handler_exit job=%s raised=%s", claim.id, type(error).__name__)
-        outcome, result, tb = child._conclude(claim, policy, handler, error, value, refused)
+        outcome, result, tb = conclude(
+            claim,
+            policy,
+            handler,
+            error,
+            value,
+            refused,
+            child.settings.max_payload_bytes,
+            child.state.lost,
+        )
         child.meter.attempt(claim.topic, duration, None)
         if outcome.kind == "done" and not claim.chained and not claim.success_hooks:
-            child.unwritten.append(_finished(claim, duration, result))
+            child.unwritten.append(_Finished(claim, duration, result))
             if result is not None:
                 child.results_unwritten = True
             return
@@ -505,9 +513,3 @@ def format_await_chain(task: asyncio.Task[Any]) -> str:
 def _release(child: Child, ids: list[uuid.UUID]) -> None:
     conn = child.db.get()
     conn.execute(Q.job_release_ids, {"ids": ids, "worker": child.config.identity})
-
-
-def _finished(claim: Claim[Any], duration: float, result: str | None) -> _Finished:
-    from brooq.worker.child import _Finished
-
-    return _Finished(claim, duration, result)

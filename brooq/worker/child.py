@@ -56,7 +56,15 @@ from brooq.worker.outcome import OutcomeWriter, report_policy_error
 from brooq.worker.state import ChildState
 from brooq.worker.weights import RoundOrder, worked_queues
 
-__all__ = ["Child", "ClaimRow", "claim_row", "encode_result", "main", "refused_payload"]
+__all__ = [
+    "Child",
+    "ClaimRow",
+    "claim_row",
+    "conclude",
+    "encode_result",
+    "main",
+    "refused_payload",
+]
 
 log = logging.getLogger("brooq.child")
 
@@ -416,7 +424,16 @@ class Child:
         state.tail = None  # before the duration is taken: see ChildState.tail
         self.board.clear()  # from here on the watchdog leaves us alone
         duration = time.monotonic() - state.started
-        outcome, result, tb = self._conclude(claim, policy, handler, error, value, refused)
+        outcome, result, tb = conclude(
+            claim,
+            policy,
+            handler,
+            error,
+            value,
+            refused,
+            self.settings.max_payload_bytes,
+            state.lost,
+        )
         self.meter.attempt(claim.topic, duration, cpu_before)
         state.running = None
         self.jobs_done += 1
@@ -435,36 +452,6 @@ class Child:
         self.held = [i for i in self.held if i != claim.id]
         self.link.tell_held(self.held)
         return duration
-
-    def _conclude(
-        self,
-        claim: Claim,
-        policy: Policy,
-        handler: Handler,
-        error: BaseException | None,
-        value: Any,
-        refused: InvalidPayload | None,
-    ) -> tuple[execute.Outcome, str | None, str]:
-        """What an attempt comes to, from what the handler raised or returned: the
-        outcome, the result as JSON text, and the traceback to log. Shared by the sync
-        loop and the async one (brooq.worker.aio)."""
-        result = None
-        if value is not None and error is None:
-            try:
-                result = encode_result(value, self.settings.max_payload_bytes)
-            except InvalidResult as exc:
-                error = exc
-        tb = ""
-        if error is not None and refused is None and not isinstance(error, Interruption):
-            tb = "\n" + "".join(traceback.format_exception(error)).rstrip()
-        if refused is not None:  # retrying cannot fix it
-            outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
-        else:
-            outcome = execute.decide(error, claim.attempt, policy, random.random(), handler.retry)
-            report_policy_error(claim, outcome)
-        if claim.id in self.state.lost:
-            outcome = execute.Outcome("abandon")
-        return outcome, result, tb
 
     def _should_retire(self) -> bool:
         s = self.settings
@@ -489,6 +476,39 @@ def refused_payload(claim: Claim[Any], handler: Handler) -> InvalidPayload | Non
         except PayloadMismatch as exc:
             return exc
     return None
+
+
+def conclude(
+    claim: Claim[Any],
+    policy: Policy,
+    handler: Handler,
+    error: BaseException | None,
+    value: Any,
+    refused: InvalidPayload | None,
+    max_payload_bytes: int,
+    lost: set[uuid.UUID] | frozenset[uuid.UUID] = frozenset(),
+) -> tuple[execute.Outcome, str | None, str]:
+    """What an attempt comes to, from what the handler raised or returned: the outcome,
+    the result as JSON text, and the traceback to log (abandon when its lease is
+    ``lost``). Shared by the sync loop, the async one (brooq.worker.aio) and
+    brooq.testing.drain."""
+    result = None
+    if value is not None and error is None:
+        try:
+            result = encode_result(value, max_payload_bytes)
+        except InvalidResult as exc:
+            error = exc
+    tb = ""
+    if error is not None and refused is None and not isinstance(error, Interruption):
+        tb = "\n" + "".join(traceback.format_exception(error)).rstrip()
+    if refused is not None:  # retrying cannot fix it
+        outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
+    else:
+        outcome = execute.decide(error, claim.attempt, policy, random.random(), handler.retry)
+        report_policy_error(claim, outcome)
+    if claim.id in lost:
+        outcome = execute.Outcome("abandon")
+    return outcome, result, tb
 
 
 def encode_result(value: Any, limit: int) -> str:
