@@ -41,7 +41,7 @@ def test_a_board_of_many_slots_shows_every_job_and_each_slot_changes_alone() -> 
     assert board.read_all() == () and board.loop_beat() == 0.0 and board.culprit() is None
     jobs = [running(n) for n in range(1, 6)]
     for slot, job in zip((0, 7, 42, 98, 99), jobs, strict=True):
-        board.post(job, slot)
+        board.post_running(job, slot)
     assert board.read_all() == tuple(jobs)
     board.clear(42)
     assert board.read_all() == (jobs[0], jobs[1], jobs[3], jobs[4])
@@ -60,7 +60,7 @@ def test_a_sync_board_keeps_one_slot_and_one_page() -> None:
     board = Board()
     assert board.capacity == 1 and len(board._mem) == 4096
     job = running(1)
-    board.post(job)
+    board.post_running(job)
     assert board.read_all() == (job,) and board.read() == job
     board.clear()
     assert board.read_all() == () and board.read() is None

@@ -797,7 +797,7 @@ def test_board_shows_what_the_child_posted_across_a_fork() -> None:
     )
     pid = os.fork()
     if pid == 0:  # the child writes; the parent reads after it is gone
-        board.post(job)
+        board.post_running(job)
         os._exit(0)
     os.waitpid(pid, 0)
     assert board.read() == job
@@ -814,7 +814,7 @@ def test_board_keeps_a_long_topic_readable() -> None:
     board = Board()
     topic = "t" * 128
     job = Running(uuid.uuid4(), topic, 1, 0.0, 1.0)
-    board.post(job)
+    board.post_running(job)
     assert board.read() == job
     board.close()
 
@@ -829,7 +829,7 @@ def test_board_read_waits_out_a_write_in_progress() -> None:
 
     board = Board()
     job = Running(uuid.uuid4(), "a", 1, 1.0, 2.0)
-    board.post(job)
+    board.post_running(job)
     struct.pack_into("<Q", board._mem, 0, 3)  # odd: as if a writer stopped half-way
     assert board.read() == job
     board.close()

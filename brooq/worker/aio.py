@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from brooq.errors import InvalidResult
-from brooq.ipc.board import LOOP_BEAT, Running
+from brooq.ipc.board import LOOP_BEAT
 from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
 from brooq.job import AttemptTimeout, Claim, LeaseLost
 from brooq.sql import Q
@@ -268,14 +268,12 @@ class AsyncLoop:
         loop = asyncio.get_running_loop()
         slot.started = time.monotonic()
         child.board.post(
-            Running(
-                id=claim.id,
-                topic=claim.topic,
-                attempt=claim.attempt,
-                started=slot.started,
-                max_execution_timeout=policy.max_execution_timeout,
-                attempt_timeout=policy.attempt_timeout,
-            ),
+            claim.id,
+            claim.topic,
+            claim.attempt,
+            slot.started,
+            policy.max_execution_timeout,
+            policy.attempt_timeout,
             slot.index,
         )
         refused = None

@@ -33,7 +33,7 @@ from psycopg.rows import RowMaker
 from brooq import logs
 from brooq.errors import InvalidPayload, InvalidResult, PayloadMismatch
 from brooq.handlers import Handler, HandlerFn, Middleware, Policy, is_async_callable
-from brooq.ipc.board import Board, Running
+from brooq.ipc.board import Board
 from brooq.ipc.reasons import (
     ASYNC,
     EXIT_APP_LOAD_ERROR,
@@ -404,14 +404,12 @@ class Child:
             )
         cpu_before = self.meter.cpu()
         self.board.post(
-            Running(
-                id=claim.id,
-                topic=claim.topic,
-                attempt=claim.attempt,
-                started=state.started,
-                max_execution_timeout=policy.max_execution_timeout,
-                attempt_timeout=policy.attempt_timeout,
-            )
+            claim.id,
+            claim.topic,
+            claim.attempt,
+            state.started,
+            policy.max_execution_timeout,
+            policy.attempt_timeout,
         )
         handler = self.handlers[claim.topic]
         refused = None
