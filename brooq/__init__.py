@@ -31,13 +31,14 @@ from brooq.job import (
     PreserveAttempt,
 )
 from brooq.produce import enqueue, enqueue_async, enqueue_many, enqueue_many_async
-from brooq.queue import HolderStats, InFlight, Queue, QueueStats, TopicStats
+from brooq.queue import BulkResult, HolderStats, InFlight, Queue, QueueStats, TopicStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttemptTimeout",
     "BrooqError",
+    "BulkResult",
     "CancelJob",
     "Claim",
     "DatabaseUnavailable",

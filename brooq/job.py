@@ -3,7 +3,8 @@ and the signals a handler can raise.
 
 Owns: the job's states and the rule of operator transitions (CANCELABLE_STATES,
 RETRYABLE_STATES, transition_refusal: the SQL binds these, Queue, the CLI and the master's
-admin HTTP word their refusals with them), what a valid job is (topic, payload, key,
+admin HTTP word their refusals with them; BULK_FROM_STATES and bulk_state_refusal for the
+bulk forms, Queue.cancel_many and Queue.retry_many), what a valid job is (topic, payload, key,
 available_at), JobRecord and Claim.
 Must never: do I/O (no database, no files, no clock beyond validating what it is given),
 or spell a state's name outside the constants below.
@@ -67,6 +68,14 @@ FROM_STATES: Final[dict[Transition, tuple[str, ...]]] = {
     "retry": RETRYABLE_STATES,
 }
 _DONE_WORD: Final[dict[Transition, str]] = {"cancel": "canceled", "retry": "retried"}
+# The bulk forms (brooq jobs cancel/retry --topic T --state S, Queue.cancel_many/retry_many)
+# take one state at a time, from these. Bulk cancel leaves processing out: canceling every
+# running job of a topic interrupts handlers mid-work (LeaseLost), which an operator does to
+# one job they have looked at, by id, not to whatever happens to be running.
+BULK_FROM_STATES: Final[dict[Transition, tuple[str, ...]]] = {
+    "cancel": tuple(s for s in CANCELABLE_STATES if s != PROCESSING),
+    "retry": RETRYABLE_STATES,
+}
 
 TOPIC_PATTERN: Final = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
 TOPIC_MAX_LENGTH: Final = 128
@@ -104,6 +113,21 @@ def _either(words: tuple[str, ...]) -> str:
 def transition_rule(action: Transition) -> str:
     """The rule in words: "only pending, failed or processing jobs can be canceled"."""
     return f"only {_either(FROM_STATES[action])} jobs can be {_DONE_WORD[action]}"
+
+
+def bulk_rule(action: Transition) -> str:
+    """The bulk rule in words: "only pending or failed jobs can be canceled in bulk"."""
+    return f"only {_either(BULK_FROM_STATES[action])} jobs can be {_DONE_WORD[action]} in bulk"
+
+
+def bulk_state_refusal(action: Transition, state: object) -> str | None:
+    """None when the bulk ``action`` may take jobs in ``state``; else why not, naming the
+    states it takes ("state 'done': only dead or canceled jobs can be retried in bulk")."""
+    if action not in BULK_FROM_STATES:
+        raise ValueError(f"action must be cancel or retry, got {action!r}")
+    if isinstance(state, str) and state in BULK_FROM_STATES[action]:
+        return None
+    return f"state {state!r}: {bulk_rule(action)}"
 
 
 def transition_refusal(action: Transition, state: str, job_id: object = None) -> str:

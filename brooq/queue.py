@@ -9,7 +9,8 @@ Owns: the handler registry, the settings as the application gives them, the pool
 connection of producers and operators, the operator's reads (get, list_jobs, stats,
 in_flight, processing_by_holder, throughput, queues) and writes (cancel, retry:
 ``transition`` binds the states of brooq.job to job_cancel/job_retry, for the master's
-admin HTTP too; pause, resume), and waiting for a job's end (wait, wait_async: a
+admin HTTP too; cancel_many, retry_many: the bulk forms, in batches of their own
+transactions, BulkResult; pause, resume), and waiting for a job's end (wait, wait_async: a
 connection of their own per call, never the pool's, LISTENing to brooq_outcome, with a
 backoff poll as the fallback).
 Must never: claim jobs or write their outcomes (the worker's), keep a connection across fork(),
@@ -42,6 +43,7 @@ from brooq.durations import Duration
 from brooq.errors import BrooqError, InvalidSettings, InvalidTransition, JobNotFound, WaitTimeout
 from brooq.handlers import Handler, HandlerFn, Middleware, RetryPolicy, build, callable_problem
 from brooq.job import (
+    BULK_FROM_STATES,
     DEFAULT_QUEUE,
     FROM_STATES,
     STATES,
@@ -49,6 +51,7 @@ from brooq.job import (
     Job,
     JobRecord,
     Transition,
+    bulk_state_refusal,
     parse_job_id,
     transition_refusal,
     validate_queue,
@@ -68,6 +71,30 @@ _TRANSITION_QUERIES: dict[Transition, LiteralString] = {
     "cancel": Q.job_cancel,
     "retry": Q.job_retry,
 }
+_BULK_QUERIES: dict[Transition, LiteralString] = {
+    "cancel": Q.job_cancel_batch,
+    "retry": Q.job_retry_batch,
+}
+# Rows one batch of cancel_many/retry_many locks and writes in its own transaction: big
+# enough that a million jobs take a hundred round trips, small enough that no batch holds
+# its locks for long.
+BULK_BATCH_SIZE = 10_000
+# The keyset's start: below every id (brooq.ids makes UUIDv7s, never the nil UUID).
+_BEFORE_EVERY_ID = uuid.UUID(int=0)
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    """What a bulk cancel or retry came to. ``matched``: the jobs in the given topic,
+    state (and queue) when it started; ``changed``: those it moved. Fewer changed than
+    matched: the others changed state meanwhile (claimed, finished, canceled by someone
+    else) and were left alone. With ``dry_run=True``, ``changed`` is 0."""
+
+    matched: int
+    changed: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"matched": self.matched, "changed": self.changed}
 
 
 def transition_params(action: Transition, job_id: uuid.UUID) -> dict[str, Any]:
@@ -499,6 +526,98 @@ class Queue:
         jid = parse_job_id(job_id)
         with self.transaction() as conn:
             return transition(conn, "retry", jid)
+
+    def cancel_many(
+        self,
+        *,
+        topic: str,
+        state: str,
+        queue: str | None = None,
+        dry_run: bool = False,
+        batch_size: int = BULK_BATCH_SIZE,
+    ) -> BulkResult:
+        """Cancel every job of ``topic`` in ``state`` (pending or failed; not processing:
+        brooq.job.BULK_FROM_STATES says why), only in ``queue`` if given. The topic is
+        required: there is no "every topic" by omission. ``dry_run``: count them, change
+        nothing. Processed in batches of ``batch_size`` rows, each its own transaction
+        (job_cancel_batch says why); a job written after the count started is left alone.
+        InvalidTransition for a state the bulk cancel does not take, InvalidTopic or
+        InvalidQueue for a malformed name, all before any I/O."""
+        return self._change_many(
+            "cancel",
+            topic=topic,
+            state=state,
+            queue=queue,
+            dry_run=dry_run,
+            batch_size=batch_size,
+        )
+
+    def retry_many(
+        self,
+        *,
+        topic: str,
+        state: str,
+        queue: str | None = None,
+        dry_run: bool = False,
+        batch_size: int = BULK_BATCH_SIZE,
+    ) -> BulkResult:
+        """Retry every job of ``topic`` in ``state`` (dead or canceled), only in ``queue``
+        if given: each goes back to pending now as ``retry`` sends one (attempts reset,
+        last error and error history kept), and the masters are woken. Otherwise as
+        ``cancel_many``."""
+        return self._change_many(
+            "retry",
+            topic=topic,
+            state=state,
+            queue=queue,
+            dry_run=dry_run,
+            batch_size=batch_size,
+        )
+
+    def _change_many(
+        self,
+        action: Transition,
+        *,
+        topic: str,
+        state: str,
+        queue: str | None,
+        dry_run: bool,
+        batch_size: int,
+    ) -> BulkResult:
+        validate_topic(topic)
+        if queue is not None:
+            validate_queue(queue)
+        refusal = bulk_state_refusal(action, state)
+        if refusal is not None:
+            raise InvalidTransition(refusal)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise BrooqError(f"batch_size must be a positive integer, got {batch_size!r}")
+        filters: dict[str, Any] = {"topic": topic, "state": state, "queue": queue}
+        with self.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            count = cur.execute(Q.job_count_matching, filters).fetchone()
+            assert count is not None  # an aggregate without GROUP BY: always one row
+            conn.commit()
+            matched = int(count["matched"])
+            if dry_run or matched == 0:
+                return BulkResult(matched=matched, changed=0)
+            params = {
+                **filters,
+                "as_of": count["as_of"],
+                "from_states": list(BULK_FROM_STATES[action]),
+                "batch": batch_size,
+                "after": _BEFORE_EVERY_ID,
+            }
+            changed = 0
+            while True:
+                batch = cur.execute(_BULK_QUERIES[action], params).fetchone()
+                assert batch is not None
+                # Each batch commits on its own: its row locks last one batch, not the run.
+                conn.commit()
+                changed += int(batch["changed"])
+                if batch["picked"] < batch_size:  # the keyset reached the end
+                    return BulkResult(matched=matched, changed=changed)
+                params["after"] = batch["last_id"]
 
     def explain_refusal(self, job_id: uuid.UUID | str, action: Transition) -> BrooqError:
         """Why cancel or retry did nothing, as an error to show an operator:

@@ -85,6 +85,71 @@ WITH retried AS (
 )
 SELECT retried.id, pg_notify('brooq_job', '') FROM retried
 
+-- name: job_count_matching
+-- The bulk forms (brooq jobs cancel/retry --topic T --state S, Queue.cancel_many and
+-- retry_many): how many jobs of a topic (and queue) are in a state, and the instant of
+-- that count. The batches below touch only rows not written since (updated_at <= as_of):
+-- a job that changed meanwhile is left alone, and rows arriving while a bulk change runs
+-- cannot keep it going forever.
+SELECT count(*) AS matched, now() AS as_of
+FROM job
+WHERE topic = %(topic)s AND state = %(state)s
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+
+-- name: job_cancel_batch
+-- One batch of a bulk cancel, its own transaction: at most `batch` rows are locked, and
+-- only until its commit, so canceling a million jobs never holds a million row locks (nor
+-- blocks claims and outcome writes for the whole run). Rows locked by someone else are
+-- skipped: they are changing meanwhile (a claim, an outcome). Keyset on id (`after`: the
+-- last id of the previous batch, the nil UUID first, which brooq.ids never makes) walks
+-- the table once instead of rescanning the rows already passed. Guarded as job_cancel is:
+-- from_states is brooq.job.BULK_FROM_STATES['cancel'], re-checked under the row lock.
+WITH picked AS MATERIALIZED (
+    SELECT id FROM job
+    WHERE id > %(after)s::uuid AND topic = %(topic)s AND state = %(state)s
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND updated_at <= %(as_of)s
+    ORDER BY id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), canceled AS (
+    UPDATE job SET state = 'canceled', updated_at = now()
+    FROM picked
+    WHERE job.id = picked.id AND job.state = %(state)s
+      AND job.state = ANY(%(from_states)s::text[])
+    RETURNING job.id
+)
+SELECT (SELECT count(*) FROM picked) AS picked,
+       (SELECT id FROM picked ORDER BY id DESC LIMIT 1) AS last_id,
+       (SELECT count(*) FROM canceled) AS changed
+
+-- name: job_retry_batch
+-- One batch of a bulk retry: batched, locked, keyed and guarded as job_cancel_batch, and
+-- each row written as job_retry writes one (pending now, attempts reset, last_error and
+-- the error history kept, the waited flag cleared); from_states is
+-- brooq.job.BULK_FROM_STATES['retry']. One pg_notify per batch that retried anything wakes
+-- the masters, as job_retry's does for one job (NOTIFY must never run per row).
+WITH picked AS MATERIALIZED (
+    SELECT id FROM job
+    WHERE id > %(after)s::uuid AND topic = %(topic)s AND state = %(state)s
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND updated_at <= %(as_of)s
+    ORDER BY id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), retried AS (
+    UPDATE job SET state = 'pending', attempts = 0, available_at = now(),
+                   locked_by = NULL, locked_until = NULL, waited = NULL, updated_at = now()
+    FROM picked
+    WHERE job.id = picked.id AND job.state = %(state)s
+      AND job.state = ANY(%(from_states)s::text[])
+    RETURNING job.id
+)
+SELECT (SELECT count(*) FROM picked) AS picked,
+       (SELECT id FROM picked ORDER BY id DESC LIMIT 1) AS last_id,
+       (SELECT count(*) FROM retried) AS changed,
+       (SELECT pg_notify('brooq_job', '') FROM retried LIMIT 1) AS woke
+
 -- name: job_finish_and_claim
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
 -- up to `limit` ready jobs of the given topics in one queue, higher priority first, then
