@@ -19,11 +19,14 @@ from brooq import handlers, limits, settings
 from brooq.cli import jobs as cli_jobs
 from brooq.errors import InvalidSettings, InvalidTransition, JobNotFound
 from brooq.job import (
+    BULK_FROM_STATES,
     CANCELABLE_STATES,
     FROM_STATES,
     RETRYABLE_STATES,
     STATES,
     Transition,
+    bulk_rule,
+    bulk_state_refusal,
     transition_refusal,
     transition_rule,
 )
@@ -117,6 +120,41 @@ def test_the_sql_takes_the_states_as_a_parameter() -> None:
         assert not any(f"'{state}'" in where for state in STATES), where
     assert transition_params("cancel", JOB) == {"id": JOB, "from_states": list(CANCELABLE_STATES)}
     assert transition_params("retry", JOB) == {"id": JOB, "from_states": list(RETRYABLE_STATES)}
+
+
+def test_the_bulk_forms_take_a_subset_of_the_transitions() -> None:
+    """Bulk cancel leaves processing out (a running handler is canceled by id only)."""
+    assert BULK_FROM_STATES == {"cancel": ("pending", "failed"), "retry": RETRYABLE_STATES}
+    for action in ("cancel", "retry"):
+        assert set(BULK_FROM_STATES[action]) <= set(FROM_STATES[action])  # type: ignore[index]
+    assert bulk_rule("cancel") == "only pending or failed jobs can be canceled in bulk"
+    assert bulk_rule("retry") == "only dead or canceled jobs can be retried in bulk"
+
+
+@pytest.mark.parametrize("state", [*STATES, "bogus", None, 3])
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+def test_the_bulk_refusal(action: Transition, state: Any) -> None:
+    refusal = bulk_state_refusal(action, state)
+    if state in BULK_FROM_STATES[action]:
+        assert refusal is None
+    else:
+        assert refusal == f"state {state!r}: {bulk_rule(action)}"
+    with pytest.raises(ValueError, match="cancel or retry"):
+        bulk_state_refusal("delete", "dead")  # type: ignore[arg-type]
+
+
+def test_the_bulk_sql_takes_the_states_as_a_parameter() -> None:
+    """Like job_cancel and job_retry: the UPDATE re-checks the bound from_states and names
+    no state it starts from."""
+    for text in (Q.job_cancel_batch, Q.job_retry_batch):
+        update = text[text.index("UPDATE job") :]
+        assert "state = ANY(%(from_states)s::text[])" in update
+        where = update[update.index("WHERE") :]
+        assert not any(f"'{state}'" in where for state in STATES), where
+    # the retried row gets job_retry's treatment, written the same way
+    retry_set = Q.job_retry[Q.job_retry.index("SET") : Q.job_retry.index("WHERE")]
+    batch_set = Q.job_retry_batch[Q.job_retry_batch.index("SET") :]
+    assert batch_set.startswith(retry_set)
 
 
 def test_the_cli_help_spells_the_same_rule() -> None:
