@@ -375,3 +375,17 @@ def test_the_help_names_the_bulk_states() -> None:
         out = run("jobs", command, "--help")
         assert out.returncode == 0
         assert "--state " + "|".join(BULK_FROM_STATES[command]) in out.stdout  # type: ignore[index]
+
+
+def test_the_jobs_left_alone_are_said(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fewer changed than matched (jobs that moved meanwhile): the line says how many."""
+    monkeypatch.setattr(
+        brooq.Queue, "cancel_many", lambda self, **kw: brooq.BulkResult(matched=5, changed=3)
+    )
+    args = ["--database", dsn, "cancel", "--topic", "mail", "--state", "failed", "--yes"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "5 jobs match (topic mail, state failed)",
+        "canceled 3 of 5 (2 changed state meanwhile and were left alone)",
+    ]

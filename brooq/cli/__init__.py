@@ -2,12 +2,12 @@
 
 Exit codes: 0 success; 1 refused (unknown id, a transition the job's state does not allow,
 database unreachable or schema missing) or an internal error; 2 bad usage (unknown option,
-malformed id or value, no database configured). Errors are one line on stderr, never a
-traceback.
+malformed id or value, no database configured, a bulk cancel or retry not confirmed).
+Errors are one line on stderr, never a traceback.
 
 The commands live in rooms of their own, each registering on the group of
-brooq.cli.common: migrate (brooq.cli.migrate), jobs list|show, cancel, retry
-(brooq.cli.jobs), enqueue (brooq.cli.enqueue), stats (brooq.cli.stats), top
+brooq.cli.common: migrate (brooq.cli.migrate), jobs list|show, [jobs] cancel,
+[jobs] retry (brooq.cli.jobs), enqueue (brooq.cli.enqueue), stats (brooq.cli.stats), top
 (brooq.cli.top), queues [pause|resume NAME] (brooq.cli.queues), periodic --app
 (brooq.cli.periodic).
 

@@ -41,7 +41,7 @@ def _when(moment: datetime, now: datetime) -> str:
 
 @cli.group()
 def jobs() -> None:
-    """List jobs or show one."""
+    """List jobs, show one, cancel or retry one or many."""
 
 
 def _last_line(text: str | None, width: int = 60) -> str:
