@@ -15,9 +15,11 @@ from brooq.errors import (
     InvalidTopic,
     InvalidTransition,
     JobNotFound,
+    JobNotRunning,
     NaiveDatetime,
     PayloadMismatch,
     SchemaMissing,
+    StackUnavailable,
     WaitTimeout,
 )
 from brooq.job import (
@@ -32,6 +34,7 @@ from brooq.job import (
 )
 from brooq.produce import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from brooq.queue import BulkResult, HolderStats, InFlight, Queue, QueueStats, TopicStats
+from brooq.stacks import JobStack
 
 __version__ = "0.1.0"
 
@@ -58,7 +61,9 @@ __all__ = [
     "InvalidTransition",
     "Job",
     "JobNotFound",
+    "JobNotRunning",
     "JobRecord",
+    "JobStack",
     "LeaseLost",
     "NaiveDatetime",
     "PayloadMismatch",
@@ -66,6 +71,7 @@ __all__ = [
     "Queue",
     "QueueStats",
     "SchemaMissing",
+    "StackUnavailable",
     "TopicStats",
     "WaitTimeout",
     "__version__",

@@ -81,6 +81,14 @@ class WaitTimeout(BrooqError, TimeoutError):
     """queue.wait() gave up: the job did not end within the timeout."""
 
 
+class JobNotRunning(BrooqError):
+    """queue.stack(): the job is not processing, so it has no stack to show."""
+
+
+class StackUnavailable(BrooqError):
+    """queue.stack(): no master answered in time, or the job ended while it was asked."""
+
+
 class InvalidTransition(BrooqError):
     """An operator asked for a state change the job's current state does not allow."""
 

@@ -39,7 +39,7 @@ from brooq import dsn as dsn_mod
 from brooq import produce as producer
 from brooq import settings as settings_mod
 from brooq.db import CONNECT_TIMEOUT, lost_connection, schema_missing, unavailable
-from brooq.durations import Duration
+from brooq.durations import Duration, to_seconds
 from brooq.errors import BrooqError, InvalidSettings, InvalidTransition, JobNotFound, WaitTimeout
 from brooq.handlers import Handler, HandlerFn, Middleware, RetryPolicy, build, callable_problem
 from brooq.job import (
@@ -59,6 +59,7 @@ from brooq.job import (
 )
 from brooq.periodic import JobSpec, Schedule, build_schedule
 from brooq.sql import Q
+from brooq.stacks import JobStack, fetch_stack
 
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
@@ -618,6 +619,13 @@ class Queue:
                 if batch["picked"] < batch_size:  # the keyset reached the end
                     return BulkResult(matched=matched, changed=changed)
                 params["after"] = batch["last_id"]
+
+    def stack(self, job_id: uuid.UUID | str, timeout: Duration = 5.0) -> JobStack:
+        """The current Python stack of the handler running the job, from whichever host
+        runs it (the request and the answer travel through PostgreSQL: brooq.stacks).
+        JobNotFound, JobNotRunning (not processing), StackUnavailable (no master answered
+        within ``timeout``, or the job ended meanwhile)."""
+        return fetch_stack(self.dsn, parse_job_id(job_id), to_seconds(timeout))
 
     def explain_refusal(self, job_id: uuid.UUID | str, action: Transition) -> BrooqError:
         """Why cancel or retry did nothing, as an error to show an operator:

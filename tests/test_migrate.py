@@ -205,6 +205,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0007_stack_requests\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0006_handlers\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0005_periodic\n", out.stdout
@@ -262,6 +264,29 @@ def test_periodic_up_and_down(empty_dsn: str) -> None:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (100,)
     migrate.up(empty_dsn, 5)
     assert "relation brooq_periodic" in brooq_objects(empty_dsn)
+
+
+def test_stack_requests_up_and_down(empty_dsn: str) -> None:
+    """0007 adds brooq_stack_request (and its index) and nothing else, on a table that
+    holds jobs (a new table: no lock on job); down drops exactly it; up works again."""
+    migrate.up(empty_dsn, 6)
+    before = brooq_objects(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 100)")
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 7)] == [
+        ("stack_requests", True)
+    ]
+    added = sorted(set(brooq_objects(empty_dsn)) - set(before))
+    assert "relation brooq_stack_request" in added
+    assert "relation brooq_stack_request_job" in added
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO brooq_stack_request (job_id) VALUES (gen_random_uuid())")
+    assert [m.name for m in migrate.down(empty_dsn)] == ["stack_requests"]
+    assert brooq_objects(empty_dsn) == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (100,)
+    migrate.up(empty_dsn, 7)
+    assert "relation brooq_stack_request" in brooq_objects(empty_dsn)
 
 
 def job_shape(dsn: str) -> list[tuple[object, ...]]:

@@ -23,7 +23,7 @@ import click
 
 import brooq
 from brooq.cli.common import cli, emit_json, open_queue, table, utc
-from brooq.durations import format_age
+from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
 from brooq.job import BULK_FROM_STATES, JobRecord, Transition, bulk_rule, bulk_state_refusal
 
@@ -239,6 +239,38 @@ def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
         return
     for line in show_lines(record, datetime.now(timezone.utc)):
         click.echo(line)
+
+
+MAX_STACK_TIMEOUT = 60.0
+
+
+@jobs.command("stack")
+@click.argument("job_id")
+@click.option(
+    "--timeout",
+    default="5s",
+    show_default=True,
+    metavar="DURATION",
+    help="How long to wait for the master running the job to answer.",
+)
+@click.pass_context
+def jobs_stack(ctx: click.Context, job_id: str, timeout: str) -> None:
+    """The current Python stack of the handler running job ID, as a traceback (most
+    recent call last). The job may run on any host: the request and the answer travel
+    through PostgreSQL. Exit 1 if the job is not running or no master answered."""
+    jid = brooq.job.parse_job_id(job_id)
+    try:
+        seconds = parse_duration_string(timeout)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--timeout") from None
+    if not 0 < seconds <= MAX_STACK_TIMEOUT:
+        raise click.BadParameter(
+            f"{timeout} is out of range: more than 0s, at most {MAX_STACK_TIMEOUT:g}s",
+            param_hint="--timeout",
+        )
+    answer = open_queue(ctx).stack(jid, timeout=seconds)
+    click.echo(answer.text)
+    click.echo(f"(job {jid}, worker {answer.worker})", err=True)
 
 
 # -- writes --------------------------------------------------------------------------------

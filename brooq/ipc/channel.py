@@ -8,10 +8,14 @@ function of migrations/0006_handlers.sql; tests/test_units.py checks that every 
 them says one of these. CHANNEL's payload is always empty: a notification means "jobs
 may be ready", never which ones, so a lost or folded notification costs latency, never
 a job. OUTCOME_CHANNEL's payload is the job's id; a waiter that misses one finds the
-outcome by its poll.
+outcome by its poll. `brooq jobs stack` (brooq.stacks) asks on STACK_CHANNEL, the job id
+as payload (`stack_request`, `listen_stack_requests`), and the master answers on
+STACK_ANSWER_CHANNEL with the request's id (`stack_answer`, `listen_stack_answers`).
 """
 
 from typing import Final
 
 CHANNEL: Final = "brooq_job"
 OUTCOME_CHANNEL: Final = "brooq_outcome"
+STACK_CHANNEL: Final = "brooq_stack"
+STACK_ANSWER_CHANNEL: Final = "brooq_stack_answer"

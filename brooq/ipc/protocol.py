@@ -1,8 +1,12 @@
 """Messages between the master and one child, as JSON lines over two pipes.
 
 child -> master: {"ready": 1} | {"held": [id, ...]} | {"retire": reason}
-                 | {"release": [id, ...]}
+                 | {"release": [id, ...]} | {"stack": id, "text": traceback}
 master -> child: "w" (wake: jobs may be ready) | "lost <id>" (lease lost: abandon it)
+                 | "drain" (the SIGTERM that follows is a drain: an async child's
+                   deadline is graceful_timeout) | "stack <id>" (before a hard kill: an
+                   async child writes that job's await chain beside the thread stacks)
+                 | "where <id>" (`brooq jobs stack`: answer with {"stack": …})
 
 "held" lists every job the child has claimed and not yet settled (the master renews
 their leases); it is sent once per claim, before any of those jobs runs. "release" names

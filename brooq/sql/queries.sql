@@ -999,3 +999,40 @@ FROM job
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
 ORDER BY created_at, id
+
+-- name: stack_request
+-- `brooq jobs stack`: ask for the stack of a running job. The notification carries the
+-- job id: each master looks at its children's boards, and only the one running it answers.
+WITH request AS (
+    INSERT INTO brooq_stack_request (job_id) VALUES (%(job_id)s) RETURNING id
+)
+SELECT id, pg_notify('brooq_stack', %(job_id)s::text) FROM request
+
+-- name: stack_job_state
+SELECT state FROM job WHERE id = %(id)s
+
+-- name: listen_stack_requests
+LISTEN brooq_stack
+
+-- name: listen_stack_answers
+LISTEN brooq_stack_answer
+
+-- name: stack_answer
+-- The master answers every open request for the job (one per command waiting) and wakes
+-- the commands; a request already answered is left alone.
+WITH answered AS (
+    UPDATE brooq_stack_request
+    SET answered_at = now(), worker = %(worker)s, stack = %(stack)s
+    WHERE job_id = %(job_id)s AND answered_at IS NULL
+    RETURNING id
+)
+SELECT count(*) FROM (SELECT pg_notify('brooq_stack_answer', id::text) FROM answered) AS n
+
+-- name: stack_take
+-- The command reads its request's answer and deletes the row (answered or not: at its
+-- timeout it gives up). No row: already taken.
+DELETE FROM brooq_stack_request WHERE id = %(id)s RETURNING answered_at, worker, stack
+
+-- name: stack_requests_expire
+-- Requests older than an hour (their command died before taking them).
+DELETE FROM brooq_stack_request WHERE requested_at < now() - interval '1 hour'

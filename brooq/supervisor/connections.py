@@ -25,6 +25,7 @@ import psycopg
 from brooq import migrate
 from brooq.dsn import session_options
 from brooq.errors import SchemaMissing
+from brooq.ipc.channel import STACK_CHANNEL
 from brooq.sql import Q
 
 log = logging.getLogger("brooq.master")
@@ -77,6 +78,8 @@ class Connections:
         self.fatal: str | None = None  # the schema is missing: the master must stop
         self._wake = wake
         self._reconnected = reconnected
+        # Called with a stack request's payload (a job id, unchecked) as it arrives.
+        self.stack_requested: Callable[[str], None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -116,6 +119,7 @@ class Connections:
                     application_name="brooq-master-listen",
                 )
                 self.listener.execute(Q.listen_jobs)
+                self.listener.execute(Q.listen_stack_requests)
                 # Anything enqueued while we were not listening: have a look now.
                 self._wake()
         except SchemaMissing as exc:
@@ -161,13 +165,22 @@ class Connections:
 
     def read_notifications(self) -> None:
         assert self.listener is not None
+        got = False
+        stacks: list[str] = []
         try:
-            got = any(True for _ in self.listener.notifies(timeout=0))
+            for notify in self.listener.notifies(timeout=0):
+                if notify.channel == STACK_CHANNEL:
+                    stacks.append(notify.payload)
+                else:
+                    got = True
         except psycopg.Error as exc:
             self.failed("listen", exc)
             return
         if got:
             self._wake()
+        for payload in stacks:
+            if self.stack_requested is not None:
+                self.stack_requested(payload)
 
     def close(self) -> None:
         for conn in (self.db, self.listener):

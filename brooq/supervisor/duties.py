@@ -300,6 +300,9 @@ class Retention:
         self.metrics = metrics
 
     def run_once(self, now: float) -> Counts:
+        # Stack requests a killed `brooq jobs stack` left behind (brooq.stacks), whatever
+        # the jobs' retention.
+        self.conns.with_db("stack_requests", lambda conn: conn.execute(Q.stack_requests_expire))
         if self.ttl <= 0:
             return {}
         result = self.conns.with_db(

@@ -124,6 +124,8 @@ class Fleet:
         self.fatal: str | None = None
         self.crashes = CrashStreak()  # children dying outside any job
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="brooq-master-"))
+        # Stacks children sent for `brooq jobs stack`: (worker, job, text), to be written.
+        self.stack_answers: list[tuple[str, uuid.UUID, str]] = []
 
     def close(self) -> None:
         for f in self.runtime_dir.glob("*"):
@@ -300,6 +302,14 @@ class Fleet:
             elif "release" in msg:
                 c.to_release.extend(uuid.UUID(i) for i in msg["release"])
                 c.progress_at = now
+            elif "stack" in msg:
+                # The answer to a `where <id>` (ask_stack): written by the master's loop.
+                try:
+                    job_id = uuid.UUID(str(msg["stack"]))
+                except ValueError:
+                    log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
+                    continue
+                self.stack_answers.append((c.identity, job_id, str(msg.get("text", ""))))
             elif "ready" in msg:
                 c.ready = True
                 c.progress_at = now
@@ -341,6 +351,15 @@ class Fleet:
         for c in self.children.values():
             if c.ready and not c.full and c.retiring is None:
                 protocol.send(c.to_child, b"w\n")
+
+    def ask_stack(self, job_id: uuid.UUID) -> bool:
+        """Ask the child running ``job_id`` for its stack (it answers on its pipe); False
+        when none of ours runs it (another master's, or it ended)."""
+        self.read_boards()
+        for c in self.children.values():
+            if c.kill_reason is None and any(j.id == job_id for j in c.jobs):
+                return protocol.send(c.to_child, f"where {job_id}\n".encode())
+        return False
 
     # -- stop, kill, reap -----------------------------------------------------------------
 

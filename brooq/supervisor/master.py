@@ -27,8 +27,12 @@ import os
 import select
 import signal
 import time
+import uuid
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import psycopg
 from setproctitle import setproctitle
 
 from brooq import metrics as metrics_mod
@@ -36,6 +40,7 @@ from brooq.handlers import Policy
 from brooq.ipc.reasons import ASYNC, DRAIN_TIMEOUT, FATAL, SYNC
 from brooq.queue import Queue
 from brooq.settings import Settings
+from brooq.sql import Q
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.admin import Admin, start_ops
 from brooq.supervisor.connections import Connections
@@ -90,6 +95,7 @@ class Master:
             wake=lambda: self.fleet.wake_idle(),
             reconnected=self._renew_now,
         )
+        self.conns.stack_requested = self._stack_requested
         self.accounting = Accounting(
             self.conns,
             {t: h.policy(settings) for t, h in queue.handlers.items()},
@@ -194,6 +200,8 @@ class Master:
                     fleet.read_child(c, now)
             if (listen := self.conns.listen_fd()) is not None and listen in readable:
                 self.conns.read_notifications()
+            if fleet.stack_answers:
+                self._answer_stacks()
             if self.ops is not None:
                 # Never waits on a client: what is not ready now waits for a later pass.
                 self.ops.service(set(readable), set(writable))
@@ -312,6 +320,24 @@ class Master:
         self._title()
         self.fleet.stop_all()
 
+    def _stack_requested(self, payload: str) -> None:
+        """`brooq jobs stack` asked for a job's stack (brooq.stacks): if one of our children
+        runs it, ask that child; its answer comes back on its pipe (_answer_stacks)."""
+        try:
+            job_id = uuid.UUID(payload)
+        except ValueError:
+            return
+        if self.fleet.ask_stack(job_id):
+            log.info("event=stack_requested job=%s", job_id)
+
+    def _answer_stacks(self) -> None:
+        """Write the stacks children sent into the waiting requests (one short statement
+        each on the maintenance connection, like every duty's)."""
+        answers, self.fleet.stack_answers = self.fleet.stack_answers, []
+        for worker, job_id, text in answers:
+            params: dict[str, Any] = {"job_id": job_id, "worker": worker, "stack": text}
+            self.conns.with_db("stack_answer", partial(_execute, Q.stack_answer, params))
+
     def _set_target(self, workers: int, by: str) -> None:
         self.fleet.target = workers
         log.info("event=workers_changed workers=%d by=%s", workers, by)
@@ -331,6 +357,10 @@ class Master:
             sync = f"{targets[SYNC]} sync, " if SYNC in targets else ""
             kinds = f" ({sync}{targets[ASYNC]} async x {concurrency})"
         setproctitle(f"brooq-master: app={self.app_spec} workers={self.fleet.target}{kinds}{state}")
+
+
+def _execute(statement: Any, params: dict[str, Any], conn: psycopg.Connection[Any]) -> None:
+    conn.execute(statement, params)
 
 
 def _wake_only(signum: int, frame: object) -> None:

@@ -46,6 +46,7 @@ from brooq.job import AttemptTimeout, Claim, LeaseLost
 from brooq.sql import Q
 from brooq.worker.child import _Finished, conclude, refused_payload
 from brooq.worker.connection import Stop, Undecodable
+from brooq.worker.link import format_frames
 
 if TYPE_CHECKING:
     from brooq.worker.child import Child
@@ -476,6 +477,13 @@ class AsyncLoop:
             return ""
         return format_await_chain(slot.task)
 
+    def stack_text(self, job_id: uuid.UUID) -> str:
+        """`brooq jobs stack`: the job's await chain as a traceback ("" if not here)."""
+        slot = self.in_flight.get(job_id)
+        if slot is None or slot.task is None:
+            return ""
+        return format_frames(await_frames(slot.task))
+
     @property
     def counts(self) -> tuple[int, dict[str, int], float]:
         """For the title: jobs in flight, per topic, the oldest's age."""
@@ -490,6 +498,15 @@ class AsyncLoop:
 def format_await_chain(task: asyncio.Task[Any]) -> str:
     """What a suspended task awaits, from its outermost coroutine down, as the
     `File "...", line N, in fn` lines of a traceback."""
+    frames = await_frames(task)
+    if not frames:
+        return ""
+    lines = "".join(traceback.format_list(frames))
+    return f"Task await chain (most recent call last):\n{lines}".rstrip()
+
+
+def await_frames(task: asyncio.Task[Any]) -> traceback.StackSummary:
+    """The frames of a task's await chain, outermost first."""
     frames: list[traceback.FrameSummary] = []
     coro: Any = task.get_coro()
     seen = 0
@@ -502,10 +519,7 @@ def format_await_chain(task: asyncio.Task[Any]) -> str:
             traceback.FrameSummary(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         )
         coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-    if not frames:
-        return ""
-    lines = "".join(traceback.format_list(frames))
-    return f"Task await chain (most recent call last):\n{lines}".rstrip()
+    return traceback.StackSummary.from_list(frames)
 
 
 def _release(child: Child, ids: list[uuid.UUID]) -> None:

@@ -19,9 +19,12 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import threading
 import time
+import traceback
 import uuid
+from pathlib import Path
 from typing import Any
 
 from setproctitle import setproctitle
@@ -83,6 +86,8 @@ class MasterLink:
                         state.aio.drain_from_thread()
                     elif line.startswith(b"stack "):
                         self._write_await_chain(uuid.UUID(line[6:].decode()))
+                    elif line.startswith(b"where "):
+                        self._tell_stack(uuid.UUID(line[6:].decode()))
                 if reader.eof:
                     self._on_master_gone()
                     return
@@ -132,6 +137,22 @@ class MasterLink:
         if chain:
             with open(self.stack_file + ".await", "w") as f:
                 f.write(chain + "\n")
+
+    def _tell_stack(self, job_id: uuid.UUID) -> None:
+        """`brooq jobs stack`: the job's current stack, as a traceback, to the master
+        (empty when it is not running here any more). A sync job's is the main thread's
+        frames, read from this thread (sys._current_frames); an async job's the await
+        chain of its task."""
+        aio = self.state.aio
+        if aio is not None:
+            text = aio.stack_text(job_id)
+        else:
+            running = self.state.running
+            text = ""
+            if running is not None and running.id == job_id:
+                frame = sys._current_frames().get(self._main_thread)
+                text = format_frames(traceback.extract_stack(frame)) if frame else ""
+        self.tell({"stack": str(job_id), "text": text}, key=f"stack {job_id}")
 
     def _on_master_gone(self) -> None:
         # Without a master nobody renews our lease: finish within one renewal period or go.
@@ -213,3 +234,23 @@ class _ToMaster:
                 break
             self._partial = self._partial[written:]
         return not self.gone
+
+
+_WORKER_DIR = str(Path(__file__).resolve().parent)
+_WORKER_DIR = str(Path(__file__).resolve().parent)
+_BROOQ_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def format_frames(frames: traceback.StackSummary) -> str:
+    """A stack as Python prints a traceback (most recent call last), from the first frame
+    of the application's code under brooq's: the interpreter's start and brooq's own
+    loop around the handler are left out (middleware frames stay)."""
+    summaries = list(frames)
+    first = 0
+    for i in range(len(summaries) - 1):  # after the frame brooq's worker calls it from
+        here, below = summaries[i].filename, summaries[i + 1].filename
+        if here.startswith(_WORKER_DIR) and not below.startswith(_BROOQ_DIR):
+            first = i + 1
+            break
+    lines = "".join(traceback.format_list(summaries[first:]))
+    return f"Traceback (most recent call last):\n{lines}".rstrip()
