@@ -895,3 +895,10 @@ def test_the_channel_is_spelled_the_same_wherever_sql_names_it() -> None:
         STACK_CHANNEL,
         STACK_ANSWER_CHANNEL,
     }
+
+
+def test_a_one_line_error_keeps_an_options_dashes_and_drops_only_bullets() -> None:
+    from brooq.cli import _one_line
+
+    assert _one_line("--timeout: 0s is out of range") == "--timeout: 0s is out of range"
+    assert _one_line("cannot start:\n  - a\n  - --queues: bad") == "cannot start: a; --queues: bad"

@@ -76,10 +76,15 @@ def _hide_database(argv: list[str]) -> str:
 
 def _one_line(text: str) -> str:
     """A message on one line: "invalid settings:\n  - a\n  - b" -> "invalid settings: a; b"."""
-    parts = [line.strip().lstrip("- ") for line in str(text).splitlines() if line.strip()]
+    parts = [_unbullet(line.strip()) for line in str(text).splitlines() if line.strip()]
     if len(parts) < 2:
         return "".join(parts)
     return parts[0] + (" " if parts[0].endswith(":") else "; ") + "; ".join(parts[1:])
+
+
+def _unbullet(line: str) -> str:
+    """A list item's text without its "- " bullet; "--timeout ..." keeps its dashes."""
+    return line[2:] if line.startswith("- ") else line
 
 
 def _fail(message: str, code: int) -> None:
