@@ -139,7 +139,8 @@ def test_pages_follow_each_other_without_overlap(db: Conn, target: str) -> None:
 
 
 def test_a_malformed_cursor_is_400(db: Conn) -> None:
-    for after in ["x", "2026-01-01T00:00:00_notauuid", f"2026-01-01T00:00:00_{uuid.uuid4()}"]:
+    for after in ["x", "12_notauuid", f"2026-01-01T00:00:00_{uuid.uuid4()}", f"-1_{uuid.uuid4()}",
+                  f"{'9' * 18}_{uuid.uuid4()}"]:  # fmt: skip
         response = get(db, f"/failed?after={after}")
         assert response.status == 400, after
 
