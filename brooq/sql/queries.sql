@@ -989,29 +989,30 @@ ORDER BY 1
 -- name: web_in_flight
 -- Jobs in state processing, longest running first (updated_at is the claim: lease
 -- renewal leaves it alone), one page after the cursor (after_at, after_id), or the first
--- page when after_at is NULL. limit is the page size plus one (is there a next page?).
+-- page from a cursor before every row ('-infinity', the nil UUID): one condition, never
+-- an OR, so the row comparison stays an index condition. limit is the page size plus one
+-- (is there a next page?).
 SELECT id, topic, queue, attempts, locked_by, updated_at,
        extract(epoch FROM now() - updated_at)::float8 AS running_for,
        extract(epoch FROM locked_until - now())::float8 AS lease_left
 FROM job
 WHERE state = 'processing'
-  AND (%(after_at)s::timestamptz IS NULL
-       OR (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid))
+  AND (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
 ORDER BY updated_at, id
 LIMIT %(limit)s
 
 -- name: web_finished_badly
 -- Failed (waiting for a retry) or dead jobs, newest first, one page before the cursor
--- (after_at, after_id), or the first page when after_at is NULL. The last error is cut
--- to `error_chars` characters here, so a page never carries megabytes of tracebacks.
+-- (after_at, after_id); the first page from a cursor after every row ('infinity', the
+-- max UUID). The last error is cut to `error_chars` characters here, so a page never
+-- carries megabytes of tracebacks.
 SELECT id, topic, queue, state, attempts, updated_at, available_at,
        left(last_error, %(error_chars)s) AS last_error,
        length(last_error) AS last_error_length,
        coalesce(jsonb_array_length(errors), 0) AS errors_count
 FROM job
 WHERE state = %(state)s::text
-  AND (%(after_at)s::timestamptz IS NULL
-       OR (updated_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid))
+  AND (updated_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
 ORDER BY updated_at DESC, id DESC
 LIMIT %(limit)s
 

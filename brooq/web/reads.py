@@ -34,6 +34,11 @@ MAX_GROUPS = 500  # (queue, topic) rows on the overview
 MAX_PAUSED = 200
 ERROR_CHARS = 300  # of last_error in a list; the job page shows it whole
 
+# The first page's cursors: before (or after) every row, so each list is one statement
+# whose keyset condition is always an index condition.
+_NIL = uuid.UUID(int=0)
+_MAX = uuid.UUID(int=(1 << 128) - 1)
+
 
 @dataclass(frozen=True)
 class Cursor:
@@ -93,8 +98,8 @@ def in_flight(
     timeout: float = STATEMENT_TIMEOUT,
 ) -> Page:
     params = {
-        "after_at": after.at if after else None,
-        "after_id": after.id if after else None,
+        "after_at": after.at if after else "-infinity",
+        "after_id": after.id if after else _NIL,
         "limit": size + 1,
     }
     with read_only(conn, timeout) as cur:
@@ -113,8 +118,8 @@ def finished_badly(
         raise ValueError(f"not a list of the status page: {state!r}")
     params = {
         "state": state,
-        "after_at": after.at if after else None,
-        "after_id": after.id if after else None,
+        "after_at": after.at if after else "infinity",
+        "after_id": after.id if after else _MAX,
         "limit": size + 1,
         "error_chars": ERROR_CHARS,
     }
