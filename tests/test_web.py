@@ -288,3 +288,15 @@ def test_the_headers(db: Conn) -> None:
         assert got["Content-Security-Policy"] == csp, target
         assert got["X-Content-Type-Options"] == "nosniff", target
         assert got["Content-Type"] == "text/html; charset=utf-8", target
+
+
+def test_render_helpers() -> None:
+    from brooq.web.render import age, holder, href, pretty_json
+
+    assert [age(s) for s in (None, 0, 59.9, 60, 3599, 3600, 86400 * 2 + 3600 * 4, -5)] == [
+        "—", "0s", "59s", "1m 00s", "59m 59s", "1h 00m", "2d 04h", "-5s",
+    ]  # fmt: skip
+    assert holder("web-1.example.org:4242:ab12") == ("web-1.example.org", "4242")
+    assert holder("odd") == ("odd", "?") and holder(None) == ("—", "—")
+    assert href('/jobs/a b"<', after='1_"x"&y') == "/jobs/a%20b%22%3C?after=1_%22x%22%26y"
+    assert "cut at 10 of" in pretty_json("x" * 50, limit=10)

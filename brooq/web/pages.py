@@ -217,7 +217,7 @@ def done_chart(data: Row) -> str:
     last: datetime = data["minute"]
     first = last - timedelta(minutes=59)
     total = sum(values)
-    chart = bar_chart(values, first.strftime("%H:%M"), last.strftime("%H:%M UTC%z"))
+    chart = bar_chart(values, f"{first:%H:%M}", f"{last:%H:%M} (now)")
     return f'{chart}<p class="muted">{_n(total)} done in the last hour</p>'
 
 
