@@ -244,9 +244,10 @@ def explain(conn: psycopg.Connection[Any], targets: dict[str, str]) -> None:
 
     def explaining(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
         text = str(query)
-        if text.lstrip().upper().startswith("SELECT") and "set_config" not in text:
+        body = [line for line in text.splitlines() if not line.startswith("--")]
+        if body and body[0].startswith("SELECT") and "set_config" not in text:
             plan = original(self, "EXPLAIN (ANALYZE, BUFFERS) " + text, params).fetchall()
-            print("\n" + text.splitlines()[0][:90])
+            print("\n" + body[0][:90])
             for line in plan:
                 print(
                     "    " + str(next(iter(line.values())) if isinstance(line, dict) else line[0])

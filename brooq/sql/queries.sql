@@ -950,7 +950,12 @@ SELECT set_config('statement_timeout', %(timeout)s, true)
 -- name: web_overview_by_topic
 -- Per queue and topic: ready (claimable now), scheduled (pending or failed, due later),
 -- processing, failed (waiting for a retry, also counted in ready or scheduled), dead,
--- and how long the oldest ready job has waited. Never reads done or canceled rows.
+-- and how long the oldest ready job has waited. Never reads done or canceled rows: the
+-- WHERE is written as an OR of three arms, each the predicate of a partial index
+-- (job_ready_queue_idx or job_ready_idx, job_processing_lease_idx, job_failed_dead_idx of
+-- migration 0007), so the planner reads the active rows through a BitmapOr; the same
+-- filter as one IN list matches no index and scans the table, done rows and all (1,000,000
+-- jobs: 39 ms against 123 ms, docs/status-page.md).
 SELECT queue, topic,
        count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now())
            AS ready,
@@ -963,7 +968,7 @@ SELECT queue, topic,
            WHERE state IN ('pending', 'failed') AND available_at <= now()))::float8
            AS oldest_ready_seconds
 FROM job
-WHERE state IN ('pending', 'processing', 'failed', 'dead')
+WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
 GROUP BY queue, topic
 ORDER BY queue, topic
 LIMIT %(limit)s
@@ -1004,7 +1009,8 @@ LIMIT %(limit)s
 -- name: web_finished_badly
 -- Failed (waiting for a retry) or dead jobs, newest first, one page before the cursor
 -- (after_at, after_id); the first page from a cursor after every row ('infinity', the
--- max UUID). The last error is cut to `error_chars` characters here, so a page never
+-- max UUID). Through job_failed_dead_idx (migration 0007), (state, updated_at DESC, id
+-- DESC): a page reads its 51 entries wherever the cursor is. The last error is cut to `error_chars` characters here, so a page never
 -- carries megabytes of tracebacks.
 SELECT id, topic, queue, state, attempts, updated_at, available_at,
        left(last_error, %(error_chars)s) AS last_error,
