@@ -239,6 +239,21 @@ def test_the_overview_counts_what_the_table_holds(db: Conn) -> None:
     assert "14 done in the last hour" in body and "<svg" in body
 
 
+def test_the_overview_is_bounded(db: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reads, "MAX_GROUPS", 3)
+    monkeypatch.setattr(reads, "MAX_PAUSED", 2)
+    db.execute(
+        "INSERT INTO job (topic) SELECT 't' || i FROM generate_series(1, 5) AS i;"
+        "INSERT INTO brooq_queue (name, paused) SELECT 'q' || i, true "
+        "FROM generate_series(1, 4) AS i"
+    )
+    data = reads.overview(db)
+    assert [g["topic"] for g in data["groups"]] == ["t1", "t2", "t3"] and data["groups_cut"]
+    assert [p["name"] for p in data["paused"]] == ["q1", "q2"] and data["paused_cut"]
+    body = text(get(db, "/"))
+    assert "only the first 3 shown" in body and "only the first 2 shown" in body
+
+
 def test_read_only_wording(db: Conn) -> None:
     off = text(get(db, "/"))
     assert "QUEUE_ADMIN_TOKEN_FILE" in off and "admin-token" in off and "are off" in off

@@ -202,6 +202,8 @@ def overview_page(conn: psycopg.Connection[Any], actions_enabled: bool, timeout:
             numeric=set(),
         )
     )
+    if data["paused_cut"]:
+        parts.append(f'<p class="muted">only the first {reads.MAX_PAUSED} shown</p>')
     return layout("Overview", "".join(parts), actions_enabled=actions_enabled, refresh=REFRESH)
 
 

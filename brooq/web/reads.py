@@ -70,14 +70,15 @@ def read_only(
 def overview(conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT) -> Row:
     with read_only(conn, timeout) as cur:
         groups = cur.execute(Q.web_overview_by_topic, {"limit": MAX_GROUPS + 1}).fetchall()
-        paused = cur.execute(Q.web_paused_queues, {"limit": MAX_PAUSED}).fetchall()
+        paused = cur.execute(Q.web_paused_queues, {"limit": MAX_PAUSED + 1}).fetchall()
         done = cur.execute(Q.web_done_per_minute).fetchall()
         now = cur.execute(Q.web_now).fetchone()
     assert now is not None
     return {
         "groups": groups[:MAX_GROUPS],
         "groups_cut": len(groups) > MAX_GROUPS,
-        "paused": paused,
+        "paused": paused[:MAX_PAUSED],
+        "paused_cut": len(paused) > MAX_PAUSED,
         "done_per_minute": done,
         "now": now["now"],
         "minute": now["minute"],
