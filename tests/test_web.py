@@ -179,7 +179,8 @@ def test_an_unknown_job_is_404_and_a_malformed_id_400(db: Conn) -> None:
         assert response.status == 400, bad
         assert "<script>" not in text(response)
     assert get(db, "/nowhere").status == 404
-    assert get(db, "/", method="POST").status == 405
+    posted = get(db, "/", method="POST")
+    assert posted.status == 405 and ("Allow", "GET, HEAD") in posted.headers
 
 
 def test_the_stack_button_says_it_is_not_implemented(db: Conn) -> None:

@@ -53,10 +53,11 @@ class Response:
 
 
 class _ClientError(Exception):
-    def __init__(self, status: HTTPStatus, message: str) -> None:
+    def __init__(self, status: HTTPStatus, message: str, allow: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.allow = allow  # the Allow header of a 405
 
 
 def _answer(status: int, body: bytes) -> Response:
@@ -117,7 +118,8 @@ def serve(
     actions_enabled: bool,
     timeout: float = reads.STATEMENT_TIMEOUT,
 ) -> Response:
-    """Answer one request of the status page, reading on conn (left idle afterwards)."""
+    """Answer one request of the status page, reading on conn (given idle, left idle).
+    HEAD is answered as GET: the server sends the headers without the body."""
     try:
         if len(target) > MAX_TARGET:
             raise _ClientError(HTTPStatus.REQUEST_URI_TOO_LONG, "the address is too long")
@@ -127,7 +129,9 @@ def serve(
         segments = path.strip("/").split("/") if path.strip("/") else []
         if len(segments) == 3 and segments[0] == "jobs" and segments[2] == "stack":
             if method != "POST":
-                raise _ClientError(HTTPStatus.METHOD_NOT_ALLOWED, "the stack is asked by POST")
+                raise _ClientError(
+                    HTTPStatus.METHOD_NOT_ALLOWED, "the stack is asked by POST", "POST"
+                )
             job_id = _job_id(segments[1])
             message = (
                 f"Asking job {job_id} for its stack is not implemented yet: it comes with "
@@ -135,7 +139,9 @@ def serve(
             )
             return _error_page(HTTPStatus.NOT_IMPLEMENTED, message, actions_enabled)
         if method not in ("GET", "HEAD"):
-            raise _ClientError(HTTPStatus.METHOD_NOT_ALLOWED, "these pages are read with GET")
+            raise _ClientError(
+                HTTPStatus.METHOD_NOT_ALLOWED, "these pages are read with GET", "GET, HEAD"
+            )
         if not segments:
             body = overview_page(conn, actions_enabled, timeout)
         elif segments == ["in-flight"]:
@@ -155,7 +161,10 @@ def serve(
             raise _ClientError(HTTPStatus.NOT_FOUND, "no such page")
         return _answer(HTTPStatus.OK.value, body)
     except _ClientError as err:
-        return _error_page(err.status, err.message, actions_enabled)
+        response = _error_page(err.status, err.message, actions_enabled)
+        if err.allow:
+            response.headers.append(("Allow", err.allow))
+        return response
     except psycopg.errors.QueryCanceled:
         log.warning("status page %s: its statements ran over %.1f s", target[:200], timeout)
         message = f"the database took longer than {timeout:g} s to answer; try again"
