@@ -105,6 +105,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "job_processing_lease_idx",
         "job_terminal_updated_idx",
         "job_ready_queue_idx",
+        "job_failed_dead_idx",
     } <= indexes
     assert options is not None
     assert set(options[0]) >= {
@@ -204,6 +205,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     assert "nothing to apply" in cli("up").stdout
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0008_status_page\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0007_stack_requests\n", out.stdout
     out = cli("down")
@@ -368,6 +371,44 @@ def test_handlers_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (500,)
     migrate.up(empty_dsn, 6)
+    assert schema() == after
+
+
+def test_status_page_index_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0008 builds job_failed_dead_idx concurrently on a table that holds jobs; the status
+    page's list of dead jobs reads through it; down gives back exactly 0007's schema, rows
+    included, and up again the same as the first time."""
+    from brooq.sql import Q
+
+    def schema() -> tuple[list[tuple[object, ...]], list[str]]:
+        return job_shape(empty_dsn), brooq_objects(empty_dsn)
+
+    migrate.up(empty_dsn, 7)
+    before = schema()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO job (topic, state) SELECT 't', "
+            "(ARRAY['done', 'dead', 'failed', 'pending'])[1 + i % 4] "
+            "FROM generate_series(1, 2000) AS i"
+        )
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 8)] == [("status_page", False)]
+    after = schema()
+    assert any("job_failed_dead_idx" in str(row) for row in after[0])
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'job_failed_dead_idx'::regclass"
+        ).fetchone() == (True,)
+        conn.execute("ANALYZE job")
+        conn.execute("SET enable_seqscan = off")  # a small table: is the index usable?
+        params = {"state": "dead", "after_at": "infinity", "limit": 51, "error_chars": 300,
+                  "after_id": "ffffffff-ffff-ffff-ffff-ffffffffffff"}  # fmt: skip
+        plan = conn.execute("EXPLAIN " + Q.web_finished_badly, params).fetchall()
+        assert "job_failed_dead_idx" in " ".join(r[0] for r in plan), plan
+    assert [m.name for m in migrate.down(empty_dsn)] == ["status_page"]
+    assert schema() == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
+    migrate.up(empty_dsn, 8)
     assert schema() == after
 
 

@@ -1036,3 +1036,96 @@ DELETE FROM brooq_stack_request WHERE id = %(id)s RETURNING answered_at, worker,
 -- name: stack_requests_expire
 -- Requests older than an hour (their command died before taking them).
 DELETE FROM brooq_stack_request WHERE requested_at < now() - interval '1 hour'
+
+-- The status page (brooq/web, issue 20). Every page reads in one read-only REPEATABLE
+-- READ transaction (one snapshot: the figures of a page agree with each other) under a
+-- transaction-local statement_timeout, and every list is bounded by a LIMIT. Big lists
+-- page by keyset (updated_at, id), never by OFFSET: page 1,000 costs what page 1 costs.
+
+-- name: web_begin_read_only
+-- The first statement of a page's transaction (it must precede any query).
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY
+
+-- name: web_statement_timeout
+-- set_config(..., true) is SET LOCAL with a bound value: it ends with the transaction, so
+-- a connection shared with other work keeps its own timeout.
+SELECT set_config('statement_timeout', %(timeout)s, true)
+
+-- name: web_overview_by_topic
+-- Per queue and topic: ready (claimable now), scheduled (pending or failed, due later),
+-- processing, failed (waiting for a retry, also counted in ready or scheduled), dead,
+-- and how long the oldest ready job has waited. Never reads done or canceled rows: the
+-- WHERE is written as an OR of three arms, each the predicate of a partial index
+-- (job_ready_queue_idx or job_ready_idx, job_processing_lease_idx, job_failed_dead_idx of
+-- migration 0008), so the planner reads the active rows through a BitmapOr; the same
+-- filter as one IN list matches no index and scans the table, done rows and all (1,000,000
+-- jobs: 39 ms against 123 ms, docs/status-page.md).
+SELECT queue, topic,
+       count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now())
+           AS ready,
+       count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at > now())
+           AS scheduled,
+       count(*) FILTER (WHERE state = 'processing') AS processing,
+       count(*) FILTER (WHERE state = 'failed') AS failed,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       extract(epoch FROM now() - min(available_at) FILTER (
+           WHERE state IN ('pending', 'failed') AND available_at <= now()))::float8
+           AS oldest_ready_seconds
+FROM job
+WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
+GROUP BY queue, topic
+ORDER BY queue, topic
+LIMIT %(limit)s
+
+-- name: web_now
+-- The snapshot's clock, for the chart's minutes and the ages shown.
+SELECT now() AS now, date_trunc('minute', now()) AS minute
+
+-- name: web_paused_queues
+SELECT name, updated_at FROM brooq_queue WHERE paused ORDER BY name LIMIT %(limit)s
+
+-- name: web_done_per_minute
+-- Jobs written done in each minute of the last hour (minutes without any are missing;
+-- the page fills them with 0). Through job_terminal_updated_idx (state = 'done' implies
+-- its predicate).
+SELECT date_trunc('minute', updated_at) AS minute, count(*) AS jobs
+FROM job
+WHERE state = 'done'
+  AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
+GROUP BY 1
+ORDER BY 1
+
+-- name: web_in_flight
+-- Jobs in state processing, longest running first (updated_at is the claim: lease
+-- renewal leaves it alone), one page after the cursor (after_at, after_id), or the first
+-- page from a cursor before every row ('-infinity', the nil UUID): one condition, never
+-- an OR, so the row comparison stays an index condition. limit is the page size plus one
+-- (is there a next page?).
+SELECT id, topic, queue, attempts, locked_by, updated_at,
+       extract(epoch FROM now() - updated_at)::float8 AS running_for,
+       extract(epoch FROM locked_until - now())::float8 AS lease_left
+FROM job
+WHERE state = 'processing'
+  AND (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+ORDER BY updated_at, id
+LIMIT %(limit)s
+
+-- name: web_finished_badly
+-- Failed (waiting for a retry) or dead jobs, newest first, one page before the cursor
+-- (after_at, after_id); the first page from a cursor after every row ('infinity', the
+-- max UUID). Through job_failed_dead_idx (migration 0008), (state, updated_at DESC, id
+-- DESC): a page reads its 51 entries wherever the cursor is. The last error is cut to `error_chars` characters here, so a page never
+-- carries megabytes of tracebacks.
+SELECT id, topic, queue, state, attempts, updated_at, available_at,
+       left(last_error, %(error_chars)s) AS last_error,
+       length(last_error) AS last_error_length,
+       coalesce(jsonb_array_length(errors), 0) AS errors_count
+FROM job
+WHERE state = %(state)s::text
+  AND (updated_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
+ORDER BY updated_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: web_job_get
+-- One job, every column whatever migrations added (the page lists them in table order).
+SELECT * FROM job WHERE id = %(id)s

@@ -1,0 +1,350 @@
+"""The status page's routes: a request's method and target in, a Response out.
+
+serve() validates what the client sent before any read: a job id must be a UUID (400
+otherwise), a page cursor must be one this module wrote (400), an unknown path is 404 and
+another method 405. A database that fails or is too slow (the statement timeout) is 503
+with a page saying which. Every response, errors included, carries
+brooq.web.headers.security_headers().
+
+Owns: routing, cursors in URLs, and assembling each page from reads and render.
+Must never: write to the database, raise for anything a client sends, or let a value
+reach a page without brooq.web.render.e().
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import psycopg
+
+from brooq.web import reads
+from brooq.web.headers import security_headers
+from brooq.web.reads import Cursor, Page, Row
+from brooq.web.render import (
+    age,
+    bar_chart,
+    e,
+    holder,
+    job_link,
+    layout,
+    link,
+    pretty_json,
+    table,
+    when,
+)
+
+log = logging.getLogger("brooq.web")
+
+REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
+MAX_TARGET = 2048
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class _ClientError(Exception):
+    def __init__(self, status: HTTPStatus, message: str, allow: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.allow = allow  # the Allow header of a 405
+
+
+def _answer(status: int, body: bytes) -> Response:
+    headers = [("Content-Type", "text/html; charset=utf-8"), *security_headers()]
+    return Response(status, body, headers)
+
+
+def _error_page(status: HTTPStatus, message: str, actions_enabled: bool) -> Response:
+    title = f"{status.value} {status.phrase}"
+    body = f"<p>{e(message)}</p><p>{link('/', 'Back to the overview')}</p>"
+    return _answer(status.value, layout(title, body, actions_enabled=actions_enabled))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def encode_cursor(cursor: Cursor) -> str:
+    """`<microseconds since the epoch>_<uuid>`: exact (PostgreSQL keeps microseconds),
+    and nothing in it needs quoting in a URL (an ISO time's `+` would)."""
+    return f"{(cursor.at - _EPOCH) // _MICROSECOND}_{cursor.id}"
+
+
+def decode_cursor(text: str) -> Cursor:
+    micros, sep, ident = text.partition("_")
+    try:
+        if not sep or not micros.isdigit() or len(micros) > 18:
+            raise ValueError(text)
+        return Cursor(_EPOCH + int(micros) * _MICROSECOND, uuid.UUID(ident))
+    except (ValueError, OverflowError):
+        raise _ClientError(HTTPStatus.BAD_REQUEST, "this page link is malformed") from None
+
+
+def _cursor(query: dict[str, list[str]]) -> Cursor | None:
+    values = query.get("after")
+    if not values:
+        return None
+    if len(values) > 1 or len(values[0]) > 200:
+        raise _ClientError(HTTPStatus.BAD_REQUEST, "this page link is malformed")
+    return decode_cursor(values[0])
+
+
+def _job_id(text: str) -> uuid.UUID:
+    # Only the canonical 36-character form: what the pages link to and the CLI prints.
+    try:
+        if len(text) != 36:
+            raise ValueError(text)
+        return uuid.UUID(text)
+    except ValueError:
+        raise _ClientError(HTTPStatus.BAD_REQUEST, "a job id is a UUID") from None
+
+
+def serve(
+    conn: psycopg.Connection[Any],
+    method: str,
+    target: str,
+    *,
+    actions_enabled: bool,
+    timeout: float = reads.STATEMENT_TIMEOUT,
+) -> Response:
+    """Answer one request of the status page, reading on conn (given idle, left idle).
+    HEAD is answered as GET: the server sends the headers without the body."""
+    try:
+        if len(target) > MAX_TARGET:
+            raise _ClientError(HTTPStatus.REQUEST_URI_TOO_LONG, "the address is too long")
+        parts = urlsplit(target)
+        path = unquote(parts.path)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        segments = path.strip("/").split("/") if path.strip("/") else []
+        if len(segments) == 3 and segments[0] == "jobs" and segments[2] == "stack":
+            if method != "POST":
+                raise _ClientError(
+                    HTTPStatus.METHOD_NOT_ALLOWED, "the stack is asked by POST", "POST"
+                )
+            job_id = _job_id(segments[1])
+            message = (
+                f"Asking job {job_id} for its stack is not implemented yet: it comes with "
+                "`brooq jobs stack ID` (docs/status-page.md)."
+            )
+            return _error_page(HTTPStatus.NOT_IMPLEMENTED, message, actions_enabled)
+        if method not in ("GET", "HEAD"):
+            raise _ClientError(
+                HTTPStatus.METHOD_NOT_ALLOWED, "these pages are read with GET", "GET, HEAD"
+            )
+        if not segments:
+            body = overview_page(conn, actions_enabled, timeout)
+        elif segments == ["in-flight"]:
+            page = reads.in_flight(conn, _cursor(query), timeout=timeout)
+            body = in_flight_page(page, actions_enabled)
+        elif len(segments) == 1 and segments[0] in ("failed", "dead"):
+            state = segments[0]
+            page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout)
+            body = finished_badly_page(state, page, actions_enabled)
+        elif len(segments) == 2 and segments[0] == "jobs":
+            job_id = _job_id(segments[1])
+            row = reads.job(conn, job_id, timeout=timeout)
+            if row is None:
+                raise _ClientError(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+            body = job_page(row, actions_enabled)
+        else:
+            raise _ClientError(HTTPStatus.NOT_FOUND, "no such page")
+        return _answer(HTTPStatus.OK.value, body)
+    except _ClientError as err:
+        response = _error_page(err.status, err.message, actions_enabled)
+        if err.allow:
+            response.headers.append(("Allow", err.allow))
+        return response
+    except psycopg.errors.QueryCanceled:
+        log.warning("status page %s: its statements ran over %.1f s", target[:200], timeout)
+        message = f"the database took longer than {timeout:g} s to answer; try again"
+        return _error_page(HTTPStatus.SERVICE_UNAVAILABLE, message, actions_enabled)
+    except psycopg.Error as err:
+        log.warning("status page %s: %s", target[:200], type(err).__name__)
+        message = f"the database is unavailable ({type(err).__name__})"
+        return _error_page(HTTPStatus.SERVICE_UNAVAILABLE, message, actions_enabled)
+
+
+def _n(value: object) -> str:
+    return e(f"{value:,}") if isinstance(value, int) else e(value)
+
+
+def overview_page(conn: psycopg.Connection[Any], actions_enabled: bool, timeout: float) -> bytes:
+    data = reads.overview(conn, timeout)
+    paused = {row["name"] for row in data["paused"]}
+    rows = []
+    for g in data["groups"]:
+        queue = e(g["queue"]) + (" <strong>(paused)</strong>" if g["queue"] in paused else "")
+        rows.append(
+            (
+                queue,
+                e(g["topic"]),
+                _n(g["ready"]),
+                _n(g["scheduled"]),
+                _n(g["processing"]),
+                _n(g["failed"]),
+                _n(g["dead"]),
+                e(age(g["oldest_ready_seconds"])),
+            )
+        )
+    headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
+               "oldest ready")  # fmt: skip
+    parts = [table(headers, rows, numeric={2, 3, 4, 5, 6, 7})]
+    if data["groups_cut"]:
+        parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
+    parts.append(f"<h2>Done per minute, last hour</h2>{done_chart(data)}")
+    parts.append("<h2>Paused queues</h2>")
+    parts.append(
+        table(
+            ("queue", "paused since"),
+            ((e(r["name"]), e(when(r["updated_at"]))) for r in data["paused"]),
+            numeric=set(),
+        )
+    )
+    if data["paused_cut"]:
+        parts.append(f'<p class="muted">only the first {reads.MAX_PAUSED} shown</p>')
+    return layout("Overview", "".join(parts), actions_enabled=actions_enabled, refresh=REFRESH)
+
+
+def done_per_minute(data: Row) -> list[int]:
+    """Sixty figures, oldest minute first, the current (partial) minute last."""
+    counts = {row["minute"]: int(row["jobs"]) for row in data["done_per_minute"]}
+    last: datetime = data["minute"]
+    return [counts.get(last - timedelta(minutes=59 - i), 0) for i in range(60)]
+
+
+def done_chart(data: Row) -> str:
+    values = done_per_minute(data)
+    last: datetime = data["minute"]
+    first = last - timedelta(minutes=59)
+    total = sum(values)
+    chart = bar_chart(values, f"{first:%H:%M}", f"{last:%H:%M} (now)")
+    return f'{chart}<p class="muted">{_n(total)} done in the last hour</p>'
+
+
+def _pages(path: str, page: Page) -> str:
+    links = [link(path, "first page")]
+    if page.next is not None:
+        links.append(link(path, "next page", after=encode_cursor(page.next)))
+    return f'<nav class="pages">{"".join(links)}</nav>'
+
+
+def stack_form(job_id: object) -> str:
+    return (
+        f'<form method="post" action="{e(f"/jobs/{job_id}/stack")}">'
+        '<button type="submit" title="not implemented yet">stack</button></form>'
+    )
+
+
+def in_flight_page(page: Page, actions_enabled: bool) -> bytes:
+    rows = []
+    for r in page.rows:
+        host, pid = holder(r["locked_by"])
+        lease = "expired" if (r["lease_left"] or 0) < 0 else age(r["lease_left"])
+        rows.append(
+            (
+                job_link(r["id"]),
+                e(r["topic"]),
+                e(r["queue"]),
+                _n(r["attempts"]),
+                e(pid),
+                e(host),
+                e(age(r["running_for"])),
+                e(lease),
+                stack_form(r["id"]),
+            )
+        )
+    headers = ("job", "topic", "queue", "attempt", "child pid", "host", "running for",
+               "lease left", "stack")  # fmt: skip
+    note = (
+        '<p class="muted">The stack button will show the Python stack of the running '
+        "handler; it is not implemented yet.</p>"
+    )
+    body = note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
+    return layout("In flight", body, actions_enabled=actions_enabled, refresh=REFRESH)
+
+
+def finished_badly_page(state: str, page: Page, actions_enabled: bool) -> bytes:
+    rows = []
+    for r in page.rows:
+        error = e(r["last_error"] or "")
+        if (r["last_error_length"] or 0) > len(r["last_error"] or ""):
+            error += ' <span class="muted">(cut; whole on the job page)</span>'
+        rows.append(
+            (
+                job_link(r["id"]),
+                e(r["topic"]),
+                e(r["queue"]),
+                _n(r["attempts"]),
+                e(when(r["updated_at"])),
+                e(when(r["available_at"])) if state == "failed" else "",
+                f"<pre>{error}</pre>",
+                _n(r["errors_count"]),
+            )
+        )
+    headers = ["job", "topic", "queue", "attempts", "at", "next attempt", "last error", "errors"]
+    if state == "dead":
+        headers[5] = ""
+    title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
+    body = table(headers, rows, numeric={3, 7}) + _pages(f"/{state}", page)
+    return layout(title, body, actions_enabled=actions_enabled)
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None:
+        return '<span class="muted">NULL</span>'
+    if name in ("payload", "result", "errors"):
+        return pretty_json(value)
+    if isinstance(value, datetime):
+        return e(when(value))
+    if name == "last_error":
+        return f"<pre>{e(value)}</pre>"
+    return e(value)
+
+
+def job_page(row: Row, actions_enabled: bool) -> bytes:
+    job_id = row["id"]
+    columns = "".join(
+        f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
+        for name, value in row.items()
+        if name not in ("errors",)
+    )
+    parts = [f"<table><tbody>{columns}</tbody></table>"]
+    state = row.get("state")
+    if state == "done":
+        parts.append("<h2>Outcome</h2><p>done; the handler returned:</p>")
+        parts.append(pretty_json(row.get("result")))
+    elif state in ("dead", "canceled", "failed"):
+        parts.append(f"<h2>Outcome</h2><p>{e(state)}</p>")
+    if state == "processing":
+        host, pid = holder(row.get("locked_by"))
+        parts.append(
+            f"<h2>Running</h2><p>on host {e(host)}, child pid {e(pid)}</p>"
+            f'{stack_form(job_id)}<p class="muted">Asking a running job for its stack is '
+            "not implemented yet.</p>"
+        )
+    errors = row.get("errors") or []
+    parts.append(f"<h2>Error history ({_n(len(errors))})</h2>")
+    history = []
+    for entry in errors if isinstance(errors, list) else []:
+        item = entry if isinstance(entry, dict) else {"error": entry}
+        history.append(
+            (
+                e(item.get("attempt", "")),
+                e(item.get("at", "")),
+                e(item.get("worker", "")),
+                f"<pre>{e(item.get('error', ''))}</pre>",
+            )
+        )
+    parts.append(table(("attempt", "at", "worker", "error"), history, numeric={0}))
+    return layout(f"Job {job_id}", "".join(parts), actions_enabled=actions_enabled)

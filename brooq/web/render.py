@@ -1,0 +1,176 @@
+"""HTML for the status page: pure functions from values to text, and the page layout.
+
+Every value that reaches a page goes through e() (html.escape with quote=True), in text
+and in attributes alike; a URL is built by href() from quoted path segments and an
+encoded query, then escaped as an attribute. The one stylesheet is STYLE, inline and
+allowed by its hash in the Content-Security-Policy (brooq.web.headers); nothing carries a
+style attribute or a script, and the chart is inline SVG drawn with presentation
+attributes, so the policy needs neither 'unsafe-inline' nor img-src.
+
+Owns: escaping, the layout, tables, ages, the chart, and the read-only notice.
+Must never: read the database, interpolate an unescaped value, or reference anything
+outside the page (no external stylesheet, font, image or script).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote, urlencode
+
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
+header{background:#1d3557;color:#fff;padding:.6em 1em}
+header a{color:#fff;margin-right:1.2em}
+main{padding:1em}
+table{border-collapse:collapse;margin:.5em 0 1.5em;background:#fff}
+th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+pre{white-space:pre-wrap;word-break:break-word;margin:0;max-width:80em}
+.note{background:#fff3cd;border:1px solid #e0c060;padding:.5em 1em;max-width:60em}
+.muted{color:#666}
+nav.pages a{margin-right:1em}
+svg{background:#fff;border:1px solid #ddd}
+""".strip()
+
+PAYLOAD_CHARS = 256 * 1024  # of a payload or result on the job page
+
+
+def e(value: object) -> str:
+    """The one way a value enters a page: as text, quotes included."""
+    return html.escape(str(value), quote=True)
+
+
+def href(path: str, **query: str | None) -> str:
+    """An attribute-ready URL: path segments quoted, the query encoded, then escaped."""
+    segments = "/".join(quote(part, safe="") for part in path.split("/"))
+    params = {k: v for k, v in query.items() if v is not None}
+    url = segments + ("?" + urlencode(params) if params else "")
+    return e(url)
+
+
+def link(path: str, text: str, **query: str | None) -> str:
+    return f'<a href="{href(path, **query)}">{e(text)}</a>'
+
+
+def job_link(job_id: object) -> str:
+    return link(f"/jobs/{job_id}", str(job_id))
+
+
+def age(seconds: float | None) -> str:
+    """A duration for people: 42s, 3m 12s, 5h 07m, 2d 04h."""
+    if seconds is None:
+        return "—"
+    s = int(seconds)
+    sign = "-" if s < 0 else ""
+    s = abs(s)
+    if s < 60:
+        return f"{sign}{s}s"
+    if s < 3600:
+        return f"{sign}{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{sign}{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{sign}{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
+def when(value: datetime | None) -> str:
+    return "—" if value is None else value.isoformat(sep=" ", timespec="seconds")
+
+
+def holder(locked_by: str | None) -> tuple[str, str]:
+    """(host, child pid) from a locked_by `host:pid:tag` (brooq.worker.config)."""
+    if not locked_by:
+        return ("—", "—")
+    parts = locked_by.rsplit(":", 2)
+    if len(parts) != 3:
+        return (locked_by, "?")
+    return (parts[0], parts[1])
+
+
+def pretty_json(value: Any, limit: int = PAYLOAD_CHARS) -> str:
+    """A <pre> of the value as indented JSON, cut at limit characters (and said so)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    cut = ""
+    if len(text) > limit:
+        cut = f'<p class="muted">cut at {limit:,} of {len(text):,} characters</p>'
+        text = text[:limit]
+    return f"<pre>{e(text)}</pre>{cut}"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[int]) -> str:
+    """A table whose cells are already HTML (each built from e()'d values); headers are
+    text. numeric: the column indexes aligned right."""
+    head = "".join(f"<th>{e(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = "".join(
+            f'<td class="n">{cell}</td>' if i in numeric else f"<td>{cell}</td>"
+            for i, cell in enumerate(row)
+        )
+        body.append(f"<tr>{cells}</tr>")
+    if not body:
+        body.append(f'<tr><td colspan="{len(headers)}" class="muted">none</td></tr>')
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def bar_chart(
+    values: Sequence[int], first_label: str, last_label: str, width: int = 600, height: int = 80
+) -> str:
+    """An inline SVG bar chart, one bar per value; a <title> per bar gives its figure."""
+    top = max(values, default=0) or 1
+    n = max(len(values), 1)
+    step = width / n
+    bars = []
+    for i, v in enumerate(values):
+        h = round(v / top * (height - 4))
+        x = round(i * step, 1)
+        bars.append(
+            f'<rect x="{x}" y="{height - h}" width="{max(step - 1, 1):.1f}" height="{h}"'
+            f' fill="#457b9d"><title>{e(v)}</title></rect>'
+        )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 16}"'
+        f' viewBox="0 0 {width} {height + 16}" role="img"'
+        f' aria-label="done per minute, peak {e(top)}">{"".join(bars)}'
+        f'<text x="0" y="{height + 13}" font-size="11" fill="#666">{e(first_label)}</text>'
+        f'<text x="{width}" y="{height + 13}" font-size="11" fill="#666"'
+        f' text-anchor="end">{e(last_label)}</text></svg>'
+    )
+
+
+def read_only_notice(actions_enabled: bool) -> str:
+    if not actions_enabled:
+        return (
+            '<p class="note">Read-only: actions (cancel, retry, pause, resume) are off '
+            "because no admin token is configured. To enable them, give brooq-master a "
+            "token in a file named by <code>QUEUE_ADMIN_TOKEN_FILE</code>, or as the systemd "
+            "credential <code>admin-token</code> (<code>LoadCredential=admin-token:/path"
+            "</code> in the unit), and restart it.</p>"
+        )
+    return (
+        '<p class="note">An admin token is configured, but signing in with it on this page '
+        "is not implemented yet, so the page is still read-only. Meanwhile: "
+        "<code>brooq jobs cancel|retry ID</code>, <code>brooq queues pause|resume</code>, "
+        "or <code>POST /admin/jobs/&lt;id&gt;/cancel|retry</code> with "
+        "<code>Authorization: Bearer</code> and the token.</p>"
+    )
+
+
+NAV = (("/", "Overview"), ("/in-flight", "In flight"), ("/failed", "Failed"), ("/dead", "Dead"))
+
+
+def layout(title: str, body: str, *, actions_enabled: bool, refresh: int | None = None) -> bytes:
+    """The whole document. body is HTML built from e()'d values; title is text."""
+    meta = f'<meta http-equiv="refresh" content="{int(refresh)}">' if refresh else ""
+    nav = "".join(link(path, text) for path, text in NAV)
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"{meta}<title>{e(title)} · brooq</title><style>{STYLE}</style></head>"
+        f"<body><header><strong>brooq</strong> &nbsp; {nav}</header><main>"
+        f"<h1>{e(title)}</h1>{read_only_notice(actions_enabled)}{body}</main></body></html>\n"
+    ).encode()
