@@ -4,8 +4,8 @@ a job page whose payload holds markup, and that the page runs no script it did n
 
 Skipped when no chromium is installed, unless BROOQ_REQUIRE_BROWSER=1 (.ci/run sets it,
 and installs the browser): there a missing browser fails the run instead of hiding it.
-Screenshots go to the test's tmp_path; `python tests/test_browser.py DIR` writes the ones
-docs/ shows (docs/status-page.md).
+Screenshots go to the test's tmp_path (`--basetemp DIR` keeps them); the ones docs/
+shows were taken so (docs/status-page.md).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,7 +98,3 @@ def test_the_overview_the_lists_and_a_job_page_in_a_browser(
     assert not browser.find_elements(By.CSS_SELECTOR, "main script, main b")
     browser.save_screenshot(str(tmp_path / "job.png"))
     assert (tmp_path / "overview.png").stat().st_size > 1000
-
-
-if __name__ == "__main__":  # pragma: no cover - regenerates docs/'s screenshots
-    print("run through pytest with --basetemp, then copy overview.png and job.png", file=sys.stderr)
