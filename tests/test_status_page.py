@@ -6,6 +6,7 @@ is forked on demand, again after it died, and never outlives its master."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import threading
@@ -165,3 +166,49 @@ def test_the_page_process_ends_when_its_master_is_killed(
         timeout=15,
         what="workers gone",
     )
+
+
+def post(addr: tuple[str, int], target: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    with socket.create_connection(addr, timeout=timeout) as s:
+        s.sendall(f"POST {target} HTTP/1.1\r\nHost: brooq\r\nContent-Length: 0\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_the_stack_button_shows_the_running_jobs_traceback(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    m = start_master(workers=1)
+    found = wait_for(lambda: re.search(r"event=ops_listening addr=(\S+)", m.log()), what="ops")
+    host, _, port = found.group(1).rpartition(":")
+    addr = (host, int(port))
+    job_id, _ = queue.enqueue(brooq.Job("t.ok", {"sleep": 20}))
+    wait_for(
+        lambda: (
+            db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+            == ("processing",)
+        ),
+        what="running",
+    )
+
+    def shown() -> bytes | None:
+        status, body = post(addr, f"/jobs/{job_id}/stack")
+        return body if status == 200 else None
+
+    body = wait_for(shown, what="the stack page")
+    assert b"Traceback (most recent call last):" in body
+    assert (
+        b"brooq_testapp.py" in body
+        and b"time.sleep(float(claim.payload[&quot;sleep&quot;]))" in body
+    )
+    queue.cancel(job_id)
+    done, _ = queue.enqueue(brooq.Job("t.ok"))
+    wait_for(
+        lambda: db.execute("SELECT state FROM job WHERE id = %s", (done,)).fetchone() == ("done",),
+        what="done",
+    )
+    status, body = post(addr, f"/jobs/{done}/stack")
+    assert status == 409 and b"is not running (state: done)" in body

@@ -26,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import time
+import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -170,6 +172,10 @@ def run(
                     client.close()
 
 
+_STACK = re.compile(r"^/jobs/([0-9a-fA-F-]{36})/stack$")
+STACK_TIMEOUT = 3.0  # the stack button waits this long for the job's master
+
+
 class _Pages:
     def __init__(self, dsn: str, actions_enabled: bool) -> None:
         self.dsn = dsn
@@ -186,6 +192,31 @@ class _Pages:
             client.shutdown(socket.SHUT_WR)
         log.debug("event=page_served took=%.1fms", (time.monotonic() - started) * 1000)
 
+    def _stack(self, raw_id: str) -> bytes:
+        """The job page's stack button: what `brooq jobs stack ID` prints, on a page. A
+        read (of the code the handler is in, not of its variables), so it needs no
+        sign-in; the request travels through the database like the command's."""
+        from brooq.errors import BrooqError
+        from brooq.stacks import fetch_stack
+        from brooq.web import security_headers
+        from brooq.web.render import e, layout, link
+
+        try:
+            job_id = uuid.UUID(raw_id)
+        except ValueError:
+            return ops.plain_response(400, b"a job id is a UUID\n")
+        status = 200
+        try:
+            answer = fetch_stack(self.dsn, job_id, STACK_TIMEOUT)
+            body = f"<p>Worker {e(answer.worker)}, asked just now.</p><pre>{e(answer.text)}</pre>"
+        except BrooqError as exc:  # not running, not found, no master answered
+            status = 404 if type(exc).__name__ == "JobNotFound" else 409
+            body = f"<p>{e(exc)}</p>"
+        body += f"<p>{link(f'/jobs/{job_id}', 'Back to the job')}</p>"
+        page = layout(f"Stack of job {job_id}", body, actions_enabled=self.actions_enabled)
+        extra = [(k, v) for k, v in security_headers() if k.lower() != "cache-control"]
+        return ops.plain_response(status, page, "text/html; charset=utf-8", extra)
+
     def _render(self, data: bytes) -> bytes:
         from brooq import web  # in this process only: the master never imports the pages
 
@@ -195,6 +226,9 @@ class _Pages:
             return ops.plain_response(exc.status, f"{exc}\n".encode())
         if request is None:
             return ops.plain_response(400, b"incomplete request\n")
+        stack = _STACK.match(request.path)
+        if stack is not None and request.method == "POST":
+            return self._stack(stack.group(1))
         try:
             if self.conn is None or self.conn.closed:
                 self.conn = psycopg.connect(
