@@ -212,3 +212,98 @@ def test_the_stack_button_shows_the_running_jobs_traceback(
     )
     status, body = post(addr, f"/jobs/{done}/stack")
     assert status == 409 and b"is not running (state: done)" in body
+
+
+# -- sign-in and actions -------------------------------------------------------------------
+
+TOKEN = "a-status-page-token-0123456789"
+
+
+def request(
+    addr: tuple[str, int], method: str, target: str, body: str = "", cookie: str = ""
+) -> tuple[int, str, bytes]:
+    head = f"{method} {target} HTTP/1.1\r\nHost: brooq\r\nContent-Length: {len(body)}\r\n"
+    head += "Content-Type: application/x-www-form-urlencoded\r\n"
+    if cookie:
+        head += f"Cookie: {cookie}\r\n"
+    with socket.create_connection(addr, timeout=10) as s:
+        s.sendall((head + "\r\n" + body).encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    raw_head, _, raw_body = data.partition(b"\r\n\r\n")
+    text = raw_head.decode("latin-1")
+    return int(text.split()[1]), text, raw_body
+
+
+def test_signing_in_with_the_token_then_acting_through_the_forms(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    m = start_master(
+        workers=1, app="brooq_opsslow:queue", env={"QUEUE_ADMIN_TOKEN_FILE": str(token_file)}
+    )
+    found = wait_for(lambda: re.search(r"event=ops_listening addr=(\S+)", m.log()), what="ops")
+    host, _, port = found.group(1).rpartition(":")
+    addr = (host, int(port))
+    dead = [queue.enqueue(brooq.Job("ops.none", {"n": i}))[0] for i in range(3)]
+    db.execute("UPDATE job SET state = 'dead' WHERE id = ANY(%s)", (dead,))
+    db.commit()
+    seen: list[bytes] = []
+
+    status, _, body = request(addr, "GET", "/sign-in")
+    seen.append(body)
+    assert status == 200 and b'type="password"' in body
+    status, _, body = request(addr, "POST", "/sign-in", "token=wrong-token-wrong-token")
+    seen.append(body)
+    assert status == 401
+    status, head, _ = request(addr, "POST", "/sign-in", f"token={TOKEN}")
+    assert status == 303
+    cookie_line = next(line for line in head.split("\r\n") if line.startswith("Set-Cookie:"))
+    assert "HttpOnly" in cookie_line and "SameSite=Strict" in cookie_line
+    assert "Max-Age=" in cookie_line and TOKEN not in cookie_line
+    cookie = cookie_line.split(":", 1)[1].split(";", 1)[0].strip()
+
+    # Without the form's CSRF token, or without the session, nothing changes.
+    assert request(addr, "POST", "/bulk/retry", "topic=ops.none&state=dead", cookie)[0] == 403
+    status, _, body = request(addr, "GET", f"/actions?job={dead[0]}", cookie=cookie)
+    seen.append(body)
+    csrf = re.search(rb'name="csrf" value="([0-9a-f]+)"', body)
+    assert status == 200 and csrf is not None
+    token_field = f"csrf={csrf.group(1).decode()}"
+    assert (
+        request(addr, "POST", "/bulk/retry", f"topic=ops.none&state=dead&{token_field}")[0] == 403
+    )
+    assert db.execute("SELECT count(*) FROM job WHERE state = 'dead'").fetchone() == (3,)
+
+    # One job by its form, then the rest in bulk, then a queue paused.
+    status, head, _ = request(addr, "POST", f"/jobs/{dead[0]}/retry", token_field, cookie)
+    assert status == 303 and f"Location: /jobs/{dead[0]}" in head
+    assert db.execute("SELECT state FROM job WHERE id = %s", (dead[0],)).fetchone() == ("pending",)
+    status, _, body = request(
+        addr, "POST", "/bulk/retry", f"topic=ops.none&state=dead&{token_field}", cookie
+    )
+    seen.append(body)
+    assert status == 200 and b"2 matched, 2 changed" in body
+    assert request(addr, "POST", "/queues/bulk/pause", token_field, cookie)[0] == 303
+    assert [q.name for q in queue.queues() if q.paused] == ["bulk"]
+    status, _, body = request(addr, "POST", f"/jobs/{dead[0]}/retry", token_field, cookie)
+    seen.append(body)
+    assert status == 409 and b"pending" in body  # refused, worded as for the CLI
+    assert request(addr, "POST", "/sign-out", token_field, cookie)[0] == 303
+    # The token is in no page and no log line.
+    assert all(TOKEN.encode() not in b for b in seen)
+    assert TOKEN not in m.log()
+
+
+def test_without_a_token_every_action_is_refused(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    _, addr = start(start_master)
+    status, _, body = request(addr, "POST", "/sign-in", "token=anything-at-all-long-enough")
+    assert status == 403 and b"No admin token is configured" in body
+    status, _, body = request(addr, "GET", "/actions")
+    assert status == 200 and b"Actions are off" in body
+    assert request(addr, "POST", "/queues/default/pause", "csrf=x")[0] == 403
+    assert not [q for q in queue.queues() if q.paused]

@@ -172,7 +172,7 @@ class Master:
         if self.settings.ops_addr:
             # The status page renders in a process of its own, never in this loop.
             self.pages = PageProcess(
-                self.dsn, self.admin_token is not None, self._fds_for_pages, MASTER_SIGNALS
+                self.dsn, self.admin_token, self._fds_for_pages, MASTER_SIGNALS
             )
             self.fleet.other_reaped = self.pages.reaped
             hooks.page = self.pages.hand

@@ -7,8 +7,11 @@ endpoints to cancel or retry a job. Binds 127.0.0.1 by default.
     POST /admin/jobs/<id>/cancel    bearer token required
     POST /admin/jobs/<id>/retry     bearer token required
     GET  /, /in-flight, /failed, /dead, /jobs/<id>; POST /jobs/<id>/stack
-                                    the status page (brooq.web), rendered by the page
-                                    process (brooq.supervisor.pages), not here
+    GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
+         /queues/<name>/{pause,resume}, /bulk/{retry,cancel}
+                                    the status page (brooq.web, brooq.supervisor.actions),
+                                    answered by the page process
+                                    (brooq.supervisor.pages), not here
 
 Served from the master's own loop, with no thread (the master must stay single-threaded
 to fork safely) and without ever waiting on a client: every socket is non-blocking and
@@ -47,7 +50,10 @@ log = logging.getLogger("brooq.ops")
 
 _ADMIN = re.compile(r"^/admin/jobs/([0-9a-fA-F-]{1,64})/(cancel|retry)$")
 # The status page's paths (a query string may follow); brooq.web answers what they hold.
-_PAGE = re.compile(r"^/(in-flight|failed|dead|jobs/[^/?#]*(/stack)?)?(\?.*)?$")
+_PAGE = re.compile(
+    r"^/(in-flight|failed|dead|actions|sign-in|sign-out|bulk/(retry|cancel)"
+    r"|jobs/[^/?#]*(/(stack|cancel|retry))?|queues/[^/?#]*/(pause|resume))?(\?.*)?$"
+)
 
 REQUEST_TIMEOUT = 5.0  # from accept to the whole request received
 RESPONSE_TIMEOUT = 5.0  # from the answer ready to the answer taken by the client

@@ -37,6 +37,7 @@ from typing import Any
 import psycopg
 
 from brooq.supervisor import ops
+from brooq.supervisor.actions import Actions
 
 log = logging.getLogger("brooq.pages")
 
@@ -52,13 +53,13 @@ class PageProcess:
     def __init__(
         self,
         dsn: str,
-        actions_enabled: bool,
+        token: bytes | None,
         close_in_child: Callable[[], list[int]],
         signals: Collection[signal.Signals],
     ) -> None:
         self.dsn = dsn
         self.signals = signals  # the master's, blocked across the fork
-        self.actions_enabled = actions_enabled
+        self.token = token  # the admin token: sign-in and actions; None: read-only
         self.close_in_child = close_in_child
         self.pid: int | None = None
         self.sock: socket.socket | None = None
@@ -85,7 +86,7 @@ class PageProcess:
                 for fd in self.close_in_child():
                     with contextlib.suppress(OSError):
                         os.close(fd)
-                code = run(theirs, self.dsn, self.actions_enabled, mask)
+                code = run(theirs, self.dsn, self.token, mask)
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -138,7 +139,7 @@ class PageProcess:
 def run(
     sock: socket.socket,
     dsn: str,
-    actions_enabled: bool,
+    token: bytes | None,
     mask: set[int | signal.Signals] | None = None,
 ) -> int:
     """The page process's loop: one request at a time, until the master's end closes."""
@@ -152,7 +153,7 @@ def run(
     if mask is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     setproctitle("brooq-pages: status page")
-    pages = _Pages(dsn, actions_enabled)
+    pages = _Pages(dsn, token)
     sock.setblocking(True)
     while True:
         try:
@@ -173,14 +174,26 @@ def run(
 
 
 _STACK = re.compile(r"^/jobs/([0-9a-fA-F-]{36})/stack$")
+
+
+def _body(data: bytes) -> bytes:
+    """The request's body (the master read it whole, Content-Length bytes at most)."""
+    _, _, body = data.partition(b"\r\n\r\n")
+    if not body:
+        _, _, body = data.partition(b"\n\n")
+    return body[: ops.MAX_BODY_BYTES]
+
+
 STACK_TIMEOUT = 3.0  # the stack button waits this long for the job's master
 
 
 class _Pages:
-    def __init__(self, dsn: str, actions_enabled: bool) -> None:
+    def __init__(self, dsn: str, token: bytes | None) -> None:
         self.dsn = dsn
-        self.actions_enabled = actions_enabled
+        self.token = token
+        self.actions_enabled = token is not None
         self.conn: psycopg.Connection[Any] | None = None  # opened at the first page
+        self.actions = Actions(dsn, token)
 
     def answer(self, client: socket.socket, data: bytes) -> None:
         client.setblocking(True)
@@ -229,6 +242,8 @@ class _Pages:
         stack = _STACK.match(request.path)
         if stack is not None and request.method == "POST":
             return self._stack(stack.group(1))
+        if self.actions.handles(request.path):
+            return self.actions.answer(request, _body(data))
         try:
             if self.conn is None or self.conn.closed:
                 self.conn = psycopg.connect(
