@@ -98,3 +98,34 @@ def test_the_overview_the_lists_and_a_job_page_in_a_browser(
     assert not browser.find_elements(By.CSS_SELECTOR, "main script, main b")
     browser.save_screenshot(str(tmp_path / "job.png"))
     assert (tmp_path / "overview.png").stat().st_size > 1000
+
+
+def test_signing_in_and_retrying_a_job_through_the_form(
+    queue: brooq.Queue,
+    db: Any,
+    start_master: StartMaster,
+    browser: Any,
+    tmp_path: Path,
+) -> None:
+    token = "browser-token-0123456789"
+    (tmp_path / "token").write_text(token)
+    m = start_master(
+        workers=1,
+        app="brooq_opsslow:queue",
+        env={"QUEUE_ADMIN_TOKEN_FILE": str(tmp_path / "token")},
+    )
+    m.wait_ready(1)
+    url = base_url(m)
+    job_id = fill(queue, db)
+    browser.get(url + "/sign-in")
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "form[action='/sign-in'] button").click()
+    wait_for(lambda: browser.current_url.endswith("/actions"), what="signed in")
+    cookie = browser.get_cookie("brooq_session")
+    assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    browser.get(f"{url}/actions?job={job_id}")
+    browser.find_element(By.CSS_SELECTOR, f"form[action='/jobs/{job_id}/retry'] button").click()
+    wait_for(lambda: browser.current_url.endswith(f"/jobs/{job_id}"), what="back on the job")
+    row = db.execute("SELECT state, attempts FROM job WHERE id = %s", (job_id,)).fetchone()
+    assert row == ("pending", 0)
+    assert token not in browser.page_source
