@@ -63,10 +63,21 @@ def _owner() -> str | None:
 
 
 def run(command: list[str]) -> int:
+    embedded = not getenv("DATABASE_URL")
     env = dict(os.environ, DATABASE_URL=url())
     # Ctrl-C reaches the whole foreground group; the command decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return subprocess.call(command, env=env)
+    code = subprocess.call(command, env=env)
+    if embedded:
+        # The server outlives the command on purpose (the next `make run` starts at once,
+        # the jobs stay to look at); say so, and how to stop it.
+        print(
+            f"[devdb] the embedded PostgreSQL in {DATA_DIR} is still running "
+            f"(DATABASE_URL={env['DATABASE_URL']}); stop it with "
+            "`python -m brooq.devdb stop` (or `make db-down`)",
+            flush=True,
+        )
+    return code
 
 
 def main(argv: list[str]) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+
+from psycopg import conninfo  # noqa: E402
 
 import brooq  # noqa: E402
 from brooq import migrate  # noqa: E402
@@ -73,6 +76,24 @@ def show(queue: brooq.Queue, done_before: int) -> None:
     print(f"[demo] done={done - done_before}  " + " | ".join(parts), flush=True)
 
 
+def demo_ops_addr() -> str:
+    """QUEUE_OPS_ADDR when it names a port, else a free one on 127.0.0.1 (the demo prints
+    the page's address, so it must know the port before the master binds it)."""
+    given = os.environ.get("QUEUE_OPS_ADDR", "")
+    if given and not given.endswith(":0"):
+        return given
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def top_command(dsn: str) -> str:
+    """`brooq top` with the database to use; a DSN holding a password is not printed."""
+    if conninfo.conninfo_to_dict(dsn).get("password"):
+        return "DATABASE_URL=<your DATABASE_URL> .venv/bin/brooq top"
+    return f"DATABASE_URL='{dsn}' .venv/bin/brooq top"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     # One child per core for the CPU-heavy sync jobs, and one async child for the fetches.
@@ -92,6 +113,8 @@ def main() -> int:
         row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
     done_before = int(row[0]) if row else 0
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]))
+    ops_addr = demo_ops_addr()
+    env["QUEUE_OPS_ADDR"] = ops_addr
     master = subprocess.Popen(
         [
             sys.executable,
@@ -116,8 +139,9 @@ def main() -> int:
     print(
         "[demo] periodic: a heartbeat job every 3 s, once per tick across masters "
         "(brooq periodic --app demo_app:queue lists it)",
-        flush=True,
     )
+    print(f"[demo] status page: http://{ops_addr}/ (the in-flight jobs, their stacks, errors)")
+    print(f"[demo] live view in another terminal: {top_command(dsn)}", flush=True)
     started = time.monotonic()
     round_no = 0
     try:

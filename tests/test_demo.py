@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,10 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "applied migration 0001_job" in out.stdout
     assert "brooq-master exited with status 0" in out.stdout
+    # It says where the status page is and how to watch with brooq top.
+    page = re.search(r"\[demo\] status page: (http://127\.0\.0\.1:\d+/)", out.stdout)
+    assert page is not None, out.stdout
+    assert f"DATABASE_URL='{empty_dsn}' .venv/bin/brooq top" in out.stdout
     with psycopg.connect(empty_dsn) as conn:
         done = dict(
             conn.execute(

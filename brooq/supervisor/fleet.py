@@ -124,6 +124,7 @@ class Fleet:
         self.fatal: str | None = None
         self.crashes = CrashStreak()  # children dying outside any job
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="brooq-master-"))
+        self.other_reaped: Callable[[int], object] | None = None  # a pid not a worker's
         # Stacks children sent for `brooq jobs stack`: (worker, job, text), to be written.
         self.stack_answers: list[tuple[str, uuid.UUID, str]] = []
 
@@ -394,6 +395,8 @@ class Fleet:
             c = self.children.pop(pid, None)
             if c is not None:
                 self._ended(c, status)
+            elif self.other_reaped is not None:
+                self.other_reaped(pid)  # the page process (brooq.supervisor.pages)
 
     def _ended(self, c: ChildProc, status: int) -> None:
         # Read what it said and posted last (its held jobs may have changed).

@@ -59,6 +59,7 @@ from brooq.supervisor.duties import (
 from brooq.supervisor.enforce import Enforcer
 from brooq.supervisor.fleet import MASTER_SIGNALS, Fleet, ForkSpec
 from brooq.supervisor.ops import OpsServer
+from brooq.supervisor.pages import PageProcess
 from brooq.supervisor.sdnotify import Notifier
 
 log = logging.getLogger("brooq.master")
@@ -82,12 +83,14 @@ class Master:
     ) -> None:
         self.app_spec = app_spec
         self.settings = settings
+        self.dsn = dsn
         self.drain_deadline = 0.0
         self.notifier = Notifier()
         self.ready_sent = False
         self.metrics = metrics_mod.Metrics() if metrics_dir is not None else None
         self.admin_token = admin_token
         self.ops: OpsServer | None = None
+        self.pages: PageProcess | None = None
         self.sig_r = self.sig_w = -1
         self.conns = Connections(
             dsn,
@@ -165,12 +168,22 @@ class Master:
             self.settings.lease,
             os.getpid(),
         )
-        self.ops = start_ops(self.settings.ops_addr, self.admin.hooks(self.admin_token))
+        hooks = self.admin.hooks(self.admin_token)
+        if self.settings.ops_addr:
+            # The status page renders in a process of its own, never in this loop.
+            self.pages = PageProcess(
+                self.dsn, self.admin_token, self._fds_for_pages, MASTER_SIGNALS
+            )
+            self.fleet.other_reaped = self.pages.reaped
+            hooks.page = self.pages.hand
+        self.ops = start_ops(self.settings.ops_addr, hooks)
         self._set_configured()
         self.conns.connect()
         try:
             return self._loop()
         finally:
+            if self.pages is not None:
+                self.pages.stop()
             self.conns.close()
             if self.ops is not None:
                 self.ops.close()
@@ -255,7 +268,13 @@ class Master:
     def _own_fds(self) -> list[int]:
         """The master's own descriptors, which a forked child closes."""
         ops = self.ops.fds() if self.ops is not None else []  # listening socket, clients
-        return [self.sig_r, self.sig_w, *ops, *self.conns.fds()]
+        pages = self.pages.fds() if self.pages is not None else []
+        return [self.sig_r, self.sig_w, *ops, *pages, *self.conns.fds()]
+
+    def _fds_for_pages(self) -> list[int]:
+        """What the page process closes: the master's descriptors and every worker's
+        pipes (a worker must see its master's end of the pipe close when it dies)."""
+        return [*self._own_fds(), *(fd for c in self.fleet.children.values() for fd in c.fds)]
 
     def _finish(self) -> int:
         if self.accounting.released:

@@ -6,6 +6,12 @@ endpoints to cancel or retry a job. Binds 127.0.0.1 by default.
     GET  /metrics                   the whole fleet, Prometheus text format
     POST /admin/jobs/<id>/cancel    bearer token required
     POST /admin/jobs/<id>/retry     bearer token required
+    GET  /, /in-flight, /failed, /dead, /jobs/<id>; POST /jobs/<id>/stack
+    GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
+         /queues/<name>/{pause,resume}, /bulk/{retry,cancel}
+                                    the status page (brooq.web, brooq.supervisor.actions),
+                                    answered by the page process
+                                    (brooq.supervisor.pages), not here
 
 Served from the master's own loop, with no thread (the master must stay single-threaded
 to fork safely) and without ever waiting on a client: every socket is non-blocking and
@@ -43,6 +49,11 @@ from typing import Any
 log = logging.getLogger("brooq.ops")
 
 _ADMIN = re.compile(r"^/admin/jobs/([0-9a-fA-F-]{1,64})/(cancel|retry)$")
+# The status page's paths (a query string may follow); brooq.web answers what they hold.
+_PAGE = re.compile(
+    r"^/(in-flight|failed|dead|actions|sign-in|sign-out|bulk/(retry|cancel)"
+    r"|jobs/[^/?#]*(/(stack|cancel|retry))?|queues/[^/?#]*/(pause|resume))?(\?.*)?$"
+)
 
 REQUEST_TIMEOUT = 5.0  # from accept to the whole request received
 RESPONSE_TIMEOUT = 5.0  # from the answer ready to the answer taken by the client
@@ -67,6 +78,9 @@ class OpsHooks:
     metrics: Callable[[], bytes]
     admin: Callable[[str, str], tuple[int, dict[str, Any]]]  # (action, job id)
     token: bytes | None
+    # Hands a status-page request (the client's socket, the bytes read) to the page
+    # process; False when it cannot take it now. None: no status page.
+    page: Callable[[socket.socket, bytes], bool] | None = None
 
 
 @dataclass
@@ -133,6 +147,11 @@ def parse(data: bytes | bytearray) -> _Request | None:
     if len(data) < end.end() + length:
         return None
     return _Request(method, path, headers)
+
+
+def is_page(request: _Request) -> bool:
+    """A request the page process answers (brooq.supervisor.pages)."""
+    return request.method in ("GET", "HEAD", "POST") and bool(_PAGE.match(request.path))
 
 
 def _response(
@@ -325,7 +344,13 @@ class OpsServer:
             request = parse(c.inbox)
             if request is None:
                 return
-            response = answer(self._pass_hooks, request)
+            if self.hooks.page is not None and is_page(request):
+                if self.hooks.page(c.sock, bytes(c.inbox)):
+                    self._drop(c)  # our copy: the page process has its own and answers
+                    return
+                response = _response(503, b"the status page is busy; try again\n")
+            else:
+                response = answer(self._pass_hooks, request)
         except _BadRequest as exc:
             response = _response(exc.status, f"{exc}\n".encode())
         except Exception:  # nothing a client sends may break the master's loop
@@ -369,3 +394,8 @@ class OpsServer:
         self.conns.pop(c.sock.fileno(), None)
         with contextlib.suppress(OSError):
             c.sock.close()
+
+
+# For the page process, which parses a handed request again and answers it itself.
+BadRequest = _BadRequest
+plain_response = _response

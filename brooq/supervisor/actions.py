@@ -1,0 +1,243 @@
+"""The status page's actions, in the page process: sign in with the admin token, then
+cancel or retry a job, pause or resume a queue, retry or cancel in bulk.
+
+    GET  /sign-in                  the sign-in form (the token is posted, never in a URL)
+    POST /sign-in                  token=... -> the session cookie (brooq.supervisor.signin)
+    POST /sign-out
+    GET  /actions                  the forms of every action (signed in), or how to sign in
+    POST /jobs/<id>/cancel, /jobs/<id>/retry
+    POST /queues/<name>/pause, /queues/<name>/resume
+    POST /bulk/retry, /bulk/cancel topic=T state=S [queue=Q]
+
+Every POST but /sign-in needs a valid session and the form's CSRF token (403 without).
+Without an admin token configured every action answers 403 and the pages say how to
+enable them. The writes are brooq.Queue's own (the guarded statements, the bulk batches);
+a refusal is worded by brooq.job as for the CLI.
+
+Owns: routing and answering these requests. Must never write the token into a page, a
+log line or a URL, or change anything on a GET.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import Any
+from urllib.parse import parse_qs
+
+from brooq.supervisor import ops, signin
+
+log = logging.getLogger("brooq.pages")
+
+_ROUTES = re.compile(
+    r"^/(?:(sign-in|sign-out|actions)|jobs/([0-9a-fA-F-]{36})/(cancel|retry)"
+    r"|queues/([^/?#]{1,128})/(pause|resume)|bulk/(retry|cancel))$"
+)
+HTML = "text/html; charset=utf-8"
+
+
+class Actions:
+    def __init__(self, dsn: str, token: bytes | None) -> None:
+        self.dsn = dsn
+        self.token = token
+        self._queue: Any = None  # a brooq.Queue, opened at the first action
+
+    def handles(self, target: str) -> bool:
+        return bool(_ROUTES.match(target.split("?", 1)[0]))
+
+    def answer(self, request: Any, body: bytes) -> bytes:
+        path = request.path.split("?", 1)[0]
+        match = _ROUTES.match(path)
+        assert match is not None
+        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items() if v}
+        token = self.token
+        now = time.time()
+        session = (
+            signin.session_of(token, request.headers.get("cookie", ""), now) if token else None
+        )
+        page, job_id, job_action, queue_name, queue_action, bulk = match.groups()
+        if request.method == "GET":
+            if page == "sign-in":
+                return self._page(200, "Sign in", self._sign_in_form(), session)
+            if page == "actions":
+                query = {k: v[0] for k, v in parse_qs(request.path.partition("?")[2]).items()}
+                return self._page(200, "Actions", self._forms(session, query), session)
+            return _plain(405, "use POST")
+        if request.method != "POST":
+            return _plain(405, "use GET or POST")
+        if token is None:
+            return self._page(403, "Actions are off", "<p>No admin token is configured.</p>", None)
+        if page == "sign-in":
+            if not signin.token_matches(token, form.get("token", "")):
+                log.warning("event=page_sign_in_failed")
+                return self._page(
+                    401, "Sign in", "<p>Wrong token.</p>" + self._sign_in_form(), None
+                )
+            _, cookie = signin.new_session(token, now)
+            log.info("event=page_signed_in")
+            return _redirect("/actions", signin.set_cookie(cookie))
+        if not signin.csrf_ok(token, session, form.get("csrf", "")):
+            return self._page(
+                403,
+                "Not signed in",
+                '<p>Sign in first (<a href="/sign-in">sign in</a>); a form older than the '
+                "session is refused too.</p>",
+                None,
+            )
+        if page == "sign-out":
+            return _redirect("/", signin.clear_cookie())
+        return self._act(job_id, job_action, queue_name, queue_action, bulk, form, session)
+
+    # -- the writes ----------------------------------------------------------------------
+
+    def _act(
+        self,
+        job_id: str | None,
+        job_action: str | None,
+        queue_name: str | None,
+        queue_action: str | None,
+        bulk: str | None,
+        form: dict[str, str],
+        session: signin.Session | None,
+    ) -> bytes:
+        from brooq.errors import BrooqError, InvalidJob, InvalidTransition
+
+        queue = self._open()
+        try:
+            if job_id and job_action:
+                jid = uuid.UUID(job_id)
+                moved = queue.cancel(jid) if job_action == "cancel" else queue.retry(jid)
+                if not moved:
+                    raise queue.explain_refusal(
+                        jid, "cancel" if job_action == "cancel" else "retry"
+                    )
+                log.info("event=page_%s job=%s", job_action, jid)
+                return _redirect(f"/jobs/{jid}")
+            if queue_name and queue_action:
+                (queue.pause if queue_action == "pause" else queue.resume)(queue_name)
+                log.info("event=page_%s queue=%s", queue_action, queue_name)
+                return _redirect("/")
+            assert bulk is not None
+            many = queue.retry_many if bulk == "retry" else queue.cancel_many
+            result = many(
+                topic=form.get("topic", ""),
+                state=form.get("state", ""),
+                queue=form.get("queue") or None,
+            )
+            log.info(
+                "event=page_bulk_%s matched=%d changed=%d", bulk, result.matched, result.changed
+            )
+            return self._page(
+                200,
+                f"Bulk {bulk}",
+                f"<p>{result.matched} matched, {result.changed} changed.</p>",
+                session,
+            )
+        except (InvalidJob, InvalidTransition, BrooqError, ValueError) as exc:
+            return self._page(409, "Refused", f"<p>{_e(exc)}</p>", session)
+
+    def _open(self) -> Any:
+        if self._queue is None:
+            import brooq
+
+            self._queue = brooq.Queue(self.dsn)
+        return self._queue
+
+    # -- pages -----------------------------------------------------------------------------
+
+    def _page(self, status: int, title: str, body: str, session: signin.Session | None) -> bytes:
+        from brooq.web import security_headers
+        from brooq.web.render import layout
+
+        html = layout(title, body, actions_enabled=self.token is not None)
+        extra = [(k, v) for k, v in security_headers() if k.lower() != "cache-control"]
+        return ops.plain_response(status, html, HTML, extra)
+
+    def _sign_in_form(self) -> str:
+        if self.token is None:
+            return "<p>Actions are off: no admin token is configured.</p>"
+        return (
+            '<form method="post" action="/sign-in">'
+            '<label>Admin token <input type="password" name="token" autocomplete="off" '
+            'required></label> <button type="submit">Sign in</button></form>'
+        )
+
+    def _forms(self, session: signin.Session | None, query: dict[str, str]) -> str:
+        if self.token is None:
+            return "<p>Actions are off: no admin token is configured.</p>"
+        if session is None:
+            return '<p>Not signed in: <a href="/sign-in">sign in</a> with the admin token.</p>'
+        csrf = f'<input type="hidden" name="csrf" value="{_e(session.csrf(self.token))}">'
+
+        def form(action: str, fields: str, label: str) -> str:
+            return (
+                f'<form method="post" action="{_e(action)}">{csrf}{fields}'
+                f"<button>{label}</button></form>"
+            )
+
+        job = query.get("job", "")
+        name = query.get("queue", "")
+        chosen = ""
+        try:
+            jid = uuid.UUID(job) if job else None
+        except ValueError:
+            jid = None
+            chosen += f"<p>{_e(job)} is not a job id.</p>"
+        if jid is not None:
+            chosen += f"<h3>Job {_e(jid)}</h3>" + form(f"/jobs/{jid}/cancel", "", "Cancel")
+            chosen += form(f"/jobs/{jid}/retry", "", "Retry")
+        if name and re.fullmatch(r"[^/?#]{1,128}", name):
+            chosen += f"<h3>Queue {_e(name)}</h3>" + form(f"/queues/{name}/pause", "", "Pause")
+            chosen += form(f"/queues/{name}/resume", "", "Resume")
+        return (
+            "<h2>A job or a queue</h2>"
+            '<form method="get" action="/actions"><input name="job" placeholder="job id"> '
+            '<input name="queue" placeholder="queue name"> <button>Choose</button></form>'
+            + chosen
+            + "<h2>Bulk</h2>"
+            + form(
+                "/bulk/retry",
+                '<input name="topic" placeholder="topic" required> '
+                '<select name="state"><option>dead</option><option>canceled</option></select> '
+                '<input name="queue" placeholder="queue (any)"> ',
+                "Retry all",
+            )
+            + form(
+                "/bulk/cancel",
+                '<input name="topic" placeholder="topic" required> '
+                '<select name="state"><option>pending</option><option>failed</option></select> '
+                '<input name="queue" placeholder="queue (any)"> ',
+                "Cancel all",
+            )
+            + "<h2>Sign out</h2>"
+            + form("/sign-out", "", "Sign out")
+        )
+
+
+def csrf_field(token: bytes | None, cookie_header: str) -> str:
+    """The hidden CSRF field for a form on a page, when the viewer is signed in."""
+    if token is None:
+        return ""
+    session = signin.session_of(token, cookie_header, time.time())
+    if session is None:
+        return ""
+    return f'<input type="hidden" name="csrf" value="{_e(session.csrf(token))}">'
+
+
+def _e(value: object) -> str:
+    from brooq.web.render import e
+
+    return e(value)
+
+
+def _plain(status: int, text: str) -> bytes:
+    return ops.plain_response(status, (text + "\n").encode())
+
+
+def _redirect(location: str, cookie: str | None = None) -> bytes:
+    extra = [("Location", location)]
+    if cookie is not None:
+        extra.append(("Set-Cookie", cookie))
+    return ops.plain_response(303, b"", "text/plain", extra)

@@ -1,0 +1,273 @@
+"""The status page's own process: pages are rendered off the master's loop.
+
+The master's ops server (brooq.supervisor.ops) accepts a connection and reads its request
+as for every endpoint; a request for a page (``is_page``) is handed here together with
+the client's socket, over a SOCK_SEQPACKET socketpair (one message per request: the bytes
+read so far, and the socket by SCM_RIGHTS), and the master forgets the connection. This
+process parses the request again, renders it with brooq.web on a database connection of
+its own (read-only transactions under a statement timeout), writes the answer and closes
+the socket. So a slow page query, a page of 1,000 rows or a client slow to read its answer
+costs this process time, never the master's: renewal, the watchdog and the hard timeout
+keep their timing.
+
+The master never waits for this process either: the hand-over is a non-blocking send; if
+its queue of requests is full (the socket's buffer), the master answers 503 itself. The
+process is forked at the first page request (a master nobody looks at never has one) and
+again after it died, at most once a second; it ends when the master's end of the socket
+closes (the master stopped or died) or on SIGTERM.
+
+Owns: forking the page process and handing requests to it (PageProcess, in the master),
+and the process's loop (run, after the fork). Must never run in the master's loop beyond
+one non-blocking send, and never write to the database (brooq.web only reads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable, Collection
+from typing import Any
+
+import psycopg
+
+from brooq.supervisor import ops
+from brooq.supervisor.actions import Actions
+
+log = logging.getLogger("brooq.pages")
+
+CLIENT_TIMEOUT = 5.0  # a client that does not take its page within this is dropped
+RESPAWN_AFTER = 1.0  # at most one fork of the page process per second
+MESSAGE_BYTES = ops.MAX_HEADER_BYTES + ops.MAX_BODY_BYTES + 64
+
+
+class PageProcess:
+    """The master's handle on the page process. ``close_in_child`` gives the descriptors
+    the forked process must close (the master's own, as a worker child closes them)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        token: bytes | None,
+        close_in_child: Callable[[], list[int]],
+        signals: Collection[signal.Signals],
+    ) -> None:
+        self.dsn = dsn
+        self.signals = signals  # the master's, blocked across the fork
+        self.token = token  # the admin token: sign-in and actions; None: read-only
+        self.close_in_child = close_in_child
+        self.pid: int | None = None
+        self.sock: socket.socket | None = None
+        self.started_at = float("-inf")
+
+    def fds(self) -> list[int]:
+        return [self.sock.fileno()] if self.sock is not None else []
+
+    def ensure(self, now: float) -> None:
+        """Fork the page process if it is not running (and the last fork is a second old).
+        The master's signals are blocked across the fork, as for a worker (a signal the
+        page process got before its own signal table would wake the master:
+        brooq.supervisor.fleet.spawn); the mask comes back in both once that is set."""
+        if self.pid is not None or now - self.started_at < RESPAWN_AFTER:
+            return
+        self.started_at = now
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+        pid = os.fork()
+        if pid == 0:  # the page process: never returns
+            code = 1
+            try:
+                ours.close()
+                for fd in self.close_in_child():
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                code = run(theirs, self.dsn, self.token, mask)
+            finally:
+                os._exit(code)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        theirs.close()
+        ours.setblocking(False)
+        self.pid, self.sock = pid, ours
+        log.info("event=pages_started pid=%d", pid)
+
+    def hand(self, client: socket.socket, request: bytes) -> bool:
+        """Give the page request and its socket to the page process; False when it cannot
+        take it now (not running, busy): the caller answers 503."""
+        self.ensure(time.monotonic())
+        if self.sock is None:
+            return False
+        try:
+            socket.send_fds(self.sock, [request], [client.fileno()])
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            self._lost()
+            return False
+        return True
+
+    def reaped(self, pid: int) -> bool:
+        """The master reaped ``pid``: True when it was the page process (forked again on
+        the next ensure)."""
+        if pid != self.pid:
+            return False
+        log.warning("event=pages_exited pid=%d: forked again", pid)
+        self._lost()
+        return True
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+        self._lost()
+
+    def _lost(self) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+        self.sock = None
+        self.pid = None
+
+
+# -- the page process ---------------------------------------------------------------------
+
+
+def run(
+    sock: socket.socket,
+    dsn: str,
+    token: bytes | None,
+    mask: set[int | signal.Signals] | None = None,
+) -> int:
+    """The page process's loop: one request at a time, until the master's end closes."""
+    from setproctitle import setproctitle
+
+    signal.set_wakeup_fd(-1)  # the master's: a signal here must not wake the master
+    for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(signum, signal.SIG_IGN)
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    setproctitle("brooq-pages: status page")
+    pages = _Pages(dsn, token)
+    sock.setblocking(True)
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 1)
+        except InterruptedError:
+            continue
+        except OSError:
+            return 0
+        if not data and not fds:
+            return 0  # the master is gone
+        for fd in fds:
+            client = socket.socket(fileno=fd)
+            try:
+                pages.answer(client, data)
+            finally:
+                with contextlib.suppress(OSError):
+                    client.close()
+
+
+_STACK = re.compile(r"^/jobs/([0-9a-fA-F-]{36})/stack$")
+
+
+def _body(data: bytes) -> bytes:
+    """The request's body (the master read it whole, Content-Length bytes at most)."""
+    _, _, body = data.partition(b"\r\n\r\n")
+    if not body:
+        _, _, body = data.partition(b"\n\n")
+    return body[: ops.MAX_BODY_BYTES]
+
+
+STACK_TIMEOUT = 3.0  # the stack button waits this long for the job's master
+
+
+class _Pages:
+    def __init__(self, dsn: str, token: bytes | None) -> None:
+        self.dsn = dsn
+        self.token = token
+        self.actions_enabled = token is not None
+        self.conn: psycopg.Connection[Any] | None = None  # opened at the first page
+        self.actions = Actions(dsn, token)
+
+    def answer(self, client: socket.socket, data: bytes) -> None:
+        client.setblocking(True)
+        client.settimeout(CLIENT_TIMEOUT)
+        started = time.monotonic()
+        response = self._render(data)
+        with contextlib.suppress(OSError):
+            client.sendall(response)
+            client.shutdown(socket.SHUT_WR)
+        log.debug("event=page_served took=%.1fms", (time.monotonic() - started) * 1000)
+
+    def _stack(self, raw_id: str) -> bytes:
+        """The job page's stack button: what `brooq jobs stack ID` prints, on a page. A
+        read (of the code the handler is in, not of its variables), so it needs no
+        sign-in; the request travels through the database like the command's."""
+        from brooq.errors import BrooqError
+        from brooq.stacks import fetch_stack
+        from brooq.web import security_headers
+        from brooq.web.render import e, layout, link
+
+        try:
+            job_id = uuid.UUID(raw_id)
+        except ValueError:
+            return ops.plain_response(400, b"a job id is a UUID\n")
+        status = 200
+        try:
+            answer = fetch_stack(self.dsn, job_id, STACK_TIMEOUT)
+            body = f"<p>Worker {e(answer.worker)}, asked just now.</p><pre>{e(answer.text)}</pre>"
+        except BrooqError as exc:  # not running, not found, no master answered
+            status = 404 if type(exc).__name__ == "JobNotFound" else 409
+            body = f"<p>{e(exc)}</p>"
+        body += f"<p>{link(f'/jobs/{job_id}', 'Back to the job')}</p>"
+        page = layout(f"Stack of job {job_id}", body, actions_enabled=self.actions_enabled)
+        extra = [(k, v) for k, v in security_headers() if k.lower() != "cache-control"]
+        return ops.plain_response(status, page, "text/html; charset=utf-8", extra)
+
+    def _render(self, data: bytes) -> bytes:
+        from brooq import web  # in this process only: the master never imports the pages
+
+        try:
+            request = ops.parse(data)
+        except ops.BadRequest as exc:
+            return ops.plain_response(exc.status, f"{exc}\n".encode())
+        if request is None:
+            return ops.plain_response(400, b"incomplete request\n")
+        stack = _STACK.match(request.path)
+        if stack is not None and request.method == "POST":
+            return self._stack(stack.group(1))
+        if self.actions.handles(request.path):
+            return self.actions.answer(request, _body(data))
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = psycopg.connect(
+                    self.dsn, autocommit=True, connect_timeout=3, application_name="brooq-pages"
+                )
+            page = web.serve(
+                self.conn, request.method, request.path, actions_enabled=self.actions_enabled
+            )
+        except psycopg.OperationalError:
+            self.conn = None
+            return ops.plain_response(503, b"the database is unreachable\n")
+        except Exception:  # a defect of a page must not end the process
+            log.exception("event=page_failed path=%r", request.path[:200])
+            if self.conn is not None:
+                with contextlib.suppress(Exception):
+                    self.conn.rollback()
+            return ops.plain_response(500, b"internal error\n")
+        content_type = "text/html; charset=utf-8"
+        # plain_response writes these two itself.
+        extra = [
+            (k, v) for k, v in page.headers if k.lower() not in ("content-type", "cache-control")
+        ]
+        for k, v in page.headers:
+            if k.lower() == "content-type":
+                content_type = v
+        body = b"" if request.method == "HEAD" else page.body
+        return ops.plain_response(page.status, body, content_type, extra)
