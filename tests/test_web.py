@@ -183,12 +183,13 @@ def test_an_unknown_job_is_404_and_a_malformed_id_400(db: Conn) -> None:
     assert posted.status == 405 and ("Allow", "GET, HEAD") in posted.headers
 
 
-def test_the_stack_button_says_it_is_not_implemented(db: Conn) -> None:
+def test_the_stack_button_posts_to_the_page_process(db: Conn) -> None:
     job_id = insert(db, state="processing", locked_by="h:1:x", locked_until="2100-01-01")
     body = text(get(db, f"/jobs/{job_id}"))
-    assert f'action="/jobs/{job_id}/stack"' in body and "not implemented yet" in body
+    assert f'action="/jobs/{job_id}/stack"' in body and "brooq jobs stack ID" in body
+    # Rendered alone (no master), the pages cannot ask: tests/test_status_page.py asks.
     response = get(db, f"/jobs/{job_id}/stack", method="POST")
-    assert response.status == 501 and "not implemented yet" in text(response)
+    assert response.status == 501 and "page process" in text(response)
     assert get(db, f"/jobs/{job_id}/stack").status == 405
 
 
@@ -259,7 +260,7 @@ def test_read_only_wording(db: Conn) -> None:
     off = text(get(db, "/"))
     assert "QUEUE_ADMIN_TOKEN_FILE" in off and "admin-token" in off and "are off" in off
     on = text(get(db, "/", actions=True))
-    assert "not implemented yet" in on and "are off" not in on
+    assert 'href="/sign-in"' in on and "are off" not in on
 
 
 def test_the_reads_run_read_only_under_a_statement_timeout(

@@ -133,10 +133,9 @@ def serve(
                     HTTPStatus.METHOD_NOT_ALLOWED, "the stack is asked by POST", "POST"
                 )
             job_id = _job_id(segments[1])
-            message = (
-                f"Asking job {job_id} for its stack is not implemented yet: it comes with "
-                "`brooq jobs stack ID` (docs/status-page.md)."
-            )
+            # The page process answers it (brooq.supervisor.pages asks the job's master,
+            # as `brooq jobs stack ID` does); rendered alone, these pages cannot.
+            message = f"Asking job {job_id} for its stack needs the master's page process."
             return _error_page(HTTPStatus.NOT_IMPLEMENTED, message, actions_enabled)
         if method not in ("GET", "HEAD"):
             raise _ClientError(
@@ -204,10 +203,14 @@ def overview_page(conn: psycopg.Connection[Any], actions_enabled: bool, timeout:
         parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
     parts.append(f"<h2>Done per minute, last hour</h2>{done_chart(data)}")
     parts.append("<h2>Paused queues</h2>")
+
+    def resume(name: str) -> str:
+        return link("/actions", "resume…", queue=name) if actions_enabled else ""
+
     parts.append(
         table(
-            ("queue", "paused since"),
-            ((e(r["name"]), e(when(r["updated_at"]))) for r in data["paused"]),
+            ("queue", "paused since", ""),
+            ((e(r["name"]), e(when(r["updated_at"])), resume(r["name"])) for r in data["paused"]),
             numeric=set(),
         )
     )
@@ -242,7 +245,8 @@ def _pages(path: str, page: Page) -> str:
 def stack_form(job_id: object) -> str:
     return (
         f'<form method="post" action="{e(f"/jobs/{job_id}/stack")}">'
-        '<button type="submit" title="not implemented yet">stack</button></form>'
+        '<button type="submit" title="the Python stack of the running handler, now">'
+        "stack</button></form>"
     )
 
 
@@ -267,8 +271,8 @@ def in_flight_page(page: Page, actions_enabled: bool) -> bytes:
     headers = ("job", "topic", "queue", "attempt", "child pid", "host", "running for",
                "lease left", "stack")  # fmt: skip
     note = (
-        '<p class="muted">The stack button will show the Python stack of the running '
-        "handler; it is not implemented yet.</p>"
+        '<p class="muted">The stack button shows the Python stack of the running handler '
+        "right now, from whichever host runs it (as <code>brooq jobs stack ID</code>).</p>"
     )
     body = note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
     return layout("In flight", body, actions_enabled=actions_enabled, refresh=REFRESH)
@@ -320,6 +324,8 @@ def job_page(row: Row, actions_enabled: bool) -> bytes:
         if name not in ("errors",)
     )
     parts = [f"<table><tbody>{columns}</tbody></table>"]
+    if actions_enabled:
+        parts.append(f"<p>{link('/actions', 'Cancel or retry this job', job=str(job_id))}</p>")
     state = row.get("state")
     if state == "done":
         parts.append("<h2>Outcome</h2><p>done; the handler returned:</p>")
@@ -330,8 +336,8 @@ def job_page(row: Row, actions_enabled: bool) -> bytes:
         host, pid = holder(row.get("locked_by"))
         parts.append(
             f"<h2>Running</h2><p>on host {e(host)}, child pid {e(pid)}</p>"
-            f'{stack_form(job_id)}<p class="muted">Asking a running job for its stack is '
-            "not implemented yet.</p>"
+            f'{stack_form(job_id)}<p class="muted">The Python stack of the running handler, '
+            "as <code>brooq jobs stack ID</code> prints it.</p>"
         )
     errors = row.get("errors") or []
     parts.append(f"<h2>Error history ({_n(len(errors))})</h2>")

@@ -151,15 +151,19 @@ def read_only_notice(actions_enabled: bool) -> str:
             "</code> in the unit), and restart it.</p>"
         )
     return (
-        '<p class="note">An admin token is configured, but signing in with it on this page '
-        "is not implemented yet, so the page is still read-only. Meanwhile: "
-        "<code>brooq jobs cancel|retry ID</code>, <code>brooq queues pause|resume</code>, "
-        "or <code>POST /admin/jobs/&lt;id&gt;/cancel|retry</code> with "
-        "<code>Authorization: Bearer</code> and the token.</p>"
+        '<p class="note">Actions (cancel, retry, bulk, pause, resume): '
+        f"{link('/sign-in', 'sign in')} once with the admin token, then "
+        f"{link('/actions', 'actions')}.</p>"
     )
 
 
-NAV = (("/", "Overview"), ("/in-flight", "In flight"), ("/failed", "Failed"), ("/dead", "Dead"))
+NAV = (
+    ("/", "Overview"),
+    ("/in-flight", "In flight"),
+    ("/failed", "Failed"),
+    ("/dead", "Dead"),
+    ("/actions", "Actions"),
+)
 
 
 def layout(title: str, body: str, *, actions_enabled: bool, refresh: int | None = None) -> bytes:
