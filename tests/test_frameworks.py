@@ -9,8 +9,10 @@ database; SQLAlchemy and FastAPI run in-process (their state is the objects made
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,9 +120,18 @@ def test_django_migration_applies_brooqs_schema_and_reverses(empty_dsn: str, dsn
 
 
 def test_django_migration_pins_brooqs_versions() -> None:
-    text = (DJANGO_PROJECT / "shop/migrations/0001_brooq.py").read_text()
-    assert "atomic = False" in text
-    assert f"FIRST, LAST = 1, {migrate.load()[-1].version}" in text, (
+    """The example's Django migrations of brooq's schema pin their versions, one after
+    the other from 1 to the last brooq ships, none atomic (CONCURRENTLY inside)."""
+    ranges = []
+    for path in sorted((DJANGO_PROJECT / "shop/migrations").glob("*_brooq*.py")):
+        text = path.read_text()
+        assert "atomic = False" in text, path.name
+        found = re.search(r"^FIRST, LAST = (\d+), (\d+)$", text, re.M)
+        assert found is not None, path.name
+        ranges.append((int(found.group(1)), int(found.group(2))))
+    assert ranges[0][0] == 1
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges)), ranges
+    assert ranges[-1][1] == migrate.load()[-1].version, (
         "brooq ships a new migration: add a Django migration with first=<it> to the example"
     )
 

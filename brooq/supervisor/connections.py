@@ -118,8 +118,10 @@ class Connections:
                     connect_timeout=MASTER_CONNECT_TIMEOUT,
                     application_name="brooq-master-listen",
                 )
-                self.listener.execute(Q.listen_jobs)
+                # The job channel last: what pg_stat_activity shows an operator (and the
+                # fault tests look for) is the connection LISTENing for jobs.
                 self.listener.execute(Q.listen_stack_requests)
+                self.listener.execute(Q.listen_jobs)
                 # Anything enqueued while we were not listening: have a look now.
                 self._wake()
         except SchemaMissing as exc:
