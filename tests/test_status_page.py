@@ -220,9 +220,16 @@ TOKEN = "a-status-page-token-0123456789"
 
 
 def request(
-    addr: tuple[str, int], method: str, target: str, body: str = "", cookie: str = ""
+    addr: tuple[str, int],
+    method: str,
+    target: str,
+    body: str = "",
+    cookie: str = "",
+    extra: str = "",
 ) -> tuple[int, str, bytes]:
     head = f"{method} {target} HTTP/1.1\r\nHost: brooq\r\nContent-Length: {len(body)}\r\n"
+    if extra:
+        head += extra + "\r\n"
     head += "Content-Type: application/x-www-form-urlencoded\r\n"
     if cookie:
         head += f"Cookie: {cookie}\r\n"
@@ -258,7 +265,14 @@ def test_signing_in_with_the_token_then_acting_through_the_forms(
     status, _, body = request(addr, "POST", "/sign-in", "token=wrong-token-wrong-token")
     seen.append(body)
     assert status == 401
-    status, head, _ = request(addr, "POST", "/sign-in", f"token={TOKEN}")
+    # One more try a second after a wrong token, from the same address; then it works.
+    assert request(addr, "POST", "/sign-in", f"token={TOKEN}")[0] == 429
+    signed = wait_for(
+        lambda: (r := request(addr, "POST", "/sign-in", f"token={TOKEN}"))[0] == 303 and r,
+        interval=0.2,
+        what="signed in after the pause",
+    )
+    status, head, _ = signed
     assert status == 303
     cookie_line = next(line for line in head.split("\r\n") if line.startswith("Set-Cookie:"))
     assert "HttpOnly" in cookie_line and "SameSite=Strict" in cookie_line
@@ -291,6 +305,13 @@ def test_signing_in_with_the_token_then_acting_through_the_forms(
     status, _, body = request(addr, "POST", f"/jobs/{dead[0]}/retry", token_field, cookie)
     seen.append(body)
     assert status == 409 and b"pending" in body  # refused, worded as for the CLI
+    # A form posted from another site is refused, session and CSRF token or not.
+    for header in ("Origin: http://evil.example", "Sec-Fetch-Site: cross-site"):
+        status, _, _ = request(
+            addr, "POST", "/queues/other/pause", token_field, cookie, extra=header
+        )
+        assert status == 403, header
+    assert [q.name for q in queue.queues() if q.paused] == ["bulk"]
     assert request(addr, "POST", "/sign-out", token_field, cookie)[0] == 303
     # The token is in no page and no log line.
     assert all(TOKEN.encode() not in b for b in seen)

@@ -36,6 +36,18 @@ _ROUTES = re.compile(
     r"|queues/([^/?#]{1,128})/(pause|resume)|bulk/(retry|cancel))$"
 )
 HTML = "text/html; charset=utf-8"
+SIGN_IN_PAUSE = 1.0  # seconds between wrong tokens from one address
+
+
+def _same_origin(headers: dict[str, str]) -> bool:
+    """A POST whose Sec-Fetch-Site or Origin says another site made it is refused; a
+    client that sends neither (curl, an older browser) is judged by the CSRF token alone.
+    Origin is "null" on our own forms (the pages' Referrer-Policy is no-referrer), so
+    only a real origin is compared with the Host."""
+    if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = headers.get("origin", "null")
+    return origin == "null" or origin.split("://", 1)[-1] == headers.get("host", "")
 
 
 class Actions:
@@ -43,11 +55,13 @@ class Actions:
         self.dsn = dsn
         self.token = token
         self._queue: Any = None  # a brooq.Queue, opened at the first action
+        # The last wrong token per client address: one more try a SIGN_IN_PAUSE later.
+        self._failed_at: dict[str, float] = {}
 
     def handles(self, target: str) -> bool:
         return bool(_ROUTES.match(target.split("?", 1)[0]))
 
-    def answer(self, request: Any, body: bytes) -> bytes:
+    def answer(self, request: Any, body: bytes, peer: str = "?") -> bytes:
         path = request.path.split("?", 1)[0]
         match = _ROUTES.match(path)
         assert match is not None
@@ -69,9 +83,20 @@ class Actions:
             return _plain(405, "use GET or POST")
         if token is None:
             return self._page(403, "Actions are off", "<p>No admin token is configured.</p>", None)
+        if not _same_origin(request.headers):
+            # SameSite=Strict keeps the cookie off cross-site requests already; a form
+            # posted from another site is refused before its CSRF token is even read.
+            return self._page(403, "Refused", "<p>A form from another site.</p>", None)
         if page == "sign-in":
+            if now - self._failed_at.get(peer, float("-inf")) < SIGN_IN_PAUSE:
+                return self._page(429, "Sign in", "<p>Too fast: try again in a second.</p>", None)
             if not signin.token_matches(token, form.get("token", "")):
-                log.warning("event=page_sign_in_failed")
+                self._failed_at[peer] = now
+                if len(self._failed_at) > 10_000:  # bounded: forget the oldest half
+                    failed = self._failed_at
+                    for old in sorted(failed, key=lambda a: failed[a])[:5_000]:
+                        del self._failed_at[old]
+                log.warning("event=page_sign_in_failed peer=%s", peer)
                 return self._page(
                     401, "Sign in", "<p>Wrong token.</p>" + self._sign_in_form(), None
                 )

@@ -199,7 +199,11 @@ class _Pages:
         client.setblocking(True)
         client.settimeout(CLIENT_TIMEOUT)
         started = time.monotonic()
-        response = self._render(data)
+        try:
+            peer = str(client.getpeername()[0])
+        except (OSError, IndexError):
+            peer = "?"
+        response = self._render(data, peer)
         with contextlib.suppress(OSError):
             client.sendall(response)
             client.shutdown(socket.SHUT_WR)
@@ -230,7 +234,7 @@ class _Pages:
         extra = [(k, v) for k, v in security_headers() if k.lower() != "cache-control"]
         return ops.plain_response(status, page, "text/html; charset=utf-8", extra)
 
-    def _render(self, data: bytes) -> bytes:
+    def _render(self, data: bytes, peer: str = "?") -> bytes:
         from brooq import web  # in this process only: the master never imports the pages
 
         try:
@@ -243,7 +247,7 @@ class _Pages:
         if stack is not None and request.method == "POST":
             return self._stack(stack.group(1))
         if self.actions.handles(request.path):
-            return self.actions.answer(request, _body(data))
+            return self.actions.answer(request, _body(data), peer)
         try:
             if self.conn is None or self.conn.closed:
                 self.conn = psycopg.connect(

@@ -294,9 +294,11 @@ def finished_badly_page(state: str, page: Page, actions_enabled: bool) -> bytes:
                 e(when(r["available_at"])) if state == "failed" else "",
                 f"<pre>{error}</pre>",
                 _n(r["errors_count"]),
+                link("/actions", "retry/cancel…", job=str(r["id"])) if actions_enabled else "",
             )
         )
     headers = ["job", "topic", "queue", "attempts", "at", "next attempt", "last error", "errors"]
+    headers.append("" if not actions_enabled else "actions")
     if state == "dead":
         headers[5] = ""
     title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
