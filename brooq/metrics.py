@@ -155,6 +155,17 @@ class Metrics:
             ["topic", "queue"],
             multiprocess_mode="mostrecent",
         )
+        # The table's upkeep (issue 21): what a big table needs watching for.
+        self.dead_tuples = Gauge(
+            "brooq_table_dead_tuples",
+            "Dead tuples in the job table (pg_stat estimate; vacuum reclaims them)",
+            multiprocess_mode="mostrecent",
+        )
+        self.xid_age = Gauge(
+            "brooq_table_xid_age",
+            "Age in transactions of the job table's oldest unfrozen transaction ID",
+            multiprocess_mode="mostrecent",
+        )
 
 
 def render(path: Path) -> bytes:

@@ -86,6 +86,19 @@ def test_scrape_after_a_mixed_run_matches_the_table(
     assert sample(text, "brooq_children_configured") == 2
     assert sample(text, "brooq_children_busy") == 0
     assert sample(text, "brooq_ready_oldest_age_seconds", topic="t.ok") == 0
+    # The table's upkeep: 25 jobs' claims and outcomes leave dead tuples (fewer than
+    # autovacuum's threshold for this table: 100 + 2 %), which the statistics collector
+    # reports within a second or so and the gauge a stats period later; the xid age is
+    # at most what PostgreSQL says now (it only grows until a freeze).
+    wait_for(
+        lambda: sample(get(addr, "/metrics")[1], "brooq_table_dead_tuples") > 0,
+        what="dead tuples counted",
+    )
+    row = db.execute(
+        "SELECT age(relfrozenxid) FROM pg_class WHERE oid = 'job'::regclass"
+    ).fetchone()
+    assert row is not None
+    assert 0 < sample(get(addr, "/metrics")[1], "brooq_table_xid_age") <= row[0]
 
     # Counters survive a child kill.
     victim = m.children()[0]
@@ -346,14 +359,52 @@ def test_retention_run_once(queue: brooq.Queue, db: psycopg.Connection) -> None:
     assert left == {"recent": 5, "active": 6}
 
 
-def test_retention_reports_what_is_left_beyond_the_batch_budget(
-    queue: brooq.Queue, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+def test_retention_reports_what_is_left_beyond_the_time_budget(
+    queue: brooq.Queue, db: psycopg.Connection
 ) -> None:
+    """A pass deletes batch after batch until its budget is spent (a clock that moves one
+    second per look, so two batches fit in 1.5 s), then says more may remain; a budget of
+    0 still deletes one batch."""
     queue.enqueue_many([brooq.Job("old") for _ in range(30)])
     db.execute("UPDATE job SET state = 'done', updated_at = now() - interval '2 days'")
-    monkeypatch.setattr(maintenance, "RETENTION_MAX_BATCHES", 2)
-    deleted, more = maintenance.delete_expired(db, ttl=3600, batch=10)
+    ticks = iter(range(100))
+    deleted, more = maintenance.delete_expired(
+        db, ttl=3600, batch=10, budget=1.5, clock=lambda: float(next(ticks))
+    )
     assert deleted == {"old": 20} and more is True
+    deleted, more = maintenance.delete_expired(db, ttl=3600, batch=5, budget=0.0)
+    assert deleted == {"old": 5} and more is True
+    deleted, more = maintenance.delete_expired(db, ttl=3600, batch=10)
+    assert deleted == {"old": 5} and more is False
+
+
+def test_the_master_drains_a_retention_backlog_between_its_other_work(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    """20,000 expired rows, batches of 10 and a period of an hour: only passes that run
+    again while behind (not a period later) delete them all, and the loop stays free
+    meanwhile: jobs enqueued during the backlog are picked up and /healthz answers."""
+    queue.enqueue_many([brooq.Job("old") for _ in range(20_000)])
+    db.execute("UPDATE job SET state = 'done', updated_at = now() - interval '2 hours'")
+    m = start_master(
+        workers=1,
+        env={
+            "QUEUE_RETENTION_TTL": "1h",
+            "QUEUE_RETENTION_BATCH": "10",
+            "QUEUE_RETENTION_PERIOD": "1h",
+        },
+    )
+    addr = ops_addr(m)
+    wait_for(lambda: "event=retention_behind" in m.log(), what="a backlog seen")
+    queue.enqueue(brooq.Job("t.ok"))
+    status, _ = get(addr, "/healthz")
+    assert status == 200
+    wait_for(lambda: states(db) == {"done": 1}, timeout=60, what="the backlog deleted")
+    assert "event=retention_caught_up count=20000" in m.log()
+    _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_retention_deleted_total", topic="old") == 20_000
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
 
 
 def test_retention_in_the_master(

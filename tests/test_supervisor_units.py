@@ -260,6 +260,41 @@ def test_a_scheduler_of_plain_duties() -> None:
     assert Scheduler([], now=0.0).next_at() == float("inf")
 
 
+def test_a_duty_that_left_work_runs_again_soon_not_a_period_later() -> None:
+    """Retention behind a backlog: each pass is short (the loop's other work goes on
+    between them) and the next one comes again_after seconds later; once it caught up it
+    is back on its period."""
+
+    class Backlog:
+        name = "backlog"
+        period = 60.0
+        first_after = 0.0
+        again_after: float | None = None
+
+        def __init__(self) -> None:
+            self.left, self.runs = 3, 0
+
+        def run_once(self, now: float) -> Counts:
+            self.runs += 1
+            self.left -= 1
+            self.again_after = 0.01 if self.left else None
+            return {}
+
+    def run_due(now: float) -> list[str]:
+        return [d.name for d in sched.due(now) if d.run_once(now) is not None]
+
+    duty = Backlog()
+    sched = Scheduler([duty], now=0.0)
+    assert run_due(0.0) == ["backlog"]
+    assert sched.next_at() == 0.01
+    assert run_due(0.005) == []
+    assert run_due(0.02) == ["backlog"]
+    assert run_due(0.03) == ["backlog"]  # the last of the backlog
+    assert duty.left == 0
+    assert sched.next_at() == 60.03  # caught up: a period later
+    assert run_due(1.0) == []
+
+
 # -- the job-count gauges --------------------------------------------------------------------
 
 
@@ -280,18 +315,31 @@ class FakeGauge:
         return Child()
 
 
+class PlainGauge:
+    value: float | None = None
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
 class FakeMetrics:
     def __init__(self) -> None:
         self.jobs = FakeGauge()
         self.oldest_ready = FakeGauge()
+        self.dead_tuples = PlainGauge()
+        self.xid_age = PlainGauge()
 
 
 class FakeConns:
+    """What Stats reads: the rows of job_stats_by_topic and the row of job_table_health
+    (the statements themselves are run by tests/test_operations.py's real master)."""
+
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.health = {"dead_tuples": 0.0, "xid_age": 0.0}
 
-    def with_db(self, what: str, fn: Any) -> list[dict[str, Any]]:
-        return self.rows
+    def with_db(self, what: str, fn: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        return self.rows, self.health
 
 
 def stats_row(queue: str, topic: str, pending: int, age: float = 0.0) -> dict[str, Any]:
@@ -334,6 +382,14 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
     listed.run_once(0.0)
     assert pending(metrics, "default", "mail") == 0
     assert Stats(none, {}, Settings(), None).run_once(0.0) == {}
+
+
+def test_stats_set_the_table_health_gauges() -> None:
+    conns, metrics = FakeConns(), FakeMetrics()
+    duty = Stats(conns, {}, Settings(), metrics)  # type: ignore[arg-type]
+    conns.health = {"dead_tuples": 1234.0, "xid_age": 5678.0}
+    duty.run_once(0.0)
+    assert (metrics.dead_tuples.value, metrics.xid_age.value) == (1234.0, 5678.0)
 
 
 # -- watchdog decisions --------------------------------------------------------------------------

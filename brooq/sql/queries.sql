@@ -773,6 +773,18 @@ WHERE state IN ('pending', 'processing', 'failed', 'dead')
 GROUP BY queue, topic
 ORDER BY queue, topic
 
+-- name: job_table_health
+-- The job table's upkeep, for the master's gauges: dead tuples (the statistics
+-- collector's estimate: what vacuum has yet to reclaim; a queue's claims and outcomes
+-- leave two per job) and the age of its oldest unfrozen transaction ID (autovacuum must
+-- freeze before autovacuum_freeze_max_age, 200 million by default; wraparound stops
+-- writes at about 2 billion). Catalog reads only, whatever the table's size.
+SELECT coalesce(s.n_dead_tup, 0)::float8 AS dead_tuples,
+       age(c.relfrozenxid)::float8 AS xid_age
+FROM pg_class AS c
+LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
+WHERE c.oid = 'job'::regclass
+
 -- name: job_queue_stats
 -- Per queue, in one snapshot: every queue holding active or dead jobs, and every queue
 -- with a brooq_queue row (paused or resumed by an operator, perhaps before any job came),

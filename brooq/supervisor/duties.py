@@ -54,6 +54,9 @@ SD_WATCHDOG, RECONNECT, RENEW, REAP, STATS, RETENTION, PERIODIC = (
     "periodic",
 )
 PERIODIC_PERIOD = 1.0
+# Retention while behind: the pause between two passes, and how often it says so.
+RETENTION_BEHIND_PAUSE = 0.01
+RETENTION_LOG_EVERY = 10.0
 # A schedule seen for the first time enqueues its most recent tick only if that tick is
 # this recent (it fell due while the masters were running, a pass ago at most); an older
 # one is recorded as its starting point and the first job comes with the next tick.
@@ -85,13 +88,18 @@ class Scheduler:
         """The duties due at ``now``, in order, each rescheduled one period after ``now``
         as it is handed out. Lazy: a duty is looked at once the one before it has run, so
         a duty made due at once by an earlier one (renewal, by a reconnection) runs in
-        the same pass."""
+        the same pass. A duty that ran and left work (its ``again_after`` is not None, as
+        Retention's while it is behind) runs again that many seconds after ``now``
+        instead of a period later."""
         for d in self.duties:
             if d.period is None:
                 yield d
             elif now >= self._next[d.name]:
                 self._next[d.name] = now + d.period
                 yield d
+                again = getattr(d, "again_after", None)
+                if again is not None:
+                    self._next[d.name] = min(self._next[d.name], now + again)
 
     def next_at(self) -> float:
         """When the next timed duty is due."""
@@ -239,8 +247,9 @@ class Reaper:
 
 
 class Stats:
-    """Jobs by queue, topic and state, oldest ready age: read from the table on a timer,
-    so the scrape rate never multiplies the database load.
+    """Jobs by queue, topic and state, oldest ready age, and the table's dead tuples and
+    transaction ID age: read from the database on a timer, so the scrape rate never
+    multiplies the database load.
 
     ``topics``: {topic: the queue its handler declares}; their label sets are
     written, as zeros, even while the table holds none of their jobs. A label set read
@@ -268,12 +277,18 @@ class Stats:
         if self.metrics is None:
             return {}
 
-        def read(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
-            return conn.cursor(row_factory=dict_row).execute(Q.job_stats_by_topic).fetchall()
+        def read(conn: psycopg.Connection[Any]) -> tuple[list[dict[str, Any]], Any]:
+            cur = conn.cursor(row_factory=dict_row)
+            rows = cur.execute(Q.job_stats_by_topic).fetchall()
+            return rows, cur.execute(Q.job_table_health).fetchone()
 
-        rows = self.conns.with_db("stats", read)
-        if rows is None:
+        result = self.conns.with_db("stats", read)
+        if result is None:
             return {}
+        rows, health = result
+        if health is not None:
+            self.metrics.dead_tuples.set(health["dead_tuples"])
+            self.metrics.xid_age.set(health["xid_age"])
         by_key = {(r["queue"], r["topic"]): r for r in rows}
         for queue, topic in self.handled | self.shown | set(by_key):
             r = by_key.get((queue, topic), {})
@@ -287,9 +302,17 @@ class Stats:
 
 
 class Retention:
-    """Delete terminal jobs older than retention_ttl (0: never)."""
+    """Delete terminal jobs older than retention_ttl (0: never).
+
+    A pass deletes for at most maintenance.RETENTION_PASS_SECONDS; while rows are left
+    (a backlog: a new deployment on a year of history, or production faster than the
+    period can keep up with) it runs again RETENTION_BEHIND_PAUSE later instead of a
+    period later, so the backlog drains without the master's loop being held: children
+    are woken and watched between the batches. Logged once per RETENTION_LOG_EVERY while
+    behind, and once when caught up."""
 
     name = RETENTION
+    again_after: float | None = None
 
     def __init__(self, conns: Connections, settings: Settings, metrics: Metrics | None) -> None:
         self.conns = conns
@@ -298,6 +321,9 @@ class Retention:
         self.period = settings.effective_retention_period
         self.first_after = min(5.0, self.period)
         self.metrics = metrics
+        self.behind_since: float | None = None  # when the current backlog was first seen
+        self.behind_count = 0  # rows deleted since then
+        self.logged_at = 0.0
 
     def run_once(self, now: float) -> Counts:
         # Stack requests a killed `brooq jobs stack` left behind (brooq.stacks), whatever
@@ -314,15 +340,36 @@ class Retention:
         if deleted and self.metrics is not None:
             for topic, n in deleted.items():
                 self.metrics.retention_deleted.labels(topic).inc(n)
-        if deleted:
-            log.info("event=retention_deleted count=%d", sum(deleted.values()))
-        if more:
-            log.warning(
-                "event=retention_behind: %d batches were not enough; "
-                "the rest waits for the next tick",
-                maintenance.RETENTION_MAX_BATCHES,
+        count = sum(deleted.values())
+        self._log(now, count, more)
+        self.again_after = RETENTION_BEHIND_PAUSE if more else None
+        return {"deleted": count, "behind": int(more)}
+
+    def _log(self, now: float, count: int, more: bool) -> None:
+        if self.behind_since is None and not more:
+            if count:
+                log.info("event=retention_deleted count=%d", count)
+            return
+        first = self.behind_since is None
+        if self.behind_since is None:
+            self.behind_since = now
+            self.behind_count = 0
+        self.behind_count += count
+        if not more:
+            log.info(
+                "event=retention_caught_up count=%d seconds=%.1f",
+                self.behind_count,
+                now - self.behind_since,
             )
-        return {"deleted": sum(deleted.values()), "behind": int(more)}
+            self.behind_since = None
+        elif first or now - self.logged_at >= RETENTION_LOG_EVERY:
+            log.warning(
+                "event=retention_behind count=%d seconds=%.1f: more rows are older than "
+                "the TTL than one pass deletes; deleting on, between the loop's other work",
+                self.behind_count,
+                now - self.behind_since,
+            )
+            self.logged_at = now
 
 
 def _wall_clock() -> datetime:

@@ -11,9 +11,10 @@ lease, the limits and the handlers' policies.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -26,7 +27,11 @@ from brooq.worker.retry import backoff
 
 log = logging.getLogger("brooq.master")
 
-RETENTION_MAX_BATCHES = 100
+# Retention runs in the master's loop: one pass deletes batches for at most this long,
+# then hands the loop back (pickup wake-ups, the watchdog, the ops surface); a pass that
+# left work runs again right after (Retention.again_after), so a backlog still drains at
+# the database's pace without ever holding the loop for more than about one batch.
+RETENTION_PASS_SECONDS = 0.05
 HISTORY_ERROR_MAX = 1000  # characters of an error history entry (job_set_failed)
 
 
@@ -64,15 +69,21 @@ def reap_expired(
 
 
 def delete_expired(
-    conn: psycopg.Connection[Any], ttl: float, batch: int
+    conn: psycopg.Connection[Any],
+    ttl: float,
+    batch: int,
+    budget: float = RETENTION_PASS_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Counter[str], bool]:
-    """Retention: delete terminal rows older than ``ttl`` seconds, ``batch`` at a time, at
-    most RETENTION_MAX_BATCHES batches. Returns counts by topic and whether more remain.
-    A ttl of 0 (or less) deletes nothing: it means "retention off", never "everything"."""
+    """Retention: delete terminal rows older than ``ttl`` seconds, ``batch`` at a time,
+    batch after batch until one comes back short or ``budget`` seconds have gone (at
+    least one batch). Returns counts by topic and whether more may remain. A ttl of 0
+    (or less) deletes nothing: it means "retention off", never "everything"."""
     deleted: Counter[str] = Counter()
     if ttl <= 0:
         return deleted, False
-    for _ in range(RETENTION_MAX_BATCHES):
+    start = clock()
+    while True:
         with conn.transaction():
             rows = (
                 conn.cursor(row_factory=dict_row)
@@ -82,7 +93,8 @@ def delete_expired(
         deleted.update(r["topic"] for r in rows)
         if len(rows) < batch:
             return deleted, False
-    return deleted, True
+        if clock() - start >= budget:
+            return deleted, True
 
 
 def settle_dead_worker(

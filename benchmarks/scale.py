@@ -1,0 +1,364 @@
+"""The scale workload (issue 21): brooq on a table that has grown, then retention.
+
+    python benchmarks/scale.py [--dsn ADMIN_DSN] [--history 10000000] [--ready 1000000]
+                               [--workers 2] [--quick] [--out results/NAME.json]
+
+Two tables, each in a fresh database, the same code and settings:
+
+- small: READY ready no-op jobs and nothing else;
+- big:   the same READY ready jobs in a table that also holds HISTORY finished rows (done,
+  UUIDv7 ids and timestamps spread over 30 days ending a day and an hour ago, as a
+  month of history under the default retention would be; VACUUM ANALYZEd, as
+  autovacuum would have left it). Retention is off while it drains.
+
+For each table: the drain rate of the READY jobs with `brooq-master --workers N`, taken
+from the done rows' own updated_at (first to last finished; the driver only asks "any
+left?" every second, through the ready index, so it adds no load that grows with the
+table); then the pickup latency (PICKUP single jobs, one at a time, from the producer's
+commit to the handler's start, as run.py's pickup workload); table and index sizes and
+dead tuples (pg_stat_user_tables) sampled every 2 s. Then, on the big table only:
+retention deletes the HISTORY rows (QUEUE_RETENTION_TTL=1d, a period of 1 s, batches of
+QUEUE_RETENTION_BATCH) while a producer feeds single jobs at a steady rate; the pickup
+latency p50/p95/p99 of those jobs is the claim latency an application sees during
+retention, beside the deletion rate.
+
+Prints one JSON document (and writes it to --out): per table, jobs/s, pickup p50/p95,
+sizes and dead tuples over time; the big/small ratios (issue 21's target: within 80 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # the benchmark's own modules, next to this file
+    Worker,
+    base_env,
+    choose_admin_dsn,
+    fresh_database,
+    percentile,
+    venv_bin,
+)
+
+PICKUP = 200
+DAY = 86400
+
+# A UUIDv7 for a given time, in SQL (PostgreSQL 15 has no uuidv7()): the 48-bit
+# millisecond timestamp over a random v4, whose version nibble becomes 7 (0100 -> 0111).
+UUID7 = """
+CREATE FUNCTION pg_temp.bench_uuid7(ts timestamptz) RETURNS uuid LANGUAGE sql AS $$
+  SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+         PLACING substring(int8send((extract(epoch FROM ts) * 1000)::bigint) FROM 3)
+         FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
+$$
+"""
+
+# One chunk of finished history: done rows created in order over 30 days, the newest a
+# day and an hour old (so that retention with a TTL of one day deletes all of them).
+HISTORY_CHUNK = """
+INSERT INTO job (id, topic, payload, state, attempts, available_at, created_at, updated_at)
+SELECT pg_temp.bench_uuid7(t), 'bench.noop', '{"i": 0}'::jsonb, 'done', 1, t, t,
+       t + interval '20 ms'
+FROM (SELECT now() - interval '31 days'
+             + interval '29 days 23 hours' * (g::float8 / %(total)s) AS t
+      FROM generate_series(%(first)s, %(last)s) AS g) AS s
+"""
+
+READY = """
+INSERT INTO job (id, topic, payload)
+SELECT pg_temp.bench_uuid7(clock_timestamp()), 'bench.noop', jsonb_build_object('i', g)
+FROM generate_series(1, %(n)s) AS g
+"""
+
+SIZES = """
+SELECT pg_table_size('job') AS table_bytes, pg_indexes_size('job') AS index_bytes,
+       n_live_tup, n_dead_tup, autovacuum_count, vacuum_count,
+       age(c.relfrozenxid) AS xid_age
+FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+WHERE s.relname = 'job'
+"""
+
+# Through the partial ready index (its predicate), so the look does not grow with history.
+ANY_LEFT = (
+    "SELECT EXISTS (SELECT 1 FROM job WHERE state IN ('pending', 'failed'))"
+    " OR EXISTS (SELECT 1 FROM job WHERE state = 'processing')"
+)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Sampler(threading.Thread):
+    """Sizes and dead tuples every `every` seconds until stopped."""
+
+    def __init__(self, dsn: str, every: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.every = dsn, every
+        self.samples: list[dict[str, Any]] = []
+        self.done = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.done.is_set():
+                cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+                row = cur.execute(SIZES).fetchone()
+                if row:
+                    self.samples.append({"t": round(time.monotonic() - self.t0, 1), **row})
+                self.done.wait(self.every)
+
+    def stop(self) -> list[dict[str, Any]]:
+        self.done.set()
+        self.join(10)
+        return self.samples
+
+
+def build(dsn: str, history: int, ready: int) -> dict[str, Any]:
+    from brooq import migrate
+
+    migrate.up(dsn)
+    t0 = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(UUID7)
+        chunk = 1_000_000
+        for first in range(1, history + 1, chunk):
+            last = min(first + chunk - 1, history)
+            conn.execute(HISTORY_CHUNK, {"first": first, "last": last, "total": history})
+            log(f"  history {last:,} / {history:,}")
+        if history:
+            conn.execute("VACUUM (ANALYZE) job")
+        conn.execute(READY, {"n": ready})
+        conn.execute("ANALYZE job")
+        conn.execute("CHECKPOINT")
+    return {"build_s": round(time.monotonic() - t0, 1)}
+
+
+def start_master(dsn: str, workers: int, extra: dict[str, str]) -> Worker:
+    env = base_env(dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0", "QUEUE_RETENTION_TTL": "0s", **extra})
+    argv = [venv_bin("brooq-master"), "--app", "bench_brooq_app:queue", "--workers", str(workers)]
+    return Worker(argv, env, f"brooq-scale-{workers}").start()
+
+
+def drain(dsn: str, workers: int, ready: int) -> dict[str, Any]:
+    master = start_master(dsn, workers, {})
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 3600
+            while conn.execute(ANY_LEFT).fetchone() == (True,):
+                if not master.alive():
+                    raise RuntimeError(f"master exited:\n{master.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError("drain took over an hour")
+                time.sleep(1.0)
+            # The ready rows are the newest ones: their ids sort after the history's.
+            row = conn.execute(
+                "SELECT count(*), extract(epoch FROM max(updated_at) - min(updated_at))"
+                " FROM job WHERE state = 'done' AND created_at > now() - interval '1 day'"
+            ).fetchone()
+        assert row is not None
+        count, seconds = int(row[0]), float(row[1] or 0.0)
+        return {"jobs": count, "seconds": round(seconds, 2), "jobs_per_s": round(count / seconds)}
+    finally:
+        master.stop()
+
+
+def _enqueue_and_time(queue: Any, conn: psycopg.Connection[Any], key: str) -> float | None:
+    import brooq
+
+    queue.enqueue(brooq.Job("bench.pickup", {"k": key}))
+    committed = time.time()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT min(t) FROM bench_event WHERE job = %s AND kind = 'start'", (key,)
+        ).fetchone()
+        if row and row[0] is not None:
+            return (float(row[0]) - committed) * 1000
+        time.sleep(0.002)
+    return None
+
+
+def pickup(dsn: str, workers: int, n: int, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """n single jobs one at a time, each after the last one started (the queue idle)."""
+    import brooq
+
+    master = start_master(dsn, workers, extra or {})
+    queue = brooq.Queue(dsn)
+    latencies: list[float] = []
+    missed = 0
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(5):  # warm up: the children are up and idle
+                _enqueue_and_time(queue, conn, f"warm{i}-{uuid.uuid4().hex[:6]}")
+            time.sleep(1.0)
+            for i in range(n):
+                ms = _enqueue_and_time(queue, conn, f"p{i}-{uuid.uuid4().hex[:6]}")
+                if ms is None:
+                    missed += 1
+                else:
+                    latencies.append(ms)
+                time.sleep(0.02)
+    finally:
+        queue.close()
+        master.stop()
+    return _latency_summary(latencies, missed)
+
+
+def _latency_summary(latencies: list[float], missed: int) -> dict[str, Any]:
+    return {
+        "jobs": len(latencies) + missed,
+        "missed": missed,
+        "p50_ms": round(percentile(latencies, 0.5), 2),
+        "p95_ms": round(percentile(latencies, 0.95), 2),
+        "p99_ms": round(percentile(latencies, 0.99), 2),
+        "max_ms": round(max(latencies), 2) if latencies else None,
+    }
+
+
+def retention(dsn: str, workers: int, history: int, batch: int) -> dict[str, Any]:
+    """Retention deletes the history while single jobs flow (one every 20 ms plus its
+    pickup): their pickup latency during the deletion, and how fast it deletes."""
+    import brooq
+
+    extra = {
+        "QUEUE_RETENTION_TTL": "1d",
+        "QUEUE_RETENTION_PERIOD": "1s",
+        "QUEUE_RETENTION_BATCH": str(batch),
+    }
+    env_master = start_master(dsn, workers, extra)
+    queue = brooq.Queue(dsn)
+    latencies: list[float] = []
+    missed = 0
+    t0 = time.monotonic()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+
+            def history_left() -> int:
+                # The oldest finished row through the retention index (a count would
+                # walk millions of entries every look): its position in the history's
+                # 30 days says how much is left.
+                row = conn.execute(
+                    "SELECT extract(epoch FROM now() - interval '1 day 1 hour'"
+                    " - min(updated_at))"
+                    " FROM job WHERE state IN ('done', 'dead', 'canceled')"
+                    " AND updated_at < now() - interval '1 day'"
+                ).fetchone()
+                if not row or row[0] is None:
+                    return 0
+                return max(1, int(history * float(row[0]) / (30 * DAY - 3600)))
+
+            i, last_look, left = 0, 0.0, history
+            deadline = t0 + 3 * 3600
+            while left > 0:
+                if not env_master.alive():
+                    raise RuntimeError(f"master exited:\n{env_master.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"retention left {left} rows after 3 hours")
+                ms = _enqueue_and_time(queue, conn, f"r{i}-{uuid.uuid4().hex[:6]}")
+                i += 1
+                if ms is None:
+                    missed += 1
+                else:
+                    latencies.append(ms)
+                time.sleep(0.02)
+                if time.monotonic() - last_look > 2:
+                    left, last_look = history_left(), time.monotonic()
+                    log(f"  retention: {left:,} history rows left")
+        seconds = time.monotonic() - t0
+    finally:
+        queue.close()
+        env_master.stop()
+    return {
+        "deleted": history,
+        "seconds": round(seconds, 1),
+        "deleted_per_s": round(history / seconds),
+        "batch": batch,
+        "pickup_during_retention": _latency_summary(latencies, missed),
+    }
+
+
+def one_table(admin: str, label: str, history: int, args: argparse.Namespace) -> dict[str, Any]:
+    with fresh_database(admin, f"scale_{label}") as dsn:
+        log(f"{label}: building ({history:,} finished rows, {args.ready:,} ready)")
+        result: dict[str, Any] = {"history": history, "ready": args.ready}
+        result.update(build(dsn, history, args.ready))
+        sampler = Sampler(dsn)
+        sampler.start()
+        log(f"{label}: draining")
+        result["drain"] = drain(dsn, args.workers, args.ready)
+        log(f"{label}: drain {result['drain']}")
+        result["pickup"] = pickup(dsn, args.workers, args.pickup)
+        log(f"{label}: pickup {result['pickup']}")
+        if history and not args.no_retention:
+            log(f"{label}: retention of {history:,} rows while jobs flow")
+            result["retention"] = retention(dsn, args.workers, history, args.retention_batch)
+            log(f"{label}: retention {result['retention']}")
+        samples = sampler.stop()
+        result["samples"] = samples
+        if samples:
+            result["max_dead_tuples"] = max(s["n_dead_tup"] for s in samples)
+            result["table_bytes"] = [samples[0]["table_bytes"], samples[-1]["table_bytes"]]
+            result["index_bytes"] = [samples[0]["index_bytes"], samples[-1]["index_bytes"]]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--dsn", help="an admin DSN (default: 127.0.0.1:5432, else embedded)")
+    ap.add_argument("--history", type=int, default=10_000_000)
+    ap.add_argument("--ready", type=int, default=1_000_000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--pickup", type=int, default=PICKUP)
+    ap.add_argument("--retention-batch", type=int, default=1000)
+    ap.add_argument("--no-retention", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="1,000,000 history, 100,000 ready")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.history, args.ready = 1_000_000, 100_000
+    admin, where = choose_admin_dsn(args.dsn)
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "server": where,
+        "workers": args.workers,
+    }
+    report["small"] = one_table(admin, "small", 0, args)
+    report["big"] = one_table(admin, "big", args.history, args)
+    small, big = report["small"], report["big"]
+    report["ratios"] = {
+        "drain_big_over_small": round(big["drain"]["jobs_per_s"] / small["drain"]["jobs_per_s"], 3),
+        "pickup_p95_small_over_big": round(small["pickup"]["p95_ms"] / big["pickup"]["p95_ms"], 3),
+    }
+    text = json.dumps(report, indent=2, default=str)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k not in ("small", "big")}, indent=2))
+    for label in ("small", "big"):
+        r = report[label]
+        print(
+            f"{label}: drain {r['drain']['jobs_per_s']:,} jobs/s; pickup p50 "
+            f"{r['pickup']['p50_ms']} ms p95 {r['pickup']['p95_ms']} ms; max dead tuples "
+            f"{r.get('max_dead_tuples')}"
+        )
+        if "retention" in r:
+            ret = r["retention"]
+            print(
+                f"{label}: retention {ret['deleted_per_s']:,} rows/s; pickup during it p99 "
+                f"{ret['pickup_during_retention']['p99_ms']} ms"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
