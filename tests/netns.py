@@ -87,6 +87,12 @@ class Host:
         """The argv prefix that runs a command inside this namespace."""
         return (IP, "netns", "exec", self.name)
 
+    def link(self, up: bool) -> None:
+        """Cut the host off (its end of the link down here: the peer loses its carrier,
+        packets are dropped, no connection is closed, as in a network partition) or
+        bring it back."""
+        _run("link", "set", self.veth, "up" if up else "down")
+
     def pids(self) -> list[int]:
         """Every live process in the namespace (`ip netns pids`)."""
         out = _run("netns", "pids", self.name, check=False).stdout

@@ -45,8 +45,9 @@ APP = "brooq_fleetapp:queue"
 
 # Every change of a job's state, with the lease it ended and the attempts before and
 # after: the claims of the lost host, the reaper taking them back (and when, against the
-# lease), the survivors' claims. For this test's database only; the audit's outcome_log
-# (tests/audit.py) judges the outcomes.
+# lease), the survivors' claims; and any write at all to a finished row (a late outcome
+# written over another: the audit's outcome_log sees only changes of state). For this
+# test's database only.
 TRANSITIONS = """
 CREATE TABLE transition_log (
     seq            bigserial PRIMARY KEY,
@@ -70,7 +71,8 @@ BEGIN
 END;
 $$;
 CREATE TRIGGER log_transition AFTER UPDATE ON job FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION log_transition();
+    WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state IN ('done', 'dead', 'canceled'))
+    EXECUTE FUNCTION log_transition();
 """
 
 
@@ -171,6 +173,49 @@ def pid_of(locked_by: str | None) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
+def transitions(db: psycopg.Connection[Any]) -> dict[uuid.UUID, list[dict[str, Any]]]:
+    """transition_log per job, in order."""
+    history: dict[uuid.UUID, list[dict[str, Any]]] = defaultdict(list)
+    cursor = db.cursor(row_factory=dict_row)
+    for row in cursor.execute("SELECT * FROM transition_log ORDER BY seq"):
+        history[row["job_id"]].append(row)
+    return history
+
+
+def taken_back(
+    history: dict[uuid.UUID, list[dict[str, Any]]], pids: set[int], since: datetime
+) -> tuple[set[uuid.UUID], datetime]:
+    """The jobs a claim by one of `pids` held that did not end in that holder's own
+    outcome, and when the last of them came back. Each must have been taken back by a
+    reaper, only after its lease had run out, with the attempt refunded; and no job's
+    finished row may have been written again."""
+    held: set[uuid.UUID] = set()
+    back = since
+    for job_id, steps in history.items():
+        rewritten = [step for step in steps if step["old_state"] in audit.TERMINAL]
+        assert not rewritten, f"a finished row written again: {rewritten}"
+        for claim, after in itertools.pairwise(steps):
+            holder = claim["new_locked_by"]
+            if claim["new_state"] != "processing" or pid_of(holder) not in pids:
+                continue
+            if after["new_state"] == "done" and after["old_locked_by"] == holder:
+                continue  # the holder wrote this outcome in time
+            held.add(job_id)
+            assert (after["old_state"], after["new_state"]) == ("processing", "pending")
+            assert after["at"] > after["old_until"], (job_id, after)  # never before the lease
+            assert after["new_attempts"] == after["old_attempts"] - 1, (job_id, after)
+            back = max(back, after["at"])
+    return held, back
+
+
+def runs_by_host(db: psycopg.Connection[Any]) -> dict[uuid.UUID, Counter[str]]:
+    """Executions of each job, counted per host."""
+    runs: dict[uuid.UUID, Counter[str]] = defaultdict(Counter)
+    for job_id, host in db.execute("SELECT job_id, host FROM execution").fetchall():
+        runs[job_id][host] += 1
+    return runs
+
+
 def test_three_hosts_drain_one_queue(
     fleet: Fleet, queue: brooq.Queue, db: psycopg.Connection[Any]
 ) -> None:
@@ -236,32 +281,12 @@ def test_a_lost_host_s_jobs_come_back_after_the_lease(
     print(report)
     report.assert_clean()  # nothing lost, no outcome written twice
 
-    # The lost host's claims never ended by an outcome of its own: the jobs it held.
-    history: dict[uuid.UUID, list[dict[str, Any]]] = defaultdict(list)
-    cursor = db.cursor(row_factory=dict_row)
-    for row in cursor.execute("SELECT * FROM transition_log ORDER BY seq"):
-        history[row["job_id"]].append(row)
-    held: set[uuid.UUID] = set()
-    back = killed_at
-    for job_id, steps in history.items():
-        for claim, after in itertools.pairwise(steps):
-            holder = claim["new_locked_by"]
-            if claim["new_state"] != "processing" or pid_of(holder) not in lost_pids:
-                continue
-            if after["new_state"] == "done" and after["old_locked_by"] == holder:
-                continue  # the lost host wrote this outcome before it died
-            held.add(job_id)
-            # Taken back by a reaper: only after the lease ran out, attempt refunded.
-            assert (after["old_state"], after["new_state"]) == ("processing", "pending")
-            assert after["at"] > after["old_until"], (job_id, after)
-            assert after["new_attempts"] == after["old_attempts"] - 1, (job_id, after)
-            back = max(back, after["at"])
+    history = transitions(db)
+    held, back = taken_back(history, lost_pids, since=killed_at)
     assert held, "the kill found no job held by the lost host: nothing was tested"
 
     finals = dict(db.execute("SELECT id, attempts FROM job").fetchall())
-    runs: dict[uuid.UUID, Counter[str]] = defaultdict(Counter)
-    for job_id, host in db.execute("SELECT job_id, host FROM execution").fetchall():
-        runs[job_id][host] += 1
+    runs = runs_by_host(db)
     twice = {job_id for job_id, hosts in runs.items() if sum(hosts.values()) > 1}
     for job_id in held:
         steps = history[job_id]
@@ -295,3 +320,68 @@ def test_a_lost_host_s_jobs_come_back_after_the_lease(
         fleet.masters[h.name].signal(signal.SIGTERM)
     for h in survivors:
         assert fleet.masters[h.name].wait() == 0
+
+
+def test_a_cut_off_host_heals_and_writes_no_outcome_twice(
+    fleet: Fleet, queue: brooq.Queue, db: psycopg.Connection[Any]
+) -> None:
+    """One host's link cut while the fleet drains: its processes alive, their packets
+    dropped, no connection closed (a network partition), for longer than the lease. The
+    other hosts take back what it held once each lease has run out and finish the
+    queue. Then the link comes back: the late outcomes of the cut-off host change
+    nothing (no outcome twice), and it works again: new jobs run there too."""
+    audit.install(db)
+    db.execute(TRANSITIONS)
+    total = 3_000
+    fleet.start_all()
+    cut, others = fleet.hosts[1], [fleet.hosts[0], fleet.hosts[2]]
+    cut_master = fleet.masters[cut.name]
+    ids, _ = enqueue_at_once(
+        queue, [brooq.Job("fleet.work", {"sleep": 0.001}) for _ in range(total)]
+    )
+    wait_for(lambda: states(db).get("done", 0) >= total // 3, timeout=60, what="a third done")
+    cut.link(up=False)
+    cut_at = db.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+    try:
+        wait_for(lambda: states(db) == {"done": total}, timeout=60, what="the rest done")
+    finally:
+        cut.link(up=True)
+    healed = time.monotonic()
+    # Every pid the cut-off master named (itself, its children, any it forked since).
+    cut_pids = {int(p) for p in re.findall(r"pid=(\d+)", cut_master.log())}
+    held, back = taken_back(transitions(db), cut_pids, since=cut_at)
+    assert held, "the cut found no job held by the cut-off host: nothing was tested"
+
+    more, _ = enqueue_at_once(queue, [brooq.Job("fleet.work") for _ in range(600)])
+    wait_for(lambda: states(db) == {"done": total + 600}, timeout=60, what="the new jobs done")
+
+    def worked_again() -> bool:
+        row = db.execute(
+            "SELECT count(*) FROM execution WHERE host = %s AND job_id = ANY(%s)",
+            (cut.name, more),
+        ).fetchone()
+        return row is not None and row[0] > 0
+
+    if not worked_again():  # all 600 went elsewhere: give it a job of its own to take
+        more += [queue.enqueue(brooq.Job("fleet.work", {"sleep": 0.2}))[0] for _ in range(20)]
+        wait_for(worked_again, timeout=30, what="the cut-off host working again")
+    back_to_work = time.monotonic() - healed
+    report = audit.check(db, ids + more)
+    print(report)
+    report.assert_clean()  # no late outcome of the cut-off host counted
+    runs = runs_by_host(db)
+    twice = {job_id for job_id, hosts in runs.items() if sum(hosts.values()) > 1}
+    assert twice <= held, sorted(map(str, twice - held))[:5]
+    finals = dict(db.execute("SELECT id, attempts FROM job").fetchall())
+    assert all(finals[job_id] == 1 for job_id in held)
+    log = cut_master.log()
+    refused = log.count("event=outcome_skipped") + log.count("nothing written")
+    assert cut_master.proc.poll() is None and "event=master_fatal" not in log
+    for h in others:
+        assert "event=master_fatal" not in fleet.masters[h.name].log()
+    print(
+        f"FLEET host cut off: {len(held)} jobs held, the last back "
+        f"{(back - cut_at).total_seconds():.1f}s after the cut (lease {LEASE:g}s); "
+        f"{len(twice)} executed twice; {refused} late outcomes refused once the link was "
+        f"back; working again {back_to_work:.1f}s after it"
+    )

@@ -29,10 +29,18 @@ def record(claim: brooq.Claim) -> None:
             os.environ["DATABASE_URL"], autocommit=True, application_name=f"fleet {HOST}"
         )
         _conn_pid = os.getpid()
-    _conn.execute(
-        "INSERT INTO execution (job_id, pid, attempt, note, host) VALUES (%s, %s, %s, '', %s)",
-        (claim.id, os.getpid(), claim.attempt, HOST),
-    )
+    try:
+        _conn.execute(
+            "INSERT INTO execution (job_id, pid, attempt, note, host) VALUES (%s, %s, %s, '', %s)",
+            (claim.id, os.getpid(), claim.attempt, HOST),
+        )
+    except BaseException:
+        # brooq.LeaseLost raised into the handler while this statement waited on a cut
+        # link leaves the connection mid-command ("another command is already in
+        # progress" for ever after): never reuse it.
+        _conn.close()
+        _conn = None
+        raise
 
 
 @queue.handler("fleet.work")
