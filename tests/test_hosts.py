@@ -382,6 +382,6 @@ def test_a_cut_off_host_heals_and_writes_no_outcome_twice(
     print(
         f"FLEET host cut off: {len(held)} jobs held, the last back "
         f"{(back - cut_at).total_seconds():.1f}s after the cut (lease {LEASE:g}s); "
-        f"{len(twice)} executed twice; {refused} late outcomes refused once the link was "
+        f"{len(twice)} executed twice; {refused} late outcomes dropped once the link was "
         f"back; working again {back_to_work:.1f}s after it"
     )
