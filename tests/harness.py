@@ -61,7 +61,12 @@ class MasterProcess:
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         cwd: Path = APPS,
+        wrap: tuple[str, ...] = (),
+        new_session: bool = False,
     ) -> None:
+        """`wrap` prefixes the command (`ip netns exec NAME`, say: it execs, so the pid is
+        still the master's); `new_session` gives the master a process group of its own,
+        which its children share, to kill them all with one killpg."""
         self.log_path = log_path
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
         full_env.update(FAST)
@@ -71,6 +76,7 @@ class MasterProcess:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [
+                *wrap,
                 sys.executable,
                 "-m",
                 "brooq.master_cli",
@@ -84,6 +90,7 @@ class MasterProcess:
             stderr=subprocess.STDOUT,
             env=full_env,
             cwd=cwd,
+            start_new_session=new_session,
         )
 
     @property
