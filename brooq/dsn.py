@@ -47,13 +47,35 @@ def resolve(explicit: str | None = None, environ: Mapping[str, str] | None = Non
     )
 
 
-def check(dsn: str) -> str:
+def resolve_listen(
+    dsn: str, explicit: str | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """The direct connection string (docs/poolers.md): the explicit argument, else
+    QUEUE_LISTEN_DATABASE_URL, else the file named by QUEUE_LISTEN_DATABASE_URL_FILE,
+    else ``dsn`` itself. LISTEN cannot go through a transaction pooler, so every LISTEN
+    brooq makes (the master's, queue.wait's, a stack request's), the master's own
+    connections and ``brooq migrate`` (a session lock) use this one."""
+    env = os.environ if environ is None else environ
+    if explicit is not None and explicit.strip():
+        return check(explicit.strip(), "the direct connection string (listen_dsn)")
+    url = env.get("QUEUE_LISTEN_DATABASE_URL", "").strip()
+    if url:
+        return check(url, "QUEUE_LISTEN_DATABASE_URL")
+    path = env.get("QUEUE_LISTEN_DATABASE_URL_FILE", "").strip()
+    if path:
+        return check(
+            _read_file(path, "QUEUE_LISTEN_DATABASE_URL_FILE"), "QUEUE_LISTEN_DATABASE_URL_FILE"
+        )
+    return dsn
+
+
+def check(dsn: str, what: str = "the database connection string") -> str:
     """Refuse a DSN that libpq cannot parse, without echoing it (it may hold a password)."""
     try:
         conninfo.conninfo_to_dict(dsn)
     except Exception:
         raise InvalidDsn(
-            "the database connection string cannot be parsed; expected "
+            f"{what} cannot be parsed; expected "
             "postgresql://user@host:port/dbname or 'host=... dbname=...' "
             "(the value is not shown because it may contain a password)"
         ) from None

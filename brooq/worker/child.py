@@ -331,12 +331,13 @@ class Child:
             statement = with_results_statement
             params["results"] = [f.result for f in finished]
         try:
-            rows = (
-                self.db.get()
-                .cursor(row_factory=claim_row)
-                .execute(statement, params, prepare=True)
-                .fetchall()
-            )
+            conn = self.db.get()
+            with self.db.scoped(conn):  # direct: nothing; pooled: the settings, pipelined
+                rows = (
+                    conn.cursor(row_factory=claim_row)
+                    .execute(statement, params, prepare=True)
+                    .fetchall()
+                )
         except psycopg.OperationalError as exc:
             self.db.failed("claim", exc)
             return None
