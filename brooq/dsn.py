@@ -12,6 +12,7 @@ from psycopg import conninfo
 from brooq.errors import InvalidDsn
 
 CREDENTIAL_NAME = "database-url"
+LISTEN_CREDENTIAL_NAME = "listen-database-url"
 
 
 def _read_file(path: str, what: str) -> str:
@@ -52,9 +53,10 @@ def resolve_listen(
 ) -> str:
     """The direct connection string (docs/poolers.md): the explicit argument, else
     QUEUE_LISTEN_DATABASE_URL, else the file named by QUEUE_LISTEN_DATABASE_URL_FILE,
-    else ``dsn`` itself. LISTEN cannot go through a transaction pooler, so every LISTEN
-    brooq makes (the master's, queue.wait's, a stack request's), the master's own
-    connections and ``brooq migrate`` (a session lock) use this one."""
+    else the systemd credential ``listen-database-url``, else ``dsn`` itself. LISTEN
+    cannot go through a transaction pooler, so every LISTEN brooq makes (the master's,
+    queue.wait's, a stack request's), the master's own connections and ``brooq
+    migrate`` (a session lock) use this one."""
     env = os.environ if environ is None else environ
     if explicit is not None and explicit.strip():
         return check(explicit.strip(), "the direct connection string (listen_dsn)")
@@ -66,6 +68,10 @@ def resolve_listen(
         return check(
             _read_file(path, "QUEUE_LISTEN_DATABASE_URL_FILE"), "QUEUE_LISTEN_DATABASE_URL_FILE"
         )
+    creds = env.get("CREDENTIALS_DIRECTORY", "").strip()
+    if creds and (Path(creds) / LISTEN_CREDENTIAL_NAME).exists():
+        text = _read_file(str(Path(creds) / LISTEN_CREDENTIAL_NAME), "credential")
+        return check(text, f"the credential {LISTEN_CREDENTIAL_NAME}")
     return dsn
 
 

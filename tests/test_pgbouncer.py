@@ -11,6 +11,7 @@ Without pgbouncer installed the tests skip, or fail under BROOQ_REQUIRE_PGBOUNCE
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -57,6 +58,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _run_as(host: str) -> str:
+    """Under root, the user pgbouncer runs as: the owner of the server's socket
+    directory (the embedded PostgreSQL's data directory is its own, mode 0700), else
+    nobody."""
+    if host.startswith("/"):
+        owner = pwd.getpwuid(os.stat(host).st_uid).pw_name
+        if owner != "root":
+            return owner
+    return "nobody"
+
+
 class Bouncer:
     """A pgbouncer process in front of the server of ``dsn``; ``pooled(dsn)`` is the
     same database through it."""
@@ -91,7 +103,7 @@ class Bouncer:
         )
         for f in self.dir.iterdir():
             os.chmod(f, 0o644)
-        user = ["-u", "nobody"] if os.geteuid() == 0 else []
+        user = ["-u", _run_as(host)] if os.geteuid() == 0 else []
         self.log = self.dir / "pgbouncer.out"
         self._out = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -475,3 +487,45 @@ def test_cli_through_pgbouncer(bouncer: Bouncer, dsn: str, db: psycopg.Connectio
     assert shown.returncode == 0, shown.stderr
     assert _brooq(env, "cancel", str(job_id[0])).returncode == 0
     _assert_servers_clean(bouncer, dsn)
+
+
+# -- settings --------------------------------------------------------------------------
+
+
+def test_listen_dsn_sources(tmp_path: Path) -> None:
+    from brooq.dsn import resolve_listen
+
+    main = "postgresql://u@pooler:6432/app"
+    assert resolve_listen(main, environ={}) == main
+    direct = "postgresql://u@db:5432/app"
+    assert resolve_listen(main, environ={"QUEUE_LISTEN_DATABASE_URL": direct}) == direct
+    f = tmp_path / "listen-url"
+    f.write_text(direct + "\n")
+    assert resolve_listen(main, environ={"QUEUE_LISTEN_DATABASE_URL_FILE": str(f)}) == direct
+    (tmp_path / "listen-database-url").write_text(direct)
+    assert resolve_listen(main, environ={"CREDENTIALS_DIRECTORY": str(tmp_path)}) == direct
+    assert resolve_listen(main, "host=db", environ={"QUEUE_LISTEN_DATABASE_URL": direct}) == (
+        "host=db"
+    )
+
+
+def test_listen_dsn_errors_never_show_the_value(tmp_path: Path) -> None:
+    from brooq.dsn import resolve_listen
+    from brooq.errors import InvalidDsn
+
+    bad = "postgresql://u:s3cret@db:5432/app?bogus=1"
+    with pytest.raises(InvalidDsn, match="QUEUE_LISTEN_DATABASE_URL cannot be parsed") as e:
+        resolve_listen("host=x", environ={"QUEUE_LISTEN_DATABASE_URL": bad})
+    assert "s3cret" not in str(e.value)
+    with pytest.raises(InvalidDsn, match="QUEUE_LISTEN_DATABASE_URL_FILE"):
+        resolve_listen("host=x", environ={"QUEUE_LISTEN_DATABASE_URL_FILE": str(tmp_path / "no")})
+
+
+def test_pooler_setting() -> None:
+    from brooq import settings as settings_mod
+    from brooq.errors import InvalidSettings
+
+    assert settings_mod.load(environ={}).pooler == "none"
+    assert settings_mod.load(environ={"QUEUE_POOLER": "transaction"}).pooler == "transaction"
+    with pytest.raises(InvalidSettings, match="pooler must be none or transaction"):
+        settings_mod.load(environ={"QUEUE_POOLER": "session"})
