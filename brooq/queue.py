@@ -12,7 +12,8 @@ in_flight, processing_by_holder, throughput, queues) and writes (cancel, retry:
 admin HTTP too; cancel_many, retry_many: the bulk forms, in batches of their own
 transactions, BulkResult; pause, resume), and waiting for a job's end (wait, wait_async: a
 connection of their own per call, never the pool's, LISTENing to brooq_outcome, with a
-backoff poll as the fallback).
+backoff poll as the fallback; on the direct ``listen_dsn``, since LISTEN cannot go
+through a transaction pooler: docs/poolers.md).
 Must never: claim jobs or write their outcomes (the worker's), keep a connection across fork(),
 read a row by position, or spell which states a transition accepts (brooq.job does).
 """

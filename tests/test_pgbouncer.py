@@ -281,6 +281,37 @@ def test_pooled_mode_without_a_direct_connection_is_refused(bouncer: Bouncer, ds
         q.close()
 
 
+def test_async_producer_and_in_process_drain_through_pgbouncer(bouncer: Bouncer, dsn: str) -> None:
+    """enqueue_async past the prepare threshold, brooq.testing.drain (the child's claim
+    and outcome code) and wait_async (LISTEN direct), all with Queue's DSN on the
+    pooler."""
+    import asyncio
+
+    from brooq import testing
+
+    q = brooq.Queue(bouncer.pooled(dsn), pooler="transaction", listen_dsn=dsn)
+    runs: list[int] = []
+    q.handler("pgb.count")(lambda claim: runs.append(claim.payload))
+
+    async def produce() -> list[uuid.UUID]:
+        try:
+            return [(await q.enqueue_async(brooq.Job("pgb.count", i)))[0] for i in range(12)]
+        finally:
+            await q.close_async()
+
+    async def wait_all(ids: list[uuid.UUID]) -> list[str]:
+        return [(await q.wait_async(i, timeout=10)).state for i in ids]
+
+    try:
+        ids = asyncio.run(produce())
+        assert testing.drain(q) == {"done": 12}
+        assert sorted(runs) == list(range(12))
+        assert asyncio.run(wait_all(ids)) == ["done"] * 12
+    finally:
+        q.close()
+    _assert_servers_clean(bouncer, dsn)
+
+
 # -- the child's connection ------------------------------------------------------------
 
 
