@@ -447,6 +447,19 @@ def test_master_refuses_a_pooler_it_was_not_told_about(
     assert "QUEUE_POOLER=transaction" in log
 
 
+def test_master_refuses_children_on_a_pooler_it_was_not_told_about(
+    bouncer: Bouncer, dsn: str, pooled_master: Callable[..., MasterProcess]
+) -> None:
+    """The master's own connection direct, the children's on PgBouncer, QUEUE_POOLER
+    unset: refused before any child is forked."""
+    master = pooled_master(env={"QUEUE_POOLER": ""})
+    assert master.wait(30) == 2
+    log = master.log()
+    assert "unsupported startup parameter" in log
+    assert "QUEUE_POOLER=transaction" in log
+    assert "child_exited" not in log
+
+
 def test_master_refuses_a_pooler_that_drops_its_options(
     dsn: str, tmp_path: Path, db: psycopg.Connection[Any]
 ) -> None:
@@ -455,13 +468,22 @@ def test_master_refuses_a_pooler_that_drops_its_options(
     prepare(dsn)
     dropping = Bouncer(dsn, ignore="options")
     try:
-        m = MasterProcess(dropping.pooled(dsn), tmp_path / "m.log", workers=1, app=APP)
-        try:
-            assert m.wait(30) == 2
-            assert "drops them" in m.log()
-            assert "QUEUE_POOLER=transaction" in m.log()
-        finally:
-            m.stop()
+        # Everything through it; then only the children's connections (listen direct).
+        for listen in ("", dsn):
+            m = MasterProcess(
+                dropping.pooled(dsn),
+                tmp_path / f"m{len(listen)}.log",
+                workers=1,
+                app=APP,
+                env={"QUEUE_LISTEN_DATABASE_URL": listen},
+            )
+            try:
+                assert m.wait(30) == 2
+                assert "drops them" in m.log()
+                assert "QUEUE_POOLER=transaction" in m.log()
+                assert "child_exited" not in m.log()
+            finally:
+                m.stop()
     finally:
         dropping.stop()
 

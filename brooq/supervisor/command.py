@@ -189,6 +189,8 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
         return 2
     try:
         schema_verified = check_schema(listen_dsn)
+        if listen_dsn != dsn and settings.pooler == pooler.NONE:
+            check_children_dsn(dsn)
     except (SchemaMissing, PoolerMismatch) as exc:
         click.echo(f"brooq-master: cannot start: {exc}", err=True)
         return 2
@@ -287,6 +289,38 @@ def check_schema(dsn: str) -> bool:
     finally:
         conn.close()
     return True
+
+
+def check_children_dsn(dsn: str) -> None:
+    """PoolerMismatch when the children's DSN (not the master's own, checked by
+    check_schema) goes through a pooler that refuses or drops their session options
+    without QUEUE_POOLER=transaction: every child would fail on connecting, over and
+    over. Unreachable is not an error here, as in check_schema."""
+    from brooq.db import connect
+    from brooq.dsn import session_options
+    from brooq.sql import Q
+    from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT
+
+    try:
+        conn = connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=MASTER_CONNECT_TIMEOUT,
+            options=session_options(dsn, {"enable_bitmapscan": "off"}),
+            application_name="brooq-master",
+        )
+    except DatabaseUnavailable as exc:
+        if pooler.REFUSED in str(exc):
+            raise PoolerMismatch(str(exc)) from None
+        return
+    try:
+        row = conn.execute(Q.session_setting_get, {"name": "enable_bitmapscan"}).fetchone()
+    except Exception:  # lost meanwhile: each child checks its own connection anyway
+        return
+    finally:
+        conn.close()
+    if row is None or row[0] != "off":
+        raise pooler.options_ignored("enable_bitmapscan", "off", str(row[0]) if row else "?")
 
 
 def admin_token() -> bytes | None:

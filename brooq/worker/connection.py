@@ -57,11 +57,12 @@ class ChildConnection:
             try:
                 self.conn = self._connect()
             except psycopg.OperationalError as exc:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                 log.warning(
                     "event=db_unreachable who=child worker=%s retry_in=%.1fs error=%r",
                     self.identity,
                     delay,
-                    str(exc).strip().splitlines()[0],
+                    reason + pooler.refused_hint(reason),
                 )
                 self.state.sleep(delay)
                 delay = min(delay * 2, 5.0)
