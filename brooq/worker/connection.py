@@ -8,8 +8,10 @@ Undecodable (the job then fails with the reason instead of crashing the child on
 claim).
 
 Must never be shared with the master or opened before the fork (a libpq connection does
-not survive one), never run a statement itself (the claim loop and the outcome writer
-do), and never wait for the database once the child is stopping: it raises Stop.
+not survive one), never run a statement itself but its own settings' (the check at
+connect that they arrived, and behind a pooler their per-transaction form; the claim
+loop and the outcome writer run the rest), and never wait for the database once the
+child is stopping: it raises Stop.
 """
 
 from __future__ import annotations
