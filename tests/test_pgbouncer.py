@@ -372,8 +372,9 @@ def test_master_drains_through_pgbouncer(
     db: psycopg.Connection[Any],
     pooled_master: Callable[..., MasterProcess],
 ) -> None:
-    """Three children on two server connections: jobs picked up by notification (the
-    poll interval is a minute), a retried job, a dead one, periodic ticks, queue.wait;
+    """Three children (one async) on two server connections: jobs picked up by
+    notification (the poll interval is a minute), a retried job, a dead one, periodic
+    ticks, queue.wait;
     the children's settings reach their transactions and leave nothing behind."""
     master = pooled_master(env={"QUEUE_POLL_INTERVAL": "60s"})
     master.wait_ready(3)
@@ -405,6 +406,7 @@ def test_master_drains_through_pgbouncer(
         assert q.wait(doomed, timeout=30).state == "dead"
         assert _state(db, doomed) == ("dead", 2)
         many = [q.enqueue(brooq.Job("pgb.ok"))[0] for _ in range(40)]
+        many += [q.enqueue(brooq.Job("pgb.async"))[0] for _ in range(10)]
         wait_for(
             lambda: (
                 db.execute(
@@ -413,7 +415,7 @@ def test_master_drains_through_pgbouncer(
                 == (len(many),)
             ),
             30,
-            what="40 jobs done",
+            what="50 jobs done, 10 of them async",
         )
         # Each done job's on_success ran in the child's transaction with its setting.
         assert db.execute("SELECT DISTINCT planner FROM side_effect").fetchall() == [("off",)]

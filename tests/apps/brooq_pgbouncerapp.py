@@ -58,6 +58,11 @@ def doomed(claim: brooq.Claim) -> None:
     raise RuntimeError("always")
 
 
+@queue.handler("pgb.async")
+async def in_an_async_child(claim: brooq.Claim) -> None:
+    """Run by the async child (one of the three): its claims go through the pooler too."""
+
+
 @queue.handler("pgb.tick")
 def tick(claim: brooq.Claim) -> None:
     """The periodic schedule's job: its rows are what the test looks at."""
