@@ -15,6 +15,7 @@ import psycopg
 
 from brooq.dsn import describe
 from brooq.errors import DatabaseUnavailable, SchemaMissing
+from brooq.pooler import refused_hint
 
 CONNECT_TIMEOUT = 5
 
@@ -22,7 +23,9 @@ CONNECT_TIMEOUT = 5
 def unavailable(dsn: str, exc: BaseException) -> DatabaseUnavailable:
     """A DatabaseUnavailable naming the database and libpq's reason, never the password."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return DatabaseUnavailable(f"cannot reach the database {describe(dsn)}: {reason}")
+    return DatabaseUnavailable(
+        f"cannot reach the database {describe(dsn)}: {reason}{refused_hint(reason)}"
+    )
 
 
 # Operator intervention that ends the session: shutdown, crash, not accepting connections.

@@ -12,6 +12,7 @@ from psycopg import conninfo
 from brooq.errors import InvalidDsn
 
 CREDENTIAL_NAME = "database-url"
+LISTEN_CREDENTIAL_NAME = "listen-database-url"
 
 
 def _read_file(path: str, what: str) -> str:
@@ -47,13 +48,40 @@ def resolve(explicit: str | None = None, environ: Mapping[str, str] | None = Non
     )
 
 
-def check(dsn: str) -> str:
+def resolve_listen(
+    dsn: str, explicit: str | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """The direct connection string (docs/poolers.md): the explicit argument, else
+    QUEUE_LISTEN_DATABASE_URL, else the file named by QUEUE_LISTEN_DATABASE_URL_FILE,
+    else the systemd credential ``listen-database-url``, else ``dsn`` itself. LISTEN
+    cannot go through a transaction pooler, so every LISTEN brooq makes (the master's,
+    queue.wait's, a stack request's), the master's own connections and ``brooq
+    migrate`` (a session lock) use this one."""
+    env = os.environ if environ is None else environ
+    if explicit is not None and explicit.strip():
+        return check(explicit.strip(), "the direct connection string (listen_dsn)")
+    url = env.get("QUEUE_LISTEN_DATABASE_URL", "").strip()
+    if url:
+        return check(url, "QUEUE_LISTEN_DATABASE_URL")
+    path = env.get("QUEUE_LISTEN_DATABASE_URL_FILE", "").strip()
+    if path:
+        return check(
+            _read_file(path, "QUEUE_LISTEN_DATABASE_URL_FILE"), "QUEUE_LISTEN_DATABASE_URL_FILE"
+        )
+    creds = env.get("CREDENTIALS_DIRECTORY", "").strip()
+    if creds and (Path(creds) / LISTEN_CREDENTIAL_NAME).exists():
+        text = _read_file(str(Path(creds) / LISTEN_CREDENTIAL_NAME), "credential")
+        return check(text, f"the credential {LISTEN_CREDENTIAL_NAME}")
+    return dsn
+
+
+def check(dsn: str, what: str = "the database connection string") -> str:
     """Refuse a DSN that libpq cannot parse, without echoing it (it may hold a password)."""
     try:
         conninfo.conninfo_to_dict(dsn)
     except Exception:
         raise InvalidDsn(
-            "the database connection string cannot be parsed; expected "
+            f"{what} cannot be parsed; expected "
             "postgresql://user@host:port/dbname or 'host=... dbname=...' "
             "(the value is not shown because it may contain a password)"
         ) from None

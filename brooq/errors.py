@@ -101,3 +101,8 @@ class AppLoadError(BrooqError):
     def __init__(self, message: str, problems: list[str] | None = None) -> None:
         self.problems = list(problems or [])
         super().__init__(message)
+
+
+class PoolerMismatch(BrooqError):
+    """The connection goes through a transaction pooler that brooq was not told about
+    (QUEUE_POOLER), or LISTEN was configured through one (docs/poolers.md)."""

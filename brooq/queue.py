@@ -12,7 +12,8 @@ in_flight, processing_by_holder, throughput, queues) and writes (cancel, retry:
 admin HTTP too; cancel_many, retry_many: the bulk forms, in batches of their own
 transactions, BulkResult; pause, resume), and waiting for a job's end (wait, wait_async: a
 connection of their own per call, never the pool's, LISTENing to brooq_outcome, with a
-backoff poll as the fallback).
+backoff poll as the fallback; on the direct ``listen_dsn``, since LISTEN cannot go
+through a transaction pooler: docs/poolers.md).
 Must never: claim jobs or write their outcomes (the worker's), keep a connection across fork(),
 read a row by position, or spell which states a transition accepts (brooq.job does).
 """
@@ -36,11 +37,19 @@ from psycopg.rows import class_row, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from brooq import dsn as dsn_mod
+from brooq import pooler
 from brooq import produce as producer
 from brooq import settings as settings_mod
 from brooq.db import CONNECT_TIMEOUT, lost_connection, schema_missing, unavailable
 from brooq.durations import Duration, to_seconds
-from brooq.errors import BrooqError, InvalidSettings, InvalidTransition, JobNotFound, WaitTimeout
+from brooq.errors import (
+    BrooqError,
+    InvalidSettings,
+    InvalidTransition,
+    JobNotFound,
+    PoolerMismatch,
+    WaitTimeout,
+)
 from brooq.handlers import Handler, HandlerFn, Middleware, RetryPolicy, build, callable_problem
 from brooq.job import (
     BULK_FROM_STATES,
@@ -215,9 +224,20 @@ class HolderStats:
 class Queue:
     """The application object: ``queue = brooq.Queue()`` then ``@queue.handler("topic")``."""
 
-    def __init__(self, dsn: str | None = None, *, pool_size: int = 4, **settings: Any) -> None:
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool_size: int = 4,
+        listen_dsn: str | None = None,
+        **settings: Any,
+    ) -> None:
         self._dsn_arg = dsn
         self._dsn: str | None = None
+        # The direct connection (docs/poolers.md): None reads QUEUE_LISTEN_DATABASE_URL,
+        # else the same as dsn.
+        self._listen_dsn_arg = listen_dsn
+        self._listen_dsn: str | None = None
         self._overrides = dict(settings)
         self._settings: settings_mod.Settings | None = None
         self.pool_size = pool_size
@@ -242,6 +262,19 @@ class Queue:
         if self._dsn is None:
             self._dsn = dsn_mod.resolve(self._dsn_arg)
         return self._dsn
+
+    @property
+    def listen_dsn(self) -> str:
+        """Where queue.wait and queue.stack LISTEN: a connection that reaches PostgreSQL
+        directly. Behind a transaction pooler (QUEUE_POOLER=transaction) it must differ
+        from ``dsn``: PoolerMismatch otherwise."""
+        if self._listen_dsn is None:
+            found = dsn_mod.resolve_listen(self.dsn, self._listen_dsn_arg)
+            problem = pooler.need_direct(self.settings.pooler, self.dsn, found, "queue")
+            if problem:
+                raise PoolerMismatch(problem)
+            self._listen_dsn = found
+        return self._listen_dsn
 
     @property
     def settings(self) -> settings_mod.Settings:
@@ -371,7 +404,11 @@ class Queue:
             "max_size": max(1, self.pool_size),
             "open": False,
             "timeout": CONNECT_TIMEOUT,
-            "kwargs": {"connect_timeout": CONNECT_TIMEOUT},
+            # Behind a transaction pooler: no prepared statements (brooq.pooler).
+            "kwargs": {
+                "connect_timeout": CONNECT_TIMEOUT,
+                **pooler.connect_kwargs(self.settings.pooler, self.dsn, {}),
+            },
         }
 
     @contextmanager
@@ -384,9 +421,16 @@ class Queue:
         except psycopg.errors.UndefinedTable as exc:
             raise schema_missing(exc) from None
         except psycopg.OperationalError as exc:
+            if (mismatch := pooler.prepared_mismatch(exc)) is not None:
+                raise mismatch from None
             if not lost_connection(exc):
                 raise
             raise unavailable(self.dsn, exc) from None
+        except (
+            psycopg.errors.InvalidSqlStatementName,
+            psycopg.errors.DuplicatePreparedStatement,
+        ) as exc:
+            raise pooler.prepared_mismatch(exc) or exc from None
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -625,7 +669,7 @@ class Queue:
         runs it (the request and the answer travel through PostgreSQL: brooq.stacks).
         JobNotFound, JobNotRunning (not processing), StackUnavailable (no master answered
         within ``timeout``, or the job ended meanwhile)."""
-        return fetch_stack(self.dsn, parse_job_id(job_id), to_seconds(timeout))
+        return fetch_stack(self.listen_dsn, parse_job_id(job_id), to_seconds(timeout))
 
     def explain_refusal(self, job_id: uuid.UUID | str, action: Transition) -> BrooqError:
         """Why cancel or retry did nothing, as an error to show an operator:
@@ -804,9 +848,11 @@ class Queue:
         """A connection for one waiter, closed at the end. _Reconnect when it is lost
         after it was opened (a first connect that fails is DatabaseUnavailable)."""
         try:
-            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+            conn = psycopg.connect(
+                self.listen_dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+            )
         except psycopg.OperationalError as exc:
-            raise unavailable(self.dsn, exc) from None
+            raise unavailable(self.listen_dsn, exc) from None
         try:
             with conn:
                 yield conn
@@ -821,10 +867,10 @@ class Queue:
     async def _wait_connection_async(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                self.listen_dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT
             )
         except psycopg.OperationalError as exc:
-            raise unavailable(self.dsn, exc) from None
+            raise unavailable(self.listen_dsn, exc) from None
         try:
             async with conn:
                 yield conn

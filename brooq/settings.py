@@ -55,6 +55,10 @@ class Settings:
     # The workers' own claim and outcome commits. "off" risks only a re-run after a
     # database crash (at least once allows it); enqueue is never affected.
     worker_synchronous_commit: str = "off"
+    # "transaction": DATABASE_URL goes through a transaction pooler such as PgBouncer
+    # (docs/poolers.md): no session state on its connections, prepared statements off;
+    # LISTEN and the master's own connections use QUEUE_LISTEN_DATABASE_URL.
+    pooler: str = "none"
     # The queues this master works and their weights (--queues default=4,bulk=1). Empty:
     # every queue its handlers declare, weight 1 each (brooq.supervisor.command decides).
     queues: QueueWeights = ()
@@ -109,7 +113,7 @@ _INTEGERS = {
     "concurrency",
     "async_workers",
 }
-_STRINGS = {"ops_addr", "worker_synchronous_commit"}
+_STRINGS = {"ops_addr", "worker_synchronous_commit", "pooler"}
 _QUEUE_LISTS = {"queues"}
 # Integer settings reach int4 columns and parameters (attempts, LIMIT): PostgreSQL's integer.
 MAX_INTEGER = 2**31 - 1
@@ -140,6 +144,7 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_CLAIM_BATCH_MAX": "claim_batch_max",
     "QUEUE_WORKER_SYNCHRONOUS_COMMIT": "worker_synchronous_commit",
     "QUEUE_QUEUES": "queues",
+    "QUEUE_POOLER": "pooler",
     "QUEUE_CONCURRENCY": "concurrency",
     "QUEUE_ASYNC_WORKERS": "async_workers",
     "QUEUE_LOOP_BLOCK_TIMEOUT": "loop_block_timeout",
@@ -296,6 +301,8 @@ def validate(settings: Settings) -> list[str]:
         problems.append(
             f"worker_synchronous_commit must be on or off, got {s.worker_synchronous_commit!r}"
         )
+    if s.pooler not in ("none", "transaction"):
+        problems.append(f"pooler must be none or transaction, got {s.pooler!r}")
     host, sep, port = s.ops_addr.rpartition(":")
     if s.ops_addr and (not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host):
         problems.append(f"ops_addr must be HOST:PORT (e.g. 127.0.0.1:8090), got {s.ops_addr!r}")

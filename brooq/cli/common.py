@@ -55,6 +55,16 @@ def checked_dsn(ctx: click.Context) -> str:
     return found
 
 
+def direct_dsn(ctx: click.Context) -> str:
+    """For ``brooq migrate`` (a session advisory lock, statements outside a transaction):
+    --database when given, else the direct connection (QUEUE_LISTEN_DATABASE_URL, else
+    DATABASE_URL and its kin; docs/poolers.md), once a connection has worked."""
+    explicit = ctx.obj.get("database")
+    found = dsn_mod.resolve(explicit) if explicit else dsn_mod.resolve_listen(dsn(ctx))
+    connect(found).close()
+    return found
+
+
 def open_queue(ctx: click.Context) -> brooq.Queue:
     """A Queue of one pooled connection, closed when the command ends."""
     # One plain connection first: an unreachable database is reported at once, where the

@@ -1,6 +1,7 @@
 """`brooq migrate up|down|status|sql`: the schema as a deployment step.
 
-Owns: the migrate commands' options and output.
+Owns: the migrate commands' options and output; they run on the direct connection
+(brooq.cli.common.direct_dsn): a transaction pooler would not keep the migrator's lock.
 Must never: apply or revert anything itself (brooq.migrate does, under its advisory
 lock), or be run by anything at start-up.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import click
 
 from brooq import migrate as migrate_mod
-from brooq.cli.common import checked_dsn, cli, emit_json
+from brooq.cli.common import cli, direct_dsn, emit_json
 
 
 @cli.group()
@@ -23,7 +24,7 @@ def migrate() -> None:
 @click.pass_context
 def migrate_up(ctx: click.Context, target: int | None) -> None:
     """Apply every migration not yet applied."""
-    applied = migrate_mod.up(checked_dsn(ctx), target)
+    applied = migrate_mod.up(direct_dsn(ctx), target)
     for m in applied:
         click.echo(f"applied {m.version:04d}_{m.name}")
     if not applied:
@@ -35,7 +36,7 @@ def migrate_up(ctx: click.Context, target: int | None) -> None:
 @click.pass_context
 def migrate_down(ctx: click.Context, steps: int) -> None:
     """Revert the last applied migration (or --steps of them)."""
-    undone = migrate_mod.down(checked_dsn(ctx), steps)
+    undone = migrate_mod.down(direct_dsn(ctx), steps)
     for m in undone:
         click.echo(f"reverted {m.version:04d}_{m.name}")
     if not undone:
@@ -47,7 +48,7 @@ def migrate_down(ctx: click.Context, steps: int) -> None:
 @click.pass_context
 def migrate_status(ctx: click.Context, as_json: bool) -> None:
     """Show which migrations are applied."""
-    statuses = migrate_mod.status(checked_dsn(ctx))
+    statuses = migrate_mod.status(direct_dsn(ctx))
     if as_json:
         emit_json(
             [

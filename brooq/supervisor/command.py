@@ -2,7 +2,8 @@
 
 Exit codes: 0 drained cleanly; 1 stopped with jobs returned to pending (drain budget
 exceeded, SIGQUIT); 2 bad usage, bad settings, an application that cannot load, or a
-reachable database without brooq's schema (nothing was forked); 3 fatal supervision error
+reachable database without brooq's schema, or a pooler brooq was not told about
+(nothing was forked); 3 fatal supervision error
 (children cannot start, or the schema found missing once the database came up).
 
 Owns the command line, the admin token file and the schema check before the first fork.
@@ -20,7 +21,7 @@ from typing import Any
 import click
 from setproctitle import setproctitle
 
-from brooq import __version__, logs
+from brooq import __version__, logs, pooler
 from brooq import app as app_mod
 from brooq import dsn as dsn_mod
 from brooq import metrics as metrics_mod
@@ -30,6 +31,7 @@ from brooq.errors import (
     DatabaseUnavailable,
     InvalidDsn,
     InvalidSettings,
+    PoolerMismatch,
     SchemaMissing,
 )
 from brooq.handlers import Handler, is_async_callable, policy_problems
@@ -162,6 +164,16 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
     except InvalidDsn as exc:
         problems.append(str(exc))
         dsn = ""
+    listen_dsn = dsn
+    if dsn:
+        try:
+            listen_dsn = dsn_mod.resolve_listen(dsn, queue._listen_dsn_arg)
+        except InvalidDsn as exc:
+            problems.append(str(exc))
+        if settings is not None:
+            problem = pooler.need_direct(settings.pooler, dsn, listen_dsn, "brooq-master")
+            if problem:
+                problems.append(problem)
     if settings is not None:
         for topic, handler in sorted(queue.handlers.items()):
             problems.extend(policy_problems(topic, handler.policy(settings)))
@@ -176,8 +188,10 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
             click.echo(f"  - {p}", err=True)
         return 2
     try:
-        schema_verified = check_schema(dsn)
-    except SchemaMissing as exc:
+        schema_verified = check_schema(listen_dsn)
+        if listen_dsn != dsn and settings.pooler == pooler.NONE:
+            check_children_dsn(dsn)
+    except (SchemaMissing, PoolerMismatch) as exc:
         click.echo(f"brooq-master: cannot start: {exc}", err=True)
         return 2
     queue.configure(settings)
@@ -195,6 +209,7 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
         metrics_dir=metrics_path,
         admin_token=token,
         schema_verified=schema_verified,
+        listen_dsn=listen_dsn,
     ).run()
 
 
@@ -248,7 +263,11 @@ def check_schema(dsn: str) -> bool:
 
     from brooq import migrate
     from brooq.db import connect
-    from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT, master_options
+    from brooq.supervisor.connections import (
+        MASTER_CONNECT_TIMEOUT,
+        check_options,
+        master_options,
+    )
 
     try:
         conn = connect(
@@ -258,15 +277,50 @@ def check_schema(dsn: str) -> bool:
             options=master_options(dsn),
             application_name="brooq-master",
         )
-    except DatabaseUnavailable:
+    except DatabaseUnavailable as exc:
+        if pooler.REFUSED in str(exc):  # a pooler, not an outage: retrying cannot help
+            raise PoolerMismatch(str(exc)) from None
         return False
     try:
+        check_options(conn)
         migrate.verify(conn)
     except psycopg.Error:
         return False  # lost meanwhile, or timed out: the master checks once connected
     finally:
         conn.close()
     return True
+
+
+def check_children_dsn(dsn: str) -> None:
+    """PoolerMismatch when the children's DSN (not the master's own, checked by
+    check_schema) goes through a pooler that refuses or drops their session options
+    without QUEUE_POOLER=transaction: every child would fail on connecting, over and
+    over. Unreachable is not an error here, as in check_schema."""
+    from brooq.db import connect
+    from brooq.dsn import session_options
+    from brooq.sql import Q
+    from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT
+
+    try:
+        conn = connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=MASTER_CONNECT_TIMEOUT,
+            options=session_options(dsn, {"enable_bitmapscan": "off"}),
+            application_name="brooq-master",
+        )
+    except DatabaseUnavailable as exc:
+        if pooler.REFUSED in str(exc):
+            raise PoolerMismatch(str(exc)) from None
+        return
+    try:
+        row = conn.execute(Q.session_setting_get, {"name": "enable_bitmapscan"}).fetchone()
+    except Exception:  # lost meanwhile: each child checks its own connection anyway
+        return
+    finally:
+        conn.close()
+    if row is None or row[0] != "off":
+        raise pooler.options_ignored("enable_bitmapscan", "off", str(row[0]) if row else "?")
 
 
 def admin_token() -> bytes | None:

@@ -1,5 +1,9 @@
 """The master's two database connections: maintenance, and LISTEN for new jobs.
 
+Both go to the direct connection string (QUEUE_LISTEN_DATABASE_URL, else DATABASE_URL;
+docs/poolers.md): LISTEN cannot go through a transaction pooler, and the maintenance
+connection's timeouts are session settings, which a transaction pooler would not keep.
+
 Owns connecting them (and, the first time, checking brooq's schema when brooq-master
 could not before it forked), the reconnection backoff (0.5 s doubling to 10 s), running
 one maintenance call on the maintenance connection (with_db), reading notifications,
@@ -22,9 +26,9 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from brooq import migrate
+from brooq import migrate, pooler
 from brooq.dsn import session_options
-from brooq.errors import SchemaMissing
+from brooq.errors import PoolerMismatch, SchemaMissing
 from brooq.ipc.channel import STACK_CHANNEL
 from brooq.sql import Q
 
@@ -52,6 +56,21 @@ def master_options(dsn: str) -> str:
             "lock_timeout": str(MASTER_LOCK_TIMEOUT_MS),
         },
     )
+
+
+def check_options(conn: psycopg.Connection[Any]) -> None:
+    """PoolerMismatch when the connection does not have the lock timeout its options
+    asked for: a pooler between the master and PostgreSQL dropped them (PgBouncer's
+    ignore_startup_parameters), and the master would LISTEN through it too."""
+    ms = MASTER_LOCK_TIMEOUT_MS
+    wanted = f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"  # as PostgreSQL shows it
+    row = conn.execute(Q.session_setting_get, {"name": "lock_timeout"}).fetchone()
+    got = str(row[0]) if row else "?"
+    if got != wanted:
+        raise PoolerMismatch(
+            "QUEUE_LISTEN_DATABASE_URL (or DATABASE_URL) must reach PostgreSQL directly: "
+            + str(pooler.options_ignored("lock_timeout", wanted, got))
+        )
 
 
 class Connections:
@@ -106,6 +125,7 @@ class Connections:
                     options=master_options(self.dsn),
                     application_name="brooq-master",
                 )
+                check_options(self.db)
                 if not self.schema_verified:
                     # The database was down when brooq-master checked before forking:
                     # without the schema every child would crash on its first claim.
@@ -124,7 +144,7 @@ class Connections:
                 self.listener.execute(Q.listen_jobs)
                 # Anything enqueued while we were not listening: have a look now.
                 self._wake()
-        except SchemaMissing as exc:
+        except (SchemaMissing, PoolerMismatch) as exc:
             self.fatal = str(exc)
             self.close()
             return False

@@ -80,10 +80,13 @@ class Master:
         metrics_dir: Path | None = None,
         admin_token: bytes | None = None,
         schema_verified: bool = False,
+        listen_dsn: str | None = None,
     ) -> None:
         self.app_spec = app_spec
         self.settings = settings
-        self.dsn = dsn
+        self.dsn = dsn  # the children's (through a pooler, maybe)
+        # The master's own connections and the status page's: direct (docs/poolers.md).
+        self.listen_dsn = listen_dsn or dsn
         self.drain_deadline = 0.0
         self.notifier = Notifier()
         self.ready_sent = False
@@ -93,7 +96,7 @@ class Master:
         self.pages: PageProcess | None = None
         self.sig_r = self.sig_w = -1
         self.conns = Connections(
-            dsn,
+            self.listen_dsn,
             schema_verified=schema_verified,
             wake=lambda: self.fleet.wake_idle(),
             reconnected=self._renew_now,
@@ -172,7 +175,7 @@ class Master:
         if self.settings.ops_addr:
             # The status page renders in a process of its own, never in this loop.
             self.pages = PageProcess(
-                self.dsn, self.admin_token, self._fds_for_pages, MASTER_SIGNALS
+                self.listen_dsn, self.admin_token, self._fds_for_pages, MASTER_SIGNALS
             )
             self.fleet.other_reaped = self.pages.reaped
             hooks.page = self.pages.hand

@@ -245,11 +245,12 @@ class _Drain:
             "lease": self.settings.lease,
             "queues": queues,
         }
-        rows: list[ClaimRow] = (
-            conn.cursor(row_factory=claim_row)
-            .execute(Q.job_finish_and_claim_queues, params)
-            .fetchall()
-        )
+        with self.db.scoped(conn):  # behind a transaction pooler, as a child's claim
+            rows: list[ClaimRow] = (
+                conn.cursor(row_factory=claim_row)
+                .execute(Q.job_finish_and_claim_queues, params)
+                .fetchall()
+            )
         return next((r.claim() for r in rows if r.claimed), None)
 
     def _call(self, claim: Claim[Any]) -> tuple[BaseException | None, Any]:

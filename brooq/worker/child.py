@@ -30,7 +30,7 @@ from typing import IO, Any, NamedTuple
 import psycopg
 from psycopg.rows import RowMaker
 
-from brooq import logs
+from brooq import logs, pooler
 from brooq.errors import InvalidPayload, InvalidResult, PayloadMismatch
 from brooq.handlers import Handler, HandlerFn, Middleware, Policy, is_async_callable
 from brooq.ipc.board import Board
@@ -331,15 +331,21 @@ class Child:
             statement = with_results_statement
             params["results"] = [f.result for f in finished]
         try:
-            rows = (
-                self.db.get()
-                .cursor(row_factory=claim_row)
-                .execute(statement, params, prepare=True)
-                .fetchall()
-            )
+            conn = self.db.get()
+            cur = conn.cursor(row_factory=claim_row)
+            if self.db.local is None:
+                rows = cur.execute(statement, params, prepare=True).fetchall()
+            else:  # behind a transaction pooler: its settings first, in the same round trip
+                with self.db.scoped(conn):
+                    rows = cur.execute(statement, params).fetchall()
         except psycopg.OperationalError as exc:
             self.db.failed("claim", exc)
             return None
+        except (
+            psycopg.errors.InvalidSqlStatementName,
+            psycopg.errors.DuplicatePreparedStatement,
+        ) as exc:  # the child crashes either way: say why (brooq.pooler)
+            raise pooler.prepared_mismatch(exc) or exc from None
         return rows, queues
 
     def _settle_round(

@@ -1,13 +1,17 @@
 """The child's one database connection: opened after the fork, reopened after a failure.
 
-Owns connecting (with brooq.dsn.session_options, backing off while the database is
-unreachable), dropping a broken connection, the `db_error` log line, and the payload
-decoder that turns a payload json cannot read into an Undecodable (the job then fails
-with the reason instead of crashing the child on every claim).
+Owns connecting (with brooq's session settings in the ``options`` startup parameter, or,
+behind a transaction pooler, set for each transaction by ``scoped``: brooq.pooler; backing
+off while the database is unreachable), dropping a broken connection, the `db_error`
+log line, and the payload decoder that turns a payload json cannot read into an
+Undecodable (the job then fails with the reason instead of crashing the child on every
+claim).
 
 Must never be shared with the master or opened before the fork (a libpq connection does
-not survive one), never run a statement itself (the claim loop and the outcome writer
-do), and never wait for the database once the child is stopping: it raises Stop.
+not survive one), never run a statement itself but its own settings' (the check at
+connect that they arrived, and behind a pooler their per-transaction form; the claim
+loop and the outcome writer run the rest), and never wait for the database once the
+child is stopping: it raises Stop.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 from psycopg.types.json import set_json_loads
 
-from brooq.dsn import session_options
+from brooq import pooler
 from brooq.settings import Settings
+from brooq.sql import Q
 from brooq.worker.state import ChildState
 
 log = logging.getLogger("brooq.child")
@@ -38,6 +44,10 @@ class ChildConnection:
         self.settings = settings
         self.state = state
         self.conn: psycopg.Connection[Any] | None = None
+        # Behind a transaction pooler: the parameters of Q.session_settings_local.
+        self.local: dict[str, list[str]] | None = None
+        if settings.pooler == pooler.TRANSACTION:
+            self.local = pooler.local_params(self.session())
 
     def get(self) -> psycopg.Connection[Any]:
         """The open connection, connecting first if there is none; raises Stop when the
@@ -49,15 +59,33 @@ class ChildConnection:
             try:
                 self.conn = self._connect()
             except psycopg.OperationalError as exc:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                 log.warning(
                     "event=db_unreachable who=child worker=%s retry_in=%.1fs error=%r",
                     self.identity,
                     delay,
-                    str(exc).strip().splitlines()[0],
+                    reason + pooler.refused_hint(reason),
                 )
                 self.state.sleep(delay)
                 delay = min(delay * 2, 5.0)
         return self.conn
+
+    def session(self) -> dict[str, str]:
+        """The child's session settings.
+
+        No bitmap scans for brooq's own statements: before the job table's first ANALYZE
+        the planner would read every ready row of the ready index and sort them for each
+        claim (22 ms instead of 1.3 ms for a 32-job claim on 20,000 rows). Generic plans
+        for them: with `auto`, PostgreSQL planned every claim anew (pg_prepared_statements
+        showed 0 generic plans in 300 claims), and planning was a fifth of a claim (a
+        100,000-job drain on one connection: 17,100 -> 20,500 jobs/s); the generic plans
+        are the ones the EXPLAIN tests guard. Users' on_success writes get both defaults
+        back (Q.session_planner_defaults)."""
+        return {
+            "synchronous_commit": self.settings.worker_synchronous_commit,
+            "enable_bitmapscan": "off",
+            "plan_cache_mode": "force_generic_plan",
+        }
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(
@@ -65,29 +93,44 @@ class ChildConnection:
             autocommit=True,
             connect_timeout=5,
             application_name=f"brooq-child {self.identity}"[:63],
-            # No bitmap scans for brooq's own statements: before the job table's
-            # first ANALYZE the planner would read every ready row of the ready
-            # index and sort them for each claim (22 ms instead of 1.3 ms for a
-            # 32-job claim on 20,000 rows). Generic plans for them: with `auto`,
-            # PostgreSQL planned every claim anew (pg_prepared_statements showed
-            # 0 generic plans in 300 claims), and planning was a fifth of a claim
-            # (a 100,000-job drain on one connection: 17,100 -> 20,500 jobs/s); the
-            # generic plans are the ones the EXPLAIN tests guard. Users' on_success
-            # writes get both defaults back.
-            # Added to the DSN's own options (search_path, ...), never instead.
-            options=session_options(
-                self.dsn,
-                {
-                    "synchronous_commit": self.settings.worker_synchronous_commit,
-                    "enable_bitmapscan": "off",
-                    "plan_cache_mode": "force_generic_plan",
-                },
-            ),
+            # Direct: added to the DSN's own options (search_path, ...), never instead.
+            **pooler.connect_kwargs(self.settings.pooler, self.dsn, self.session()),
         )
+        if self.local is None:
+            # A pooler that drops the options (ignore_startup_parameters) must not leave
+            # the child planning and committing with settings it did not ask for, and
+            # its prepared statements on server connections it does not own: say so
+            # (once a connection) instead of failing later with a stranger error.
+            got = conn.execute(Q.session_setting_get, {"name": "enable_bitmapscan"}).fetchone()
+            if got is None or got[0] != "off":
+                conn.close()
+                raise pooler.options_ignored(
+                    "enable_bitmapscan", "off", str(got[0]) if got else "?"
+                )
         # A payload that cannot be decoded (inserted by hand, nested too deep)
         # must fail its job, not crash the child on every claim.
         set_json_loads(_decode_payload, conn)
         return conn
+
+    @contextlib.contextmanager
+    def scoped(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """Around one autocommit statement (its own transaction): behind a transaction
+        pooler, the session settings go first in the same pipeline, so the server runs
+        both in one implicit transaction (the segment up to the Sync) and the statement
+        is planned and committed with them, in the same one round trip. Direct: nothing
+        (the session has them)."""
+        if self.local is None:
+            yield
+            return
+        with conn.pipeline():
+            conn.execute(Q.session_settings_local, self.local)
+            yield
+
+    def apply_local(self, conn: psycopg.Connection[Any]) -> None:
+        """Inside an explicit transaction, behind a transaction pooler: the session
+        settings for the rest of it (one statement more). Direct: nothing."""
+        if self.local is not None:
+            conn.execute(Q.session_settings_local, self.local)
 
     def failed(self, during: str, exc: BaseException) -> None:
         """A statement failed on the connection: log it and drop the connection (the

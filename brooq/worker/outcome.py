@@ -119,22 +119,25 @@ class OutcomeWriter:
                     final=outcome.final,
                 )
         if outcome.kind == "canceled":
-            cur = conn.execute(Q.job_set_canceled, {**who, "error": outcome.error})
+            with self.connection.scoped(conn):
+                cur = conn.execute(Q.job_set_canceled, {**who, "error": outcome.error})
+            # After the block: in a pipeline, the count is known once it has synced.
             return ("canceled" if cur.rowcount else None), outcome
         cur = conn.cursor(row_factory=dict_row)  # the failure path: a dict costs nothing here
-        row = cur.execute(
-            Q.job_set_failed,
-            {
-                **who,
-                "refund": outcome.refund,
-                # final: dead now (attempts >= 0 always holds in job_set_failed)
-                "max_attempts": 0 if outcome.final else policy.max_attempts,
-                "delay": outcome.delay,
-                "error": outcome.error,
-                "history_error": execute.bounded(outcome.error or "", 1000),
-            },
-            prepare=True,
-        ).fetchone()
+        with self.connection.scoped(conn):
+            row = cur.execute(
+                Q.job_set_failed,
+                {
+                    **who,
+                    "refund": outcome.refund,
+                    # final: dead now (attempts >= 0 always holds in job_set_failed)
+                    "max_attempts": 0 if outcome.final else policy.max_attempts,
+                    "delay": outcome.delay,
+                    "error": outcome.error,
+                    "history_error": execute.bounded(outcome.error or "", 1000),
+                },
+                prepare=True,
+            ).fetchone()
         return (str(row["state"]) if row else None), outcome
 
     def _write_done(
@@ -148,6 +151,7 @@ class OutcomeWriter:
         (all rolled back) when the row is no longer ours."""
         try:
             with conn.transaction():
+                self.connection.apply_local(conn)  # behind a transaction pooler only
                 cur = conn.execute(Q.job_set_done, {**who, "result": result}, prepare=True)
                 if cur.rowcount == 0:
                     raise _NotOurs
