@@ -33,7 +33,6 @@ from brooq.errors import BrooqError
 from brooq.ipc import protocol
 from brooq.metrics import Metrics
 from brooq.settings import Settings
-from brooq.sql import Q
 from brooq.supervisor import maintenance
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.connections import Connections
@@ -165,7 +164,7 @@ class Renewal:
         if not held:
             return {"renewed": 0, "lost": 0}
         still = self.conns.with_db(
-            "renew", lambda conn: maintenance.renew_leases(conn, held, self.lease)
+            "renew", lambda conn: maintenance.renew_leases(conn, held, self.lease, self.conns.q)
         )
         if still is None:
             return {}
@@ -211,7 +210,7 @@ class Reaper:
 
     def run_once(self, now: float) -> Counts:
         result = self.conns.with_db(
-            "reaper", lambda conn: maintenance.reap_expired(conn, self.max_expiries)
+            "reaper", lambda conn: maintenance.reap_expired(conn, self.max_expiries, self.conns.q)
         )
         if result is None:
             return {}
@@ -269,7 +268,11 @@ class Stats:
             return {}
 
         def read(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
-            return conn.cursor(row_factory=dict_row).execute(Q.job_stats_by_topic).fetchall()
+            return (
+                conn.cursor(row_factory=dict_row)
+                .execute(self.conns.q.job_stats_by_topic)
+                .fetchall()
+            )
 
         rows = self.conns.with_db("stats", read)
         if rows is None:
@@ -302,11 +305,14 @@ class Retention:
     def run_once(self, now: float) -> Counts:
         # Stack requests a killed `brooq jobs stack` left behind (brooq.stacks), whatever
         # the jobs' retention.
-        self.conns.with_db("stack_requests", lambda conn: conn.execute(Q.stack_requests_expire))
+        self.conns.with_db(
+            "stack_requests", lambda conn: conn.execute(self.conns.q.stack_requests_expire)
+        )
         if self.ttl <= 0:
             return {}
         result = self.conns.with_db(
-            "retention", lambda conn: maintenance.delete_expired(conn, self.ttl, self.batch)
+            "retention",
+            lambda conn: maintenance.delete_expired(conn, self.ttl, self.batch, self.conns.q),
         )
         if not result:
             return {}
@@ -445,7 +451,7 @@ class Periodic:
         try:
             with conn.transaction():
                 won = conn.execute(
-                    Q.periodic_claim, {"name": schedule.name, "tick": tick}
+                    self.conns.q.periodic_claim, {"name": schedule.name, "tick": tick}
                 ).fetchone()
                 if won is None:
                     return False
@@ -453,8 +459,8 @@ class Periodic:
                     # A schedule never claimed before starts with its next tick: its
                     # last one passed before it existed, so nothing was missed.
                     return True
-                job_id, _ = produce.insert_checked(conn, job, self.handlers)
-                conn.execute(Q.periodic_set_job, {"name": schedule.name, "job": job_id})
+                job_id, _ = produce.insert_checked(conn, job, self.handlers, q=self.conns.q)
+                conn.execute(self.conns.q.periodic_set_job, {"name": schedule.name, "job": job_id})
                 return job_id
         except BrooqError as exc:
             log.error(
