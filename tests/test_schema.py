@@ -3,6 +3,7 @@ public.job of another shape, with every connection's search_path left at the def
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -21,7 +22,7 @@ from brooq import settings as settings_mod
 from brooq.errors import InvalidSettings
 from brooq.sql import RELATIONS, Q, queries
 from brooq.supervisor.connections import Connections
-from tests.harness import wait_for
+from tests.harness import APPS, wait_for
 
 SCHEMA = "brooq_q"
 ROOT = Path(__file__).resolve().parent.parent
@@ -253,3 +254,121 @@ def test_a_notification_of_another_schema_wakes_no_child(own: str) -> None:
             wait_for(lambda: read(woken), what="a wake-up for our schema")
     finally:
         conns.close()
+
+
+def _in_schema(dsn: str, query: str) -> list[tuple[Any, ...]]:
+    """A read of brooq's tables in SCHEMA on a connection with the default search_path."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(query).fetchall()
+
+
+def test_a_limited_topic_periodic_jobs_and_a_stack_under_a_master(own: str, tmp_path: Path) -> None:
+    """brooq_claim_limited runs from a child whose search_path finds public.job first: its
+    pinned search_path (0009) finds brooq's. Periodic ticks land in SCHEMA's
+    brooq_periodic; `brooq jobs stack` asks and is answered through SCHEMA's requests."""
+    from tests.harness import MasterProcess, prepare
+
+    dsn = own
+    prepare(dsn)
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    env = {"QUEUE_SCHEMA": SCHEMA, "BROOQ_STAMPS": str(stamps), "BROOQ_LIMITED_SLEEP": "0"}
+    q = brooq.Queue(dsn, schema=SCHEMA)
+    limited = MasterProcess(dsn, tmp_path / "l.log", app="brooq_queuesapp:queue", env=env)
+    periodic = MasterProcess(
+        dsn, tmp_path / "p.log", app="brooq_periodicapp:queue", workers=1, env=env
+    )
+    try:
+        ids = [q.enqueue(brooq.Job("api.limited"))[0] for _ in range(10)]
+        wait_for(
+            lambda: all(q.get(i).state == "done" for i in ids),  # type: ignore[union-attr]
+            what="the limited jobs done",
+        )
+        ticks = f"SELECT count(*) FROM \"{SCHEMA}\".job WHERE topic = 'p.tick' AND state = 'done'"
+        wait_for(lambda: _in_schema(dsn, ticks)[0][0] >= 1, what="a periodic tick done")
+        names = _in_schema(dsn, f'SELECT name FROM "{SCHEMA}".brooq_periodic ORDER BY 1')
+        assert ("tick",) in names
+        apps = {**env, "PYTHONPATH": os.pathsep.join([str(APPS), str(ROOT)])}
+        out = cli(dsn, "periodic", "--app", "brooq_periodicapp:queue", "--json", env=apps)
+        assert out.returncode == 0, out.stderr
+        listed = {row["name"]: row for row in json.loads(out.stdout)}
+        assert listed["tick"]["last_job"] is not None, listed["tick"]
+    finally:
+        limited.stop()
+        periodic.stop()
+    m = MasterProcess(dsn, tmp_path / "s.log", workers=1, env={"QUEUE_SCHEMA": SCHEMA})
+    try:
+        job_id, _ = q.enqueue(brooq.Job("t.ok", {"sleep": 20}))
+        wait_for(lambda: q.get(job_id).state == "processing", what="running")  # type: ignore[union-attr]
+
+        def answered() -> subprocess.CompletedProcess[str] | None:
+            out = cli(dsn, "--schema", SCHEMA, "jobs", "stack", str(job_id), "--timeout", "2s")
+            return out if out.returncode == 0 else None
+
+        out = wait_for(answered, what="the stack")
+        assert "in ok" in out.stdout, out.stdout
+        assert _in_schema(dsn, f'SELECT count(*) FROM "{SCHEMA}".brooq_stack_request') == [(0,)]
+        assert q.cancel(job_id)
+    finally:
+        m.stop()
+        q.close()
+    for log in ("l.log", "p.log", "s.log"):
+        assert "event=db_error" not in (tmp_path / log).read_text(), log
+    assert app_job_rows(dsn) == [(1, "invoice"), (2, "refund")]
+
+
+def test_status_page_reads_and_testing_helpers(own: str) -> None:
+    from brooq import testing, web
+
+    q = brooq.Queue(dsn=own, schema=SCHEMA)
+    seen: list[int] = []
+
+    @q.handler("s.seen")
+    def handle(claim: brooq.Claim) -> None:
+        seen.append(claim.payload["n"])
+
+    @q.handler("s.broken", max_attempts=1)
+    def broken(claim: brooq.Claim) -> None:
+        raise RuntimeError("no")
+
+    try:
+        q.enqueue_many([brooq.Job("s.seen", {"n": i}) for i in range(3)])
+        dead_id, _ = q.enqueue(brooq.Job("s.broken"))
+        assert testing.drain(q) == {"done": 3, "dead": 1}
+        assert sorted(seen) == [0, 1, 2]
+        assert len(testing.jobs(q, topic="s.seen", state="done")) == 3
+        with psycopg.connect(own, autocommit=True) as conn:  # default search_path
+            overview = web.serve(conn, "GET", "/", actions_enabled=False, q=queries(SCHEMA))
+            assert overview.status == 200 and b"s.broken" in overview.body
+            dead = web.serve(conn, "GET", "/dead", actions_enabled=False, q=queries(SCHEMA))
+            assert dead.status == 200 and str(dead_id).encode() in dead.body
+            one = web.serve(
+                conn, "GET", f"/jobs/{dead_id}", actions_enabled=False, q=queries(SCHEMA)
+            )
+            assert one.status == 200 and b"RuntimeError" in one.body
+    finally:
+        q.close()
+
+
+def test_the_django_path_applies_into_the_schema_and_gives_the_search_path_back(
+    empty_dsn: str,
+) -> None:
+    """script_parts(schema=...) run piece by piece on one autocommit connection, as
+    Django's RunSQL does: everything lands in the schema, and the session's own
+    search_path is back afterwards (Django's next migration must not land there)."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.job (id serial PRIMARY KEY, title text)")
+        conn.execute("SET search_path TO public")
+        for part in migrate.script_parts("up", schema="dj"):
+            conn.execute(part.encode())
+        assert conn.execute("SHOW search_path").fetchone() == ("public",)
+        assert migrate.verify(conn, "dj") == "dj"
+        brooq.enqueue(conn, brooq.Job("t.ok"), schema="dj")
+        for part in migrate.script_parts("down", schema="dj"):
+            conn.execute(part.encode())
+        assert conn.execute("SHOW search_path").fetchone() == ("public",)
+        left = conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'dj'"
+        ).fetchone()
+        assert left == (0,)
