@@ -256,6 +256,35 @@ def test_a_notification_of_another_schema_wakes_no_child(own: str) -> None:
         conns.close()
 
 
+def test_unset_the_master_listens_for_the_schema_its_search_path_found(dsn: str) -> None:
+    """No QUEUE_SCHEMA: the schema the job table was found in (public here) is the one
+    whose notifications wake children; a notification of another schema's does not."""
+    migrate.up(dsn, schema="other")
+    woken: list[int] = []
+    stacks: list[str] = []
+    conns = Connections(
+        dsn, schema_verified=False, wake=lambda: woken.append(1), reconnected=lambda: None
+    )
+    conns.stack_requested = stacks.append
+    try:
+        assert conns.connect() and conns.job_schema == "public"
+        woken.clear()
+        with psycopg.connect(dsn, autocommit=True) as producer:
+            brooq.enqueue(producer, brooq.Job("t.ok"), schema="other")
+            producer.execute("SELECT pg_notify('brooq_stack', 'sentinel')")
+
+            def read(what: list[Any]) -> bool:
+                conns.read_notifications()
+                return bool(what)
+
+            wait_for(lambda: read(stacks), what="the sentinel")
+            assert woken == []
+            brooq.enqueue(producer, brooq.Job("t.ok"))  # the search_path's: public.job
+            wait_for(lambda: read(woken), what="a wake-up for public")
+    finally:
+        conns.close()
+
+
 def _in_schema(dsn: str, query: str) -> list[tuple[Any, ...]]:
     """A read of brooq's tables in SCHEMA on a connection with the default search_path."""
     with psycopg.connect(dsn) as conn:
