@@ -22,7 +22,9 @@ INDEX CONCURRENTLY IF NOT EXISTS``) are dropped.
 
 Owns: reading and checking the migration files, the version bookkeeping (its statements
 are the migration_* ones of brooq/sql/queries.sql), and ``verify``, the check the master
-and the CLI make that the schema on the search_path is brooq's and up to date.
+and the CLI make that the schema on the search_path (QUEUE_SCHEMA's when set: the files
+then run with it alone on the search_path, and it is created first) is brooq's and up to
+date.
 Must never: run at start-up on its own (migrating is a deployment step), compose SQL with
 string formatting, or run SQL other than queries.sql's and the migration files' own text.
 """
