@@ -22,7 +22,9 @@ INDEX CONCURRENTLY IF NOT EXISTS``) are dropped.
 
 Owns: reading and checking the migration files, the version bookkeeping (its statements
 are the migration_* ones of brooq/sql/queries.sql), and ``verify``, the check the master
-and the CLI make that the schema on the search_path is brooq's and up to date.
+and the CLI make that the schema on the search_path (QUEUE_SCHEMA's when set: the files
+then run with it alone on the search_path, and it is created first) is brooq's and up to
+date.
 Must never: run at start-up on its own (migrating is a deployment step), compose SQL with
 string formatting, or run SQL other than queries.sql's and the migration files' own text.
 """
@@ -44,7 +46,7 @@ from psycopg import sql
 from psycopg.rows import class_row, scalar_row
 
 from brooq.errors import MigrationError, SchemaMissing
-from brooq.sql import Q
+from brooq.sql import Q, Queries, queries, validate_schema
 
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
@@ -159,27 +161,41 @@ class _SchemaCheck(NamedTuple):
     search_path: str
 
 
-def _table_exists(conn: Conn) -> bool:
-    return bool(conn.cursor(row_factory=scalar_row).execute(Q.migration_table_exists).fetchone())
+def _table_exists(conn: Conn, q: Queries = Q) -> bool:
+    return bool(conn.cursor(row_factory=scalar_row).execute(q.migration_table_exists).fetchone())
 
 
-def _versions(conn: Conn) -> dict[int, datetime]:
+def _versions(conn: Conn, q: Queries = Q) -> dict[int, datetime]:
     """Applied version -> when; the version table must exist."""
-    rows = conn.cursor(row_factory=class_row(_Applied)).execute(Q.migration_versions)
+    rows = conn.cursor(row_factory=class_row(_Applied)).execute(q.migration_versions)
     return {row.version: row.applied_at for row in rows}
 
 
-def _applied(conn: Conn) -> dict[int, datetime]:
-    return _versions(conn) if _table_exists(conn) else {}
+def _applied(conn: Conn, q: Queries = Q) -> dict[int, datetime]:
+    return _versions(conn, q) if _table_exists(conn, q) else {}
+
+
+def _use_schema(schema: str) -> sql.Composed:
+    """migration_use_schema for ``schema``: the migration files' bare names land there."""
+    return sql.SQL(Q.migration_use_schema).format(
+        sql.Literal(sql.Identifier(schema).as_string(None))
+    )
 
 
 @contextmanager
-def _locked(dsn: str) -> Iterator[Conn]:
+def _locked(dsn: str, schema: str | None = None, *, create: bool = False) -> Iterator[Conn]:
+    """The migrator's connection, under its advisory lock. With ``schema``, its
+    search_path is that schema alone (created first when ``create``), so the migration
+    files' bare names are brooq's relations there."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         lock = conn.cursor(row_factory=scalar_row)
         while not lock.execute(Q.migration_lock, {"key": LOCK_KEY}).fetchone():
             time.sleep(LOCK_POLL)  # another `migrate` runs: queries.sql says why we poll
         try:
+            if schema is not None:
+                if create:
+                    conn.execute(sql.SQL(Q.migration_create_schema).format(sql.Identifier(schema)))
+                conn.execute(_use_schema(schema))
             yield conn
         finally:
             conn.execute(Q.migration_unlock, {"key": LOCK_KEY})
@@ -249,36 +265,40 @@ def _apply(conn: Conn, m: Migration, body: str) -> None:
         conn.execute(Q.migration_reset_lock_timeout)
 
 
-def up(dsn: str, target: int | None = None) -> list[Migration]:
-    """Apply every migration not yet applied (up to ``target``); returns what was applied."""
+def up(dsn: str, target: int | None = None, *, schema: str | None = None) -> list[Migration]:
+    """Apply every migration not yet applied (up to ``target``); returns what was applied.
+    ``schema`` (QUEUE_SCHEMA): everything goes into that schema, created if missing."""
     migrations = load()
     applied_now: list[Migration] = []
-    with _locked(dsn) as conn:
-        done = _applied(conn)
+    q = queries(schema)
+    with _locked(dsn, schema, create=True) as conn:
+        done = _applied(conn, q)
         for m in migrations:
             if m.version in done or (target is not None and m.version > target):
                 continue
             if m.transactional:
                 with conn.transaction():
-                    conn.execute(Q.migration_create_table)
+                    conn.execute(q.migration_create_table)
                     _apply(conn, m, m.up)
-                    conn.execute(Q.migration_insert, {"version": m.version, "name": m.name})
+                    conn.execute(q.migration_insert, {"version": m.version, "name": m.name})
             else:  # recorded after its last statement: a failure leaves it to re-run
                 _apply(conn, m, m.up)
                 with conn.transaction():
-                    conn.execute(Q.migration_create_table)
-                    conn.execute(Q.migration_insert, {"version": m.version, "name": m.name})
+                    conn.execute(q.migration_create_table)
+                    conn.execute(q.migration_insert, {"version": m.version, "name": m.name})
             applied_now.append(m)
     return applied_now
 
 
-def down(dsn: str, steps: int = 1) -> list[Migration]:
+def down(dsn: str, steps: int = 1, *, schema: str | None = None) -> list[Migration]:
     """Undo the last ``steps`` applied migrations. Undoing the first one also drops the
-    version table, so nothing of brooq's is left."""
+    version table, so nothing of brooq's is left (a schema made by ``up`` stays: it may
+    hold more than brooq's)."""
     by_version = {m.version: m for m in load()}
     undone: list[Migration] = []
-    with _locked(dsn) as conn:
-        applied = sorted(_applied(conn), reverse=True)
+    q = queries(schema)
+    with _locked(dsn, schema) as conn:
+        applied = sorted(_applied(conn, q), reverse=True)
         for version in applied[:steps]:
             m = by_version.get(version)
             if m is None:
@@ -288,25 +308,25 @@ def down(dsn: str, steps: int = 1) -> list[Migration]:
             if m.transactional:
                 with conn.transaction():
                     _apply(conn, m, m.down)
-                    _forget(conn, version)
+                    _forget(conn, version, q)
             else:  # forgotten after its last statement, as up records it
                 _apply(conn, m, m.down)
                 with conn.transaction():
-                    _forget(conn, version)
+                    _forget(conn, version, q)
             undone.append(m)
     return undone
 
 
-def _forget(conn: Conn, version: int) -> None:
-    conn.execute(Q.migration_delete, {"version": version})
-    left = conn.cursor(row_factory=scalar_row).execute(Q.migration_count)
+def _forget(conn: Conn, version: int, q: Queries = Q) -> None:
+    conn.execute(q.migration_delete, {"version": version})
+    left = conn.cursor(row_factory=scalar_row).execute(q.migration_count)
     if left.fetchone() == 0:
-        conn.execute(Q.migration_drop_table)
+        conn.execute(q.migration_drop_table)
 
 
-def status(dsn: str) -> list[Status]:
+def status(dsn: str, *, schema: str | None = None) -> list[Status]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        done = _applied(conn)
+        done = _applied(conn, queries(schema))
     return [Status(m.version, m.name, done.get(m.version)) for m in load()]
 
 
@@ -334,21 +354,25 @@ JOB_COLUMNS = (
 )
 
 
-def verify(conn: Conn) -> None:
-    """Raise SchemaMissing unless the ``job`` table the connection's search_path finds is
-    brooq's and, when the bookkeeping of ``brooq migrate`` is there, every migration this
-    brooq ships is applied. A schema applied with one's own tool (``brooq migrate sql``)
-    has no bookkeeping; its table is then checked alone."""
-    found = conn.cursor(row_factory=class_row(_SchemaCheck)).execute(Q.schema_check).fetchone()
+def verify(conn: Conn, schema: str | None = None) -> str:
+    """Raise SchemaMissing unless the ``job`` table the connection's search_path finds
+    (with ``schema``, QUEUE_SCHEMA: the one in that schema) is brooq's and, when the
+    bookkeeping of ``brooq migrate`` is there, every migration this brooq ships is
+    applied. A schema applied with one's own tool (``brooq migrate sql``) has no
+    bookkeeping; its table is then checked alone. Returns the schema the table is in."""
+    q = queries(schema)
+    found = conn.cursor(row_factory=class_row(_SchemaCheck)).execute(q.schema_check).fetchone()
     assert found is not None  # one row, whatever exists
-    schema, search_path = found.job_schema, found.search_path
-    if schema is None:
+    search_path = found.search_path
+    where = f"schema {schema} (QUEUE_SCHEMA)" if schema else f"the search_path {search_path}"
+    if found.job_schema is None:
         raise SchemaMissing(
-            f"the brooq schema is not installed (no table job on the search_path "
-            f"{search_path}): run `brooq migrate up` first"
+            f"the brooq schema is not installed (no table job in {where}): run "
+            "`brooq migrate up` first" + (f" with QUEUE_SCHEMA={schema}" if schema else "")
         )
+    schema = found.job_schema
     if found.has_versions:  # first: an older brooq schema lacks the newer columns too
-        applied = set(_versions(conn))
+        applied = set(_versions(conn, q))
         expected = [m.version for m in load()]
         missing = [v for v in expected if v not in applied]
         if missing:
@@ -362,10 +386,11 @@ def verify(conn: Conn) -> None:
     if lacking:
         raise SchemaMissing(
             f"the table {schema}.job is not brooq's (it lacks the columns "
-            f"{', '.join(lacking)}; search_path {search_path}): run `brooq migrate up` "
-            "against the schema brooq should use and give brooq that search_path "
-            "(options in the DSN)"
+            f"{', '.join(lacking)}; {where}): run `brooq migrate up` against the schema "
+            "brooq should use and give brooq that schema (QUEUE_SCHEMA, or a search_path "
+            "in the DSN's options)"
         )
+    return schema
 
 
 def _chosen(direction: str, first: int, last: int | None) -> list[Migration]:
@@ -381,27 +406,59 @@ def _chosen(direction: str, first: int, last: int | None) -> list[Migration]:
     return chosen if direction == "up" else chosen[::-1]
 
 
-def script(direction: str = "up", *, first: int = 1, last: int | None = None) -> str:
+def _schema_parts(schema: str, direction: str) -> tuple[list[str], list[str]]:
+    """What runs before and after the migrations' SQL for ``schema``: create it (up),
+    put it alone on the search_path, and give the session its former path back."""
+    validate_schema(schema)
+    before = [_use_schema(schema).as_string(None)]
+    if direction == "up":
+        create = sql.SQL(Q.migration_create_schema).format(sql.Identifier(schema))
+        before.insert(0, create.as_string(None))
+    return before, [Q.migration_restore_search_path]
+
+
+def script(
+    direction: str = "up",
+    *,
+    first: int = 1,
+    last: int | None = None,
+    schema: str | None = None,
+) -> str:
     """The SQL of every migration (of versions ``first`` to ``last``, both included; ``last``
     None: the newest), for teams that apply schema with their own tool. A migration to
-    run outside a transaction says so in its heading comment."""
+    run outside a transaction says so in its heading comment. ``schema`` (QUEUE_SCHEMA):
+    the script first creates it (up) and makes it the session's search_path."""
     parts: list[str] = []
+    before, after = _schema_parts(schema, direction) if schema else ([], [])
+    if before:
+        parts.append(f"-- brooq's schema: {schema}\n" + "".join(s + ";\n" for s in before))
     for m in _chosen(direction, first, last):
         body = m.up if direction == "up" else m.down
         how = "" if m.transactional else "; run outside a transaction, statement by statement"
         parts.append(f"-- brooq migration {m.version:04d}_{m.name} ({direction}{how})\n{body}\n")
+    parts.extend(s + ";\n" for s in after)
     return "\n".join(parts)
 
 
-def script_parts(direction: str = "up", *, first: int = 1, last: int | None = None) -> list[str]:
+def script_parts(
+    direction: str = "up",
+    *,
+    first: int = 1,
+    last: int | None = None,
+    schema: str | None = None,
+) -> list[str]:
     """``script``'s SQL as pieces to run one after another on an autocommit connection, as
     ``migrations.RunSQL(sql=[...])`` in a Django migration with ``atomic = False`` does: a
     transactional migration is one piece (PostgreSQL runs a query of many statements in
     one implicit transaction, so it applies whole or not at all), a ``no-transaction`` one
     is a piece per statement (``CREATE INDEX CONCURRENTLY`` cannot run in a transaction).
     Unlike ``up``, nothing retries a statement that waits for a lock: on a big, busy
-    ``job`` table use ``brooq migrate up``."""
-    parts: list[str] = []
+    ``job`` table use ``brooq migrate up``. ``schema`` (QUEUE_SCHEMA): the first pieces
+    create it (up) and put it alone on the session's search_path, the last one gives the
+    session its former search_path back (a failure in between leaves the schema on it:
+    the connection is then best closed)."""
+    before, after = _schema_parts(schema, direction) if schema else ([], [])
+    parts: list[str] = list(before)
     for m in _chosen(direction, first, last):
         body = m.up if direction == "up" else m.down
         heading = f"-- brooq migration {m.version:04d}_{m.name} ({direction})"
@@ -409,4 +466,4 @@ def script_parts(direction: str = "up", *, first: int = 1, last: int | None = No
             parts.append(f"{heading}\n{body}\n")
         else:
             parts.extend(f"{heading}\n{statement}\n" for statement in statements(body))
-    return parts
+    return parts + after

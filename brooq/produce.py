@@ -28,7 +28,7 @@ from brooq.db import schema_missing
 from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, Job, check_payload_size
-from brooq.sql import Q
+from brooq.sql import Q, Queries, queries
 
 if TYPE_CHECKING:
     from brooq.handlers import Handler
@@ -205,7 +205,11 @@ def _async_cursor(target: AsyncTarget) -> psycopg.AsyncCursor[Any]:
 
 
 def enqueue(
-    target: AnyTarget, job: Job, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    target: AnyTarget,
+    job: Job,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    schema: str | None = None,
 ) -> tuple[uuid.UUID, bool]:
     """Insert ``job`` in the caller's transaction; return (id, created).
 
@@ -217,24 +221,27 @@ def enqueue(
     ``created`` is False when a job with the same (topic, idempotency_key) already
     exists; the id is then that job's id. Rollback leaves no job; commit makes it
     visible to workers (and wakes them once per transaction).
+
+    ``schema``: brooq's schema (QUEUE_SCHEMA of the masters); None: the ``job`` table the
+    connection's search_path finds.
     """
     if not isinstance(target, (psycopg.Connection, psycopg.Cursor)):
         target = resolve_target(target, "brooq.enqueue")
-    return insert_checked(target, check_job(job, max_payload_bytes))
+    return insert_checked(target, check_job(job, max_payload_bytes), q=queries(schema))
 
 
 def insert_checked(
-    target: Target, job: Job, handlers: Handlers = _NO_HANDLERS
+    target: Target, job: Job, handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue`` for a job that check_job has passed."""
     try:
         with _cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
-                inserted = cur.execute(Q.job_insert, _params(job, uuid7(), handlers)).fetchone()
+                inserted = cur.execute(q.job_insert, _params(job, uuid7(), handlers)).fetchone()
                 if inserted is not None:
                     return inserted, True
                 existing = cur.execute(
-                    Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
+                    q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
                 ).fetchone()
                 if existing is not None:
                     return existing, False
@@ -247,25 +254,29 @@ def insert_checked(
 
 
 async def enqueue_async(
-    target: AsyncTarget, job: Job, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    target: AsyncTarget,
+    job: Job,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    schema: str | None = None,
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue`` for a psycopg AsyncConnection or AsyncCursor, in the caller's transaction."""
-    return await insert_checked_async(target, check_job(job, max_payload_bytes))
+    return await insert_checked_async(target, check_job(job, max_payload_bytes), q=queries(schema))
 
 
 async def insert_checked_async(
-    target: AsyncTarget, job: Job, handlers: Handlers = _NO_HANDLERS
+    target: AsyncTarget, job: Job, handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue_async`` for a job that check_job has passed."""
     try:
         async with _async_cursor(target) as cur:
             for _ in range(_KEY_ROUNDS):
-                await cur.execute(Q.job_insert, _params(job, uuid7(), handlers))
+                await cur.execute(q.job_insert, _params(job, uuid7(), handlers))
                 inserted = await cur.fetchone()
                 if inserted is not None:
                     return inserted, True
                 await cur.execute(
-                    Q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
+                    q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
                 )
                 existing = await cur.fetchone()
                 if existing is not None:
@@ -279,22 +290,26 @@ async def insert_checked_async(
 
 
 def enqueue_many(
-    target: AnyTarget, jobs: Sequence[Job], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    target: AnyTarget,
+    jobs: Sequence[Job],
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    schema: str | None = None,
 ) -> list[tuple[uuid.UUID, bool]]:
     """Insert many jobs in the caller's transaction; [(id, created), ...] in the order given.
 
     A job whose key already exists (in the table, or earlier in the same batch) comes
     back with the existing id and created=False; those ids cost one more round trip.
     A refused job is named by its index in ``jobs`` ("job 3: ..."); nothing is inserted.
-    ``target`` is what ``enqueue`` takes.
+    ``target`` and ``schema`` are what ``enqueue`` takes.
     """
     if not isinstance(target, (psycopg.Connection, psycopg.Cursor)):
         target = resolve_target(target, "brooq.enqueue_many")
-    return insert_many_checked(target, check_jobs(jobs, max_payload_bytes))
+    return insert_many_checked(target, check_jobs(jobs, max_payload_bytes), q=queries(schema))
 
 
 def insert_many_checked(
-    target: Target, checked: list[Job], handlers: Handlers = _NO_HANDLERS
+    target: Target, checked: list[Job], handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
 ) -> list[tuple[uuid.UUID, bool]]:
     """``enqueue_many`` for jobs that check_job has passed."""
     if not checked:
@@ -303,8 +318,8 @@ def insert_many_checked(
     try:
         with _cursor(target) as cur:
             if any(job.idempotency_key is not None for job in checked):
-                return _insert_many(cur, checked, ids, handlers)
-            return _copy_many(cur, checked, ids, handlers)
+                return _insert_many(cur, checked, ids, handlers, q)
+            return _copy_many(cur, checked, ids, handlers, q)
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
 
@@ -314,13 +329,16 @@ async def enqueue_many_async(
     jobs: Sequence[Job],
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    schema: str | None = None,
 ) -> list[tuple[uuid.UUID, bool]]:
     """``enqueue_many`` for a psycopg AsyncConnection or AsyncCursor."""
-    return await insert_many_checked_async(target, check_jobs(jobs, max_payload_bytes))
+    return await insert_many_checked_async(
+        target, check_jobs(jobs, max_payload_bytes), q=queries(schema)
+    )
 
 
 async def insert_many_checked_async(
-    target: AsyncTarget, checked: list[Job], handlers: Handlers = _NO_HANDLERS
+    target: AsyncTarget, checked: list[Job], handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
 ) -> list[tuple[uuid.UUID, bool]]:
     """``enqueue_many_async`` for jobs that check_job has passed."""
     if not checked:
@@ -329,8 +347,8 @@ async def insert_many_checked_async(
     try:
         async with _async_cursor(target) as cur:
             if any(job.idempotency_key is not None for job in checked):
-                return await _insert_many_async(cur, checked, ids, handlers)
-            return await _copy_many_async(cur, checked, ids, handlers)
+                return await _insert_many_async(cur, checked, ids, handlers, q)
+            return await _copy_many_async(cur, checked, ids, handlers, q)
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
 
@@ -353,11 +371,15 @@ def _copy_rows(
 
 
 def _copy_many(
-    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
+    cur: psycopg.Cursor[Any],
+    checked: list[Job],
+    ids: list[uuid.UUID],
+    handlers: Handlers,
+    q: Queries,
 ) -> list[tuple[uuid.UUID, bool]]:
     """Jobs without keys cannot conflict: COPY them."""
     ready, scheduled = _copy_rows(checked, ids, handlers)
-    for statement, rows in ((Q.job_copy_ready, ready), (Q.job_copy_scheduled, scheduled)):
+    for statement, rows in ((q.job_copy_ready, ready), (q.job_copy_scheduled, scheduled)):
         if rows:
             with cur.copy(statement) as copy:
                 for row in rows:
@@ -366,10 +388,14 @@ def _copy_many(
 
 
 async def _copy_many_async(
-    cur: psycopg.AsyncCursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
+    cur: psycopg.AsyncCursor[Any],
+    checked: list[Job],
+    ids: list[uuid.UUID],
+    handlers: Handlers,
+    q: Queries,
 ) -> list[tuple[uuid.UUID, bool]]:
     ready, scheduled = _copy_rows(checked, ids, handlers)
-    for statement, rows in ((Q.job_copy_ready, ready), (Q.job_copy_scheduled, scheduled)):
+    for statement, rows in ((q.job_copy_ready, ready), (q.job_copy_scheduled, scheduled)):
         if rows:
             async with cur.copy(statement) as copy:
                 for row in rows:
@@ -423,27 +449,35 @@ def _fill_existing(
 
 
 def _insert_many(
-    cur: psycopg.Cursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
+    cur: psycopg.Cursor[Any],
+    checked: list[Job],
+    ids: list[uuid.UUID],
+    handlers: Handlers,
+    q: Queries,
 ) -> list[tuple[uuid.UUID, bool]]:
-    cur.execute(Q.job_insert_many, _many_params(checked, ids, handlers))
+    cur.execute(q.job_insert_many, _many_params(checked, ids, handlers))
     inserted = set(cur.fetchall())  # the ids (scalar_row)
     result, missing, lookup = _missing(checked, ids, inserted)
     if not missing:
         return result
     with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
-        rows = by_key.execute(Q.job_get_ids_by_keys, lookup).fetchall()
+        rows = by_key.execute(q.job_get_ids_by_keys, lookup).fetchall()
     return _fill_existing(result, checked, missing, rows)
 
 
 async def _insert_many_async(
-    cur: psycopg.AsyncCursor[Any], checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
+    cur: psycopg.AsyncCursor[Any],
+    checked: list[Job],
+    ids: list[uuid.UUID],
+    handlers: Handlers,
+    q: Queries,
 ) -> list[tuple[uuid.UUID, bool]]:
-    await cur.execute(Q.job_insert_many, _many_params(checked, ids, handlers))
+    await cur.execute(q.job_insert_many, _many_params(checked, ids, handlers))
     inserted = set(await cur.fetchall())
     result, missing, lookup = _missing(checked, ids, inserted)
     if not missing:
         return result
     async with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
-        await by_key.execute(Q.job_get_ids_by_keys, lookup)
+        await by_key.execute(q.job_get_ids_by_keys, lookup)
         rows = await by_key.fetchall()
     return _fill_existing(result, checked, missing, rows)

@@ -67,7 +67,7 @@ from brooq.job import (
     validate_topic,
 )
 from brooq.periodic import JobSpec, Schedule, build_schedule
-from brooq.sql import Q
+from brooq.sql import Q, Queries, queries
 from brooq.stacks import JobStack, fetch_stack
 
 if TYPE_CHECKING:
@@ -77,14 +77,9 @@ log = logging.getLogger("brooq")
 
 LIST_LIMIT_MAX = 1000
 IN_FLIGHT_LIMIT_MAX = 1000
-_TRANSITION_QUERIES: dict[Transition, LiteralString] = {
-    "cancel": Q.job_cancel,
-    "retry": Q.job_retry,
-}
-_BULK_QUERIES: dict[Transition, LiteralString] = {
-    "cancel": Q.job_cancel_batch,
-    "retry": Q.job_retry_batch,
-}
+# The statements' names: each schema has its own set (brooq.sql.queries).
+_TRANSITION_QUERIES: dict[Transition, str] = {"cancel": "job_cancel", "retry": "job_retry"}
+_BULK_QUERIES: dict[Transition, str] = {"cancel": "job_cancel_batch", "retry": "job_retry_batch"}
 # Rows one batch of cancel_many/retry_many locks and writes in its own transaction: big
 # enough that a million jobs take a hundred round trips, small enough that no batch holds
 # its locks for long.
@@ -113,10 +108,13 @@ def transition_params(action: Transition, job_id: uuid.UUID) -> dict[str, Any]:
     return {"id": job_id, "from_states": list(FROM_STATES[action])}
 
 
-def transition(conn: psycopg.Connection[Any], action: Transition, job_id: uuid.UUID) -> bool:
+def transition(
+    conn: psycopg.Connection[Any], action: Transition, job_id: uuid.UUID, q: Queries = Q
+) -> bool:
     """Cancel or retry ``job_id`` on the caller's connection (nothing committed here);
     True when the job moved, False when it is unknown or its state does not allow it."""
-    cur = conn.execute(_TRANSITION_QUERIES[action], transition_params(action, job_id))
+    statement: LiteralString = getattr(q, _TRANSITION_QUERIES[action])
+    cur = conn.execute(statement, transition_params(action, job_id))
     return cur.fetchone() is not None
 
 
@@ -286,6 +284,16 @@ class Queue:
     def configure(self, settings: settings_mod.Settings) -> None:
         """Replace the settings (the master applies its flags through this)."""
         self._settings = settings
+
+    @property
+    def schema(self) -> str | None:
+        """brooq's schema (QUEUE_SCHEMA, Queue(schema=...)); None: the search_path's."""
+        return self.settings.schema
+
+    @property
+    def _q(self) -> Queries:
+        """The statements of this Queue's schema (rendered once per schema, cached)."""
+        return queries(self.settings.schema)
 
     def handler(
         self,
@@ -521,7 +529,7 @@ class Queue:
         with self.connection() as conn:
             conn.autocommit = True
             try:
-                return producer.insert_checked(conn, checked, self.handlers)
+                return producer.insert_checked(conn, checked, self.handlers, q=self._q)
             finally:
                 # The pool hands out transactional connections; a broken one it drops.
                 with contextlib.suppress(psycopg.Error):
@@ -533,20 +541,20 @@ class Queue:
         ("job 3: ..."), and nothing is inserted."""
         checked = producer.check_jobs(jobs, self._max_payload, self.handlers)  # before any I/O
         with self.transaction() as conn:
-            return producer.insert_many_checked(conn, checked, self.handlers)
+            return producer.insert_many_checked(conn, checked, self.handlers, q=self._q)
 
     async def enqueue_async(self, job: Job) -> tuple[uuid.UUID, bool]:
         """``enqueue`` from asyncio code, on this Queue's async pool (opened on first use
         in the running loop, never before a fork); (id, created)."""
         checked = producer.check_job(job, self._max_payload, self.handlers)
         async with self._async_connection(autocommit=True) as conn:  # one statement
-            return await producer.insert_checked_async(conn, checked, self.handlers)
+            return await producer.insert_checked_async(conn, checked, self.handlers, q=self._q)
 
     async def enqueue_many_async(self, jobs: Sequence[Job]) -> list[tuple[uuid.UUID, bool]]:
         """``enqueue_many`` from asyncio code, in one transaction on the async pool."""
         checked = producer.check_jobs(jobs, self._max_payload, self.handlers)
         async with self._async_connection() as conn:
-            return await producer.insert_many_checked_async(conn, checked, self.handlers)
+            return await producer.insert_many_checked_async(conn, checked, self.handlers, q=self._q)
 
     # -- reading and operating -----------------------------------------------------------
 
@@ -555,7 +563,7 @@ class Queue:
         jid = parse_job_id(job_id)
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(JobRecord))
-            return cur.execute(Q.job_get, {"id": jid}).fetchone()
+            return cur.execute(self._q.job_get, {"id": jid}).fetchone()
 
     def cancel(self, job_id: uuid.UUID | str) -> bool:
         """pending, failed or processing -> canceled. False when the job is unknown or
@@ -563,14 +571,14 @@ class Queue:
         interrupted with brooq.LeaseLost at the master's next lease renewal."""
         jid = parse_job_id(job_id)
         with self.transaction() as conn:
-            return transition(conn, "cancel", jid)
+            return transition(conn, "cancel", jid, self._q)
 
     def retry(self, job_id: uuid.UUID | str) -> bool:
         """dead or canceled -> pending now, attempts reset, last_error kept. False when
         the job is unknown or not in one of those states."""
         jid = parse_job_id(job_id)
         with self.transaction() as conn:
-            return transition(conn, "retry", jid)
+            return transition(conn, "retry", jid, self._q)
 
     def cancel_many(
         self,
@@ -640,7 +648,7 @@ class Queue:
         filters: dict[str, Any] = {"topic": topic, "state": state, "queue": queue}
         with self.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            count = cur.execute(Q.job_count_matching, filters).fetchone()
+            count = cur.execute(self._q.job_count_matching, filters).fetchone()
             assert count is not None  # an aggregate without GROUP BY: always one row
             conn.commit()
             matched = int(count["matched"])
@@ -655,7 +663,7 @@ class Queue:
             }
             changed = 0
             while True:
-                batch = cur.execute(_BULK_QUERIES[action], params).fetchone()
+                batch = cur.execute(getattr(self._q, _BULK_QUERIES[action]), params).fetchone()
                 assert batch is not None
                 # Each batch commits on its own: its row locks last one batch, not the run.
                 conn.commit()
@@ -669,7 +677,9 @@ class Queue:
         runs it (the request and the answer travel through PostgreSQL: brooq.stacks).
         JobNotFound, JobNotRunning (not processing), StackUnavailable (no master answered
         within ``timeout``, or the job ended meanwhile)."""
-        return fetch_stack(self.listen_dsn, parse_job_id(job_id), to_seconds(timeout))
+        return fetch_stack(
+            self.listen_dsn, parse_job_id(job_id), to_seconds(timeout), schema=self.schema
+        )
 
     def explain_refusal(self, job_id: uuid.UUID | str, action: Transition) -> BrooqError:
         """Why cancel or retry did nothing, as an error to show an operator:
@@ -699,7 +709,7 @@ class Queue:
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(JobRecord))
             return cur.execute(
-                Q.job_list, {"topic": topic, "state": state, "queue": queue, "limit": limit}
+                self._q.job_list, {"topic": topic, "state": state, "queue": queue, "limit": limit}
             ).fetchall()
 
     def stats(self) -> list[TopicStats]:
@@ -708,7 +718,7 @@ class Queue:
         Topics holding only done or canceled jobs are left out."""
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(TopicStats))
-            return cur.execute(Q.job_stats_by_topic).fetchall()
+            return cur.execute(self._q.job_stats_by_topic).fetchall()
 
     def in_flight(self, limit: int = 100) -> list[InFlight]:
         """Jobs in state processing, longest running first; at most ``limit`` (1,000)."""
@@ -716,7 +726,7 @@ class Queue:
             raise BrooqError(f"limit must be between 1 and {IN_FLIGHT_LIMIT_MAX}, got {limit}")
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(InFlight))
-            return cur.execute(Q.job_list_processing, {"limit": limit}).fetchall()
+            return cur.execute(self._q.job_list_processing, {"limit": limit}).fetchall()
 
     def processing_by_holder(self, limit: int = 100) -> list[HolderStats]:
         """Per holder (``locked_by``), its jobs in state processing, busiest first (then by
@@ -725,7 +735,7 @@ class Queue:
             raise BrooqError(f"limit must be between 1 and {IN_FLIGHT_LIMIT_MAX}, got {limit}")
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(HolderStats))
-            return cur.execute(Q.job_processing_by_holder, {"limit": limit}).fetchall()
+            return cur.execute(self._q.job_processing_by_holder, {"limit": limit}).fetchall()
 
     def throughput(self, seconds: float = 60) -> dict[str, int]:
         """Per topic, the jobs that reached done, failed, dead or canceled in the last
@@ -751,7 +761,7 @@ class Queue:
     def _set_paused(self, name: str, *, paused: bool) -> None:
         checked = validate_queue(name)  # a malformed name fails before any I/O
         with self.transaction() as conn:
-            conn.execute(Q.queue_set_paused, {"name": checked, "paused": paused})
+            conn.execute(self._q.queue_set_paused, {"name": checked, "paused": paused})
 
     def queues(self) -> list[QueueStats]:
         """Every queue holding active or dead jobs, and every queue paused or resumed by
@@ -759,7 +769,7 @@ class Queue:
         processing, failed and dead jobs, and the age of the oldest ready job."""
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(QueueStats))
-            return cur.execute(Q.job_queue_stats).fetchall()
+            return cur.execute(self._q.job_queue_stats).fetchall()
 
     def throughput_by_queue(self, seconds: float = 60) -> dict[tuple[str, str], int]:
         """Per (queue, topic), the jobs that reached done, failed, dead or canceled in the
@@ -768,7 +778,7 @@ class Queue:
             raise BrooqError(f"seconds must be positive, got {seconds!r}")
         with self.connection() as conn:
             rows = conn.cursor(row_factory=dict_row).execute(
-                Q.job_count_finished_since, {"seconds": float(seconds)}
+                self._q.job_count_finished_since, {"seconds": float(seconds)}
             )
             return {(row["queue"], row["topic"]): int(row["jobs"]) for row in rows}
 
@@ -791,10 +801,10 @@ class Queue:
             try:
                 with self._wait_connection() as conn:
                     cur = conn.cursor(row_factory=class_row(JobRecord))
-                    conn.execute(Q.listen_outcomes)  # before the flag: no lost wake-up
-                    conn.execute(Q.job_wait_register, {"id": jid})
+                    conn.execute(self._q.listen_outcomes)  # before the flag: no lost wake-up
+                    conn.execute(self._q.job_wait_register, {"id": jid})
                     while True:
-                        record = cur.execute(Q.job_get, {"id": jid}).fetchone()
+                        record = cur.execute(self._q.job_get, {"id": jid}).fetchone()
                         if clock.finished(jid, record):
                             assert record is not None
                             return record
@@ -821,10 +831,10 @@ class Queue:
             try:
                 async with self._wait_connection_async() as conn:
                     cur = conn.cursor(row_factory=class_row(JobRecord))
-                    await conn.execute(Q.listen_outcomes)  # before the flag
-                    await conn.execute(Q.job_wait_register, {"id": jid})
+                    await conn.execute(self._q.listen_outcomes)  # before the flag
+                    await conn.execute(self._q.job_wait_register, {"id": jid})
                     while True:
-                        await cur.execute(Q.job_get, {"id": jid})
+                        await cur.execute(self._q.job_get, {"id": jid})
                         record = await cur.fetchone()
                         if clock.finished(jid, record):
                             assert record is not None

@@ -23,6 +23,7 @@ from brooq import limits
 from brooq.durations import parse_duration_string, to_seconds, too_long
 from brooq.errors import InvalidJob, InvalidSettings
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, validate_queue
+from brooq.sql import schema_problem
 
 # The queues a master works, with their weights: (("default", 4), ("bulk", 1)).
 QueueWeights = tuple[tuple[str, int], ...]
@@ -68,6 +69,9 @@ class Settings:
     concurrency: int = 100
     async_workers: int = 1
     loop_block_timeout: float = 5.0
+    # brooq's own schema (QUEUE_SCHEMA, docs/design.md): every statement names brooq's
+    # relations in it. None: unqualified, found through the connection's search_path.
+    schema: str | None = None
 
     @property
     def effective_reaper_period(self) -> float:
@@ -115,6 +119,7 @@ _INTEGERS = {
 }
 _STRINGS = {"ops_addr", "worker_synchronous_commit", "pooler"}
 _QUEUE_LISTS = {"queues"}
+_SCHEMAS = {"schema"}
 # Integer settings reach int4 columns and parameters (attempts, LIMIT): PostgreSQL's integer.
 MAX_INTEGER = 2**31 - 1
 # Jobs one async child runs at once: its board holds a slot for each (brooq.ipc.board).
@@ -148,6 +153,7 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_CONCURRENCY": "concurrency",
     "QUEUE_ASYNC_WORKERS": "async_workers",
     "QUEUE_LOOP_BLOCK_TIMEOUT": "loop_block_timeout",
+    "QUEUE_SCHEMA": "schema",
 }
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
 # Variables whose empty value is a value ("off"), not "unset".
@@ -254,6 +260,13 @@ def _convert(name: str, value: Any, source: str, *, from_text: bool) -> Any:
         return number
     if name in _STRINGS:
         return str(value)
+    if name in _SCHEMAS:
+        if not isinstance(value, str):
+            raise ValueError(f"{source}: a schema name is text, got {type(value).__name__}")
+        problem = schema_problem(value.strip() if from_text else value)
+        if problem:
+            raise ValueError(f"{source}: {problem}")
+        return value.strip() if from_text else value
     raise ValueError(f"{source}: unknown setting")
 
 

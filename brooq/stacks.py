@@ -22,7 +22,7 @@ import psycopg
 
 from brooq.db import CONNECT_TIMEOUT, schema_missing, unavailable
 from brooq.errors import JobNotFound, JobNotRunning, StackUnavailable
-from brooq.sql import Q
+from brooq.sql import Queries, queries
 
 __all__ = ["JobStack", "fetch_stack"]
 
@@ -37,28 +37,31 @@ class JobStack:
     text: str
 
 
-def fetch_stack(dsn: str, job_id: uuid.UUID, timeout: float = 5.0) -> JobStack:
+def fetch_stack(
+    dsn: str, job_id: uuid.UUID, timeout: float = 5.0, *, schema: str | None = None
+) -> JobStack:
+    q = queries(schema)
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
     try:
         with conn:
-            return _ask(conn, job_id, timeout)
+            return _ask(conn, job_id, timeout, q)
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
 
 
-def _ask(conn: psycopg.Connection[Any], job_id: uuid.UUID, timeout: float) -> JobStack:
-    state = conn.execute(Q.stack_job_state, {"id": job_id}).fetchone()
+def _ask(conn: psycopg.Connection[Any], job_id: uuid.UUID, timeout: float, q: Queries) -> JobStack:
+    state = conn.execute(q.stack_job_state, {"id": job_id}).fetchone()
     if state is None:
         raise JobNotFound(f"no job with id {job_id}")
     if state[0] != "processing":
         raise JobNotRunning(f"job {job_id} is not running (state: {state[0]})")
-    conn.execute(Q.listen_stack_answers)  # before the request: no answer can be missed
-    request = conn.execute(Q.stack_request, {"job_id": job_id}).fetchone()
+    conn.execute(q.listen_stack_answers)  # before the request: no answer can be missed
+    request = conn.execute(q.stack_request, {"job_id": job_id}).fetchone()
     assert request is not None
-    request_id = str(request[0])
+    request_id = int(request[0])
     deadline = time.monotonic() + timeout
     answered = False
     while not answered:
@@ -66,10 +69,11 @@ def _ask(conn: psycopg.Connection[Any], job_id: uuid.UUID, timeout: float) -> Jo
         if left <= 0:
             break
         for notify in conn.notifies(timeout=left):
-            if notify.payload == request_id:
+            # The answer names the job (a request id is only unique in one schema).
+            if notify.payload == str(job_id):
                 answered = True
                 break
-    taken = conn.execute(Q.stack_take, {"id": int(request_id)}).fetchone()
+    taken = conn.execute(q.stack_take, {"id": request_id}).fetchone()
     if taken is None or taken[0] is None:
         raise StackUnavailable(
             f"no master answered for job {job_id} within {timeout:g}s (is its "

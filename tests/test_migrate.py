@@ -206,6 +206,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0009_own_schema\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0008_status_page\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0007_stack_requests\n", out.stdout

@@ -19,7 +19,9 @@ import click
 
 import brooq
 from brooq import dsn as dsn_mod
+from brooq import settings as settings_mod
 from brooq.db import connect
+from brooq.sql import validate_schema
 
 DSN_IN_ARGV_NOTE = (
     " A password given here shows in ps (/proc/PID/cmdline) while Python starts, before "
@@ -35,11 +37,29 @@ DSN_IN_ARGV_NOTE = (
     help="PostgreSQL connection string (default: DATABASE_URL, DATABASE_URL_FILE "
     "or the systemd credential database-url)." + DSN_IN_ARGV_NOTE,
 )
+@click.option(
+    "--schema",
+    metavar="NAME",
+    help="brooq's own schema (default: QUEUE_SCHEMA; unset: the job table the search_path finds).",
+)
 @click.pass_context
-def cli(ctx: click.Context, database: str | None) -> None:
+def cli(ctx: click.Context, database: str | None, schema: str | None) -> None:
     """brooq: a PostgreSQL job queue. Operator commands."""
     ctx.ensure_object(dict)
     ctx.obj["database"] = database
+    ctx.obj["schema"] = schema
+
+
+def schema(ctx: click.Context, default: str | None = None) -> str | None:
+    """brooq's schema: --schema, else ``default`` (an application's Queue), else
+    QUEUE_SCHEMA; None: the search_path's. A bad name is InvalidSettings (exit 2)."""
+    given = ctx.obj.get("schema")
+    if given is not None:
+        return validate_schema(given, "--schema")
+    if default is not None:
+        return default
+    env = settings_mod.getenv("QUEUE_SCHEMA")
+    return validate_schema(env.strip(), "QUEUE_SCHEMA") if env is not None else None
 
 
 def dsn(ctx: click.Context) -> str:
@@ -69,7 +89,7 @@ def open_queue(ctx: click.Context) -> brooq.Queue:
     """A Queue of one pooled connection, closed when the command ends."""
     # One plain connection first: an unreachable database is reported at once, where the
     # pool would keep retrying until its timeout.
-    opened = brooq.Queue(checked_dsn(ctx), pool_size=1)
+    opened = brooq.Queue(checked_dsn(ctx), pool_size=1, schema=schema(ctx))
     ctx.call_on_close(opened.close)
     return opened
 

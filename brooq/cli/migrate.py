@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 
 from brooq import migrate as migrate_mod
-from brooq.cli.common import cli, direct_dsn, emit_json
+from brooq.cli.common import cli, direct_dsn, emit_json, schema
 
 
 @cli.group()
@@ -24,7 +24,7 @@ def migrate() -> None:
 @click.pass_context
 def migrate_up(ctx: click.Context, target: int | None) -> None:
     """Apply every migration not yet applied."""
-    applied = migrate_mod.up(direct_dsn(ctx), target)
+    applied = migrate_mod.up(direct_dsn(ctx), target, schema=schema(ctx))
     for m in applied:
         click.echo(f"applied {m.version:04d}_{m.name}")
     if not applied:
@@ -36,7 +36,7 @@ def migrate_up(ctx: click.Context, target: int | None) -> None:
 @click.pass_context
 def migrate_down(ctx: click.Context, steps: int) -> None:
     """Revert the last applied migration (or --steps of them)."""
-    undone = migrate_mod.down(direct_dsn(ctx), steps)
+    undone = migrate_mod.down(direct_dsn(ctx), steps, schema=schema(ctx))
     for m in undone:
         click.echo(f"reverted {m.version:04d}_{m.name}")
     if not undone:
@@ -48,7 +48,7 @@ def migrate_down(ctx: click.Context, steps: int) -> None:
 @click.pass_context
 def migrate_status(ctx: click.Context, as_json: bool) -> None:
     """Show which migrations are applied."""
-    statuses = migrate_mod.status(direct_dsn(ctx))
+    statuses = migrate_mod.status(direct_dsn(ctx), schema=schema(ctx))
     if as_json:
         emit_json(
             [
@@ -68,6 +68,11 @@ def migrate_status(ctx: click.Context, as_json: bool) -> None:
 
 @migrate.command("sql")
 @click.argument("direction", type=click.Choice(["up", "down"]), default="up")
-def migrate_sql(direction: str) -> None:
+@click.pass_context
+def migrate_sql(ctx: click.Context, direction: str) -> None:
     """Print the migrations' SQL, for teams that apply schema with their own tool."""
-    click.echo(migrate_mod.script(direction), nl=False)
+    found = schema(ctx)
+    click.echo(
+        migrate_mod.script(direction, schema=found) if found else migrate_mod.script(direction),
+        nl=False,
+    )

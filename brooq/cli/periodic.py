@@ -19,11 +19,11 @@ import psycopg
 
 from brooq import app as app_mod
 from brooq import dsn as dsn_mod
-from brooq.cli.common import cli, emit_json, table, utc
+from brooq.cli.common import cli, emit_json, schema, table, utc
 from brooq.db import connect, schema_missing
 from brooq.errors import AppLoadError
 from brooq.periodic import Schedule, next_tick
-from brooq.sql import Q
+from brooq.sql import queries
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,10 @@ def periodic(ctx: click.Context, app_spec: str, as_json: bool) -> None:
         with connect(dsn) as conn:
             found = {
                 r[0]: r[1:]
-                for r in conn.execute(Q.periodic_list, {"names": sorted(queue.schedules)})
+                for r in conn.execute(
+                    queries(schema(ctx, queue.schema)).periodic_list,
+                    {"names": sorted(queue.schedules)},
+                )
             }
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None

@@ -5,12 +5,16 @@ Python code names the channels through these constants only. SQL cannot import t
 CHANNEL is spelled in brooq/sql/queries.sql (`listen_jobs`, `job_retry`) and in the
 trigger of migrations/0001_job.sql, OUTCOME_CHANNEL in `listen_outcomes` and the trigger
 function of migrations/0006_handlers.sql; tests/test_units.py checks that every one of
-them says one of these. CHANNEL's payload is always empty: a notification means "jobs
-may be ready", never which ones, so a lost or folded notification costs latency, never
-a job. OUTCOME_CHANNEL's payload is the job's id; a waiter that misses one finds the
-outcome by its poll. `brooq jobs stack` (brooq.stacks) asks on STACK_CHANNEL, the job id
+them says one of these. CHANNEL's payload is the job table's schema (migration 0009;
+empty from an older brooq): a notification means "jobs may be ready in that schema",
+never which ones, so a lost or folded notification costs latency, never a job; a master
+wakes its children for its own schema only (QUEUE_SCHEMA: two installations in one
+database share the channel). OUTCOME_CHANNEL's payload is the job's id; a waiter that
+misses one finds the outcome by its poll. `brooq jobs stack` (brooq.stacks) asks on
+STACK_CHANNEL, the job id
 as payload (`stack_request`, `listen_stack_requests`), and the master answers on
-STACK_ANSWER_CHANNEL with the request's id (`stack_answer`, `listen_stack_answers`).
+STACK_ANSWER_CHANNEL with the job id, unique across schemas (`stack_answer`,
+`listen_stack_answers`).
 """
 
 from typing import Final

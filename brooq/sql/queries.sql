@@ -5,7 +5,7 @@
 
 -- name: job_insert
 -- One job. ON CONFLICT covers only keyed rows (the unique index is partial).
-INSERT INTO job (id, topic, payload, idempotency_key, available_at, queue, priority)
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
 VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
         %(queue)s, %(priority)s)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -15,7 +15,7 @@ RETURNING id
 -- Many jobs in one statement (one round trip, one NOTIFY). Ids are made by the client,
 -- so the caller knows every id before the answer; rows skipped by a key conflict are
 -- missing from RETURNING.
-INSERT INTO job (id, topic, payload, idempotency_key, available_at, queue, priority)
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
 SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
        i.priority
 FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
@@ -29,19 +29,19 @@ RETURNING id
 -- Many jobs without idempotency keys, ready now (available_at takes its default, the
 -- server's now()): COPY, a quarter cheaper for the server than INSERT ... SELECT. No key
 -- means no conflict to look for; COPY fires the statement's NOTIFY trigger like INSERT.
-COPY job (id, topic, payload, queue, priority) FROM STDIN
+COPY {job} (id, topic, payload, queue, priority) FROM STDIN
 
 -- name: job_copy_scheduled
 -- The same for jobs given an available_at.
-COPY job (id, topic, payload, available_at, queue, priority) FROM STDIN
+COPY {job} (id, topic, payload, available_at, queue, priority) FROM STDIN
 
 -- name: job_get_id_by_key
-SELECT id FROM job WHERE topic = %(topic)s AND idempotency_key = %(key)s
+SELECT id FROM {job} WHERE topic = %(topic)s AND idempotency_key = %(key)s
 
 -- name: job_get_ids_by_keys
 SELECT k.topic, k.key, job.id
 FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
-JOIN job ON job.topic = k.topic AND job.idempotency_key = k.key
+JOIN {job} ON job.topic = k.topic AND job.idempotency_key = k.key
 
 -- name: job_get
 -- errors: [] when none (NULL until the first failed attempt, and on rows an older master
@@ -49,7 +49,7 @@ JOIN job ON job.topic = k.topic AND job.idempotency_key = k.key
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors
-FROM job WHERE id = %(id)s
+FROM {job} WHERE id = %(id)s
 
 -- name: job_wait_register
 -- queue.wait(): flag the job as waited for, so that the trigger job_waited_notify
@@ -57,7 +57,7 @@ FROM job WHERE id = %(id)s
 -- after LISTEN, so the end of the job cannot fall between the two (an outcome committed
 -- first is seen by the job_get that follows). A terminal, unknown or already flagged
 -- row is not written; updated_at stays (the flag is no change of the job's fate).
-UPDATE job SET waited = true
+UPDATE {job} SET waited = true
 WHERE id = %(id)s AND state IN ('pending', 'processing', 'failed') AND waited IS NOT TRUE
 
 -- name: listen_outcomes
@@ -68,7 +68,7 @@ LISTEN brooq_outcome
 -- at the next lease renewal, and its own outcome write then matches no row. from_states
 -- is brooq.job.CANCELABLE_STATES (bound by brooq.queue.transition_params), the one
 -- spelling of which states may be canceled.
-UPDATE job SET state = 'canceled', updated_at = now()
+UPDATE {job} SET state = 'canceled', updated_at = now()
 WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
 RETURNING id
 
@@ -78,12 +78,16 @@ RETURNING id
 -- would otherwise notify nobody's wait).
 -- from_states is brooq.job.RETRYABLE_STATES (bound by brooq.queue.transition_params).
 WITH retried AS (
-    UPDATE job SET state = 'pending', attempts = 0, available_at = now(),
+    UPDATE {job} SET state = 'pending', attempts = 0, available_at = now(),
                    locked_by = NULL, locked_until = NULL, waited = NULL, updated_at = now()
     WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
     RETURNING id
 )
-SELECT retried.id, pg_notify('brooq_job', '') FROM retried
+-- The payload is the job table's schema: a master wakes its children only for its own
+-- (brooq.ipc.channel).
+SELECT retried.id, pg_notify('brooq_job', (SELECT n.nspname::text FROM pg_namespace n
+                                  JOIN pg_class c ON c.relnamespace = n.oid
+                                  WHERE c.oid = {job:name}::regclass)) FROM retried
 
 -- name: job_count_matching
 -- The bulk forms (brooq jobs cancel/retry --topic T --state S, Queue.cancel_many and
@@ -92,7 +96,7 @@ SELECT retried.id, pg_notify('brooq_job', '') FROM retried
 -- a job that changed meanwhile is left alone, and rows arriving while a bulk change runs
 -- cannot keep it going forever.
 SELECT count(*) AS matched, now() AS as_of
-FROM job
+FROM {job}
 WHERE topic = %(topic)s AND state = %(state)s
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 
@@ -109,7 +113,7 @@ WHERE topic = %(topic)s AND state = %(state)s
 -- 200,000 dead jobs in a 1,000,000-job table). Guarded as job_cancel is: from_states is
 -- brooq.job.BULK_FROM_STATES['cancel'], re-checked under the row lock.
 WITH picked AS MATERIALIZED (
-    SELECT id FROM job
+    SELECT id FROM {job}
     WHERE id > %(after)s::uuid AND topic = %(topic)s AND state = %(state)s
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND updated_at <= %(as_of)s
@@ -117,7 +121,7 @@ WITH picked AS MATERIALIZED (
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), canceled AS (
-    UPDATE job SET state = 'canceled', updated_at = now()
+    UPDATE {job} SET state = 'canceled', updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM picked)) AND state = %(state)s
       AND state = ANY(%(from_states)s::text[])
     RETURNING id
@@ -133,7 +137,7 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 -- brooq.job.BULK_FROM_STATES['retry']. One pg_notify per batch that retried anything wakes
 -- the masters, as job_retry's does for one job (NOTIFY must never run per row).
 WITH picked AS MATERIALIZED (
-    SELECT id FROM job
+    SELECT id FROM {job}
     WHERE id > %(after)s::uuid AND topic = %(topic)s AND state = %(state)s
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND updated_at <= %(as_of)s
@@ -141,7 +145,7 @@ WITH picked AS MATERIALIZED (
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), retried AS (
-    UPDATE job SET state = 'pending', attempts = 0, available_at = now(),
+    UPDATE {job} SET state = 'pending', attempts = 0, available_at = now(),
                    locked_by = NULL, locked_until = NULL, waited = NULL, updated_at = now()
     WHERE id = ANY(ARRAY(SELECT id FROM picked)) AND state = %(state)s
       AND state = ANY(%(from_states)s::text[])
@@ -150,7 +154,10 @@ WITH picked AS MATERIALIZED (
 SELECT (SELECT count(*) FROM picked) AS picked,
        (SELECT id FROM picked ORDER BY id DESC LIMIT 1) AS last_id,
        (SELECT count(*) FROM retried) AS changed,
-       (SELECT pg_notify('brooq_job', '') FROM retried LIMIT 1) AS woke
+       (SELECT pg_notify('brooq_job', (SELECT n.nspname::text FROM pg_namespace n
+                                        JOIN pg_class c ON c.relnamespace = n.oid
+                                        WHERE c.oid = {job:name}::regclass))
+        FROM retried LIMIT 1) AS woke
 
 -- name: job_finish_and_claim
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
@@ -168,13 +175,13 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 -- poll_interval apart), not checked here: a probe of brooq_queue in every claim cost
 -- 2 percent of the statement, for a table that changes a few times a year.
 WITH finished AS (
-    UPDATE job SET state = 'done', updated_at = now()
+    UPDATE {job} SET state = 'done', updated_at = now()
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
     RETURNING id
 ),
 next AS MATERIALIZED (
     SELECT id
-    FROM job
+    FROM {job}
     WHERE queue = %(queue)s
       AND state IN ('pending', 'failed')
       AND available_at <= now()
@@ -186,7 +193,7 @@ next AS MATERIALIZED (
     LIMIT least(%(limit)s, (
         SELECT (count(*) + %(children)s - 1) / %(children)s
         FROM (
-            SELECT 1 FROM job
+            SELECT 1 FROM {job}
             WHERE queue = %(queue)s
               AND state IN ('pending', 'failed')
               AND available_at <= now()
@@ -198,7 +205,7 @@ next AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 claimed AS (
-    UPDATE job
+    UPDATE {job}
     SET state = 'processing',
         attempts = job.attempts + 1,
         locked_by = %(worker)s,
@@ -228,7 +235,7 @@ FROM finished
 -- are the rows returned. The inner LIMIT is required: without it the generic plan
 -- sorted every ready row (docs/plans/queues.md, 2.4).
 WITH finished AS (
-    UPDATE job SET state = 'done', updated_at = now()
+    UPDATE {job} SET state = 'done', updated_at = now()
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
     RETURNING id
 ),
@@ -237,7 +244,7 @@ next AS MATERIALIZED (
     FROM unnest(%(queues)b::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT job.id
-        FROM job
+        FROM {job}
         WHERE job.queue = q.name
           AND job.state IN ('pending', 'failed')
           AND job.available_at <= now()
@@ -251,7 +258,7 @@ next AS MATERIALIZED (
         FROM (
             SELECT FROM unnest(%(queues)b::text[]) AS q(name)
             CROSS JOIN LATERAL (
-                SELECT FROM job
+                SELECT FROM {job}
                 WHERE job.queue = q.name
                   AND job.state IN ('pending', 'failed')
                   AND job.available_at <= now()
@@ -264,7 +271,7 @@ next AS MATERIALIZED (
     ))
 ),
 claimed AS (
-    UPDATE job
+    UPDATE {job}
     SET state = 'processing',
         attempts = job.attempts + 1,
         locked_by = %(worker)s,
@@ -290,14 +297,14 @@ FROM finished
 -- statement, so one advisory lock per transaction: no lock order to get wrong. Only a
 -- master with a limited topic runs this; the others pay nothing for the feature.
 WITH finished AS (
-    UPDATE job SET state = 'done', updated_at = now()
+    UPDATE {job} SET state = 'done', updated_at = now()
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
     RETURNING id
 ),
 limited AS MATERIALIZED (
     SELECT c.id, c.topic, c.payload, c.attempts, c.locked_by, c.locked_until,
            c.available_at, c.queue, c.priority
-    FROM brooq_claim_limited(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
+    FROM {brooq_claim_limited}(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
                              %(worker)s, %(lease)s, least(%(limit)s, 1)) AS c
 ),
 next AS MATERIALIZED (
@@ -305,7 +312,7 @@ next AS MATERIALIZED (
     FROM unnest(%(queues)b::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT job.id
-        FROM job
+        FROM {job}
         WHERE job.queue = q.name
           AND job.state IN ('pending', 'failed')
           AND job.available_at <= now()
@@ -319,7 +326,7 @@ next AS MATERIALIZED (
         FROM (
             SELECT FROM unnest(%(queues)b::text[]) AS q(name)
             CROSS JOIN LATERAL (
-                SELECT FROM job
+                SELECT FROM {job}
                 WHERE job.queue = q.name
                   AND job.state IN ('pending', 'failed')
                   AND job.available_at <= now()
@@ -332,7 +339,7 @@ next AS MATERIALIZED (
     ))
 ),
 claimed AS (
-    UPDATE job
+    UPDATE {job}
     SET state = 'processing',
         attempts = job.attempts + 1,
         locked_by = %(worker)s,
@@ -360,14 +367,14 @@ FROM finished
 -- (a unit test holds them together): the statements of round trips without a result
 -- stay as they are (the array lookup cost 1 us per job, docs/plans/handlers.md 3.2).
 WITH finished AS (
-    UPDATE job SET state = 'done', updated_at = now(),
+    UPDATE {job} SET state = 'done', updated_at = now(),
         result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
     RETURNING id
 ),
 next AS MATERIALIZED (
     SELECT id
-    FROM job
+    FROM {job}
     WHERE queue = %(queue)s
       AND state IN ('pending', 'failed')
       AND available_at <= now()
@@ -379,7 +386,7 @@ next AS MATERIALIZED (
     LIMIT least(%(limit)s, (
         SELECT (count(*) + %(children)s - 1) / %(children)s
         FROM (
-            SELECT 1 FROM job
+            SELECT 1 FROM {job}
             WHERE queue = %(queue)s
               AND state IN ('pending', 'failed')
               AND available_at <= now()
@@ -391,7 +398,7 @@ next AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 claimed AS (
-    UPDATE job
+    UPDATE {job}
     SET state = 'processing',
         attempts = job.attempts + 1,
         locked_by = %(worker)s,
@@ -417,7 +424,7 @@ FROM finished
 -- (a unit test holds them together): the statements of round trips without a result
 -- stay as they are (the array lookup cost 1 us per job, docs/plans/handlers.md 3.2).
 WITH finished AS (
-    UPDATE job SET state = 'done', updated_at = now(),
+    UPDATE {job} SET state = 'done', updated_at = now(),
         result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
     RETURNING id
@@ -427,7 +434,7 @@ next AS MATERIALIZED (
     FROM unnest(%(queues)b::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT job.id
-        FROM job
+        FROM {job}
         WHERE job.queue = q.name
           AND job.state IN ('pending', 'failed')
           AND job.available_at <= now()
@@ -441,7 +448,7 @@ next AS MATERIALIZED (
         FROM (
             SELECT FROM unnest(%(queues)b::text[]) AS q(name)
             CROSS JOIN LATERAL (
-                SELECT FROM job
+                SELECT FROM {job}
                 WHERE job.queue = q.name
                   AND job.state IN ('pending', 'failed')
                   AND job.available_at <= now()
@@ -454,7 +461,7 @@ next AS MATERIALIZED (
     ))
 ),
 claimed AS (
-    UPDATE job
+    UPDATE {job}
     SET state = 'processing',
         attempts = job.attempts + 1,
         locked_by = %(worker)s,
@@ -478,7 +485,7 @@ FROM finished
 -- (a unit test holds them together): the statements of round trips without a result
 -- stay as they are (the array lookup cost 1 us per job, docs/plans/handlers.md 3.2).
 WITH finished AS (
-    UPDATE job SET state = 'done', updated_at = now(),
+    UPDATE {job} SET state = 'done', updated_at = now(),
         result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
     RETURNING id
@@ -486,7 +493,7 @@ WITH finished AS (
 limited AS MATERIALIZED (
     SELECT c.id, c.topic, c.payload, c.attempts, c.locked_by, c.locked_until,
            c.available_at, c.queue, c.priority
-    FROM brooq_claim_limited(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
+    FROM {brooq_claim_limited}(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
                              %(worker)s, %(lease)s, least(%(limit)s, 1)) AS c
 ),
 next AS MATERIALIZED (
@@ -494,7 +501,7 @@ next AS MATERIALIZED (
     FROM unnest(%(queues)b::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT job.id
-        FROM job
+        FROM {job}
         WHERE job.queue = q.name
           AND job.state IN ('pending', 'failed')
           AND job.available_at <= now()
@@ -508,7 +515,7 @@ next AS MATERIALIZED (
         FROM (
             SELECT FROM unnest(%(queues)b::text[]) AS q(name)
             CROSS JOIN LATERAL (
-                SELECT FROM job
+                SELECT FROM {job}
                 WHERE job.queue = q.name
                   AND job.state IN ('pending', 'failed')
                   AND job.available_at <= now()
@@ -521,7 +528,7 @@ next AS MATERIALIZED (
     ))
 ),
 claimed AS (
-    UPDATE job
+    UPDATE {job}
     SET state = 'processing',
         attempts = job.attempts + 1,
         locked_by = %(worker)s,
@@ -546,14 +553,14 @@ FROM finished
 -- name: queue_paused_names
 -- Which of the given queues are paused: a child reads it at most poll_interval apart
 -- and leaves those out of its claims, so a pause holds fleet-wide within poll_interval.
-SELECT name FROM brooq_queue WHERE paused AND name = ANY(%(queues)s::text[])
+SELECT name FROM {brooq_queue} WHERE paused AND name = ANY(%(queues)s::text[])
 
 -- name: job_release_ids
 -- A worker gives back jobs it claimed but will not run (drain, a long job in a batch;
 -- the master does it for a child whose job runs long): pending, the attempt refunded.
 -- available_at stays (it is in the past), so the jobs are claimable at once and keep
 -- their place in the FIFO order.
-UPDATE job
+UPDATE {job}
 SET state = 'pending', attempts = greatest(attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
 WHERE id = ANY(%(ids)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
@@ -564,7 +571,7 @@ RETURNING id
 -- blocked by C code): each goes back with the attempt refunded and counts a lease expiry,
 -- the reaper's bound for a job that takes its worker down (the one that reaches
 -- %(max_expiries)s makes it dead, with the reason, as job_reap_expired words it).
-UPDATE job
+UPDATE {job}
 SET state = CASE WHEN lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELSE 'pending' END,
     attempts = CASE
         WHEN lease_expiries + 1 >= %(max_expiries)s THEN attempts
@@ -591,13 +598,13 @@ RETURNING id, topic, state
 
 -- name: job_get_held
 -- The job a dead worker was running, if it still holds it.
-SELECT id, topic, attempts FROM job
+SELECT id, topic, attempts FROM {job}
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 
 -- name: job_set_done
 -- `done` with chained jobs or on_success hooks, in their transaction; `result` is what
 -- the handler returned as JSON text, or NULL.
-UPDATE job SET state = 'done', result = %(result)s::jsonb, updated_at = now()
+UPDATE {job} SET state = 'done', result = %(result)s::jsonb, updated_at = now()
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 
 -- name: session_planner_defaults
@@ -614,7 +621,7 @@ SELECT set_config('enable_bitmapscan', 'on', true), set_config('plan_cache_mode'
 -- SET, job.attempts is the value before this UPDATE: this attempt's number, charged at
 -- claim (a refunded attempt's number comes again). history_error is the error bounded
 -- to 1,000 characters (last_error keeps 2,000).
-UPDATE job
+UPDATE {job}
 SET state = CASE
         WHEN NOT %(refund)s AND attempts >= %(max_attempts)s THEN 'dead'
         ELSE 'failed'
@@ -633,7 +640,7 @@ WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 RETURNING state
 
 -- name: job_set_canceled
-UPDATE job SET state = 'canceled', last_error = %(error)s, updated_at = now()
+UPDATE {job} SET state = 'canceled', last_error = %(error)s, updated_at = now()
 WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 
 -- name: job_release
@@ -644,11 +651,11 @@ WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
 -- the middle of a statement. Such a row keeps its lease, which nobody renews any more:
 -- the reaper returns it when the lease expires.
 WITH held AS (
-    SELECT id FROM job
+    SELECT id FROM {job}
     WHERE state = 'processing' AND locked_by = ANY(%(workers)b::text[])
     FOR NO KEY UPDATE SKIP LOCKED
 )
-UPDATE job
+UPDATE {job}
 SET state = 'pending', attempts = greatest(job.attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
 FROM held
@@ -666,19 +673,19 @@ RETURNING job.id, job.topic
 -- renewed, or found lost, on the next pass.
 WITH held AS (
     SELECT job.id
-    FROM job
+    FROM {job}
     JOIN unnest(%(ids)b::uuid[], %(workers)b::text[]) AS h(id, worker)
       ON job.id = h.id AND job.locked_by = h.worker
     WHERE job.state = 'processing'
 ), lockable AS (
     SELECT job.id
-    FROM job
+    FROM {job}
     JOIN unnest(%(ids)b::uuid[], %(workers)b::text[]) AS h(id, worker)
       ON job.id = h.id AND job.locked_by = h.worker
     WHERE job.state = 'processing'
     FOR NO KEY UPDATE OF job SKIP LOCKED
 ), renewed AS (
-    UPDATE job
+    UPDATE {job}
     SET locked_until = now() + make_interval(secs => %(lease)s)
     FROM lockable
     WHERE job.id = lockable.id
@@ -699,11 +706,11 @@ SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
 -- still expired afterwards, the next pass takes it.
 WITH expired AS (
     SELECT id
-    FROM job
+    FROM {job}
     WHERE state = 'processing' AND locked_until < now()
     FOR NO KEY UPDATE SKIP LOCKED
 )
-UPDATE job
+UPDATE {job}
 SET state = CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELSE 'pending' END,
     attempts = CASE
         WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN job.attempts
@@ -742,9 +749,9 @@ RETURNING job.id, job.topic, job.state, job.lease_expiries
 -- name: job_delete_expired
 -- Retention: one batch of terminal rows older than the TTL, oldest first. SKIP LOCKED
 -- lets several masters delete different rows instead of waiting for each other.
-DELETE FROM job
+DELETE FROM {job}
 WHERE id IN (
-    SELECT id FROM job
+    SELECT id FROM {job}
     WHERE state IN ('done', 'dead', 'canceled')
       AND updated_at < now() - make_interval(secs => %(ttl)s)
     ORDER BY updated_at
@@ -768,7 +775,7 @@ SELECT queue, topic,
        coalesce(extract(epoch FROM now() - min(available_at) FILTER (
            WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
            AS oldest_ready_age
-FROM job
+FROM {job}
 WHERE state IN ('pending', 'processing', 'failed', 'dead')
 GROUP BY queue, topic
 ORDER BY queue, topic
@@ -783,7 +790,7 @@ SELECT coalesce(s.n_dead_tup, 0)::float8 AS dead_tuples,
        age(c.relfrozenxid)::float8 AS xid_age
 FROM pg_class AS c
 LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
-WHERE c.oid = 'job'::regclass
+WHERE c.oid = {job:name}::regclass
 
 -- name: job_queue_stats
 -- Per queue, in one snapshot: every queue holding active or dead jobs, and every queue
@@ -804,7 +811,7 @@ WITH counts AS (
            coalesce(extract(epoch FROM now() - min(available_at) FILTER (
                WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
                AS oldest_ready_seconds
-    FROM job
+    FROM {job}
     WHERE state IN ('pending', 'processing', 'failed', 'dead')
     GROUP BY queue
 )
@@ -817,13 +824,13 @@ SELECT coalesce(c.queue, q.name) AS name,
        coalesce(c.dead, 0) AS dead,
        coalesce(c.oldest_ready_seconds, 0)::float8 AS oldest_ready_seconds
 FROM counts AS c
-FULL JOIN brooq_queue AS q ON q.name = c.queue
+FULL JOIN {brooq_queue} AS q ON q.name = c.queue
 ORDER BY 1
 
 -- name: queue_set_paused
 -- Operator pause or resume of a queue. A queue nobody used yet may be paused: the row
 -- waits for its jobs. Running jobs are not touched; claims read the row.
-INSERT INTO brooq_queue (name, paused)
+INSERT INTO {brooq_queue} (name, paused)
 VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
 
@@ -831,7 +838,7 @@ ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors
-FROM job
+FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -845,7 +852,7 @@ LIMIT %(limit)s
 SELECT id, topic, attempts, locked_by, locked_until,
        extract(epoch FROM now() - updated_at)::float8 AS running_for,
        extract(epoch FROM locked_until - now())::float8 AS lease_left
-FROM job
+FROM {job}
 WHERE state = 'processing'
 ORDER BY updated_at, id
 LIMIT %(limit)s
@@ -858,7 +865,7 @@ LIMIT %(limit)s
 SELECT locked_by,
        count(*) AS processing,
        extract(epoch FROM now() - min(updated_at))::float8 AS oldest_running
-FROM job
+FROM {job}
 WHERE state = 'processing'
 GROUP BY locked_by
 ORDER BY processing DESC, locked_by
@@ -868,7 +875,7 @@ LIMIT %(limit)s
 -- Per queue and topic, the jobs that reached done, failed, dead or canceled in the last
 -- given number of seconds (each of those writes sets updated_at): the recent throughput.
 SELECT queue, topic, count(*) AS jobs
-FROM job
+FROM {job}
 WHERE state IN ('done', 'dead', 'canceled', 'failed')
   AND updated_at >= now() - make_interval(secs => %(seconds)s)
 GROUP BY queue, topic
@@ -881,16 +888,16 @@ SELECT n.nspname AS job_schema,
        coalesce(ARRAY(SELECT a.attname::text FROM pg_attribute a
                       WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
                 '{}') AS job_columns,
-       to_regclass('brooq_migration') IS NOT NULL AS has_versions,
+       to_regclass({brooq_migration:name}) IS NOT NULL AS has_versions,
        current_setting('search_path') AS search_path
-FROM (SELECT to_regclass('job') AS oid) AS j
+FROM (SELECT to_regclass({job:name}) AS oid) AS j
 LEFT JOIN pg_class c ON c.oid = j.oid
 LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
 
 -- name: migration_versions
 -- The versions applied by `brooq migrate up` (run only once schema_check or
 -- migration_table_exists found the table).
-SELECT version, applied_at FROM brooq_migration ORDER BY version
+SELECT version, applied_at FROM {brooq_migration} ORDER BY version
 
 -- The migrator's own bookkeeping (brooq/migrate.py). The version table's name is fixed
 -- (brooq.migrate.VERSION_TABLE); the migration files' own text is the one SQL run from
@@ -907,28 +914,44 @@ SELECT pg_try_advisory_lock(%(key)s) AS locked
 -- name: migration_unlock
 SELECT pg_advisory_unlock(%(key)s)
 
+-- name: migration_create_schema
+-- QUEUE_SCHEMA: `brooq migrate up` creates the schema. Composed with psycopg.sql: the
+-- placeholder is the schema's Identifier.
+CREATE SCHEMA IF NOT EXISTS {}
+
+-- name: migration_use_schema
+-- QUEUE_SCHEMA: the migration files name brooq's relations bare, so they run with the
+-- schema alone on the search_path (session-wide; the former path is kept for
+-- migration_restore_search_path). Composed with psycopg.sql: the placeholder is the
+-- Literal of the schema's quoted name.
+SELECT set_config('brooq.saved_search_path', current_setting('search_path'), false),
+       set_config('search_path', {}, false)
+
+-- name: migration_restore_search_path
+SELECT set_config('search_path', current_setting('brooq.saved_search_path'), false)
+
 -- name: migration_table_exists
-SELECT to_regclass('brooq_migration') IS NOT NULL AS present
+SELECT to_regclass({brooq_migration:name}) IS NOT NULL AS present
 
 -- name: migration_create_table
-CREATE TABLE IF NOT EXISTS brooq_migration (
+CREATE TABLE IF NOT EXISTS {brooq_migration} (
     version integer PRIMARY KEY,
     name text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 
 -- name: migration_insert
-INSERT INTO brooq_migration (version, name) VALUES (%(version)s, %(name)s)
+INSERT INTO {brooq_migration} (version, name) VALUES (%(version)s, %(name)s)
 
 -- name: migration_delete
-DELETE FROM brooq_migration WHERE version = %(version)s
+DELETE FROM {brooq_migration} WHERE version = %(version)s
 
 -- name: migration_count
-SELECT count(*) AS applied FROM brooq_migration
+SELECT count(*) AS applied FROM {brooq_migration}
 
 -- name: migration_drop_table
 -- Undoing the first migration leaves nothing of brooq's, its bookkeeping included.
-DROP TABLE brooq_migration
+DROP TABLE {brooq_migration}
 
 -- name: listen_jobs
 LISTEN brooq_job
@@ -947,7 +970,7 @@ SELECT n.nspname::text AS schema, c.relname::text AS name
 FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE i.indrelid = to_regclass('job') AND NOT i.indisvalid
+WHERE i.indrelid = to_regclass({job:name}) AND NOT i.indisvalid
   AND c.relname = ANY(%(names)s::text[])
 ORDER BY 1, 2
 
@@ -967,7 +990,7 @@ FROM pg_stat_activity a
 WHERE a.pid <> pg_backend_pid()
   AND a.xact_start <= now() - %(waited)s::interval
   AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL
-       OR EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.relation = to_regclass('job')))
+       OR EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.relation = to_regclass({job:name})))
 ORDER BY a.xact_start
 LIMIT 5
 
@@ -977,7 +1000,7 @@ LIMIT 5
 -- and a master whose clock is behind (an older tick), get nothing. `first`: the row is
 -- new (xmax is 0 only for a row this statement inserted), i.e. the schedule was never
 -- claimed before.
-INSERT INTO brooq_periodic (name, last_tick)
+INSERT INTO {brooq_periodic} (name, last_tick)
 VALUES (%(name)s, %(tick)s)
 ON CONFLICT (name) DO UPDATE SET last_tick = EXCLUDED.last_tick, updated_at = now()
 WHERE brooq_periodic.last_tick < EXCLUDED.last_tick
@@ -985,20 +1008,20 @@ RETURNING name, (xmax = 0) AS first
 
 -- name: periodic_set_job
 -- The job the winner of a tick enqueued, in the claim's transaction.
-UPDATE brooq_periodic SET last_job = %(job)s WHERE name = %(name)s
+UPDATE {brooq_periodic} SET last_job = %(job)s WHERE name = %(name)s
 
 -- name: periodic_list
 -- `brooq periodic`: the last claimed tick of each named schedule and its job's state
 -- (NULL state with a last_job: retention deleted the job).
 SELECT p.name, p.last_tick, p.last_job, j.state
-FROM brooq_periodic p
-LEFT JOIN job j ON j.id = p.last_job
+FROM {brooq_periodic} p
+LEFT JOIN {job} j ON j.id = p.last_job
 WHERE p.name = ANY(%(names)s::text[])
 
 -- name: testing_ready_queues
 -- brooq.testing.drain: the queues that hold jobs of these topics ready now, so that one
 -- claim statement (job_finish_and_claim_queues) can be given all of them.
-SELECT DISTINCT queue FROM job
+SELECT DISTINCT queue FROM {job}
 WHERE state IN ('pending', 'failed') AND available_at <= now() AND topic = ANY(%(topics)s::text[])
 ORDER BY queue
 
@@ -1007,7 +1030,7 @@ ORDER BY queue
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors
-FROM job
+FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
 ORDER BY created_at, id
@@ -1016,12 +1039,12 @@ ORDER BY created_at, id
 -- `brooq jobs stack`: ask for the stack of a running job. The notification carries the
 -- job id: each master looks at its children's boards, and only the one running it answers.
 WITH request AS (
-    INSERT INTO brooq_stack_request (job_id) VALUES (%(job_id)s) RETURNING id
+    INSERT INTO {brooq_stack_request} (job_id) VALUES (%(job_id)s) RETURNING id
 )
 SELECT id, pg_notify('brooq_stack', %(job_id)s::text) FROM request
 
 -- name: stack_job_state
-SELECT state FROM job WHERE id = %(id)s
+SELECT state FROM {job} WHERE id = %(id)s
 
 -- name: listen_stack_requests
 LISTEN brooq_stack
@@ -1031,23 +1054,24 @@ LISTEN brooq_stack_answer
 
 -- name: stack_answer
 -- The master answers every open request for the job (one per command waiting) and wakes
--- the commands; a request already answered is left alone.
+-- the commands; a request already answered is left alone. The payload is the job id (a
+-- uuid, unique across the schemas of a database; a request id is not).
 WITH answered AS (
-    UPDATE brooq_stack_request
+    UPDATE {brooq_stack_request}
     SET answered_at = now(), worker = %(worker)s, stack = %(stack)s
     WHERE job_id = %(job_id)s AND answered_at IS NULL
     RETURNING id
 )
-SELECT count(*) FROM (SELECT pg_notify('brooq_stack_answer', id::text) FROM answered) AS n
+SELECT count(*) FROM (SELECT pg_notify('brooq_stack_answer', %(job_id)s::text) FROM answered) AS n
 
 -- name: stack_take
 -- The command reads its request's answer and deletes the row (answered or not: at its
 -- timeout it gives up). No row: already taken.
-DELETE FROM brooq_stack_request WHERE id = %(id)s RETURNING answered_at, worker, stack
+DELETE FROM {brooq_stack_request} WHERE id = %(id)s RETURNING answered_at, worker, stack
 
 -- name: stack_requests_expire
 -- Requests older than an hour (their command died before taking them).
-DELETE FROM brooq_stack_request WHERE requested_at < now() - interval '1 hour'
+DELETE FROM {brooq_stack_request} WHERE requested_at < now() - interval '1 hour'
 
 -- The status page (brooq/web, issue 20). Every page reads in one read-only REPEATABLE
 -- READ transaction (one snapshot: the figures of a page agree with each other) under a
@@ -1083,7 +1107,7 @@ SELECT queue, topic,
        extract(epoch FROM now() - min(available_at) FILTER (
            WHERE state IN ('pending', 'failed') AND available_at <= now()))::float8
            AS oldest_ready_seconds
-FROM job
+FROM {job}
 WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
 GROUP BY queue, topic
 ORDER BY queue, topic
@@ -1094,14 +1118,14 @@ LIMIT %(limit)s
 SELECT now() AS now, date_trunc('minute', now()) AS minute
 
 -- name: web_paused_queues
-SELECT name, updated_at FROM brooq_queue WHERE paused ORDER BY name LIMIT %(limit)s
+SELECT name, updated_at FROM {brooq_queue} WHERE paused ORDER BY name LIMIT %(limit)s
 
 -- name: web_done_per_minute
 -- Jobs written done in each minute of the last hour (minutes without any are missing;
 -- the page fills them with 0). Through job_terminal_updated_idx (state = 'done' implies
 -- its predicate).
 SELECT date_trunc('minute', updated_at) AS minute, count(*) AS jobs
-FROM job
+FROM {job}
 WHERE state = 'done'
   AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
 GROUP BY 1
@@ -1116,7 +1140,7 @@ ORDER BY 1
 SELECT id, topic, queue, attempts, locked_by, updated_at,
        extract(epoch FROM now() - updated_at)::float8 AS running_for,
        extract(epoch FROM locked_until - now())::float8 AS lease_left
-FROM job
+FROM {job}
 WHERE state = 'processing'
   AND (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
 ORDER BY updated_at, id
@@ -1132,7 +1156,7 @@ SELECT id, topic, queue, state, attempts, updated_at, available_at,
        left(last_error, %(error_chars)s) AS last_error,
        length(last_error) AS last_error_length,
        coalesce(jsonb_array_length(errors), 0) AS errors_count
-FROM job
+FROM {job}
 WHERE state = %(state)s::text
   AND (updated_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
 ORDER BY updated_at DESC, id DESC
@@ -1140,7 +1164,7 @@ LIMIT %(limit)s
 
 -- name: web_job_get
 -- One job, every column whatever migrations added (the page lists them in table order).
-SELECT * FROM job WHERE id = %(id)s
+SELECT * FROM {job} WHERE id = %(id)s
 
 -- name: session_settings_local
 -- Behind a transaction pooler (brooq/pooler.py) a connection has no session of its own:

@@ -79,6 +79,7 @@ class Accounting:
                     self.default_policy,
                     owed.suspects,
                     self.max_lease_expiries,
+                    q=self.conns.q,
                 )
 
             result = self.conns.with_db("crash_accounting", settle)
@@ -110,7 +111,7 @@ class Accounting:
         if self.pending_releases:
             workers = list(self.pending_releases)
             returned = self.conns.with_db(
-                "release", lambda conn: maintenance.release_held(conn, workers)
+                "release", lambda conn: maintenance.release_held(conn, workers, self.conns.q)
             )
             if returned is None:
                 return

@@ -51,9 +51,10 @@ def _same_origin(headers: dict[str, str]) -> bool:
 
 
 class Actions:
-    def __init__(self, dsn: str, token: bytes | None) -> None:
+    def __init__(self, dsn: str, token: bytes | None, schema: str | None = None) -> None:
         self.dsn = dsn
         self.token = token
+        self.schema = schema
         self._queue: Any = None  # a brooq.Queue, opened at the first action
         # The last wrong token per client address: one more try a SIGN_IN_PAUSE later.
         self._failed_at: dict[str, float] = {}
@@ -167,7 +168,7 @@ class Actions:
         if self._queue is None:
             import brooq
 
-            self._queue = brooq.Queue(self.dsn)
+            self._queue = brooq.Queue(self.dsn, schema=self.schema)
         return self._queue
 
     # -- pages -----------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from psycopg.rows import dict_row
 from brooq import metrics as metrics_mod
 from brooq.job import FROM_STATES, Transition, parse_job_id, transition_refusal
 from brooq.queue import transition
-from brooq.sql import Q
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.fleet import Fleet
 from brooq.supervisor.ops import OpsHooks, OpsServer
@@ -62,7 +61,9 @@ class Admin:
         if action not in FROM_STATES:
             return 404, {"error": f"no admin action {action!r}"}  # ops routes only these two
         verb: Transition = "cancel" if action == "cancel" else "retry"
-        moved = self.conns.with_db(f"admin_{action}", lambda conn: transition(conn, verb, job_id))
+        moved = self.conns.with_db(
+            f"admin_{action}", lambda conn: transition(conn, verb, job_id, self.conns.q)
+        )
         if moved:
             log.info("event=admin_%s job=%s", action, job_id)
             return 200, {"id": str(job_id), "action": action, "ok": True}
@@ -71,7 +72,9 @@ class Admin:
         found = self.conns.with_db(
             "admin_get",
             lambda conn: (
-                conn.cursor(row_factory=dict_row).execute(Q.job_get, {"id": job_id}).fetchone()
+                conn.cursor(row_factory=dict_row)
+                .execute(self.conns.q.job_get, {"id": job_id})
+                .fetchone()
             ),
         )
         if found is None:

@@ -96,6 +96,12 @@ def _options(fn: Any) -> Any:
     "A password given here shows in ps (/proc/PID/cmdline) until the master has started "
     "Python and parsed its flags; prefer DATABASE_URL_FILE or the credential.",
 )
+@click.option(
+    "--schema",
+    metavar="NAME",
+    help="brooq's own schema (QUEUE_SCHEMA): every statement names its tables there, "
+    "whatever the search_path. Default: the job table the search_path finds.",
+)
 @click.option("--max-jobs-per-child", type=int, help="Retire a child after N jobs.")
 @click.option(
     "--max-memory-per-child",
@@ -188,7 +194,7 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
             click.echo(f"  - {p}", err=True)
         return 2
     try:
-        schema_verified = check_schema(listen_dsn)
+        schema_verified = check_schema(listen_dsn, settings.schema)
         if listen_dsn != dsn and settings.pooler == pooler.NONE:
             check_children_dsn(dsn)
     except (SchemaMissing, PoolerMismatch) as exc:
@@ -254,11 +260,12 @@ def _log_queues(settings: settings_mod.Settings, handlers: dict[str, Handler]) -
             )
 
 
-def check_schema(dsn: str) -> bool:
+def check_schema(dsn: str, schema: str | None = None) -> bool:
     """Whether brooq's schema was found in order. Raise SchemaMissing when the database
     answers but the schema is not there (or is older than this brooq): children forked now
     would crash on their first claim, over and over. An unreachable database is not an
-    error here (False): the master retries its connection and checks once connected."""
+    error here (False): the master retries its connection and checks once connected.
+    ``schema`` (QUEUE_SCHEMA): the tables checked are that schema's."""
     import psycopg
 
     from brooq import migrate
@@ -283,7 +290,7 @@ def check_schema(dsn: str) -> bool:
         return False
     try:
         check_options(conn)
-        migrate.verify(conn)
+        migrate.verify(conn, schema)
     except psycopg.Error:
         return False  # lost meanwhile, or timed out: the master checks once connected
     finally:

@@ -30,7 +30,7 @@ from brooq import migrate, pooler
 from brooq.dsn import session_options
 from brooq.errors import PoolerMismatch, SchemaMissing
 from brooq.ipc.channel import STACK_CHANNEL
-from brooq.sql import Q
+from brooq.sql import Q, Queries, queries
 
 log = logging.getLogger("brooq.master")
 
@@ -81,11 +81,20 @@ class Connections:
         self,
         dsn: str,
         *,
+        schema: str | None = None,
         schema_verified: bool,
         wake: Callable[[], None],
         reconnected: Callable[[], None],
     ) -> None:
         self.dsn = dsn
+        # QUEUE_SCHEMA: every statement of the master is its schema's (brooq.sql).
+        self.schema = schema
+        self.q: Queries = queries(schema)
+        # The schema the job table is in (QUEUE_SCHEMA, or the one the search_path found
+        # once checked): the job channel's payload names it, and a notification for
+        # another schema's jobs (another installation in the same database) wakes no
+        # child. None until known: every notification wakes.
+        self.job_schema: str | None = schema
         self.db: psycopg.Connection[Any] | None = None
         self.listener: psycopg.Connection[Any] | None = None
         self.retry_at = 0.0
@@ -129,8 +138,10 @@ class Connections:
                 if not self.schema_verified:
                     # The database was down when brooq-master checked before forking:
                     # without the schema every child would crash on its first claim.
-                    migrate.verify(self.db)
+                    self.job_schema = migrate.verify(self.db, self.schema)
                     self.schema_verified = True
+                elif self.job_schema is None:
+                    self.job_schema = migrate.verify(self.db, self.schema)
             if self.listener is None:
                 self.listener = psycopg.connect(
                     self.dsn,
@@ -140,8 +151,8 @@ class Connections:
                 )
                 # The job channel last: what pg_stat_activity shows an operator (and the
                 # fault tests look for) is the connection LISTENing for jobs.
-                self.listener.execute(Q.listen_stack_requests)
-                self.listener.execute(Q.listen_jobs)
+                self.listener.execute(self.q.listen_stack_requests)
+                self.listener.execute(self.q.listen_jobs)
                 # Anything enqueued while we were not listening: have a look now.
                 self._wake()
         except (SchemaMissing, PoolerMismatch) as exc:
@@ -193,8 +204,8 @@ class Connections:
             for notify in self.listener.notifies(timeout=0):
                 if notify.channel == STACK_CHANNEL:
                     stacks.append(notify.payload)
-                else:
-                    got = True
+                elif notify.payload in ("", self.job_schema) or self.job_schema is None:
+                    got = True  # "": an older brooq's trigger, for whichever schema
         except psycopg.Error as exc:
             self.failed("listen", exc)
             return

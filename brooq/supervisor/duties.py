@@ -33,7 +33,6 @@ from brooq.errors import BrooqError
 from brooq.ipc import protocol
 from brooq.metrics import Metrics
 from brooq.settings import Settings
-from brooq.sql import Q
 from brooq.supervisor import maintenance
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.connections import Connections
@@ -173,7 +172,7 @@ class Renewal:
         if not held:
             return {"renewed": 0, "lost": 0}
         still = self.conns.with_db(
-            "renew", lambda conn: maintenance.renew_leases(conn, held, self.lease)
+            "renew", lambda conn: maintenance.renew_leases(conn, held, self.lease, self.conns.q)
         )
         if still is None:
             return {}
@@ -219,7 +218,7 @@ class Reaper:
 
     def run_once(self, now: float) -> Counts:
         result = self.conns.with_db(
-            "reaper", lambda conn: maintenance.reap_expired(conn, self.max_expiries)
+            "reaper", lambda conn: maintenance.reap_expired(conn, self.max_expiries, self.conns.q)
         )
         if result is None:
             return {}
@@ -279,8 +278,8 @@ class Stats:
 
         def read(conn: psycopg.Connection[Any]) -> tuple[list[dict[str, Any]], Any]:
             cur = conn.cursor(row_factory=dict_row)
-            rows = cur.execute(Q.job_stats_by_topic).fetchall()
-            return rows, cur.execute(Q.job_table_health).fetchone()
+            rows = cur.execute(self.conns.q.job_stats_by_topic).fetchall()
+            return rows, cur.execute(self.conns.q.job_table_health).fetchone()
 
         result = self.conns.with_db("stats", read)
         if result is None:
@@ -328,11 +327,14 @@ class Retention:
     def run_once(self, now: float) -> Counts:
         # Stack requests a killed `brooq jobs stack` left behind (brooq.stacks), whatever
         # the jobs' retention.
-        self.conns.with_db("stack_requests", lambda conn: conn.execute(Q.stack_requests_expire))
+        self.conns.with_db(
+            "stack_requests", lambda conn: conn.execute(self.conns.q.stack_requests_expire)
+        )
         if self.ttl <= 0:
             return {}
         result = self.conns.with_db(
-            "retention", lambda conn: maintenance.delete_expired(conn, self.ttl, self.batch)
+            "retention",
+            lambda conn: maintenance.delete_expired(conn, self.ttl, self.batch, q=self.conns.q),
         )
         if not result:
             return {}
@@ -492,7 +494,7 @@ class Periodic:
         try:
             with conn.transaction():
                 won = conn.execute(
-                    Q.periodic_claim, {"name": schedule.name, "tick": tick}
+                    self.conns.q.periodic_claim, {"name": schedule.name, "tick": tick}
                 ).fetchone()
                 if won is None:
                     return False
@@ -500,8 +502,8 @@ class Periodic:
                     # A schedule never claimed before starts with its next tick: its
                     # last one passed before it existed, so nothing was missed.
                     return True
-                job_id, _ = produce.insert_checked(conn, job, self.handlers)
-                conn.execute(Q.periodic_set_job, {"name": schedule.name, "job": job_id})
+                job_id, _ = produce.insert_checked(conn, job, self.handlers, q=self.conns.q)
+                conn.execute(self.conns.q.periodic_set_job, {"name": schedule.name, "job": job_id})
                 return job_id
         except BrooqError as exc:
             log.error(

@@ -184,7 +184,8 @@ class Enforcer:
                 continue
             ids, c.to_release = c.to_release, []
             released = self.conns.with_db(
-                "give_back", partial(maintenance.release_ids, ids=ids, worker=c.identity)
+                "give_back",
+                partial(maintenance.release_ids, ids=ids, worker=c.identity, q=self.conns.q),
             )
             if released is None:
                 continue  # the child gives them back itself when the long job returns

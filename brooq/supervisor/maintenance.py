@@ -21,7 +21,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from brooq.handlers import Policy
-from brooq.sql import Q
+from brooq.sql import Q, Queries
 from brooq.worker.execute import bounded
 from brooq.worker.retry import backoff
 
@@ -36,7 +36,10 @@ HISTORY_ERROR_MAX = 1000  # characters of an error history entry (job_set_failed
 
 
 def renew_leases(
-    conn: psycopg.Connection[Any], held: Sequence[tuple[uuid.UUID, str]], lease: float
+    conn: psycopg.Connection[Any],
+    held: Sequence[tuple[uuid.UUID, str]],
+    lease: float,
+    q: Queries = Q,
 ) -> set[uuid.UUID]:
     """Extend every (job, holder) lease in one statement; the ids still held."""
     if not held:
@@ -45,14 +48,14 @@ def renew_leases(
     workers = [worker for _, worker in held]
     rows = (
         conn.cursor(row_factory=dict_row)
-        .execute(Q.job_renew_leases, {"ids": ids, "workers": workers, "lease": lease})
+        .execute(q.job_renew_leases, {"ids": ids, "workers": workers, "lease": lease})
         .fetchall()
     )
     return {r["id"] for r in rows}
 
 
 def reap_expired(
-    conn: psycopg.Connection[Any], max_expiries: int
+    conn: psycopg.Connection[Any], max_expiries: int, q: Queries = Q
 ) -> tuple[Counter[str], list[tuple[uuid.UUID, str, int]]]:
     """Return expired leases to pending, attempt refunded: counts by topic of the jobs
     returned, and (id, topic, expiries) of those whose expiries reached ``max_expiries``
@@ -60,7 +63,7 @@ def reap_expired(
     old holder as worker, the refunded attempt's number, which the next claim repeats)."""
     rows = (
         conn.cursor(row_factory=dict_row)
-        .execute(Q.job_reap_expired, {"max_expiries": max_expiries})
+        .execute(q.job_reap_expired, {"max_expiries": max_expiries})
         .fetchall()
     )
     returned = Counter(r["topic"] for r in rows if r["state"] == "pending")
@@ -74,6 +77,7 @@ def delete_expired(
     batch: int,
     budget: float = RETENTION_PASS_SECONDS,
     clock: Callable[[], float] = time.monotonic,
+    q: Queries = Q,
 ) -> tuple[Counter[str], bool]:
     """Retention: delete terminal rows older than ``ttl`` seconds, ``batch`` at a time,
     batch after batch until one comes back short or ``budget`` seconds have gone (at
@@ -87,7 +91,7 @@ def delete_expired(
         with conn.transaction():
             rows = (
                 conn.cursor(row_factory=dict_row)
-                .execute(Q.job_delete_expired, {"ttl": ttl, "batch": batch})
+                .execute(q.job_delete_expired, {"ttl": ttl, "batch": batch})
                 .fetchall()
             )
         deleted.update(r["topic"] for r in rows)
@@ -106,6 +110,7 @@ def settle_dead_worker(
     default: Policy,
     suspects: Sequence[uuid.UUID] = (),
     max_expiries: int = 5,
+    q: Queries = Q,
 ) -> tuple[list[tuple[uuid.UUID, str, str]], list[tuple[uuid.UUID, str]]]:
     """A worker died or was killed. The job it was running (if it still holds it) gets a
     failed attempt with ``cause``; every other job it held (claimed in a batch but not
@@ -120,7 +125,7 @@ def settle_dead_worker(
     cur = conn.cursor(row_factory=dict_row)
     if suspects:
         rows = cur.execute(
-            Q.job_release_suspects,
+            q.job_release_suspects,
             {
                 "ids": list(suspects),
                 "worker": worker,
@@ -130,13 +135,13 @@ def settle_dead_worker(
         ).fetchall()
         suspected = [(r["id"], r["topic"]) for r in rows if r["state"] == "pending"]
         failed += [(r["id"], r["topic"], "dead") for r in rows if r["state"] == "dead"]
-        return failed, suspected + release_held(conn, [worker])
+        return failed, suspected + release_held(conn, [worker], q)
     if running is not None:
-        held = cur.execute(Q.job_get_held, {"id": running, "worker": worker}).fetchone()
+        held = cur.execute(q.job_get_held, {"id": running, "worker": worker}).fetchone()
         if held is not None:
             policy = policies.get(held["topic"], default)
             row = cur.execute(
-                Q.job_set_failed,
+                q.job_set_failed,
                 {
                     "id": held["id"],
                     "worker": worker,
@@ -149,25 +154,25 @@ def settle_dead_worker(
             ).fetchone()
             if row is not None:
                 failed.append((held["id"], held["topic"], str(row["state"])))
-    return failed, release_held(conn, [worker])
+    return failed, release_held(conn, [worker], q)
 
 
 def release_ids(
-    conn: psycopg.Connection[Any], ids: Sequence[uuid.UUID], worker: str
+    conn: psycopg.Connection[Any], ids: Sequence[uuid.UUID], worker: str, q: Queries = Q
 ) -> list[uuid.UUID]:
     """Give back, attempt refunded, these jobs if ``worker`` still holds them."""
     if not ids:
         return []
     cur = conn.cursor(row_factory=dict_row)
-    rows = cur.execute(Q.job_release_ids, {"ids": list(ids), "worker": worker}).fetchall()
+    rows = cur.execute(q.job_release_ids, {"ids": list(ids), "worker": worker}).fetchall()
     return [r["id"] for r in rows]
 
 
 def release_held(
-    conn: psycopg.Connection[Any], workers: Sequence[str]
+    conn: psycopg.Connection[Any], workers: Sequence[str], q: Queries = Q
 ) -> list[tuple[uuid.UUID, str]]:
     """Give back, attempt refunded, every job these workers hold (drain budget exceeded)."""
     if not workers:
         return []
     cur = conn.cursor(row_factory=dict_row)
-    return [(r["id"], r["topic"]) for r in cur.execute(Q.job_release, {"workers": list(workers)})]
+    return [(r["id"], r["topic"]) for r in cur.execute(q.job_release, {"workers": list(workers)})]

@@ -40,7 +40,6 @@ from brooq.handlers import Policy
 from brooq.ipc.reasons import ASYNC, DRAIN_TIMEOUT, FATAL, SYNC
 from brooq.queue import Queue
 from brooq.settings import Settings
-from brooq.sql import Q
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.admin import Admin, start_ops
 from brooq.supervisor.connections import Connections
@@ -97,6 +96,7 @@ class Master:
         self.sig_r = self.sig_w = -1
         self.conns = Connections(
             self.listen_dsn,
+            schema=settings.schema,
             schema_verified=schema_verified,
             wake=lambda: self.fleet.wake_idle(),
             reconnected=self._renew_now,
@@ -175,7 +175,11 @@ class Master:
         if self.settings.ops_addr:
             # The status page renders in a process of its own, never in this loop.
             self.pages = PageProcess(
-                self.listen_dsn, self.admin_token, self._fds_for_pages, MASTER_SIGNALS
+                self.listen_dsn,
+                self.admin_token,
+                self._fds_for_pages,
+                MASTER_SIGNALS,
+                self.settings.schema,
             )
             self.fleet.other_reaped = self.pages.reaped
             hooks.page = self.pages.hand
@@ -358,7 +362,7 @@ class Master:
         answers, self.fleet.stack_answers = self.fleet.stack_answers, []
         for worker, job_id, text in answers:
             params: dict[str, Any] = {"job_id": job_id, "worker": worker, "stack": text}
-            self.conns.with_db("stack_answer", partial(_execute, Q.stack_answer, params))
+            self.conns.with_db("stack_answer", partial(_execute, self.conns.q.stack_answer, params))
 
     def _set_target(self, workers: int, by: str) -> None:
         self.fleet.target = workers

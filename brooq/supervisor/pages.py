@@ -36,6 +36,7 @@ from typing import Any
 
 import psycopg
 
+from brooq.sql import queries
 from brooq.supervisor import ops
 from brooq.supervisor.actions import Actions
 
@@ -56,8 +57,10 @@ class PageProcess:
         token: bytes | None,
         close_in_child: Callable[[], list[int]],
         signals: Collection[signal.Signals],
+        schema: str | None = None,
     ) -> None:
         self.dsn = dsn
+        self.schema = schema
         self.signals = signals  # the master's, blocked across the fork
         self.token = token  # the admin token: sign-in and actions; None: read-only
         self.close_in_child = close_in_child
@@ -86,7 +89,7 @@ class PageProcess:
                 for fd in self.close_in_child():
                     with contextlib.suppress(OSError):
                         os.close(fd)
-                code = run(theirs, self.dsn, self.token, mask)
+                code = run(theirs, self.dsn, self.token, mask, self.schema)
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -141,6 +144,7 @@ def run(
     dsn: str,
     token: bytes | None,
     mask: set[int | signal.Signals] | None = None,
+    schema: str | None = None,
 ) -> int:
     """The page process's loop: one request at a time, until the master's end closes."""
     from setproctitle import setproctitle
@@ -153,7 +157,7 @@ def run(
     if mask is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     setproctitle("brooq-pages: status page")
-    pages = _Pages(dsn, token)
+    pages = _Pages(dsn, token, schema)
     sock.setblocking(True)
     while True:
         try:
@@ -188,12 +192,13 @@ STACK_TIMEOUT = 3.0  # the stack button waits this long for the job's master
 
 
 class _Pages:
-    def __init__(self, dsn: str, token: bytes | None) -> None:
+    def __init__(self, dsn: str, token: bytes | None, schema: str | None = None) -> None:
         self.dsn = dsn
         self.token = token
+        self.schema = schema  # QUEUE_SCHEMA: the pages read and act on its tables
         self.actions_enabled = token is not None
         self.conn: psycopg.Connection[Any] | None = None  # opened at the first page
-        self.actions = Actions(dsn, token)
+        self.actions = Actions(dsn, token, schema)
 
     def answer(self, client: socket.socket, data: bytes) -> None:
         client.setblocking(True)
@@ -224,7 +229,7 @@ class _Pages:
             return ops.plain_response(400, b"a job id is a UUID\n")
         status = 200
         try:
-            answer = fetch_stack(self.dsn, job_id, STACK_TIMEOUT)
+            answer = fetch_stack(self.dsn, job_id, STACK_TIMEOUT, schema=self.schema)
             body = f"<p>Worker {e(answer.worker)}, asked just now.</p><pre>{e(answer.text)}</pre>"
         except BrooqError as exc:  # not running, not found, no master answered
             status = 404 if type(exc).__name__ == "JobNotFound" else 409
@@ -254,7 +259,11 @@ class _Pages:
                     self.dsn, autocommit=True, connect_timeout=3, application_name="brooq-pages"
                 )
             page = web.serve(
-                self.conn, request.method, request.path, actions_enabled=self.actions_enabled
+                self.conn,
+                request.method,
+                request.path,
+                actions_enabled=self.actions_enabled,
+                q=queries(self.schema),
             )
         except psycopg.OperationalError:
             self.conn = None

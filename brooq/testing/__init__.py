@@ -49,7 +49,6 @@ from brooq.handlers import Handler, HandlerFn, is_async_callable
 from brooq.ipc.board import Board
 from brooq.job import AttemptTimeout, Claim, JobRecord, validate_topic
 from brooq.queue import Queue
-from brooq.sql import Q
 from brooq.worker import interrupts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.child import ClaimRow, claim_row, conclude, refused_payload
@@ -134,7 +133,7 @@ def jobs(queue: Queue, *, topic: str | None = None, state: str | None = None) ->
     """Every job of the Queue's database (of ``topic``, in ``state``), oldest first."""
     with queue.connection() as conn:
         cur = conn.cursor(row_factory=class_row(JobRecord))
-        return cur.execute(Q.testing_jobs, {"topic": topic, "state": state}).fetchall()
+        return cur.execute(queue._q.testing_jobs, {"topic": topic, "state": state}).fetchall()
 
 
 @contextlib.contextmanager
@@ -231,8 +230,10 @@ class _Drain:
 
     def _claim_one(self) -> Claim[Any] | None:
         conn = self.db.get()
-        queues = [r[0] for r in conn.execute(Q.testing_ready_queues, {"topics": self.topics})]
-        paused = {r[0] for r in conn.execute(Q.queue_paused_names, {"queues": queues})}
+        queues = [
+            r[0] for r in conn.execute(self.queue._q.testing_ready_queues, {"topics": self.topics})
+        ]
+        paused = {r[0] for r in conn.execute(self.queue._q.queue_paused_names, {"queues": queues})}
         queues = [q for q in queues if q not in paused]
         if not queues:
             return None
@@ -248,7 +249,7 @@ class _Drain:
         with self.db.scoped(conn):  # behind a transaction pooler, as a child's claim
             rows: list[ClaimRow] = (
                 conn.cursor(row_factory=claim_row)
-                .execute(Q.job_finish_and_claim_queues, params)
+                .execute(self.queue._q.job_finish_and_claim_queues, params)
                 .fetchall()
             )
         return next((r.claim() for r in rows if r.claimed), None)
@@ -285,7 +286,9 @@ class _Drain:
             cancel(_GivenBack("brooq: the drain was cancelled"))
             await asyncio.wait([task])
             conn = self.db.get()
-            conn.execute(Q.job_release_ids, {"ids": [claim.id], "worker": self.identity})
+            conn.execute(
+                self.queue._q.job_release_ids, {"ids": [claim.id], "worker": self.identity}
+            )
             raise
         finally:
             timer.cancel()

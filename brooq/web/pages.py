@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import psycopg
 
+from brooq.sql import Q, Queries
 from brooq.web import reads
 from brooq.web.headers import security_headers
 from brooq.web.reads import Cursor, Page, Row
@@ -117,6 +118,7 @@ def serve(
     *,
     actions_enabled: bool,
     timeout: float = reads.STATEMENT_TIMEOUT,
+    q: Queries = Q,
 ) -> Response:
     """Answer one request of the status page, reading on conn (given idle, left idle).
     HEAD is answered as GET: the server sends the headers without the body."""
@@ -142,17 +144,17 @@ def serve(
                 HTTPStatus.METHOD_NOT_ALLOWED, "these pages are read with GET", "GET, HEAD"
             )
         if not segments:
-            body = overview_page(conn, actions_enabled, timeout)
+            body = overview_page(conn, actions_enabled, timeout, q)
         elif segments == ["in-flight"]:
-            page = reads.in_flight(conn, _cursor(query), timeout=timeout)
+            page = reads.in_flight(conn, _cursor(query), timeout=timeout, q=q)
             body = in_flight_page(page, actions_enabled)
         elif len(segments) == 1 and segments[0] in ("failed", "dead"):
             state = segments[0]
-            page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout)
+            page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout, q=q)
             body = finished_badly_page(state, page, actions_enabled)
         elif len(segments) == 2 and segments[0] == "jobs":
             job_id = _job_id(segments[1])
-            row = reads.job(conn, job_id, timeout=timeout)
+            row = reads.job(conn, job_id, timeout=timeout, q=q)
             if row is None:
                 raise _ClientError(HTTPStatus.NOT_FOUND, f"no job {job_id}")
             body = job_page(row, actions_enabled)
@@ -178,8 +180,10 @@ def _n(value: object) -> str:
     return e(f"{value:,}") if isinstance(value, int) else e(value)
 
 
-def overview_page(conn: psycopg.Connection[Any], actions_enabled: bool, timeout: float) -> bytes:
-    data = reads.overview(conn, timeout)
+def overview_page(
+    conn: psycopg.Connection[Any], actions_enabled: bool, timeout: float, q: Queries = Q
+) -> bytes:
+    data = reads.overview(conn, timeout, q)
     paused = {row["name"] for row in data["paused"]}
     rows = []
     for g in data["groups"]:

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from brooq.sql import Q
+from brooq.sql import Q, Queries
 
 Row = dict[str, Any]
 
@@ -56,23 +56,25 @@ class Page:
 
 @contextmanager
 def read_only(
-    conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT
+    conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT, q: Queries = Q
 ) -> Iterator[psycopg.Cursor[Row]]:
     # 0 ms would mean no timeout at all: at least 1 ms.
     # A transaction of its own even on a connection in autocommit; in a non-autocommit
     # connection with nothing open, transaction() begins one and commits it (psycopg).
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(Q.web_begin_read_only)
-        cur.execute(Q.web_statement_timeout, {"timeout": f"{max(round(timeout * 1000), 1)}ms"})
+        cur.execute(q.web_begin_read_only)
+        cur.execute(q.web_statement_timeout, {"timeout": f"{max(round(timeout * 1000), 1)}ms"})
         yield cur
 
 
-def overview(conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT) -> Row:
-    with read_only(conn, timeout) as cur:
-        groups = cur.execute(Q.web_overview_by_topic, {"limit": MAX_GROUPS + 1}).fetchall()
-        paused = cur.execute(Q.web_paused_queues, {"limit": MAX_PAUSED + 1}).fetchall()
-        done = cur.execute(Q.web_done_per_minute).fetchall()
-        now = cur.execute(Q.web_now).fetchone()
+def overview(
+    conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT, q: Queries = Q
+) -> Row:
+    with read_only(conn, timeout, q) as cur:
+        groups = cur.execute(q.web_overview_by_topic, {"limit": MAX_GROUPS + 1}).fetchall()
+        paused = cur.execute(q.web_paused_queues, {"limit": MAX_PAUSED + 1}).fetchall()
+        done = cur.execute(q.web_done_per_minute).fetchall()
+        now = cur.execute(q.web_now).fetchone()
     assert now is not None
     return {
         "groups": groups[:MAX_GROUPS],
@@ -97,14 +99,15 @@ def in_flight(
     after: Cursor | None = None,
     size: int = PAGE_SIZE,
     timeout: float = STATEMENT_TIMEOUT,
+    q: Queries = Q,
 ) -> Page:
     params = {
         "after_at": after.at if after else "-infinity",
         "after_id": after.id if after else _NIL,
         "limit": size + 1,
     }
-    with read_only(conn, timeout) as cur:
-        return _page(cur.execute(Q.web_in_flight, params).fetchall(), size)
+    with read_only(conn, timeout, q) as cur:
+        return _page(cur.execute(q.web_in_flight, params).fetchall(), size)
 
 
 def finished_badly(
@@ -113,6 +116,7 @@ def finished_badly(
     after: Cursor | None = None,
     size: int = PAGE_SIZE,
     timeout: float = STATEMENT_TIMEOUT,
+    q: Queries = Q,
 ) -> Page:
     """Failed or dead jobs (state), newest first."""
     if state not in ("failed", "dead"):
@@ -124,12 +128,15 @@ def finished_badly(
         "limit": size + 1,
         "error_chars": ERROR_CHARS,
     }
-    with read_only(conn, timeout) as cur:
-        return _page(cur.execute(Q.web_finished_badly, params).fetchall(), size)
+    with read_only(conn, timeout, q) as cur:
+        return _page(cur.execute(q.web_finished_badly, params).fetchall(), size)
 
 
 def job(
-    conn: psycopg.Connection[Any], job_id: uuid.UUID, timeout: float = STATEMENT_TIMEOUT
+    conn: psycopg.Connection[Any],
+    job_id: uuid.UUID,
+    timeout: float = STATEMENT_TIMEOUT,
+    q: Queries = Q,
 ) -> Row | None:
-    with read_only(conn, timeout) as cur:
-        return cur.execute(Q.web_job_get, {"id": job_id}).fetchone()
+    with read_only(conn, timeout, q) as cur:
+        return cur.execute(q.web_job_get, {"id": job_id}).fetchone()

@@ -43,7 +43,6 @@ from brooq.errors import InvalidResult
 from brooq.ipc.board import LOOP_BEAT
 from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
 from brooq.job import AttemptTimeout, Claim, LeaseLost
-from brooq.sql import Q
 from brooq.worker.child import _Finished, conclude, refused_payload
 from brooq.worker.connection import Stop, Undecodable
 from brooq.worker.link import format_frames
@@ -524,4 +523,4 @@ def await_frames(task: asyncio.Task[Any]) -> traceback.StackSummary:
 
 def _release(child: Child, ids: list[uuid.UUID]) -> None:
     conn = child.db.get()
-    conn.execute(Q.job_release_ids, {"ids": ids, "worker": child.config.identity})
+    conn.execute(child.q.job_release_ids, {"ids": ids, "worker": child.config.identity})

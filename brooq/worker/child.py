@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import IO, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg.rows import RowMaker
@@ -45,7 +45,7 @@ from brooq.ipc.reasons import (
 )
 from brooq.job import Claim, Interruption, check_payload_size, encode_payload
 from brooq.payloads import to_json
-from brooq.sql import Q
+from brooq.sql import queries
 from brooq.worker import execute, interrupts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.config import BATCH_BUDGET, LONG_JOB, ChildConfig
@@ -55,6 +55,9 @@ from brooq.worker.meter import Meter, resident_mib
 from brooq.worker.outcome import OutcomeWriter, report_policy_error
 from brooq.worker.state import ChildState
 from brooq.worker.weights import RoundOrder, worked_queues
+
+if TYPE_CHECKING:
+    from typing_extensions import LiteralString
 
 __all__ = [
     "Child",
@@ -119,11 +122,11 @@ class _Finished:
 
 
 # The claim statement of a round trip: (without results, with results), by the shape of
-# the round (one queue, several, a limited topic).
+# the round (one queue, several, a limited topic); the Child takes its schema's texts.
 _STATEMENTS = {
-    "one": (Q.job_finish_and_claim, Q.job_finish_and_claim_results),
-    "queues": (Q.job_finish_and_claim_queues, Q.job_finish_and_claim_queues_results),
-    "limited": (Q.job_finish_and_claim_limited, Q.job_finish_and_claim_limited_results),
+    "one": ("job_finish_and_claim", "job_finish_and_claim_results"),
+    "queues": ("job_finish_and_claim_queues", "job_finish_and_claim_queues_results"),
+    "limited": ("job_finish_and_claim_limited", "job_finish_and_claim_limited_results"),
 }
 
 
@@ -131,6 +134,13 @@ class Child:
     def __init__(self, config: ChildConfig) -> None:
         self.config = config
         self.settings = config.settings
+        # The statements of the master's schema (QUEUE_SCHEMA), looked up once here: the
+        # claim loop reads plain attributes and dictionaries, as with the module's Q.
+        self.q = queries(self.settings.schema)
+        self.statements: dict[str, tuple[LiteralString, LiteralString]] = {
+            shape: (getattr(self.q, plain), getattr(self.q, with_results))
+            for shape, (plain, with_results) in _STATEMENTS.items()
+        }
         self.handlers = config.handlers
         self.middleware: tuple[Middleware, ...] = config.middleware
         self.runners: dict[str, HandlerFn] = {}  # each topic's middleware chain and handler
@@ -325,7 +335,7 @@ class Child:
         else:
             shape = "queues"
             params["queues"] = queues
-        plain, with_results_statement = _STATEMENTS[shape]
+        plain, with_results_statement = self.statements[shape]
         statement = plain
         if with_results:
             statement = with_results_statement
@@ -373,7 +383,7 @@ class Child:
         if now - self._paused_read >= self.settings.poll_interval:
             try:
                 rows = self.db.get().execute(
-                    Q.queue_paused_names, {"queues": self.order.names}, prepare=True
+                    self.q.queue_paused_names, {"queues": self.order.names}, prepare=True
                 )
                 self.paused = frozenset(row[0] for row in rows)
                 self._paused_read = now
@@ -386,7 +396,7 @@ class Child:
             return
         try:
             conn = self.db.get()
-            conn.execute(Q.job_release_ids, {"ids": ids, "worker": self.config.identity})
+            conn.execute(self.q.job_release_ids, {"ids": ids, "worker": self.config.identity})
         except psycopg.OperationalError as exc:
             self.db.failed("release", exc)  # the reaper returns them after the lease
         self.held = [i for i in self.held if i not in ids]

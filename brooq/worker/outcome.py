@@ -28,7 +28,7 @@ from brooq.ipc.board import Board
 from brooq.job import Claim
 from brooq.produce import Handlers, check_jobs, insert_many_checked
 from brooq.settings import Settings
-from brooq.sql import Q
+from brooq.sql import queries
 from brooq.worker import execute
 from brooq.worker.connection import ChildConnection, Stop
 from brooq.worker.meter import Meter
@@ -51,6 +51,7 @@ class OutcomeWriter:
     ) -> None:
         self.identity = identity
         self.settings = settings
+        self.q = queries(settings.schema)  # once: the finish path reads an attribute
         # The child's handlers: a chained job naming no queue goes to its handler's.
         self.handlers: Handlers = {}
         self.connection = connection
@@ -120,13 +121,13 @@ class OutcomeWriter:
                 )
         if outcome.kind == "canceled":
             with self.connection.scoped(conn):
-                cur = conn.execute(Q.job_set_canceled, {**who, "error": outcome.error})
+                cur = conn.execute(self.q.job_set_canceled, {**who, "error": outcome.error})
             # After the block: in a pipeline, the count is known once it has synced.
             return ("canceled" if cur.rowcount else None), outcome
         cur = conn.cursor(row_factory=dict_row)  # the failure path: a dict costs nothing here
         with self.connection.scoped(conn):
             row = cur.execute(
-                Q.job_set_failed,
+                self.q.job_set_failed,
                 {
                     **who,
                     "refund": outcome.refund,
@@ -152,13 +153,13 @@ class OutcomeWriter:
         try:
             with conn.transaction():
                 self.connection.apply_local(conn)  # behind a transaction pooler only
-                cur = conn.execute(Q.job_set_done, {**who, "result": result}, prepare=True)
+                cur = conn.execute(self.q.job_set_done, {**who, "result": result}, prepare=True)
                 if cur.rowcount == 0:
                     raise _NotOurs
                 checked = check_jobs(claim.chained, self.settings.max_payload_bytes, self.handlers)
-                insert_many_checked(conn, checked, self.handlers)
+                insert_many_checked(conn, checked, self.handlers, q=self.q)
                 if claim.success_hooks:
-                    conn.execute(Q.session_planner_defaults)
+                    conn.execute(self.q.session_planner_defaults)
                     self.board.hooks_running(True)  # the stall rule leaves us alone
                     try:
                         for hook in claim.success_hooks:
