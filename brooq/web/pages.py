@@ -178,22 +178,36 @@ def _n(value: object) -> str:
     return e(f"{value:,}") if isinstance(value, int) else e(value)
 
 
+def about(value: int) -> str:
+    """An estimate as shown: two significant figures (the sample's precision is a few
+    per cent), marked."""
+    shown = value if value < 100 else int(float(f"{value:.2g}"))
+    return f"≈ {shown:,}"
+
+
 def overview_page(conn: psycopg.Connection[Any], actions_enabled: bool, timeout: float) -> bytes:
     data = reads.overview(conn, timeout)
     paused = {row["name"] for row in data["paused"]}
     rows = []
     for g in data["groups"]:
         queue = e(g["queue"]) + (" <strong>(paused)</strong>" if g["queue"] in paused else "")
+
+        def figure(name: str, g: Row = g) -> str:
+            return e(about(g[name])) if name in g["estimated"] else _n(g[name])
+
+        oldest = age(g["oldest_ready_seconds"])
+        if "oldest_ready" in g["estimated"] and g["oldest_ready_seconds"] is not None:
+            oldest = f"≥ {oldest}"
         rows.append(
             (
                 queue,
                 e(g["topic"]),
-                _n(g["ready"]),
-                _n(g["scheduled"]),
-                _n(g["processing"]),
-                _n(g["failed"]),
-                _n(g["dead"]),
-                e(age(g["oldest_ready_seconds"])),
+                figure("ready"),
+                figure("scheduled"),
+                figure("processing"),
+                figure("failed"),
+                figure("dead"),
+                e(oldest),
             )
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
@@ -201,6 +215,8 @@ def overview_page(conn: psycopg.Connection[Any], actions_enabled: bool, timeout:
     parts = [table(headers, rows, numeric={2, 3, 4, 5, 6, 7})]
     if data["groups_cut"]:
         parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
+    if data["estimate"] is not None:
+        parts.append(estimate_note(data["estimate"]))
     parts.append(f"<h2>Done per minute, last hour</h2>{done_chart(data)}")
     parts.append("<h2>Paused queues</h2>")
 
@@ -219,6 +235,23 @@ def overview_page(conn: psycopg.Connection[Any], actions_enabled: bool, timeout:
     return layout("Overview", "".join(parts), actions_enabled=actions_enabled, refresh=REFRESH)
 
 
+def estimate_note(estimate: Row) -> str:
+    """What the ≈ figures are, on the page itself: which states, from what sample, how
+    precise, and where the exact count is."""
+    states = ", ".join(f"{e(s)} ({e(about(n))} jobs)" for s, n in estimate["states"].items())
+    per_row = max(round(estimate["per_row"]), 1)
+    return (
+        f'<p class="note">≈: estimated. {states}: more than the '
+        f"{reads.EXACT_BELOW:,} jobs a state may hold to be counted one by one on this "
+        f"page, so its figures are estimated from a sample of about "
+        f"{reads.SAMPLE_PAGES:,} of the table's {estimate['pages']:,} pages "
+        f"({estimate['percent']:.2g} %) and may be off by a few per cent; one sampled job "
+        f"stands for about {per_row:,}, so a small figure of such a state may be missing "
+        "or off by that much. ≥: the oldest ready job is at least that old. Every other "
+        "figure is exact. <code>brooq queues</code> counts every row (per queue).</p>"
+    )
+
+
 def done_per_minute(data: Row) -> list[int]:
     """Sixty figures, oldest minute first, the current (partial) minute last."""
     counts = {row["minute"]: int(row["jobs"]) for row in data["done_per_minute"]}
@@ -232,6 +265,11 @@ def done_chart(data: Row) -> str:
     first = last - timedelta(minutes=59)
     total = sum(values)
     chart = bar_chart(values, f"{first:%H:%M}", f"{last:%H:%M} (now)")
+    if data["done_estimated"]:
+        return (
+            f'{chart}<p class="muted">{e(about(total))} done in the last hour: more than '
+            f"{reads.EXACT_CAP:,}, so estimated from the same sample</p>"
+        )
     return f'{chart}<p class="muted">{_n(total)} done in the last hour</p>'
 
 
