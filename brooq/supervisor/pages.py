@@ -254,7 +254,11 @@ class _Pages:
                     self.dsn, autocommit=True, connect_timeout=3, application_name="brooq-pages"
                 )
             page = web.serve(
-                self.conn, request.method, request.path, actions_enabled=self.actions_enabled
+                self.conn,
+                request.method,
+                request.path,
+                actions_enabled=self.actions_enabled,
+                csrf=self.actions.csrf_of(request.headers.get("cookie", "")),
             )
         except psycopg.OperationalError:
             self.conn = None
