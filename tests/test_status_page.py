@@ -10,11 +10,14 @@ import re
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
 import brooq
+from brooq.supervisor.pages import PAGE_LIMIT
 from tests.harness import StartMaster, children_of, process_alive, wait_for
 from tests.test_ops_slow_clients import (
     KILL_SLACK,
@@ -420,3 +423,54 @@ def test_the_lists_carry_one_click_buttons_when_signed_in(
     )
     assert status == 409 and b'href="/in-flight"' in body
     assert TOKEN not in m.log()
+
+
+def test_a_wedged_page_process_is_killed_and_the_next_page_has_a_new_one(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, connect: Any
+) -> None:
+    """A page request that never ends (here: the page process stopped while its read
+    waits behind a lock) is bounded by the master: past PAGE_LIMIT it kills the process,
+    answers that client 503, and the next page request is answered by a new one; the
+    master's own endpoints answer throughout, and the copies of the handed clients are
+    closed after each request (the master's descriptors do not grow)."""
+    m, addr = start(start_master)
+    assert get(addr, "/")[0] == 200
+    first = page_pid(m.pid)
+    assert first is not None
+    fds = len(os.listdir(f"/proc/{m.pid}/fd"))
+    for _ in range(20):
+        assert get(addr, "/failed")[0] == 200
+    wait_for(lambda: len(os.listdir(f"/proc/{m.pid}/fd")) <= fds, what="no client copy left")
+
+    locker = connect(autocommit=False)
+    locker.execute("LOCK TABLE job IN ACCESS EXCLUSIVE MODE")
+    answer: list[tuple[int, bytes, bytes]] = []
+    wedged = threading.Thread(target=lambda: answer.append(get(addr, "/", timeout=30)))
+    started = time.monotonic()
+    wedged.start()
+    try:
+        wait_for(
+            lambda: db.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'brooq-pages' "
+                "AND wait_event_type = 'Lock'"
+            ).fetchone(),
+            what="the page process waiting in its read",
+        )
+        os.kill(first, signal.SIGSTOP)  # wedged in the middle of a request
+    finally:
+        locker.rollback()
+    latencies = probe_for(addr, PAGE_LIMIT - 2)
+    wait_for(lambda: "event=page_process_killed" in m.log(), timeout=PAGE_LIMIT, what="killed")
+    wedged.join(10)
+    took = time.monotonic() - started
+    report("wedged page process", latencies, None)
+    assert max(latencies) < PROBE_BOUND, latencies
+    assert re.search(r"event=page_process_killed reason=request_over_limit .*path='/'", m.log())
+    status, _, body = answer[0]
+    assert status == 503 and b"took longer than" in body, answer
+    assert PAGE_LIMIT <= took < PAGE_LIMIT + 5
+    wait_for(lambda: not process_alive(first), timeout=5, what="the wedged process gone")
+    assert get(addr, "/")[0] == 200
+    second = page_pid(m.pid)
+    assert second is not None and second != first
+    assert get(addr, "/healthz")[0] == 200 and m.proc.poll() is None
