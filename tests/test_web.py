@@ -331,6 +331,10 @@ def test_the_reads_run_read_only_under_a_statement_timeout(
     with reads.read_only(db, timeout=0.25) as cur:
         row = cur.execute("SHOW statement_timeout").fetchone()
         assert row == {"statement_timeout": "250ms"}
+        # Plans made for the values: psycopg prepares a statement run 5 times, and the
+        # generic plan of the overview's statements reads far more (docs/status-page.md).
+        mode = cur.execute("SHOW plan_cache_mode").fetchone()
+        assert mode == {"plan_cache_mode": "force_custom_plan"}
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             cur.execute("INSERT INTO job (topic) VALUES ('t')")
     assert db.execute("SHOW statement_timeout").fetchone() != {"statement_timeout": "250ms"}
