@@ -20,8 +20,10 @@ generate_series, in the mix of a busy queue that keeps a day of history:
      0.05 % processing  leases held by 40 children on 4 hosts
 
 over three queues and eight topics (`--mix backlog`: the 94 % are pending and ready
-instead, a queue far behind: what the overview, which counts every active row, pays
-most), then VACUUM ANALYZE (what autovacuum would have done on a table of that age).
+instead, a queue far behind: the overview then estimates the pending figures from its
+sample instead of counting them; `--rows 8000000 --mix backlog` is the backlog that an
+exact count could not serve within the 2 s statement timeout), then VACUUM ANALYZE
+(what autovacuum would have done on a table of that age).
 Each page is then served through brooq.web.pages.serve on one connection, once to warm
 up and RUNS times measured: the table shows the median, the fastest and the slowest wall
 time of the whole answer (the page's statements, their round trips, and the rendering),

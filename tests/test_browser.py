@@ -100,7 +100,7 @@ def test_the_overview_the_lists_and_a_job_page_in_a_browser(
     assert (tmp_path / "overview.png").stat().st_size > 1000
 
 
-def test_signing_in_and_retrying_a_job_through_the_form(
+def test_signing_in_and_retrying_a_dead_job_with_its_button(
     queue: brooq.Queue,
     db: Any,
     start_master: StartMaster,
@@ -123,9 +123,16 @@ def test_signing_in_and_retrying_a_job_through_the_form(
     wait_for(lambda: browser.current_url.endswith("/actions"), what="signed in")
     cookie = browser.get_cookie("brooq_session")
     assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-    browser.get(f"{url}/actions?job={job_id}")
+    # One click on the dead row's retry button; the browser comes back to the list.
+    browser.get(f"{url}/dead")
     browser.find_element(By.CSS_SELECTOR, f"form[action='/jobs/{job_id}/retry'] button").click()
-    wait_for(lambda: browser.current_url.endswith(f"/jobs/{job_id}"), what="back on the job")
-    row = db.execute("SELECT state, attempts FROM job WHERE id = %s", (job_id,)).fetchone()
-    assert row == ("pending", 0)
+    wait_for(
+        lambda: (
+            db.execute("SELECT state, attempts FROM job WHERE id = %s", (job_id,)).fetchone()
+            == ("pending", 0)
+        ),
+        what="the job pending",
+    )
+    wait_for(lambda: browser.current_url == f"{url}/dead", what="back on the dead list")
+    assert not browser.find_elements(By.CSS_SELECTOR, f"a[href='/jobs/{job_id}']")
     assert token not in browser.page_source

@@ -10,11 +10,14 @@ import re
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
 import brooq
+from brooq.supervisor.pages import PAGE_LIMIT
 from tests.harness import StartMaster, children_of, process_alive, wait_for
 from tests.test_ops_slow_clients import (
     KILL_SLACK,
@@ -328,3 +331,146 @@ def test_without_a_token_every_action_is_refused(
     assert status == 200 and b"Actions are off" in body
     assert request(addr, "POST", "/queues/default/pause", "csrf=x")[0] == 403
     assert not [q for q in queue.queues() if q.paused]
+
+
+FORM = re.compile(
+    r'<form class="inline" method="post" action="([^"]+)">'
+    r'<input type="hidden" name="csrf" value="([0-9a-f]+)">'
+    r'<input type="hidden" name="back" value="([^"]*)">'
+)
+
+
+def forms(body: bytes) -> dict[str, tuple[str, str]]:
+    """The one-click buttons of a page: {action: (csrf, back)}."""
+    return {a: (c, b) for a, c, b in FORM.findall(body.decode())}
+
+
+def click(addr: tuple[str, int], page: bytes, action: str, cookie: str) -> tuple[int, str]:
+    csrf, back = forms(page)[action]
+    status, head, _ = request(addr, "POST", action, f"csrf={csrf}&back={back}", cookie)
+    location = next((h for h in head.split("\r\n") if h.startswith("Location:")), "")
+    return status, location.removeprefix("Location: ")
+
+
+def test_the_lists_carry_one_click_buttons_when_signed_in(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    m = start_master(
+        workers=1, app="brooq_opsslow:queue", env={"QUEUE_ADMIN_TOKEN_FILE": str(token_file)}
+    )
+    found = wait_for(lambda: re.search(r"event=ops_listening addr=(\S+)", m.log()), what="ops")
+    host, _, port = found.group(1).rpartition(":")
+    addr = (host, int(port))
+    dead, failed, running = (queue.enqueue(brooq.Job("ops.none", {"n": i}))[0] for i in range(3))
+    db.execute("UPDATE job SET state = 'dead' WHERE id = %s", (dead,))
+    db.execute(
+        "UPDATE job SET state = 'failed', available_at = now() + interval '1 hour' WHERE id = %s",
+        (failed,),
+    )
+    db.execute(
+        "UPDATE job SET state = 'processing', locked_by = 'elsewhere:1:x', "
+        "locked_until = now() + interval '1 hour' WHERE id = %s",
+        (running,),
+    )
+    db.execute("INSERT INTO brooq_queue (name, paused) VALUES ('stopped', true)")
+    db.commit()
+
+    # Signed out: no buttons; the page says how to get them.
+    status, _, body = request(addr, "GET", "/dead")
+    assert status == 200 and not forms(body) and b'href="/sign-in"' in body
+
+    status, head, _ = request(addr, "POST", "/sign-in", f"token={TOKEN}")
+    assert status == 303
+    cookie = next(h for h in head.split("\r\n") if h.startswith("Set-Cookie:"))
+    cookie = cookie.split(":", 1)[1].split(";", 1)[0].strip()
+
+    _, _, page = request(addr, "GET", "/dead", cookie=cookie)
+    assert b"Signed in" in page and TOKEN.encode() not in page
+    assert click(addr, page, f"/jobs/{dead}/retry", cookie) == (303, "/dead")
+    assert db.execute("SELECT state FROM job WHERE id = %s", (dead,)).fetchone() == ("pending",)
+
+    _, _, page = request(addr, "GET", "/failed", cookie=cookie)
+    assert f"/jobs/{failed}/retry" not in forms(page)  # a failed job waits for its retry
+    assert click(addr, page, f"/jobs/{failed}/cancel", cookie) == (303, "/failed")
+    assert db.execute("SELECT state FROM job WHERE id = %s", (failed,)).fetchone() == ("canceled",)
+
+    _, _, page = request(addr, "GET", "/in-flight", cookie=cookie)
+    assert click(addr, page, f"/jobs/{running}/cancel", cookie) == (303, "/in-flight")
+    assert db.execute("SELECT state FROM job WHERE id = %s", (running,)).fetchone() == ("canceled",)
+
+    # The overview: pause a queue from its row, resume the paused one from its list.
+    _, _, page = request(addr, "GET", "/", cookie=cookie)
+    assert click(addr, page, "/queues/default/pause", cookie) == (303, "/")
+    assert click(addr, page, "/queues/stopped/resume", cookie) == (303, "/")
+    assert [q.name for q in queue.queues() if q.paused] == ["default"]
+
+    # A button's form is the action's own: without its CSRF token, refused; a `back`
+    # that is not one of the pages is ignored (no open redirect).
+    _, _, page = request(addr, "GET", "/", cookie=cookie)
+    assert request(addr, "POST", "/queues/default/resume", "back=/", cookie)[0] == 403
+    csrf, _ = forms(page)["/queues/default/resume"]
+    status, head, _ = request(
+        addr, "POST", "/queues/default/resume", f"csrf={csrf}&back=//evil.example/", cookie
+    )
+    assert status == 303 and "Location: /\r\n" in head + "\r\n"
+    assert not [q.name for q in queue.queues() if q.paused]
+    # A refusal comes back with a way back to the list.
+    _, _, page = request(addr, "GET", "/in-flight", cookie=cookie)
+    status, _, body = request(
+        addr, "POST", f"/jobs/{running}/cancel", f"csrf={csrf}&back=/in-flight", cookie
+    )
+    assert status == 409 and b'href="/in-flight"' in body
+    assert TOKEN not in m.log()
+
+
+def test_a_wedged_page_process_is_killed_and_the_next_page_has_a_new_one(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, connect: Any
+) -> None:
+    """A page request that never ends (here: the page process stopped while its read
+    waits behind a lock) is bounded by the master: past PAGE_LIMIT it kills the process,
+    answers that client 503, and the next page request is answered by a new one; the
+    master's own endpoints answer throughout, and the copies of the handed clients are
+    closed after each request (the master's descriptors do not grow)."""
+    m, addr = start(start_master)
+    assert get(addr, "/")[0] == 200
+    first = page_pid(m.pid)
+    assert first is not None
+    fds = len(os.listdir(f"/proc/{m.pid}/fd"))
+    for _ in range(20):
+        assert get(addr, "/failed")[0] == 200
+    wait_for(lambda: len(os.listdir(f"/proc/{m.pid}/fd")) <= fds, what="no client copy left")
+
+    locker = connect(autocommit=False)
+    locker.execute("LOCK TABLE job IN ACCESS EXCLUSIVE MODE")
+    answer: list[tuple[int, bytes, bytes]] = []
+    wedged = threading.Thread(target=lambda: answer.append(get(addr, "/", timeout=30)))
+    started = time.monotonic()
+    wedged.start()
+    try:
+        wait_for(
+            lambda: db.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'brooq-pages' "
+                "AND wait_event_type = 'Lock'"
+            ).fetchone(),
+            what="the page process waiting in its read",
+        )
+        os.kill(first, signal.SIGSTOP)  # wedged in the middle of a request
+    finally:
+        locker.rollback()
+    latencies = probe_for(addr, PAGE_LIMIT - 2)
+    wait_for(lambda: "event=page_process_killed" in m.log(), timeout=PAGE_LIMIT, what="killed")
+    wedged.join(10)
+    took = time.monotonic() - started
+    report("wedged page process", latencies, None)
+    assert max(latencies) < PROBE_BOUND, latencies
+    assert re.search(r"event=page_process_killed reason=request_over_limit .*path='/'", m.log())
+    status, _, body = answer[0]
+    assert status == 503 and b"took longer than" in body, answer
+    assert PAGE_LIMIT <= took < PAGE_LIMIT + 5
+    wait_for(lambda: not process_alive(first), timeout=5, what="the wedged process gone")
+    assert get(addr, "/")[0] == 200
+    second = page_pid(m.pid)
+    assert second is not None and second != first
+    assert get(addr, "/healthz")[0] == 200 and m.proc.poll() is None

@@ -15,6 +15,7 @@ import pytest
 
 from brooq.web import Response, reads, security_headers, serve
 from brooq.web.headers import STYLE_HASH
+from brooq.web.pages import done_per_minute
 from brooq.web.render import STYLE
 
 Conn = psycopg.Connection[Any]
@@ -227,8 +228,6 @@ def test_the_overview_counts_what_the_table_holds(db: Conn) -> None:
     assert (b["ready"], b["scheduled"], b["failed"], b["dead"]) == (2, 0, 2, 0)
     assert [p["name"] for p in data["paused"]] == ["low"]
 
-    from brooq.web.pages import done_per_minute
-
     minutes = done_per_minute(data)
     assert len(minutes) == 60 and minutes[-1] == 9 and minutes[-11] == 5 and sum(minutes) == 14
 
@@ -256,6 +255,69 @@ def test_the_overview_is_bounded(db: Conn, monkeypatch: pytest.MonkeyPatch) -> N
     assert "only the first 3 shown" in body and "only the first 2 shown" in body
 
 
+def test_a_large_state_is_estimated_from_a_sample_and_a_small_one_counted(
+    db: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overview stays bounded on a huge backlog: a state holding more than EXACT_BELOW
+    jobs (by the sample) is estimated from SAMPLE_PAGES pages, marked as such; the others
+    are exact. Here 30,000 ready jobs stand for the backlog, with thresholds scaled down."""
+    db.execute(
+        "INSERT INTO job (topic, state, available_at, payload, updated_at) "
+        "SELECT 'a', 'pending', now() - interval '1 hour', "
+        "       jsonb_build_object('pad', repeat('x', 200)), now() - interval '1 hour' "
+        "FROM generate_series(1, 30000);"
+        "INSERT INTO job (topic, state, updated_at) "
+        "SELECT 'a', 'done', now() FROM generate_series(1, 3000);"
+        "INSERT INTO job (topic, state) SELECT 'a', 'dead' FROM generate_series(1, 40);"
+        "INSERT INTO job (topic, state, available_at) "
+        "SELECT 'a', 'failed', now() + interval '1 hour' FROM generate_series(1, 5);"
+        "INSERT INTO job (topic, state, locked_by, locked_until) "
+        "SELECT 'a', 'processing', 'h:1:x', now() + interval '1 minute' "
+        "FROM generate_series(1, 3);"
+        "ANALYZE job"
+    )
+    row = db.execute("SELECT pg_relation_size('job') / 8192 AS pages").fetchone()
+    assert row is not None
+    pages = int(row["pages"])
+    assert pages > 400
+    monkeypatch.setattr(reads, "SAMPLE_PAGES", pages // 4)
+    monkeypatch.setattr(reads, "SAMPLE_SEED", 7.0)
+    monkeypatch.setattr(reads, "EXACT_BELOW", 10_000)
+    monkeypatch.setattr(reads, "EXACT_CAP", 1_000)  # the done chart: over it, sampled
+    data = reads.overview(db)
+    (a,) = data["groups"]
+    assert 0.8 * 30_000 < a["ready"] < 1.2 * 30_000, a  # scaled up from about a quarter
+    assert (a["processing"], a["failed"], a["dead"]) == (3, 5, 40)  # exact
+    assert a["estimated"] == {"ready", "scheduled", "oldest_ready"}
+    assert set(data["estimate"]["states"]) == {"pending"}
+    assert 3_600 <= a["oldest_ready_seconds"] < 3_700  # a lower bound: sampled
+    assert data["done_estimated"] and 0.5 * 3_000 < sum(done_per_minute(data)) < 1.5 * 3_000
+
+    body = text(get(db, "/"))
+    row = re.search(r"<tr><td>default</td><td>a</td>(.*?)</tr>", body)
+    assert row is not None
+    cells = re.findall(r'<td class="n">([^<]*)</td>', row.group(1))
+    assert cells[0].startswith("≈ ") and cells[2:5] == ["3", "5", "40"], cells
+    assert cells[5].startswith("≥ 1h ")
+    assert "≈: estimated. pending (≈ " in body and "brooq queues" in body
+    assert "done in the last hour: more than 1,000, so estimated" in body
+
+    # A state the sample puts under EXACT_BELOW but whose count runs over EXACT_CAP is
+    # cut short: its partial count is never shown, the estimate stands.
+    monkeypatch.setattr(reads, "EXACT_BELOW", 10**9)
+    data = reads.overview(db)
+    (a,) = data["groups"]
+    assert 0.8 * 30_000 < a["ready"] < 1.2 * 30_000 and "ready" in a["estimated"], a
+    assert (a["failed"], a["dead"]) == (5, 40) and "dead" not in a["estimated"]
+    # A small table is read whole: every figure exact, whatever the thresholds.
+    monkeypatch.setattr(reads, "SAMPLE_PAGES", pages + 100)
+    data = reads.overview(db)
+    (a,) = data["groups"]
+    assert (a["ready"], a["dead"], a["estimated"]) == (30_000, 40, set())
+    assert data["estimate"] is None and not data["done_estimated"]
+    assert sum(done_per_minute(data)) == 3_000
+
+
 def test_read_only_wording(db: Conn) -> None:
     off = text(get(db, "/"))
     assert "QUEUE_ADMIN_TOKEN_FILE" in off and "admin-token" in off and "are off" in off
@@ -269,6 +331,10 @@ def test_the_reads_run_read_only_under_a_statement_timeout(
     with reads.read_only(db, timeout=0.25) as cur:
         row = cur.execute("SHOW statement_timeout").fetchone()
         assert row == {"statement_timeout": "250ms"}
+        # Plans made for the values: psycopg prepares a statement run 5 times, and the
+        # generic plan of the overview's statements reads far more (docs/status-page.md).
+        mode = cur.execute("SHOW plan_cache_mode").fetchone()
+        assert mode == {"plan_cache_mode": "force_custom_plan"}
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             cur.execute("INSERT INTO job (topic) VALUES ('t')")
     assert db.execute("SHOW statement_timeout").fetchone() != {"statement_timeout": "250ms"}

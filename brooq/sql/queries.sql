@@ -765,6 +765,11 @@ RETURNING topic
 -- bound and is never counted). ready = claimable now (a paused queue's ready jobs are
 -- still counted: they wait). busy = processing under a lease that has not expired, i.e.
 -- a child working on it; an expired lease waits for the reaper.
+-- The WHERE is an OR of three arms, each the predicate of a partial index (as in
+-- web_overview_exact): the planner reads the active and dead rows only, through a
+-- BitmapOr, never the done and canceled history; as one IN list it matched no index and
+-- scanned the whole table every stats period (1,000,000 jobs, 94 % done: 137 ms a run
+-- before, 44 ms after; docs/status-page.md). Its cost still follows the backlog.
 SELECT queue, topic,
        count(*) FILTER (WHERE state = 'pending') AS pending,
        count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now()) AS ready,
@@ -776,7 +781,7 @@ SELECT queue, topic,
            WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
            AS oldest_ready_age
 FROM {job}
-WHERE state IN ('pending', 'processing', 'failed', 'dead')
+WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
 GROUP BY queue, topic
 ORDER BY queue, topic
 
@@ -797,8 +802,8 @@ WHERE c.oid = {job:name}::regclass
 -- with a brooq_queue row (paused or resumed by an operator, perhaps before any job came),
 -- by name. A queue without a row is running (paused = false). ready = claimable now,
 -- scheduled = pending or failed and due later; failed (waiting for a retry) is counted in
--- ready or scheduled as well. Like job_stats_by_topic, only the active states and dead
--- are read, never done or canceled rows.
+-- ready or scheduled as well. Like job_stats_by_topic (and with its OR of partial-index
+-- predicates), only the active states and dead are read, never done or canceled rows.
 WITH counts AS (
     SELECT queue,
            count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now())
@@ -812,7 +817,7 @@ WITH counts AS (
                WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
                AS oldest_ready_seconds
     FROM {job}
-    WHERE state IN ('pending', 'processing', 'failed', 'dead')
+    WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
     GROUP BY queue
 )
 SELECT coalesce(c.queue, q.name) AS name,
@@ -1084,34 +1089,80 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY
 
 -- name: web_statement_timeout
 -- set_config(..., true) is SET LOCAL with a bound value: it ends with the transaction, so
--- a connection shared with other work keeps its own timeout.
-SELECT set_config('statement_timeout', %(timeout)s, true)
+-- a connection shared with other work keeps its own settings. Custom plans only: psycopg
+-- prepares a statement run five times on a connection, and PostgreSQL's generic plan for
+-- the overview's statements (a LIMIT and state flags as parameters) reads far more than
+-- the plan made for the values (1,000,000 jobs: 700 ms against 60 ms from the sixth
+-- render on); planning them costs well under a millisecond.
+SELECT set_config('statement_timeout', %(timeout)s, true),
+       set_config('plan_cache_mode', 'force_custom_plan', true)
 
--- name: web_overview_by_topic
--- Per queue and topic: ready (claimable now), scheduled (pending or failed, due later),
--- processing, failed (waiting for a retry, also counted in ready or scheduled), dead,
--- and how long the oldest ready job has waited. Never reads done or canceled rows: the
--- WHERE is written as an OR of three arms, each the predicate of a partial index
--- (job_ready_queue_idx or job_ready_idx, job_processing_lease_idx, job_failed_dead_idx of
--- migration 0008), so the planner reads the active rows through a BitmapOr; the same
--- filter as one IN list matches no index and scans the table, done rows and all (1,000,000
--- jobs: 39 ms against 123 ms, docs/status-page.md).
-SELECT queue, topic,
-       count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now())
-           AS ready,
-       count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at > now())
-           AS scheduled,
-       count(*) FILTER (WHERE state = 'processing') AS processing,
-       count(*) FILTER (WHERE state = 'failed') AS failed,
-       count(*) FILTER (WHERE state = 'dead') AS dead,
-       extract(epoch FROM now() - min(available_at) FILTER (
-           WHERE state IN ('pending', 'failed') AND available_at <= now()))::float8
-           AS oldest_ready_seconds
-FROM {job}
-WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
-GROUP BY queue, topic
-ORDER BY queue, topic
-LIMIT %(limit)s
+-- name: web_table_pages
+-- The job table's size in pages (of its main fork: the file's size, not a statistic),
+-- for the overview's sample: it reads about the same number of pages however large the
+-- table grows.
+SELECT coalesce(pg_relation_size(to_regclass({job:name})), 0)
+           / current_setting('block_size')::int AS pages
+
+-- name: web_overview_sample
+-- The overview's sample (docs/status-page.md, "Exact up to a size, estimated above"):
+-- the active and dead jobs of `percent` per cent of the table's pages, picked at random (SYSTEM:
+-- whole pages, so its cost is the pages it reads), per state, queue and topic. At 100 per cent
+-- it reads the whole table and its figures are exact (a small table).
+-- state_jobs: the state's sampled rows, all groups; only the first `groups` groups of
+-- each state (by queue, topic) are returned.
+SELECT state, queue, topic, jobs, ready, oldest_ready_at, state_jobs
+FROM (
+    SELECT state, queue, topic, count(*) AS jobs,
+           count(*) FILTER (WHERE available_at <= now()) AS ready,
+           min(available_at) FILTER (
+               WHERE state IN ('pending', 'failed') AND available_at <= now()) AS oldest_ready_at,
+           sum(count(*)) OVER (PARTITION BY state) AS state_jobs,
+           row_number() OVER (PARTITION BY state ORDER BY queue, topic) AS n
+    FROM {job} TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
+    WHERE state IN ('pending', 'failed', 'processing', 'dead')
+    GROUP BY state, queue, topic
+) AS s
+WHERE n <= %(groups)s
+
+-- name: web_overview_exact
+-- The overview's exact figures, per state, queue and topic, of the states asked for (a
+-- false flag: that state is not read at all, a one-time filter). Each state's rows come
+-- through its partial index (job_ready_queue_idx or job_ready_idx for pending and failed,
+-- job_processing_lease_idx, job_failed_dead_idx of migration 0008), never the done and
+-- canceled history, and at most `cap` + 1 of them: `state_jobs` above `cap` means that
+-- state was cut short and its figures are not to be shown (the sample's stand instead),
+-- so this statement reads at most four times `cap` rows however large the backlog.
+-- jobs = the group's rows in that state; ready = those due now (pending and failed); the
+-- first `groups` groups of each state (by queue, topic), state_jobs counting them all.
+WITH pending AS (
+    SELECT queue, topic, available_at FROM {job}
+    WHERE state = 'pending' AND %(pending)s LIMIT %(cap)s + 1
+), failed AS (
+    SELECT queue, topic, available_at FROM {job}
+    WHERE state = 'failed' AND %(failed)s LIMIT %(cap)s + 1
+), processing AS (
+    SELECT queue, topic FROM {job}
+    WHERE state = 'processing' AND %(processing)s LIMIT %(cap)s + 1
+), dead AS (
+    SELECT queue, topic FROM {job}
+    WHERE state = 'dead' AND %(dead)s LIMIT %(cap)s + 1
+)
+(SELECT 'pending' AS state, queue, topic, count(*) AS jobs,
+        count(*) FILTER (WHERE available_at <= now()) AS ready,
+        min(available_at) FILTER (WHERE available_at <= now()) AS oldest_ready_at,
+        sum(count(*)) OVER () AS state_jobs
+ FROM pending GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
+UNION ALL
+(SELECT 'failed', queue, topic, count(*), count(*) FILTER (WHERE available_at <= now()),
+        min(available_at) FILTER (WHERE available_at <= now()), sum(count(*)) OVER ()
+ FROM failed GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
+UNION ALL
+(SELECT 'processing', queue, topic, count(*), 0, NULL, sum(count(*)) OVER ()
+ FROM processing GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
+UNION ALL
+(SELECT 'dead', queue, topic, count(*), 0, NULL, sum(count(*)) OVER ()
+ FROM dead GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
 
 -- name: web_now
 -- The snapshot's clock, for the chart's minutes and the ages shown.
@@ -1123,9 +1174,23 @@ SELECT name, updated_at FROM {brooq_queue} WHERE paused ORDER BY name LIMIT %(li
 -- name: web_done_per_minute
 -- Jobs written done in each minute of the last hour (minutes without any are missing;
 -- the page fills them with 0). Through job_terminal_updated_idx (state = 'done' implies
--- its predicate).
+-- its predicate), at most `cap` + 1 rows: more (a sum above `cap`) and the page shows
+-- web_done_per_minute_sample's estimate instead.
 SELECT date_trunc('minute', updated_at) AS minute, count(*) AS jobs
-FROM {job}
+FROM (
+    SELECT updated_at FROM {job}
+    WHERE state = 'done'
+      AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
+    LIMIT %(cap)s + 1
+) AS done
+GROUP BY 1
+ORDER BY 1
+
+-- name: web_done_per_minute_sample
+-- The same, in `percent` per cent of the table's pages (as web_overview_sample): a throughput
+-- of more than `cap` jobs an hour is charted from a sample.
+SELECT date_trunc('minute', updated_at) AS minute, count(*) AS jobs
+FROM {job} TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
 WHERE state = 'done'
   AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
 GROUP BY 1

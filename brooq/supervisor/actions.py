@@ -140,11 +140,11 @@ class Actions:
                         jid, "cancel" if job_action == "cancel" else "retry"
                     )
                 log.info("event=page_%s job=%s", job_action, jid)
-                return _redirect(f"/jobs/{jid}")
+                return _redirect(_back(form, f"/jobs/{jid}"))
             if queue_name and queue_action:
                 (queue.pause if queue_action == "pause" else queue.resume)(queue_name)
                 log.info("event=page_%s queue=%s", queue_action, queue_name)
-                return _redirect("/")
+                return _redirect(_back(form, "/"))
             assert bulk is not None
             many = queue.retry_many if bulk == "retry" else queue.cancel_many
             result = many(
@@ -162,7 +162,9 @@ class Actions:
                 session,
             )
         except (InvalidJob, InvalidTransition, BrooqError, ValueError) as exc:
-            return self._page(409, "Refused", f"<p>{_e(exc)}</p>", session)
+            back = _back(form, "")
+            again = f'<p><a href="{_e(back)}">Back</a></p>' if back else ""
+            return self._page(409, "Refused", f"<p>{_e(exc)}</p>{again}", session)
 
     def _open(self) -> Any:
         if self._queue is None:
@@ -177,7 +179,9 @@ class Actions:
         from brooq.web import security_headers
         from brooq.web.render import layout
 
-        html = layout(title, body, actions_enabled=self.token is not None)
+        html = layout(
+            title, body, actions_enabled=self.token is not None, signed_in=session is not None
+        )
         extra = [(k, v) for k, v in security_headers() if k.lower() != "cache-control"]
         return ops.plain_response(status, html, HTML, extra)
 
@@ -241,15 +245,25 @@ class Actions:
             + form("/sign-out", "", "Sign out")
         )
 
+    def csrf_of(self, cookie_header: str) -> str | None:
+        """The CSRF token of the viewer's session (for the buttons of the lists), or None
+        when actions are off or the viewer is not signed in."""
+        if self.token is None:
+            return None
+        session = signin.session_of(self.token, cookie_header, time.time())
+        return session.csrf(self.token) if session is not None else None
 
-def csrf_field(token: bytes | None, cookie_header: str) -> str:
-    """The hidden CSRF field for a form on a page, when the viewer is signed in."""
-    if token is None:
-        return ""
-    session = signin.session_of(token, cookie_header, time.time())
-    if session is None:
-        return ""
-    return f'<input type="hidden" name="csrf" value="{_e(session.csrf(token))}">'
+
+# Where a list's button comes back to (its form's `back`): one of the pages, with its
+# cursor; anything else (another site, a scheme, //host) is ignored: no open redirect.
+_BACK = re.compile(
+    r"^/(?:in-flight|failed|dead|jobs/[0-9a-f-]{36})?(?:\?after=[0-9]{1,18}_[0-9a-f-]{36})?$"
+)
+
+
+def _back(form: dict[str, str], default: str) -> str:
+    back = form.get("back", "")
+    return back if _BACK.match(back) else default
 
 
 def _e(value: object) -> str:

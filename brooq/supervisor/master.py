@@ -208,6 +208,8 @@ class Master:
             if self.ops is not None:
                 fds.extend(self.ops.read_fds())
                 writes = self.ops.write_fds()
+            if self.pages is not None:
+                fds.extend(self.pages.read_fds())  # its reports: start, writing, end
             try:
                 readable, writable, _ = select.select(fds, writes, [], timeout)
             except InterruptedError:
@@ -225,6 +227,9 @@ class Master:
             if self.ops is not None:
                 # Never waits on a client: what is not ready now waits for a later pass.
                 self.ops.service(set(readable), set(writable))
+            if self.pages is not None:
+                # Reads its reports; kills it when a request runs over its limit.
+                self.pages.service(set(readable), time.monotonic())
             fleet.reap()
             self._run_due(time.monotonic())
             fleet.read_boards()
@@ -250,6 +255,8 @@ class Master:
         ops_deadline = self.ops.next_deadline() if self.ops is not None else None
         if ops_deadline is not None:
             nearest = min(nearest, ops_deadline)
+        if self.pages is not None and (page_deadline := self.pages.next_deadline()) is not None:
+            nearest = min(nearest, page_deadline)
         return max(0.0, min(nearest - now, 1.0))
 
     def _manage(self) -> None:

@@ -11,10 +11,22 @@ costs this process time, never the master's: renewal, the watchdog and the hard 
 keep their timing.
 
 The master never waits for this process either: the hand-over is a non-blocking send; if
-its queue of requests is full (the socket's buffer), the master answers 503 itself. The
-process is forked at the first page request (a master nobody looks at never has one) and
-again after it died, at most once a second; it ends when the master's end of the socket
-closes (the master stopped or died) or on SIGTERM.
+its queue of requests is full (the socket's buffer, or MAX_QUEUED requests handed and not
+answered), the master answers 503 itself. The process is forked at the first page
+request (a master nobody looks at never has one) and again after it died, at most once a
+second; it ends when the master's end of the socket closes (the master stopped or died)
+or on SIGTERM.
+
+The master also bounds it. Each handed message starts with the request's number; the
+process reports back on the same socket when it starts a request (b"s"), when its answer
+is ready and being written (b"w") and when it is done (b"e"), each followed by the number.
+The master reads those reports in its loop (non-blocking, like any other descriptor) and
+keeps its own copy of each handed client socket until the request is done. A request
+started more than its limit ago (PAGE_LIMIT; BULK_LIMIT for a bulk action) means the
+process is wedged (a libpq call that no timeout bounds: DNS, a TLS handshake; or a
+stopped process): the master kills it (SIGKILL), answers 503 to that client if no answer
+was being written yet (and to those queued behind it), logs event=page_process_killed,
+and forks a new one at the next page request.
 
 Owns: forking the page process and handing requests to it (PageProcess, in the master),
 and the process's loop (run, after the fork). Must never run in the master's loop beyond
@@ -24,14 +36,17 @@ one non-blocking send, and never write to the database (brooq.web only reads).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
 import signal
 import socket
+import struct
 import time
 import uuid
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -45,6 +60,25 @@ log = logging.getLogger("brooq.pages")
 CLIENT_TIMEOUT = 5.0  # a client that does not take its page within this is dropped
 RESPAWN_AFTER = 1.0  # at most one fork of the page process per second
 MESSAGE_BYTES = ops.MAX_HEADER_BYTES + ops.MAX_BODY_BYTES + 64
+# A request running longer than this is a wedged page process: killed. A page's own
+# bounds come first: each statement has 2 s (reads.STATEMENT_TIMEOUT), a connection 3 s,
+# a client 5 s to take its answer; a page longer than this in all answers 503 either way.
+PAGE_LIMIT = 10.0
+BULK_LIMIT = 600.0  # a bulk retry or cancel: a million jobs are a hundred batches
+MAX_QUEUED = 16  # handed and not answered yet: more are answered 503 by the master
+_SEQ = struct.Struct("!Q")  # the request's number, at the head of each message
+START, WRITING, END = b"s", b"w", b"e"  # the page process's reports, each + _SEQ
+
+
+@dataclass
+class _Handed:
+    """A request the page process has (the master's own copy of the client's socket)."""
+
+    client: socket.socket
+    path: str
+    limit: float
+    started: float | None = None  # when the page process said it started it
+    writing: bool = False  # its answer is being written: no 503 of ours after it
 
 
 class PageProcess:
@@ -67,8 +101,15 @@ class PageProcess:
         self.pid: int | None = None
         self.sock: socket.socket | None = None
         self.started_at = float("-inf")
+        self.seq = 0
+        self.handed: dict[int, _Handed] = {}  # by number, in the order handed
 
     def fds(self) -> list[int]:
+        """The master's descriptors of the page process (closed in every forked child):
+        its socket and the copies of the clients handed to it."""
+        return [*self.read_fds(), *(h.client.fileno() for h in self.handed.values())]
+
+    def read_fds(self) -> list[int]:
         return [self.sock.fileno()] if self.sock is not None else []
 
     def ensure(self, now: float) -> None:
@@ -102,16 +143,78 @@ class PageProcess:
         """Give the page request and its socket to the page process; False when it cannot
         take it now (not running, busy): the caller answers 503."""
         self.ensure(time.monotonic())
-        if self.sock is None:
+        if self.sock is None or len(self.handed) >= MAX_QUEUED:
             return False
+        self.seq += 1
         try:
-            socket.send_fds(self.sock, [request], [client.fileno()])
+            socket.send_fds(self.sock, [_SEQ.pack(self.seq) + request], [client.fileno()])
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
             self._lost()
             return False
+        path = request.split(b" ", 2)[1].decode("latin-1", "replace") if b" " in request else ""
+        path = path.split("?", 1)[0][:100]
+        limit = BULK_LIMIT if path.startswith("/bulk/") else PAGE_LIMIT
+        self.handed[self.seq] = _Handed(client.dup(), path, limit)
         return True
+
+    def service(self, readable: Collection[int], now: float) -> None:
+        """Read the page process's reports (never waiting), then kill it if the request
+        it is on has run over its limit. Called on every pass of the master's loop."""
+        if self.sock is not None and self.sock.fileno() in readable:
+            self._read_reports(now)
+        for seq, handed in self.handed.items():
+            if handed.started is None:
+                break  # the first one not started yet: the process is between requests
+            if now - handed.started > handed.limit:
+                self._kill(seq, handed, now)
+                return
+
+    def next_deadline(self) -> float | None:
+        started = [h.started + h.limit for h in self.handed.values() if h.started is not None]
+        return min(started, default=None)
+
+    def _read_reports(self, now: float) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                report = self.sock.recv(64)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                report = b""
+            if len(report) != 1 + _SEQ.size:
+                if not report and self.pid is not None:  # it closed its end: it is gone
+                    log.warning("event=pages_exited pid=%d: forked again", self.pid)
+                    self._lost()
+                return
+            kind, (seq,) = report[:1], _SEQ.unpack(report[1:])
+            handed = self.handed.get(seq)
+            if handed is None:
+                continue
+            if kind == START:
+                handed.started = now
+            elif kind == WRITING:
+                handed.writing = True
+            elif kind == END:
+                del self.handed[seq]
+                with contextlib.suppress(OSError):
+                    handed.client.close()
+
+    def _kill(self, seq: int, handed: _Handed, now: float) -> None:
+        assert self.pid is not None and handed.started is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        log.error(
+            "event=page_process_killed reason=request_over_limit pid=%d path=%r took=%.1fs "
+            "limit=%gs: forked again at the next page request",
+            self.pid,
+            handed.path,
+            now - handed.started,
+            handed.limit,
+        )
+        self._lost(f"the page took longer than {handed.limit:g} s; try again")
 
     def reaped(self, pid: int) -> bool:
         """The master reaped ``pid``: True when it was the page process (forked again on
@@ -128,12 +231,24 @@ class PageProcess:
                 os.kill(self.pid, signal.SIGTERM)
         self._lost()
 
-    def _lost(self) -> None:
+    def _lost(self, why: str = "the status page restarted; try again") -> None:
+        """The page process is gone (or killed): what it held is answered here, 503 to
+        each client whose answer had not begun (the first gets `why`), then closed."""
         if self.sock is not None:
             with contextlib.suppress(OSError):
                 self.sock.close()
         self.sock = None
         self.pid = None
+        handed, self.handed = self.handed, {}
+        for h in handed.values():
+            if not h.writing:
+                h.client.setblocking(False)
+                with contextlib.suppress(OSError):  # a small answer: never waited for
+                    h.client.send(ops.plain_response(503, f"{why}\n".encode()))
+                    h.client.shutdown(socket.SHUT_WR)
+            why = "the status page restarted; try again"
+            with contextlib.suppress(OSError):
+                h.client.close()
 
 
 # -- the page process ---------------------------------------------------------------------
@@ -168,13 +283,22 @@ def run(
             return 0
         if not data and not fds:
             return 0  # the master is gone
+        seq, data = data[: _SEQ.size], data[_SEQ.size :]
         for fd in fds:
             client = socket.socket(fileno=fd)
             try:
-                pages.answer(client, data)
+                _report(sock, START, seq)
+                pages.answer(client, data, functools.partial(_report, sock, WRITING, seq))
             finally:
                 with contextlib.suppress(OSError):
                     client.close()
+                _report(sock, END, seq)
+
+
+def _report(sock: socket.socket, kind: bytes, seq: bytes) -> None:
+    """Tell the master where this process is (it bounds a request by these)."""
+    with contextlib.suppress(OSError):
+        sock.send(kind + seq)
 
 
 _STACK = re.compile(r"^/jobs/([0-9a-fA-F-]{36})/stack$")
@@ -200,7 +324,9 @@ class _Pages:
         self.conn: psycopg.Connection[Any] | None = None  # opened at the first page
         self.actions = Actions(dsn, token, schema)
 
-    def answer(self, client: socket.socket, data: bytes) -> None:
+    def answer(
+        self, client: socket.socket, data: bytes, writing: Callable[[], None] = lambda: None
+    ) -> None:
         client.setblocking(True)
         client.settimeout(CLIENT_TIMEOUT)
         started = time.monotonic()
@@ -209,6 +335,7 @@ class _Pages:
         except (OSError, IndexError):
             peer = "?"
         response = self._render(data, peer)
+        writing()
         with contextlib.suppress(OSError):
             client.sendall(response)
             client.shutdown(socket.SHUT_WR)
@@ -264,6 +391,7 @@ class _Pages:
                 request.path,
                 actions_enabled=self.actions_enabled,
                 q=queries(self.schema),
+                csrf=self.actions.csrf_of(request.headers.get("cookie", "")),
             )
         except psycopg.OperationalError:
             self.conn = None

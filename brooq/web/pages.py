@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import psycopg
 
@@ -30,6 +30,7 @@ from brooq.web.reads import Cursor, Page, Row
 from brooq.web.render import (
     age,
     bar_chart,
+    button,
     e,
     holder,
     job_link,
@@ -42,6 +43,7 @@ from brooq.web.render import (
 
 log = logging.getLogger("brooq.web")
 
+CANCEL_RUNNING = "cancel: its handler is interrupted (LeaseLost) at the next lease renewal"
 REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
 MAX_TARGET = 2048
 
@@ -119,9 +121,13 @@ def serve(
     actions_enabled: bool,
     timeout: float = reads.STATEMENT_TIMEOUT,
     q: Queries = Q,
+    csrf: str | None = None,
 ) -> Response:
     """Answer one request of the status page, reading on conn (given idle, left idle).
-    HEAD is answered as GET: the server sends the headers without the body."""
+    HEAD is answered as GET: the server sends the headers without the body.
+    csrf: the CSRF token of the viewer's session when signed in (the page process checks
+    the cookie: brooq.supervisor.actions); the lists then carry one-click buttons, each a
+    form posting to the action's endpoint with it. None: no buttons."""
     try:
         if len(target) > MAX_TARGET:
             raise _ClientError(HTTPStatus.REQUEST_URI_TOO_LONG, "the address is too long")
@@ -143,21 +149,26 @@ def serve(
             raise _ClientError(
                 HTTPStatus.METHOD_NOT_ALLOWED, "these pages are read with GET", "GET, HEAD"
             )
+        if not actions_enabled:
+            csrf = None
+        # This page, for the buttons to come back to (its cursor is checked below).
+        after = query.get("after")
+        here = f"{path}?{urlencode({'after': after[0]})}" if after else path
         if not segments:
-            body = overview_page(conn, actions_enabled, timeout, q)
+            body = overview_page(conn, actions_enabled, timeout, csrf, q)
         elif segments == ["in-flight"]:
             page = reads.in_flight(conn, _cursor(query), timeout=timeout, q=q)
-            body = in_flight_page(page, actions_enabled)
+            body = in_flight_page(page, actions_enabled, csrf, here)
         elif len(segments) == 1 and segments[0] in ("failed", "dead"):
             state = segments[0]
             page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout, q=q)
-            body = finished_badly_page(state, page, actions_enabled)
+            body = finished_badly_page(state, page, actions_enabled, csrf, here)
         elif len(segments) == 2 and segments[0] == "jobs":
             job_id = _job_id(segments[1])
             row = reads.job(conn, job_id, timeout=timeout, q=q)
             if row is None:
                 raise _ClientError(HTTPStatus.NOT_FOUND, f"no job {job_id}")
-            body = job_page(row, actions_enabled)
+            body = job_page(row, actions_enabled, csrf is not None)
         else:
             raise _ClientError(HTTPStatus.NOT_FOUND, "no such page")
         return _answer(HTTPStatus.OK.value, body)
@@ -180,24 +191,48 @@ def _n(value: object) -> str:
     return e(f"{value:,}") if isinstance(value, int) else e(value)
 
 
+def about(value: int) -> str:
+    """An estimate as shown: two significant figures (the sample's precision is a few
+    per cent), marked."""
+    shown = value if value < 100 else int(float(f"{value:.2g}"))
+    return f"≈ {shown:,}"
+
+
 def overview_page(
-    conn: psycopg.Connection[Any], actions_enabled: bool, timeout: float, q: Queries = Q
+    conn: psycopg.Connection[Any],
+    actions_enabled: bool,
+    timeout: float,
+    csrf: str | None = None,
+    q: Queries = Q,
 ) -> bytes:
     data = reads.overview(conn, timeout, q)
     paused = {row["name"] for row in data["paused"]}
     rows = []
+    buttoned: set[str] = set()  # a queue's button on its first row only
     for g in data["groups"]:
-        queue = e(g["queue"]) + (" <strong>(paused)</strong>" if g["queue"] in paused else "")
+        name = g["queue"]
+        queue = e(name) + (" <strong>(paused)</strong>" if name in paused else "")
+        if csrf is not None and name not in buttoned:
+            buttoned.add(name)
+            verb = "resume" if name in paused else "pause"
+            queue += " " + button(f"/queues/{name}/{verb}", verb, csrf, "/", f"{verb} queue {name}")
+
+        def figure(name: str, g: Row = g) -> str:
+            return e(about(g[name])) if name in g["estimated"] else _n(g[name])
+
+        oldest = age(g["oldest_ready_seconds"])
+        if "oldest_ready" in g["estimated"] and g["oldest_ready_seconds"] is not None:
+            oldest = f"≥ {oldest}"
         rows.append(
             (
                 queue,
                 e(g["topic"]),
-                _n(g["ready"]),
-                _n(g["scheduled"]),
-                _n(g["processing"]),
-                _n(g["failed"]),
-                _n(g["dead"]),
-                e(age(g["oldest_ready_seconds"])),
+                figure("ready"),
+                figure("scheduled"),
+                figure("processing"),
+                figure("failed"),
+                figure("dead"),
+                e(oldest),
             )
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
@@ -205,10 +240,14 @@ def overview_page(
     parts = [table(headers, rows, numeric={2, 3, 4, 5, 6, 7})]
     if data["groups_cut"]:
         parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
+    if data["estimate"] is not None:
+        parts.append(estimate_note(data["estimate"]))
     parts.append(f"<h2>Done per minute, last hour</h2>{done_chart(data)}")
     parts.append("<h2>Paused queues</h2>")
 
     def resume(name: str) -> str:
+        if csrf is not None:
+            return button(f"/queues/{name}/resume", "resume", csrf, "/", f"resume queue {name}")
         return link("/actions", "resume…", queue=name) if actions_enabled else ""
 
     parts.append(
@@ -220,7 +259,30 @@ def overview_page(
     )
     if data["paused_cut"]:
         parts.append(f'<p class="muted">only the first {reads.MAX_PAUSED} shown</p>')
-    return layout("Overview", "".join(parts), actions_enabled=actions_enabled, refresh=REFRESH)
+    return layout(
+        "Overview",
+        "".join(parts),
+        actions_enabled=actions_enabled,
+        refresh=REFRESH,
+        signed_in=csrf is not None,
+    )
+
+
+def estimate_note(estimate: Row) -> str:
+    """What the ≈ figures are, on the page itself: which states, from what sample, how
+    precise, and where the exact count is."""
+    states = ", ".join(f"{e(s)} ({e(about(n))} jobs)" for s, n in estimate["states"].items())
+    per_row = max(round(estimate["per_row"]), 1)
+    return (
+        f'<p class="note">≈: estimated. {states}: more than the '
+        f"{reads.EXACT_BELOW:,} jobs a state may hold to be counted one by one on this "
+        f"page, so its figures are estimated from a sample of about "
+        f"{reads.SAMPLE_PAGES:,} of the table's {estimate['pages']:,} pages "
+        f"({estimate['percent']:.2g} %) and may be off by a few per cent; one sampled job "
+        f"stands for about {per_row:,}, so a small figure of such a state may be missing "
+        "or off by that much. ≥: the oldest ready job is at least that old. Every other "
+        "figure is exact. <code>brooq queues</code> counts every row (per queue).</p>"
+    )
 
 
 def done_per_minute(data: Row) -> list[int]:
@@ -236,6 +298,11 @@ def done_chart(data: Row) -> str:
     first = last - timedelta(minutes=59)
     total = sum(values)
     chart = bar_chart(values, f"{first:%H:%M}", f"{last:%H:%M} (now)")
+    if data["done_estimated"]:
+        return (
+            f'{chart}<p class="muted">{e(about(total))} done in the last hour: more than '
+            f"{reads.EXACT_CAP:,}, so estimated from the same sample</p>"
+        )
     return f'{chart}<p class="muted">{_n(total)} done in the last hour</p>'
 
 
@@ -254,7 +321,9 @@ def stack_form(job_id: object) -> str:
     )
 
 
-def in_flight_page(page: Page, actions_enabled: bool) -> bytes:
+def in_flight_page(
+    page: Page, actions_enabled: bool, csrf: str | None = None, here: str = "/in-flight"
+) -> bytes:
     rows = []
     for r in page.rows:
         host, pid = holder(r["locked_by"])
@@ -270,19 +339,46 @@ def in_flight_page(page: Page, actions_enabled: bool) -> bytes:
                 e(age(r["running_for"])),
                 e(lease),
                 stack_form(r["id"]),
+                *(
+                    [button(f"/jobs/{r['id']}/cancel", "cancel", csrf, here, CANCEL_RUNNING)]
+                    if csrf is not None
+                    else []
+                ),
             )
         )
-    headers = ("job", "topic", "queue", "attempt", "child pid", "host", "running for",
-               "lease left", "stack")  # fmt: skip
+    headers = ["job", "topic", "queue", "attempt", "child pid", "host", "running for",
+               "lease left", "stack"]  # fmt: skip
+    if csrf is not None:
+        headers.append("action")
     note = (
         '<p class="muted">The stack button shows the Python stack of the running handler '
         "right now, from whichever host runs it (as <code>brooq jobs stack ID</code>).</p>"
     )
     body = note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
-    return layout("In flight", body, actions_enabled=actions_enabled, refresh=REFRESH)
+    return layout(
+        "In flight",
+        body,
+        actions_enabled=actions_enabled,
+        refresh=REFRESH,
+        signed_in=csrf is not None,
+    )
 
 
-def finished_badly_page(state: str, page: Page, actions_enabled: bool) -> bytes:
+def row_actions(state: str, job_id: object, csrf: str | None, here: str) -> str:
+    """A failed or dead row's buttons: what brooq.job's rules allow from that state (a
+    dead job can be retried; a failed one, which waits for its next attempt already, can
+    be canceled), or, signed out, a link to the job's forms on /actions."""
+    if csrf is None:
+        return link("/actions", "retry/cancel…", job=str(job_id))
+    if state == "dead":
+        return button(f"/jobs/{job_id}/retry", "retry", csrf, here, "back to pending, now")
+    return button(f"/jobs/{job_id}/cancel", "cancel", csrf, here, "no more attempts")
+
+
+def finished_badly_page(
+    state: str, page: Page, actions_enabled: bool, csrf: str | None = None, here: str = ""
+) -> bytes:
+    here = here or f"/{state}"
     rows = []
     for r in page.rows:
         error = e(r["last_error"] or "")
@@ -298,7 +394,7 @@ def finished_badly_page(state: str, page: Page, actions_enabled: bool) -> bytes:
                 e(when(r["available_at"])) if state == "failed" else "",
                 f"<pre>{error}</pre>",
                 _n(r["errors_count"]),
-                link("/actions", "retry/cancel…", job=str(r["id"])) if actions_enabled else "",
+                row_actions(state, r["id"], csrf, here) if actions_enabled else "",
             )
         )
     headers = ["job", "topic", "queue", "attempts", "at", "next attempt", "last error", "errors"]
@@ -307,7 +403,7 @@ def finished_badly_page(state: str, page: Page, actions_enabled: bool) -> bytes:
         headers[5] = ""
     title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
     body = table(headers, rows, numeric={3, 7}) + _pages(f"/{state}", page)
-    return layout(title, body, actions_enabled=actions_enabled)
+    return layout(title, body, actions_enabled=actions_enabled, signed_in=csrf is not None)
 
 
 def _cell(name: str, value: Any) -> str:
@@ -322,7 +418,7 @@ def _cell(name: str, value: Any) -> str:
     return e(value)
 
 
-def job_page(row: Row, actions_enabled: bool) -> bytes:
+def job_page(row: Row, actions_enabled: bool, signed_in: bool = False) -> bytes:
     job_id = row["id"]
     columns = "".join(
         f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
@@ -359,4 +455,6 @@ def job_page(row: Row, actions_enabled: bool) -> bytes:
             )
         )
     parts.append(table(("attempt", "at", "worker", "error"), history, numeric={0}))
-    return layout(f"Job {job_id}", "".join(parts), actions_enabled=actions_enabled)
+    return layout(
+        f"Job {job_id}", "".join(parts), actions_enabled=actions_enabled, signed_in=signed_in
+    )

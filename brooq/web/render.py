@@ -34,6 +34,7 @@ pre{white-space:pre-wrap;word-break:break-word;margin:0;max-width:80em}
 .muted{color:#666}
 nav.pages a{margin-right:1em}
 svg{background:#fff;border:1px solid #ddd}
+form.inline{display:inline;margin:0 .3em 0 0}
 """.strip()
 
 PAYLOAD_CHARS = 256 * 1024  # of a payload or result on the job page
@@ -141,7 +142,20 @@ def bar_chart(
     )
 
 
-def read_only_notice(actions_enabled: bool) -> str:
+def button(action: str, label: str, csrf: str, back: str, hint: str = "") -> str:
+    """A one-click action: a small POST form to an action's own endpoint (the page
+    process's brooq.supervisor.actions answers it, as for the forms of /actions), with
+    the session's CSRF token and the page to come back to."""
+    title = f' title="{e(hint)}"' if hint else ""
+    return (
+        f'<form class="inline" method="post" action="{href(action)}">'
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+        f'<input type="hidden" name="back" value="{e(back)}">'
+        f'<button type="submit"{title}>{e(label)}</button></form>'
+    )
+
+
+def read_only_notice(actions_enabled: bool, signed_in: bool = False) -> str:
     if not actions_enabled:
         return (
             '<p class="note">Read-only: actions (cancel, retry, pause, resume) are off '
@@ -150,10 +164,16 @@ def read_only_notice(actions_enabled: bool) -> str:
             "credential <code>admin-token</code> (<code>LoadCredential=admin-token:/path"
             "</code> in the unit), and restart it.</p>"
         )
+    if signed_in:
+        return (
+            '<p class="note">Signed in: the lists carry their buttons (retry, cancel, '
+            f"pause, resume); bulk operations and signing out are on {link('/actions', 'actions')}"
+            ".</p>"
+        )
     return (
         '<p class="note">Actions (cancel, retry, bulk, pause, resume): '
-        f"{link('/sign-in', 'sign in')} once with the admin token, then "
-        f"{link('/actions', 'actions')}.</p>"
+        f"{link('/sign-in', 'sign in')} once with the admin token; the lists then carry "
+        f"their buttons, and {link('/actions', 'actions')} the bulk forms.</p>"
     )
 
 
@@ -166,7 +186,14 @@ NAV = (
 )
 
 
-def layout(title: str, body: str, *, actions_enabled: bool, refresh: int | None = None) -> bytes:
+def layout(
+    title: str,
+    body: str,
+    *,
+    actions_enabled: bool,
+    refresh: int | None = None,
+    signed_in: bool = False,
+) -> bytes:
     """The whole document. body is HTML built from e()'d values; title is text."""
     meta = f'<meta http-equiv="refresh" content="{int(refresh)}">' if refresh else ""
     nav = "".join(link(path, text) for path, text in NAV)
@@ -176,5 +203,6 @@ def layout(title: str, body: str, *, actions_enabled: bool, refresh: int | None 
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"{meta}<title>{e(title)} · brooq</title><style>{STYLE}</style></head>"
         f"<body><header><strong>brooq</strong> &nbsp; {nav}</header><main>"
-        f"<h1>{e(title)}</h1>{read_only_notice(actions_enabled)}{body}</main></body></html>\n"
+        f"<h1>{e(title)}</h1>{read_only_notice(actions_enabled, signed_in)}{body}"
+        "</main></body></html>\n"
     ).encode()
