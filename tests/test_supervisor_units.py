@@ -384,6 +384,24 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
     assert Stats(none, {}, Settings(), None).run_once(0.0) == {}
 
 
+def test_slow_stats_refresh_less_often_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A count that took 1 s (a big backlog) comes back 20 s later, not 5 s: the duty
+    takes at most a twentieth of the master's loop; a quick one is back on its period."""
+    conns, metrics = FakeConns(), FakeMetrics()
+    duty = Stats(conns, {}, Settings(stats_period=5.0), metrics)  # type: ignore[arg-type]
+    took = iter([0.0, 1.0, 10.0, 10.02])
+    duty.clock = lambda: next(took)
+    sched = Scheduler([duty], now=0.0)
+    with caplog.at_level("WARNING", logger="brooq.master"):
+        assert [d.run_once(0.0) for d in sched.due(0.0)] == [{"topics": 0}]
+    assert duty.period == 20.0 and sched.next_at() == 20.0
+    assert "event=stats_slow seconds=1.00" in caplog.text
+    assert [d.name for d in sched.due(19.9)] == []
+    for d in sched.due(20.0):
+        d.run_once(20.0)
+    assert duty.period == 5.0 and sched.next_at() == 25.0
+
+
 def test_stats_set_the_table_health_gauges() -> None:
     conns, metrics = FakeConns(), FakeMetrics()
     duty = Stats(conns, {}, Settings(), metrics)  # type: ignore[arg-type]
