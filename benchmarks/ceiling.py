@@ -5,10 +5,11 @@ One job per claim: each pgbench "transaction" is one job, a claim (FOR NO KEY UP
 SKIP LOCKED, LIMIT 1) in its own transaction, then the guarded done update in another,
 like a brooq child claiming one job at a time in autocommit mode.
 
-Batched (BATCH jobs per claim, synchronous_commit = off, as brooq's children run): each
-script run claims a batch, then writes `done` for the whole batch with one guarded
-update -- the statements of job_finish_and_claim without the fair-share count, taken
-apart so that the script can carry the ids from one to the other.
+Batched (BATCH jobs per claim, synchronous_commit = off, as brooq's children run with
+QUEUE_WORKER_SYNCHRONOUS_COMMIT=off, their default until issue 21): each script run claims
+a batch, then writes `done` for the whole batch with one guarded update -- the statements
+of job_finish_and_claim without the fair-share count, taken apart so that the script can
+carry the ids from one to the other.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def one(dsn: str, clients: int, jobs: int, batch: int = 1) -> dict[str, Any]:
             env={
                 **os.environ,
                 **env,
-                # brooq's children commit their claims and outcomes this way (docs/design.md)
+                # as brooq's children with QUEUE_WORKER_SYNCHRONOUS_COMMIT=off (docs/design.md)
                 **({"PGOPTIONS": "-c synchronous_commit=off"} if batch > 1 else {}),
             },
         )

@@ -307,7 +307,8 @@ def markdown(result: dict[str, Any]) -> str:
         (
             batched,
             f"one script run = {batched.get('batch')} jobs, "
-            "`PGOPTIONS='-c synchronous_commit=off'` like brooq's children",
+            "`PGOPTIONS='-c synchronous_commit=off'` like brooq's children with "
+            "`QUEUE_WORKER_SYNCHRONOUS_COMMIT=off`",
         ),
     ):
         if c_result.get("script"):
