@@ -53,7 +53,7 @@ class Settings:
     stats_period: float = 5.0
     claim_batch_max: int = 32  # 1: always one job per claim
     # The workers' own claim and outcome commits: durable by default (issue 21 measured
-    # "on" within a few % of "off" with batched claims). "off" risks only a re-run after
+    # "on" within ~10 % of "off" with batched claims). "off" risks only a re-run after
     # a crash of PostgreSQL (at least once allows it); enqueue is never affected.
     worker_synchronous_commit: str = "on"
     # The queues this master works and their weights (--queues default=4,bulk=1). Empty:
