@@ -5,10 +5,11 @@ One job per claim: each pgbench "transaction" is one job, a claim (FOR NO KEY UP
 SKIP LOCKED, LIMIT 1) in its own transaction, then the guarded done update in another,
 like a brooq child claiming one job at a time in autocommit mode.
 
-Batched (BATCH jobs per claim, synchronous_commit = off, as brooq's children run): each
-script run claims a batch, then writes `done` for the whole batch with one guarded
-update -- the statements of job_finish_and_claim without the fair-share count, taken
-apart so that the script can carry the ids from one to the other.
+Batched (BATCH jobs per claim, synchronous_commit = off, as brooq's children run with
+QUEUE_WORKER_SYNCHRONOUS_COMMIT=off, their default until issue 21): each script run claims
+a batch, then writes `done` for the whole batch with one guarded update -- the statements
+of job_finish_and_claim without the fair-share count, taken apart so that the script can
+carry the ids from one to the other.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def one(dsn: str, clients: int, jobs: int, batch: int = 1) -> dict[str, Any]:
             env={
                 **os.environ,
                 **env,
-                # brooq's children commit their claims and outcomes this way (docs/design.md)
+                # as brooq's children with QUEUE_WORKER_SYNCHRONOUS_COMMIT=off (docs/design.md)
                 **({"PGOPTIONS": "-c synchronous_commit=off"} if batch > 1 else {}),
             },
         )
@@ -173,3 +174,45 @@ def run(admin_dsn: str, clients: list[int], jobs: int, reps: int, batch: int = 1
             str(c): summary([r["jobs_per_s"] for r in runs if r["clients"] == c]) for c in clients
         },
     }
+
+
+# -- single enqueue ceiling (issue 21) -------------------------------------------------------
+
+# brooq's job_insert (brooq/sql/queries.sql) with the values of a no-op job written in: one
+# statement, its own transaction (autocommit, as Queue.enqueue runs it), on a table with
+# brooq's NOTIFY trigger (the migrations ran), one client. The id is the server's
+# gen_random_uuid() where brooq's producer sends a UUIDv7 as a parameter.
+INSERT_ONE = """\
+INSERT INTO job (id, topic, payload, idempotency_key, available_at, queue, priority) \
+VALUES (gen_random_uuid(), 'bench.noop', '{"i": 1}'::jsonb, NULL, \
+coalesce(NULL::timestamptz, now()), 'default', 0) \
+ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+RETURNING id;
+"""
+
+
+def insert_one(dsn: str, jobs: int, mode: str) -> float:
+    """Run INSERT_ONE ``jobs`` times through pgbench ``-M mode`` (simple or prepared), one
+    client, on a migrated database; pgbench's tps (without the connection time)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000  # type: ignore[index]
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(INSERT_ONE)
+        script = f.name
+    args, env = _libpq_args(dsn)
+    cmd = [pgbench_binary(major), "-n", "-M", mode, "-c", "1", "-j", "1", "-t", str(jobs)]
+    cmd += ["-f", script, *args, str(conninfo.conninfo_to_dict(dsn)["dbname"])]
+    import os
+
+    try:
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **env}
+        )
+    finally:
+        Path(script).unlink(missing_ok=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"pgbench failed ({out.returncode}): {out.stderr[-2000:]}")
+    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out.stdout)
+    if not match:
+        raise RuntimeError(f"cannot read pgbench's tps from:\n{out.stdout}")
+    return float(match.group(1))

@@ -22,6 +22,10 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
                   bound slots / 50 ms
   io_http         the same, each job a GET to a local server answering after 50 ms
                   (httpwait.py, started for the run)
+  durability      brooq only (issue 21): 100,000 ready no-op jobs drained by --workers 2,
+                  children with synchronous_commit on, then off (jobs/s, the cost of on)
+enqueue_single also runs pgbench's single-insert ceiling (brooq's INSERT, one client,
+-M prepared and -M simple) in the same rounds, unless --no-ceiling.
 plus a pgbench ceiling: brooq's own claim and done statements, no Python in the way.
 """
 
@@ -65,7 +69,7 @@ from common import (
     wait_for_quiet,
     wait_until,
 )
-from systems import Celery, System, all_systems
+from systems import Celery, PgbenchInsert, System, all_systems
 
 WORKLOADS = [
     "enqueue_single",
@@ -78,10 +82,11 @@ WORKLOADS = [
     "limited",
     "io",
     "io_http",
+    "durability",
 ]
 # Features the peers are not compared on here: run only by systems naming them in
 # System.extra_workloads.
-BROOQ_ONLY = {"priority", "limited"}
+BROOQ_ONLY = {"priority", "limited", "durability"}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
 # The I/O-bound workloads (issue 18) run brooq once per variant: "N" is
 # `brooq-master --workers N` with the sync handlers of apps/bench_brooq_app.py; "async"
@@ -94,6 +99,8 @@ BROOQ_IO_VARIANTS = ["2", "8", "32", "async", "async200"]
 # (issue 18's "pickup p95 unchanged").
 BROOQ_PICKUP_VARIANTS = ["", "async"]
 IO_WORKLOADS = ("io", "io_http")
+# Issue 21: the children's synchronous_commit, durable (on) and not (off), same drain.
+BROOQ_DURABILITY_VARIANTS = ["on", "off"]
 IO_SECONDS = 0.05  # as in apps/benchwork.py (each job's wait, the HTTP server's delay)
 POLL = 0.05  # seconds between looks at the database while draining
 HUNG_LIMIT = 2.0
@@ -116,6 +123,7 @@ class Sizes:
         self.priority_high = 100
         self.limited = 1_000
         self.io = 200 if quick else 2_000
+        self.durability = 20_000 if quick else 100_000  # issue 21: 100,000 no-op jobs
         self.reps = 1 if quick else 3
 
 
@@ -138,7 +146,9 @@ def w_enqueue(system: System, dsn: str, n: int, bulk: bool) -> dict[str, Any]:
     left = system.remaining()
     if left != n:
         raise RuntimeError(f"expected {n} jobs enqueued, the queue holds {left}")
-    return {"jobs": n, "seconds": seconds, "jobs_per_s": n / seconds}
+    # pgbench's single-insert ceiling counts its own time, without starting and connecting.
+    rate = getattr(system, "tps", None) or n / seconds
+    return {"jobs": n, "seconds": seconds, "jobs_per_s": rate}
 
 
 METER: LoadMeter | None = None  # the current run's; knows the workers' sessions
@@ -161,14 +171,21 @@ def check_alive(workers: list[Any]) -> None:
             raise RuntimeError(f"worker {w.name} exited early:\n{w.log_tail()}")
 
 
-def w_drain(system: System, dsn: str, n: int, variant: str, analyze: bool = True) -> dict[str, Any]:
+def w_drain(
+    system: System,
+    dsn: str,
+    n: int,
+    variant: str,
+    analyze: bool = True,
+    workload: str = "drain",
+) -> dict[str, Any]:
     """N ready jobs, then the workers start; timed from the first look that sees a job
     finished to the first look that sees none left (POLL apart)."""
     system.prepare(dsn)
     system.enqueue_bulk("noop", [{"i": i} for i in range(n)])
     if analyze:
         system.analyze()
-    workers = start_all(system, "drain", variant)
+    workers = start_all(system, workload, variant)
     try:
         deadline = time.monotonic() + 60
         left = n
@@ -178,7 +195,7 @@ def w_drain(system: System, dsn: str, n: int, variant: str, analyze: bool = True
             check_alive(workers)
             time.sleep(POLL)
             left = system.remaining()
-        t0, left0 = time.perf_counter(), left
+        t0, left0, stalled0 = time.perf_counter(), left, io_stalled_us()
         deadline = time.monotonic() + 600
         while left > 0:
             if time.monotonic() > deadline:
@@ -186,14 +203,25 @@ def w_drain(system: System, dsn: str, n: int, variant: str, analyze: bool = True
             time.sleep(POLL)
             left = system.remaining()
         seconds = time.perf_counter() - t0
+        stalled = io_stalled_us()
     finally:
         stop_all(workers)
-    return {
-        "jobs": n,
-        "jobs_timed": left0,
-        "seconds": seconds,
-        "jobs_per_s": left0 / seconds,
-    }
+    m = {"jobs": n, "jobs_timed": left0, "seconds": seconds, "jobs_per_s": left0 / seconds}
+    if stalled is not None and stalled0 is not None:
+        # Share of the time some task waited on I/O (PSI): commits that wait for their WAL
+        # flush slow down when other processes write to the same disk.
+        m["io_pressure_pct"] = 100 * (stalled - stalled0) / 1e6 / seconds
+    return m
+
+
+def io_stalled_us() -> int | None:
+    """/proc/pressure/io's "some" total (µs during which some task waited on I/O)."""
+    try:
+        line = Path("/proc/pressure/io").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    found = re.search(r"total=(\d+)", line)
+    return int(found.group(1)) if found else None
 
 
 def w_cpu(system: System, dsn: str, n: int, iterations: int) -> dict[str, Any]:
@@ -506,6 +534,8 @@ def variants(system: System, workload: str) -> list[str]:
         return BROOQ_IO_VARIANTS
     if system.name == "brooq" and workload == "pickup":
         return BROOQ_PICKUP_VARIANTS
+    if system.name == "brooq" and workload == "durability":
+        return BROOQ_DURABILITY_VARIANTS
     return [""]
 
 
@@ -616,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [],
         "ceiling": None,
         "ceiling_batched": None,
+        "enqueue_ceiling_script": ceiling.INSERT_ONE,
     }
     for s in systems:
         reason = s.available()
@@ -646,6 +677,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for v in variants(s, wl):
                 plan.append((s, wl, v))
+
+    # The single-enqueue ceiling (issue 21): pgbench running brooq's INSERT, in the plan so
+    # that its repetitions alternate with the systems' enqueue_single.
+    if "enqueue_single" in workloads and not args.no_ceiling:
+        for mode in PgbenchInsert.MODES:
+            plan.append((PgbenchInsert(mode), "enqueue_single", mode))
 
     for rep in range(reps):
         for s, wl, variant in plan:
@@ -678,6 +715,8 @@ def main(argv: list[str] | None = None) -> int:
                             m = w_limited(s, dsn, sizes.limited)
                         elif wl in IO_WORKLOADS:
                             m = w_io(s, dsn, sizes.io, wl, variant)
+                        elif wl == "durability":
+                            m = w_drain(s, dsn, sizes.durability, variant, workload=wl)
                         else:
                             raise ValueError(wl)
                     finally:
@@ -698,7 +737,9 @@ def main(argv: list[str] | None = None) -> int:
             # Kept as we go, so that an interrupted run still leaves its figures.
             partial.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
-    if not args.no_ceiling and (not args.systems or "brooq" in args.systems):
+    # The drain ceilings: with a drain workload (the single-enqueue one ran in the plan).
+    drains = {"drain", "durability"} & set(workloads)
+    if not args.no_ceiling and drains and (not args.systems or "brooq" in args.systems):
         for key, batch in (("ceiling", 1), ("ceiling_batched", ceiling.BATCH)):
             log(f"pgbench ceiling, {batch} job(s) per claim")
             try:

@@ -115,7 +115,7 @@ class System:
 
 class Brooq(System):
     name = "brooq"
-    extra_workloads = ("priority", "limited")
+    extra_workloads = ("priority", "limited", "durability")
     TOPIC = {
         "noop": "bench.noop",
         "cpu": "bench.cpu",
@@ -182,6 +182,8 @@ class Brooq(System):
         BROOQ_IO_VARIANTS); an async variant has ASYNC_WORKERS."""
         if workload == "limited":
             return self.LIMITED_MASTERS, self.LIMITED_WORKERS
+        if workload == "durability":  # the variant is the children's synchronous_commit
+            return 1, 2
         if variant in self.ASYNC_VARIANTS:
             return 1, self.ASYNC_WORKERS
         return 1, int(variant or 2)
@@ -207,7 +209,10 @@ class Brooq(System):
 
     def workers(self, workload: str, variant: str = "") -> list[Worker]:
         masters, n = self._masters(workload, variant)
-        env = base_env(self.dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0", **self._io_env()})
+        extra = {"QUEUE_OPS_ADDR": "127.0.0.1:0", **self._io_env()}
+        if workload == "durability":
+            extra["QUEUE_WORKER_SYNCHRONOUS_COMMIT"] = variant  # named, whatever the default
+        env = base_env(self.dsn, extra)
         argv = [venv_bin("brooq-master"), *self._argv(workload, variant)]
         name = f"brooq-{workload}-{variant or n}"
         return [Worker(argv, env, f"{name}-{i}") for i in range(masters)]
@@ -245,6 +250,8 @@ class Brooq(System):
             s["jobs"] = "bench.prio, ~1 ms (time.sleep(0.001)); low ones priority 0, high 10"
         if workload == "limited":
             s["jobs"] = "api.limited, @queue.handler(global_limit=4), time.sleep(0.02)"
+        if workload == "durability":
+            s["settings"] += f"; QUEUE_WORKER_SYNCHRONOUS_COMMIT={variant}"
         if variant in self.ASYNC_VARIANTS:
             c, flags = self._concurrency(variant)
             default = "" if flags else " (--concurrency left at brooq's default)"
@@ -659,6 +666,34 @@ class Celery(System):
         if workload == "hung":
             s["timeout"] = "task time_limit=2 (hard: the pool process is killed and replaced)"
         return s
+
+
+class PgbenchInsert(Brooq):
+    """Not a queue: the pgbench ceiling of a single enqueue (issue 21), run in the plan
+    next to the systems' enqueue_single so that its repetitions interleave with theirs.
+    brooq's migrations make the table (and its NOTIFY trigger); pgbench then runs
+    ceiling.INSERT_ONE once per job, one client, in the protocol of the variant
+    (``prepared`` or ``simple``). Its figure is pgbench's tps; the run's wall time, pgbench
+    started and connected included, is kept as seconds."""
+
+    name = "pgbench"
+    MODES = ("prepared", "simple")
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.tps: float | None = None
+
+    def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+        import ceiling
+
+        self.tps = ceiling.insert_one(self.dsn, len(items), self.mode)
+
+    def settings(self, workload: str, variant: str = "") -> dict[str, Any]:
+        return {
+            "command": f"pgbench -n -M {self.mode} -c 1 -j 1 -t N",
+            "script": "ceiling.INSERT_ONE",
+        }
 
 
 def all_systems() -> list[System]:

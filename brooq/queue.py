@@ -37,7 +37,7 @@ from psycopg.rows import class_row, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from brooq import dsn as dsn_mod
-from brooq import pooler
+from brooq import poolcheck, pooler
 from brooq import produce as producer
 from brooq import settings as settings_mod
 from brooq.db import CONNECT_TIMEOUT, lost_connection, schema_missing, unavailable
@@ -386,7 +386,7 @@ class Queue:
         if self._pool is None:
             pool: ConnectionPool[Any] = ConnectionPool(
                 self.dsn,
-                check=ConnectionPool.check_connection,
+                check=poolcheck.check_connection,
                 name="brooq",
                 **self._pool_options(),
             )
@@ -470,7 +470,7 @@ class Queue:
         if self._apool is None:
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 self.dsn,
-                check=AsyncConnectionPool.check_connection,
+                check=poolcheck.check_connection_async,
                 name="brooq-async",
                 **self._pool_options(),
             )

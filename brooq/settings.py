@@ -53,9 +53,10 @@ class Settings:
     max_memory_per_child: int = 0  # MiB of resident memory; 0: never recycle by memory
     stats_period: float = 5.0
     claim_batch_max: int = 32  # 1: always one job per claim
-    # The workers' own claim and outcome commits. "off" risks only a re-run after a
-    # database crash (at least once allows it); enqueue is never affected.
-    worker_synchronous_commit: str = "off"
+    # The workers' own claim and outcome commits: durable by default (issue 21 measured
+    # "on" within ~10 % of "off" with batched claims). "off" risks only a re-run after
+    # a crash of PostgreSQL (at least once allows it); enqueue is never affected.
+    worker_synchronous_commit: str = "on"
     # "transaction": DATABASE_URL goes through a transaction pooler such as PgBouncer
     # (docs/poolers.md): no session state on its connections, prepared statements off;
     # LISTEN and the master's own connections use QUEUE_LISTEN_DATABASE_URL.

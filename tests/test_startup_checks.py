@@ -28,8 +28,12 @@ from brooq.errors import InvalidSettings
 from tests.harness import APPS, FAST, StartMaster, prepare, wait_for
 
 # What the user puts in the DSN: their schema, a setting of their own with a space in its
-# value (libpq's backslash escape), and a statement_timeout of their own.
-USER_OPTIONS = r"-csearch_path=brooq -c brooq_test.marker=kept\ here -c statement_timeout=1234"
+# value (libpq's backslash escape), a statement_timeout of their own, and a
+# synchronous_commit=off that brooq's own value for its children wins over.
+USER_OPTIONS = (
+    r"-csearch_path=brooq -c brooq_test.marker=kept\ here -c statement_timeout=1234 "
+    r"-c synchronous_commit=off"
+)
 
 # Every UPDATE of brooq.job records the session it ran in: the master's lease renewals and
 # the children's claims and outcomes. current_setting() cannot be read from another
@@ -126,9 +130,10 @@ def test_the_dsn_options_are_kept_by_the_master_and_the_children(
     masters = {s[:5] for s in sessions if s[0] == "brooq-master"}
     assert masters == {("brooq-master", "brooq", "kept here", "10s", "2s")}, sessions
     # The children claimed with the user's settings (statement_timeout included: they set
-    # none of their own) and brooq's two.
+    # none of their own) and brooq's two: synchronous_commit on by default (issue 21), even
+    # where the user's options turn it off.
     children = {(*s[:4], *s[5:]) for s in sessions if s[0] == "brooq-child"}
-    assert children == {("brooq-child", "brooq", "kept here", "1234ms", "off", "off")}, sessions
+    assert children == {("brooq-child", "brooq", "kept here", "1234ms", "on", "off")}, sessions
     assert {s[0] for s in sessions} == {"brooq-master", "brooq-child"}
 
 

@@ -1,0 +1,89 @@
+"""The pooled connection's check (brooq/poolcheck.py): no round trip for a connection in
+use a moment ago, and still no broken connection handed out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+import brooq
+from brooq import poolcheck
+
+
+def _terminate(admin: psycopg.Connection[Any], pid: int) -> None:
+    """End backend ``pid`` from another session and wait until it is gone."""
+    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    deadline = time.monotonic() + 10
+    while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+        assert time.monotonic() < deadline, f"backend {pid} still there"
+        time.sleep(0.01)
+
+
+def _pooled_pid(queue: brooq.Queue) -> int:
+    with queue.connection() as conn:
+        return conn.info.backend_pid
+
+
+@pytest.fixture
+def no_idle_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the socket can tell: however long the test takes, no connection counts as
+    idle long enough for the round trip."""
+    monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
+
+
+@pytest.mark.usefixtures("no_idle_check")
+def test_a_connection_the_server_ended_while_pooled_is_replaced_before_an_enqueue(
+    queue: brooq.Queue, connect: Any
+) -> None:
+    queue.enqueue(brooq.Job("t"))  # the pool is open and its connection handed out once
+    pid = _pooled_pid(queue)
+    _terminate(connect(autocommit=True), pid)
+    job_id, created = queue.enqueue(brooq.Job("t"))  # not DatabaseUnavailable
+    assert created is True and queue.get(job_id) is not None
+    assert _pooled_pid(queue) != pid
+
+
+@pytest.mark.usefixtures("no_idle_check")
+def test_the_async_pool_replaces_a_connection_the_server_ended(
+    queue: brooq.Queue, connect: Any
+) -> None:
+    async def go() -> None:
+        try:
+            await queue.enqueue_async(brooq.Job("t"))
+            async with queue._async_connection() as conn:
+                pid = conn.info.backend_pid
+            _terminate(connect(autocommit=True), pid)
+            job_id, created = await queue.enqueue_async(brooq.Job("t"))
+            assert created is True and queue.get(job_id) is not None
+        finally:
+            await queue.close_async()
+
+    asyncio.run(go())
+
+
+def test_only_a_suspect_connection_gets_the_round_trip(
+    dsn: str, connect: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
+    conn = connect(autocommit=True)
+    assert poolcheck._suspect(conn) is True  # never handed out before
+    assert poolcheck._suspect(conn) is False  # handed out a moment ago, nothing to read
+    conn.execute("SELECT 1")
+    assert poolcheck._suspect(conn) is False
+    monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 0.0)
+    time.sleep(0.01)
+    assert poolcheck._suspect(conn) is True  # idle longer than IDLE_CHECK_S
+    monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
+    in_tx = connect(autocommit=False)
+    poolcheck._suspect(in_tx)
+    in_tx.execute("SELECT 1")  # a transaction left open
+    assert poolcheck._suspect(in_tx) is True
+    in_tx.rollback()
+    _terminate(connect(autocommit=True), conn.info.backend_pid)
+    assert poolcheck._suspect(conn) is True  # the FATAL message / end of stream waits
+    with pytest.raises(psycopg.OperationalError):
+        poolcheck.check_connection(conn)
