@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-slow lint db-up db-down migrate-up run bench build clean
+.PHONY: venv test test-slow lint db-up db-down migrate-up run bench bench-scale build clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,13 @@ $(BENCH_STAMP): benchmarks/requirements-peers.txt pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/run.py $(BENCH_ARGS)
+	$(BENCH_VENV)/bin/python benchmarks/scale.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick) --out benchmarks/results/scale-latest.json
+
+## make bench-scale: only the scale workload (10,000,000 finished rows, 1,000,000 ready;
+## about 15 min); SCALE_ARGS=--quick for 1,000,000 and 100,000.
+SCALE_ARGS ?=
+bench-scale: $(STAMP)
+	$(PY) benchmarks/scale.py $(SCALE_ARGS) --out benchmarks/results/scale-latest.json
 
 build: $(STAMP)
 	$(PY) -m build

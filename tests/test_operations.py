@@ -608,3 +608,32 @@ def test_ops_surface_binds_loopback_by_default() -> None:
     from brooq.settings import Settings
 
     assert Settings().ops_addr == "127.0.0.1:8090"
+
+
+def test_the_master_vacuums_the_job_table_past_its_dead_tuple_threshold(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    """With autovacuum out of the way (off for the table, as a server may have it off
+    altogether), 300 jobs' claims and outcomes leave over 600 dead tuples; past the
+    threshold of 200 the master sends its own VACUUM and reads the answer in its loop."""
+    db.execute("ALTER TABLE job SET (autovacuum_enabled = false)")
+    m = start_master(
+        workers=2, env={"QUEUE_VACUUM_DEAD_TUPLES": "200", "QUEUE_VACUUM_PERIOD": "200ms"}
+    )
+    addr = ops_addr(m)
+
+    def vacuums() -> int:
+        row = db.execute(
+            "SELECT vacuum_count FROM pg_stat_all_tables WHERE relid = 'job'::regclass"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    before = vacuums()
+    queue.enqueue_many([brooq.Job("t.ok") for _ in range(300)])
+    wait_for(lambda: states(db) == {"done": 300}, what="all done")
+    wait_for(lambda: "event=vacuum_done" in m.log(), timeout=30, what="the master's vacuum")
+    assert "event=vacuum_started dead_tuples=" in m.log()
+    wait_for(lambda: vacuums() > before, what="the vacuum counted by PostgreSQL")
+    assert get(addr, "/healthz")[0] == 200
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0

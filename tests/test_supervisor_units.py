@@ -445,3 +445,12 @@ def test_a_child_still_busy_after_its_lease_was_lost_is_killed_after_the_grace()
     # A lost job no longer on the board (it ended) is not a reason.
     gone = BusyChild(4, (job,), stack_requested_at=None, lease_lost={uuid.UUID(int=99): 100.0})
     assert decide([gone], now=200.0, grace=2.0) == []
+
+
+def test_vacuum_starts_past_the_threshold_and_never_twice_at_once() -> None:
+    from brooq.supervisor.vacuum import should_vacuum
+
+    assert should_vacuum(100_000, 100_000, running=False)
+    assert not should_vacuum(99_999, 100_000, running=False)
+    assert not should_vacuum(10**9, 100_000, running=True)
+    assert not should_vacuum(10**9, 0, running=False)  # 0: left to autovacuum

@@ -797,6 +797,14 @@ FROM pg_class AS c
 LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
 WHERE c.oid = {job:name}::regclass
 
+-- name: job_vacuum
+-- The master's own VACUUM (brooq/supervisor/vacuum.py), past QUEUE_VACUUM_DEAD_TUPLES:
+-- it removes the entries claimed jobs left at the front of the ready index, which every
+-- claim walks until a vacuum. SKIP_LOCKED: autovacuum or another master at it already ->
+-- returns at once. INDEX_CLEANUP ON: AUTO would skip the indexes when few pages hold dead
+-- tuples. Sent without waiting; outside a transaction (VACUUM must be).
+VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) {job}
+
 -- name: job_queue_stats
 -- Per queue, in one snapshot: every queue holding active or dead jobs, and every queue
 -- with a brooq_queue row (paused or resumed by an operator, perhaps before any job came),

@@ -60,6 +60,7 @@ from brooq.supervisor.fleet import MASTER_SIGNALS, Fleet, ForkSpec
 from brooq.supervisor.ops import OpsServer
 from brooq.supervisor.pages import PageProcess
 from brooq.supervisor.sdnotify import Notifier
+from brooq.supervisor.vacuum import Vacuum
 
 log = logging.getLogger("brooq.master")
 
@@ -140,6 +141,11 @@ class Master:
             ),
             Retention(self.conns, settings, self.metrics),
         ]
+        self.vacuum = Vacuum(
+            self.conns, self.listen_dsn, settings.vacuum_dead_tuples, settings.vacuum_period
+        )
+        if settings.vacuum_dead_tuples > 0:
+            duties.append(self.vacuum)
         if queue.schedules:
             duties.append(
                 Periodic(
@@ -191,6 +197,7 @@ class Master:
         finally:
             if self.pages is not None:
                 self.pages.stop()
+            self.vacuum.close()
             self.conns.close()
             if self.ops is not None:
                 self.ops.close()
@@ -210,6 +217,7 @@ class Master:
                 writes = self.ops.write_fds()
             if self.pages is not None:
                 fds.extend(self.pages.read_fds())  # its reports: start, writing, end
+            fds.extend(self.vacuum.read_fds())  # the answer of a VACUUM in flight
             try:
                 readable, writable, _ = select.select(fds, writes, [], timeout)
             except InterruptedError:
@@ -230,6 +238,7 @@ class Master:
             if self.pages is not None:
                 # Reads its reports; kills it when a request runs over its limit.
                 self.pages.service(set(readable), time.monotonic())
+            self.vacuum.service(set(readable))
             fleet.reap()
             self._run_due(time.monotonic())
             fleet.read_boards()
@@ -283,7 +292,7 @@ class Master:
         """The master's own descriptors, which a forked child closes."""
         ops = self.ops.fds() if self.ops is not None else []  # listening socket, clients
         pages = self.pages.fds() if self.pages is not None else []
-        return [self.sig_r, self.sig_w, *ops, *pages, *self.conns.fds()]
+        return [self.sig_r, self.sig_w, *ops, *pages, *self.conns.fds(), *self.vacuum.fds()]
 
     def _fds_for_pages(self) -> list[int]:
         """What the page process closes: the master's descriptors and every worker's
