@@ -454,3 +454,25 @@ def test_vacuum_starts_past_the_threshold_and_never_twice_at_once() -> None:
     assert not should_vacuum(99_999, 100_000, running=False)
     assert not should_vacuum(10**9, 100_000, running=True)
     assert not should_vacuum(10**9, 0, running=False)  # 0: left to autovacuum
+
+
+def test_a_vacuum_without_an_answer_is_given_up_after_an_hour() -> None:
+    """A lost server or a cut network must not stop every later vacuum: the statement in
+    flight is dropped after GIVE_UP_AFTER, and the duty decides again."""
+    from brooq.supervisor import vacuum as vacuum_mod
+
+    class Health:
+        q = type("Q", (), {"job_table_health": "health"})()
+
+        def with_db(self, what: str, fn: Any) -> tuple[float, float]:
+            return (0.0, 0.0)  # nothing to vacuum now
+
+    now = [0.0]
+    duty = vacuum_mod.Vacuum(Health(), "dsn", 100, 2.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    duty.started_at = 0.0  # a VACUUM sent at 0 and never answered
+    now[0] = vacuum_mod.GIVE_UP_AFTER - 1
+    duty.run_once(now[0])
+    assert duty.started_at == 0.0
+    now[0] = vacuum_mod.GIVE_UP_AFTER + 1
+    duty.run_once(now[0])
+    assert duty.started_at is None and duty.conn is None

@@ -39,6 +39,10 @@ from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT, Connections
 log = logging.getLogger("brooq.master")
 
 VACUUM = "vacuum"
+# A VACUUM with no answer after this long is given up (its connection closed, so a lost
+# server or a cut network cannot stop every later vacuum); a real one on a big table
+# takes minutes, not hours.
+GIVE_UP_AFTER = 3600.0
 
 
 def should_vacuum(dead_tuples: float, threshold: int, running: bool) -> bool:
@@ -77,6 +81,9 @@ class Vacuum:
     # -- the duty: decide and send ---------------------------------------------------------
 
     def run_once(self, now: float) -> dict[str, int]:
+        if self.started_at is not None and self.clock() - self.started_at > GIVE_UP_AFTER:
+            log.warning("event=vacuum_failed error='no answer after %.0f s'", GIVE_UP_AFTER)
+            self._drop()
         if self.threshold <= 0 or self.started_at is not None:
             return {}
         row = self.conns.with_db(
