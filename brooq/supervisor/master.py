@@ -1,7 +1,8 @@
 """The master: the loop and its signal table.
 
 Owns the arbiter's four verbs -- wait (one select on the signal pipe, the children's
-pipes, the LISTEN connection and the ops sockets), handle what arrived, reap dead
+pipes, the LISTEN connection, the ops sockets, the page process's reports and the answer
+of a VACUUM in flight), handle what arrived, reap dead
 children, then run what is due (brooq.supervisor.duties), enforce the watchdog
 (brooq.supervisor.enforce) and bring the fleet to its target (brooq.supervisor.fleet) --
 and what each signal means: TERM and INT drain within graceful_timeout, QUIT drains with
