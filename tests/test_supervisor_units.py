@@ -447,13 +447,32 @@ def test_a_child_still_busy_after_its_lease_was_lost_is_killed_after_the_grace()
     assert decide([gone], now=200.0, grace=2.0) == []
 
 
-def test_vacuum_starts_past_the_threshold_and_never_twice_at_once() -> None:
-    from brooq.supervisor.vacuum import should_vacuum
+class TableHealth:
+    """The maintenance connection's answer to job_table_health: (dead tuples, xid age)."""
 
-    assert should_vacuum(100_000, 100_000, running=False)
-    assert not should_vacuum(99_999, 100_000, running=False)
-    assert not should_vacuum(10**9, 100_000, running=True)
-    assert not should_vacuum(10**9, 0, running=False)  # 0: left to autovacuum
+    q = type("Q", (), {"job_table_health": "health"})()
+
+    def __init__(self, dead: float = 0.0) -> None:
+        self.dead, self.asked = dead, 0
+
+    def with_db(self, what: str, fn: Any) -> tuple[float, float]:
+        self.asked += 1
+        return (self.dead, 0.0)
+
+
+def test_vacuum_starts_past_the_threshold_and_never_twice_at_once() -> None:
+    """Below the threshold nothing is sent; while one VACUUM is in flight the table is
+    not even looked at (the real sending and reading: tests/test_operations.py)."""
+    from brooq.supervisor import vacuum as vacuum_mod
+
+    health = TableHealth(dead=99_999)
+    duty = vacuum_mod.Vacuum(health, "dsn", 100_000, 2.0, clock=lambda: 1.0)  # type: ignore[arg-type]
+    assert duty.run_once(0.0) == {} and health.asked == 1 and duty.conn is None
+    health.dead = 10**9
+    duty.started_at = 0.0  # one in flight
+    assert duty.run_once(1.0) == {} and health.asked == 1
+    off = vacuum_mod.Vacuum(health, "dsn", 0, 2.0)  # type: ignore[arg-type]
+    assert off.run_once(2.0) == {} and health.asked == 1  # 0: left to autovacuum
 
 
 def test_a_vacuum_without_an_answer_is_given_up_after_an_hour() -> None:
@@ -461,14 +480,8 @@ def test_a_vacuum_without_an_answer_is_given_up_after_an_hour() -> None:
     flight is dropped after GIVE_UP_AFTER, and the duty decides again."""
     from brooq.supervisor import vacuum as vacuum_mod
 
-    class Health:
-        q = type("Q", (), {"job_table_health": "health"})()
-
-        def with_db(self, what: str, fn: Any) -> tuple[float, float]:
-            return (0.0, 0.0)  # nothing to vacuum now
-
     now = [0.0]
-    duty = vacuum_mod.Vacuum(Health(), "dsn", 100, 2.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    duty = vacuum_mod.Vacuum(TableHealth(), "dsn", 100, 2.0, clock=lambda: now[0])  # type: ignore[arg-type]
     duty.started_at = 0.0  # a VACUUM sent at 0 and never answered
     now[0] = vacuum_mod.GIVE_UP_AFTER - 1
     duty.run_once(now[0])

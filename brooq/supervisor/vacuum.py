@@ -45,11 +45,6 @@ VACUUM = "vacuum"
 GIVE_UP_AFTER = 3600.0
 
 
-def should_vacuum(dead_tuples: float, threshold: int, running: bool) -> bool:
-    """Start a VACUUM now? Not while ours runs; threshold 0 leaves it to autovacuum."""
-    return threshold > 0 and not running and dead_tuples >= threshold
-
-
 class Vacuum:
     """A duty (brooq.supervisor.duties.Scheduler) and a descriptor of the master's select."""
 
@@ -84,7 +79,7 @@ class Vacuum:
         if self.started_at is not None and self.clock() - self.started_at > GIVE_UP_AFTER:
             log.warning("event=vacuum_failed error='no answer after %.0f s'", GIVE_UP_AFTER)
             self._drop()
-        if self.threshold <= 0 or self.started_at is not None:
+        if self.threshold <= 0 or self.started_at is not None:  # 0: autovacuum's; one at a time
             return {}
         row = self.conns.with_db(
             "vacuum_check", lambda c: c.execute(self.q.job_table_health).fetchone()
@@ -92,7 +87,7 @@ class Vacuum:
         if row is None:
             return {}
         dead = float(row[0])
-        if not should_vacuum(dead, self.threshold, running=False):
+        if dead < self.threshold:
             return {}
         if not self._send():
             return {}
