@@ -50,13 +50,13 @@ def _suspect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bo
     ):
         return True
     try:
-        readable = _readable(pgconn.socket)
+        has_data = readable(pgconn.socket)
     except (OSError, ValueError, psycopg.Error):
         return True
-    return readable
+    return has_data
 
 
-def _readable(fd: int) -> bool:
+def readable(fd: int) -> bool:
     if hasattr(select, "poll"):
         poller = select.poll()
         poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)

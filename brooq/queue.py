@@ -3,7 +3,8 @@ it to learn the handlers, operators inspect through it.
 
 Creating a Queue opens nothing. The connection pool opens on first use, in the process
 that uses it; a pool inherited across fork() is dropped unused (never closed, since its
-sockets belong to the parent), so no connection ever crosses a fork.
+sockets belong to the parent), so no connection ever crosses a fork. ``enqueue`` has a
+connection of its own beside the pool (brooq.enqueue_line), under the same rules.
 
 Owns: the handler registry, the settings as the application gives them, the pooled
 connection of producers and operators, the operator's reads (get, list_jobs, stats,
@@ -24,8 +25,10 @@ import contextlib
 import logging
 import math
 import os
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ from brooq import produce as producer
 from brooq import settings as settings_mod
 from brooq.db import CONNECT_TIMEOUT, lost_connection, schema_missing, unavailable
 from brooq.durations import Duration, to_seconds
+from brooq.enqueue_line import EnqueueLine
 from brooq.errors import (
     BrooqError,
     InvalidSettings,
@@ -248,6 +252,10 @@ class Queue:
         # to that loop and to this process (dropped unused after a fork, like the other).
         self._apool: AsyncConnectionPool[Any] | None = None
         self._apool_owner: tuple[int, object] = (0, None)  # (pid, event loop)
+        # Queue.enqueue's own connection (opened on first enqueue, per process).
+        self._line: EnqueueLine | None = None
+        self._open_lock = threading.Lock()  # creating the pool or the line
+        _QUEUES.add(self)
         # Fail early on unknown names and bad values given in code.
         unknown = sorted(set(settings) - settings_mod.FIELDS)
         if unknown:
@@ -284,6 +292,9 @@ class Queue:
     def configure(self, settings: settings_mod.Settings) -> None:
         """Replace the settings (the master applies its flags through this)."""
         self._settings = settings
+        if self._line is not None:  # built for the old schema and pooler
+            self._line.close()
+            self._line = None
 
     @property
     def schema(self) -> str | None:
@@ -380,6 +391,13 @@ class Queue:
     # -- connections -------------------------------------------------------------------
 
     def _get_pool(self) -> ConnectionPool[Any]:
+        pool = self._pool
+        if pool is not None and self._pool_pid == os.getpid():
+            return pool
+        with self._open_lock:  # threads' first uses at once open one pool, not several
+            return self._open_pool()
+
+    def _open_pool(self) -> ConnectionPool[Any]:
         if self._pool is not None and self._pool_pid != os.getpid():
             # Inherited across fork: the sockets are the parent's. Forget it, do not close it.
             self._pool = None
@@ -458,6 +476,19 @@ class Queue:
         if self._pool is not None and self._pool_pid == os.getpid():
             self._pool.close()
         self._pool = None
+        if self._line is not None:
+            self._line.close()
+        self._line = None
+
+    def _enqueue_line(self) -> EnqueueLine:
+        line = self._line
+        if line is None:
+            with self._open_lock:
+                line = self._line
+                if line is None:
+                    options = self._pool_options()["kwargs"]
+                    line = self._line = EnqueueLine(self.dsn, options, self._q)
+        return line
 
     async def _get_async_pool(self) -> AsyncConnectionPool[Any]:
         import asyncio
@@ -522,10 +553,17 @@ class Queue:
     def enqueue(self, job: Job) -> tuple[uuid.UUID, bool]:
         """Insert one job, committed at once; (id, created).
 
-        One statement in autocommit: the INSERT is its own transaction, so no BEGIN and
-        no COMMIT round trips (a key conflict costs one more statement, the lookup)."""
+        One statement in autocommit on the connection this Queue keeps for single
+        enqueues (brooq.enqueue_line: prepared, sent through libpq); the INSERT is its
+        own transaction, so no BEGIN and no COMMIT round trips. A key conflict, or
+        another thread enqueuing at the same moment, takes a pooled connection."""
         # Bad input fails before I/O; a typed topic's payload is checked against its type.
         checked = producer.check_job(job, self._max_payload, self.handlers)
+        with self._database_errors():
+            done = self._enqueue_line().insert(checked, producer.queue_of(checked, self.handlers))
+        if done is not None:
+            return done
+        # Another thread holds the line, or the job's key is taken: the pool's path.
         with self.connection() as conn:
             conn.autocommit = True
             try:
@@ -894,6 +932,20 @@ class Queue:
 
 WAIT_POLL_FIRST = 0.1  # seconds: queue.wait's fallback poll, doubling...
 WAIT_POLL_MAX = 5.0  # ...to this
+
+
+# Every Queue of this process: a fork's child gives each a fresh _open_lock (one held
+# by a thread of the parent at the fork would never be released in the child).
+_QUEUES: weakref.WeakSet[Queue] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for queue in list(_QUEUES):
+        queue._open_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Reconnect(Exception):

@@ -24,7 +24,7 @@ def count(db: psycopg.Connection[tuple[object, ...]]) -> int:
 def test_queue_opens_nothing_until_first_use() -> None:
     q = brooq.Queue("postgresql://nobody@127.0.0.1:1/nothing")
     q.handler("a")(lambda claim: None)
-    assert q._pool is None
+    assert q._pool is None and q._line is None
 
 
 def test_enqueue_creates_a_pending_row(queue: brooq.Queue, db: psycopg.Connection) -> None:
@@ -350,19 +350,33 @@ def test_missing_schema_says_to_migrate(empty_dsn: str) -> None:
 def test_pool_is_not_used_across_fork(queue: brooq.Queue) -> None:
     import os
 
-    queue.enqueue(brooq.Job("before.fork"))
+    job_id, _ = queue.enqueue(brooq.Job("before.fork"))  # the enqueue line opens
+    assert queue.get(job_id) is not None  # and the pool
     parent_pool = queue._pool
+    assert queue._line is not None and queue._line._conn is not None
+    parent_backend = queue._line._conn.info.backend_pid
     pid = os.fork()
-    if pid == 0:  # child: must open its own pool, not touch the parent's sockets
+    if pid == 0:  # child: must open its own connections, not touch the parent's sockets
         code = 1
         try:
-            queue.enqueue(brooq.Job("in.child"))
-            code = 0 if queue._pool is not parent_pool else 3
+            child_id, _ = queue.enqueue(brooq.Job("in.child"))
+            found = queue.get(child_id) is not None
+            line = queue._line._conn if queue._line is not None else None
+            if line is None or line.info.backend_pid == parent_backend:
+                code = 4
+            elif queue._pool is parent_pool or not found:
+                code = 3
+            else:
+                code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    queue.enqueue(brooq.Job("after.fork"))  # the parent's pool still works
+    # The parent's connections still work, and are the same ones.
+    after, created = queue.enqueue(brooq.Job("after.fork"))
+    assert created and queue.get(after) is not None
+    assert queue._line._conn.info.backend_pid == parent_backend
+    assert queue._pool is parent_pool
 
 
 @pytest.mark.parametrize("factory", ["dict_row", "namedtuple_row", "server_cursor"])

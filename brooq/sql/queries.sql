@@ -11,6 +11,15 @@ VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
+-- name: job_insert_one
+-- Queue.enqueue's one job: job_insert with libpq's $n placeholders, prepared once by
+-- name on the connection brooq.enqueue_line keeps for it and sent straight through
+-- libpq (id and priority in binary). Its parameter types are in enqueue_line._TYPES.
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
+VALUES ($1, $2, $3::jsonb, $4, coalesce($5, now()), $6, $7)
+ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id
+
 -- name: job_insert_many
 -- Many jobs in one statement (one round trip, one NOTIFY). Ids are made by the client,
 -- so the caller knows every id before the answer; rows skipped by a key conflict are

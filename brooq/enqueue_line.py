@@ -1,0 +1,208 @@
+"""The connection Queue.enqueue keeps for itself: one job, one round trip, through libpq.
+
+A web request's single enqueue is a round trip and a commit; what Python adds on top is
+the difference between brooq and a C client sending the same INSERT. Measured
+(benchmarks/README.md, "Single enqueue"), psycopg's cursor machinery (the query's
+conversion, the adaptation of seven parameters, the prepared-statement bookkeeping, the
+non-blocking wait) and the pool's checkout and return cost about 0.2 ms a call, as much
+again as the server's own work without the commit. So ``Queue.enqueue`` sends its
+statement here instead: on one connection of its own, in autocommit, prepared once by
+name (``job_insert_one``, ``$n`` placeholders), with the id and the priority in binary
+and the rest as the connection's encoding's text, straight through
+``psycopg.pq.PGconn.exec_prepared`` (a documented libpq call that releases the GIL while
+it waits). Behind a transaction pooler nothing is prepared: ``exec_params`` sends the
+statement unnamed, still one round trip (docs/poolers.md).
+
+One thread at a time: a thread that finds the line busy is told so (``None``) and takes
+the pool instead, as does a job whose key conflicts (the pool's path looks the existing
+job up). The line opens on first use in a process, is forgotten unused after a fork (its
+socket is the parent's) and gets the pool's check before each use (brooq.poolcheck: a
+look at the socket, a round trip after ``IDLE_CHECK_S`` idle); a connection found broken
+is replaced, one lost during the statement is closed and the error raised (the caller
+cannot know whether the job was written: the same as any statement whose answer is lost).
+
+The libpq call cannot be interrupted by a signal while it waits for the answer: a
+Ctrl-C during an enqueue takes effect when the statement returns. An unkeyed INSERT
+waits on no row lock; a keyed one can wait for a concurrent transaction that inserted
+the same key, as it would through psycopg.
+
+Owns: that connection, its prepared statement, the parameters in libpq's form and the
+reading of the answer.
+Must never: run a statement other than job_insert_one and the check, be used by two
+threads at once, or keep its connection across fork().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import struct
+import threading
+import time
+import uuid
+import weakref
+from typing import Any
+
+import psycopg
+from psycopg import errors, pq
+
+from brooq import poolcheck
+from brooq.ids import uuid7
+from brooq.job import Job
+from brooq.sql import Queries
+
+# The prepared statement's name on the line's connection (brooq_ so it cannot clash with
+# psycopg's own _pg3_N names).
+STATEMENT = b"brooq_job_insert_one"
+# Parameter types and formats, in job_insert_one's order: id uuid (binary), topic,
+# payload, key, available_at (text), queue (text), priority int2 (binary).
+_TYPES = [2950, 25, 25, 25, 1184, 25, 21]
+_FORMATS = [1, 0, 0, 0, 0, 0, 1]
+_INT2 = struct.Struct("!h")
+_READABLE = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
+
+
+class EnqueueLine:
+    """One connection for single enqueues (see the module docstring)."""
+
+    _lock: threading.Lock
+
+    def __init__(self, dsn: str, kwargs: dict[str, Any], q: Queries) -> None:
+        self._dsn = dsn
+        self._kwargs = kwargs
+        # Behind a transaction pooler (pooler.connect_kwargs sets prepare_threshold=None)
+        # nothing may be prepared: the statement goes unnamed each time.
+        self._prepare = kwargs.get("prepare_threshold", 0) is not None
+        self._statement = q.job_insert_one.encode()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._poll: Any = None  # select.poll on the connection's socket
+        self._pid = 0  # the process that opened _conn
+        self._encoding = "utf-8"
+        self._used = 0.0  # when the line was last used (time.monotonic)
+        self._forget()
+        _LINES.add(self)
+
+    def insert(self, job: Job, queue: str) -> tuple[uuid.UUID, bool] | None:
+        """(id, True) once the job is committed; None when another thread holds the line
+        or the job's key is taken (the caller then takes the pool's path). psycopg's
+        errors as a psycopg statement would raise them."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            pgconn = self._ready()
+            enc = self._encoding
+            job_id = uuid7()
+            key, at = job.idempotency_key, job.available_at
+            params = [
+                job_id.bytes,
+                job.topic.encode(enc),
+                job.payload_json.encode(enc),
+                None if key is None else key.encode(enc),
+                None if at is None else at.isoformat().encode(),
+                queue.encode(enc),
+                _INT2.pack(job.priority),
+            ]
+            try:
+                if self._prepare:
+                    # None is SQL NULL here as in exec_params (psycopg's stub omits it).
+                    result = pgconn.exec_prepared(STATEMENT, params, _FORMATS, 1)  # type: ignore[arg-type]
+                else:
+                    result = pgconn.exec_params(self._statement, params, _TYPES, _FORMATS, 1)
+            except BaseException:
+                self._drop()  # an answer lost, or a signal's exception: start afresh
+                raise
+            if result.status != pq.ExecStatus.TUPLES_OK:
+                self._raise(result)
+            return (job_id, True) if result.ntuples == 1 else None
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                self._drop()
+            self._conn = None
+
+    def _forget(self) -> None:
+        """A fresh lock and no connection (a fork's child: the lock may have been held
+        by a thread that does not exist here, the socket is the parent's; never closed)."""
+        self._lock = threading.Lock()
+        self._conn = self._poll = None
+
+    # -- the connection ----------------------------------------------------------------
+
+    def _ready(self) -> pq.abc.PGconn:
+        """The line's connection, opened or replaced when needed, its statement prepared."""
+        conn = self._conn
+        if conn is not None and self._pid != os.getpid():
+            conn = self._conn = self._poll = None  # inherited across fork: the parent's socket
+        if conn is not None and self._suspect(conn):
+            try:
+                conn.execute("")
+            except psycopg.Error:
+                self._drop()
+                conn = None
+        if conn is None:
+            conn = psycopg.connect(self._dsn, autocommit=True, **self._kwargs)
+            self._conn, self._pid = conn, os.getpid()
+            self._encoding = conn.info.encoding
+            if hasattr(select, "poll"):  # not on Windows: poolcheck.readable's select()
+                self._poll = select.poll()
+                self._poll.register(conn.pgconn.socket, _READABLE)
+            self._used = time.monotonic()
+            if self._prepare:
+                result = conn.pgconn.prepare(STATEMENT, self._statement, _TYPES)
+                if result.status != pq.ExecStatus.COMMAND_OK:
+                    # Not prepared (no table yet: not migrated): the next call starts afresh.
+                    self._raise(result, drop=True)
+        return conn.pgconn
+
+    def _suspect(self, conn: psycopg.Connection[Any]) -> bool:
+        """brooq.poolcheck's rule, with the poll object kept: a round trip after
+        IDLE_CHECK_S idle, else only a look at the socket (a server that ended the
+        session has left its FATAL message or the end of the stream there)."""
+        now = time.monotonic()
+        idle, self._used = now - self._used, now
+        if idle > poolcheck.IDLE_CHECK_S or conn.pgconn.status != pq.ConnStatus.OK:
+            return True
+        try:
+            if self._poll is None:
+                return poolcheck.readable(conn.pgconn.socket)
+            return bool(self._poll.poll(0))
+        except (OSError, ValueError, psycopg.Error):
+            return True
+
+    def _drop(self) -> None:
+        conn, self._conn, self._poll = self._conn, None, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _raise(self, result: pq.abc.PGresult, drop: bool = False) -> None:
+        """The error PostgreSQL answered, as psycopg's class for its SQLSTATE. The
+        connection is dropped when asked to, or when the error ended its session; an
+        error without a SQLSTATE on a connection gone bad is libpq's own ("server closed
+        the connection unexpectedly"), an OperationalError as psycopg raises it."""
+        conn, encoding = self._conn, self._encoding
+        error = errors.error_from_result(result, encoding=encoding)
+        if conn is not None and conn.pgconn.status != pq.ConnStatus.OK:
+            drop = True
+            if not isinstance(error, psycopg.OperationalError):
+                error = psycopg.OperationalError(str(error))
+        if drop:
+            self._drop()
+        raise error
+
+
+# Every line of this process, so that a fork's child starts each afresh.
+_LINES: weakref.WeakSet[EnqueueLine] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for line in list(_LINES):
+        line._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
