@@ -282,7 +282,7 @@ def test_text_is_sent_in_the_connections_encoding(latin1_dsn: str) -> None:
     try:
         job_id, _ = q.enqueue(brooq.Job("line.l1", {"s": "café"}, idempotency_key="clé"))
         # Read back in SQL: psycopg's JSON loader decodes jsonb as UTF-8 whatever the
-        # connection's encoding (a limit of reading, on every path: noted in the README).
+        # connection's encoding (a limit of reading on every path: README, "The schema").
         with psycopg.connect(latin1_dsn) as conn:
             row = conn.execute(
                 "SELECT payload->>'s' = 'café', idempotency_key FROM job WHERE id = %s",
