@@ -7,10 +7,10 @@ conversion, the adaptation of seven parameters, the prepared-statement bookkeepi
 non-blocking wait) and the pool's checkout and return cost about 0.2 ms a call, as much
 again as the server's own work without the commit. So ``Queue.enqueue`` sends its
 statement here instead: on one connection of its own, in autocommit, prepared once by
-name (``job_insert_one``, ``$n`` placeholders), with the id and the priority in binary
-and the rest as the connection's encoding's text, straight through
-``psycopg.pq.PGconn.exec_prepared`` (a documented libpq call that releases the GIL while
-it waits). Behind a transaction pooler nothing is prepared: ``exec_params`` sends the
+name (``job_insert_one``, ``$n`` placeholders), with the id, the priority and
+``available_at`` in binary and the rest as text in the connection's encoding, straight
+through ``psycopg.pq.PGconn.exec_prepared`` (a documented libpq call that releases the
+GIL while it waits). Behind a transaction pooler nothing is prepared: ``exec_params`` sends the
 statement unnamed, still one round trip (docs/poolers.md).
 
 One thread at a time: a thread that finds the line busy is told so (``None``) and takes
@@ -42,6 +42,7 @@ import threading
 import time
 import uuid
 import weakref
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -56,10 +57,24 @@ from brooq.sql import Queries
 # psycopg's own _pg3_N names).
 STATEMENT = b"brooq_job_insert_one"
 # Parameter types and formats, in job_insert_one's order: id uuid (binary), topic,
-# payload, key, available_at (text), queue (text), priority int2 (binary).
+# payload, key (text), available_at timestamptz (binary), queue (text), priority int2
+# (binary). available_at goes in binary because its text form would be Python's
+# isoformat, which PostgreSQL refuses for offsets it cannot hold (beyond 15:59, or with
+# seconds), all of which Python allows.
 _TYPES = [2950, 25, 25, 25, 1184, 25, 21]
-_FORMATS = [1, 0, 0, 0, 0, 0, 1]
+_FORMATS = [1, 0, 0, 0, 1, 0, 1]
 _INT2 = struct.Struct("!h")
+_INT8 = struct.Struct("!q")
+_EPOCH_2000 = datetime(2000, 1, 1, tzinfo=timezone.utc)  # PostgreSQL's timestamp zero
+
+
+def _micros_since_2000(at: datetime) -> int:
+    """An aware datetime as PostgreSQL's binary timestamptz: microseconds since
+    2000-01-01 UTC, exactly (integer arithmetic, any UTC offset)."""
+    delta = at - _EPOCH_2000
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
 _READABLE = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
 
 
@@ -99,7 +114,7 @@ class EnqueueLine:
                 job.topic.encode(enc),
                 job.payload_json.encode(enc),
                 None if key is None else key.encode(enc),
-                None if at is None else at.isoformat().encode(),
+                None if at is None else _INT8.pack(_micros_since_2000(at)),
                 queue.encode(enc),
                 _INT2.pack(job.priority),
             ]
@@ -145,17 +160,24 @@ class EnqueueLine:
                 conn = None
         if conn is None:
             conn = psycopg.connect(self._dsn, autocommit=True, **self._kwargs)
+            try:
+                if self._prepare:
+                    result = conn.pgconn.prepare(STATEMENT, self._statement, _TYPES)
+                    if result.status != pq.ExecStatus.COMMAND_OK:
+                        # Not prepared (no table yet: not migrated): not kept either.
+                        raise errors.error_from_result(result, encoding=conn.info.encoding)
+            except BaseException:
+                # Kept only once prepared: a line without its statement would answer
+                # "prepared statement does not exist" (read as a pooler's doing).
+                with contextlib.suppress(Exception):
+                    conn.close()
+                raise
             self._conn, self._pid = conn, os.getpid()
             self._encoding = conn.info.encoding
             if hasattr(select, "poll"):  # not on Windows: poolcheck.readable's select()
                 self._poll = select.poll()
                 self._poll.register(conn.pgconn.socket, _READABLE)
             self._used = time.monotonic()
-            if self._prepare:
-                result = conn.pgconn.prepare(STATEMENT, self._statement, _TYPES)
-                if result.status != pq.ExecStatus.COMMAND_OK:
-                    # Not prepared (no table yet: not migrated): the next call starts afresh.
-                    self._raise(result, drop=True)
         return conn.pgconn
 
     def _suspect(self, conn: psycopg.Connection[Any]) -> bool:
@@ -179,19 +201,17 @@ class EnqueueLine:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _raise(self, result: pq.abc.PGresult, drop: bool = False) -> None:
+    def _raise(self, result: pq.abc.PGresult) -> None:
         """The error PostgreSQL answered, as psycopg's class for its SQLSTATE. The
-        connection is dropped when asked to, or when the error ended its session; an
-        error without a SQLSTATE on a connection gone bad is libpq's own ("server closed
-        the connection unexpectedly"), an OperationalError as psycopg raises it."""
-        conn, encoding = self._conn, self._encoding
-        error = errors.error_from_result(result, encoding=encoding)
+        connection is dropped when the error ended its session; an error without a
+        SQLSTATE on a connection gone bad is libpq's own ("server closed the connection
+        unexpectedly"), an OperationalError as psycopg raises it."""
+        conn = self._conn
+        error = errors.error_from_result(result, encoding=self._encoding)
         if conn is not None and conn.pgconn.status != pq.ConnStatus.OK:
-            drop = True
+            self._drop()
             if not isinstance(error, psycopg.OperationalError):
                 error = psycopg.OperationalError(str(error))
-        if drop:
-            self._drop()
         raise error
 
 

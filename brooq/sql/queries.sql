@@ -14,7 +14,8 @@ RETURNING id
 -- name: job_insert_one
 -- Queue.enqueue's one job: job_insert with libpq's $n placeholders, prepared once by
 -- name on the connection brooq.enqueue_line keeps for it and sent straight through
--- libpq (id and priority in binary). Its parameter types are in enqueue_line._TYPES.
+-- libpq (id, available_at and priority in binary). Its parameter types are in
+-- enqueue_line._TYPES.
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
 VALUES ($1, $2, $3::jsonb, $4, coalesce($5, now()), $6, $7)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
