@@ -59,8 +59,8 @@ STATEMENT = b"brooq_job_insert_one"
 # Parameter types and formats, in job_insert_one's order: id uuid (binary), topic,
 # payload, key (text), available_at timestamptz (binary), queue (text), priority int2
 # (binary). available_at goes in binary because its text form would be Python's
-# isoformat, which PostgreSQL refuses for offsets it cannot hold (beyond 15:59, or with
-# seconds), all of which Python allows.
+# isoformat, which PostgreSQL refuses for UTC offsets Python allows and it does not
+# (-23:59, a fraction of a second: found by tests/test_hostile_input.py).
 _TYPES = [2950, 25, 25, 25, 1184, 25, 21]
 _FORMATS = [1, 0, 0, 0, 1, 0, 1]
 _INT2 = struct.Struct("!h")

@@ -134,6 +134,15 @@ class MasterProcess:
             self._log.close()
 
 
+def terminate_backend(admin: psycopg.Connection[Any], pid: int) -> None:
+    """End backend ``pid`` from another session and wait until it is gone."""
+    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    deadline = time.monotonic() + 10
+    while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+        assert time.monotonic() < deadline, f"backend {pid} still there"
+        time.sleep(0.01)
+
+
 def children_of(ppid: int) -> list[int]:
     kids = []
     for entry in Path("/proc").iterdir():

@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 import brooq
 from brooq import enqueue_line, migrate, poolcheck
 from brooq.errors import DatabaseUnavailable
+from tests.harness import terminate_backend
 
 from .conftest import drop_database, with_db
 
@@ -53,14 +54,6 @@ def _row(db: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
     ).fetchone()
     assert row is not None
     return row
-
-
-def _terminate(admin: psycopg.Connection[Any], pid: int) -> None:
-    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    deadline = time.monotonic() + 10
-    while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
-        assert time.monotonic() < deadline, f"backend {pid} still there"
-        time.sleep(0.01)
 
 
 def test_every_field_is_written_as_the_pool_path_writes_it(
@@ -175,7 +168,7 @@ def test_a_line_connection_the_server_ended_is_replaced_before_the_next_enqueue(
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)  # only the socket can tell
     queue.enqueue(brooq.Job("line.t"))
     pid = _line_conn(queue).info.backend_pid
-    _terminate(connect(autocommit=True), pid)
+    terminate_backend(connect(autocommit=True), pid)
     job_id, created = queue.enqueue(brooq.Job("line.t"))  # not DatabaseUnavailable
     assert created is True and queue.get(job_id) is not None
     assert _line_conn(queue).info.backend_pid != pid
@@ -194,7 +187,7 @@ def test_an_idle_line_gets_the_round_trip_and_a_busy_one_only_the_look(
     time.sleep(0.01)
     assert line._suspect(conn) is True  # idle longer than IDLE_CHECK_S
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
-    _terminate(connect(autocommit=True), conn.info.backend_pid)
+    terminate_backend(connect(autocommit=True), conn.info.backend_pid)
     assert line._suspect(conn) is True  # the FATAL message / end of stream waits
 
 
@@ -206,7 +199,7 @@ def test_a_session_lost_during_the_statement_is_unreachable_then_recovers(
     admin = connect(autocommit=True)
     blocker = connect(autocommit=False)
     blocker.execute("LOCK TABLE job IN EXCLUSIVE MODE")  # the INSERT waits for it
-    killer = threading.Timer(0.5, _terminate, (admin, pid))
+    killer = threading.Timer(0.5, terminate_backend, (admin, pid))
     killer.start()
     try:
         with pytest.raises(DatabaseUnavailable, match="cannot reach the database"):

@@ -12,15 +12,7 @@ import pytest
 
 import brooq
 from brooq import poolcheck
-
-
-def _terminate(admin: psycopg.Connection[Any], pid: int) -> None:
-    """End backend ``pid`` from another session and wait until it is gone."""
-    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    deadline = time.monotonic() + 10
-    while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
-        assert time.monotonic() < deadline, f"backend {pid} still there"
-        time.sleep(0.01)
+from tests.harness import terminate_backend
 
 
 def _pooled_pid(queue: brooq.Queue) -> int:
@@ -42,7 +34,7 @@ def test_a_connection_the_server_ended_while_pooled_is_replaced_before_an_enqueu
     # Queue.enqueue has a connection of its own (test_enqueue_line.py); an enqueue in the
     # Queue's transaction is the pool's.
     pid = _pooled_pid(queue)  # the pool is open and its connection handed out once
-    _terminate(connect(autocommit=True), pid)
+    terminate_backend(connect(autocommit=True), pid)
     with queue.transaction() as conn:  # not DatabaseUnavailable
         job_id, created = brooq.enqueue(conn, brooq.Job("t"))
     assert created is True and queue.get(job_id) is not None
@@ -58,7 +50,7 @@ def test_the_async_pool_replaces_a_connection_the_server_ended(
             await queue.enqueue_async(brooq.Job("t"))
             async with queue._async_connection() as conn:
                 pid = conn.info.backend_pid
-            _terminate(connect(autocommit=True), pid)
+            terminate_backend(connect(autocommit=True), pid)
             job_id, created = await queue.enqueue_async(brooq.Job("t"))
             assert created is True and queue.get(job_id) is not None
         finally:
@@ -85,7 +77,7 @@ def test_only_a_suspect_connection_gets_the_round_trip(
     in_tx.execute("SELECT 1")  # a transaction left open
     assert poolcheck._suspect(in_tx) is True
     in_tx.rollback()
-    _terminate(connect(autocommit=True), conn.info.backend_pid)
+    terminate_backend(connect(autocommit=True), conn.info.backend_pid)
     assert poolcheck._suspect(conn) is True  # the FATAL message / end of stream waits
     with pytest.raises(psycopg.OperationalError):
         poolcheck.check_connection(conn)
