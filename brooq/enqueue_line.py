@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import struct
 import threading
-import time
 import uuid
 import weakref
 from datetime import datetime, timezone
@@ -75,9 +73,6 @@ def _micros_since_2000(at: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-_READABLE = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
-
-
 class EnqueueLine:
     """One connection for single enqueues (see the module docstring)."""
 
@@ -91,10 +86,7 @@ class EnqueueLine:
         self._prepare = kwargs.get("prepare_threshold", 0) is not None
         self._statement = q.job_insert_one.encode()
         self._conn: psycopg.Connection[Any] | None = None
-        self._poll: Any = None  # select.poll on the connection's socket
-        self._pid = 0  # the process that opened _conn
         self._encoding = "utf-8"
-        self._used = 0.0  # when the line was last used (time.monotonic)
         self._forget()
         _LINES.add(self)
 
@@ -135,24 +127,20 @@ class EnqueueLine:
 
     def close(self) -> None:
         with self._lock:
-            if self._pid == os.getpid():
-                self._drop()
-            self._conn = None
+            self._drop()
 
     def _forget(self) -> None:
         """A fresh lock and no connection (a fork's child: the lock may have been held
         by a thread that does not exist here, the socket is the parent's; never closed)."""
         self._lock = threading.Lock()
-        self._conn = self._poll = None
+        self._conn = None
 
     # -- the connection ----------------------------------------------------------------
 
     def _ready(self) -> pq.abc.PGconn:
         """The line's connection, opened or replaced when needed, its statement prepared."""
         conn = self._conn
-        if conn is not None and self._pid != os.getpid():
-            conn = self._conn = self._poll = None  # inherited across fork: the parent's socket
-        if conn is not None and self._suspect(conn):
+        if conn is not None and poolcheck.suspect(conn):
             try:
                 conn.execute("")
             except psycopg.Error:
@@ -172,31 +160,13 @@ class EnqueueLine:
                 with contextlib.suppress(Exception):
                     conn.close()
                 raise
-            self._conn, self._pid = conn, os.getpid()
+            self._conn = conn
             self._encoding = conn.info.encoding
-            if hasattr(select, "poll"):  # not on Windows: poolcheck.readable's select()
-                self._poll = select.poll()
-                self._poll.register(conn.pgconn.socket, _READABLE)
-            self._used = time.monotonic()
+            poolcheck.suspect(conn)  # handed out now: the next use needs no round trip
         return conn.pgconn
 
-    def _suspect(self, conn: psycopg.Connection[Any]) -> bool:
-        """brooq.poolcheck's rule, with the poll object kept: a round trip after
-        IDLE_CHECK_S idle, else only a look at the socket (a server that ended the
-        session has left its FATAL message or the end of the stream there)."""
-        now = time.monotonic()
-        idle, self._used = now - self._used, now
-        if idle > poolcheck.IDLE_CHECK_S or conn.pgconn.status != pq.ConnStatus.OK:
-            return True
-        try:
-            if self._poll is None:
-                return poolcheck.readable(conn.pgconn.socket)
-            return bool(self._poll.poll(0))
-        except (OSError, ValueError, psycopg.Error):
-            return True
-
     def _drop(self) -> None:
-        conn, self._conn, self._poll = self._conn, None, None
+        conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()

@@ -12,7 +12,8 @@ when the connection was last handed out more than ``IDLE_CHECK_S`` ago: a peer o
 firewall that dropped an idle connection without a word is still caught by the round
 trip, as before, before a job's INSERT could meet it.
 
-Owns: that check, for the sync and the async pool.
+Owns: that check, for the sync and the async pool and Queue.enqueue's own connection
+(brooq.enqueue_line), with the poll object on each connection's socket made once.
 Must never: run a statement on a connection it has not found suspect, or read what the
 socket holds (the full check does, and the pool drops a connection that fails it).
 """
@@ -32,47 +33,59 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 # round trip); below it, only the local look at its socket.
 IDLE_CHECK_S = 2.0
 
-# When each pooled connection was last handed out, per process (pools are per process).
-_handed_out: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+# When each connection was last handed out, and the poll object on its socket (made once:
+# a connection keeps its socket for life), per process (pools are per process).
+_handed_out: weakref.WeakKeyDictionary[Any, tuple[float, Any]] = weakref.WeakKeyDictionary()
+_READABLE = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
 
 
-def _suspect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """True when the connection needs the full check before it is used."""
+def suspect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """True when the connection needs the full check before it is used (the pools'
+    checkout, and Queue.enqueue's own connection, brooq.enqueue_line)."""
     now = time.monotonic()
-    last = _handed_out.get(conn)
-    _handed_out[conn] = now
-    if last is None or now - last > IDLE_CHECK_S:
-        return True
+    seen = _handed_out.get(conn)
     pgconn = conn.pgconn
+    if seen is None:
+        try:
+            poller = _poller(pgconn.socket)
+        except (OSError, ValueError, psycopg.Error):
+            return True
+        _handed_out[conn] = (now, poller)
+        return True
+    last, poller = seen
+    _handed_out[conn] = (now, poller)
+    if now - last > IDLE_CHECK_S:
+        return True
     if (
         pgconn.status != pq.ConnStatus.OK
         or conn.info.transaction_status != pq.TransactionStatus.IDLE
     ):
         return True
     try:
-        has_data = readable(pgconn.socket)
+        if poller is None:  # Windows: no poll()
+            ready, _, _ = select.select([pgconn.socket], [], [], 0)
+            return bool(ready)
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True
-    return has_data
 
 
-def readable(fd: int) -> bool:
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
-        return bool(poller.poll(0))
-    ready, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
-    return bool(ready)
+def _poller(fd: int) -> Any:
+    if not hasattr(select, "poll"):
+        return None
+    poller = select.poll()
+    poller.register(fd, _READABLE)
+    return poller
 
 
 def check_connection(conn: psycopg.Connection[Any]) -> None:
     """The pool's ``check`` callback: raise if ``conn`` is broken (the pool then drops it
     and hands out another)."""
-    if _suspect(conn):
+    if suspect(conn):
         ConnectionPool.check_connection(conn)
 
 
 async def check_connection_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """``check_connection`` for the async pool."""
-    if _suspect(conn):
+    if suspect(conn):
         await AsyncConnectionPool.check_connection(conn)

@@ -180,15 +180,14 @@ def test_an_idle_line_gets_the_round_trip_and_a_busy_one_only_the_look(
 ) -> None:
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
     queue.enqueue(brooq.Job("line.t"))
-    line, conn = queue._line, _line_conn(queue)
-    assert line is not None
-    assert line._suspect(conn) is False  # used a moment ago, nothing to read
+    conn = _line_conn(queue)
+    assert poolcheck.suspect(conn) is False  # used a moment ago, nothing to read
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 0.0)
     time.sleep(0.01)
-    assert line._suspect(conn) is True  # idle longer than IDLE_CHECK_S
+    assert poolcheck.suspect(conn) is True  # idle longer than IDLE_CHECK_S
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
     terminate_backend(connect(autocommit=True), conn.info.backend_pid)
-    assert line._suspect(conn) is True  # the FATAL message / end of stream waits
+    assert poolcheck.suspect(conn) is True  # the FATAL message / end of stream waits
 
 
 def test_a_session_lost_during_the_statement_is_unreachable_then_recovers(

@@ -64,20 +64,20 @@ def test_only_a_suspect_connection_gets_the_round_trip(
 ) -> None:
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
     conn = connect(autocommit=True)
-    assert poolcheck._suspect(conn) is True  # never handed out before
-    assert poolcheck._suspect(conn) is False  # handed out a moment ago, nothing to read
+    assert poolcheck.suspect(conn) is True  # never handed out before
+    assert poolcheck.suspect(conn) is False  # handed out a moment ago, nothing to read
     conn.execute("SELECT 1")
-    assert poolcheck._suspect(conn) is False
+    assert poolcheck.suspect(conn) is False
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 0.0)
     time.sleep(0.01)
-    assert poolcheck._suspect(conn) is True  # idle longer than IDLE_CHECK_S
+    assert poolcheck.suspect(conn) is True  # idle longer than IDLE_CHECK_S
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
     in_tx = connect(autocommit=False)
-    poolcheck._suspect(in_tx)
+    poolcheck.suspect(in_tx)
     in_tx.execute("SELECT 1")  # a transaction left open
-    assert poolcheck._suspect(in_tx) is True
+    assert poolcheck.suspect(in_tx) is True
     in_tx.rollback()
     terminate_backend(connect(autocommit=True), conn.info.backend_pid)
-    assert poolcheck._suspect(conn) is True  # the FATAL message / end of stream waits
+    assert poolcheck.suspect(conn) is True  # the FATAL message / end of stream waits
     with pytest.raises(psycopg.OperationalError):
         poolcheck.check_connection(conn)
