@@ -47,7 +47,7 @@ import psycopg
 from psycopg import errors, pq
 
 from brooq import poolcheck
-from brooq.ids import uuid7
+from brooq.ids import uuid7_int, uuid_from_int
 from brooq.job import Job
 from brooq.sql import Queries
 
@@ -64,6 +64,7 @@ _FORMATS = [1, 0, 0, 0, 1, 0, 1]
 _INT2 = struct.Struct("!h")
 _INT8 = struct.Struct("!q")
 _EPOCH_2000 = datetime(2000, 1, 1, tzinfo=timezone.utc)  # PostgreSQL's timestamp zero
+_TUPLES_OK = int(pq.ExecStatus.TUPLES_OK)  # an int: no enum lookup per call
 
 
 def _micros_since_2000(at: datetime) -> int:
@@ -99,10 +100,10 @@ class EnqueueLine:
         try:
             pgconn = self._ready()
             enc = self._encoding
-            job_id = uuid7()
+            job_id = uuid7_int()
             key, at = job.idempotency_key, job.available_at
             params = [
-                job_id.bytes,
+                job_id.to_bytes(16, "big"),
                 job.topic.encode(enc),
                 job.payload_json.encode(enc),
                 None if key is None else key.encode(enc),
@@ -119,9 +120,9 @@ class EnqueueLine:
             except BaseException:
                 self._drop()  # an answer lost, or a signal's exception: start afresh
                 raise
-            if result.status != pq.ExecStatus.TUPLES_OK:
+            if result.status != _TUPLES_OK:
                 self._raise(result)
-            return (job_id, True) if result.ntuples == 1 else None
+            return (uuid_from_int(job_id), True) if result.ntuples == 1 else None
         finally:
             self._lock.release()
 

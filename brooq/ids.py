@@ -6,6 +6,11 @@ order (the FIFO promise: by readiness, ties in enqueue order), and keep the prim
 index growing at its right edge. Within one process the ids are strictly increasing (a
 12-bit counter in rand_a, RFC 9562's "method 1"); across processes they are ordered by
 millisecond.
+
+The random bits come from the operating system's CSPRNG (os.urandom), read 4 KiB at a
+time rather than once per id: a single enqueue makes one id per call, and a system call
+per id was a measurable part of its Python time. The buffer is dropped in a fork's
+child, so parent and child never hand out the same bytes (their counters are copies).
 """
 
 from __future__ import annotations
@@ -14,18 +19,27 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 _lock = threading.Lock()
 _last_ms = 0
 _sequence = 0
+_RANDOM_CHUNK = 4096
+_random = b""
+_random_at = 0
 
 
 def uuid7() -> uuid.UUID:
-    """One UUIDv7 (Queue.enqueue's: one read of the random source, no list)."""
-    rand_b = int.from_bytes(os.urandom(8), "big") & _RAND_B_MASK
+    """One UUIDv7 (one lock, no list)."""
+    return uuid_from_int(uuid7_int())
+
+
+def uuid7_int() -> int:
+    """One UUIDv7 as its 128-bit integer (the enqueue line sends its bytes)."""
     with _lock:
         ms, sequence = _tick()
-    return uuid.UUID(int=(ms << 80) | _VERSION | (sequence << 64) | _VARIANT | rand_b)
+        rand_b = _random_int(8) & _RAND_B_MASK
+    return (ms << 80) | _VERSION | (sequence << 64) | _VARIANT | rand_b
 
 
 def uuid7_many(n: int) -> list[uuid.UUID]:
@@ -36,7 +50,7 @@ def uuid7_many(n: int) -> list[uuid.UUID]:
         for i in range(n):
             ms, sequence = _tick()
             rand_b = int.from_bytes(random[8 * i : 8 * i + 8], "big") & _RAND_B_MASK
-            out.append(uuid.UUID(int=(ms << 80) | _VERSION | (sequence << 64) | _VARIANT | rand_b))
+            out.append(uuid_from_int((ms << 80) | _VERSION | (sequence << 64) | _VARIANT | rand_b))
     return out
 
 
@@ -46,7 +60,7 @@ def _tick() -> tuple[int, int]:
     ms = time.time_ns() // 1_000_000
     if ms > _last_ms:
         _last_ms = ms
-        _sequence = int.from_bytes(os.urandom(2), "big") & 0x3FF  # room to count
+        _sequence = _random_int(2) & 0x3FF  # room to count
     else:
         _sequence += 1
         if _sequence > 0xFFF:  # 4096 ids in one millisecond: borrow the next one
@@ -54,6 +68,61 @@ def _tick() -> tuple[int, int]:
             _sequence = 0
     return _last_ms, _sequence
 
+
+def _random_int(size: int) -> int:
+    """``size`` fresh random bytes as an int, from the buffer; called holding _lock."""
+    global _random, _random_at
+    at = _random_at
+    if at + size > len(_random):
+        _random, at = os.urandom(_RANDOM_CHUNK), 0
+    _random_at = at + size
+    return int.from_bytes(_random[at : at + size], "big")
+
+
+def _forget_in_child() -> None:
+    """A fork's child: new random bytes (the buffer is the parent's) and a new lock (a
+    thread of the parent's may have held it; that thread does not exist here)."""
+    global _random, _random_at, _lock
+    _random, _random_at = b"", 0
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _construct(value: int) -> uuid.UUID:
+    return uuid.UUID(int=value)
+
+
+def _assemble(value: int) -> uuid.UUID:
+    """uuid.UUID(int=value) without the constructor's checks (the value is built above
+    and in range): the two slot writes its __init__ ends with."""
+    made = object.__new__(uuid.UUID)
+    object.__setattr__(made, "int", value)
+    object.__setattr__(made, "is_safe", uuid.SafeUUID.unknown)
+    return made
+
+
+def _pick_constructor() -> Callable[[int], uuid.UUID]:
+    """_assemble where it makes exactly what the constructor makes (checked once, here),
+    else the constructor: another Python's UUID may keep other slots."""
+    probe = (0x0123456789ABCDEF << 64) | 0xFEDCBA9876543210
+    try:
+        fast, slow = _assemble(probe), uuid.UUID(int=probe)
+        same = (
+            fast == slow
+            and hash(fast) == hash(slow)
+            and str(fast) == str(slow)
+            and fast.is_safe == slow.is_safe
+            and fast.bytes == slow.bytes
+        )
+    except (AttributeError, TypeError):
+        same = False
+    return _assemble if same else _construct
+
+
+uuid_from_int = _pick_constructor()
 
 _RAND_B_MASK = (1 << 62) - 1
 _VERSION = 0x7 << 76

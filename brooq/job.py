@@ -150,7 +150,17 @@ def transition_refusal(action: Transition, state: str, job_id: object = None) ->
     return f"cannot {action} job {job_id}: it is {state}; {transition_rule(action)}"
 
 
+# Names already found valid (topics and queues: a service uses a handful): a set lookup
+# instead of the pattern on every Job. Bounded, so that a producer making names up
+# cannot grow it without end; past the bound the pattern runs as before.
+_VALID_NAMES: set[str] = set()
+_VALID_NAMES_MAX: Final = 4096
+
+
 def validate_name(value: object, field: str, error: type[InvalidJob]) -> str:
+    # Exactly str: a subclass could hash or compare as a valid name it is not.
+    if value.__class__ is str and value in _VALID_NAMES:
+        return value
     if not isinstance(value, str):
         raise error(f"{field} must be a string, not {type(value).__name__}")
     if len(value) > TOPIC_MAX_LENGTH:
@@ -162,6 +172,8 @@ def validate_name(value: object, field: str, error: type[InvalidJob]) -> str:
             f"{field} {value!r} does not match {TOPIC_PATTERN.pattern} "
             "(lowercase letters and digits, words joined by '.', '_' or '-')"
         )
+    if value.__class__ is str and len(_VALID_NAMES) < _VALID_NAMES_MAX:
+        _VALID_NAMES.add(value)
     return value
 
 
@@ -218,34 +230,73 @@ def _keep_floats(text: str) -> str:
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+def _c_encoder() -> Callable[[Any, int], list[str]] | None:
+    """The C accelerator _ENCODER.encode builds on every call, built once (a single
+    enqueue's Job spent half its Python time in that setup, most of it cold code),
+    without the circular-reference markers: a dict shared between threads could be
+    taken for a cycle, and a real cycle ends in RecursionError, reported as one. None
+    where it is missing or does not write exactly what _ENCODER writes (checked here)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    probe = {"a": [1, -2.5, None, True, False, '\u00e9\n"\u2028'], "b": {"1e300": 1e300}, "": ""}
+    try:
+        enc = make(
+            None,
+            _ENCODER.default,
+            json.encoder.encode_basestring,
+            None,
+            _ENCODER.key_separator,
+            _ENCODER.item_separator,
+            False,  # sort_keys
+            False,  # skipkeys
+            False,  # allow_nan
+        )
+        same = "".join(enc(probe, 0)) == _ENCODER.encode(probe)
+    except Exception:  # another Python's accelerator: another signature
+        return None
+    return enc if same else None
+
+
+_C_ENCODER: Final = _c_encoder()
+
+
 def encode_payload(
     payload: Any, what: str = "payload", error: type[InvalidJob] = InvalidPayload
 ) -> str:
     """The payload (a handler's result: ``what``) as JSON text ready for jsonb, or
     ``error`` saying why not."""
     try:
-        text = _ENCODER.encode(payload)
+        text = _ENCODER.encode(payload) if _C_ENCODER is None else "".join(_C_ENCODER(payload, 0))
     except RecursionError:
-        raise error(f"{what} is nested too deeply to be encoded as JSON") from None
+        raise error(
+            f"{what} is nested too deeply to be encoded as JSON (or holds itself)"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise error(f"{what} is not JSON-serialisable: {exc}") from None
     if _depth(text) > MAX_PAYLOAD_DEPTH:
         raise error(
             f"{what} is nested more than {MAX_PAYLOAD_DEPTH} levels deep (arrays and objects)"
         )
-    if _JSON_NUL.search(text):
+    # The plain substring first: the pattern only decides whether it is escaped.
+    if "\\u0000" in text and _JSON_NUL.search(text):
         raise error(rf"{what} contains the character \u0000, which jsonb cannot store")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise error(f"{what} contains an unpaired surrogate, which is not valid Unicode") from None
+    if not text.isascii():  # ASCII text holds no surrogate (isascii is O(1) in CPython)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise error(
+                f"{what} contains an unpaired surrogate, which is not valid Unicode"
+            ) from None
     return _keep_floats(text)
 
 
 def check_payload_size(
     text: str, limit: int, what: str = "payload", error: type[InvalidJob] = InvalidPayload
 ) -> None:
-    size = len(text.encode("utf-8"))
+    if len(text) <= limit // 4:  # 4 bytes at most per character in UTF-8: no encoding
+        return
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
     if size > limit:
         raise error(f"{what} is {size} bytes encoded as JSON; the limit is {limit}")
 
@@ -329,16 +380,22 @@ class Job:
         queue: str | None = None,
         priority: int = 0,
     ) -> None:
-        self.topic = validate_topic(topic)
+        # The common case (a known topic, no queue, key or time, priority 0) skips the
+        # validators' calls: a web request builds one Job per enqueue.
+        self.topic = (
+            topic if topic.__class__ is str and topic in _VALID_NAMES else validate_topic(topic)
+        )
         # None: the queue the topic's handler declares when enqueued through a Queue
         # that has it, else "default" (brooq.produce resolves it).
         self.queue = None if queue is None else validate_queue(queue)
-        self.priority = validate_priority(priority)
+        self.priority = (
+            0 if priority.__class__ is int and priority == 0 else validate_priority(priority)
+        )
         self.payload = payload  # a model instance stays one; it is stored as its JSON
         if payload.__class__ not in payloads.JSON_TYPES:  # the only cost for a plain one
             payload = payloads.to_json(payload)
         self.payload_json = encode_payload(payload)
-        self.idempotency_key = normalise_key(idempotency_key)
+        self.idempotency_key = None if idempotency_key is None else normalise_key(idempotency_key)
         self.available_at = (
             None if available_at is None else require_aware(available_at, "available_at")
         )

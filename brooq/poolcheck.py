@@ -33,10 +33,15 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 # round trip); below it, only the local look at its socket.
 IDLE_CHECK_S = 2.0
 
-# When each connection was last handed out, and the poll object on its socket (made once:
-# a connection keeps its socket for life), per process (pools are per process).
-_handed_out: weakref.WeakKeyDictionary[Any, tuple[float, Any]] = weakref.WeakKeyDictionary()
+# Per connection: when it was last handed out and the poll object on its socket (made
+# once: a connection keeps its socket for life), per process (pools are per process). A
+# mutable record, updated in place: a single enqueue runs this once per call, and every
+# dictionary store would make a new weak reference (the cost here is the code and the
+# memory a call touches, most of it cold after the wait for the previous commit).
+_handed_out: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 _READABLE = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
+_OK = int(pq.ConnStatus.OK)
+_IDLE = int(pq.TransactionStatus.IDLE)
 
 
 def suspect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -50,16 +55,14 @@ def suspect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> boo
             poller = _poller(pgconn.socket)
         except (OSError, ValueError, psycopg.Error):
             return True
-        _handed_out[conn] = (now, poller)
+        _handed_out[conn] = [now, poller]
         return True
     last, poller = seen
-    _handed_out[conn] = (now, poller)
+    seen[0] = now
     if now - last > IDLE_CHECK_S:
         return True
-    if (
-        pgconn.status != pq.ConnStatus.OK
-        or conn.info.transaction_status != pq.TransactionStatus.IDLE
-    ):
+    # libpq's own view, as plain ints (psycopg's conn.info builds an object per call).
+    if pgconn.status != _OK or pgconn.transaction_status != _IDLE:
         return True
     try:
         if poller is None:  # Windows: no poll()

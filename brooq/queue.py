@@ -444,19 +444,27 @@ class Queue:
             yield
         except PoolTimeout:
             raise self._unavailable() from None
-        except psycopg.errors.UndefinedTable as exc:
-            raise schema_missing(exc) from None
-        except psycopg.OperationalError as exc:
-            if (mismatch := pooler.prepared_mismatch(exc)) is not None:
-                raise mismatch from None
-            if not lost_connection(exc):
+        except psycopg.Error as exc:
+            if (mapped := self._database_error(exc)) is exc:
                 raise
-            raise unavailable(self.dsn, exc) from None
-        except (
-            psycopg.errors.InvalidSqlStatementName,
-            psycopg.errors.DuplicatePreparedStatement,
-        ) as exc:
-            raise pooler.prepared_mismatch(exc) or exc from None
+            raise mapped from None
+
+    def _database_error(self, exc: psycopg.Error) -> Exception:
+        """The error to raise for a statement's failure: brooq's own where it has one
+        (no table, a lost or unreachable database, a pooler brooq was not told about),
+        else ``exc`` itself."""
+        if isinstance(exc, psycopg.errors.UndefinedTable):
+            return schema_missing(exc)
+        if isinstance(exc, psycopg.OperationalError):
+            if (mismatch := pooler.prepared_mismatch(exc)) is not None:
+                return mismatch
+            return unavailable(self.dsn, exc) if lost_connection(exc) else exc
+        if isinstance(
+            exc,
+            psycopg.errors.InvalidSqlStatementName | psycopg.errors.DuplicatePreparedStatement,
+        ):
+            return pooler.prepared_mismatch(exc) or exc
+        return exc
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -559,8 +567,12 @@ class Queue:
         another thread enqueuing at the same moment, takes a pooled connection."""
         # Bad input fails before I/O; a typed topic's payload is checked against its type.
         checked = producer.check_job(job, self._max_payload, self.handlers)
-        with self._database_errors():
+        try:  # not _database_errors(): a context manager's frames on every call
             done = self._enqueue_line().insert(checked, producer.queue_of(checked, self.handlers))
+        except psycopg.Error as exc:
+            if (mapped := self._database_error(exc)) is exc:
+                raise
+            raise mapped from None
         if done is not None:
             return done
         # Another thread holds the line, or the job's key is taken: the pool's path.

@@ -438,3 +438,12 @@ def test_a_lost_session_is_reported_as_unreachable(queue: brooq.Queue) -> None:
     with unreachable, queue.connection() as conn:
         conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     assert queue.enqueue(brooq.Job("t"))[1] is True  # the pool replaces the connection
+
+
+def test_a_payload_that_holds_itself_is_refused() -> None:
+    looped: dict[str, object] = {"a": 1}
+    looped["self"] = looped
+    with pytest.raises(brooq.InvalidPayload, match="holds itself"):
+        brooq.Job("t", looped)
+    shared = {"k": 1}  # the same dict twice is not a cycle
+    assert brooq.Job("t", [shared, shared]).payload_json == '[{"k":1},{"k":1}]'

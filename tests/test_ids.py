@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import time
 import uuid
 
@@ -41,3 +43,37 @@ def test_more_than_the_counter_holds_in_one_millisecond_borrows_the_next(
     first = _ms(made[0])
     assert first == frozen // 1_000_000
     assert _ms(made[-1]) == first + 1  # 4096 - the random start fit in the first ms
+
+
+def test_ids_are_uuids_like_the_constructor_makes() -> None:
+    value = ids.uuid7_int()
+    made = ids.uuid_from_int(value)
+    reference = uuid.UUID(int=value)
+    assert ids.uuid_from_int is ids._assemble  # CPython: the fast path is the one in use
+    assert made == reference and hash(made) == hash(reference)
+    assert str(made) == str(reference) and made.bytes == value.to_bytes(16, "big")
+    assert made.is_safe == reference.is_safe and made.version == 7
+    assert pickle.loads(pickle.dumps(made)) == reference
+    assert {made: 1}[reference] == 1
+
+
+def test_a_forked_child_draws_its_own_random_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One frozen millisecond: parent and child count alike from the state fork copied,
+    # so only the random bits can tell their ids apart (the buffer must not be shared).
+    frozen = (time.time_ns() // 1_000_000 + 50) * 1_000_000
+    monkeypatch.setattr(time, "time_ns", lambda: frozen)
+    ids.uuid7()  # the buffer holds unread random bytes now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its ids, as hex, to the parent
+        try:
+            os.close(read)
+            os.write(write, " ".join(ids.uuid7().hex for _ in range(20)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        theirs = set(pipe.read().split())
+    os.waitpid(pid, 0)
+    ours = {ids.uuid7().hex for _ in range(20)}
+    assert len(theirs) == 20 and not ours & theirs

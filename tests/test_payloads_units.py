@@ -567,3 +567,33 @@ def test_claim_is_generic_at_no_cost():
     bare = Claim(uuid.uuid4(), "t", {"a": 1}, 1, "w", now)
     assert bare.payload == {"a": 1}
     assert type(typed) is Claim
+
+
+def test_the_prebuilt_encoder_writes_what_json_dumps_writes():
+    from brooq import job as job_mod
+
+    assert job_mod._C_ENCODER is not None  # CPython: the accelerator is the one in use
+    values = [
+        {"a": [1, -2.5, None, True, 'é\n\u2028"q"', {"n": {}}], "": [], "k": 1e300},
+        "plain",
+        [0.1, 1e-7, 12345678901234567890, -0.0],
+        {"emoji": "\U0001f600", "tab": "\t", "nul-escaped": "\\u0000"},
+    ]
+    for value in values:
+        expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        assert "".join(job_mod._C_ENCODER(value, 0)) == expected
+        assert Job("t", value).payload_json == job_mod._keep_floats(expected)
+
+
+def test_without_the_accelerator_the_same_payloads_and_refusals(monkeypatch):
+    from brooq import job as job_mod
+
+    with_it = Job("t", {"a": [1, 2.5, "x"]}).payload_json
+    monkeypatch.setattr(job_mod, "_C_ENCODER", None)
+    assert Job("t", {"a": [1, 2.5, "x"]}).payload_json == with_it
+    looped: dict[str, Any] = {}
+    looped["me"] = looped
+    with pytest.raises(InvalidPayload, match="not JSON-serialisable: Circular reference"):
+        Job("t", looped)
+    with pytest.raises(InvalidPayload, match="not JSON-serialisable"):
+        Job("t", float("nan"))

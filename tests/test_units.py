@@ -902,3 +902,40 @@ def test_a_one_line_error_keeps_an_options_dashes_and_drops_only_bullets() -> No
 
     assert _one_line("--timeout: 0s is out of range") == "--timeout: 0s is out of range"
     assert _one_line("cannot start:\n  - a\n  - --queues: bad") == "cannot start: a; --queues: bad"
+
+
+def test_the_cache_of_valid_names_never_lets_an_invalid_one_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from brooq import job as job_mod
+
+    monkeypatch.setattr(job_mod, "_VALID_NAMES", set())
+    assert Job("cached.topic").topic == "cached.topic"
+    assert "cached.topic" in job_mod._VALID_NAMES
+    with pytest.raises(InvalidTopic):
+        Job("cached.topic\n")  # the pattern's job, not the cache's
+
+    class Lookalike(str):
+        """Hashes and compares equal to a cached name; is something else."""
+
+        def __hash__(self) -> int:
+            return hash("cached.topic")
+
+        def __eq__(self, other: object) -> bool:
+            return other == "cached.topic" or str.__eq__(self, other)
+
+    with pytest.raises(InvalidTopic):
+        Job(Lookalike("NOT VALID"))
+    assert {"cached.topic"} == job_mod._VALID_NAMES  # a subclass is never cached
+
+
+def test_the_cache_of_valid_names_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from brooq import job as job_mod
+
+    monkeypatch.setattr(job_mod, "_VALID_NAMES", set())
+    monkeypatch.setattr(job_mod, "_VALID_NAMES_MAX", 10)
+    for i in range(50):
+        assert Job(f"made.up.{i}", queue=f"q{i}").topic == f"made.up.{i}"
+    assert len(job_mod._VALID_NAMES) == 10
+    with pytest.raises(InvalidTopic):
+        Job("made.up.49\n")
