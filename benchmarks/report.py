@@ -98,6 +98,10 @@ def markdown(result: dict[str, Any]) -> str:
         + f". Every run used a fresh database. Started {result['started_at']}, finished "
         f"{result.get('finished_at', '?')}.",
         "",
+        f"Placement of the client and its PostgreSQL backends: "
+        f"{result.get('placement', 'free (the scheduler' + chr(39) + 's choice)')} "
+        "(benchmarks/placement.py).",
+        "",
     ]
     names = systems_in(result)
     skipped = {n: result["systems"][n]["skipped"] for n in names if result["systems"][n]["skipped"]}

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg
 
 import ceiling
+import placement
 import report
 from common import (
     BENCH_DIR,
@@ -602,6 +603,71 @@ def machine_facts(admin_dsn: str, where: str) -> dict[str, Any]:
     }
 
 
+def run_plan(
+    plan: list[tuple[System, str, str]],
+    reps: int,
+    result: dict[str, Any],
+    admin_dsn: str,
+    sizes: Sizes,
+    iterations: int,
+    args: argparse.Namespace,
+    partial: Path,
+) -> None:
+    """Every (system, workload, variant) of the plan, ``reps`` times, into result["runs"]."""
+    global METER
+    for rep in range(reps):
+        for s, wl, variant in plan:
+            label = f"{s.name}_{wl}{variant}_r{rep}".replace("-", "_")
+            log(f"rep {rep + 1}/{reps} {s.name} {wl} {variant}".rstrip())
+            entry: dict[str, Any] = {"system": s.name, "workload": wl, "variant": variant}
+            entry["rep"] = rep
+            entry["quiet_before"] = wait_for_quiet()
+            METER = LoadMeter()
+            t = time.monotonic()
+            try:
+                with fresh_database(admin_dsn, label, args.db_prefix) as dsn:
+                    try:
+                        if wl == "enqueue_single":
+                            m = w_enqueue(s, dsn, sizes.enqueue, bulk=False)
+                        elif wl == "enqueue_bulk":
+                            m = w_enqueue(s, dsn, sizes.enqueue, bulk=True)
+                        elif wl == "drain":
+                            m = w_drain(s, dsn, sizes.drain, variant)
+                        elif wl == "cpu":
+                            m = w_cpu(s, dsn, sizes.cpu, iterations)
+                        elif wl == "pickup":
+                            m = w_pickup(s, dsn, sizes.pickup, variant)
+                        elif wl == "hung":
+                            m = w_hung(s, dsn)
+                        elif wl == "priority":
+                            m = w_priority(s, dsn, sizes.priority_low, sizes.priority_high)
+                        elif wl == "limited":
+                            m = w_limited(s, dsn, sizes.limited)
+                        elif wl in IO_WORKLOADS:
+                            m = w_io(s, dsn, sizes.io, wl, variant)
+                        elif wl == "durability":
+                            m = w_drain(s, dsn, sizes.durability, variant, workload=wl)
+                        else:
+                            raise ValueError(wl)
+                    finally:
+                        METER.checkpoint()
+                        s.close()
+                        s.close_poll()
+                entry["metrics"] = m
+                log("   " + ", ".join(f"{k}={_fmt(v)}" for k, v in m.items()))
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                log(f"   ERROR {entry['error']}")
+                traceback.print_exc()
+            entry["load"] = METER.stop()
+            if entry["load"]["other_cpu_pct"] >= 10:
+                log(f"   note: other processes used {entry['load']['other_cpu_pct']}% of the CPUs")
+            entry["elapsed_s"] = round(time.monotonic() - t, 1)
+            result["runs"].append(entry)
+            # Kept as we go, so that an interrupted run still leaves its figures.
+            partial.write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer jobs, one repetition")
@@ -617,7 +683,19 @@ def main(argv: list[str] | None = None) -> int:
         default="bench",
         help="start of the scratch databases' names (default bench: bench_<run>_<hex>)",
     )
+    ap.add_argument(
+        "--placement",
+        default="free",
+        choices=placement.PLACEMENTS,
+        help="where the client and its backends run: free (the scheduler's choice), same "
+        "or cross CPU (benchmarks/placement.py); same/cross with the enqueue workloads only",
+    )
     args = ap.parse_args(argv)
+    if args.placement != "free" and set(
+        args.workloads.split(",") if args.workloads else WORKLOADS
+    ) - {"enqueue_single", "enqueue_bulk"}:
+        # Workers started by a pinned client would share its one CPU.
+        ap.error("--placement same|cross takes --workloads enqueue_single,enqueue_bulk only")
 
     sizes = Sizes(args.quick)
     reps = args.reps or sizes.reps
@@ -684,58 +762,10 @@ def main(argv: list[str] | None = None) -> int:
         for mode in PgbenchInsert.MODES:
             plan.append((PgbenchInsert(mode), "enqueue_single", mode))
 
-    for rep in range(reps):
-        for s, wl, variant in plan:
-            label = f"{s.name}_{wl}{variant}_r{rep}".replace("-", "_")
-            log(f"rep {rep + 1}/{reps} {s.name} {wl} {variant}".rstrip())
-            entry: dict[str, Any] = {"system": s.name, "workload": wl, "variant": variant}
-            entry["rep"] = rep
-            entry["quiet_before"] = wait_for_quiet()
-            global METER
-            METER = LoadMeter()
-            t = time.monotonic()
-            try:
-                with fresh_database(admin_dsn, label, args.db_prefix) as dsn:
-                    try:
-                        if wl == "enqueue_single":
-                            m = w_enqueue(s, dsn, sizes.enqueue, bulk=False)
-                        elif wl == "enqueue_bulk":
-                            m = w_enqueue(s, dsn, sizes.enqueue, bulk=True)
-                        elif wl == "drain":
-                            m = w_drain(s, dsn, sizes.drain, variant)
-                        elif wl == "cpu":
-                            m = w_cpu(s, dsn, sizes.cpu, iterations)
-                        elif wl == "pickup":
-                            m = w_pickup(s, dsn, sizes.pickup, variant)
-                        elif wl == "hung":
-                            m = w_hung(s, dsn)
-                        elif wl == "priority":
-                            m = w_priority(s, dsn, sizes.priority_low, sizes.priority_high)
-                        elif wl == "limited":
-                            m = w_limited(s, dsn, sizes.limited)
-                        elif wl in IO_WORKLOADS:
-                            m = w_io(s, dsn, sizes.io, wl, variant)
-                        elif wl == "durability":
-                            m = w_drain(s, dsn, sizes.durability, variant, workload=wl)
-                        else:
-                            raise ValueError(wl)
-                    finally:
-                        METER.checkpoint()
-                        s.close()
-                        s.close_poll()
-                entry["metrics"] = m
-                log("   " + ", ".join(f"{k}={_fmt(v)}" for k, v in m.items()))
-            except Exception as exc:
-                entry["error"] = f"{type(exc).__name__}: {exc}"
-                log(f"   ERROR {entry['error']}")
-                traceback.print_exc()
-            entry["load"] = METER.stop()
-            if entry["load"]["other_cpu_pct"] >= 10:
-                log(f"   note: other processes used {entry['load']['other_cpu_pct']}% of the CPUs")
-            entry["elapsed_s"] = round(time.monotonic() - t, 1)
-            result["runs"].append(entry)
-            # Kept as we go, so that an interrupted run still leaves its figures.
-            partial.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    with placement.placed(admin_dsn, args.placement) as placed_where:
+        result["placement"] = placed_where
+        log(f"placement: {placed_where}")
+        run_plan(plan, reps, result, admin_dsn, sizes, iterations, args, partial)
 
     # The drain ceilings: with a drain workload (the single-enqueue one ran in the plan).
     drains = {"drain", "durability"} & set(workloads)
