@@ -12,7 +12,9 @@ postmaster's affinity is set to one CPU (a new backend inherits it when forked),
 client's to that CPU or another one, and both are put back when the run ends.
 
 Needs a local PostgreSQL whose postmaster this user may re-pin (root, or the server's own
-user) and at least 2 CPUs; otherwise it refuses with the reason.
+user) and at least 2 CPUs; otherwise it refuses with the reason. A run killed with
+SIGKILL cannot put the postmaster back: `taskset -pc 0-N PID` (the first line of the data
+directory's postmaster.pid) does, and a restart of the server too.
 """
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ def markdown(result: dict[str, Any]) -> str:
     pg = m["postgres"]
     reps = result["reps"]
     sizes = result["sizes"]
+    placed = result.get("placement", "free (the scheduler's choice)")  # older runs: free
     lines = [
         f"# brooq benchmark, {result['started_at'][:10]}" + (" (quick)" if result["quick"] else ""),
         "",
@@ -98,9 +99,7 @@ def markdown(result: dict[str, Any]) -> str:
         + f". Every run used a fresh database. Started {result['started_at']}, finished "
         f"{result.get('finished_at', '?')}.",
         "",
-        f"Placement of the client and its PostgreSQL backends: "
-        f"{result.get('placement', 'free (the scheduler' + chr(39) + 's choice)')} "
-        "(benchmarks/placement.py).",
+        f"Placement of the client and its PostgreSQL backends: {placed} (benchmarks/placement.py).",
         "",
     ]
     names = systems_in(result)
