@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from brooq.dsn import describe
+from brooq.dsn import CLIENT_ENCODING, describe
 from brooq.errors import DatabaseUnavailable, SchemaMissing
 from brooq.pooler import refused_hint
 
@@ -44,6 +44,7 @@ def lost_connection(exc: psycopg.OperationalError) -> bool:
 
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[tuple[Any, ...]]:
     kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT)
+    kwargs.setdefault("client_encoding", CLIENT_ENCODING)
     try:
         return psycopg.connect(dsn, **kwargs)
     except psycopg.OperationalError as exc:

@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from brooq.dsn import session_options
+from brooq.dsn import CLIENT_ENCODING, session_options
 from brooq.errors import PoolerMismatch
 
 NONE = "none"
@@ -42,10 +42,12 @@ def connect_kwargs(mode: str, dsn: str, session: Mapping[str, str]) -> dict[str,
     ignore_startup_parameters drops it silently), and no prepared statements: one
     prepared on a server connection is unknown to the next transaction's (PgBouncer
     before 1.21 does not track them). ``prepare_threshold=None`` also overrides the
-    ``prepare=True`` of brooq's hot statements."""
+    ``prepare=True`` of brooq's hot statements. Both: UTF-8 (dsn.CLIENT_ENCODING)."""
     if mode == TRANSACTION:
-        return {"prepare_threshold": None}
-    return {"options": session_options(dsn, session)} if session else {}
+        return {"prepare_threshold": None, "client_encoding": CLIENT_ENCODING}
+    if session:
+        return {"options": session_options(dsn, session), "client_encoding": CLIENT_ENCODING}
+    return {"client_encoding": CLIENT_ENCODING}
 
 
 def local_params(session: Mapping[str, str]) -> dict[str, list[str]]:

@@ -909,7 +909,10 @@ class Queue:
         after it was opened (a first connect that fails is DatabaseUnavailable)."""
         try:
             conn = psycopg.connect(
-                self.listen_dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                self.listen_dsn,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT,
+                client_encoding=dsn_mod.CLIENT_ENCODING,
             )
         except psycopg.OperationalError as exc:
             raise unavailable(self.listen_dsn, exc) from None
@@ -927,7 +930,10 @@ class Queue:
     async def _wait_connection_async(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.listen_dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                self.listen_dsn,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT,
+                client_encoding=dsn_mod.CLIENT_ENCODING,
             )
         except psycopg.OperationalError as exc:
             raise unavailable(self.listen_dsn, exc) from None

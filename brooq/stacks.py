@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 
 from brooq.db import CONNECT_TIMEOUT, schema_missing, unavailable
+from brooq.dsn import CLIENT_ENCODING
 from brooq.errors import JobNotFound, JobNotRunning, StackUnavailable
 from brooq.sql import Queries, queries
 
@@ -42,7 +43,9 @@ def fetch_stack(
 ) -> JobStack:
     q = queries(schema)
     try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+        conn = psycopg.connect(
+            dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, client_encoding=CLIENT_ENCODING
+        )
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
     try:

@@ -267,29 +267,83 @@ def latin1_dsn(admin_dsn: str) -> Iterator[str]:
     drop_database(name)
 
 
-def test_text_is_sent_in_the_connections_encoding(latin1_dsn: str) -> None:
-    """A LATIN1 database: what LATIN1 holds is stored as given; what it cannot hold is
-    refused before anything is written, as psycopg refuses it on the pool's path."""
+def test_a_latin1_database_keeps_what_it_can_hold_and_refuses_the_rest(latin1_dsn: str) -> None:
+    """brooq's connections talk UTF-8 (dsn.CLIENT_ENCODING) whatever the database's
+    encoding: the server converts, so what LATIN1 holds is stored and read back as given
+    on every path (psycopg decodes jsonb as UTF-8 whatever the connection's encoding),
+    and what it cannot hold is refused by the server, naming the character, with nothing
+    written."""
     q = brooq.Queue(latin1_dsn)
     try:
         job_id, _ = q.enqueue(brooq.Job("line.l1", {"s": "café"}, idempotency_key="clé"))
-        # Read back in SQL: psycopg's JSON loader decodes jsonb as UTF-8 whatever the
-        # connection's encoding (a limit of reading on every path: README, "The schema").
-        with psycopg.connect(latin1_dsn) as conn:
+        with psycopg.connect(latin1_dsn) as conn:  # the database holds LATIN1 text
             row = conn.execute(
-                "SELECT payload->>'s' = 'café', idempotency_key FROM job WHERE id = %s",
+                "SELECT payload->>'s' = 'café', idempotency_key, "
+                "convert_to(payload->>'s', 'LATIN1') FROM job WHERE id = %s",
                 (job_id,),
             ).fetchone()
-        assert row == (True, "clé")
-        with pytest.raises(UnicodeEncodeError):
+        assert row == (True, "clé", b"caf\xe9")
+        record = q.get(job_id)  # read back through brooq: decodes
+        assert record is not None and record.payload == {"s": "café"}
+        assert q.list_jobs(topic="line.l1")[0].payload == {"s": "café"}
+        again, created = q.enqueue(brooq.Job("line.l1", {"s": "x"}, idempotency_key="clé"))
+        assert (again, created) == (job_id, False)  # the pool's path finds the key
+        with pytest.raises(psycopg.errors.UntranslatableCharacter, match="LATIN1"):
             q.enqueue(brooq.Job("line.l1", {"s": "€"}))
-        with pytest.raises(UnicodeEncodeError), q.transaction() as conn:
+        with pytest.raises(psycopg.errors.UntranslatableCharacter), q.transaction() as conn:
             brooq.enqueue(conn, brooq.Job("line.l1", {"s": "€"}))
+        with pytest.raises(psycopg.errors.UntranslatableCharacter):
+            q.enqueue_many([brooq.Job("line.l1", {"s": "ok"}), brooq.Job("line.l1", {"s": "€"})])
         assert q.enqueue(brooq.Job("line.l1", {"s": "ok"}))[1] is True
         with psycopg.connect(latin1_dsn) as conn:
             assert conn.execute("SELECT count(*) FROM job").fetchone() == (2,)
     finally:
         q.close()
+
+
+def test_a_latin1_database_under_a_master(latin1_dsn: str, tmp_path: Any) -> None:
+    """A child decodes the payload and writes its handler's result; the CLI reads both."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.harness import MasterProcess, prepare, wait_for
+
+    prepare(latin1_dsn)
+    q = brooq.Queue(latin1_dsn)
+    m = MasterProcess(latin1_dsn, tmp_path / "m.log")
+    try:
+        job_id, _ = q.enqueue(brooq.Job("t.echo", {"s": "café ÿ"}))
+        wait_for(lambda: q.get(job_id).state == "done", what="done")  # type: ignore[union-attr]
+        done = q.get(job_id)
+        assert done is not None and done.result == {"s": "café ÿ"}, done
+        listed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "brooq",
+                "--database",
+                latin1_dsn,
+                "jobs",
+                "show",
+                str(job_id),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")},
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        assert listed.returncode == 0, listed.stderr
+        shown = json.loads(listed.stdout)
+        assert shown["payload"] == {"s": "café ÿ"} and shown["result"] == {"s": "café ÿ"}
+    finally:
+        m.stop()
+        q.close()
+    assert "event=db_error" not in m.log()
 
 
 def test_a_fork_while_an_enqueue_holds_the_line_gives_the_child_a_line_of_its_own(

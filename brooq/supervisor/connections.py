@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from brooq import migrate, pooler
-from brooq.dsn import session_options
+from brooq.dsn import CLIENT_ENCODING, session_options
 from brooq.errors import PoolerMismatch, SchemaMissing
 from brooq.ipc.channel import STACK_CHANNEL
 from brooq.sql import Q, Queries, queries
@@ -133,6 +133,7 @@ class Connections:
                     connect_timeout=MASTER_CONNECT_TIMEOUT,
                     options=master_options(self.dsn),
                     application_name="brooq-master",
+                    client_encoding=CLIENT_ENCODING,
                 )
                 check_options(self.db)
                 if not self.schema_verified:
@@ -148,6 +149,7 @@ class Connections:
                     autocommit=True,
                     connect_timeout=MASTER_CONNECT_TIMEOUT,
                     application_name="brooq-master-listen",
+                    client_encoding=CLIENT_ENCODING,
                 )
                 # The job channel last: what pg_stat_activity shows an operator (and the
                 # fault tests look for) is the connection LISTENing for jobs.

@@ -51,6 +51,7 @@ from typing import Any
 
 import psycopg
 
+from brooq.dsn import CLIENT_ENCODING
 from brooq.sql import queries
 from brooq.supervisor import ops
 from brooq.supervisor.actions import Actions
@@ -383,7 +384,11 @@ class _Pages:
         try:
             if self.conn is None or self.conn.closed:
                 self.conn = psycopg.connect(
-                    self.dsn, autocommit=True, connect_timeout=3, application_name="brooq-pages"
+                    self.dsn,
+                    autocommit=True,
+                    connect_timeout=3,
+                    application_name="brooq-pages",
+                    client_encoding=CLIENT_ENCODING,
                 )
             page = web.serve(
                 self.conn,

@@ -40,6 +40,13 @@ def ok(claim: brooq.Claim) -> None:
         time.sleep(float(claim.payload["sleep"]))
 
 
+@queue.handler("t.echo")
+def echo(claim: brooq.Claim) -> Any:
+    """The payload back as the result (the payload's text through both directions)."""
+    record(claim)
+    return claim.payload
+
+
 @queue.handler("t.fail", max_attempts=3, backoff_base="50ms", backoff_max="100ms")
 def fail(claim: brooq.Claim) -> None:
     record(claim)
