@@ -72,9 +72,22 @@ def active(s: dict[str, int]) -> int:
     return sum(n for state, n in s.items() if state not in audit.TERMINAL)
 
 
-def backends(db: psycopg.Connection[Any], app: str) -> list[int]:
-    """Backend pids of one application_name (LIKE pattern), in this test's database
-    only: other masters on the same server are none of this test's business."""
+# The master's maintenance and LISTEN connections (its stats count's and VACUUM's are
+# OffLoops, opened when they send: brooq-master-stats, brooq-master-vacuum).
+MASTER_MAIN = ("brooq-master", "brooq-master-listen")
+
+
+def backends(db: psycopg.Connection[Any], app: str | tuple[str, ...]) -> list[int]:
+    """Backend pids of one application_name (LIKE pattern; a tuple: these names), in
+    this test's database only: other masters on the same server are none of this
+    test's business."""
+    if isinstance(app, tuple):
+        rows = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = ANY(%s) AND pid <> "
+            "pg_backend_pid() AND datname = current_database() ORDER BY pid",
+            (list(app),),
+        ).fetchall()
+        return [r[0] for r in rows]
     rows = db.execute(
         "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s AND pid <> "
         "pg_backend_pid() AND datname = current_database() ORDER BY pid",
@@ -463,13 +476,13 @@ def test_master_connections_terminated(
     ids = [slow_id]
     times = []
     for _ in range(3):
-        old = backends(db, "brooq-master%")
+        old = backends(db, MASTER_MAIN)
         assert len(old) == 2
         assert terminate(db, old) == 2
         gone = time.monotonic()
         wait_for(
             lambda old=old: (
-                (new := backends(db, "brooq-master%"))  # type: ignore[misc]
+                (new := backends(db, MASTER_MAIN))  # type: ignore[misc]
                 and len(new) == 2
                 and not set(new) & set(old)
                 and listening(db)
@@ -921,12 +934,12 @@ def test_master_keeps_its_leases_through_reconnects(
     audit.install(db)
     m = start_master(workers=1)
     m.wait_ready(1)
-    wait_for(lambda: len(backends(db, "brooq-master%")) == 2, what="master connected")
+    wait_for(lambda: len(backends(db, MASTER_MAIN)) == 2, what="master connected")
     job_id, _ = queue.enqueue(brooq.Job("t.slow", {"seconds": 5}))
     wait_for(lambda: executions(db, job_id) == 1, what="running")
     rounds = 0
     while states(db) == {"processing": 1}:
-        rounds += terminate(db, backends(db, "brooq-master%")) > 0
+        rounds += terminate(db, backends(db, MASTER_MAIN)) > 0
         time.sleep(0.7)  # a little more than a reconnect, about one renewal period
     wait_for(lambda: states(db) == {"done": 1}, timeout=10, what="done")
     assert rounds >= 5

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -637,3 +638,55 @@ def test_the_master_vacuums_the_job_table_past_its_dead_tuple_threshold(
     assert get(addr, "/healthz")[0] == 200
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
+
+
+def test_stats_count_never_holds_the_loop(dsn: str, db: Any, queue: brooq.Queue) -> None:
+    """The stats duty's count goes off the loop (brooq.supervisor.offloop): with the job
+    table locked, run_once returns while the count waits on the lock in the server, the
+    loop's select does not find its answer, and once the lock is gone the answer sets
+    the gauges. (In the loop, run_once would wait here for the lock.)"""
+    import select
+
+    from brooq.settings import Settings
+    from brooq.sql import queries
+    from brooq.supervisor.duties import Stats
+    from tests.test_supervisor_units import FakeMetrics, pending
+
+    for _ in range(3):
+        queue.enqueue(brooq.Job("t.counted"))
+
+    class InLoop:  # the master's connection, for the health read (a catalog read)
+        q = queries(None)
+
+        def with_db(self, what: str, fn: Any) -> Any:
+            return fn(db)
+
+    metrics = FakeMetrics()
+    duty = Stats(InLoop(), {}, Settings(), metrics, dsn=dsn)  # type: ignore[arg-type]
+    assert duty.line is not None
+    duty.line.session["lock_timeout"] = "0"  # wait on the lock as long as the test holds it
+    with psycopg.connect(dsn) as holder:
+        holder.execute("LOCK TABLE job IN ACCESS EXCLUSIVE MODE")
+        assert duty.run_once(0.0) == {"sent": 1}
+        assert duty.line.busy and pending(metrics, "default", "t.counted") is None
+        wait_for(
+            lambda: (
+                db.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity "
+                    "WHERE application_name = 'brooq-master-stats'"
+                ).fetchone()
+                == ("Lock",)
+            ),
+            what="the count waiting on the lock, in the server",
+        )
+        ready, _, _ = select.select(duty.read_fds(), [], [], 0.2)
+        duty.service(set(ready))
+        assert duty.line.busy and pending(metrics, "default", "t.counted") is None
+        assert duty.run_once(5.0) == {}  # one count at a time
+        holder.rollback()
+    while duty.line.busy:
+        ready, _, _ = select.select(duty.read_fds(), [], [], 5.0)
+        assert ready, "no answer within 5 s of the lock's release"
+        duty.service(set(ready))
+    assert pending(metrics, "default", "t.counted") == 3
+    duty.close()

@@ -331,15 +331,32 @@ class FakeMetrics:
 
 
 class FakeConns:
-    """What Stats reads: the rows of job_stats_by_topic and the row of job_table_health
-    (the statements themselves are run by tests/test_operations.py's real master)."""
+    """What Stats reads in the loop: the row of job_table_health (the count itself goes
+    off the loop; the real statements and the real OffLoop: tests/test_operations.py's
+    master and test_stats_count_never_holds_the_loop there)."""
+
+    q = type("Q", (), {"job_table_health": "health", "job_stats_by_topic": "count"})()
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.health = {"dead_tuples": 0.0, "xid_age": 0.0}
+        self.health = (0.0, 0.0)
 
-    def with_db(self, what: str, fn: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        return self.rows, self.health
+    def with_db(self, what: str, fn: Any) -> tuple[float, float]:
+        return self.health
+
+
+class FakeLine:
+    """An OffLoop that sends nothing: records what the duty asked."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.busy = False
+
+    def overdue(self, limit: float) -> bool:
+        return False
+
+    def send(self, statement: str) -> bool:
+        self.sent.append(statement)
+        return True
 
 
 def stats_row(queue: str, topic: str, pending: int, age: float = 0.0) -> dict[str, Any]:
@@ -362,52 +379,60 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
     conns, metrics = FakeConns(), FakeMetrics()
     none: Any = None
     duty = Stats(conns, {"mail": "bulk", "idle": "default"}, Settings(), metrics)  # type: ignore[arg-type]
-    conns.rows = [stats_row("bulk", "mail", 3, 2.5), stats_row("other", "mail", 1)]
-    assert duty.run_once(0.0) == {"topics": 2}
+    assert duty.apply([stats_row("bulk", "mail", 3, 2.5), stats_row("other", "mail", 1)]) == {
+        "topics": 2
+    }
     assert pending(metrics, "bulk", "mail") == 3 and pending(metrics, "other", "mail") == 1
     assert pending(metrics, "default", "idle") == 0  # a handler's topic: zeros, not absent
     assert metrics.oldest_ready.values[(("queue", "bulk"), ("topic", "mail"))] == 2.5
 
-    conns.rows = [stats_row("bulk", "mail", 2)]  # the other queue emptied
-    duty.run_once(1.0)
+    duty.apply([stats_row("bulk", "mail", 2)])  # the other queue emptied
     assert pending(metrics, "other", "mail") == 0  # not its last count
     assert metrics.oldest_ready.values[(("queue", "other"), ("topic", "mail"))] == 0
     metrics.jobs.written.clear()
-    duty.run_once(2.0)  # written as zero once, then forgotten (the gauge keeps the 0)
+    duty.apply([stats_row("bulk", "mail", 2)])  # written as zero once, then forgotten
     assert {dict(key)["queue"] for key in metrics.jobs.written} == {"bulk", "default"}
 
     # A handled topic without rows shows as zero in its handler's queue.
     listed = Stats(conns, {"mail": "default"}, Settings(), metrics)  # type: ignore[arg-type]
-    conns.rows = []
-    listed.run_once(0.0)
+    listed.apply([])
     assert pending(metrics, "default", "mail") == 0
-    assert Stats(none, {}, Settings(), None).run_once(0.0) == {}
+    assert Stats(none, {}, Settings(), None, dsn="x").run_once(0.0) == {}  # no metrics
 
 
 def test_slow_stats_refresh_less_often_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
-    """A count that took 1 s (a big backlog) comes back 20 s later, not 5 s: the duty
-    takes at most a twentieth of the master's loop; a quick one is back on its period."""
+    """A count that took 1 s (a big backlog) comes back 20 s later, not 5 s: counting
+    takes at most a twentieth of its connection's time; a quick one is back on its
+    period. The pace is set when the answer arrives, for the runs after it."""
     conns, metrics = FakeConns(), FakeMetrics()
     duty = Stats(conns, {}, Settings(stats_period=5.0), metrics)  # type: ignore[arg-type]
-    took = iter([0.0, 1.0, 10.0, 10.02])
-    duty.clock = lambda: next(took)
+    duty.line = FakeLine()  # type: ignore[assignment]
     sched = Scheduler([duty], now=0.0)
+    assert [d.run_once(0.0) for d in sched.due(0.0)] == [{"sent": 1}]
     with caplog.at_level("WARNING", logger="brooq.master"):
-        assert [d.run_once(0.0) for d in sched.due(0.0)] == [{"topics": 0}]
-    assert duty.period == 20.0 and sched.next_at() == 20.0
+        duty._pace(1.0)  # the answer: 1 s after the send
+    assert duty.period == 20.0
     assert "event=stats_slow seconds=1.00" in caplog.text
-    assert [d.name for d in sched.due(19.9)] == []
-    for d in sched.due(20.0):
-        d.run_once(20.0)
-    assert duty.period == 5.0 and sched.next_at() == 25.0
+    for d in sched.due(5.0):
+        d.run_once(5.0)
+    assert sched.next_at() == 25.0
+    duty._pace(0.02)
+    for d in sched.due(25.0):
+        d.run_once(25.0)
+    assert duty.period == 5.0 and sched.next_at() == 30.0
 
 
-def test_stats_set_the_table_health_gauges() -> None:
+def test_stats_send_one_count_at_a_time_and_set_the_health_gauges() -> None:
     conns, metrics = FakeConns(), FakeMetrics()
     duty = Stats(conns, {}, Settings(), metrics)  # type: ignore[arg-type]
-    conns.health = {"dead_tuples": 1234.0, "xid_age": 5678.0}
-    duty.run_once(0.0)
+    line = duty.line = FakeLine()  # type: ignore[assignment]
+    conns.health = (1234.0, 5678.0)
+    assert duty.run_once(0.0) == {"sent": 1} and line.sent == ["count"]
     assert (metrics.dead_tuples.value, metrics.xid_age.value) == (1234.0, 5678.0)
+    line.busy = True  # the count still in flight: the health is read, nothing sent
+    conns.health = (1.0, 2.0)
+    assert duty.run_once(5.0) == {} and line.sent == ["count"]
+    assert (metrics.dead_tuples.value, metrics.xid_age.value) == (1.0, 2.0)
 
 
 # -- watchdog decisions --------------------------------------------------------------------------
@@ -467,9 +492,9 @@ def test_vacuum_starts_past_the_threshold_and_never_twice_at_once() -> None:
 
     health = TableHealth(dead=99_999)
     duty = vacuum_mod.Vacuum(health, "dsn", 100_000, 2.0, clock=lambda: 1.0)  # type: ignore[arg-type]
-    assert duty.run_once(0.0) == {} and health.asked == 1 and duty.conn is None
+    assert duty.run_once(0.0) == {} and health.asked == 1 and duty.line.conn is None
     health.dead = 10**9
-    duty.started_at = 0.0  # one in flight
+    duty.line.started_at = 0.0  # one in flight
     assert duty.run_once(1.0) == {} and health.asked == 1
     off = vacuum_mod.Vacuum(health, "dsn", 0, 2.0)  # type: ignore[arg-type]
     assert off.run_once(2.0) == {} and health.asked == 1  # 0: left to autovacuum
@@ -482,10 +507,10 @@ def test_a_vacuum_without_an_answer_is_given_up_after_an_hour() -> None:
 
     now = [0.0]
     duty = vacuum_mod.Vacuum(TableHealth(), "dsn", 100, 2.0, clock=lambda: now[0])  # type: ignore[arg-type]
-    duty.started_at = 0.0  # a VACUUM sent at 0 and never answered
+    duty.line.started_at = 0.0  # a VACUUM sent at 0 and never answered
     now[0] = vacuum_mod.GIVE_UP_AFTER - 1
     duty.run_once(now[0])
-    assert duty.started_at == 0.0
+    assert duty.line.started_at == 0.0
     now[0] = vacuum_mod.GIVE_UP_AFTER + 1
     duty.run_once(now[0])
-    assert duty.started_at is None and duty.conn is None
+    assert duty.line.started_at is None and duty.line.conn is None

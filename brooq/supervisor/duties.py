@@ -19,14 +19,12 @@ No duty ever touches a child's process: renewal only tells a child its lease is 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 import psycopg
-from psycopg.rows import dict_row
 
 from brooq import periodic as periodic_mod
 from brooq import produce
@@ -36,8 +34,9 @@ from brooq.metrics import Metrics
 from brooq.settings import Settings
 from brooq.supervisor import maintenance
 from brooq.supervisor.accounting import Accounting
-from brooq.supervisor.connections import Connections
+from brooq.supervisor.connections import MASTER_LOCK_TIMEOUT_MS, Connections
 from brooq.supervisor.fleet import Fleet
+from brooq.supervisor.offloop import OffLoop
 from brooq.supervisor.sdnotify import Notifier
 
 log = logging.getLogger("brooq.master")
@@ -54,8 +53,12 @@ SD_WATCHDOG, RECONNECT, RENEW, REAP, STATS, RETENTION, PERIODIC = (
     "periodic",
 )
 PERIODIC_PERIOD = 1.0
-# The stats duty takes at most 1/STATS_LOOP_SHARE of the master's loop.
+# The stats duty's count takes at most 1/STATS_LOOP_SHARE of its connection's time; a
+# count has STATS_STATEMENT_TIMEOUT_MS on the server, and is given up (its connection
+# closed) when even that did not answer.
 STATS_LOOP_SHARE = 20.0
+STATS_STATEMENT_TIMEOUT_MS = 120_000
+STATS_GIVE_UP_AFTER = 180.0
 # Retention while behind: the pause between two passes, and how often it says so.
 RETENTION_BEHIND_PAUSE = 0.01
 RETENTION_LOG_EVERY = 10.0
@@ -262,10 +265,13 @@ class Stats:
     stay on the dashboards.
 
     The counts are exact, so a run costs what the backlog holds (about 0.3 s with
-    1,000,000 ready jobs, 3-4 s with 8,000,000), and it runs in the master's loop: the
-    next run comes at least STATS_LOOP_SHARE times its own duration later, so that the
-    duty never takes more than 1/STATS_LOOP_SHARE of the loop (the gauges then refresh
-    less often, and event=stats_slow says so)."""
+    1,000,000 ready jobs, 3-4 s with 8,000,000): the count is sent on a connection of
+    its own and its rows applied when the answer arrives (brooq.supervisor.offloop),
+    so the loop goes on waking children and renewing leases meanwhile; the table's
+    health, a catalog read, is read in the loop. One count at a time; the next comes at
+    least STATS_LOOP_SHARE times its own duration later, so that counting never takes
+    more than 1/STATS_LOOP_SHARE of a database connection's time (the gauges then
+    refresh less often, and event=stats_slow says so)."""
 
     name = STATS
     first_after = 0.0
@@ -276,32 +282,71 @@ class Stats:
         topics: dict[str, str],
         settings: Settings,
         metrics: Metrics | None,
+        dsn: str | None = None,
     ) -> None:
         self.conns = conns
         self.handled = {(queue, topic) for topic, queue in topics.items()}
         self.configured = self.period = settings.stats_period
         self.metrics = metrics
         self.shown: set[tuple[str, str]] = set()  # (queue, topic) read at the last run
-        self.clock: Callable[[], float] = time.monotonic
+        # None without a database (unit tests of the scheduling): nothing is counted.
+        self.line = (
+            OffLoop(
+                dsn,
+                STATS,
+                {
+                    "statement_timeout": str(STATS_STATEMENT_TIMEOUT_MS),
+                    "lock_timeout": str(MASTER_LOCK_TIMEOUT_MS),
+                },
+            )
+            if dsn is not None and metrics is not None
+            else None
+        )
 
     def run_once(self, now: float) -> Counts:
-        if self.metrics is None:
+        if self.metrics is None or self.line is None:
             return {}
-
-        def read(conn: psycopg.Connection[Any]) -> tuple[list[dict[str, Any]], Any]:
-            cur = conn.cursor(row_factory=dict_row)
-            rows = cur.execute(self.conns.q.job_stats_by_topic).fetchall()
-            return rows, cur.execute(self.conns.q.job_table_health).fetchone()
-
-        started = self.clock()
-        result = self.conns.with_db("stats", read)
-        self._pace(self.clock() - started)
-        if result is None:
+        health = self.conns.with_db(
+            "stats", lambda c: c.execute(self.conns.q.job_table_health).fetchone()
+        )
+        if health is None:
+            # The database is out of reach (the Reconnect duty is at it): no connect of
+            # the count's own, which would hold the loop for its connect timeout.
             return {}
-        rows, health = result
-        if health is not None:
-            self.metrics.dead_tuples.set(health["dead_tuples"])
-            self.metrics.xid_age.set(health["xid_age"])
+        self.metrics.dead_tuples.set(float(health[0]))
+        self.metrics.xid_age.set(float(health[1]))
+        if self.line.overdue(STATS_GIVE_UP_AFTER):  # the server's timeout did not answer
+            log.warning("event=stats_failed error='no answer after %.0f s'", STATS_GIVE_UP_AFTER)
+            self.line.drop()
+        if self.line.busy or not self.line.send(self.conns.q.job_stats_by_topic):
+            return {}
+        return {"sent": 1}
+
+    # -- the loop: read what arrived -------------------------------------------------------
+
+    def read_fds(self) -> list[int]:
+        return self.line.read_fds() if self.line is not None else []
+
+    def fds(self) -> list[int]:
+        return self.line.fds() if self.line is not None else []
+
+    def service(self, readable: set[int]) -> None:
+        answer = self.line.service(readable) if self.line is not None else None
+        if answer is None:
+            return
+        self._pace(answer.seconds)
+        if answer.error:
+            log.warning("event=stats_failed seconds=%.2f error=%r", answer.seconds, answer.error)
+            return
+        self.apply(stats_rows(answer.results[0]) if answer.results else [])
+
+    def close(self) -> None:
+        if self.line is not None:
+            self.line.close()
+
+    def apply(self, rows: list[dict[str, Any]]) -> Counts:
+        """The gauges from one count's rows (job_stats_by_topic)."""
+        assert self.metrics is not None
         by_key = {(r["queue"], r["topic"]): r for r in rows}
         for queue, topic in self.handled | self.shown | set(by_key):
             r = by_key.get((queue, topic), {})
@@ -324,6 +369,32 @@ class Stats:
                 self.configured,
             )
         self.period = period
+
+
+# The columns of job_stats_by_topic by type: libpq's text answer, read without a cursor.
+_INT_TYPES = frozenset({20, 21, 23})  # int8, int2, int4
+_FLOAT_TYPES = frozenset({700, 701})  # float4, float8
+
+
+def stats_rows(result: Any) -> list[dict[str, Any]]:
+    """A PGresult of job_stats_by_topic as dicts (names as the statement gives them)."""
+    names = [result.fname(c).decode() for c in range(result.nfields)]
+    kinds = [result.ftype(c) for c in range(result.nfields)]
+    rows = []
+    for r in range(result.ntuples):
+        row: dict[str, Any] = {}
+        for c, name in enumerate(names):
+            raw = result.get_value(r, c)
+            if raw is None:
+                row[name] = None
+            elif kinds[c] in _INT_TYPES:
+                row[name] = int(raw)
+            elif kinds[c] in _FLOAT_TYPES:
+                row[name] = float(raw)
+            else:
+                row[name] = raw.decode()  # the connection speaks UTF-8 (dsn.CLIENT_ENCODING)
+        rows.append(row)
+    return rows
 
 
 class Retention:

@@ -129,17 +129,20 @@ class Master:
         self.fleet = Fleet(spec, self.accounting, self._own_fds)
         self.enforcer = Enforcer(self.fleet, self.conns, settings, self.metrics)
         self.admin = Admin(self.fleet, self.conns, metrics_dir)
+        # The count of the jobs runs off the loop, on a connection of its own.
+        self.stats = Stats(
+            self.conns,
+            {t: h.queue for t, h in queue.handlers.items()},
+            settings,
+            self.metrics,
+            dsn=self.listen_dsn,
+        )
         duties: list[Duty] = [SdWatchdog(self.notifier)] if self.notifier.watchdog_period else []
         duties += [
             Reconnect(self.conns, self.accounting),
             Renewal(self.fleet, self.conns, settings, self.metrics),
             Reaper(self.conns, settings, self.metrics),
-            Stats(
-                self.conns,
-                {t: h.queue for t, h in queue.handlers.items()},
-                settings,
-                self.metrics,
-            ),
+            self.stats,
             Retention(self.conns, settings, self.metrics),
         ]
         self.vacuum = Vacuum(
@@ -199,6 +202,7 @@ class Master:
             if self.pages is not None:
                 self.pages.stop()
             self.vacuum.close()
+            self.stats.close()
             self.conns.close()
             if self.ops is not None:
                 self.ops.close()
@@ -219,6 +223,7 @@ class Master:
             if self.pages is not None:
                 fds.extend(self.pages.read_fds())  # its reports: start, writing, end
             fds.extend(self.vacuum.read_fds())  # the answer of a VACUUM in flight
+            fds.extend(self.stats.read_fds())  # the answer of a count in flight
             try:
                 readable, writable, _ = select.select(fds, writes, [], timeout)
             except InterruptedError:
@@ -240,6 +245,7 @@ class Master:
                 # Reads its reports; kills it when a request runs over its limit.
                 self.pages.service(set(readable), time.monotonic())
             self.vacuum.service(set(readable))
+            self.stats.service(set(readable))
             fleet.reap()
             self._run_due(time.monotonic())
             fleet.read_boards()
@@ -293,7 +299,15 @@ class Master:
         """The master's own descriptors, which a forked child closes."""
         ops = self.ops.fds() if self.ops is not None else []  # listening socket, clients
         pages = self.pages.fds() if self.pages is not None else []
-        return [self.sig_r, self.sig_w, *ops, *pages, *self.conns.fds(), *self.vacuum.fds()]
+        return [
+            self.sig_r,
+            self.sig_w,
+            *ops,
+            *pages,
+            *self.conns.fds(),
+            *self.vacuum.fds(),
+            *self.stats.fds(),
+        ]
 
     def _fds_for_pages(self) -> list[int]:
         """What the page process closes: the master's descriptors and every worker's
