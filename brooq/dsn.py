@@ -13,12 +13,12 @@ from brooq.errors import InvalidDsn
 
 # brooq's own connections that carry jobs' text (the producers' pools and line, the
 # children, the master's, the status page's, the commands') talk UTF-8, whatever the
-# database's encoding. psycopg
-# decodes a jsonb answer as UTF-8 regardless of the connection's client_encoding, so on a
-# LATIN1 database a payload holding "é" came back undecodable (queue.get raised
-# UnicodeDecodeError, a child failed the job). With UTF8 the server converts both ways,
-# and text the database cannot hold is refused by it with a message naming the character.
-# The caller's own connections (brooq.enqueue(conn, ...)) keep the caller's setting.
+# database's encoding. psycopg decodes a jsonb answer as UTF-8 regardless of the
+# connection's client_encoding, so on a LATIN1 database a payload holding "é" came back
+# undecodable (queue.get raised UnicodeDecodeError, a child failed the job). With UTF8
+# the server converts both ways, and text the database cannot hold is refused by it
+# with a message naming the character. The caller's own connections
+# (brooq.enqueue(conn, ...)) keep the caller's setting.
 CLIENT_ENCODING = "UTF8"
 
 CREDENTIAL_NAME = "database-url"
