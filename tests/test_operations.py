@@ -673,7 +673,7 @@ def test_stats_count_never_holds_the_loop(dsn: str, db: Any, queue: brooq.Queue)
             lambda: (
                 db.execute(
                     "SELECT wait_event_type FROM pg_stat_activity "
-                    "WHERE application_name = 'brooq-master-stats'"
+                    "WHERE application_name = 'brooq-master-stats' AND datname = current_database()"
                 ).fetchone()
                 == ("Lock",)
             ),

@@ -403,7 +403,9 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
 def test_slow_stats_refresh_less_often_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
     """A count that took 1 s (a big backlog) comes back 20 s later, not 5 s: counting
     takes at most a twentieth of its connection's time; a quick one is back on its
-    period. The pace is set when the answer arrives, for the runs after it."""
+    period. The pace is known when the answer arrives, after the Scheduler set the next
+    run: a run due on the old period waits for the paced one, and a quick answer after
+    a slow period takes effect one period later."""
     conns, metrics = FakeConns(), FakeMetrics()
     duty = Stats(conns, {}, Settings(stats_period=5.0), metrics)  # type: ignore[arg-type]
     duty.line = FakeLine()  # type: ignore[assignment]
@@ -413,13 +415,14 @@ def test_slow_stats_refresh_less_often_and_say_so(caplog: pytest.LogCaptureFixtu
         duty._pace(1.0)  # the answer: 1 s after the send
     assert duty.period == 20.0
     assert "event=stats_slow seconds=1.00" in caplog.text
-    for d in sched.due(5.0):
-        d.run_once(5.0)
-    assert sched.next_at() == 25.0
-    duty._pace(0.02)
-    for d in sched.due(25.0):
-        d.run_once(25.0)
-    assert duty.period == 5.0 and sched.next_at() == 30.0
+    line = duty.line
+    assert [d.run_once(5.0) for d in sched.due(5.0)] == [{}]  # due on the old period: waits
+    assert sched.next_at() == 25.0 and len(line.sent) == 1  # type: ignore[union-attr]
+    assert [d.run_once(25.0) for d in sched.due(25.0)] == [{"sent": 1}]
+    duty._pace(0.02)  # a quick one: back on its period after the run already set
+    assert duty.period == 5.0 and sched.next_at() == 45.0
+    assert [d.run_once(45.0) for d in sched.due(45.0)] == [{"sent": 1}]
+    assert sched.next_at() == 50.0
 
 
 def test_stats_send_one_count_at_a_time_and_set_the_health_gauges() -> None:

@@ -289,6 +289,7 @@ class Stats:
         self.configured = self.period = settings.stats_period
         self.metrics = metrics
         self.shown: set[tuple[str, str]] = set()  # (queue, topic) read at the last run
+        self.sent_at: float | None = None  # the last count's send (the run's ``now``)
         # None without a database (unit tests of the scheduling): nothing is counted.
         self.line = (
             OffLoop(
@@ -318,8 +319,15 @@ class Stats:
         if self.line.overdue(STATS_GIVE_UP_AFTER):  # the server's timeout did not answer
             log.warning("event=stats_failed error='no answer after %.0f s'", STATS_GIVE_UP_AFTER)
             self.line.drop()
-        if self.line.busy or not self.line.send(self.conns.q.job_stats_by_topic):
+        if self.line.busy:
             return {}
+        # The pace is known once an answer arrived, after the Scheduler had already set
+        # the next run a configured period on: that run waits for the paced one.
+        if self.sent_at is not None and now - self.sent_at < self.period:
+            return {}
+        if not self.line.send(self.conns.q.job_stats_by_topic):
+            return {}
+        self.sent_at = now
         return {"sent": 1}
 
     # -- the loop: read what arrived -------------------------------------------------------
