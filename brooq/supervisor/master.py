@@ -150,6 +150,9 @@ class Master:
         )
         if settings.vacuum_dead_tuples > 0:
             duties.append(self.vacuum)
+        # The duties whose statements run off the loop (brooq.supervisor.offloop): their
+        # sockets are in the select, their answers read when readable.
+        self.off_loop: list[Stats | Vacuum] = [self.vacuum, self.stats]
         if queue.schedules:
             duties.append(
                 Periodic(
@@ -201,8 +204,8 @@ class Master:
         finally:
             if self.pages is not None:
                 self.pages.stop()
-            self.vacuum.close()
-            self.stats.close()
+            for duty in self.off_loop:
+                duty.close()
             self.conns.close()
             if self.ops is not None:
                 self.ops.close()
@@ -222,8 +225,8 @@ class Master:
                 writes = self.ops.write_fds()
             if self.pages is not None:
                 fds.extend(self.pages.read_fds())  # its reports: start, writing, end
-            fds.extend(self.vacuum.read_fds())  # the answer of a VACUUM in flight
-            fds.extend(self.stats.read_fds())  # the answer of a count in flight
+            for duty in self.off_loop:
+                fds.extend(duty.read_fds())  # the answer of a VACUUM or a count in flight
             try:
                 readable, writable, _ = select.select(fds, writes, [], timeout)
             except InterruptedError:
@@ -244,8 +247,8 @@ class Master:
             if self.pages is not None:
                 # Reads its reports; kills it when a request runs over its limit.
                 self.pages.service(set(readable), time.monotonic())
-            self.vacuum.service(set(readable))
-            self.stats.service(set(readable))
+            for duty in self.off_loop:
+                duty.service(set(readable))
             fleet.reap()
             self._run_due(time.monotonic())
             fleet.read_boards()
@@ -305,8 +308,7 @@ class Master:
             *ops,
             *pages,
             *self.conns.fds(),
-            *self.vacuum.fds(),
-            *self.stats.fds(),
+            *(fd for duty in self.off_loop for fd in duty.fds()),
         ]
 
     def _fds_for_pages(self) -> list[int]:
