@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from psycopg import conninfo
 
@@ -20,6 +21,23 @@ from brooq.errors import InvalidDsn
 # with a message naming the character. The caller's own connections
 # (brooq.enqueue(conn, ...)) keep the caller's setting.
 CLIENT_ENCODING = "UTF8"
+
+
+def server_codec(conn: Any) -> str | None:
+    """The Python codec of the database's own encoding when it is not UTF-8 (what text
+    brooq writes must fit, as brooq.worker.execute.storable makes it), None for UTF8
+    and SQL_ASCII (which stores the UTF-8 bytes brooq sends as they are). An encoding
+    Python has no codec for gives "ascii": every non-ASCII character is then escaped."""
+    name = conn.info.parameter_status("server_encoding") or b"UTF8"
+    if name in (b"UTF8", b"SQL_ASCII"):
+        return None
+    try:  # psycopg's own table of PostgreSQL's encodings (not public API: guarded)
+        from psycopg._encodings import pg2pyenc
+
+        return str(pg2pyenc(name))
+    except Exception:  # unknown to it, or moved: be safe rather than fail a write
+        return "ascii"
+
 
 CREDENTIAL_NAME = "database-url"
 LISTEN_CREDENTIAL_NAME = "listen-database-url"

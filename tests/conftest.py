@@ -118,6 +118,23 @@ def admin_dsn() -> str:
 
 
 @pytest.fixture
+def latin1_dsn(admin_dsn: str) -> Iterator[str]:
+    """A new LATIN1 database with the brooq schema (its text cannot hold "€")."""
+    name = f"brooq_l1_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE DATABASE {} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+                "TEMPLATE template0"
+            ).format(sql.Identifier(name))
+        )
+    dsn = with_db(admin_dsn, name)
+    migrate.up(dsn)
+    yield dsn
+    drop_database(name)
+
+
+@pytest.fixture
 def start_master(dsn: str, tmp_path: Path) -> Iterator[Callable[..., MasterProcess]]:
     """Start real brooq-master processes on the test database; all stopped at teardown."""
     prepare(dsn)

@@ -8,22 +8,18 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg.rows import dict_row
 
 import brooq
 from brooq import enqueue_line, migrate, poolcheck
 from brooq.errors import DatabaseUnavailable
 from tests.harness import terminate_backend
-
-from .conftest import drop_database, with_db
 
 
 def _line_conn(queue: brooq.Queue) -> psycopg.Connection[Any]:
@@ -249,22 +245,6 @@ def test_close_ends_the_line_and_the_next_enqueue_opens_another(queue: brooq.Que
     queue.close()
     assert conn.closed and queue._line is None
     assert queue.enqueue(brooq.Job("line.t"))[1] is True
-
-
-@pytest.fixture
-def latin1_dsn(admin_dsn: str) -> Iterator[str]:
-    name = f"brooq_l1_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "CREATE DATABASE {} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
-                "TEMPLATE template0"
-            ).format(sql.Identifier(name))
-        )
-    dsn = with_db(admin_dsn, name)
-    migrate.up(dsn)
-    yield dsn
-    drop_database(name)
 
 
 def test_a_latin1_database_keeps_what_it_can_hold_and_refuses_the_rest(latin1_dsn: str) -> None:

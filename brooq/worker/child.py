@@ -114,6 +114,11 @@ def claim_row(cursor: psycopg.Cursor[Any]) -> RowMaker[ClaimRow]:
     return ClaimRow._make
 
 
+# What was written for each finished job when the batched `done` was refused: the
+# state (None: nothing) and the outcome written (brooq.worker.outcome.OutcomeWriter.write).
+Apart = dict[uuid.UUID, tuple[str | None, execute.Outcome]]
+
+
 @dataclass
 class _Finished:
     claim: Claim[Any]
@@ -304,17 +309,19 @@ class Child:
 
     def _round_trip(
         self, finished: list[_Finished], with_results: bool, limit: int
-    ) -> tuple[list[ClaimRow], list[str]] | None:
+    ) -> tuple[list[ClaimRow], list[str], Apart | None] | None:
         """The claim statement: write ``finished`` as `done`, claim up to ``limit``. Its
-        rows and the round's queues in order; None when the database failed (not known
-        whether it committed: the finished jobs stay held and are written again on the
-        next pass, the guard makes that harmless; claims it may have made come back
-        through the reaper). Only the database here: an async child runs it in its DB
-        thread while jobs run (brooq.worker.aio)."""
+        rows, the round's queues in order, and None, or, when the database refused the
+        statement for what a result holds, no rows and what was written for each finished
+        job on its own (``Apart``); None when the database failed (not known whether it
+        committed: the finished jobs stay held and are written again on the next pass,
+        the guard makes that harmless; claims it may have made come back through the
+        reaper). Only the database here: an async child runs it in its DB thread while
+        jobs run (brooq.worker.aio)."""
         queues = self._claimable_queues() if limit else []
         if not queues:  # nothing to claim from: only write what finished
             if not finished:
-                return [], []
+                return [], [], None
             limit, queues = 0, self.order.names[:1]
         params: dict[str, Any] = {
             "done": [f.claim.id for f in finished],
@@ -356,13 +363,43 @@ class Child:
             psycopg.errors.DuplicatePreparedStatement,
         ) as exc:  # the child crashes either way: say why (brooq.pooler)
             raise pooler.prepared_mismatch(exc) or exc from None
-        return rows, queues
+        except psycopg.Error as exc:
+            if not with_results:
+                raise  # no job's content in it: brooq's own fault, the child crashes
+            # A result the database cannot hold (a character its encoding lacks) fails
+            # the whole statement, which wrote nothing: each finished job is written on
+            # its own, so that only the job whose result is refused is charged.
+            log.warning(
+                "event=done_refused jobs=%d error=%r: writing each on its own",
+                len(finished),
+                execute.describe(exc),
+            )
+            return [], queues, self._write_apart(finished)
+        return rows, queues, None
+
+    def _write_apart(self, finished: list[_Finished]) -> Apart:
+        """Write each finished job's `done` (and result) in a statement of its own."""
+        apart: Apart = {}
+        for f in finished:
+            policy = self.policies[f.claim.topic]
+            apart[f.claim.id] = self.outcomes.write(f.claim, policy, execute.DONE, f.result)
+        return apart
 
     def _settle_round(
-        self, finished: list[_Finished], rows: list[ClaimRow], queues: list[str]
+        self,
+        finished: list[_Finished],
+        rows: list[ClaimRow],
+        queues: list[str],
+        apart: Apart | None = None,
     ) -> list[Claim]:
-        """After a round trip: log and count the `done` written, and the claims in the
-        order of the round (the queues as tried, then priority, then FIFO)."""
+        """After a round trip: log and count the `done` written (or what was written for
+        each on its own), and the claims in the order of the round (the queues as tried,
+        then priority, then FIFO)."""
+        if apart is not None:
+            for f in finished:
+                state, outcome = apart[f.claim.id]
+                self.outcomes.settled(f.claim, state, f.duration, outcome)
+            return []
         written = {r.id for r in rows if not r.claimed}
         with logs.batch(log):  # the round trip's job_done lines in one write
             for f in finished:

@@ -26,6 +26,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 
 from brooq import pooler
+from brooq.dsn import server_codec
 from brooq.settings import Settings
 from brooq.sql import Q
 from brooq.worker.state import ChildState
@@ -44,6 +45,9 @@ class ChildConnection:
         self.settings = settings
         self.state = state
         self.conn: psycopg.Connection[Any] | None = None
+        # The database's encoding when it is not UTF-8 (brooq.dsn.server_codec): the
+        # error texts written must fit it. Read at each connect.
+        self.codec: str | None = None
         # Behind a transaction pooler: the parameters of Q.session_settings_local.
         self.local: dict[str, list[str]] | None = None
         if settings.pooler == pooler.TRANSACTION:
@@ -110,6 +114,7 @@ class ChildConnection:
         # A payload that cannot be decoded (inserted by hand, nested too deep)
         # must fail its job, not crash the child on every claim.
         set_json_loads(_decode_payload, conn)
+        self.codec = server_codec(conn)
         return conn
 
     @contextlib.contextmanager

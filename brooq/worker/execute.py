@@ -3,7 +3,8 @@ whether the attempt is refunded), canceled, or abandon (the lease is gone: write
 
 Owns the reading of the handler signals (brooq.job: Delay, PreserveAttempt, CancelJob,
 raised directly or as a __cause__ at any depth) and of brooq's interruptions
-(AttemptTimeout, LeaseLost), and the text of last_error (`describe`, `bounded`).
+(AttemptTimeout, LeaseLost), and the text of last_error (`describe`, `bounded`, and
+`storable`: what the database can hold of a text written by the application).
 
 Also owns the handler's retry policy (``retry=fn``): asked only where the default backoff
 would apply (a plain exception, AttemptTimeout); the signals keep their meaning.
@@ -16,6 +17,7 @@ a retry policy that gives up) makes it dead whatever attempts are left.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
@@ -52,13 +54,44 @@ def bounded(text: str, limit: int = LAST_ERROR_MAX) -> str:
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` for last_error, bounded in length."""
+    """``Type: message`` for last_error, bounded in length. Never raises: an exception
+    whose ``str()`` fails (or returns something else than a str) is named with that."""
     name = type(exc).__qualname__
     module = type(exc).__module__
     if module not in ("builtins", "brooq.job", "brooq.errors"):  # brooq's own: short
         name = f"{module}.{name}"
-    message = str(exc)
+    try:
+        message = str(exc)
+    except Exception as failure:  # the application's __str__ is application code
+        message = f"<str() raised {type(failure).__qualname__}>"
     return bounded(f"{name}: {message}" if message else name)
+
+
+# What no PostgreSQL text can hold (NUL), and what is not Unicode (a lone surrogate
+# cannot be encoded for the wire at all).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str, codec: str | None = None, limit: int = LAST_ERROR_MAX) -> str:
+    """``text`` as the database can store it, bounded to ``limit`` characters: NUL and
+    lone surrogates written as the escapes Python's repr uses (``\\x00``, ``\\udc80``),
+    and, for a database whose encoding is not UTF-8 (``codec``: its Python codec), every
+    character that encoding lacks as its escape (``\\u20ac`` for "€" in LATIN1). The
+    rendering is faithful (the escapes say which character it was, in ASCII), so brooq's
+    own write of an error cannot fail on its text."""
+    text = bounded(text, limit)  # what is cut off need not be escaped
+    if codec is None:
+        if "\x00" not in text and (text.isascii() or not _UNSTORABLE.search(text)):
+            return text
+        text = _UNSTORABLE.sub(_escape, text)
+    else:
+        text = _UNSTORABLE.sub(_escape, text).encode(codec, "backslashreplace").decode(codec)
+    return bounded(text, limit)
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return "\\x00" if char == "\x00" else f"\\u{ord(char):04x}"
 
 
 def find_signal(exc: BaseException) -> BaseException | None:

@@ -15,6 +15,7 @@ run while an interruption may be raised (the handler has returned: brooq.worker.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from typing import Any
@@ -32,6 +33,7 @@ from brooq.sql import queries
 from brooq.worker import execute
 from brooq.worker.connection import ChildConnection, Stop
 from brooq.worker.meter import Meter
+from brooq.worker.retry import backoff
 from brooq.worker.state import ChildState
 
 log = logging.getLogger("brooq.child")
@@ -72,6 +74,11 @@ class OutcomeWriter:
         if outcome.kind == "abandon":
             log.info("event=lease_lost job=%s topic=%s: nothing written", claim.id, claim.topic)
             return None, outcome
+        if outcome.error is not None:  # the application's text, as the database holds it
+            outcome = dataclasses.replace(
+                outcome, error=execute.storable(outcome.error, self.connection.codec)
+            )
+        refused = False
         # The connection may drop mid-write: reconnect and write again. The guard makes
         # a second write harmless (a committed first one left the row not 'processing').
         for attempt in range(WRITE_TRIES):
@@ -84,6 +91,28 @@ class OutcomeWriter:
                 self.state.sleep(min(0.2 * 2**attempt, 2.0))
             except Stop:
                 break
+            except Exception as exc:
+                # The database (or the driver) refused what this job's outcome holds, in a
+                # way storable() did not foresee. The job is charged, never its
+                # siblings: once more as a failed attempt whose text is ASCII only.
+                if refused:
+                    log.error(
+                        "event=outcome_refused job=%s topic=%s error=%r: not written; the "
+                        "lease will expire and the reaper charges the attempt",
+                        claim.id,
+                        claim.topic,
+                        execute.describe(exc),
+                    )
+                    return None, outcome
+                refused = True
+                outcome = refused_outcome(claim, policy, outcome, exc)
+                log.error(
+                    "event=outcome_refused job=%s topic=%s error=%r: written as a failed "
+                    "attempt instead",
+                    claim.id,
+                    claim.topic,
+                    outcome.error,
+                )
         log.error(
             "event=outcome_not_written job=%s topic=%s: the lease will expire and the reaper "
             "returns the job",
@@ -111,12 +140,15 @@ class OutcomeWriter:
                 )
                 handler = self.handlers.get(claim.topic)
                 retry = handler.retry if handler is not None else None
-                outcome = execute.decide(exc, claim.attempt, policy, random.random(), retry)
+                cause = exc.__cause__ if isinstance(exc, _ResultRefused) else exc
+                assert cause is not None
+                outcome = execute.decide(cause, claim.attempt, policy, random.random(), retry)
                 report_policy_error(claim, outcome)
+                what = "result not stored: " if isinstance(exc, _ResultRefused) else "on success: "
                 outcome = execute.Outcome(
                     "failed",
                     delay=outcome.delay,
-                    error=execute.bounded("on success: " + (outcome.error or "")),
+                    error=execute.storable(what + (outcome.error or ""), self.connection.codec),
                     final=outcome.final,
                 )
         if outcome.kind == "canceled":
@@ -153,7 +185,12 @@ class OutcomeWriter:
         try:
             with conn.transaction():
                 self.connection.apply_local(conn)  # behind a transaction pooler only
-                cur = conn.execute(self.q.job_set_done, {**who, "result": result}, prepare=True)
+                try:
+                    cur = conn.execute(self.q.job_set_done, {**who, "result": result}, prepare=True)
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.Error as exc:  # the result itself (an encoding lacks it)
+                    raise _ResultRefused from exc
                 if cur.rowcount == 0:
                     raise _NotOurs
                 checked = check_jobs(claim.chained, self.settings.max_payload_bytes, self.handlers)
@@ -230,8 +267,29 @@ def report_policy_error(claim: Claim[Any], outcome: execute.Outcome) -> None:
         )
 
 
+def refused_outcome(
+    claim: Claim[Any], policy: Policy, outcome: execute.Outcome, exc: BaseException
+) -> execute.Outcome:
+    """The failed attempt written when the database refused ``outcome``: its text says
+    what was refused and why, in ASCII (escapes for the rest), so nothing in it can be
+    refused again; charged like any failed attempt, so the job ends dead after its own
+    attempts."""
+    text = f"brooq could not write this attempt's outcome ({outcome.kind}): "
+    text += execute.describe(exc)
+    if outcome.error:
+        text += f"; the attempt's error: {outcome.error}"
+    delay = outcome.delay
+    if outcome.kind != "failed":
+        delay = backoff(claim.attempt, policy.backoff_base, policy.backoff_max, random.random())
+    return execute.Outcome("failed", delay=delay, error=execute.storable(text, "ascii"))
+
+
 class _NotOurs(Exception):
     """The done write matched no row: roll back the chain, write nothing."""
+
+
+class _ResultRefused(Exception):
+    """The done write itself was refused (its __cause__ says why): the result."""
 
 
 def _log_quick(level: int, msg: str, *args: object) -> None:
