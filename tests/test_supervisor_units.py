@@ -517,3 +517,76 @@ def test_a_vacuum_without_an_answer_is_given_up_after_an_hour() -> None:
     now[0] = vacuum_mod.GIVE_UP_AFTER + 1
     duty.run_once(now[0])
     assert duty.line.started_at is None and duty.line.conn is None
+
+
+def test_lease_lost_notes_belong_to_one_run_of_a_job() -> None:
+    """A job canceled, retried and claimed again by the same child is a new run: the
+    master's note that the first run's lease was lost must not follow it (the watchdog
+    would kill the child for running the new claim), even when the master never read
+    the board empty in between."""
+    from types import SimpleNamespace
+
+    from brooq.ipc.board import Board
+    from brooq.ipc.protocol import LineReader
+    from brooq.supervisor.childproc import ChildProc
+    from brooq.supervisor.fleet import Fleet
+
+    job = uuid.uuid4()
+    board = Board()
+    child = ChildProc(1, "c", 0, -1, LineReader(-1), "", 0.0, board=board)
+    fleet: Any = SimpleNamespace(children={1: child}, crashes=CrashStreak())
+    board.post(job, "t", 1, 10.0, 60.0, 30.0)
+    Fleet.read_boards(fleet)
+    child.lease_lost[job] = 11.0
+    board.post(job, "t", 1, 10.0, 60.0, 30.0)  # the same run: the note stays
+    Fleet.read_boards(fleet)
+    assert job in child.lease_lost
+    board.post(job, "t", 1, 12.0, 60.0, 30.0)  # claimed again: a new run
+    Fleet.read_boards(fleet)
+    assert child.lease_lost == {}
+    board.close()
+
+
+def test_renewal_does_not_take_an_old_answer_for_a_new_claim_of_the_job() -> None:
+    """The renewal statement's answer predates the child's new claim of a job it held
+    before (canceled, then retried: the child said it dropped the job, then that it holds
+    it again, while the statement ran): no `lost` notice from that answer; the next pass
+    decides. A job that stayed held all along (a canceled job still running beside
+    siblings that come and go) is told lost at once."""
+    import json
+    import os
+    from types import SimpleNamespace
+
+    from brooq.ipc.protocol import LineReader
+    from brooq.supervisor.childproc import ChildProc
+    from brooq.supervisor.fleet import Fleet
+
+    job, canceled, sibling = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    for fd in (to_child_r, from_child_r):
+        os.set_blocking(fd, False)
+    child = ChildProc(1, "c", 0, to_child_w, LineReader(from_child_r), "", 0.0)
+    child.held = [job, canceled]
+    says: list[list[list[uuid.UUID]]] = []  # what the child says during each statement
+
+    def statement(name: str, fn: Any) -> set[uuid.UUID]:
+        for held in says.pop(0):
+            os.write(from_child_w, (json.dumps({"held": [str(i) for i in held]}) + "\n").encode())
+        return set()  # both missing from the answer
+
+    fleet: Any = SimpleNamespace(children={1: child}, read_boards=lambda: None)
+    fleet.read_all = lambda now: Fleet.read_child(fleet, child, now)
+    conns: Any = SimpleNamespace(q=None, with_db=statement)
+    renewal = Renewal(fleet, conns, Settings(), None)
+    try:
+        says.append([[canceled, sibling], [job, canceled]])
+        assert renewal.run_once(1.0) == {"renewed": 0, "lost": 1}
+        assert os.read(to_child_r, 100) == f"lost {canceled}\n".encode()
+        says.append([])  # the next pass: the job's new claim is judged by its answer
+        assert renewal.run_once(2.0) == {"renewed": 0, "lost": 2}
+        told = os.read(to_child_r, 200).decode().split()
+        assert told == ["lost", str(job), "lost", str(canceled)]
+    finally:
+        for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
+            os.close(fd)

@@ -38,8 +38,15 @@ class ChildProc:
     kind: ChildKind = SYNC  # which handlers it runs (docs/async.md)
     jobs: tuple[Running, ...] = ()  # the board as last read (Fleet.read_boards)
     held: list[uuid.UUID] = field(default_factory=list)  # every job it holds, jobs included
+    # Jobs that left `held` since Renewal last looked: one back in `held` was claimed
+    # again (canceled, then retried), and a renewal answer older than that claim must
+    # not be taken for the new claim's.
+    dropped: set[uuid.UUID] = field(default_factory=set)
     retiring: StopReason | RetireReason | None = None  # why it was asked to (or will) stop
     kill_reason: KillReason | None = None
+    # Why its claims fail (the first line of the error), None while they work: /readyz
+    # says not ready when every ready child's do (a full disk, a trigger refusing).
+    claims_failing: str | None = None
     kill_job: uuid.UUID | None = None  # the job the watchdog charges for the kill
     kill_detail: str = ""
     stack_requested_at: float | None = None

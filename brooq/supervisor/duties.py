@@ -179,6 +179,8 @@ class Renewal:
         ]
         if not held:
             return {"renewed": 0, "lost": 0}
+        for c in fleet.children.values():
+            c.dropped.clear()
         still = self.conns.with_db(
             "renew", lambda conn: maintenance.renew_leases(conn, held, self.lease, self.conns.q)
         )
@@ -195,6 +197,11 @@ class Renewal:
             for job_id in c.held:
                 running = on_board.get(job_id)
                 if job_id not in missing or (running is not None and job_id in c.lease_lost):
+                    continue
+                if job_id in c.dropped:
+                    # It left the child's list while the statement ran and came back: a
+                    # new claim (canceled, then retried), which an answer taken before it
+                    # does not concern. Judged on the next pass.
                     continue
                 protocol.send(c.to_child, f"lost {job_id}\n".encode())
                 lost += 1

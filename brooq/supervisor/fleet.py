@@ -296,10 +296,16 @@ class Fleet:
                 log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
                 continue
             if "held" in msg:
-                c.held = [uuid.UUID(h) for h in msg["held"]]
+                held = [uuid.UUID(h) for h in msg["held"]]
+                if c.held:  # what it no longer holds, for Renewal (ChildProc.dropped)
+                    c.dropped.update(set(c.held).difference(held))
+                c.held = held
                 c.progress_at = now
                 if not c.jobs:
                     c.stack_requested_at = None  # a stall's stack request is moot now
+            elif "claims" in msg:
+                failing = msg["claims"] != "ok"
+                c.claims_failing = str(msg.get("error") or "?")[:200] if failing else None
             elif "release" in msg:
                 c.to_release.extend(uuid.UUID(i) for i in msg["release"])
                 c.progress_at = now
@@ -335,7 +341,9 @@ class Fleet:
             running = c.board.read_all()
             if running != c.jobs:
                 if c.lease_lost:
-                    ids = {j.id for j in running}
+                    # The same run still on the board, not the same job: a job claimed
+                    # again (canceled, then retried) is a new run the notes do not concern.
+                    ids = {j.id for j in running if j in c.jobs}
                     c.lease_lost = {i: t for i, t in c.lease_lost.items() if i in ids}
                 if c.kind == SYNC:
                     c.stack_requested_at = None

@@ -168,6 +168,7 @@ class Child:
         self.held: list[uuid.UUID] = []  # claimed and not yet settled, in claim order
         self.unwritten: list[_Finished] = []  # finished with `done`, written next trip
         self.results_unwritten = False  # one of them has a result to store
+        self.claims_failing = False  # the master was told the last claim failed
         self._stack_fh: IO[str] | None = None
 
     @property
@@ -301,7 +302,10 @@ class Child:
         self.results_unwritten = False
         claims = self._settle_round(finished, *trip)
         self.held = [c.id for c in claims]
-        self.state.lost.intersection_update(self.held)
+        # What the master said was lost concerned earlier claims: every job held now was
+        # just claimed, and is ours even if it is a job claimed before (canceled, then
+        # retried). A notice about a new claim comes again at the next renewal.
+        self.state.lost.clear()
         # The master renews what we hold: it must know before any of these jobs runs.
         self.link.tell_held(self.held)
         self.meter.claimed(claims)
@@ -357,6 +361,7 @@ class Child:
                     rows = cur.execute(statement, params).fetchall()
         except psycopg.OperationalError as exc:
             self.db.failed("claim", exc)
+            self._claims_fail(exc)
             return None
         except (
             psycopg.errors.InvalidSqlStatementName,
@@ -375,7 +380,18 @@ class Child:
                 execute.describe(exc),
             )
             return [], queues, self._write_apart(finished)
+        if self.claims_failing:
+            self.claims_failing = False
+            self._tell({"claims": "ok"})
         return rows, queues, None
+
+    def _claims_fail(self, exc: BaseException) -> None:
+        """Tell the master once that claims fail, and why (its /readyz says so while every
+        child's do): the database answers, but refuses them (a disk full, say)."""
+        if not self.claims_failing:
+            self.claims_failing = True
+            first = str(exc).strip().splitlines()
+            self._tell({"claims": "failing", "error": first[0] if first else type(exc).__name__})
 
     def _write_apart(self, finished: list[_Finished]) -> Apart:
         """Write each finished job's `done` (and result) in a statement of its own."""
