@@ -43,8 +43,11 @@ class Admin:
             return False, "draining"
         if not self.conns.ok:
             return False, "database unreachable"
-        if not any(c.ready for c in self.fleet.children.values()):
+        ready = [c for c in self.fleet.children.values() if c.ready]
+        if not ready:
             return False, "no worker ready yet"
+        if all(c.claims_failing is not None for c in ready):
+            return False, f"every worker's claims fail: {ready[0].claims_failing}"
         return True, "ready"
 
     def scrape(self) -> bytes:
