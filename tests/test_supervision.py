@@ -325,3 +325,18 @@ def test_recycling_by_memory(
     assert "reason=max_memory" in m.log()
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
+
+
+def test_sighup_says_the_periodic_schedules_stay_as_loaded(start_master: StartMaster) -> None:
+    """The master never re-imports the application: a reload keeps its schedules, and
+    says so in the log instead of leaving an edited schedule silently unapplied."""
+    m = start_master(workers=1, app="brooq_periodicapp:queue")
+    m.wait_ready(1)
+    m.signal(signal.SIGHUP)
+    wait_for(lambda: "event=reload_done" in m.log(), what="reload done")
+    assert "event=reload_keeps_schedules schedules=3: periodic schedules are read once" in m.log()
+    plain = start_master(workers=1)  # no schedules: nothing to say
+    plain.wait_ready(1)
+    plain.signal(signal.SIGHUP)
+    wait_for(lambda: "event=reload_done" in plain.log(), what="reload done")
+    assert "reload_keeps_schedules" not in plain.log()

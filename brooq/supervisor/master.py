@@ -165,6 +165,7 @@ class Master:
                 )
             )
         self.scheduler = Scheduler(duties, time.monotonic())
+        self.schedule_count = len(queue.schedules)
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -352,6 +353,14 @@ class Master:
             elif signum == signal.SIGHUP:
                 if not self.fleet.stopping:
                     self.fleet.start_reload()
+                    if self.schedule_count:
+                        # The master never re-imports the application (docs/design.md).
+                        log.warning(
+                            "event=reload_keeps_schedules schedules=%d: periodic schedules "
+                            "are read once, when the master starts; restart it to change "
+                            "them",
+                            self.schedule_count,
+                        )
             elif signum == signal.SIGTTIN:
                 self._set_target(self.fleet.target + 1, "SIGTTIN")
             elif signum == signal.SIGTTOU:
