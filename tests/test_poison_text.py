@@ -183,6 +183,25 @@ def test_a_poisoned_async_job_leaves_its_siblings_alone(
     _assert_master_unharmed(m)
 
 
+def test_a_child_dying_while_writing_an_outcome_charges_that_job(
+    start_master: Callable[..., MasterProcess], queue: brooq.Queue, db: psycopg.Connection[Any]
+) -> None:
+    """The master cannot read a crash in the write from the job's board slot (the handler
+    has returned); the board's settling mark names the job: it is charged its attempts
+    and ends dead, the death is not taken for a crash outside any job (five of those in
+    a row end the master), and the jobs beside it run once."""
+    doomed = queue.enqueue(brooq.Job("p.hook_exit"))[0]
+    fine = [queue.enqueue(brooq.Job("p.ok", {"n": i}))[0] for i in range(20)]
+    m = start_master(workers=1, app=APP)
+    wait_for(lambda: _settled(db, [doomed, *fine]), timeout=30, what="all settled")
+    state, attempts, error = _job(db, doomed)
+    assert (state, attempts) == ("dead", 2)
+    assert error == "worker exited with status 7 while writing this job's outcome"
+    runs = _runs(db)
+    assert runs[doomed] == 2 and all(runs[i] == 1 for i in fine)
+    assert m.proc.poll() is None and "master_fatal" not in m.log()
+
+
 @pytest.mark.parametrize("codec", [None, "iso8859-1"])
 def test_the_escapes_fit_a_real_database(codec: str | None, dsn: str, latin1_dsn: str) -> None:
     """What storable gives is what the server takes, in last_error and the history."""

@@ -35,7 +35,7 @@ def test_readyz_is_503_while_every_claim_fails(
     job_id, _ = queue.enqueue(brooq.Job("t.ok"))
     wait_for(lambda: get(addr, "/readyz")[0] == 503, timeout=15, what="503")
     status, reason = get(addr, "/readyz")
-    assert "claims fail" in reason and "No space left on device" in reason, reason
+    assert status == 503 and "claims fail" in reason and "No space left on device" in reason, reason
     assert get(addr, "/healthz") == (200, "ok\n")  # the master loop itself is fine
     assert executions(db, job_id) == 0
     db.execute("DROP TRIGGER refuse_claims ON job")

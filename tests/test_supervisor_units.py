@@ -12,6 +12,7 @@ import pytest
 
 from brooq.ipc.board import Running
 from brooq.ipc.reasons import (
+    ASYNC,
     DRAIN,
     DRAIN_TIMEOUT,
     EXIT_APP_LOAD_ERROR,
@@ -105,6 +106,26 @@ def test_a_crash_in_a_job_fails_that_job() -> None:
     assert s.jobs == SettleHeld(JOB.id, "worker died: SIGSEGV")
     assert (s.label, s.exit, s.level) == ("crash", "signal=SIGSEGV", logging.ERROR)
     assert not s.outside_job  # inside a job: the job's business, no backoff
+
+
+def test_a_death_while_writing_an_outcome_charges_that_job_only() -> None:
+    written = uuid.uuid4()
+    s = settle(end(code=7, settling=written))
+    assert s.jobs == SettleHeld(
+        written, "worker exited with status 7 while writing this job's outcome"
+    )
+    assert not s.outside_job  # a job's business: not the crash streak's
+    # An async child with siblings in flight: they go back, not as suspects.
+    s = settle(end(code=-signal.SIGSEGV, kind=ASYNC, jobs=(JOB, JOB), settling=written))
+    assert s.jobs == SettleHeld(
+        written,
+        "worker died: SIGSEGV while writing this job's outcome",
+        (),
+        f"sibling_of={written}",
+    )
+    # A job on the board is the one that ran when it died: the mark does not override it.
+    s = settle(end(code=-signal.SIGSEGV, job=JOB, settling=written))
+    assert s.jobs == SettleHeld(JOB.id, "worker died: SIGSEGV")
 
 
 def test_a_non_zero_exit_outside_a_job_counts_in_the_streak() -> None:

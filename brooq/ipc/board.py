@@ -19,7 +19,8 @@ both of which the master's guarded statements handle.
 The header holds what is not a job: the async loop's heartbeat (written by the loop every
 LOOP_BEAT seconds; a loop that stops writing is blocked), the job the child's control
 thread found blocking the loop (the culprit, under a seqlock of its own), and the flag of
-the application's on_success hooks.
+the application's on_success hooks, and the job whose outcome the child is writing (so
+that a child dying in that write charges that job, not the jobs beside it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ _CULPRIT_AT = 16
 # application's on_success hooks, application code outside the handler that the stall
 # rule of brooq.watchdog must leave alone.
 _HOOKS_AT = 64
+# The job whose outcome is being written (brooq.worker.outcome), zero when none: read by
+# the master only after the child died, so no seqlock (a torn id names no job).
+_SETTLING_AT = 80
 _DOUBLE = struct.Struct("<d")
 _NO_JOB = bytes(16)
 _READ_TRIES = 1000
@@ -123,6 +127,10 @@ class Board:
 
     def hooks_running(self, running: bool) -> None:
         self._mem[_HOOKS_AT] = 1 if running else 0
+
+    def settling(self, job_id: uuid.UUID | None) -> None:
+        """The child writes this job's outcome now (None: it is written)."""
+        self._mem[_SETTLING_AT : _SETTLING_AT + 16] = job_id.bytes if job_id else _NO_JOB
 
     def beat(self, now: float) -> None:
         """The async loop is alive (the loop's own callback, every LOOP_BEAT)."""
@@ -207,6 +215,11 @@ class Board:
         if raw_id == _NO_JOB:
             return None
         return uuid.UUID(bytes=raw_id), float(since)  # type: ignore[arg-type]
+
+    def settling_job(self) -> uuid.UUID | None:
+        """The job whose outcome the child was writing, if it was."""
+        raw = bytes(self._mem[_SETTLING_AT : _SETTLING_AT + 16])
+        return None if raw == _NO_JOB else uuid.UUID(bytes=raw)
 
     def in_hooks(self) -> bool:
         return self._mem[_HOOKS_AT] == 1

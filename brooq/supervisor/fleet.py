@@ -411,6 +411,7 @@ class Fleet:
         self.read_child(c, time.monotonic())
         c.jobs = c.board.read_all()  # a hung or crashed child's last jobs stay on its board
         culprit = c.board.culprit()
+        settling = c.board.settling_job()
         c.board.close()
         for fd in c.fds:
             with contextlib.suppress(OSError):
@@ -428,6 +429,7 @@ class Fleet:
             kill_job=c.kill_job,
             culprit=culprit[0] if culprit else None,
             kind=c.kind,
+            settling=settling,
         )
         verdict = settle(end)
         if self.metrics is not None:

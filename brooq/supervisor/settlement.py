@@ -74,6 +74,7 @@ class ChildEnd:
     kill_job: uuid.UUID | None = None  # the job the watchdog killed it for
     culprit: uuid.UUID | None = None  # an async child: the job it found blocking its loop
     kind: ChildKind = SYNC
+    settling: uuid.UUID | None = None  # the job whose outcome it was writing (its board)
 
     @property
     def job(self) -> Running | None:
@@ -153,6 +154,14 @@ def settle(end: ChildEnd) -> Settlement:
     elif kill == LEASE_LOST:
         # The running job is no longer ours; give back what else it held (a batch).
         jobs = SettleHeld(None, "")
+    elif code != 0 and job is None and end.settling is not None:
+        # It died writing that job's outcome (an on_success hook that ends the process):
+        # that job is charged, as if its handler had; the others go back.
+        jobs = SettleHeld(
+            end.settling,
+            f"{_died(code)} while writing this job's outcome",
+            because=f"sibling_of={end.settling}" if end.jobs else "",
+        )
     elif code != 0:
         if end.kind == ASYNC and job is None and end.jobs:
             jobs = SettleHeld(None, _died(code), tuple(j.id for j in end.jobs), "suspect")
@@ -167,6 +176,7 @@ def settle(end: ChildEnd) -> Settlement:
         jobs=jobs,
         outside_job=(
             not end.jobs
+            and end.settling is None
             and kill is None
             and not end.stopping
             and not asked_to_stop

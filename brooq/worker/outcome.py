@@ -74,6 +74,21 @@ class OutcomeWriter:
         if outcome.kind == "abandon":
             log.info("event=lease_lost job=%s topic=%s: nothing written", claim.id, claim.topic)
             return None, outcome
+        # Should the child die in the write (its hooks are application code), the master
+        # charges this job, not the ones beside it (brooq.supervisor.settlement).
+        self.board.settling(claim.id)
+        try:
+            return self._write(claim, policy, outcome, result)
+        finally:
+            self.board.settling(None)
+
+    def _write(
+        self,
+        claim: Claim[Any],
+        policy: Policy,
+        outcome: execute.Outcome,
+        result: str | None,
+    ) -> tuple[str | None, execute.Outcome]:
         if outcome.error is not None:  # the application's text, as the database holds it
             outcome = dataclasses.replace(
                 outcome, error=execute.storable(outcome.error, self.connection.codec)

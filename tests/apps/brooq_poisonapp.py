@@ -79,6 +79,13 @@ def result(claim: brooq.Claim) -> Any:
     return {"s": "€" if claim.payload.get("euro") else claim.payload["s"]}
 
 
+@fast_retry(queue, "p.hook_exit")
+def hook_exit(claim: brooq.Claim) -> None:
+    """Succeeds, but its on_success hook ends the process while done is being written."""
+    record(claim)
+    claim.on_success(lambda conn: os._exit(7))
+
+
 @queue.handler("p.ok")
 def ok(claim: brooq.Claim) -> None:
     record(claim)
