@@ -48,6 +48,8 @@ class Settings:
     graceful_timeout: float = 30.0
     watchdog_grace: float = 0.0  # 0: equal to the lease
     ops_addr: str = "127.0.0.1:8090"
+    # Host names the ops port answers beyond its own (brooq.supervisor.hosts): a proxy's.
+    ops_allowed_hosts: tuple[str, ...] = ()
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_jobs_per_child: int = 0  # 0: never recycle by count
     max_memory_per_child: int = 0  # MiB of resident memory; 0: never recycle by memory
@@ -127,6 +129,7 @@ _INTEGERS = {
 }
 _STRINGS = {"ops_addr", "worker_synchronous_commit", "pooler"}
 _QUEUE_LISTS = {"queues"}
+_HOST_LISTS = {"ops_allowed_hosts"}
 _SCHEMAS = {"schema"}
 # Integer settings reach int4 columns and parameters (attempts, LIMIT): PostgreSQL's integer.
 MAX_INTEGER = 2**31 - 1
@@ -150,6 +153,7 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_GRACEFUL_TIMEOUT": "graceful_timeout",
     "QUEUE_WATCHDOG_GRACE": "watchdog_grace",
     "QUEUE_OPS_ADDR": "ops_addr",
+    "QUEUE_OPS_ALLOWED_HOSTS": "ops_allowed_hosts",
     "QUEUE_MAX_PAYLOAD_BYTES": "max_payload_bytes",
     "QUEUE_MAX_JOBS_PER_CHILD": "max_jobs_per_child",
     "QUEUE_MAX_MEMORY_PER_CHILD": "max_memory_per_child",
@@ -239,10 +243,29 @@ def parse_queues(value: Any, source: str) -> QueueWeights:
     return tuple(parsed)
 
 
+def parse_hosts(value: Any, source: str) -> tuple[str, ...]:
+    """``"jobs.example.com,10.0.0.5"`` (or a sequence of names): host names or IP
+    literals without a port; raises _Problems listing every malformed one."""
+    from brooq.supervisor.hosts import name_problem
+
+    if isinstance(value, str):
+        names = [part.strip() for part in value.split(",")]
+    elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        names = [v.strip() for v in value]
+    else:
+        raise _Problems([f"{source}: expected host names, comma-separated"])
+    problems = [f"{source}: {p}" for n in names if n and (p := name_problem(n))]
+    if problems:
+        raise _Problems(problems)
+    return tuple(n.lower() for n in names if n)
+
+
 def _convert(name: str, value: Any, source: str, *, from_text: bool) -> Any:
     """Convert one raw value; raises ValueError with a message naming the source."""
     if name in _QUEUE_LISTS:
         return parse_queues(value, source)
+    if name in _HOST_LISTS:
+        return parse_hosts(value, source)
     if name in _DURATIONS:
         try:
             seconds = parse_duration_string(str(value)) if from_text else to_seconds(value)

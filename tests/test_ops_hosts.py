@@ -116,9 +116,15 @@ def test_allowed_hosts_come_from_the_environment_or_a_flag_and_every_bad_one_is_
 
 def test_a_bad_allowed_host_stops_the_master_with_exit_2(dsn: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "brooq.master_cli", "--app", "brooq_testapp:queue"]
-        + ["--ops-allowed-hosts", "proxy:8080", "--workers", "0"],
-        env={"DATABASE_URL": dsn, "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{APPS}:{APPS.parent.parent}"},
+        [
+            *(sys.executable, "-m", "brooq.master_cli", "--app", "brooq_testapp:queue"),
+            *("--ops-allowed-hosts", "proxy:8080", "--workers", "0"),
+        ],
+        env={
+            "DATABASE_URL": dsn,
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": f"{APPS}:{APPS.parent.parent}",
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -159,6 +165,4 @@ def test_a_rebound_name_gets_421_from_the_master_and_the_pages(
     # Probes answer whatever Host they send.
     assert ask(addr, "GET", "/healthz", EVIL) == (200, b"ok\n")
     assert ask(addr, "GET", "/readyz", "10.9.8.7:8090")[0] in (200, 503)
-    assert db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone() != (
-        "canceled",
-    )
+    assert db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone() != ("canceled",)

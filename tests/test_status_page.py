@@ -34,7 +34,7 @@ from tests.test_ops_slow_clients import (
 def get(addr: tuple[str, int], target: str, timeout: float = 5.0) -> tuple[int, bytes, bytes]:
     """(status, head, body) of one GET; status 0 when nothing came back."""
     with socket.create_connection(addr, timeout=timeout) as s:
-        s.sendall(f"GET {target} HTTP/1.1\r\nHost: brooq\r\n\r\n".encode())
+        s.sendall(f"GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
         data = b""
         while chunk := s.recv(65536):
             data += chunk
@@ -94,7 +94,7 @@ def test_pages_never_hold_the_master_under_a_burst_and_half_sent_requests(
     held = []
     for _ in range(50):
         s = socket.create_connection(addr)
-        s.sendall(b"GET / HTTP/1.1\r\nHost: brooq\r\n")  # unfinished
+        s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n")  # unfinished
         held.append(s)
     statuses: list[int] = []
     stop = threading.Event()
@@ -173,7 +173,9 @@ def test_the_page_process_ends_when_its_master_is_killed(
 
 def post(addr: tuple[str, int], target: str, timeout: float = 10.0) -> tuple[int, bytes]:
     with socket.create_connection(addr, timeout=timeout) as s:
-        s.sendall(f"POST {target} HTTP/1.1\r\nHost: brooq\r\nContent-Length: 0\r\n\r\n".encode())
+        s.sendall(
+            f"POST {target} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n".encode()
+        )
         data = b""
         while chunk := s.recv(65536):
             data += chunk
@@ -230,7 +232,7 @@ def request(
     cookie: str = "",
     extra: str = "",
 ) -> tuple[int, str, bytes]:
-    head = f"{method} {target} HTTP/1.1\r\nHost: brooq\r\nContent-Length: {len(body)}\r\n"
+    head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n"
     if extra:
         head += extra + "\r\n"
     head += "Content-Type: application/x-www-form-urlencoded\r\n"

@@ -24,6 +24,7 @@ from brooq.job import FROM_STATES, Transition, parse_job_id, transition_refusal
 from brooq.queue import transition
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.fleet import Fleet
+from brooq.supervisor.hosts import HostRule
 from brooq.supervisor.ops import OpsHooks, OpsServer
 
 log = logging.getLogger("brooq.master")
@@ -35,8 +36,10 @@ class Admin:
         self.conns = conns
         self.metrics_dir = metrics_dir
 
-    def hooks(self, token: bytes | None) -> OpsHooks:
-        return OpsHooks(ready=self.readiness, metrics=self.scrape, admin=self.job, token=token)
+    def hooks(self, token: bytes | None, hosts: HostRule) -> OpsHooks:
+        return OpsHooks(
+            ready=self.readiness, metrics=self.scrape, admin=self.job, token=token, hosts=hosts
+        )
 
     def readiness(self) -> tuple[bool, str]:
         if self.fleet.stopping:

@@ -115,6 +115,12 @@ def _options(fn: Any) -> Any:
     help="Ops HTTP surface (QUEUE_OPS_ADDR); '' turns it off.",
 )
 @click.option(
+    "--ops-allowed-hosts",
+    metavar="NAME,...",
+    help="Host names the ops port answers besides its own, e.g. a proxy's "
+    "(QUEUE_OPS_ALLOWED_HOSTS); any other Host gets 421.",
+)
+@click.option(
     "--metrics-dir",
     metavar="DIR",
     envvar="PROMETHEUS_MULTIPROC_DIR",

@@ -58,6 +58,7 @@ from brooq.supervisor.duties import (
 )
 from brooq.supervisor.enforce import Enforcer
 from brooq.supervisor.fleet import MASTER_SIGNALS, Fleet, ForkSpec
+from brooq.supervisor.hosts import HostRule
 from brooq.supervisor.ops import OpsServer
 from brooq.supervisor.pages import PageProcess
 from brooq.supervisor.sdnotify import Notifier
@@ -185,7 +186,7 @@ class Master:
             self.settings.lease,
             os.getpid(),
         )
-        hooks = self.admin.hooks(self.admin_token)
+        hooks = self.admin.hooks(self.admin_token, HostRule.of(self.settings.ops_allowed_hosts))
         if self.settings.ops_addr:
             # The status page renders in a process of its own, never in this loop.
             self.pages = PageProcess(
@@ -194,6 +195,7 @@ class Master:
                 self._fds_for_pages,
                 MASTER_SIGNALS,
                 self.settings.schema,
+                hooks.hosts,
             )
             self.fleet.other_reaped = self.pages.reaped
             hooks.page = self.pages.hand

@@ -25,6 +25,10 @@ of idle connections cannot lock /healthz out. Requests are HTTP/1.0 or 1.1, one 
 connection (answered with Connection: close), headers at most MAX_HEADER_BYTES, a body
 (Content-Length only, no chunked) at most MAX_BODY_BYTES.
 
+Every answer but /healthz and /readyz goes only to a request whose Host is a name of
+this port (brooq.supervisor.hosts: a page that rebinds its DNS name to 127.0.0.1 gets a
+421), checked before a request is handed to the page process too.
+
 Owns HTTP: parsing, answering through OpsHooks, the connections' state machines. What
 the answers say is brooq.supervisor.admin's. It must never block, start a thread, or let
 anything a client sends raise out of service().
@@ -45,6 +49,8 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
+
+from brooq.supervisor.hosts import REFUSAL_STATUS, HostRule
 
 log = logging.getLogger("brooq.ops")
 
@@ -81,6 +87,8 @@ class OpsHooks:
     # Hands a status-page request (the client's socket, the bytes read) to the page
     # process; False when it cannot take it now. None: no status page.
     page: Callable[[socket.socket, bytes], bool] | None = None
+    # The Host names answered (brooq.supervisor.hosts): DNS rebinding gets a 421.
+    hosts: HostRule = field(default_factory=HostRule)
 
 
 @dataclass
@@ -103,6 +111,7 @@ class _Conn:
     state: str = _READING
     inbox: bytearray = field(default_factory=bytearray)
     outbox: bytes = b""
+    local: str = ""  # the address the client dialled (a Host may name it)
 
 
 def parse(data: bytes | bytearray) -> _Request | None:
@@ -134,6 +143,8 @@ def parse(data: bytes | bytearray) -> _Request | None:
         name, colon, value = line.partition(":")
         if not colon or not name or name != name.strip():
             raise _BadRequest(400, f"bad header line {line[:100]!r}")
+        if name.lower() == "host" and "host" in headers:  # which one would a proxy read?
+            raise _BadRequest(400, "more than one Host header")
         headers[name.lower()] = value.strip()
     if "transfer-encoding" in headers:
         raise _BadRequest(501, "Transfer-Encoding is not supported; send Content-Length")
@@ -313,7 +324,11 @@ class OpsServer:
             if len(self.conns) >= MAX_CONNECTIONS:
                 self._drop(self._victim())
             now = time.monotonic()
-            c = _Conn(sock, now + REQUEST_TIMEOUT)
+            try:
+                local = str(sock.getsockname()[0])
+            except OSError:
+                local = ""
+            c = _Conn(sock, now + REQUEST_TIMEOUT, local=local)
             self.conns[sock.fileno()] = c
             self._read(c)  # a probe's request is usually there already: answer it now
 
@@ -344,7 +359,10 @@ class OpsServer:
             request = parse(c.inbox)
             if request is None:
                 return
-            if self.hooks.page is not None and is_page(request):
+            refused = self.hooks.hosts.refusal(request.path, request.headers.get("host"), c.local)
+            if refused is not None:
+                response = _response(REFUSAL_STATUS, refused)
+            elif self.hooks.page is not None and is_page(request):
                 if self.hooks.page(c.sock, bytes(c.inbox)):
                     self._drop(c)  # our copy: the page process has its own and answers
                     return

@@ -55,6 +55,7 @@ from brooq.dsn import CLIENT_ENCODING
 from brooq.sql import queries
 from brooq.supervisor import ops
 from brooq.supervisor.actions import Actions
+from brooq.supervisor.hosts import REFUSAL_STATUS, HostRule
 
 log = logging.getLogger("brooq.pages")
 
@@ -93,9 +94,11 @@ class PageProcess:
         close_in_child: Callable[[], list[int]],
         signals: Collection[signal.Signals],
         schema: str | None = None,
+        hosts: HostRule | None = None,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
+        self.hosts = hosts or HostRule()  # the Host names answered, checked again there
         self.signals = signals  # the master's, blocked across the fork
         self.token = token  # the admin token: sign-in and actions; None: read-only
         self.close_in_child = close_in_child
@@ -131,7 +134,7 @@ class PageProcess:
                 for fd in self.close_in_child():
                     with contextlib.suppress(OSError):
                         os.close(fd)
-                code = run(theirs, self.dsn, self.token, mask, self.schema)
+                code = run(theirs, self.dsn, self.token, mask, self.schema, self.hosts)
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -261,6 +264,7 @@ def run(
     token: bytes | None,
     mask: set[int | signal.Signals] | None = None,
     schema: str | None = None,
+    hosts: HostRule | None = None,
 ) -> int:
     """The page process's loop: one request at a time, until the master's end closes."""
     from setproctitle import setproctitle
@@ -273,7 +277,7 @@ def run(
     if mask is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     setproctitle("brooq-pages: status page")
-    pages = _Pages(dsn, token, schema)
+    pages = _Pages(dsn, token, schema, hosts)
     sock.setblocking(True)
     while True:
         try:
@@ -317,8 +321,15 @@ STACK_TIMEOUT = 3.0  # the stack button waits this long for the job's master
 
 
 class _Pages:
-    def __init__(self, dsn: str, token: bytes | None, schema: str | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        token: bytes | None,
+        schema: str | None = None,
+        hosts: HostRule | None = None,
+    ) -> None:
         self.dsn = dsn
+        self.hosts = hosts or HostRule()
         self.token = token
         self.schema = schema  # QUEUE_SCHEMA: the pages read and act on its tables
         self.actions_enabled = token is not None
@@ -333,9 +344,10 @@ class _Pages:
         started = time.monotonic()
         try:
             peer = str(client.getpeername()[0])
+            local = str(client.getsockname()[0])
         except (OSError, IndexError):
-            peer = "?"
-        response = self._render(data, peer)
+            peer, local = "?", ""
+        response = self._render(data, peer, local)
         writing()
         with contextlib.suppress(OSError):
             client.sendall(response)
@@ -367,7 +379,7 @@ class _Pages:
         extra = [(k, v) for k, v in security_headers() if k.lower() != "cache-control"]
         return ops.plain_response(status, page, "text/html; charset=utf-8", extra)
 
-    def _render(self, data: bytes, peer: str = "?") -> bytes:
+    def _render(self, data: bytes, peer: str = "?", local: str = "") -> bytes:
         from brooq import web  # in this process only: the master never imports the pages
 
         try:
@@ -376,6 +388,11 @@ class _Pages:
             return ops.plain_response(exc.status, f"{exc}\n".encode())
         if request is None:
             return ops.plain_response(400, b"incomplete request\n")
+        # The master checked it before handing; checked here too, so that no page is
+        # ever rendered for a name that is not ours, whoever hands the request.
+        refused = self.hosts.refusal(request.path, request.headers.get("host"), local)
+        if refused is not None:
+            return ops.plain_response(REFUSAL_STATUS, refused)
         stack = _STACK.match(request.path)
         if stack is not None and request.method == "POST":
             return self._stack(stack.group(1))
