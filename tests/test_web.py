@@ -186,8 +186,14 @@ def test_an_unknown_job_is_404_and_a_malformed_id_400(db: Conn) -> None:
 
 def test_the_stack_button_posts_to_the_page_process(db: Conn) -> None:
     job_id = insert(db, state="processing", locked_by="h:1:x", locked_until="2100-01-01")
-    body = text(get(db, f"/jobs/{job_id}"))
+    # Signed in, a POST with the session's CSRF token; signed out, the way to sign in.
+    response = serve(db, "GET", f"/jobs/{job_id}", actions_enabled=True, csrf="c5rf")
+    body = text(response)
     assert f'action="/jobs/{job_id}/stack"' in body and "brooq jobs stack ID" in body
+    assert 'name="csrf" value="c5rf"' in body
+    body = text(get(db, f"/jobs/{job_id}", actions=True))
+    assert "/stack" not in body and 'href="/sign-in"' in body
+    assert "/stack" not in text(get(db, f"/jobs/{job_id}"))
     # Rendered alone (no master), the pages cannot ask: tests/test_status_page.py asks.
     response = get(db, f"/jobs/{job_id}/stack", method="POST")
     assert response.status == 501 and "page process" in text(response)

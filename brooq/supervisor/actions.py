@@ -9,7 +9,12 @@ cancel or retry a job, pause or resume a queue, retry or cancel in bulk.
     POST /queues/<name>/pause, /queues/<name>/resume
     POST /bulk/retry, /bulk/cancel topic=T state=S [queue=Q]
 
-Every POST but /sign-in needs a valid session and the form's CSRF token (403 without).
+Every POST but /sign-in (the stack button's included: brooq.supervisor.pages asks
+refusal()) needs a valid session, the form's CSRF token and a request from this site
+(Sec-Fetch-Site, Origin): 403 without. Signing out revokes the session here and in the
+master (which gives the revoked sessions to the next page process it forks); a new admin
+token (set_token) ends every session. Wrong tokens are budgeted per client address
+(brooq.supervisor.signin.SignInBudget): a few cost nothing, then the address waits.
 Without an admin token configured every action answers 403 and the pages say how to
 enable them. The writes are brooq.Queue's own (the guarded statements, the bulk batches);
 a refusal is worded by brooq.job as for the CLI.
@@ -24,6 +29,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -36,7 +42,7 @@ _ROUTES = re.compile(
     r"|queues/([^/?#]{1,128})/(pause|resume)|bulk/(retry|cancel))$"
 )
 HTML = "text/html; charset=utf-8"
-SIGN_IN_PAUSE = 1.0  # seconds between wrong tokens from one address
+MAX_REVOKED = 10_000  # signed-out sessions remembered (each until it would have expired)
 
 
 def _same_origin(headers: dict[str, str]) -> bool:
@@ -51,27 +57,63 @@ def _same_origin(headers: dict[str, str]) -> bool:
 
 
 class Actions:
-    def __init__(self, dsn: str, token: bytes | None, schema: str | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        token: bytes | None,
+        schema: str | None = None,
+        revoked: dict[str, int] | None = None,
+        on_sign_out: Callable[[str, int], None] = lambda nonce, expires: None,
+    ) -> None:
         self.dsn = dsn
         self.token = token
         self.schema = schema
         self._queue: Any = None  # a brooq.Queue, opened at the first action
-        # The last wrong token per client address: one more try a SIGN_IN_PAUSE later.
-        self._failed_at: dict[str, float] = {}
+        self.budget = signin.SignInBudget()
+        # Signed-out sessions (nonce -> expiry), refused until they expire; the master
+        # hears of each (on_sign_out) and hands them to the next page process.
+        self.revoked: dict[str, int] = dict(revoked or {})
+        self.on_sign_out = on_sign_out
+
+    def set_token(self, token: bytes | None) -> None:
+        """A new admin token: every session ends (their macs were made with the old)."""
+        self.token = token
+        self.revoked.clear()
 
     def handles(self, target: str) -> bool:
         return bool(_ROUTES.match(target.split("?", 1)[0]))
+
+    def session(self, headers: dict[str, str], now: float) -> signin.Session | None:
+        if self.token is None:
+            return None
+        return signin.session_of(self.token, headers.get("cookie", ""), now, self.revoked)
+
+    def refusal(self, request: Any, form: dict[str, str], now: float) -> bytes | None:
+        """Why a POST that acts may not (an answer), or None: actions on, a request from
+        this site, a session, and the form's CSRF token of that session."""
+        if self.token is None:
+            return self._page(403, "Actions are off", "<p>No admin token is configured.</p>", None)
+        if not _same_origin(request.headers):
+            # SameSite=Strict keeps the cookie off cross-site requests already; a form
+            # posted from another site is refused before its CSRF token is even read.
+            return self._page(403, "Refused", "<p>A form from another site.</p>", None)
+        if not signin.csrf_ok(self.token, self.session(request.headers, now), form.get("csrf", "")):
+            return self._page(
+                403,
+                "Not signed in",
+                '<p>Sign in first (<a href="/sign-in">sign in</a>); a form older than the '
+                "session is refused too.</p>",
+                None,
+            )
+        return None
 
     def answer(self, request: Any, body: bytes, peer: str = "?") -> bytes:
         path = request.path.split("?", 1)[0]
         match = _ROUTES.match(path)
         assert match is not None
-        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items() if v}
-        token = self.token
+        form = form_of(body)
         now = time.time()
-        session = (
-            signin.session_of(token, request.headers.get("cookie", ""), now) if token else None
-        )
+        session = self.session(request.headers, now)
         page, job_id, job_action, queue_name, queue_action, bulk = match.groups()
         if request.method == "GET":
             if page == "sign-in":
@@ -82,39 +124,44 @@ class Actions:
             return _plain(405, "use POST")
         if request.method != "POST":
             return _plain(405, "use GET or POST")
+        if page == "sign-in":
+            return self._sign_in(request, form, peer, now)
+        refused = self.refusal(request, form, now)
+        if refused is not None:
+            return refused
+        assert session is not None  # refusal() checked it
+        if page == "sign-out":
+            self._revoke(session, now)
+            log.info("event=page_signed_out")
+            return _redirect("/", signin.clear_cookie())
+        return self._act(job_id, job_action, queue_name, queue_action, bulk, form, session)
+
+    def _sign_in(self, request: Any, form: dict[str, str], peer: str, now: float) -> bytes:
+        token = self.token
         if token is None:
             return self._page(403, "Actions are off", "<p>No admin token is configured.</p>", None)
         if not _same_origin(request.headers):
-            # SameSite=Strict keeps the cookie off cross-site requests already; a form
-            # posted from another site is refused before its CSRF token is even read.
             return self._page(403, "Refused", "<p>A form from another site.</p>", None)
-        if page == "sign-in":
-            if now - self._failed_at.get(peer, float("-inf")) < SIGN_IN_PAUSE:
-                return self._page(429, "Sign in", "<p>Too fast: try again in a second.</p>", None)
-            if not signin.token_matches(token, form.get("token", "")):
-                self._failed_at[peer] = now
-                if len(self._failed_at) > 10_000:  # bounded: forget the oldest half
-                    failed = self._failed_at
-                    for old in sorted(failed, key=lambda a: failed[a])[:5_000]:
-                        del self._failed_at[old]
-                log.warning("event=page_sign_in_failed peer=%s", peer)
-                return self._page(
-                    401, "Sign in", "<p>Wrong token.</p>" + self._sign_in_form(), None
-                )
-            _, cookie = signin.new_session(token, now)
-            log.info("event=page_signed_in")
-            return _redirect("/actions", signin.set_cookie(cookie))
-        if not signin.csrf_ok(token, session, form.get("csrf", "")):
+        wait = self.budget.wait(peer, now)
+        if wait > 0:
             return self._page(
-                403,
-                "Not signed in",
-                '<p>Sign in first (<a href="/sign-in">sign in</a>); a form older than the '
-                "session is refused too.</p>",
+                429,
+                "Sign in",
+                f"<p>Too many wrong tokens from this address: try again in {wait:.0f} s.</p>",
                 None,
             )
-        if page == "sign-out":
-            return _redirect("/", signin.clear_cookie())
-        return self._act(job_id, job_action, queue_name, queue_action, bulk, form, session)
+        if not signin.token_matches(token, form.get("token", "")):
+            failures = self.budget.failed(peer, time.time())
+            log.warning("event=page_sign_in_failed peer=%s failures=%d", peer, failures)
+            return self._page(401, "Sign in", "<p>Wrong token.</p>" + self._sign_in_form(), None)
+        self.budget.succeeded(peer)
+        _, cookie = signin.new_session(token, now)
+        log.info("event=page_signed_in")
+        return _redirect("/actions", signin.set_cookie(cookie))
+
+    def _revoke(self, session: signin.Session, now: float) -> None:
+        revoke(self.revoked, session.nonce, session.expires, now)
+        self.on_sign_out(session.nonce, session.expires)
 
     # -- the writes ----------------------------------------------------------------------
 
@@ -248,10 +295,24 @@ class Actions:
     def csrf_of(self, cookie_header: str) -> str | None:
         """The CSRF token of the viewer's session (for the buttons of the lists), or None
         when actions are off or the viewer is not signed in."""
-        if self.token is None:
-            return None
-        session = signin.session_of(self.token, cookie_header, time.time())
-        return session.csrf(self.token) if session is not None else None
+        session = self.session({"cookie": cookie_header}, time.time())
+        return session.csrf(self.token) if session is not None and self.token else None
+
+
+def revoke(revoked: dict[str, int], nonce: str, expires: int, now: float) -> None:
+    """Remember a signed-out session until it would have expired (bounded: the ones
+    closest to their end are forgotten first beyond MAX_REVOKED)."""
+    for old in [n for n, at in revoked.items() if at <= now]:
+        del revoked[old]
+    revoked[nonce] = expires
+    if len(revoked) > MAX_REVOKED:
+        for old in sorted(revoked, key=revoked.__getitem__)[: len(revoked) - MAX_REVOKED]:
+            del revoked[old]
+
+
+def form_of(body: bytes) -> dict[str, str]:
+    """A urlencoded form's fields (the first of repeated names)."""
+    return {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items() if v}
 
 
 # Where a list's button comes back to (its form's `back`): one of the pages, with its

@@ -35,6 +35,7 @@ from brooq.errors import (
     SchemaMissing,
 )
 from brooq.handlers import Handler, is_async_callable, policy_problems
+from brooq.supervisor import admintoken
 from brooq.worker.weights import worked_queues
 
 log = logging.getLogger("brooq.master")
@@ -220,6 +221,7 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
         baseline,
         metrics_dir=metrics_path,
         admin_token=token,
+        admin_token_file=admintoken.token_path(),
         schema_verified=schema_verified,
         listen_dsn=listen_dsn,
     ).run()
@@ -338,20 +340,9 @@ def check_children_dsn(dsn: str) -> None:
 
 def admin_token() -> bytes | None:
     """The bearer token of the admin endpoints: QUEUE_ADMIN_TOKEN_FILE, or the systemd
-    credential admin-token. None turns the admin endpoints off."""
-    path = settings_mod.getenv("QUEUE_ADMIN_TOKEN_FILE")
-    creds = settings_mod.getenv("CREDENTIALS_DIRECTORY")
-    if path is None and creds and (Path(creds) / "admin-token").exists():
-        path = str(Path(creds) / "admin-token")
-    if path is None:
-        return None
-    try:
-        token = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read the admin token file {path}: {exc.strerror}") from None
-    if len(token) < 16:
-        raise ValueError(f"the admin token in {path} is shorter than 16 bytes")
-    return token
+    credential admin-token (brooq.supervisor.admintoken). None turns them off."""
+    path = admintoken.token_path()
+    return None if path is None else admintoken.read(path)
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ from brooq.queue import Queue
 from brooq.settings import Settings
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.admin import Admin, start_ops
+from brooq.supervisor.admintoken import TokenWatch
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties import (
     RENEW,
@@ -81,6 +82,7 @@ class Master:
         *,
         metrics_dir: Path | None = None,
         admin_token: bytes | None = None,
+        admin_token_file: str | None = None,
         schema_verified: bool = False,
         listen_dsn: str | None = None,
     ) -> None:
@@ -94,6 +96,12 @@ class Master:
         self.ready_sent = False
         self.metrics = metrics_mod.Metrics() if metrics_dir is not None else None
         self.admin_token = admin_token
+        # Read again on SIGHUP and when the file changes: a new token signs everyone out.
+        self.token_watch = (
+            TokenWatch(admin_token_file, admin_token, time.monotonic())
+            if admin_token_file is not None
+            else None
+        )
         self.ops: OpsServer | None = None
         self.pages: PageProcess | None = None
         self.sig_r = self.sig_w = -1
@@ -237,6 +245,7 @@ class Master:
             now = time.monotonic()
             if self.sig_r in readable:
                 self._handle_signals()
+            self._check_token(now)
             for c in list(fleet.children.values()):
                 if c.reader.fd in readable:
                     fleet.read_child(c, now)
@@ -353,6 +362,7 @@ class Master:
             elif signum == signal.SIGQUIT:
                 self._drain("SIGQUIT", budget=0.0)
             elif signum == signal.SIGHUP:
+                self._check_token(time.monotonic(), reread=True)
                 if not self.fleet.stopping:
                     self.fleet.start_reload()
                     if self.schedule_count:
@@ -367,6 +377,17 @@ class Master:
                 self._set_target(self.fleet.target + 1, "SIGTTIN")
             elif signum == signal.SIGTTOU:
                 self._set_target(max(1, self.fleet.target - 1), "SIGTTOU")
+
+    def _check_token(self, now: float, *, reread: bool = False) -> None:
+        """A changed admin token takes effect at once, here and in the page process."""
+        watch = self.token_watch
+        if watch is None or not (watch.reload(now) if reread else watch.poll(now)):
+            return
+        self.admin_token = watch.token
+        if self.ops is not None:
+            self.ops.hooks.token = watch.token
+        if self.pages is not None:
+            self.pages.set_token(watch.token)
 
     def _drain(self, why: str, budget: float | None = None) -> None:
         if budget is None:

@@ -53,8 +53,8 @@ import psycopg
 
 from brooq.dsn import CLIENT_ENCODING
 from brooq.sql import queries
-from brooq.supervisor import ops
-from brooq.supervisor.actions import Actions
+from brooq.supervisor import ops, signin
+from brooq.supervisor.actions import Actions, form_of, revoke
 from brooq.supervisor.hosts import REFUSAL_STATUS, HostRule
 
 log = logging.getLogger("brooq.pages")
@@ -70,6 +70,13 @@ BULK_LIMIT = 600.0  # a bulk retry or cancel: a million jobs are a hundred batch
 MAX_QUEUED = 16  # handed and not answered yet: more are answered 503 by the master
 _SEQ = struct.Struct("!Q")  # the request's number, at the head of each message
 START, WRITING, END = b"s", b"w", b"e"  # the page process's reports, each + _SEQ
+# A signed-out session: REVOKED + its expiry (_SEQ) + its nonce; the master keeps it for
+# the page processes it forks later.
+REVOKED = b"r"
+# A message of the master's own, not a request: number 0, then TOKEN + the new admin
+# token (nothing after it: no token any more).
+CONTROL = 0
+TOKEN = b"T"
 
 
 @dataclass
@@ -107,6 +114,7 @@ class PageProcess:
         self.started_at = float("-inf")
         self.seq = 0
         self.handed: dict[int, _Handed] = {}  # by number, in the order handed
+        self.revoked: dict[str, int] = {}  # signed-out sessions (nonce -> expiry)
 
     def fds(self) -> list[int]:
         """The master's descriptors of the page process (closed in every forked child):
@@ -134,7 +142,9 @@ class PageProcess:
                 for fd in self.close_in_child():
                     with contextlib.suppress(OSError):
                         os.close(fd)
-                code = run(theirs, self.dsn, self.token, mask, self.schema, self.hosts)
+                code = run(
+                    theirs, self.dsn, self.token, mask, self.schema, self.hosts, self.revoked
+                )
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -163,6 +173,23 @@ class PageProcess:
         self.handed[self.seq] = _Handed(client.dup(), path, limit)
         return True
 
+    def set_token(self, token: bytes | None) -> None:
+        """A new admin token (SIGHUP, or its file changed): the page process takes it
+        before its next request; the sessions of the old one end. A page process that
+        cannot be told (its socket is full) is killed, and forked with it next time."""
+        self.token = token
+        self.revoked.clear()
+        if self.sock is None:
+            return
+        try:
+            self.sock.send(_SEQ.pack(CONTROL) + TOKEN + (token or b""))
+        except OSError:
+            log.warning("event=page_process_killed reason=token_changed pid=%s", self.pid)
+            if self.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+            self._lost()
+
     def service(self, readable: Collection[int], now: float) -> None:
         """Read the page process's reports (never waiting), then kill it if the request
         it is on has run over its limit. Called on every pass of the master's loop."""
@@ -188,6 +215,10 @@ class PageProcess:
                 return
             except OSError:
                 report = b""
+            if report[:1] == REVOKED and len(report) == 1 + _SEQ.size + signin.NONCE_CHARS:
+                revoke(self.revoked, report[9:].decode("ascii", "replace"),
+                       _SEQ.unpack(report[1:9])[0], time.time())  # fmt: skip
+                continue
             if len(report) != 1 + _SEQ.size:
                 if not report and self.pid is not None:  # it closed its end: it is gone
                     log.warning("event=pages_exited pid=%d: forked again", self.pid)
@@ -265,6 +296,7 @@ def run(
     mask: set[int | signal.Signals] | None = None,
     schema: str | None = None,
     hosts: HostRule | None = None,
+    revoked: dict[str, int] | None = None,
 ) -> int:
     """The page process's loop: one request at a time, until the master's end closes."""
     from setproctitle import setproctitle
@@ -277,7 +309,7 @@ def run(
     if mask is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     setproctitle("brooq-pages: status page")
-    pages = _Pages(dsn, token, schema, hosts)
+    pages = _Pages(dsn, token, schema, hosts, revoked, functools.partial(_revoked, sock))
     sock.setblocking(True)
     while True:
         try:
@@ -289,6 +321,9 @@ def run(
         if not data and not fds:
             return 0  # the master is gone
         seq, data = data[: _SEQ.size], data[_SEQ.size :]
+        if not fds and _SEQ.unpack(seq)[0] == CONTROL and data[:1] == TOKEN:
+            pages.set_token(data[1:] or None)
+            continue
         for fd in fds:
             client = socket.socket(fileno=fd)
             try:
@@ -298,6 +333,12 @@ def run(
                 with contextlib.suppress(OSError):
                     client.close()
                 _report(sock, END, seq)
+
+
+def _revoked(sock: socket.socket, nonce: str, expires: int) -> None:
+    """Tell the master of a signed-out session (it outlives this process there)."""
+    with contextlib.suppress(OSError):
+        sock.send(REVOKED + _SEQ.pack(expires) + nonce.encode("ascii"))
 
 
 def _report(sock: socket.socket, kind: bytes, seq: bytes) -> None:
@@ -327,6 +368,8 @@ class _Pages:
         token: bytes | None,
         schema: str | None = None,
         hosts: HostRule | None = None,
+        revoked: dict[str, int] | None = None,
+        on_sign_out: Callable[[str, int], None] = lambda nonce, expires: None,
     ) -> None:
         self.dsn = dsn
         self.hosts = hosts or HostRule()
@@ -334,7 +377,12 @@ class _Pages:
         self.schema = schema  # QUEUE_SCHEMA: the pages read and act on its tables
         self.actions_enabled = token is not None
         self.conn: psycopg.Connection[Any] | None = None  # opened at the first page
-        self.actions = Actions(dsn, token, schema)
+        self.actions = Actions(dsn, token, schema, revoked, on_sign_out)
+
+    def set_token(self, token: bytes | None) -> None:
+        self.token = token
+        self.actions_enabled = token is not None
+        self.actions.set_token(token)
 
     def answer(
         self, client: socket.socket, data: bytes, writing: Callable[[], None] = lambda: None
@@ -395,7 +443,9 @@ class _Pages:
             return ops.plain_response(REFUSAL_STATUS, refused)
         stack = _STACK.match(request.path)
         if stack is not None and request.method == "POST":
-            return self._stack(stack.group(1))
+            # A read of live code, but asked of a worker by a write: signed in, as any POST.
+            refused = self.actions.refusal(request, form_of(_body(data)), time.time())
+            return refused if refused is not None else self._stack(stack.group(1))
         if self.actions.handles(request.path):
             return self.actions.answer(request, _body(data), peer)
         try:

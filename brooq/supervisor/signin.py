@@ -7,8 +7,15 @@ compared in constant time with the master's. The session is then a cookie
 SESSION_SECONDS), the mac an HMAC-SHA256 of expiry and nonce under a key derived from the
 admin token: changing the token ends every session, and every master with the same token
 accepts it. Each form carries a CSRF token, an HMAC of the session's nonce under the same
-key, checked in constant time with the session on every action. Nothing here ever holds
+key, checked in constant time with the session on every action. Signing out revokes the
+session's nonce (the caller keeps the revoked nonces until they expire and gives them to
+session_of), so a copy of the cookie is refused from then on. Nothing here ever holds
 the token in a page, a log line or a URL.
+
+Wrong tokens are budgeted per client address (SignInBudget): FREE_FAILURES wrong tokens
+in a row cost nothing, so a mistyped token never keeps anyone out; past them the address
+waits 1 s before its next try, doubling with each further wrong token up to
+MAX_BACKOFF. A right token resets its address.
 
 Pure functions of their arguments and a clock given to them: no I/O.
 """
@@ -18,10 +25,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from collections.abc import Container
+from dataclasses import dataclass, field
 
 COOKIE = "brooq_session"
 SESSION_SECONDS = 8 * 3600
+NONCE_CHARS = 32
+FREE_FAILURES = 5  # wrong tokens in a row from one address before it has to wait
+MAX_BACKOFF = 30.0  # seconds
+FORGET_AFTER = 600.0  # an address without a wrong token this long starts afresh
+MAX_ADDRESSES = 10_000  # bounded: the oldest half is forgotten beyond this
 
 
 def _key(token: bytes) -> bytes:
@@ -49,7 +62,7 @@ class Session:
 
 def new_session(token: bytes, now: float) -> tuple[Session, str]:
     """A session and its cookie value."""
-    session = Session(secrets.token_hex(16), int(now) + SESSION_SECONDS)
+    session = Session(secrets.token_hex(NONCE_CHARS // 2), int(now) + SESSION_SECONDS)
     payload = f"{session.expires}.{session.nonce}"
     return session, f"{payload}.{_mac(token, payload)}"
 
@@ -64,8 +77,11 @@ def clear_cookie() -> str:
     return f"{COOKIE}=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"
 
 
-def session_of(token: bytes, cookie_header: str, now: float) -> Session | None:
-    """The valid, unexpired session the request's Cookie header holds, or None."""
+def session_of(
+    token: bytes, cookie_header: str, now: float, revoked: Container[str] = ()
+) -> Session | None:
+    """The valid, unexpired, not revoked session the request's Cookie header holds, or
+    None."""
     for part in cookie_header.split(";"):
         name, _, value = part.strip().partition("=")
         if name != COOKIE:
@@ -76,7 +92,7 @@ def session_of(token: bytes, cookie_header: str, now: float) -> Session | None:
             return None
         if not hmac.compare_digest(mac, _mac(token, f"{expires}.{nonce}")):
             return None
-        if int(expires) <= now:
+        if int(expires) <= now or nonce in revoked:
             return None
         return Session(nonce, int(expires))
     return None
@@ -84,3 +100,41 @@ def session_of(token: bytes, cookie_header: str, now: float) -> Session | None:
 
 def csrf_ok(token: bytes, session: Session | None, given: str) -> bool:
     return session is not None and hmac.compare_digest(given, session.csrf(token))
+
+
+@dataclass
+class _Failures:
+    count: int = 0
+    last: float = float("-inf")
+    wait_until: float = float("-inf")
+
+
+@dataclass
+class SignInBudget:
+    """Wrong tokens per client address (see the module docstring)."""
+
+    addresses: dict[str, _Failures] = field(default_factory=dict)
+
+    def wait(self, address: str, now: float) -> float:
+        """Seconds ``address`` must still wait before its token is compared; 0: now."""
+        failures = self.addresses.get(address)
+        return 0.0 if failures is None else max(0.0, failures.wait_until - now)
+
+    def failed(self, address: str, now: float) -> int:
+        """Count a wrong token; the address's wrong tokens in a row."""
+        failures = self.addresses.get(address)
+        if failures is None or now - failures.last > FORGET_AFTER:
+            failures = self.addresses[address] = _Failures()
+        failures.count += 1
+        failures.last = now
+        if failures.count > FREE_FAILURES:
+            backoff = min(2.0 ** (failures.count - FREE_FAILURES - 1), MAX_BACKOFF)
+            failures.wait_until = now + backoff
+        if len(self.addresses) > MAX_ADDRESSES:
+            by_age = sorted(self.addresses, key=lambda a: self.addresses[a].last)
+            for old in by_age[: MAX_ADDRESSES // 2]:
+                del self.addresses[old]
+        return failures.count
+
+    def succeeded(self, address: str) -> None:
+        self.addresses.pop(address, None)

@@ -4,7 +4,7 @@
     GET  /in-flight         jobs being processed (keyset pages)
     GET  /failed, /dead     jobs waiting for a retry, jobs given up on (keyset pages)
     GET  /jobs/<id>         one job: every column, the payload, the outcome, the errors
-    POST /jobs/<id>/stack   the stack button's target: 501, not implemented yet
+    POST /jobs/<id>/stack   the stack button (answered by the page process, signed in)
 
 brooq.web.pages.serve is the one entry point: a request's method and target and a
 psycopg connection in, a Response (status, headers, HTML bytes) out. How it is served

@@ -168,7 +168,7 @@ def serve(
             row = reads.job(conn, job_id, timeout=timeout, q=q)
             if row is None:
                 raise _ClientError(HTTPStatus.NOT_FOUND, f"no job {job_id}")
-            body = job_page(row, actions_enabled, csrf is not None)
+            body = job_page(row, actions_enabled, csrf)
         else:
             raise _ClientError(HTTPStatus.NOT_FOUND, "no such page")
         return _answer(HTTPStatus.OK.value, body)
@@ -313,9 +313,16 @@ def _pages(path: str, page: Page) -> str:
     return f'<nav class="pages">{"".join(links)}</nav>'
 
 
-def stack_form(job_id: object) -> str:
+def stack_form(job_id: object, csrf: str | None, actions_enabled: bool) -> str:
+    """The stack button: a POST like every action's (signed in, with the CSRF token), since
+    it asks a worker for something; signed out, the way to sign in."""
+    if csrf is None:
+        if actions_enabled:
+            return link("/sign-in", "sign in for the stack")
+        return '<span class="muted">needs an admin token</span>'
     return (
         f'<form method="post" action="{e(f"/jobs/{job_id}/stack")}">'
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
         '<button type="submit" title="the Python stack of the running handler, now">'
         "stack</button></form>"
     )
@@ -338,7 +345,7 @@ def in_flight_page(
                 e(host),
                 e(age(r["running_for"])),
                 e(lease),
-                stack_form(r["id"]),
+                stack_form(r["id"], csrf, actions_enabled),
                 *(
                     [button(f"/jobs/{r['id']}/cancel", "cancel", csrf, here, CANCEL_RUNNING)]
                     if csrf is not None
@@ -418,7 +425,7 @@ def _cell(name: str, value: Any) -> str:
     return e(value)
 
 
-def job_page(row: Row, actions_enabled: bool, signed_in: bool = False) -> bytes:
+def job_page(row: Row, actions_enabled: bool, csrf: str | None = None) -> bytes:
     job_id = row["id"]
     columns = "".join(
         f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
@@ -438,7 +445,8 @@ def job_page(row: Row, actions_enabled: bool, signed_in: bool = False) -> bytes:
         host, pid = holder(row.get("locked_by"))
         parts.append(
             f"<h2>Running</h2><p>on host {e(host)}, child pid {e(pid)}</p>"
-            f'{stack_form(job_id)}<p class="muted">The Python stack of the running handler, '
+            f"{stack_form(job_id, csrf, actions_enabled)}"
+            '<p class="muted">The Python stack of the running handler, '
             "as <code>brooq jobs stack ID</code> prints it.</p>"
         )
     errors = row.get("errors") or []
@@ -456,5 +464,8 @@ def job_page(row: Row, actions_enabled: bool, signed_in: bool = False) -> bytes:
         )
     parts.append(table(("attempt", "at", "worker", "error"), history, numeric={0}))
     return layout(
-        f"Job {job_id}", "".join(parts), actions_enabled=actions_enabled, signed_in=signed_in
+        f"Job {job_id}",
+        "".join(parts),
+        actions_enabled=actions_enabled,
+        signed_in=csrf is not None,
     )
