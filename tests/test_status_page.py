@@ -242,6 +242,7 @@ def request(
     body: str = "",
     cookie: str = "",
     extra: str = "",
+    timeout: float = 10.0,
 ) -> tuple[int, str, bytes]:
     head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n"
     if extra:
@@ -249,7 +250,7 @@ def request(
     head += "Content-Type: application/x-www-form-urlencoded\r\n"
     if cookie:
         head += f"Cookie: {cookie}\r\n"
-    with socket.create_connection(addr, timeout=10) as s:
+    with socket.create_connection(addr, timeout=timeout) as s:
         s.sendall((head + "\r\n" + body).encode())
         data = b""
         while chunk := s.recv(65536):

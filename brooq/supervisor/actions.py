@@ -74,6 +74,9 @@ class Actions:
         # hears of each (on_sign_out) and hands them to the next page process.
         self.revoked: dict[str, int] = dict(revoked or {})
         self.on_sign_out = on_sign_out
+        # Runs a bulk action's work and gives its answer; the page process replaces it
+        # with a helper process of its own (brooq.supervisor.pages), answering later.
+        self.defer: Callable[[Callable[[], bytes]], bytes] = lambda work: work()
 
     def set_token(self, token: bytes | None) -> None:
         """A new admin token: every session ends (their macs were made with the old)."""
@@ -175,43 +178,65 @@ class Actions:
         form: dict[str, str],
         session: signin.Session | None,
     ) -> bytes:
-        from brooq.errors import BrooqError, InvalidJob, InvalidTransition
+        if job_id and job_action:
+            return self._refused_or(
+                form, session, lambda q: self._job(q, uuid.UUID(job_id), job_action, form)
+            )
+        if queue_name and queue_action:
+            return self._refused_or(
+                form, session, lambda q: self._queue_action(q, queue_name, queue_action, form)
+            )
+        assert bulk is not None
+        # Seconds to minutes of batches: the page process runs it elsewhere (defer), so
+        # that every other page is answered meanwhile.
+        return self.defer(
+            lambda: self._refused_or(form, session, lambda q: self._bulk(q, bulk, form, session))
+        )
 
-        queue = self._open()
+    def _refused_or(
+        self,
+        form: dict[str, str],
+        session: signin.Session | None,
+        act: Callable[[Any], bytes],
+    ) -> bytes:
+        """act(queue)'s answer, or the refusal it raised, worded as for the CLI (409)."""
+        from brooq.errors import BrooqError
+
         try:
-            if job_id and job_action:
-                jid = uuid.UUID(job_id)
-                moved = queue.cancel(jid) if job_action == "cancel" else queue.retry(jid)
-                if not moved:
-                    raise queue.explain_refusal(
-                        jid, "cancel" if job_action == "cancel" else "retry"
-                    )
-                log.info("event=page_%s job=%s", job_action, jid)
-                return _redirect(_back(form, f"/jobs/{jid}"))
-            if queue_name and queue_action:
-                (queue.pause if queue_action == "pause" else queue.resume)(queue_name)
-                log.info("event=page_%s queue=%s", queue_action, queue_name)
-                return _redirect(_back(form, "/"))
-            assert bulk is not None
-            many = queue.retry_many if bulk == "retry" else queue.cancel_many
-            result = many(
-                topic=form.get("topic", ""),
-                state=form.get("state", ""),
-                queue=form.get("queue") or None,
-            )
-            log.info(
-                "event=page_bulk_%s matched=%d changed=%d", bulk, result.matched, result.changed
-            )
-            return self._page(
-                200,
-                f"Bulk {bulk}",
-                f"<p>{result.matched} matched, {result.changed} changed.</p>",
-                session,
-            )
-        except (InvalidJob, InvalidTransition, BrooqError, ValueError) as exc:
+            return act(self._open())
+        except (BrooqError, ValueError) as exc:
             back = _back(form, "")
             again = f'<p><a href="{_e(back)}">Back</a></p>' if back else ""
             return self._page(409, "Refused", f"<p>{_e(exc)}</p>{again}", session)
+
+    def _job(self, queue: Any, jid: uuid.UUID, action: str, form: dict[str, str]) -> bytes:
+        moved = queue.cancel(jid) if action == "cancel" else queue.retry(jid)
+        if not moved:
+            raise queue.explain_refusal(jid, "cancel" if action == "cancel" else "retry")
+        log.info("event=page_%s job=%s", action, jid)
+        return _redirect(_back(form, f"/jobs/{jid}"))
+
+    def _queue_action(self, queue: Any, name: str, action: str, form: dict[str, str]) -> bytes:
+        (queue.pause if action == "pause" else queue.resume)(name)
+        log.info("event=page_%s queue=%s", action, name)
+        return _redirect(_back(form, "/"))
+
+    def _bulk(
+        self, queue: Any, bulk: str, form: dict[str, str], session: signin.Session | None
+    ) -> bytes:
+        many = queue.retry_many if bulk == "retry" else queue.cancel_many
+        result = many(
+            topic=form.get("topic", ""),
+            state=form.get("state", ""),
+            queue=form.get("queue") or None,
+        )
+        log.info("event=page_bulk_%s matched=%d changed=%d", bulk, result.matched, result.changed)
+        return self._page(
+            200,
+            f"Bulk {bulk}",
+            f"<p>{result.matched} matched, {result.changed} changed.</p>",
+            session,
+        )
 
     def _open(self) -> Any:
         if self._queue is None:

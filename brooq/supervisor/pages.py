@@ -21,16 +21,24 @@ The master also bounds it. Each handed message starts with the request's number;
 process reports back on the same socket when it starts a request (b"s"), when its answer
 is ready and being written (b"w") and when it is done (b"e"), each followed by the number.
 The master reads those reports in its loop (non-blocking, like any other descriptor) and
-keeps its own copy of each handed client socket until the request is done. A request
-started more than its limit ago (PAGE_LIMIT; BULK_LIMIT for a bulk action) means the
-process is wedged (a libpq call that no timeout bounds: DNS, a TLS handshake; or a
-stopped process): the master kills it (SIGKILL), answers 503 to that client if no answer
-was being written yet (and to those queued behind it), logs event=page_process_killed,
-and forks a new one at the next page request.
+keeps its own copy of each handed client socket until the request is done. The process
+is wedged (a libpq call that no timeout bounds: DNS, a TLS handshake; or a stopped
+process) when a request it started runs over its limit (PAGE_LIMIT; BULK_LIMIT for a
+bulk action), or when, not in a page, it leaves a handed request unstarted or a running
+bulk action unreported for START_LIMIT: the master kills it and its helper (SIGKILL to
+its process group), answers 503 to each client whose answer was not being written yet,
+logs event=page_process_killed with the reason, and forks a new one at the next page
+request.
+
+A bulk action (seconds to minutes of batches) runs in a helper process the page process
+forks (one at a time; a second is answered 503): the helper answers its client itself,
+and the page process goes on answering pages, reports b"b" for that request and a
+heartbeat (b"h") every HEARTBEAT until the helper's pipe closes, then b"e".
 
 Owns: forking the page process and handing requests to it (PageProcess, in the master),
-and the process's loop (run, after the fork). Must never run in the master's loop beyond
-one non-blocking send, and never write to the database (brooq.web only reads).
+the process's loop (run, after the fork) and its bulk helpers. Must never run in the
+master's loop beyond one non-blocking send, nor write to the database but through
+brooq.supervisor.actions (brooq.web only reads).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import functools
 import logging
 import os
 import re
+import select
 import signal
 import socket
 import struct
@@ -67,9 +76,17 @@ MESSAGE_BYTES = ops.MAX_HEADER_BYTES + ops.MAX_BODY_BYTES + 64
 # a client 5 s to take its answer; a page longer than this in all answers 503 either way.
 PAGE_LIMIT = 10.0
 BULK_LIMIT = 600.0  # a bulk retry or cancel: a million jobs are a hundred batches
+# A page process that holds a request it has not started, or a bulk action, and is not
+# in a page, reports within this (a start, an end, a heartbeat) or is wedged (stopped,
+# say): killed. Healthy, it starts a request within milliseconds of its hand-over.
+START_LIMIT = 5.0
+HEARTBEAT = 1.0  # while a bulk action runs in its helper, the page process says so
 MAX_QUEUED = 16  # handed and not answered yet: more are answered 503 by the master
 _SEQ = struct.Struct("!Q")  # the request's number, at the head of each message
 START, WRITING, END = b"s", b"w", b"e"  # the page process's reports, each + _SEQ
+# The request goes on in a helper process (a bulk action): the page process is free;
+# while one does, it sends ALIVE (+ number 0) every HEARTBEAT.
+BACKGROUND, ALIVE = b"b", b"h"
 # A signed-out session: REVOKED + its expiry (_SEQ) + its nonce; the master keeps it for
 # the page processes it forks later.
 REVOKED = b"r"
@@ -85,9 +102,14 @@ class _Handed:
 
     client: socket.socket
     path: str
-    limit: float
+    handed_at: float
     started: float | None = None  # when the page process said it started it
     writing: bool = False  # its answer is being written: no 503 of ours after it
+    background: bool = False  # going on in a helper process (a bulk action)
+
+    @property
+    def limit(self) -> float:
+        return BULK_LIMIT if self.background else PAGE_LIMIT
 
 
 class PageProcess:
@@ -112,6 +134,7 @@ class PageProcess:
         self.pid: int | None = None
         self.sock: socket.socket | None = None
         self.started_at = float("-inf")
+        self.last_heard = float("-inf")  # the page process's last report (or its fork)
         self.seq = 0
         self.handed: dict[int, _Handed] = {}  # by number, in the order handed
         self.revoked: dict[str, int] = {}  # signed-out sessions (nonce -> expiry)
@@ -138,6 +161,8 @@ class PageProcess:
         if pid == 0:  # the page process: never returns
             code = 1
             try:
+                # A group of its own: its bulk helpers die with it (os.killpg).
+                os.setpgid(0, 0)
                 ours.close()
                 for fd in self.close_in_child():
                     with contextlib.suppress(OSError):
@@ -148,9 +173,12 @@ class PageProcess:
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        with contextlib.suppress(OSError):  # set on both sides: no race with a kill
+            os.setpgid(pid, pid)
         theirs.close()
         ours.setblocking(False)
         self.pid, self.sock = pid, ours
+        self.last_heard = now
         log.info("event=pages_started pid=%d", pid)
 
     def hand(self, client: socket.socket, request: bytes) -> bool:
@@ -169,8 +197,7 @@ class PageProcess:
             return False
         path = request.split(b" ", 2)[1].decode("latin-1", "replace") if b" " in request else ""
         path = path.split("?", 1)[0][:100]
-        limit = BULK_LIMIT if path.startswith("/bulk/") else PAGE_LIMIT
-        self.handed[self.seq] = _Handed(client.dup(), path, limit)
+        self.handed[self.seq] = _Handed(client.dup(), path, time.monotonic())
         return True
 
     def set_token(self, token: bytes | None) -> None:
@@ -185,26 +212,44 @@ class PageProcess:
             self.sock.send(_SEQ.pack(CONTROL) + TOKEN + (token or b""))
         except OSError:
             log.warning("event=page_process_killed reason=token_changed pid=%s", self.pid)
-            if self.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
+            self._signal(signal.SIGKILL)
             self._lost()
 
     def service(self, readable: Collection[int], now: float) -> None:
-        """Read the page process's reports (never waiting), then kill it if the request
-        it is on has run over its limit. Called on every pass of the master's loop."""
+        """Read the page process's reports (never waiting), then kill it if a request it
+        is on has run over its limit, or if it holds requests and has said nothing for
+        START_LIMIT while not in a page. Called on every pass of the master's loop."""
         if self.sock is not None and self.sock.fileno() in readable:
             self._read_reports(now)
-        for seq, handed in self.handed.items():
-            if handed.started is None:
-                break  # the first one not started yet: the process is between requests
-            if now - handed.started > handed.limit:
-                self._kill(seq, handed, now)
+        for handed in self.handed.values():
+            if handed.started is not None and now - handed.started > handed.limit:
+                took = now - handed.started
+                why = f"the page took longer than {handed.limit:g} s; try again"
+                self._kill("request_over_limit", handed, took, handed.limit, why)
                 return
+        silent_since = self._silent_since()
+        if silent_since is not None and now - silent_since > START_LIMIT:
+            waiting = next((h for h in self.handed.values() if h.started is None), None)
+            reason = "request_not_started" if waiting is not None else "no_heartbeat"
+            handed = waiting or next(iter(self.handed.values()))
+            why = f"the status page did not answer for {START_LIMIT:g} s; try again"
+            self._kill(reason, handed, now - silent_since, START_LIMIT, why)
+
+    def _silent_since(self) -> float | None:
+        """Since when the page process owes a report (None: it owes none now, being in a
+        page, bounded by its limit, or holding nothing)."""
+        if not self.handed or any(
+            h.started is not None and not h.background for h in self.handed.values()
+        ):
+            return None
+        waiting = [h.handed_at for h in self.handed.values() if h.started is None]
+        return max([self.last_heard, *waiting[:1]])
 
     def next_deadline(self) -> float | None:
-        started = [h.started + h.limit for h in self.handed.values() if h.started is not None]
-        return min(started, default=None)
+        deadlines = [h.started + h.limit for h in self.handed.values() if h.started is not None]
+        if (silent_since := self._silent_since()) is not None:
+            deadlines.append(silent_since + START_LIMIT)
+        return min(deadlines, default=None)
 
     def _read_reports(self, now: float) -> None:
         assert self.sock is not None
@@ -225,11 +270,14 @@ class PageProcess:
                     self._lost()
                 return
             kind, (seq,) = report[:1], _SEQ.unpack(report[1:])
+            self.last_heard = now
             handed = self.handed.get(seq)
             if handed is None:
-                continue
+                continue  # ALIVE, or a request answered 503 already
             if kind == START:
                 handed.started = now
+            elif kind == BACKGROUND:
+                handed.background = True
             elif kind == WRITING:
                 handed.writing = True
             elif kind == END:
@@ -237,19 +285,31 @@ class PageProcess:
                 with contextlib.suppress(OSError):
                     handed.client.close()
 
-    def _kill(self, seq: int, handed: _Handed, now: float) -> None:
-        assert self.pid is not None and handed.started is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
+    def _kill(self, reason: str, handed: _Handed, took: float, limit: float, why: str) -> None:
+        assert self.pid is not None
+        self._signal(signal.SIGKILL)
         log.error(
-            "event=page_process_killed reason=request_over_limit pid=%d path=%r took=%.1fs "
-            "limit=%gs: forked again at the next page request",
+            "event=page_process_killed reason=%s pid=%d path=%r took=%.1fs limit=%gs: "
+            "forked again at the next page request",
+            reason,
             self.pid,
             handed.path,
-            now - handed.started,
-            handed.limit,
+            took,
+            limit,
         )
-        self._lost(f"the page took longer than {handed.limit:g} s; try again")
+        self._lost(why)
+
+    def _signal(self, signum: int, *, group_only: bool = False) -> None:
+        """To the page process and its bulk helper (its process group); group_only once
+        the process is reaped (its pid is free: only its group's is sure to be ours)."""
+        if self.pid is None:
+            return
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            if not group_only:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signum)
 
     def reaped(self, pid: int) -> bool:
         """The master reaped ``pid``: True when it was the page process (forked again on
@@ -257,13 +317,12 @@ class PageProcess:
         if pid != self.pid:
             return False
         log.warning("event=pages_exited pid=%d: forked again", pid)
+        self._signal(signal.SIGKILL, group_only=True)  # a bulk helper it left behind
         self._lost()
         return True
 
     def stop(self) -> None:
-        if self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
+        self._signal(signal.SIGTERM)
         self._lost()
 
     def _lost(self, why: str = "the status page restarted; try again") -> None:
@@ -298,7 +357,8 @@ def run(
     hosts: HostRule | None = None,
     revoked: dict[str, int] | None = None,
 ) -> int:
-    """The page process's loop: one request at a time, until the master's end closes."""
+    """The page process's loop: one page at a time (a bulk action in a helper beside),
+    until the master's end closes."""
     from setproctitle import setproctitle
 
     signal.set_wakeup_fd(-1)  # the master's: a signal here must not wake the master
@@ -310,29 +370,59 @@ def run(
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     setproctitle("brooq-pages: status page")
     pages = _Pages(dsn, token, schema, hosts, revoked, functools.partial(_revoked, sock))
+    pages.master_fd = sock.fileno()
     sock.setblocking(True)
-    while True:
-        try:
-            data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 1)
-        except InterruptedError:
-            continue
-        except OSError:
-            return 0
-        if not data and not fds:
-            return 0  # the master is gone
-        seq, data = data[: _SEQ.size], data[_SEQ.size :]
-        if not fds and _SEQ.unpack(seq)[0] == CONTROL and data[:1] == TOKEN:
-            pages.set_token(data[1:] or None)
-            continue
-        for fd in fds:
-            client = socket.socket(fileno=fd)
+    beat = time.monotonic()
+    try:
+        while True:
+            helper = pages.helper
+            watched = [sock.fileno()] if helper is None else [sock.fileno(), helper.fd]
             try:
-                _report(sock, START, seq)
-                pages.answer(client, data, functools.partial(_report, sock, WRITING, seq))
-            finally:
-                with contextlib.suppress(OSError):
-                    client.close()
+                readable, _, _ = select.select(watched, [], [], HEARTBEAT if helper else None)
+            except InterruptedError:
+                continue
+            if helper is not None and helper.fd in readable:
+                pages.helper_ended()
+                _report(sock, END, helper.seq)
+            if pages.helper is not None and time.monotonic() - beat >= HEARTBEAT:
+                beat = time.monotonic()
+                _report(sock, ALIVE, _SEQ.pack(CONTROL))
+            if sock.fileno() in readable and not _serve_one(sock, pages):
+                return 0  # the master is gone
+    finally:
+        pages.stop_helper()
+
+
+def _serve_one(sock: socket.socket, pages: _Pages) -> bool:
+    """Take the master's next message and answer it; False when the master is gone."""
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 1)
+    except InterruptedError:
+        return True
+    except OSError:
+        return False
+    if not data and not fds:
+        return False
+    seq, data = data[: _SEQ.size], data[_SEQ.size :]
+    if not fds and _SEQ.unpack(seq)[0] == CONTROL and data[:1] == TOKEN:
+        pages.set_token(data[1:] or None)
+        return True
+    for fd in fds:
+        client = socket.socket(fileno=fd)
+        background = False
+        try:
+            _report(sock, START, seq)
+            background = pages.answer(client, data, functools.partial(_report, sock, WRITING, seq))
+            if background:
+                assert pages.helper is not None
+                pages.helper.seq = seq
+                _report(sock, BACKGROUND, seq)
+        finally:
+            with contextlib.suppress(OSError):
+                client.close()  # a helper answering it has its own copy
+            if not background:
                 _report(sock, END, seq)
+    return True
 
 
 def _revoked(sock: socket.socket, nonce: str, expires: int) -> None:
@@ -361,6 +451,17 @@ def _body(data: bytes) -> bytes:
 STACK_TIMEOUT = 3.0  # the stack button waits this long for the job's master
 
 
+@dataclass
+class _Helper:
+    """A bulk action going on in a process of its own, forked by the page process: it
+    answers its client itself; its pipe's end closes when it exits."""
+
+    pid: int
+    fd: int
+    started: float
+    seq: bytes = b""
+
+
 class _Pages:
     def __init__(
         self,
@@ -378,6 +479,11 @@ class _Pages:
         self.actions_enabled = token is not None
         self.conn: psycopg.Connection[Any] | None = None  # opened at the first page
         self.actions = Actions(dsn, token, schema, revoked, on_sign_out)
+        self.actions.defer = self._in_helper
+        self.master_fd = -1  # the socket to the master: a helper closes it
+        self.helper: _Helper | None = None  # one bulk action at a time
+        self._client: socket.socket | None = None  # the request being answered
+        self._deferred = False
 
     def set_token(self, token: bytes | None) -> None:
         self.token = token
@@ -386,7 +492,8 @@ class _Pages:
 
     def answer(
         self, client: socket.socket, data: bytes, writing: Callable[[], None] = lambda: None
-    ) -> None:
+    ) -> bool:
+        """Answer one request; True when it goes on in a helper (which answers it)."""
         client.setblocking(True)
         client.settimeout(CLIENT_TIMEOUT)
         started = time.monotonic()
@@ -395,12 +502,68 @@ class _Pages:
             local = str(client.getsockname()[0])
         except (OSError, IndexError):
             peer, local = "?", ""
-        response = self._render(data, peer, local)
+        self._client, self._deferred = client, False
+        try:
+            response = self._render(data, peer, local)
+        finally:
+            self._client = None
+        if self._deferred:
+            return True
         writing()
         with contextlib.suppress(OSError):
             client.sendall(response)
             client.shutdown(socket.SHUT_WR)
         log.debug("event=page_served took=%.1fms", (time.monotonic() - started) * 1000)
+        return False
+
+    def _in_helper(self, work: Callable[[], bytes]) -> bytes:
+        """Run a bulk action in a helper process that answers the client itself, so this
+        process goes on answering pages meanwhile (Actions.defer). One at a time."""
+        if self.helper is not None:
+            running = time.monotonic() - self.helper.started
+            return ops.plain_response(
+                503,
+                f"a bulk action has been running for {running:.0f} s; try again once it "
+                "has ended\n".encode(),
+            )
+        client = self._client
+        assert client is not None
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the helper: never returns
+            code = 1
+            try:
+                os.close(r)
+                os.close(self.master_fd)  # the master sees this process's end alone
+                response = work()
+                client.sendall(response)
+                client.shutdown(socket.SHUT_WR)
+                code = 0
+            except BaseException:
+                log.exception("event=page_bulk_failed")
+                with contextlib.suppress(OSError):
+                    client.sendall(ops.plain_response(500, b"internal error\n"))
+            finally:
+                os._exit(code)
+        os.close(w)
+        self.helper = _Helper(pid, r, time.monotonic())
+        self._deferred = True
+        return b""
+
+    def helper_ended(self) -> None:
+        """The helper's pipe closed: it has answered (or died); reap it."""
+        helper, self.helper = self.helper, None
+        if helper is None:
+            return
+        os.close(helper.fd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(helper.pid, 0)  # it has closed its end: it is exiting
+
+    def stop_helper(self) -> None:
+        if self.helper is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.helper.pid, signal.SIGKILL)
+            self.helper_ended()
 
     def _stack(self, raw_id: str) -> bytes:
         """The job page's stack button: what `brooq jobs stack ID` prints, on a page. A
