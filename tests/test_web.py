@@ -3,6 +3,7 @@ keyset pagination, the job page's answers, the overview's figures, and the heade
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import uuid
@@ -389,3 +390,62 @@ def test_render_helpers() -> None:
     assert holder("odd") == ("odd", "?") and holder(None) == ("—", "—")
     assert href('/jobs/a b"<', after='1_"x"&y') == "/jobs/a%20b%22%3C?after=1_%22x%22%26y"
     assert "cut at 10 of" in pretty_json("x" * 50, limit=10)
+
+
+def test_sample_blocks_are_evenly_spaced_and_as_many_as_asked() -> None:
+    assert reads.sample_blocks(0, 500) == []
+    assert reads.sample_blocks(3, 500) == [0, 1, 2]
+    blocks = reads.sample_blocks(65_000, 500)
+    assert len(blocks) == len(set(blocks)) == 500
+    assert blocks[0] == 65 and blocks[-1] == 64_935
+    assert {b - a for a, b in itertools.pairwise(blocks)} == {130}
+
+
+def test_the_margin_comes_from_the_sample_spread() -> None:
+    assert reads.margin(100, 100, 10, 10) == 0.0  # every page read
+    assert reads.margin(0, 0, 500, 10_000) == 100.0  # nothing sampled
+    # Every sampled page holds 60 jobs: no spread, no margin.
+    assert reads.margin(60 * 500, 3600 * 500, 500, 10_000) == 0.0
+    # Half the pages hold 120, half none: the spread of a clustered state.
+    wide = reads.margin(120 * 250, 14_400 * 250, 500, 10_000)
+    assert 8.0 < wide < 9.0  # 1.96 * sqrt((1 - 0.05) / 500) = 8.5 %
+    assert reads.margin(120 * 1000, 14_400 * 1000, 2000, 10_000) < wide / 2
+
+
+def test_an_estimate_is_within_its_margin_and_small_queues_are_exact(
+    db: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog estimated from a sample: the estimate lies within the margin the page
+    states, and the queues beside it holding a few jobs are counted exactly, not scaled
+    up from the sample or missed by it."""
+    db.execute(
+        "INSERT INTO job (topic, state, payload) SELECT 'a', 'pending', "
+        "       jsonb_build_object('pad', repeat('x', (i % 7) * 60)) "
+        "FROM generate_series(1, 20000) AS i;"
+        "INSERT INTO job (topic, state, queue) SELECT 'b', 'pending', 'other' "
+        "FROM generate_series(1, 7);"
+        "INSERT INTO job (topic, state, queue, available_at) "
+        "SELECT 'c', 'failed', 'third', now() + interval '1 hour' FROM generate_series(1, 2);"
+        "INSERT INTO job (topic, state, payload) SELECT 'a', 'pending', "
+        "       jsonb_build_object('pad', repeat('x', (i % 5) * 90)) "
+        "FROM generate_series(1, 20000) AS i;"
+        "INSERT INTO job (topic, state) SELECT 'a', 'done' FROM generate_series(1, 20000);"
+    )
+    row = db.execute("SELECT pg_relation_size('job') / 8192 AS pages").fetchone()
+    assert row is not None
+    pages = int(row["pages"])
+    monkeypatch.setattr(reads, "SAMPLE_PAGES", pages // 8)
+    monkeypatch.setattr(reads, "EXACT_BELOW", 10_000)
+    data = reads.overview(db)
+    groups = {(g["queue"], g["topic"]): g for g in data["groups"]}
+    backlog = groups[("default", "a")]
+    shown = data["estimate"]["margins"]["pending"]
+    assert 0 < shown < 10
+    assert abs(backlog["ready"] - 40_000) <= 40_000 * shown / 100, (backlog, shown)
+    assert data["estimate"]["sampled"] == pages // 8
+    other, third = groups[("other", "b")], groups[("third", "c")]
+    assert (other["ready"], other["estimated"]) == (7, set())
+    assert (third["scheduled"], third["failed"], third["estimated"]) == (2, 2, set())
+    body = text(get(db, "/"))
+    assert re.search(r"pending \(≈ [0-9,]+ jobs, ± [0-9.]+ %\)", body), body
+    assert '<td>other</td><td>b</td><td class="n">7</td>' in body

@@ -1122,26 +1122,49 @@ SELECT set_config('statement_timeout', %(timeout)s, true),
 SELECT coalesce(pg_relation_size(to_regclass({job:name})), 0)
            / current_setting('block_size')::int AS pages
 
--- name: web_overview_sample
--- The overview's sample (docs/status-page.md, "Exact up to a size, estimated above"):
--- the active and dead jobs of `percent` per cent of the table's pages, picked at random (SYSTEM:
--- whole pages, so its cost is the pages it reads), per state, queue and topic. At 100 per cent
--- it reads the whole table and its figures are exact (a small table).
--- state_jobs: the state's sampled rows, all groups; only the first `groups` groups of
--- each state (by queue, topic) are returned.
-SELECT state, queue, topic, jobs, ready, oldest_ready_at, state_jobs
+-- name: web_overview_page
+-- One page of the overview's sample (docs/status-page.md, "Exact up to a size, estimated
+-- above"): the active and dead jobs of block `lo` (a TID range, read as one page by a
+-- Tid Range Scan), per state, queue and topic. reads.overview sends one per sampled
+-- page, pipelined: a LATERAL join over the blocks is planned as a scan of the whole
+-- table per block (PostgreSQL parameterises no TID range by an outer column).
+SELECT state, queue, topic, count(*) AS jobs,
+       count(*) FILTER (WHERE available_at <= now()) AS ready,
+       min(available_at) FILTER (
+           WHERE state IN ('pending', 'failed') AND available_at <= now()) AS oldest_ready_at
+FROM {job}
+WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid
+  AND state IN ('pending', 'failed', 'processing', 'dead')
+GROUP BY state, queue, topic
+
+-- name: web_ready_queue_names
+-- The queues holding pending or failed jobs, by a loose scan of job_ready_queue_idx (one
+-- index probe per queue, however many jobs each holds), so that the overview can count
+-- the small queues beside an estimated backlog exactly instead of missing them.
+WITH RECURSIVE q AS (
+    (SELECT queue FROM {job} WHERE state IN ('pending', 'failed') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {job} j
+            WHERE j.state IN ('pending', 'failed') AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM q WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL LIMIT %(limit)s
+
+-- name: web_overview_queues_exact
+-- The pending and failed jobs of the queues given, exactly, per state, queue and topic,
+-- through job_ready_queue_idx; at most `cap` + 1 rows (state_jobs above `cap`: cut
+-- short, not to be shown).
+SELECT state, queue, topic, count(*) AS jobs,
+       count(*) FILTER (WHERE available_at <= now()) AS ready,
+       min(available_at) FILTER (WHERE available_at <= now()) AS oldest_ready_at,
+       sum(count(*)) OVER () AS state_jobs
 FROM (
-    SELECT state, queue, topic, count(*) AS jobs,
-           count(*) FILTER (WHERE available_at <= now()) AS ready,
-           min(available_at) FILTER (
-               WHERE state IN ('pending', 'failed') AND available_at <= now()) AS oldest_ready_at,
-           sum(count(*)) OVER (PARTITION BY state) AS state_jobs,
-           row_number() OVER (PARTITION BY state ORDER BY queue, topic) AS n
-    FROM {job} TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
-    WHERE state IN ('pending', 'failed', 'processing', 'dead')
-    GROUP BY state, queue, topic
-) AS s
-WHERE n <= %(groups)s
+    SELECT state, queue, topic, available_at FROM {job}
+    WHERE state IN ('pending', 'failed') AND queue = ANY(%(queues)s::text[])
+    LIMIT %(cap)s + 1
+) AS r
+GROUP BY state, queue, topic
 
 -- name: web_overview_exact
 -- The overview's exact figures, per state, queue and topic, of the states asked for (a
@@ -1205,8 +1228,9 @@ GROUP BY 1
 ORDER BY 1
 
 -- name: web_done_per_minute_sample
--- The same, in `percent` per cent of the table's pages (as web_overview_sample): a throughput
--- of more than `cap` jobs an hour is charted from a sample.
+-- The same, in `percent` per cent of the table's pages picked by TABLESAMPLE SYSTEM (the
+-- number of pages it reads varies by a few per cent; a chart needs no more): a
+-- throughput of more than `cap` jobs an hour is charted from a sample.
 SELECT date_trunc('minute', updated_at) AS minute, count(*) AS jobs
 FROM {job} TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
 WHERE state = 'done'

@@ -192,8 +192,8 @@ def _n(value: object) -> str:
 
 
 def about(value: int) -> str:
-    """An estimate as shown: two significant figures (the sample's precision is a few
-    per cent), marked."""
+    """An estimate as shown: two significant figures (the note gives each state's
+    margin), marked."""
     shown = value if value < 100 else int(float(f"{value:.2g}"))
     return f"≈ {shown:,}"
 
@@ -270,18 +270,24 @@ def overview_page(
 
 def estimate_note(estimate: Row) -> str:
     """What the ≈ figures are, on the page itself: which states, from what sample, how
-    precise, and where the exact count is."""
-    states = ", ".join(f"{e(s)} ({e(about(n))} jobs)" for s, n in estimate["states"].items())
+    precise (each state's margin, from the sample's own spread), and where the exact
+    count is."""
+    margins = estimate["margins"]
+    states = ", ".join(
+        f"{e(s)} ({e(about(n))} jobs, ± {margins[s]:.2g} %)" for s, n in estimate["states"].items()
+    )
     per_row = max(round(estimate["per_row"]), 1)
     return (
         f'<p class="note">≈: estimated. {states}: more than the '
         f"{reads.EXACT_BELOW:,} jobs a state may hold to be counted one by one on this "
-        f"page, so its figures are estimated from a sample of about "
-        f"{reads.SAMPLE_PAGES:,} of the table's {estimate['pages']:,} pages "
-        f"({estimate['percent']:.2g} %) and may be off by a few per cent; one sampled job "
-        f"stands for about {per_row:,}, so a small figure of such a state may be missing "
-        "or off by that much. ≥: the oldest ready job is at least that old. Every other "
-        "figure is exact. <code>brooq queues</code> counts every row (per queue).</p>"
+        f"page, so its figures are estimated from {estimate['sampled']:,} of the table's "
+        f"{estimate['pages']:,} pages ({estimate['percent']:.2g} %, evenly spaced); the "
+        "margin is the sample's 95 % bound for the state's total. One sampled job stands "
+        f"for about {per_row:,}, so a small figure of such a state may be missing or off "
+        "by that much, except the waiting jobs of a queue holding fewer than "
+        f"{reads.EXACT_BELOW:,}, which are counted exactly. ≥: the oldest ready job is at "
+        "least that old. Every other figure is exact. <code>brooq queues</code> counts "
+        "every row (per queue).</p>"
     )
 
 
