@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -23,7 +25,7 @@ import brooq
 from brooq.settings import load as load_settings
 from brooq.sql import Q
 from brooq.supervisor.connections import Connections
-from brooq.supervisor.duties import Periodic
+from brooq.supervisor.duties import PERIODIC_CLOCK_TOLERANCE, Periodic
 from tests.harness import APPS, MasterProcess, wait_for
 from tests.test_operations import get, ops_addr
 
@@ -60,6 +62,10 @@ def ticks(db: psycopg.Connection[Any], name: str = "tick") -> list[datetime]:
 # -- the claim statement under races --------------------------------------------------------
 
 
+def claim_params(name: str, tick: datetime) -> dict[str, Any]:
+    return {"name": name, "tick": tick, "tolerance": PERIODIC_CLOCK_TOLERANCE}
+
+
 def test_one_connection_of_many_wins_each_tick(dsn: str) -> None:
     """Eight connections claim the same tick at the same moment, ten ticks running: one row
     back per tick; an older tick after a newer one is refused."""
@@ -81,9 +87,10 @@ def test_one_connection_of_many_wins_each_tick(dsn: str) -> None:
                 conn = conns[k]
                 barrier.wait()
                 with conn.transaction():
-                    row = conn.execute(Q.periodic_claim, {"name": "race", "tick": tick}).fetchone()
+                    row = conn.execute(Q.periodic_claim, claim_params("race", tick)).fetchone()
                     time.sleep(0.02)  # hold the row: the others wait on it, then see it moved
-                if row is not None:
+                assert row is not None  # one row always; its name says who won
+                if row[0] is not None:
                     won.append(k)
 
             threads = [threading.Thread(target=claim, args=(k,)) for k in range(n)]
@@ -94,10 +101,8 @@ def test_one_connection_of_many_wins_each_tick(dsn: str) -> None:
             assert len(won) == 1, (i, won)
         with conns[0].transaction():
             older = base + timedelta(seconds=3)
-            assert (
-                conns[0].execute(Q.periodic_claim, {"name": "race", "tick": older}).fetchone()
-                is None
-            )
+            row = conns[0].execute(Q.periodic_claim, claim_params("race", older)).fetchone()
+            assert row is not None and row[0] is None
         last = conns[0].execute("SELECT last_tick FROM brooq_periodic").fetchone()
         assert last == (base + timedelta(seconds=9),)
     finally:
@@ -192,6 +197,60 @@ def test_a_tick_whose_job_does_not_fit_its_typed_handler_is_skipped(
     assert "payload.day: expected str, got int (Report)" in caplog.text
 
 
+def skews(text: str) -> list[float]:
+    """The skew=...s of each event=periodic_clock_ahead line."""
+    return [float(m) for m in re.findall(r"event=periodic_clock_ahead skew=([0-9.]+)s", text)]
+
+
+def test_a_tick_from_the_future_is_refused_and_one_stored_does_not_block(
+    dsn: str, db: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A master an hour ahead of the database's clock: its claim is refused (no job, the
+    row not moved) and it warns naming its skew. A last_tick stored an hour in the future
+    (as such a master left it when its ticks were taken) does not keep a correct master
+    from the present tick, nor from the next."""
+    app = brooq.Queue(dsn)
+    app.handler("p.tick")(print)
+    schedules = {"hb": app.periodic("hb", every="1s", job=brooq.Job("p.tick"))}
+    settings = load_settings()
+    ahead = Periodic(
+        _connections(dsn),
+        schedules,
+        app.handlers,
+        settings,
+        None,
+        clock=lambda: datetime.now(UTC) + timedelta(hours=1),
+    )
+    correct = Periodic(_connections(dsn), schedules, app.handlers, settings, None)
+    db.execute(
+        "INSERT INTO brooq_periodic (name, last_tick) VALUES ('hb', now() + interval '1 hour')"
+    )
+
+    def stored_in_the_future() -> bool:
+        row = db.execute(
+            "SELECT last_tick > now() + interval '2 s' FROM brooq_periodic WHERE name = 'hb'"
+        ).fetchone()
+        return bool(row and row[0])
+
+    try:
+        assert correct.run_once(0)["enqueued"] == 1
+        assert not stored_in_the_future()
+        with caplog.at_level(logging.WARNING, logger="brooq.master"):
+            assert ahead.run_once(0) == {"enqueued": 0, "lost": 0, "failed": 1}
+        [skew] = skews(caplog.text)
+        assert 3590 < skew < 3610, caplog.text
+        assert not stored_in_the_future()
+        # The next second's tick goes to the correct master as usual.
+        wait_for(lambda: correct.run_once(0)["enqueued"], what="the next tick")
+        got = ticks(db, "hb")
+        assert len(got) == 2 and got[1] - got[0] == timedelta(seconds=1)
+        now = db.execute("SELECT now()").fetchone()
+        assert now is not None and got[-1] <= now[0]
+    finally:
+        ahead.conns.close()
+        correct.conns.close()
+
+
 # -- real masters -----------------------------------------------------------------------------
 
 
@@ -281,6 +340,33 @@ def test_restart_after_a_pause_enqueues_one_catch_up_job(
         len(after) - 1
     )
     assert m2.log().count("event=periodic_enqueued name=tick ") == len(after)
+
+
+def test_the_schedule_ticks_on_time_beside_a_master_an_hour_ahead(
+    db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    """A master whose clock runs an hour ahead, started first, and a correct one: every
+    tick enqueued is the database's present, one job each, consecutive, all from the
+    correct master; the one ahead enqueues nothing and says once how far ahead it is."""
+    skewed = start_master(app=APP, workers=1, env={"BROOQ_PERIODIC_CLOCK_AHEAD": "3600"})
+    wait_for(lambda: skews(skewed.log()), what="the skewed master's warning")
+    correct = start_master(app=APP, workers=1)
+    wait_for(lambda: len(ticks(db)) >= 4, timeout=30, what="4 ticks")
+    for m in (skewed, correct):
+        m.signal(15)
+    assert skewed.wait() == 0 and correct.wait() == 0
+    got = ticks(db)
+    now = db.execute("SELECT now()").fetchone()
+    assert now is not None and got[-1] <= now[0], got
+    assert [y - x for x, y in itertools.pairwise(got)] == [timedelta(seconds=1)] * (len(got) - 1)
+    assert correct.log().count("event=periodic_enqueued name=tick ") == len(got)
+    assert "event=periodic_enqueued" not in skewed.log()
+    [skew] = skews(skewed.log())  # once a minute, and the run was shorter
+    assert 3590 < skew < 3610
+    future = db.execute(
+        "SELECT count(*) FROM brooq_periodic WHERE last_tick > now() + interval '2 s'"
+    ).fetchone()
+    assert future == (0,)  # the hourly and nightly schedules' ticks were refused too
 
 
 def test_master_exits_2_listing_every_problem_of_a_bad_schedule(tmp_path: Any, dsn: str) -> None:

@@ -21,7 +21,7 @@ from brooq.periodic import (
     tick_key,
 )
 from brooq.settings import load as load_settings
-from brooq.supervisor.duties import Periodic
+from brooq.supervisor.duties import CLOCK_AHEAD_LOG_EVERY, ClockAhead, Periodic
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -390,3 +390,28 @@ def test_a_refused_statement_skips_that_tick_and_goes_on_with_the_others() -> No
     assert d.run_once(0) == {"enqueued": 0, "lost": 0, "failed": 2}
     assert conns.calls == ["periodic", "periodic"]
     assert d.pending(clock()) == []
+
+
+def test_a_master_ahead_of_the_database_is_told_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The database refused this master's ticks as being from the future: each refused
+    tick counts as failed and is not tried again; the warning names the skew, once per
+    CLOCK_AHEAD_LOG_EVERY seconds of the loop's clock."""
+    clock = Clock(at(2026, 12, 1, 12))
+    d, conns = duty({"hb": sched(name="hb", every="1s")}, clock)
+    conns.answer = lambda: ClockAhead(3600.25)
+    with caplog.at_level(logging.INFO, logger="brooq.master"):
+        assert d.run_once(0) == {"enqueued": 0, "lost": 0, "failed": 1}
+        assert d.run_once(0.5) == {"enqueued": 0, "lost": 0, "failed": 0}  # same tick
+        for n in range(1, 5):
+            clock.now += timedelta(seconds=1)
+            assert d.run_once(n)["failed"] == 1
+        assert caplog.text.count("event=periodic_clock_ahead") == 1
+        clock.now += timedelta(seconds=1)
+        d.run_once(CLOCK_AHEAD_LOG_EVERY + 1)
+        assert caplog.text.count("event=periodic_clock_ahead") == 2
+    warnings = [r for r in caplog.records if "periodic_clock_ahead" in r.getMessage()]
+    assert {r.levelno for r in warnings} == {logging.WARNING}
+    message = warnings[0].getMessage()
+    assert "skew=3600.2s" in message and "ahead of the database" in message

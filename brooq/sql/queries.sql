@@ -1019,15 +1019,26 @@ LIMIT 5
 
 -- name: periodic_claim
 -- A master claims a schedule's tick: the row moves forward only, so of N masters one gets
--- the row back (it won the tick and enqueues its job in the same transaction); the others,
--- and a master whose clock is behind (an older tick), get nothing. `first`: the row is
--- new (xmax is 0 only for a row this statement inserted), i.e. the schedule was never
--- claimed before.
-INSERT INTO {brooq_periodic} (name, last_tick)
-VALUES (%(name)s, %(tick)s)
-ON CONFLICT (name) DO UPDATE SET last_tick = EXCLUDED.last_tick, updated_at = now()
-WHERE brooq_periodic.last_tick < EXCLUDED.last_tick
-RETURNING name, (xmax = 0) AS first
+-- the claim (it won the tick and enqueues its job in the same transaction); the others,
+-- and a master whose clock is behind (an older tick), do not. The database's clock is the
+-- judge of the future: a tick later than now() + `tolerance` seconds (a master whose clock
+-- runs ahead) is refused, and a stored last_tick that far ahead (left by such a master
+-- before this rule, or by a database clock set back) blocks nothing: a present tick
+-- replaces it. One row always: `name` is NULL unless the tick was claimed; `first`: the
+-- row is new (xmax is 0 only for a row this statement inserted), i.e. the schedule was
+-- never claimed before; `db_now`: the database's clock, for the master's skew.
+WITH clock AS (
+    SELECT now() AS db_now, now() + make_interval(secs => %(tolerance)s) AS latest
+), claimed AS (
+    INSERT INTO {brooq_periodic} (name, last_tick)
+    SELECT %(name)s::text, %(tick)s::timestamptz FROM clock
+    WHERE %(tick)s::timestamptz <= clock.latest
+    ON CONFLICT (name) DO UPDATE SET last_tick = EXCLUDED.last_tick, updated_at = now()
+    WHERE brooq_periodic.last_tick < EXCLUDED.last_tick
+       OR brooq_periodic.last_tick > now() + make_interval(secs => %(tolerance)s)
+    RETURNING name, (xmax = 0) AS first
+)
+SELECT claimed.name, claimed.first, clock.db_now FROM clock LEFT JOIN claimed ON true
 
 -- name: periodic_set_job
 -- The job the winner of a tick enqueued, in the claim's transaction.

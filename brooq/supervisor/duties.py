@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
@@ -66,6 +67,14 @@ RETENTION_LOG_EVERY = 10.0
 # this recent (it fell due while the masters were running, a pass ago at most); an older
 # one is recorded as its starting point and the first job comes with the next tick.
 FIRST_TICK_GRACE = timedelta(seconds=2 * PERIODIC_PERIOD)
+# The database's clock judges the future: a tick later than its now() by more than this
+# is refused (periodic_claim). Hosts kept by NTP agree to milliseconds; two seconds lets a
+# tick through that was computed just before a slow round trip, and bounds how early a
+# master slightly ahead can enqueue one.
+PERIODIC_CLOCK_TOLERANCE = 2.0
+# A master whose ticks are refused as being from the future says so this often (seconds
+# of the loop's clock), not once per tick.
+CLOCK_AHEAD_LOG_EVERY = 60.0
 
 
 class Duty(Protocol):
@@ -490,6 +499,14 @@ def _wall_clock() -> datetime:
     return datetime.now(timezone.utc)
 
 
+@dataclass(frozen=True)
+class ClockAhead:
+    """A claim the database refused: the tick was ahead of its clock (periodic_claim).
+    ``seconds``: how far this master's clock was ahead of the database's."""
+
+    seconds: float
+
+
 class Periodic:
     """Enqueue each schedule's due tick (brooq.periodic.due_tick), once across every
     master: the tick is claimed in brooq_periodic and its job inserted, with the key
@@ -498,7 +515,10 @@ class Periodic:
     ``clock``: the wall clock (ticks are instants, not monotonic times); tests inject
     one. A tick this master already claimed, lost to another master or could not build
     is not tried again; a tick it could not reach the database for is (the next pass
-    still finds it due while it is younger than one period)."""
+    still finds it due while it is younger than one period). A tick the database refuses
+    as being from the future (this master's clock ahead of the database's by more than
+    PERIODIC_CLOCK_TOLERANCE) counts as failed, and the master warns with its skew at
+    most once per CLOCK_AHEAD_LOG_EVERY (the warnings stop when its clock is set right)."""
 
     name = PERIODIC
     first_after = 0.0
@@ -525,6 +545,8 @@ class Periodic:
         # successor, take the next ones (the catch-up rule covers a gap).
         self.draining = draining
         self.settled: dict[str, datetime] = {}  # name -> the last tick decided here
+        # When the loop last warned that this master's clock is ahead (None: never).
+        self.ahead_logged_at: float | None = None
 
     def pending(self, now: datetime) -> list[tuple[periodic_mod.Schedule, datetime]]:
         """The (schedule, tick) pairs to try at ``now``: due and not decided here yet."""
@@ -566,6 +588,10 @@ class Periodic:
                 failed += 1
                 continue
             self.settled[schedule.name] = tick
+            if isinstance(result, ClockAhead):
+                failed += 1
+                self._clock_ahead(result, now)
+                continue
             if result is False:
                 lost += 1
                 continue
@@ -588,9 +614,26 @@ class Periodic:
             )
         return {"enqueued": enqueued, "lost": lost, "failed": failed}
 
+    def _clock_ahead(self, refused: ClockAhead, now: float) -> None:
+        """Say that the database refuses this master's ticks, at most once per
+        CLOCK_AHEAD_LOG_EVERY: the other masters enqueue them, this one cannot until its
+        clock is set right."""
+        if self.ahead_logged_at is not None and now - self.ahead_logged_at < CLOCK_AHEAD_LOG_EVERY:
+            return
+        self.ahead_logged_at = now
+        log.warning(
+            "event=periodic_clock_ahead skew=%.1fs tolerance=%gs: this master's clock is "
+            "%.1f s ahead of the database's; the database refuses its periodic ticks as "
+            "being from the future (the masters whose clocks agree with it enqueue them): "
+            "fix this host's clock (NTP)",
+            refused.seconds,
+            PERIODIC_CLOCK_TOLERANCE,
+            refused.seconds,
+        )
+
     def _claimer(
         self, schedule: periodic_mod.Schedule, tick: datetime, job: Any
-    ) -> Callable[[psycopg.Connection[Any]], uuid.UUID | bool]:
+    ) -> Callable[[psycopg.Connection[Any]], uuid.UUID | bool | ClockAhead]:
         return lambda conn: self._claim(conn, schedule, tick, job)
 
     def _claim(
@@ -599,18 +642,24 @@ class Periodic:
         schedule: periodic_mod.Schedule,
         tick: datetime,
         job: Any,
-    ) -> uuid.UUID | bool:
+    ) -> uuid.UUID | bool | ClockAhead:
         """The id of the job enqueued for ``tick``; False when another master (or an
         earlier run) claimed this tick or a later one; True when the schedule is new and
-        ``tick`` passed before it existed (claimed as its start, no job)."""
+        ``tick`` passed before it existed (claimed as its start, no job); ClockAhead
+        when the database refused the tick as being from the future."""
         try:
             with conn.transaction():
-                won = conn.execute(
-                    self.conns.q.periodic_claim, {"name": schedule.name, "tick": tick}
+                row = conn.execute(
+                    self.conns.q.periodic_claim,
+                    {"name": schedule.name, "tick": tick, "tolerance": PERIODIC_CLOCK_TOLERANCE},
                 ).fetchone()
-                if won is None:
+                assert row is not None  # the statement answers one row always
+                claimed, first, db_now = row[0], row[1], row[2]
+                if claimed is None:
+                    if tick - db_now > timedelta(seconds=PERIODIC_CLOCK_TOLERANCE):
+                        return ClockAhead((self.clock() - db_now).total_seconds())
                     return False
-                if won[1] and self.clock() - tick > FIRST_TICK_GRACE:
+                if first and self.clock() - tick > FIRST_TICK_GRACE:
                     # A schedule never claimed before starts with its next tick: its
                     # last one passed before it existed, so nothing was missed.
                     return True

@@ -3,6 +3,7 @@
 BROOQ_PERIODIC_EVERY: the period of schedule "tick" (default 1s). BROOQ_PERIODIC_BROKEN=1
 adds a schedule whose callable raises, and one whose callable returns a string.
 BROOQ_PERIODIC_BAD=1 registers a schedule with five problems (the import fails).
+BROOQ_PERIODIC_CLOCK_AHEAD=SECONDS: the master's periodic duty reads a clock that far ahead.
 """
 
 from __future__ import annotations
@@ -40,3 +41,21 @@ if os.environ.get("BROOQ_PERIODIC_BAD") == "1":
     queue.periodic(
         "Bad Name", cron="61 * * * *", every="500ms", tz="Mars/Olympus", job=brooq.Job("p.tick")
     )
+
+if os.environ.get("BROOQ_PERIODIC_CLOCK_AHEAD"):
+    # A master whose clock runs this many seconds ahead, as its Periodic duty sees it: the
+    # master builds the duty after importing this module, from the name its own module
+    # holds, so the class swapped in here is the one it builds.
+    from datetime import datetime, timedelta, timezone
+
+    from brooq.supervisor import duties
+    from brooq.supervisor import master as master_mod
+
+    _ahead = timedelta(seconds=float(os.environ["BROOQ_PERIODIC_CLOCK_AHEAD"]))
+
+    class _AheadPeriodic(duties.Periodic):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs["clock"] = lambda: datetime.now(timezone.utc) + _ahead
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    master_mod.Periodic = _AheadPeriodic  # type: ignore[misc]
