@@ -48,6 +48,38 @@ def test_installed_package_migrates_outside_the_source_tree(tmp_path: Path, empt
         check=True,
     ).stdout
     assert str(env_dir) in where and str(ROOT) not in where
+    # Typed for the users' type checkers (PEP 561), and under its licence.
+    site = Path(where.strip()).parent.parent
+    assert (site / "brooq" / "py.typed").is_file()
+    assert list(site.glob("brooq-*.dist-info/licenses/LICENSE"))
     while "nothing to revert" not in run("migrate", "down").stdout:
         pass
     assert brooq_objects(empty_dsn) == []
+
+
+def test_the_sdist_carries_what_the_readme_links_to(tmp_path: Path) -> None:
+    """Every file of the repository the README links to is in the source distribution,
+    with the licence."""
+    import re
+    import sys
+    import tarfile
+
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (sdist,) = tmp_path.glob("brooq-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    readme = (ROOT / "README.md").read_text()
+    linked = {
+        target.split("#")[0]
+        for target in re.findall(r"\]\(([^)\s]+)\)", readme)
+        if "://" not in target and not target.startswith("#")
+    }
+    assert linked, "the README links to no file"
+    missing = sorted(t for t in linked if (ROOT / t).is_file() and t not in names)
+    assert missing == [] and "LICENSE" in names, missing
