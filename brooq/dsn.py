@@ -28,13 +28,13 @@ def server_codec(conn: Any) -> str | None:
     brooq writes must fit, as brooq.worker.execute.storable makes it), None for UTF8
     and SQL_ASCII (which stores the UTF-8 bytes brooq sends as they are). An encoding
     Python has no codec for gives "ascii": every non-ASCII character is then escaped."""
-    name = conn.info.parameter_status("server_encoding") or b"UTF8"
-    if name in (b"UTF8", b"SQL_ASCII"):
+    name = str(conn.info.parameter_status("server_encoding") or "UTF8")
+    if name in ("UTF8", "SQL_ASCII"):
         return None
     try:  # psycopg's own table of PostgreSQL's encodings (not public API: guarded)
         from psycopg._encodings import pg2pyenc
 
-        return str(pg2pyenc(name))
+        return str(pg2pyenc(name.encode()))
     except Exception:  # unknown to it, or moved: be safe rather than fail a write
         return "ascii"
 

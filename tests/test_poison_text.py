@@ -149,7 +149,7 @@ def test_a_latin1_database_gets_escapes_for_what_it_lacks(
             runs = _runs(db)
             state, attempts, error = _job(db, euro)
             assert (state, attempts) == ("dead", 2) and runs[euro] == 2
-            assert error == "ValueError: costs 5 \\u20ac"
+            assert error == "ValueError: costs 5 \\u20ac au café"  # what LATIN1 lacks, escaped
             state, attempts, error = _job(db, bad_result)
             assert (state, attempts) == ("dead", 2) and runs[bad_result] == 2
             assert error is not None and error.startswith("result not stored: ")
@@ -200,6 +200,16 @@ def test_a_child_dying_while_writing_an_outcome_charges_that_job(
     runs = _runs(db)
     assert runs[doomed] == 2 and all(runs[i] == 1 for i in fine)
     assert m.proc.poll() is None and "master_fatal" not in m.log()
+
+
+def test_the_codec_is_the_databases_own(dsn: str, latin1_dsn: str) -> None:
+    from brooq.dsn import server_codec
+
+    with psycopg.connect(dsn) as conn:
+        assert server_codec(conn) is None  # UTF8: nothing to escape but NUL and surrogates
+    with psycopg.connect(latin1_dsn) as conn:
+        assert server_codec(conn) == "iso8859-1"
+    assert execute.storable("café €", "iso8859-1") == "café \\u20ac"
 
 
 @pytest.mark.parametrize("codec", [None, "iso8859-1"])

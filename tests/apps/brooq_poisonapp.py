@@ -61,7 +61,7 @@ POISON: dict[str, BaseException] = {
     "surrogate": ValueError("lone \udc80 surrogate"),
     "cancel": brooq.CancelJob("stop\x00here"),
     "unprintable": Unprintable(),
-    "euro": ValueError("costs 5 €"),
+    "euro": ValueError("costs 5 € au café"),
 }
 
 
