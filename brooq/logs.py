@@ -1,12 +1,20 @@
 """Logging: one line per event. key=value by default, JSON with --log-format json.
 
 Under systemd (JOURNAL_STREAM set) no timestamp is printed: the journal adds its own.
+
+brooq-master formats the records of every logger, the application's included, unless
+told otherwise (``--log-config``, QUEUE_LOG_CONFIG; ``setup``): brooq's own loggers go
+to a handler of their own (the per-job lines' fast path, ``emit_plain``, needs it alone),
+the others reach the root logger's, whose lines name the job a handler was running
+(``job=<id> topic=<topic>``, from ``current_job``, set by the child around each attempt).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
+import logging.config
 import os
 import re
 import sys
@@ -16,7 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import NamedTuple, TextIO
+from pathlib import Path
+from typing import Any, NamedTuple, TextIO
 
 # key=value in a message; a quoted value is a Python string literal as %r writes it, taken
 # whole with its escapes ('it\'s', "a \"b\""), so a quote or a key=value inside it does not
@@ -72,6 +81,14 @@ class Event(NamedTuple):
     created: float
     message: str
     exception: str = ""
+    job: tuple[Any, str] | None = None  # (id, topic) of the job whose handler logged it
+
+
+# The job whose handler runs in this thread or task: (id, topic). Set by the children
+# around each attempt; an asyncio task has its own value.
+current_job: contextvars.ContextVar[tuple[Any, str] | None] = contextvars.ContextVar(
+    "brooq_current_job", default=None
+)
 
 
 class _LineFormatter(logging.Formatter):
@@ -93,6 +110,7 @@ class _LineFormatter(logging.Formatter):
                 record.created,
                 record.getMessage(),
                 exception,
+                getattr(record, "brooq_job", None),
             )
         )
 
@@ -103,6 +121,8 @@ class _LineFormatter(logging.Formatter):
 class KeyValueFormatter(_LineFormatter):
     def line(self, event: Event) -> str:
         head = f"level={event.level.lower()} logger={event.logger} pid={event.pid}"
+        if event.job is not None:
+            head += f" job={event.job[0]} topic={event.job[1]}"
         if self.timestamps:
             head = f"time={self._clock.iso(event.created)} {head}"
         line = f"{head} {event.message}"
@@ -126,6 +146,8 @@ class JsonFormatter(_LineFormatter):
                 key = "msg_" + key
             # Most values (ids, numbers, topics) are plain words: no call for them.
             out[key] = _value(value) if value[0] in _QUOTES or value[-1] in _QUOTES else value
+        if event.job is not None:  # the running job, whatever the message says
+            out["job"], out["topic"] = str(event.job[0]), event.job[1]
         out["message"] = first
         if rest:
             out["detail"] = rest
@@ -303,13 +325,74 @@ def _our_handler() -> LineHandler | None:
     return None
 
 
-def setup(fmt: str = "kv", level: str = "INFO") -> None:
+# --log-config: brooq formats every logger (the default), only its own, or a file says.
+EVERY = "brooq"
+OWN = "own"
+
+
+class _JobContext(logging.Filter):
+    """Marks a record with the job whose handler logged it (current_job)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        job = current_job.get()
+        if job is not None:
+            record.brooq_job = job
+        return True
+
+
+def setup(fmt: str = "kv", level: str = "INFO", config: str = EVERY) -> None:
+    """brooq's handler for its own loggers; for every other logger too with ``config``
+    "brooq" (records at ``level`` and above, the application's warnings included);
+    "own" leaves the rest to the application; a path applies that logging
+    configuration after brooq's (a JSON dictConfig or an INI fileConfig, read by
+    ``check_config``), which may reconfigure brooq's loggers as well."""
     timestamps = not os.environ.get("JOURNAL_STREAM")
-    handler = LineHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter(timestamps) if fmt == "json" else KeyValueFormatter(timestamps)
-    )
+
+    def handler() -> LineHandler:
+        made = LineHandler(sys.stderr)
+        made.setFormatter(
+            JsonFormatter(timestamps) if fmt == "json" else KeyValueFormatter(timestamps)
+        )
+        return made
+
     root = logging.getLogger("brooq")
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler()]
     root.setLevel(level.upper())
     root.propagate = False
+    if config == EVERY:
+        everything = handler()
+        everything.addFilter(_JobContext())
+        logging.root.handlers[:] = [everything]
+        logging.root.setLevel(level.upper())
+        logging.captureWarnings(True)
+    elif config != OWN:
+        apply_config(config)
+
+
+def check_config(config: str) -> str | None:
+    """Why ``config`` (brooq, own, or a file) cannot be used; None when it can."""
+    if config in (EVERY, OWN):
+        return None
+    path = Path(config)
+    if not path.is_file():
+        return f"--log-config {config}: no such file (or give brooq or own)"
+    if path.suffix == ".json":
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return f"--log-config {config}: not a JSON file: {exc}"
+        if not isinstance(loaded, dict) or loaded.get("version") != 1:
+            return f'--log-config {config}: a logging dictConfig needs "version": 1'
+    return None
+
+
+def apply_config(config: str) -> None:
+    """A logging configuration file: JSON for dictConfig, anything else fileConfig (INI).
+    Loggers that exist already (brooq's) stay enabled unless the file says otherwise."""
+    path = Path(config)
+    if path.suffix == ".json":
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+        loaded.setdefault("disable_existing_loggers", False)
+        logging.config.dictConfig(loaded)
+    else:
+        logging.config.fileConfig(path, disable_existing_loggers=False)

@@ -128,8 +128,33 @@ def _options(fn: Any) -> Any:
     help="Directory for multiprocess metrics (wiped at start; default: a new "
     "temporary directory). Under systemd: $RUNTIME_DIRECTORY/metrics.",
 )
-@click.option("--log-format", type=click.Choice(["kv", "json"]), default="kv", show_default=True)
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--log-format",
+    type=click.Choice(["kv", "json"]),
+    default="kv",
+    show_default=True,
+    envvar="QUEUE_LOG_FORMAT",
+    help="key=value lines or JSON lines (QUEUE_LOG_FORMAT).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    envvar="QUEUE_LOG_LEVEL",
+    help="The least level logged, brooq's and the application's (QUEUE_LOG_LEVEL).",
+)
+@click.option(
+    "--log-config",
+    default=logs.EVERY,
+    show_default=True,
+    metavar="brooq|own|FILE",
+    envvar="QUEUE_LOG_CONFIG",
+    help="brooq: every logger's records in brooq's format, a handler's with its job; "
+    "own: brooq formats only its own loggers (the application configures the rest); "
+    "FILE: a logging configuration applied after brooq's, JSON (dictConfig) or INI "
+    "(fileConfig) (QUEUE_LOG_CONFIG).",
+)
 @_options
 def command(
     app_spec: str,
@@ -137,6 +162,7 @@ def command(
     metrics_dir: str | None,
     log_format: str,
     log_level: str,
+    log_config: str,
     **flags: Any,
 ) -> None:
     """Run the workers of a brooq application: one master, N forked children."""
@@ -144,7 +170,15 @@ def command(
     # in /proc/PID/cmdline: replace it before importing the application, which can take
     # seconds. (Master.run sets the final title.)
     setproctitle(f"brooq-master: app={app_spec} starting")
-    logs.setup(log_format, log_level)
+    problem = logs.check_config(log_config)
+    if problem is not None:
+        click.echo(f"brooq-master: cannot start:\n  - {problem}", err=True)
+        sys.exit(2)
+    try:
+        logs.setup(log_format, log_level, log_config)
+    except Exception as exc:  # a configuration file logging itself refuses
+        click.echo(f"brooq-master: cannot start:\n  - --log-config {log_config}: {exc}", err=True)
+        sys.exit(2)
     # Before anything imports prometheus_client: it picks multiprocess mode at import.
     metrics_path = metrics_mod.prepare_dir(metrics_dir)
     try:

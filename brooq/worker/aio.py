@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from brooq import logs
 from brooq.errors import InvalidResult
 from brooq.ipc.board import LOOP_BEAT
 from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
@@ -288,6 +289,7 @@ class AsyncLoop:
                 slot.deadline = loop.time() + policy.attempt_timeout
                 slot.timer = loop.call_at(slot.deadline, self._soft_limit, slot)
                 slot.in_handler = True
+                logs.current_job.set((claim.id, claim.topic))  # this task's own context
                 try:
                     value = await child.runners[claim.topic](claim)
                     if asyncio.iscoroutine(value):

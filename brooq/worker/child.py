@@ -485,7 +485,12 @@ class Child:
         if handler.codec is not None or claim.payload.__class__ is Undecodable:
             refused = refused_payload(claim, handler)  # not a call per untyped job
         if refused is None:
-            error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
+            # The handler's own log records name its job (brooq.logs).
+            context = logs.current_job.set((claim.id, claim.topic))
+            try:
+                error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
+            finally:
+                logs.current_job.reset(context)
         else:  # the handler and its middleware run zero times
             error, value = refused, None
         state.tail = None  # before the duration is taken: see ChildState.tail
