@@ -166,3 +166,18 @@ def test_a_rebound_name_gets_421_from_the_master_and_the_pages(
     assert ask(addr, "GET", "/healthz", EVIL) == (200, b"ok\n")
     assert ask(addr, "GET", "/readyz", "10.9.8.7:8090")[0] in (200, 503)
     assert db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone() != ("canceled",)
+
+
+def test_a_second_master_on_a_taken_port_says_what_to_do(start_master: StartMaster) -> None:
+    """Two masters on one host and one ops address: the second runs without the ops port
+    and its log says how to give it one."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = start_master(workers=1, env={"QUEUE_OPS_ADDR": f"127.0.0.1:{port}"})
+    first.wait_ready(1)
+    assert f"event=ops_listening addr=127.0.0.1:{port}" in first.log()
+    second = start_master(workers=1, env={"QUEUE_OPS_ADDR": f"127.0.0.1:{port}"})
+    second.wait_ready(1)
+    line = next(x for x in second.log().splitlines() if "event=ops_bind_failed" in x)
+    assert "another master on this host?" in line and "--ops-addr HOST:PORT" in line, line

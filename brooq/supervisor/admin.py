@@ -13,6 +13,7 @@ It never touches a child.
 
 from __future__ import annotations
 
+import errno
 import logging
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,16 @@ class Admin:
         return 409, {"error": transition_refusal(verb, state), "state": state}
 
 
+def bind_hint(exc: OSError) -> str:
+    """What to do when the ops port cannot be bound."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            "the address is taken (another master on this host?): give each master its own "
+            "with --ops-addr HOST:PORT (QUEUE_OPS_ADDR), or --ops-addr '' for none"
+        )
+    return "give another address with --ops-addr HOST:PORT (QUEUE_OPS_ADDR)"
+
+
 def start_ops(addr: str, hooks: OpsHooks) -> OpsServer | None:
     """The ops server on ``addr``, or None when it is off ('') or cannot bind (logged)."""
     if not addr:
@@ -96,7 +107,13 @@ def start_ops(addr: str, hooks: OpsHooks) -> OpsServer | None:
     try:
         server = OpsServer(addr, hooks)
     except OSError as exc:
-        log.error("event=ops_bind_failed addr=%s error=%r", addr, exc.strerror)
+        log.error(
+            "event=ops_bind_failed addr=%s error=%r: running without metrics, status page and "
+            "admin endpoints; %s",
+            addr,
+            exc.strerror,
+            bind_hint(exc),
+        )
         return None
     log.info("event=ops_listening addr=%s", server.address)
     return server
