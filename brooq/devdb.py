@@ -74,7 +74,7 @@ def run(command: list[str]) -> int:
         print(
             f"[devdb] the embedded PostgreSQL in {DATA_DIR} is still running "
             f"(DATABASE_URL={env['DATABASE_URL']}); stop it with "
-            "`python -m brooq.devdb stop` (or `make db-down`)",
+            "`make db-down`",
             flush=True,
         )
     return code

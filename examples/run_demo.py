@@ -5,7 +5,8 @@ one urgent job at priority 10, a quote (a typed payload) whose result it waits f
 forty fetches (async handlers, run at once by the async child: `--concurrency`);
 every tenth round pauses the bulk queue for three rounds (`brooq queues pause bulk` does
 the same), then resumes it.
-Ctrl-C drains the master (running jobs finish) and prints the final counts.
+Ctrl-C stops the feeding at once, drains the master (running jobs finish), resumes the
+bulk queue if the demo paused it, and prints the final counts.
 DATABASE_URL must be set (`make run` starts an embedded PostgreSQL when it is not).
 
     python examples/run_demo.py [--workers 2] [--seconds N]
@@ -33,7 +34,8 @@ from brooq import migrate  # noqa: E402
 
 
 def feed(queue: brooq.Queue, round_no: int) -> Any:
-    """Enqueue this round's jobs; the id of its quote."""
+    """Enqueue this round's jobs; the id of its quote. Pauses the bulk queue for three
+    rounds in every ten (main resumes it on the way out)."""
     from demo_app import Quote  # the app's payload type (main put examples/ on the path)
 
     jobs = [brooq.Job("demo.render", {"n": round_no * 10 + i, "rounds": 30_000}) for i in range(4)]
@@ -87,11 +89,21 @@ def demo_ops_addr() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def top_command(dsn: str) -> str:
-    """`brooq top` with the database to use; a DSN holding a password is not printed."""
+def cli_command(dsn: str, args: str, app: bool = False) -> str:
+    """A `brooq` command as it runs from the checkout's root, with the database to use (a
+    DSN holding a password is not printed) and, for one that imports the demo app, its
+    directory on the path."""
     if conninfo.conninfo_to_dict(dsn).get("password"):
-        return "DATABASE_URL=<your DATABASE_URL> .venv/bin/brooq top"
-    return f"DATABASE_URL='{dsn}' .venv/bin/brooq top"
+        database = "DATABASE_URL=<your DATABASE_URL>"
+    else:
+        database = f"DATABASE_URL='{dsn}'"
+    path = "PYTHONPATH=examples " if app else ""
+    return f"{database} {path}.venv/bin/brooq {args}"
+
+
+def top_command(dsn: str) -> str:
+    """`brooq top` with the database to use."""
+    return cli_command(dsn, "top")
 
 
 def main() -> int:
@@ -137,32 +149,34 @@ def main() -> int:
         "runs the fetches, up to 100 at once; the others the sync jobs); Ctrl-C to stop"
     )
     print(
-        "[demo] periodic: a heartbeat job every 3 s, once per tick across masters "
-        "(brooq periodic --app demo_app:queue lists it)",
+        "[demo] periodic: a heartbeat job every 3 s, once per tick across masters; "
+        f"list it with: {cli_command(dsn, 'periodic --app demo_app:queue', app=True)}",
     )
     print(f"[demo] status page: http://{ops_addr}/ (the in-flight jobs, their stacks, errors)")
     print(f"[demo] live view in another terminal: {top_command(dsn)}", flush=True)
     started = time.monotonic()
     round_no = 0
-    try:
-        while master.poll() is None:
-            quote = feed(queue, round_no)
-            round_no += 1
-            time.sleep(1.0)
-            show(queue, done_before)
-            show_quote(queue, quote)
-            if args.seconds and time.monotonic() - started >= args.seconds:
-                master.send_signal(signal.SIGTERM)
-                break
-    except KeyboardInterrupt:
-        pass  # the terminal sent SIGINT to the master too: it is draining
-    print("[demo] draining: running jobs finish, nothing new is claimed", flush=True)
-    while True:
-        try:
-            code = master.wait()
+    # Ctrl-C: the terminal sends SIGINT to the master too (it drains); here it only ends
+    # the feeding, checked before each round, so no round is fed after it.
+    stopping: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: stopping.append(signum))
+    while master.poll() is None and not stopping:
+        quote = feed(queue, round_no)
+        round_no += 1
+        time.sleep(1.0)
+        if stopping:
             break
-        except KeyboardInterrupt:
-            continue
+        show(queue, done_before)
+        show_quote(queue, quote)
+        if args.seconds and time.monotonic() - started >= args.seconds:
+            master.send_signal(signal.SIGTERM)
+            break
+    print("[demo] draining: running jobs finish, nothing new is claimed", flush=True)
+    code = master.wait()
+    # A stop in the middle of a pause must not leave the next run's bulk queue paused.
+    if any(q.name == "bulk" and q.paused for q in queue.queues()):
+        queue.resume("bulk")
+        print("[demo] resumed queue bulk", flush=True)
     show(queue, done_before)
     queue.close()
     print(f"[demo] brooq-master exited with status {code}")

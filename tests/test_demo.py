@@ -75,3 +75,58 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
         {"sku": "sku-0", "total": 9.99},
     )
     assert "[demo] quote done: result={'sku': 'sku-0', 'total': 9.99} (queue.wait)" in out.stdout
+
+
+def test_ctrl_c_in_a_pause_stops_feeding_and_leaves_no_queue_paused(empty_dsn: str) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) while the bulk queue is paused:
+    no round is fed after it, the master drains, the bulk queue is resumed for the next
+    run, and the commands the demo printed run as printed."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
+    env.update(DATABASE_URL=empty_dsn, QUEUE_OPS_ADDR="127.0.0.1:0", PYTHONUNBUFFERED="1")
+    demo = subprocess.Popen(
+        [sys.executable, "examples/run_demo.py", "--workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    assert demo.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in demo.stdout:
+            lines.append(line)
+            if "paused queue bulk" in line:
+                break
+        with psycopg.connect(empty_dsn) as conn:
+            row = conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        interrupted_at = row[0]
+        os.killpg(demo.pid, signal.SIGINT)
+        time.sleep(0.01)
+        lines += demo.stdout.readlines()
+        assert demo.wait(60) == 0, "".join(lines)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    out = "".join(lines)
+    assert "[demo] resumed queue bulk" in out and "exited with status 0" in out, out
+    with psycopg.connect(empty_dsn) as conn:
+        paused = conn.execute("SELECT paused FROM brooq_queue WHERE name = 'bulk'").fetchone()
+        fed_after = conn.execute(
+            # demo.notify: the heartbeat's ticks and the renders' chained jobs go on.
+            "SELECT count(*) FROM job WHERE created_at > %s AND topic <> 'demo.notify'",
+            (interrupted_at,),
+        ).fetchone()
+    assert paused == (False,)
+    assert fed_after == (0,)
+    printed = re.search(r"list it with: (.+)$", out, re.MULTILINE)
+    assert printed is not None, out
+    listed = subprocess.run(
+        printed.group(1), shell=True, capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert listed.returncode == 0 and "heartbeat" in listed.stdout, listed.stderr
