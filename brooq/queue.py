@@ -11,10 +11,11 @@ connection of producers and operators, the operator's reads (get, list_jobs, sta
 in_flight, processing_by_holder, throughput, queues) and writes (cancel, retry:
 ``transition`` binds the states of brooq.job to job_cancel/job_retry, for the master's
 admin HTTP too; cancel_many, retry_many: the bulk forms, in batches of their own
-transactions, BulkResult; pause, resume), and waiting for a job's end (wait, wait_async: a
-connection of their own per call, never the pool's, LISTENing to brooq_outcome, with a
-backoff poll as the fallback; on the direct ``listen_dsn``, since LISTEN cannot go
-through a transaction pooler: docs/poolers.md).
+transactions, BulkResult; pause, resume), and waiting for a job's end (wait, wait_async:
+woken through the one LISTEN connection of brooq.waiting, shared by every waiter of this
+Queue in this process, on the direct ``listen_dsn`` since LISTEN cannot go through a
+transaction pooler (docs/poolers.md); each reads its row on the pool, with a backoff poll
+as the fallback).
 Must never: claim jobs or write their outcomes (the worker's), keep a connection across fork(),
 read a row by position, or spell which states a transition accepts (brooq.job does).
 """
@@ -73,6 +74,7 @@ from brooq.job import (
 from brooq.periodic import JobSpec, Schedule, build_schedule
 from brooq.sql import Q, Queries, queries
 from brooq.stacks import JobStack, fetch_stack
+from brooq.waiting import OutcomeListener, async_waker
 
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
@@ -254,7 +256,13 @@ class Queue:
         self._apool_owner: tuple[int, object] = (0, None)  # (pid, event loop)
         # Queue.enqueue's own connection (opened on first enqueue, per process).
         self._line: EnqueueLine | None = None
-        self._open_lock = threading.Lock()  # creating the pool or the line
+        # The waiters' shared LISTEN connection (brooq.waiting), per process.
+        self._listener: OutcomeListener | None = None
+        self._listener_pid = 0
+        # Creating the async pool, per (pid, loop): tasks that first use it at once open
+        # one pool, not one each.
+        self._apool_lock: tuple[tuple[int, object], Any] = ((0, None), None)
+        self._open_lock = threading.Lock()  # creating the pool, the line or the listener
         _QUEUES.add(self)
         # Fail early on unknown names and bad values given in code.
         unknown = sorted(set(settings) - settings_mod.FIELDS)
@@ -487,6 +495,9 @@ class Queue:
         if self._line is not None:
             self._line.close()
         self._line = None
+        if self._listener is not None and self._listener_pid == os.getpid():
+            self._listener.close()
+        self._listener = None
 
     def _enqueue_line(self) -> EnqueueLine:
         line = self._line
@@ -502,6 +513,15 @@ class Queue:
         import asyncio
 
         owner = (os.getpid(), asyncio.get_running_loop())
+        pool = self._apool
+        if pool is not None and self._apool_owner == owner:
+            return pool
+        if self._apool_lock[0] != owner:
+            self._apool_lock = (owner, asyncio.Lock())
+        async with self._apool_lock[1]:
+            return await self._open_async_pool(owner)
+
+    async def _open_async_pool(self, owner: tuple[int, object]) -> AsyncConnectionPool[Any]:
         if self._apool is not None and self._apool_owner != owner:
             # Another process's (inherited across fork) or another loop's: its sockets
             # and futures are not ours to use or close here. Forget it.
@@ -838,114 +858,97 @@ class Queue:
         """Block until the job is done, dead or canceled; its row then. WaitTimeout after
         ``timeout`` seconds (None: no limit), JobNotFound for an unknown id.
 
-        On a connection of its own (autocommit, not the pool's: a waiter never starves
-        enqueue): LISTEN brooq_outcome, flag the row as waited for (the trigger of
-        migration 0006 then notifies its end), read it; then read it again on its
-        notification, or when the poll interval (0.1 s doubling to 5 s) passes, the
-        fallback for a notification missed. The workers pay nothing for jobs nobody waits
-        for. A connection lost meanwhile is opened again after a poll interval (the
-        flag is set again, the row read again); DatabaseUnavailable if that fails."""
+        Every waiter of this Queue in this process shares one LISTEN brooq_outcome
+        connection (brooq.waiting): a waiter subscribes to its job there, then flags
+        the row as waited for (the trigger of migration 0006 then notifies its end)
+        and reads it, on a pooled connection held for those two statements only (the
+        pool is bounded, so waiters add no connections, and never hold one while they
+        wait: they cannot starve enqueue). It reads the row again on its notification,
+        when the listener (re)starts listening, or when the poll interval (0.1 s
+        doubling to 5 s) passes, the fallback for a notification missed. The workers
+        pay nothing for jobs nobody waits for. DatabaseUnavailable when the listening
+        connection cannot be opened, or a read fails."""
         jid = parse_job_id(job_id)
         clock = _WaitClock(timeout)
-        while True:
-            try:
-                with self._wait_connection() as conn:
-                    cur = conn.cursor(row_factory=class_row(JobRecord))
-                    conn.execute(self._q.listen_outcomes)  # before the flag: no lost wake-up
-                    conn.execute(self._q.job_wait_register, {"id": jid})
-                    while True:
-                        record = cur.execute(self._q.job_get, {"id": jid}).fetchone()
-                        if clock.finished(jid, record):
-                            assert record is not None
-                            return record
-                        mine = str(jid)
-                        woken = False
-                        for notify in conn.notifies(timeout=clock.next_wait(jid)):
-                            if notify.payload == mine:
-                                woken = True
-                                break
-                        if not woken:
-                            clock.polled()
-            except _Reconnect:  # its notifications may be lost: read the row anew
-                time.sleep(clock.next_wait(jid))
-                clock.polled()
+        woken = threading.Event()
+        listener = self._outcomes()
+        sub = listener.subscribe(jid, woken.set)
+        try:
+            while True:
+                woken.clear()  # before the read: a wake-up from now on is not lost
+                record = self._wait_read(jid)
+                if clock.finished(jid, record):
+                    assert record is not None
+                    return record
+                if sub.error is not None:
+                    raise unavailable(self.listen_dsn, sub.error)
+                if not woken.wait(clock.next_wait(jid)):
+                    clock.polled()
+        finally:
+            listener.unsubscribe(sub)
 
     async def wait_async(self, job_id: uuid.UUID | str, timeout: float | None = None) -> JobRecord:
-        """``await queue.wait_async(id)``: queue.wait on a psycopg.AsyncConnection opened
-        for the call; the event loop runs meanwhile."""
+        """``await queue.wait_async(id)``: queue.wait from asyncio code, woken through
+        the same listener (in this loop, from its thread), reading the row on the async
+        pool; the event loop runs meanwhile, and a task canceled while it waits leaves
+        nothing subscribed."""
         import asyncio
 
         jid = parse_job_id(job_id)
         clock = _WaitClock(timeout)
-        while True:
+        woken = asyncio.Event()
+        listener = self._outcomes()
+        sub = listener.subscribe(jid, async_waker(woken))
+        try:
+            while True:
+                woken.clear()  # before the read
+                record = await self._wait_read_async(jid)
+                if clock.finished(jid, record):
+                    assert record is not None
+                    return record
+                if sub.error is not None:
+                    raise unavailable(self.listen_dsn, sub.error)
+                wait = clock.next_wait(jid)  # outside the try: WaitTimeout is a TimeoutError
+                try:
+                    await asyncio.wait_for(woken.wait(), wait)
+                except TimeoutError:
+                    clock.polled()
+        finally:
+            listener.unsubscribe(sub)
+
+    def _outcomes(self) -> OutcomeListener:
+        """This Queue's listener in this process (one inherited across fork is the
+        parent's: forgotten, never closed)."""
+        listener = self._listener
+        if listener is not None and self._listener_pid == os.getpid():
+            return listener
+        dsn = self.listen_dsn  # PoolerMismatch before anything starts
+        with self._open_lock:
+            if self._listener is None or self._listener_pid != os.getpid():
+                self._listener = OutcomeListener(dsn, self._q.listen_outcomes)
+                self._listener_pid = os.getpid()
+            return self._listener
+
+    def _wait_read(self, jid: uuid.UUID) -> JobRecord | None:
+        """Flag the row as waited for, then read it: two statements in autocommit, so
+        the flag is committed (and the outcome's trigger sees it) before the read, and
+        no row lock is held across a round trip."""
+        with self.connection() as conn:
+            conn.autocommit = True
             try:
-                async with self._wait_connection_async() as conn:
-                    cur = conn.cursor(row_factory=class_row(JobRecord))
-                    await conn.execute(self._q.listen_outcomes)  # before the flag
-                    await conn.execute(self._q.job_wait_register, {"id": jid})
-                    while True:
-                        await cur.execute(self._q.job_get, {"id": jid})
-                        record = await cur.fetchone()
-                        if clock.finished(jid, record):
-                            assert record is not None
-                            return record
-                        mine = str(jid)
-                        woken = False
-                        notifies = conn.notifies(timeout=clock.next_wait(jid))
-                        async with contextlib.aclosing(notifies):
-                            async for notify in notifies:
-                                if notify.payload == mine:
-                                    woken = True
-                                    break
-                        if not woken:
-                            clock.polled()
-            except _Reconnect:
-                await asyncio.sleep(clock.next_wait(jid))
-                clock.polled()
+                conn.execute(self._q.job_wait_register, {"id": jid})
+                cur = conn.cursor(row_factory=class_row(JobRecord))
+                return cur.execute(self._q.job_get, {"id": jid}).fetchone()
+            finally:
+                with contextlib.suppress(psycopg.Error):
+                    conn.autocommit = False  # the pool hands out transactional ones
 
-    @contextmanager
-    def _wait_connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A connection for one waiter, closed at the end. _Reconnect when it is lost
-        after it was opened (a first connect that fails is DatabaseUnavailable)."""
-        try:
-            conn = psycopg.connect(
-                self.listen_dsn,
-                autocommit=True,
-                connect_timeout=CONNECT_TIMEOUT,
-                client_encoding=dsn_mod.CLIENT_ENCODING,
-            )
-        except psycopg.OperationalError as exc:
-            raise unavailable(self.listen_dsn, exc) from None
-        try:
-            with conn:
-                yield conn
-        except psycopg.errors.UndefinedTable as exc:
-            raise schema_missing(exc) from None
-        except psycopg.OperationalError as exc:
-            if not lost_connection(exc):
-                raise
-            raise _Reconnect from exc
-
-    @contextlib.asynccontextmanager
-    async def _wait_connection_async(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        try:
-            conn = await psycopg.AsyncConnection.connect(
-                self.listen_dsn,
-                autocommit=True,
-                connect_timeout=CONNECT_TIMEOUT,
-                client_encoding=dsn_mod.CLIENT_ENCODING,
-            )
-        except psycopg.OperationalError as exc:
-            raise unavailable(self.listen_dsn, exc) from None
-        try:
-            async with conn:
-                yield conn
-        except psycopg.errors.UndefinedTable as exc:
-            raise schema_missing(exc) from None
-        except psycopg.OperationalError as exc:
-            if not lost_connection(exc):
-                raise
-            raise _Reconnect from exc
+    async def _wait_read_async(self, jid: uuid.UUID) -> JobRecord | None:
+        async with self._async_connection(autocommit=True) as conn:
+            await conn.execute(self._q.job_wait_register, {"id": jid})
+            cur = conn.cursor(row_factory=class_row(JobRecord))
+            await cur.execute(self._q.job_get, {"id": jid})
+            return await cur.fetchone()
 
 
 WAIT_POLL_FIRST = 0.1  # seconds: queue.wait's fallback poll, doubling...
@@ -960,14 +963,12 @@ _QUEUES: weakref.WeakSet[Queue] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for queue in list(_QUEUES):
         queue._open_lock = threading.Lock()
+        # Its thread does not exist here and its socket is the parent's: never used.
+        queue._listener = None
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class _Reconnect(Exception):
-    """The waiter's connection was lost: open another (its notifications may be lost)."""
 
 
 class _WaitClock:

@@ -21,6 +21,7 @@ import pytest
 
 import brooq
 from brooq import queue as queue_mod
+from brooq import waiting
 from brooq.handlers import Policy
 from brooq.sql import Q
 from brooq.supervisor import maintenance
@@ -347,9 +348,11 @@ def test_wait_survives_a_lost_connection(
     wait_for(lambda: waited(db, job_id), what="the flag")
 
     def waiter_pids() -> list[int]:
+        """The backend of the waiters' shared LISTEN connection (brooq.waiting)."""
         rows = db.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND query LIKE '%%FROM job WHERE id = $1%%'"
+            "AND application_name = %s",
+            (waiting.APPLICATION_NAME,),
         ).fetchall()
         return [int(r[0]) for r in rows]
 
