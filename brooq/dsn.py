@@ -55,9 +55,15 @@ def _read_file(path: str, what: str) -> str:
     return text
 
 
-def resolve(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+def resolve(
+    explicit: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    explicitly: str = "--database",
+) -> str:
     """The DSN: the explicit argument, else DATABASE_URL, else the file named by
-    DATABASE_URL_FILE, else the systemd credential ``database-url``. Empty counts as unset."""
+    DATABASE_URL_FILE, else the systemd credential ``database-url``. Empty counts as unset.
+    ``explicitly``: how the caller's user gives one (a flag for a command, an argument
+    for Python), named in the error."""
     env = os.environ if environ is None else environ
     if explicit is not None and explicit.strip():
         return check(explicit.strip())
@@ -72,7 +78,7 @@ def resolve(explicit: str | None = None, environ: Mapping[str, str] | None = Non
         return check(_read_file(str(Path(creds) / CREDENTIAL_NAME), "credential"))
     raise InvalidDsn(
         "no database configured: set DATABASE_URL, DATABASE_URL_FILE, or a systemd "
-        f"credential named {CREDENTIAL_NAME!r}, or pass dsn= (brooq --database)"
+        f"credential named {CREDENTIAL_NAME!r}, or give {explicitly}"
     )
 
 

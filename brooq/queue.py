@@ -274,7 +274,7 @@ class Queue:
     @property
     def dsn(self) -> str:
         if self._dsn is None:
-            self._dsn = dsn_mod.resolve(self._dsn_arg)
+            self._dsn = dsn_mod.resolve(self._dsn_arg, explicitly="brooq.Queue(dsn=...)")
         return self._dsn
 
     @property

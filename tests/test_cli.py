@@ -753,7 +753,19 @@ def test_no_database_configured() -> None:
     out = run("stats")
     assert out.returncode == 2
     assert out.stderr.startswith("error: no database configured") and "--database" in out.stderr
+    assert "dsn=" not in out.stderr  # a command's user is not told of Python arguments
     assert len(out.stderr.splitlines()) == 1
+
+
+def test_a_queue_without_a_database_names_its_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    import brooq
+    from brooq.errors import InvalidDsn
+
+    for name in ("DATABASE_URL", "DATABASE_URL_FILE", "CREDENTIALS_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(InvalidDsn, match=r"brooq\.Queue\(dsn=\.\.\.\)") as info:
+        _ = brooq.Queue().dsn
+    assert "--database" not in str(info.value)
 
 
 def test_unreachable_database_is_one_line_without_the_password() -> None:
