@@ -155,7 +155,7 @@ class Metrics:
             ["topic", "queue"],
             multiprocess_mode="mostrecent",
         )
-        # The table's upkeep (issue 21): what a big table needs watching for.
+        # The table's upkeep: what a big table needs watching for.
         self.dead_tuples = Gauge(
             "brooq_table_dead_tuples",
             "Dead tuples in the job table (pg_stat estimate; vacuum reclaims them)",

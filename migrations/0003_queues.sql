@@ -1,7 +1,7 @@
--- Queues, priorities and pause (issue 15). A live table must not stall: this file runs
+-- Queues, priorities and pause. A live table must not stall: this file runs
 -- statement by statement in autocommit, each under the migrator's lock_timeout (and
 -- retried), so no lock on job outlives its own statement. Measured on 1,000,000 rows in
--- docs/plans/queues.md and RELIABILITY.md: the ACCESS EXCLUSIVE steps are catalog-only
+-- docs/decisions.md and RELIABILITY.md: the ACCESS EXCLUSIVE steps are catalog-only
 -- (milliseconds); the CHECK is validated and the index built under SHARE UPDATE
 -- EXCLUSIVE, which lets producers and claims go on. Every statement is idempotent: a
 -- failure half-way is repaired by running `brooq migrate up` again.

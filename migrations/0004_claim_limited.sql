@@ -1,4 +1,4 @@
--- global_limit (issue 15): claim at most one job of a topic while fewer than `cap` jobs of
+-- global_limit: claim at most one job of a topic while fewer than `cap` jobs of
 -- it are processing, fleet-wide. A function, because the count must be taken after the
 -- topic's lock is granted: in READ COMMITTED a VOLATILE PL/pgSQL function takes a new
 -- snapshot for each statement, so the count sees every claim committed by whoever held

@@ -1,4 +1,4 @@
--- Periodic jobs (issue 16): one row per schedule name, the last tick some master claimed.
+-- Periodic jobs: one row per schedule name, the last tick some master claimed.
 -- A master claims a tick by moving last_tick forward (INSERT ... ON CONFLICT DO UPDATE
 -- ... WHERE last_tick < the new tick) and enqueues its job in the same transaction, so
 -- N masters enqueue each tick once, and a master whose clock is behind cannot claim a

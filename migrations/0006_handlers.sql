@@ -1,4 +1,4 @@
--- Results, error history and waiting (issue 17). Three nullable columns without a
+-- Results, error history and waiting. Three nullable columns without a
 -- default: catalog-only, the ACCESS EXCLUSIVE lock lasts milliseconds (measured on
 -- 1,000,000 rows in RELIABILITY.md). No-transaction, so each statement runs under the
 -- migrator's lock_timeout and is retried: a long reader delays the migration, never the

@@ -1,4 +1,4 @@
--- `brooq jobs stack ID` (issue 20): the request for a running job's Python stack and its
+-- `brooq jobs stack ID`: the request for a running job's Python stack and its
 -- answer travel through PostgreSQL, so that the command works from any host. The command
 -- inserts a request and notifies brooq_stack with the job id; the master whose child
 -- runs the job asks that child, writes the stack into the request row and notifies

@@ -1,4 +1,4 @@
--- The status page (issue 20, docs/status-page.md): its lists of failed and of dead jobs,
+-- The status page (docs/status-page.md): its lists of failed and of dead jobs,
 -- newest first by keyset (updated_at, id) within one state, and its overview's count of
 -- dead jobs. Without it both read the whole terminal index or the whole table: dead rows
 -- are a few in a sea of done ones (measured on 1,000,000 jobs in docs/status-page.md).

@@ -1,4 +1,4 @@
--- Its own schema (issue 21, QUEUE_SCHEMA). brooq's statements name its relations with
+-- Its own schema (QUEUE_SCHEMA). brooq's statements name its relations with
 -- their schema, but two of its functions are run from a connection whose search_path
 -- may not hold that schema (a producer's own connection, a master's with the default
 -- search_path):

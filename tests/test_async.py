@@ -1,4 +1,4 @@
-"""Async handlers under a real brooq-master (issue 18): many jobs at once per child, the
+"""Async handlers under a real brooq-master: many jobs at once per child, the
 soft limit and a lost lease per task, a blocked loop killed with only its job charged,
 the drain, and an application with both kinds."""
 

@@ -1,4 +1,4 @@
-"""Pure pieces of async handlers (issue 18): the board's slots, the watchdog's verdicts
+"""Pure pieces of async handlers: the board's slots, the watchdog's verdicts
 on a blocked loop, what a killed async child's jobs become, the kind rule of middleware,
 the async chain, the await chain of a suspended task, the settings."""
 

@@ -1,4 +1,4 @@
-"""The status page in a real headless browser (issue 20, point 5): Debian's chromium and
+"""The status page in a real headless browser: Debian's chromium and
 chromium-driver through selenium, against a real brooq-master. The overview, the lists,
 a job page whose payload holds markup, and that the page runs no script it did not ship.
 

@@ -1,4 +1,4 @@
-"""Bulk cancel and retry (issue 20) against a real database: Queue.cancel_many and
+"""Bulk cancel and retry against a real database: Queue.cancel_many and
 Queue.retry_many, their SQL (job_count_matching, job_cancel_batch, job_retry_batch: the
 guards, the batches, the wake-up), and `brooq [jobs] cancel|retry --topic T --state S`.
 

@@ -1,8 +1,7 @@
-"""Input that once broke the tools (issue 13, points 5, 6b, 6c, 6e): the `brooq` command
-refuses every bad value in one line with exit 2 and writes nothing; --payload-file;
-enqueue_many names the job it refused; QUEUE_OPS_ADDR= turns the ops surface off;
---database stays out of ps; JSON log lines keep their own keys and give values back as
-they were logged."""
+"""Input that once broke the tools: the `brooq` command refuses every bad value in one
+line with exit 2 and writes nothing; --payload-file; enqueue_many names the job it
+refused; QUEUE_OPS_ADDR= turns the ops surface off; --database stays out of ps; JSON log
+lines keep their own keys and give values back as they were logged."""
 
 from __future__ import annotations
 

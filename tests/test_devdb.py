@@ -1,6 +1,6 @@
 """`make run`'s database wrapper (brooq.devdb): with no DATABASE_URL it starts the
 embedded PostgreSQL, runs the command with its URL, and on the way out says that the
-server is still running and how to stop it (issue 20's "done when")."""
+server is still running and how to stop it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Async producers (issue 18): queue.enqueue_async and queue.enqueue_many_async on the
+"""Async producers: queue.enqueue_async and queue.enqueue_many_async on the
 Queue's async pool, and brooq.enqueue_many_async in the caller's transaction; real
 PostgreSQL, a real fork."""
 

@@ -1,6 +1,6 @@
 """The handler model with real processes: middleware order around real children, typed
 payloads (round trip, a mismatch going dead unrun, validation at enqueue), stored
-results, and retry policies (issue 17). The application is tests/apps/brooq_handlersapp.py."""
+results, and retry policies. The application is tests/apps/brooq_handlersapp.py."""
 
 from __future__ import annotations
 

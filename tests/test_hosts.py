@@ -1,4 +1,4 @@
-"""Many hosts (issue 21, point 6): three brooq-masters, each on a host of its own, draining
+"""Many hosts: three brooq-masters, each on a host of its own, draining
 one queue in one PostgreSQL; then one host is lost.
 
 A host is a Linux network namespace made by the test (tests/netns.py): a veth link to

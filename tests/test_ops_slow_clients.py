@@ -1,4 +1,4 @@
-"""Slow and hostile ops clients against a real master (issue 13, point 1).
+"""Slow and hostile ops clients against a real master.
 
 The ops surface shares the master's loop with the watchdog, lease renewal and the
 children's pipes, so a client that does not finish its request must never hold that loop:

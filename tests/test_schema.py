@@ -1,4 +1,4 @@
-"""QUEUE_SCHEMA (issue 21): brooq in a schema of its own, next to an application table
+"""QUEUE_SCHEMA: brooq in a schema of its own, next to an application table
 public.job of another shape, with every connection's search_path left at the default."""
 
 from __future__ import annotations

@@ -606,9 +606,10 @@ def test_two_reapers_at_once_return_each_job_once(connect: Callable[..., Conn], 
 def _outcome_written_while_the_reaper_runs(
     connect: Callable[..., Conn], db: Conn, reaper_sql: Callable[[Conn], set[uuid.UUID]]
 ) -> tuple[set[uuid.UUID], Row, Conn, uuid.UUID]:
-    """River issue 1302: A's lease has expired; A writes its outcome (done) and holds the
-    row lock while the reaper runs. Returns what the reaper returned, the row as the
-    reaper's transaction left it, A's connection (outcome not committed) and the id."""
+    """A race River met (its bug report 1302): A's lease has expired; A writes its outcome
+    (done) and holds the row lock while the reaper runs. Returns what the reaper returned,
+    the row as the reaper's transaction left it, A's connection (outcome not committed)
+    and the id."""
     job_id = insert(db)
     worker = connect(autocommit=False)
     reaper = connect(autocommit=False)

@@ -1,4 +1,4 @@
-"""`brooq jobs stack ID` (issue 20): the live stack of a running job, asked for and
+"""`brooq jobs stack ID`: the live stack of a running job, asked for and
 answered through PostgreSQL, with a real brooq-master running the job."""
 
 from __future__ import annotations

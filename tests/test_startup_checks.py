@@ -1,7 +1,7 @@
-"""What brooq-master checks before it forks, and the session it opens (issue 13, points 2
-and 3): the DSN's options (search_path, any -c) are kept by the master and the children;
-a database without brooq's schema, or with an older one, is one clear error and no child;
-durations and integers PostgreSQL cannot represent are refused at start-up."""
+"""What brooq-master checks before it forks, and the session it opens: the DSN's options
+(search_path, any -c) are kept by the master and the children; a database without brooq's
+schema, or with an older one, is one clear error and no child; durations and integers
+PostgreSQL cannot represent are refused at start-up."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_the_dsn_options_are_kept_by_the_master_and_the_children(
     assert masters == {("brooq-master", "brooq", "kept here", "10s", "2s")}, sessions
     # The children claimed with the user's settings (statement_timeout included: they set
     # none of their own) and brooq's two: synchronous_commit off by default, even where the
-    # user's options turn it on (issue 21 measured on at 13-16 % of a drain: kept off).
+    # user's options turn it on (on measured at 13-16 % of a drain: kept off).
     children = {(*s[:4], *s[5:]) for s in sessions if s[0] == "brooq-child"}
     assert children == {("brooq-child", "brooq", "kept here", "1234ms", "off", "off")}, sessions
     assert {s[0] for s in sessions} == {"brooq-master", "brooq-child"}

@@ -1,4 +1,4 @@
-"""The status page served by a real master (issue 20, point 4): rendered by a process of
+"""The status page served by a real master: rendered by a process of
 its own, so the master's loop keeps its timing while pages are rendered, while clients
 hold half-sent page requests open, and under a burst of page requests; the page process
 is forked on demand, again after it died, and never outlives its master."""

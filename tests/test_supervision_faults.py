@@ -1,4 +1,4 @@
-"""Supervision faults of issue 13 against a real brooq-master: a crash storm after ready,
+"""Supervision faults against a real brooq-master: a crash storm after ready,
 a child hung outside its handler, the rest of a batch given back while a long job runs,
 and children writing what they finished when their master vanishes. Each test failed on
 the code before its fix (see the docstrings)."""

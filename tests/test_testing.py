@@ -1,5 +1,5 @@
 """brooq.testing (drain, jobs, bind) and the pytest plugin's brooq_dsn, against real
-PostgreSQL; the plugin through a real pytest run of a user's test file (issue 19)."""
+PostgreSQL; the plugin through a real pytest run of a user's test file."""
 
 from __future__ import annotations
 

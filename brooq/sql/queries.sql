@@ -243,7 +243,7 @@ FROM finished
 -- array, whose rows come in array order; inside, LockRows sits under the inner LIMIT
 -- (skipped rows do not count) and the outer LIMIT pulls row by row, so the rows locked
 -- are the rows returned. The inner LIMIT is required: without it the generic plan
--- sorted every ready row (docs/plans/queues.md, 2.4).
+-- sorted every ready row (docs/decisions.md).
 WITH finished AS (
     UPDATE {job} SET state = 'done', updated_at = now()
     WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
@@ -375,7 +375,7 @@ FROM finished
 -- job_finish_and_claim for a round trip that stores what handlers returned: `results` holds, for
 -- each id of `done`, its result as JSON text or NULL. Only the `finished` CTE differs
 -- (a unit test holds them together): the statements of round trips without a result
--- stay as they are (the array lookup cost 1 us per job, docs/plans/handlers.md 3.2).
+-- stay as they are (the array lookup cost 1 us per job, docs/decisions.md).
 WITH finished AS (
     UPDATE {job} SET state = 'done', updated_at = now(),
         result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
@@ -432,7 +432,7 @@ FROM finished
 -- job_finish_and_claim_queues for a round trip that stores what handlers returned: `results` holds, for
 -- each id of `done`, its result as JSON text or NULL. Only the `finished` CTE differs
 -- (a unit test holds them together): the statements of round trips without a result
--- stay as they are (the array lookup cost 1 us per job, docs/plans/handlers.md 3.2).
+-- stay as they are (the array lookup cost 1 us per job, docs/decisions.md).
 WITH finished AS (
     UPDATE {job} SET state = 'done', updated_at = now(),
         result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
@@ -493,7 +493,7 @@ FROM finished
 -- job_finish_and_claim_limited for a round trip that stores what handlers returned: `results` holds, for
 -- each id of `done`, its result as JSON text or NULL. Only the `finished` CTE differs
 -- (a unit test holds them together): the statements of round trips without a result
--- stay as they are (the array lookup cost 1 us per job, docs/plans/handlers.md 3.2).
+-- stay as they are (the array lookup cost 1 us per job, docs/decisions.md).
 WITH finished AS (
     UPDATE {job} SET state = 'done', updated_at = now(),
         result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
@@ -1107,7 +1107,7 @@ DELETE FROM {brooq_stack_request} WHERE id = %(id)s RETURNING answered_at, worke
 -- Requests older than an hour (their command died before taking them).
 DELETE FROM {brooq_stack_request} WHERE requested_at < now() - interval '1 hour'
 
--- The status page (brooq/web, issue 20). Every page reads in one read-only REPEATABLE
+-- The status page (brooq/web). Every page reads in one read-only REPEATABLE
 -- READ transaction (one snapshot: the figures of a page agree with each other) under a
 -- transaction-local statement_timeout, and every list is bounded by a LIMIT. Big lists
 -- page by keyset (updated_at, id), never by OFFSET: page 1,000 costs what page 1 costs.

@@ -1,7 +1,7 @@
 """The master's own VACUUM of the job table, started when its dead tuples pile up and
 waited for in the loop's select, never in a blocking call.
 
-Why (issue 21, measured): a queue drains from the front of its ready index, and every
+Why (measured): a queue drains from the front of its ready index, and every
 claimed job leaves its entry there until a VACUUM removes it; a claim walks those pages
 before it finds a live row. Autovacuum looks at a database once per
 ``autovacuum_naptime`` (a minute by default), and a server may run without it (this

@@ -1,4 +1,4 @@
-"""The status page of the ops port (issue 20): server-rendered HTML, stdlib only.
+"""The status page of the ops port: server-rendered HTML, stdlib only.
 
     GET  /                  the overview: per queue and topic, done per minute, paused queues
     GET  /in-flight         jobs being processed (keyset pages)
@@ -8,7 +8,7 @@
 
 brooq.web.pages.serve is the one entry point: a request's method and target and a
 psycopg connection in, a Response (status, headers, HTML bytes) out. How it is served
-(never inside the master's loop) is not decided here: docs/status-page.md has the plan.
+(never inside the master's loop) is not decided here: docs/status-page.md describes it.
 
 Owns: the pages' reads (brooq.web.reads), their HTML (brooq.web.render) and the
 response headers they carry (brooq.web.headers).

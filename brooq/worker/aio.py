@@ -1,6 +1,6 @@
 """An async child: one event loop running up to `concurrency` jobs of `async def` handlers.
 
-The design and its measurements are docs/plans/async.md; the user's view docs/async.md.
+The decisions behind it are in docs/decisions.md; the user's view is docs/async.md.
 The loop runs in the main thread. brooq's own statements run in one DB thread on the
 child's sync connection (brooq.worker.connection, brooq.worker.outcome unchanged), so the
 loop never waits on the network for them while jobs run; an idle child (nothing in

@@ -5,7 +5,7 @@ Owns `compose` (and `compose_async`, its twin for async handlers and middleware)
 Queue's middleware in registration order (the first is outermost),
 then the topic's own, then the handler. With no middleware the runner is the handler
 itself, so a topic without middleware pays nothing; each layer costs one Python call
-(33 ns measured, docs/plans/handlers.md 1.2).
+(33 ns measured).
 
 Must never: wrap brooq's own logging, metrics or outcome code (they stay outside the
 chain, in brooq.worker.child, so no middleware can drop them), or catch what a layer

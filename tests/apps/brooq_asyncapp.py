@@ -1,4 +1,4 @@
-"""The async application the process tests of issue 18 run under a real brooq-master.
+"""The async application the async process tests run under a real brooq-master.
 
 Every handler records its execution in the table `execution` over its own connection
 (one AsyncConnection per child, autocommit), with the note 'start' when it begins and
