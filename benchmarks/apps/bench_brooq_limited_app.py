@@ -2,7 +2,7 @@
 `brooq-master --app bench_brooq_limited_app:queue`.
 
 An application of its own: a master with a `global_limit` topic claims through another
-statement than one without (docs/plans/queues.md, 3.3), and the other workloads must
+statement than one without (docs/decisions.md), and the other workloads must
 measure the plain one.
 """
 
