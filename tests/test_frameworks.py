@@ -8,6 +8,7 @@ database; SQLAlchemy and FastAPI run in-process (their state is the objects made
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import itertools
 import json
@@ -324,6 +325,43 @@ def test_fastapi_endpoint_enqueues_and_a_failed_request_does_not(dsn: str) -> No
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT id::text FROM job").fetchone()
     assert row == (accepted.json()["job"],)
+    queue.close()
+
+
+async def _report_round_trip(app: Any, wait_done: Any) -> tuple[Any, Any, Any]:
+    import httpx
+
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
+    ):
+        accepted = await client.post("/reports", json={"report_id": 7})
+        job = accepted.json()["job"]
+        await asyncio.to_thread(wait_done, job)
+        return (
+            await client.get(f"/reports/{job}"),
+            await client.get("/reports/01a2374d-158d-7041-8d47-d2b4a1f858b4"),
+            await client.get("/reports/seven"),
+        )
+
+
+def test_the_fastapi_example_has_its_worker_half(dsn: str, start_master: Any) -> None:
+    """The endpoint's job is run by brooq-master on the example's jobs.py, and the app
+    reads its result back."""
+    from tests.harness import wait_for
+
+    example = load_example("fastapi/app.py", "example_fastapi_app")
+    start_master(workers=1, app="jobs:queue", cwd=EXAMPLES / "fastapi")
+    queue = brooq.Queue(dsn)
+
+    def wait_done(job: str) -> None:
+        wait_for(lambda: (r := queue.get(job)) is not None and r.state == "done", what="done")
+
+    done, unknown, malformed = asyncio.run(_report_round_trip(example.create_app(queue), wait_done))
+    assert done.status_code == 200, done.text
+    assert done.json()["state"] == "done"
+    assert done.json()["result"]["report"] == "report-7"
+    assert unknown.status_code == 404 and malformed.status_code == 422
     queue.close()
 
 

@@ -1,7 +1,10 @@
-"""brooq with FastAPI: an endpoint enqueues through the Queue's async producer API.
+"""brooq with FastAPI: an endpoint enqueues through the Queue's async producer API;
+``GET /reports/<job>`` reads the job back. The handler, run by brooq-master, is in
+jobs.py (the web process imports it too: one Queue, its handlers registered once).
 
     DATABASE_URL=postgresql://app@localhost/app uvicorn --factory app:create_app
-    # from examples/fastapi
+    DATABASE_URL=postgresql://app@localhost/app brooq-master --app jobs:queue
+    # both from examples/fastapi
 
 ``queue.enqueue_async`` commits the job in a transaction of its own, on the Queue's async
 pool (opened on the first call, in the server's event loop); ``queue.close_async`` at
@@ -12,6 +15,7 @@ transaction (``await brooq.enqueue_async(aconn, job)``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -22,8 +26,11 @@ import brooq
 
 
 def create_app(queue: brooq.Queue | None = None) -> FastAPI:
-    """The application, enqueuing on ``queue`` (default: a Queue on DATABASE_URL)."""
-    queue = queue or brooq.Queue()
+    """The application, enqueuing on ``queue`` (default: jobs.py's, on DATABASE_URL)."""
+    if queue is None:
+        from jobs import queue as jobs_queue
+
+        queue = jobs_queue
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -40,6 +47,16 @@ def create_app(queue: brooq.Queue | None = None) -> FastAPI:
             brooq.Job("report.render", {"report_id": report.report_id})
         )
         return {"job": str(job_id)}
+
+    @app.get("/reports/{job_id}")
+    async def report_status(job_id: str) -> dict[str, object]:
+        try:  # one short read on the Queue's sync pool, off the event loop
+            record = await asyncio.to_thread(queue.get, job_id)
+        except brooq.InvalidJobId as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        if record is None:
+            raise HTTPException(status_code=404, detail="no such job")
+        return {"state": record.state, "result": record.result}
 
     return app
 
