@@ -6,7 +6,7 @@ SKIP LOCKED, LIMIT 1) in its own transaction, then the guarded done update in an
 like a brooq child claiming one job at a time in autocommit mode.
 
 Batched (BATCH jobs per claim, synchronous_commit = off, as brooq's children run with
-QUEUE_WORKER_SYNCHRONOUS_COMMIT=off, their default until issue 21): each script run claims
+QUEUE_WORKER_SYNCHRONOUS_COMMIT=off, their default): each script run claims
 a batch, then writes `done` for the whole batch with one guarded update -- the statements
 of job_finish_and_claim without the fair-share count, taken apart so that the script can
 carry the ids from one to the other.
@@ -176,7 +176,7 @@ def run(admin_dsn: str, clients: list[int], jobs: int, reps: int, batch: int = 1
     }
 
 
-# -- single enqueue ceiling (issue 21) -------------------------------------------------------
+# -- single enqueue ceiling -------------------------------------------------------------------
 
 # brooq's job_insert (brooq/sql/queries.sql) with the values of a no-op job written in: one
 # statement, its own transaction (autocommit, as Queue.enqueue runs it), on a table with

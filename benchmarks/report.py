@@ -25,14 +25,14 @@ WORKLOAD_TITLES = {
     "io_http": "I/O HTTP",
     "durability": "durability",
 }
-# Issue 21: a single Queue.enqueue ahead of every peer and at this share of pgbench's
+# Targets: a single Queue.enqueue ahead of every peer and at this share of pgbench's
 # prepared single insert; the children's synchronous_commit=on the default unless it
 # costs more than DURABILITY_MAX_COST of the drain.
 ENQUEUE_CEILING_SHARE = 0.85
 DURABILITY_MAX_COST = 0.10
 PRIORITY_TARGET_PCT = 5.0  # of the low jobs still to start when the high ones come
 LIMITED_TARGET_SHARE = 0.9  # of cap / job time
-# Issue 18: brooq's I/O-bound figure against the best peer's. Judged for each async
+# Target: brooq's I/O-bound figure against the best peer's. Judged for each async
 # variant the run has (run.py's BROOQ_IO_VARIANTS: "async" at brooq's default
 # concurrency, "async200" at 200); a run without them judges the sync `--workers 2`.
 IO_TARGET_RATIO = 1.5
@@ -415,7 +415,7 @@ def io_slots(result: dict[str, Any], system: str, variant: str) -> float | None:
 def io_share(
     result: dict[str, Any], system: str, workload: str, variant: str, spread: bool = True
 ) -> str:
-    """Jobs/s ÷ the bound (slots ÷ 50 ms), in %: recorded per run since issue 18's async
+    """Jobs/s ÷ the bound (slots ÷ 50 ms), in %: recorded per run since the async
     variants (median and spread); computed from the medians for the runs before."""
     e = _s(result, system, workload, variant)
     if _med(e, "share_of_ideal_pct") is not None:
@@ -449,14 +449,14 @@ def io_best_peer(result: dict[str, Any], workload: str) -> tuple[str, float, str
 
 
 def io_section(result: dict[str, Any]) -> list[str]:
-    """Issue 18's I/O-bound workloads, when the run had them."""
+    """The I/O-bound workloads, when the run had them."""
     names = [n for n in systems_in(result) if io_variants(result, n)]
     if not names:
         return []
     n_jobs = result["sizes"].get("io", 0)
     lines = [
         "",
-        f"## I/O-bound (issue 18): {n_jobs:,} ready jobs that each wait 50 ms",
+        f"## I/O-bound: {n_jobs:,} ready jobs that each wait 50 ms",
         "",
         "`io`: each job sleeps 50 ms (async handlers `await asyncio.sleep(0.05)`, brooq's sync "
         "handlers `time.sleep(0.05)`). `io_http`: each job GETs a local server that answers "
@@ -503,7 +503,7 @@ def durability_section(result: dict[str, Any]) -> list[str]:
     n = result["sizes"].get("durability", 0)
     lines = [
         "",
-        f"## Durability (issue 21): {n:,} ready no-op jobs, brooq --workers 2",
+        f"## Durability: {n:,} ready no-op jobs, brooq --workers 2",
         "",
         "The children's `QUEUE_WORKER_SYNCHRONOUS_COMMIT` (their claims and outcomes); "
         "the variants alternate within each repetition. Timed like the drain.",
@@ -558,7 +558,7 @@ def targets(result: dict[str, Any]) -> list[str]:
     if single and peer and ceil:
         share = single / ceil
         row(
-            "single enqueue (issue 21): ahead of every peer, "
+            "single enqueue: ahead of every peer, "
             f"≥ {ENQUEUE_CEILING_SHARE:.0%} of pgbench -M prepared",
             f"brooq {single:,.0f} jobs/s vs {peer[0]} {peer[1]:,.0f}; "
             f"{share:.0%} of pgbench's {ceil:,.0f}",
@@ -567,7 +567,7 @@ def targets(result: dict[str, Any]) -> list[str]:
     cost = durability_cost(result)
     if cost:
         row(
-            f"durability (issue 21): synchronous_commit=on costs ≤ {DURABILITY_MAX_COST:.0%}",
+            f"durability: synchronous_commit=on costs ≤ {DURABILITY_MAX_COST:.0%}",
             f"on {cost[0]:,.0f} jobs/s vs off {cost[1]:,.0f}: {cost[2]:.1%}",
             cost[2] <= DURABILITY_MAX_COST,
         )
@@ -589,7 +589,7 @@ def targets(result: dict[str, Any]) -> list[str]:
             continue
         against = f" vs {sync_p95:.1f} ms with sync children" if sync_p95 is not None else ""
         row(
-            f"pickup p95 with async children ({v}, issue 18: unchanged)",
+            f"pickup p95 with async children ({v}): unchanged",
             f"p95 {p95:.1f} ms{against}, same run",
             None,
         )
@@ -642,7 +642,7 @@ def targets(result: dict[str, Any]) -> list[str]:
                 share = io_share(result, peer[0], wl, peer[2], spread=False)
                 their += f" ({theirs:,.0f} slots, {share} % of its bound)"
             row(
-                f"{wl} (issue 18, {v}): brooq ≥ {IO_TARGET_RATIO:g}× the best peer",
+                f"{wl} ({v}): brooq ≥ {IO_TARGET_RATIO:g}× the best peer",
                 f"brooq {b:,.0f} jobs/s ({label}) vs {peer[0]}{their} {peer[1]:,.0f} "
                 f"= {ratio:.2f}×",
                 ratio >= IO_TARGET_RATIO,
@@ -674,7 +674,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
         "pgbench": "#7f7f7f",
     }
     io_names = [n for n in systems_in(result) if io_variants(result, n)]
-    if io_names:  # a third row for issue 18's I/O-bound workloads, when the run had them
+    if io_names:  # a third row for the I/O-bound workloads, when the run had them
         fig = plt.figure(figsize=(16, 13.5))
         grid = fig.add_gridspec(3, 3)
         axes = [[fig.add_subplot(grid[r, c]) for c in range(3)] for r in range(2)]
@@ -854,7 +854,7 @@ def io_chart(result: dict[str, Any], ax: Any, names: list[str], colours: dict[st
     ax.set_yscale("log")
     ax.set_ylabel("jobs/s (log)")
     ax.set_title(
-        f"I/O-bound (issue 18): {result['sizes'].get('io', 0):,} jobs of 50 ms; "
+        f"I/O-bound: {result['sizes'].get('io', 0):,} jobs of 50 ms; "
         "asyncio.sleep / time.sleep plain, HTTP GET hatched",
         fontsize=10,
     )

@@ -16,13 +16,13 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
   limited         brooq only: 1,000 jobs of 20 ms on a global_limit=4 topic, 2 masters x 8
                   children: the most running at once (from the handlers' own start/end
                   records) and jobs/s against 4 / 0.020 s = 200
-  io              issue 18: 2,000 ready jobs that each wait 50 ms (async handlers:
+  io              2,000 ready jobs that each wait 50 ms (async handlers:
                   asyncio.sleep; brooq's sync variants: time.sleep), jobs/s from the
                   first handler start to the last handler end, and its share of the
                   bound slots / 50 ms
   io_http         the same, each job a GET to a local server answering after 50 ms
                   (httpwait.py, started for the run)
-  durability      brooq only (issue 21): 100,000 ready no-op jobs drained by --workers 2,
+  durability      brooq only: 100,000 ready no-op jobs drained by --workers 2,
                   children with synchronous_commit on, then off (jobs/s, the cost of on)
 enqueue_single also runs pgbench's single-insert ceiling (brooq's INSERT, one client,
 -M prepared and -M simple) in the same rounds, unless --no-ceiling.
@@ -89,7 +89,7 @@ WORKLOADS = [
 # System.extra_workloads.
 BROOQ_ONLY = {"priority", "limited", "durability"}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
-# The I/O-bound workloads (issue 18) run brooq once per variant: "N" is
+# The I/O-bound workloads run brooq once per variant: "N" is
 # `brooq-master --workers N` with the sync handlers of apps/bench_brooq_app.py; "async"
 # and "async200" are `--workers 2` with the async handlers of
 # apps/bench_brooq_async_app.py at brooq's default --concurrency (100: 200 slots, those
@@ -97,10 +97,10 @@ BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
 # systems.Brooq maps them to their command lines (see benchmarks/README.md).
 BROOQ_IO_VARIANTS = ["2", "8", "32", "async", "async200"]
 # Pickup latency: "" is `--workers 2` with sync handlers, "async" the async children
-# (issue 18's "pickup p95 unchanged").
+# (the target: "pickup p95 unchanged").
 BROOQ_PICKUP_VARIANTS = ["", "async"]
 IO_WORKLOADS = ("io", "io_http")
-# Issue 21: the children's synchronous_commit, durable (on) and not (off), same drain.
+# The children's synchronous_commit, durable (on) and not (off), same drain.
 BROOQ_DURABILITY_VARIANTS = ["on", "off"]
 IO_SECONDS = 0.05  # as in apps/benchwork.py (each job's wait, the HTTP server's delay)
 POLL = 0.05  # seconds between looks at the database while draining
@@ -119,12 +119,12 @@ class Sizes:
         self.drain = 2_000 if quick else 20_000
         self.cpu = 40 if quick else 200
         self.pickup = 30 if quick else 200
-        # The issue's sizes, --quick or not (each run takes seconds).
+        # The workloads' sizes, --quick or not (each run takes seconds).
         self.priority_low = 10_000
         self.priority_high = 100
         self.limited = 1_000
         self.io = 200 if quick else 2_000
-        self.durability = 20_000 if quick else 100_000  # issue 21: 100,000 no-op jobs
+        self.durability = 20_000 if quick else 100_000  # 100,000 no-op jobs
         self.reps = 1 if quick else 3
 
 
@@ -756,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
             for v in variants(s, wl):
                 plan.append((s, wl, v))
 
-    # The single-enqueue ceiling (issue 21): pgbench running brooq's INSERT, in the plan so
+    # The single-enqueue ceiling: pgbench running brooq's INSERT, in the plan so
     # that its repetitions alternate with the systems' enqueue_single.
     if "enqueue_single" in workloads and not args.no_ceiling:
         for mode in PgbenchInsert.MODES:

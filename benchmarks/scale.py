@@ -1,4 +1,4 @@
-"""The scale workload (issue 21): brooq on a table that has grown, then retention.
+"""The scale workload: brooq on a table that has grown, then retention.
 
     python benchmarks/scale.py [--dsn ADMIN_DSN] [--history 10000000] [--ready 1000000]
                                [--workers 2] [--quick] [--out results/NAME.json]
@@ -23,7 +23,7 @@ latency p50/p95/p99 of those jobs is the claim latency an application sees durin
 retention, beside the deletion rate.
 
 Prints one JSON document (and writes it to --out): per table, jobs/s, pickup p50/p95,
-sizes and dead tuples over time; the big/small ratios (issue 21's target: within 80 %).
+sizes and dead tuples over time; the big/small ratios (the target: within 80 %).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ CHUNK = 1000  # jobs per bulk call
 # CPU-bound work (pgqueuer "One Process per CPU Core", procrastinate "launch multiple
 # workers, each using their own process", Celery prefork concurrency = cores).
 PEER_PROCESSES = 2
-IO_WORKLOADS = ("io", "io_http")  # issue 18's I/O-bound workloads
+IO_WORKLOADS = ("io", "io_http")  # the I/O-bound workloads
 
 
 class System:
@@ -127,10 +127,10 @@ class Brooq(System):
         "io": "bench.io",
         "io_http": "bench.io_http",
     }
-    # The limited workload: masters and children per master, as the issue asks (2 x 8).
+    # The limited workload: masters and children per master (2 x 8).
     LIMITED_MASTERS = 2
     LIMITED_WORKERS = 8
-    # Issue 18's async variants (run.py's BROOQ_IO_VARIANTS, BROOQ_PICKUP_VARIANTS):
+    # The async variants (run.py's BROOQ_IO_VARIANTS, BROOQ_PICKUP_VARIANTS):
     # variant -> the --concurrency on the command line (None: brooq's default, 100), each
     # with ASYNC_WORKERS children of apps/bench_brooq_async_app.py, all of them async.
     ASYNC_VARIANTS: dict[str, int | None] = {"async": None, "async200": 200}
@@ -669,7 +669,7 @@ class Celery(System):
 
 
 class PgbenchInsert(Brooq):
-    """Not a queue: the pgbench ceiling of a single enqueue (issue 21), run in the plan
+    """Not a queue: the pgbench ceiling of a single enqueue, run in the plan
     next to the systems' enqueue_single so that its repetitions interleave with theirs.
     brooq's migrations make the table (and its NOTIFY trigger); pgbench then runs
     ceiling.INSERT_ONE once per job, one client, in the protocol of the variant

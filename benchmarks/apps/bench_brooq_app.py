@@ -20,7 +20,7 @@ from benchwork import (
 
 queue = brooq.Queue()
 
-if os.environ.get("BENCH_MIDDLEWARE"):  # the cost of one no-op middleware (issue 17)
+if os.environ.get("BENCH_MIDDLEWARE"):  # the cost of one no-op middleware
 
     @queue.middleware
     def passthrough(claim: brooq.Claim, call_next: brooq.handlers.HandlerFn) -> object:
@@ -65,7 +65,7 @@ def prio(claim: brooq.Claim) -> None:
     record_span(claim.payload["k"], started, time.time_ns())
 
 
-# The I/O-bound workloads (issue 18): sync handlers, blocking the child for the wait
+# The I/O-bound workloads: sync handlers, blocking the child for the wait
 # (run.py's variants "2", "8", "32"). The async variants ("async", "async200") load
 # apps/bench_brooq_async_app.py instead: `async def` handlers of the same two topics, so
 # that the jobs enqueued stay the same and this application's claims stay those of a

@@ -1,4 +1,4 @@
-"""brooq application of issue 18's async variants:
+"""brooq application of the async variants:
 `brooq-master --app bench_brooq_async_app:queue --workers 2 [--concurrency C]`.
 
 An application of its own, every handler `async def`, so every child is an async child

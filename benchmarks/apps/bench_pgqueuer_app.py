@@ -72,7 +72,7 @@ async def main() -> AsyncIterator[PgQueuer]:
     async def hung(job: Job) -> None:
         await asyncio.to_thread(_hung, _payload(job)["k"])
 
-    # The I/O-bound workloads (issue 18): async entrypoints, waiting on the event loop.
+    # The I/O-bound workloads: async entrypoints, waiting on the event loop.
     @pgq.entrypoint("io")
     async def io(job: Job) -> None:
         started = time.time_ns()

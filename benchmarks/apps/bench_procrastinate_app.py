@@ -57,7 +57,7 @@ def hung(k: str) -> None:
     hang_forever()
 
 
-# The I/O-bound workloads (issue 18): async tasks, run --concurrency at a time per worker.
+# The I/O-bound workloads: async tasks, run --concurrency at a time per worker.
 @app.task(name="io", queue="bench")
 async def io(k: str) -> None:
     started = time.time_ns()

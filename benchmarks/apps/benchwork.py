@@ -10,7 +10,7 @@ BENCH_EVENTS_DIR (no flush to disk; the benchmark reads the files). record_span(
 the same for the priority, limited and I/O-bound workloads (start and end in
 nanoseconds).
 
-The I/O-bound workloads (issue 18) wait IO_SECONDS per job: asleep (time.sleep in a
+The I/O-bound workloads wait IO_SECONDS per job: asleep (time.sleep in a
 sync handler, asyncio.sleep in an async one) or for a local HTTP server
 (benchmarks/httpwait.py, at BENCH_HTTP_URL) that answers every GET after IO_SECONDS.
 http_get() is the sync client (stdlib urllib), http_get_async() the async one (a raw
