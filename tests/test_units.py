@@ -396,7 +396,9 @@ def test_backoff_property(attempts: int, base: float, spread: float, r: float) -
     exact = min(Fraction(base) * 2 ** (attempts - 1), Fraction(maximum))
     d = retry.backoff_ceiling(attempts, base, maximum)
     assert d == float(exact)
-    assert base <= d <= maximum or d == maximum
+    assert base <= d <= maximum
+    # Another attempt never lowers the ceiling (once at the maximum, it stays there).
+    assert d <= retry.backoff_ceiling(attempts + 1, base, maximum) <= maximum
     wait = retry.backoff(attempts, base, maximum, r)
     assert d / 2 <= wait <= d
 
