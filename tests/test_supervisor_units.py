@@ -611,3 +611,17 @@ def test_renewal_does_not_take_an_old_answer_for_a_new_claim_of_the_job() -> Non
     finally:
         for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
             os.close(fd)
+
+
+def test_the_stack_read_puts_the_signalled_thread_first() -> None:
+    from brooq.supervisor.childproc import current_thread_first
+
+    dump = (
+        'Thread 0x01 (most recent call first):\n  File "a.py", line 1 in control\n\n'
+        'Current thread 0x02 (most recent call first):\n  File "h.py", line 9 in handler\n'
+    )
+    assert current_thread_first(dump) == (
+        'Current thread 0x02 (most recent call first):\n  File "h.py", line 9 in handler\n\n'
+        'Thread 0x01 (most recent call first):\n  File "a.py", line 1 in control'
+    )
+    assert current_thread_first("no threads here") == "no threads here"

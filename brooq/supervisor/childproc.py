@@ -91,8 +91,23 @@ def read_stack(path: str, limit: int = 1500) -> str:
         except OSError:
             continue
         if text:
+            text = current_thread_first(text)
             parts.append(text if len(text) <= limit else text[:limit] + "\n...")
     return "\n".join(parts)
+
+
+def current_thread_first(dump: str) -> str:
+    """A faulthandler dump of every thread with the thread that took the signal first:
+    the main thread, which runs the handler (or an async child's loop). The dump lists it
+    last, so a busy control or DB thread could push it past the limit read."""
+    sections: list[list[str]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")) or not sections:
+            sections.append([])
+        sections[-1].append(line)
+    current = [s for s in sections if s[0].startswith("Current thread 0x")]
+    others = [s for s in sections if not s[0].startswith("Current thread 0x")]
+    return "\n".join("\n".join(s).rstrip() + "\n" for s in current + others).strip()
 
 
 def empty_stack(path: str) -> None:
