@@ -1,4 +1,4 @@
-"""Issue 17: the error history (job.errors) and queue.wait / wait_async, against a real
+"""The error history (job.errors) and queue.wait / wait_async, against a real
 PostgreSQL and, where a worker matters, a real brooq-master (the children's identity as
 the history's worker, a wait answered across processes)."""
 
