@@ -296,7 +296,9 @@ def refused_outcome(
     delay = outcome.delay
     if outcome.kind != "failed":
         delay = backoff(claim.attempt, policy.backoff_base, policy.backoff_max, random.random())
-    return execute.Outcome("failed", delay=delay, error=execute.storable(text, "ascii"))
+    return execute.Outcome(
+        "failed", delay=delay, error=execute.storable(text, "ascii"), final=outcome.final
+    )
 
 
 class _NotOurs(Exception):
