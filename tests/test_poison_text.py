@@ -225,7 +225,7 @@ def test_a_child_dying_while_writing_an_outcome_charges_that_job(
     """The master cannot read a crash in the write from the job's board slot (the handler
     has returned); the board's settling mark names the job: it is charged its attempts
     and ends dead, the death is not taken for a crash outside any job (five of those in
-    a row end the master), and the jobs beside it run once."""
+    a row end the master), and the jobs beside it are not charged."""
     doomed = queue.enqueue(brooq.Job("p.hook_exit"))[0]
     fine = [queue.enqueue(brooq.Job("p.ok", {"n": i}))[0] for i in range(20)]
     m = start_master(workers=1, app=APP)
@@ -234,7 +234,11 @@ def test_a_child_dying_while_writing_an_outcome_charges_that_job(
     assert (state, attempts) == ("dead", 2)
     assert error == "worker exited with status 7 while writing this job's outcome"
     runs = _runs(db)
-    assert runs[doomed] == 2 and all(runs[i] == 1 for i in fine)
+    assert runs[doomed] == 2
+    # The jobs beside it are never charged: each done with its one attempt. One that had
+    # finished in the same batch, its `done` still to be written with the next claim,
+    # went back with the child and ran again (at least once).
+    assert all(_job(db, i)[:2] == ("done", 1) and runs[i] <= 2 for i in fine)
     assert m.proc.poll() is None and "master_fatal" not in m.log()
 
 
