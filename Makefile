@@ -47,11 +47,11 @@ lint: $(STAMP)
 ## make docs: the documentation site into site/ (mkdocs.yml); --strict, so a broken link,
 ## a broken anchor or a page missing from the nav fails the build.
 docs: $(DOCS_STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 ## make docs-serve: the site on http://127.0.0.1:8000/, rebuilt as pages change.
 docs-serve: $(DOCS_STAMP)
-	$(VENV)/bin/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 ## make db-up: an embedded PostgreSQL in .brooq/pg for local work; prints DATABASE_URL.
 db-up: $(RUN_STAMP)

@@ -94,10 +94,15 @@ def test_page_blocks_are_run_or_skipped_with_a_reason(page: str) -> None:
         action, reason = match.group(1), match.group(2).strip()
         if action != "next" or not re.fullmatch(r'"[^"]{8,}"', reason):
             problems.append(f'{match.group(0)!r}: write <!-- skip: next "the reason" -->')
-    for match in re.finditer(r"^ {0,3}(```+|~~~+)([^\n`]*)$", text, re.M):
+    inside = False
+    for match in re.finditer(r"^ {0,4}(```+|~~~+)([^\n`]*)$", text, re.M):
         info = match.group(2).strip()
-        if not info:
+        inside = not inside
+        if not inside:
             continue  # a closing fence
+        if not info:
+            problems.append("a block without a language: sh for commands, text for output")
+            continue
         language = info.split()[0]
         if language in REFUSED:
             problems.append(f"a ```{language} block: label commands sh (they run), output text")
