@@ -12,7 +12,6 @@ the page cannot drift from the code.
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ def _duration(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
-    return f"{int(round(seconds * 1000))}ms"
+    return f"{round(seconds * 1000)}ms"
 
 
 def _kind(name: str, settings_mod: Any) -> str:
@@ -76,7 +75,9 @@ def settings_table() -> str:
     fields = [f for f in dataclasses.fields(settings_mod.Settings)]
     names = {f.name for f in fields}
     problems = [f"{n}: no meaning in docs/hooks/settings.yml" for n in names - set(described)]
-    problems += [f"{n}: in docs/hooks/settings.yml but not a setting" for n in set(described) - names]
+    problems += [
+        f"{n}: in docs/hooks/settings.yml but not a setting" for n in set(described) - names
+    ]
     variables = {name: var for var, name in settings_mod.ENVIRONMENT.items()}
     problems += [f"{n}: no environment variable" for n in names - set(variables)]
     if problems:
@@ -127,9 +128,7 @@ def others_table() -> str:
             continue
         default = "—" if param.default in (None, "") else f"`{param.default}`"
         flag_text = " ".join(f"`{o}`" for o in param.opts)
-        rows.append(
-            f"| `{envvar}` | — | {flag_text} | {default} | {_cell(param.help or '')} |"
-        )
+        rows.append(f"| `{envvar}` | — | {flag_text} | {default} | {_cell(param.help or '')} |")
     if problems:
         raise ValueError("settings reference out of date:\n  " + "\n  ".join(problems))
     return "\n".join(rows)
@@ -140,5 +139,3 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return markdown
     generated = settings_table() + "\n\nRead outside the settings object:\n\n" + others_table()
     return markdown.replace(MARKER, generated)
-
-

@@ -107,9 +107,7 @@ class PageRun:
 
 
 @pytest.fixture
-def page_run(
-    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[PageRun]:
+def page_run(dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PageRun]:
     workdir = tmp_path / "work"
     workdir.mkdir()
     env = dict(os.environ)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import unittest
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,11 +43,15 @@ def _background(example: Example) -> None:
 
 
 def file_blocks(document: Document) -> Any:
-    lexer = FencedCodeBlockLexer(language=r".+", mapping={"language": "arguments", "source": "source"})
+    lexer = FencedCodeBlockLexer(
+        language=r".+", mapping={"language": "arguments", "source": "source"}
+    )
     for region in lexer(document):
         match = FILE_BLOCK.match(str(region.lexemes["arguments"]).strip())
         if match:
-            yield Region(region.start, region.end, (match.group(1), str(region.lexemes["source"])), _file)
+            yield Region(
+                region.start, region.end, (match.group(1), str(region.lexemes["source"])), _file
+            )
 
 
 def background_directives(document: Document) -> Any:
@@ -119,5 +122,3 @@ def test_the_pages_are_the_site_s() -> None:
     for page in PAGES:
         if page.startswith("docs/"):
             assert page.removeprefix("docs/") in nav, f"{page} is not in mkdocs.yml's nav"
-
-
