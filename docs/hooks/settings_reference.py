@@ -84,18 +84,20 @@ def settings_table() -> str:
         raise ValueError("settings reference out of date:\n  " + "\n  ".join(sorted(problems)))
     flags = _master_flags()
     rows = [
-        "| environment | `brooq-master` flag | `Queue(...)` | kind | default | meaning |",
-        "|---|---|---|---|---|---|",
+        "| setting | default | meaning |",
+        "|---|---|---|",
     ]
     for f in fields:
         kind = _kind(f.name, settings_mod)
         entry = described[f.name]
         default = entry.get("default") or _default(f.default, kind)
         flag = flags.get(f.name)
-        flag_text = " ".join(f"`{o}`" for o in flag.opts) if flag is not None else "—"
+        names = [f"`{variables[f.name]}`"]
+        if flag is not None:
+            names.append(" ".join(f"`{o}`" for o in flag.opts))
+        names.append(f"`Queue({f.name}=)`")
         rows.append(
-            f"| `{variables[f.name]}` | {flag_text} | `{f.name}=` | {kind} | {_cell(default)} "
-            f"| {_cell(entry['meaning'])} |"
+            f"| {'<br>'.join(names)} | {_cell(default)}<br>*{kind}* | {_cell(entry['meaning'])} |"
         )
     return "\n".join(rows)
 
@@ -105,8 +107,8 @@ def others_table() -> str:
     source = "\n".join(p.read_text() for p in (ROOT / "brooq").rglob("*.py"))
     flags = _master_flags()
     rows = [
-        "| environment | also | `brooq-master` flag | default | meaning |",
-        "|---|---|---|---|---|",
+        "| setting | default | meaning |",
+        "|---|---|---|",
     ]
     problems = []
     for entry in meanings["others"]:
@@ -116,10 +118,10 @@ def others_table() -> str:
         flag = entry.get("flag")
         if flag and not any(flag in p.opts for p in flags.values()):
             problems.append(f"{var}: brooq-master has no flag {flag}")
-        flag_text = f"`{flag}`" if flag else "—"
+        names = [f"`{var}`"] + ([f"`{flag}`"] if flag else [])
         rows.append(
-            f"| `{var}` | {_cell(entry['also'])} | {flag_text} | {_cell(entry['default'])} "
-            f"| {_cell(entry['meaning'])} |"
+            f"| {'<br>'.join(names)} | {_cell(entry['default'])} "
+            f"| {_cell(entry['meaning'])} Also: {_cell(entry['also'])}. |"
         )
     # The master's own flags that read a variable of their own (logging, metrics).
     for param in flags.values():
@@ -128,7 +130,7 @@ def others_table() -> str:
             continue
         default = "—" if param.default in (None, "") else f"`{param.default}`"
         flag_text = " ".join(f"`{o}`" for o in param.opts)
-        rows.append(f"| `{envvar}` | — | {flag_text} | {default} | {_cell(param.help or '')} |")
+        rows.append(f"| `{envvar}`<br>{flag_text} | {default} | {_cell(param.help or '')} |")
     if problems:
         raise ValueError("settings reference out of date:\n  " + "\n  ".join(problems))
     return "\n".join(rows)
