@@ -15,6 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import click
 import yaml
 
 MARKER = "<!-- generated: settings -->"
@@ -128,7 +129,9 @@ def others_table() -> str:
         envvar = getattr(param, "envvar", None)
         if not envvar:
             continue
-        default = "—" if param.default in (None, "") else f"`{param.default}`"
+        # click 8.3 marks "no default" with a sentinel of its own (click.core.UNSET).
+        unset = param.default in (None, "") or param.default is getattr(click.core, "UNSET", None)
+        default = "—" if unset else f"`{param.default}`"
         flag_text = " ".join(f"`{o}`" for o in param.opts)
         rows.append(f"| `{envvar}`<br>{flag_text} | {default} | {_cell(param.help or '')} |")
     if problems:
