@@ -8,10 +8,6 @@ import unittest
 from typing import Any
 
 import pytest
-
-# In the test extra; a virtualenv made before it was added lacks it (CI installs afresh).
-pytest.importorskip("sybil", reason="sybil is missing: pip install -e '.[test]'")
-
 from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer, FencedCodeBlockLexer
