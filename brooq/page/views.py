@@ -1,0 +1,325 @@
+"""The status page's pages: each one's HTML assembled from its reads' rows (brooq.page.reads)
+and render's pieces (brooq.page.render): the overview, the in-flight list, the failed and
+dead lists, one job.
+
+Owns: what each page shows and in which order, the one-click buttons of the lists, the
+notes that say what an estimate means. Must never: write to the database, or let a value
+reach a page without brooq.page.render.e().
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from brooq.page import reads
+from brooq.page.reads import Page, Row
+from brooq.page.render import (
+    age,
+    bar_chart,
+    button,
+    e,
+    holder,
+    job_link,
+    layout,
+    link,
+    pretty_json,
+    table,
+    when,
+)
+from brooq.sql import Q, Queries
+
+CANCEL_RUNNING = "cancel: its handler is interrupted (LeaseLost) at the next lease renewal"
+REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
+
+
+def _n(value: object) -> str:
+    return e(f"{value:,}") if isinstance(value, int) else e(value)
+
+
+def about(value: int) -> str:
+    """An estimate as shown: two significant figures (the note gives each state's
+    margin), marked."""
+    shown = value if value < 100 else int(float(f"{value:.2g}"))
+    return f"≈ {shown:,}"
+
+
+def overview_page(
+    conn: psycopg.Connection[Any],
+    actions_enabled: bool,
+    timeout: float,
+    csrf: str | None = None,
+    q: Queries = Q,
+) -> bytes:
+    data = reads.overview(conn, timeout, q)
+    paused = {row["name"] for row in data["paused"]}
+    rows = []
+    buttoned: set[str] = set()  # a queue's button on its first row only
+    for g in data["groups"]:
+        name = g["queue"]
+        queue = e(name) + (" <strong>(paused)</strong>" if name in paused else "")
+        if csrf is not None and name not in buttoned:
+            buttoned.add(name)
+            verb = "resume" if name in paused else "pause"
+            queue += " " + button(f"/queues/{name}/{verb}", verb, csrf, "/", f"{verb} queue {name}")
+
+        def figure(name: str, g: Row = g) -> str:
+            return e(about(g[name])) if name in g["estimated"] else _n(g[name])
+
+        oldest = age(g["oldest_ready_seconds"])
+        if "oldest_ready" in g["estimated"] and g["oldest_ready_seconds"] is not None:
+            oldest = f"≥ {oldest}"
+        rows.append(
+            (
+                queue,
+                e(g["topic"]),
+                figure("ready"),
+                figure("scheduled"),
+                figure("processing"),
+                figure("failed"),
+                figure("dead"),
+                e(oldest),
+            )
+        )
+    headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
+               "oldest ready")  # fmt: skip
+    parts = [table(headers, rows, numeric={2, 3, 4, 5, 6, 7})]
+    if data["groups_cut"]:
+        parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
+    if data["estimate"] is not None:
+        parts.append(estimate_note(data["estimate"]))
+    parts.append(f"<h2>Done per minute, last hour</h2>{done_chart(data)}")
+    parts.append("<h2>Paused queues</h2>")
+
+    def resume(name: str) -> str:
+        if csrf is not None:
+            return button(f"/queues/{name}/resume", "resume", csrf, "/", f"resume queue {name}")
+        return link("/actions", "resume…", queue=name) if actions_enabled else ""
+
+    parts.append(
+        table(
+            ("queue", "paused since", ""),
+            ((e(r["name"]), e(when(r["updated_at"])), resume(r["name"])) for r in data["paused"]),
+            numeric=set(),
+        )
+    )
+    if data["paused_cut"]:
+        parts.append(f'<p class="muted">only the first {reads.MAX_PAUSED} shown</p>')
+    return layout(
+        "Overview",
+        "".join(parts),
+        actions_enabled=actions_enabled,
+        refresh=REFRESH,
+        signed_in=csrf is not None,
+    )
+
+
+def estimate_note(estimate: Row) -> str:
+    """What the ≈ figures are, on the page itself: which states, from what sample, how
+    precise (each state's margin, from the sample's own spread), and where the exact
+    count is."""
+    margins = estimate["margins"]
+    states = ", ".join(
+        f"{e(s)} ({e(about(n))} jobs, ± {margins[s]:.2g} %)" for s, n in estimate["states"].items()
+    )
+    per_row = max(round(estimate["per_row"]), 1)
+    return (
+        f'<p class="note">≈: estimated. {states}: more than the '
+        f"{reads.EXACT_BELOW:,} jobs a state may hold to be counted one by one on this "
+        f"page, so its figures are estimated from {estimate['sampled']:,} of the table's "
+        f"{estimate['pages']:,} pages ({estimate['percent']:.2g} %, evenly spaced); the "
+        "margin is the sample's 95 % bound for the state's total. One sampled job stands "
+        f"for about {per_row:,}, so a small figure of such a state may be missing or off "
+        "by that much, except the waiting jobs of a queue holding fewer than "
+        f"{reads.EXACT_BELOW:,}, which are counted exactly. ≥: the oldest ready job is at "
+        "least that old. Every other figure is exact. <code>brooq queues</code> counts "
+        "every row (per queue).</p>"
+    )
+
+
+def done_per_minute(data: Row) -> list[int]:
+    """Sixty figures, oldest minute first, the current (partial) minute last."""
+    counts = {row["minute"]: int(row["jobs"]) for row in data["done_per_minute"]}
+    last: datetime = data["minute"]
+    return [counts.get(last - timedelta(minutes=59 - i), 0) for i in range(60)]
+
+
+def done_chart(data: Row) -> str:
+    values = done_per_minute(data)
+    last: datetime = data["minute"]
+    first = last - timedelta(minutes=59)
+    total = sum(values)
+    chart = bar_chart(values, f"{first:%H:%M}", f"{last:%H:%M} (now)")
+    if data["done_estimated"]:
+        return (
+            f'{chart}<p class="muted">{e(about(total))} done in the last hour: more than '
+            f"{reads.EXACT_CAP:,}, so estimated from the same sample</p>"
+        )
+    return f'{chart}<p class="muted">{_n(total)} done in the last hour</p>'
+
+
+def _pages(path: str, page: Page) -> str:
+    links = [link(path, "first page")]
+    if page.next is not None:
+        links.append(link(path, "next page", after=reads.encode_cursor(page.next)))
+    return f'<nav class="pages">{"".join(links)}</nav>'
+
+
+def stack_form(job_id: object, csrf: str | None, actions_enabled: bool) -> str:
+    """The stack button: a POST like every action's (signed in, with the CSRF token), since
+    it asks a worker for something; signed out, the way to sign in."""
+    if csrf is None:
+        if actions_enabled:
+            return link("/sign-in", "sign in for the stack")
+        return '<span class="muted">needs an admin token</span>'
+    return (
+        f'<form method="post" action="{e(f"/jobs/{job_id}/stack")}">'
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+        '<button type="submit" title="the Python stack of the running handler, now">'
+        "stack</button></form>"
+    )
+
+
+def in_flight_page(
+    page: Page, actions_enabled: bool, csrf: str | None = None, here: str = "/in-flight"
+) -> bytes:
+    rows = []
+    for r in page.rows:
+        host, pid = holder(r["locked_by"])
+        lease = "expired" if (r["lease_left"] or 0) < 0 else age(r["lease_left"])
+        rows.append(
+            (
+                job_link(r["id"]),
+                e(r["topic"]),
+                e(r["queue"]),
+                _n(r["attempts"]),
+                e(pid),
+                e(host),
+                e(age(r["running_for"])),
+                e(lease),
+                stack_form(r["id"], csrf, actions_enabled),
+                *(
+                    [button(f"/jobs/{r['id']}/cancel", "cancel", csrf, here, CANCEL_RUNNING)]
+                    if csrf is not None
+                    else []
+                ),
+            )
+        )
+    headers = ["job", "topic", "queue", "attempt", "child pid", "host", "running for",
+               "lease left", "stack"]  # fmt: skip
+    if csrf is not None:
+        headers.append("action")
+    note = (
+        '<p class="muted">The stack button shows the Python stack of the running handler '
+        "right now, from whichever host runs it (as <code>brooq jobs stack ID</code>).</p>"
+    )
+    body = note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
+    return layout(
+        "In flight",
+        body,
+        actions_enabled=actions_enabled,
+        refresh=REFRESH,
+        signed_in=csrf is not None,
+    )
+
+
+def row_actions(state: str, job_id: object, csrf: str | None, here: str) -> str:
+    """A failed or dead row's buttons: what brooq.job's rules allow from that state (a
+    dead job can be retried; a failed one, which waits for its next attempt already, can
+    be canceled), or, signed out, a link to the job's forms on /actions."""
+    if csrf is None:
+        return link("/actions", "retry/cancel…", job=str(job_id))
+    if state == "dead":
+        return button(f"/jobs/{job_id}/retry", "retry", csrf, here, "back to pending, now")
+    return button(f"/jobs/{job_id}/cancel", "cancel", csrf, here, "no more attempts")
+
+
+def finished_badly_page(
+    state: str, page: Page, actions_enabled: bool, csrf: str | None = None, here: str = ""
+) -> bytes:
+    here = here or f"/{state}"
+    rows = []
+    for r in page.rows:
+        error = e(r["last_error"] or "")
+        if (r["last_error_length"] or 0) > len(r["last_error"] or ""):
+            error += ' <span class="muted">(cut; whole on the job page)</span>'
+        rows.append(
+            (
+                job_link(r["id"]),
+                e(r["topic"]),
+                e(r["queue"]),
+                _n(r["attempts"]),
+                e(when(r["updated_at"])),
+                e(when(r["available_at"])) if state == "failed" else "",
+                f"<pre>{error}</pre>",
+                _n(r["errors_count"]),
+                row_actions(state, r["id"], csrf, here) if actions_enabled else "",
+            )
+        )
+    headers = ["job", "topic", "queue", "attempts", "at", "next attempt", "last error", "errors"]
+    headers.append("" if not actions_enabled else "actions")
+    if state == "dead":
+        headers[5] = ""
+    title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
+    body = table(headers, rows, numeric={3, 7}) + _pages(f"/{state}", page)
+    return layout(title, body, actions_enabled=actions_enabled, signed_in=csrf is not None)
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None:
+        return '<span class="muted">NULL</span>'
+    if name in ("payload", "result", "errors"):
+        return pretty_json(value)
+    if isinstance(value, datetime):
+        return e(when(value))
+    if name == "last_error":
+        return f"<pre>{e(value)}</pre>"
+    return e(value)
+
+
+def job_page(row: Row, actions_enabled: bool, csrf: str | None = None) -> bytes:
+    job_id = row["id"]
+    columns = "".join(
+        f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
+        for name, value in row.items()
+        if name not in ("errors",)
+    )
+    parts = [f"<table><tbody>{columns}</tbody></table>"]
+    if actions_enabled:
+        parts.append(f"<p>{link('/actions', 'Cancel or retry this job', job=str(job_id))}</p>")
+    state = row.get("state")
+    if state == "done":
+        parts.append("<h2>Outcome</h2><p>done; the handler returned:</p>")
+        parts.append(pretty_json(row.get("result")))
+    elif state in ("dead", "canceled", "failed"):
+        parts.append(f"<h2>Outcome</h2><p>{e(state)}</p>")
+    if state == "processing":
+        host, pid = holder(row.get("locked_by"))
+        parts.append(
+            f"<h2>Running</h2><p>on host {e(host)}, child pid {e(pid)}</p>"
+            f"{stack_form(job_id, csrf, actions_enabled)}"
+            '<p class="muted">The Python stack of the running handler, '
+            "as <code>brooq jobs stack ID</code> prints it.</p>"
+        )
+    errors = row.get("errors") or []
+    parts.append(f"<h2>Error history ({_n(len(errors))})</h2>")
+    history = []
+    for entry in errors if isinstance(errors, list) else []:
+        item = entry if isinstance(entry, dict) else {"error": entry}
+        history.append(
+            (
+                e(item.get("attempt", "")),
+                e(item.get("at", "")),
+                e(item.get("worker", "")),
+                f"<pre>{e(item.get('error', ''))}</pre>",
+            )
+        )
+    parts.append(table(("attempt", "at", "worker", "error"), history, numeric={0}))
+    return layout(
+        f"Job {job_id}",
+        "".join(parts),
+        actions_enabled=actions_enabled,
+        signed_in=csrf is not None,
+    )
