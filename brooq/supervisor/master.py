@@ -200,9 +200,10 @@ class Master:
             self.fleet.other_reaped = self.pages.reaped
             hooks.page = self.pages.hand
         self.ops = start_ops(self.settings.ops_addr, hooks)
-        # The duties' statements off the loop (brooq.supervisor.offloop) are sources too.
-        self.sources = [self.signals, self.fleet, self.conns, self.vacuum, self.stats]
+        self.sources = [self.signals, self.fleet, self.conns]
         self.sources += [s for s in (self.ops, self.pages) if s is not None]
+        # The duties whose statements run off the loop (brooq.supervisor.offloop).
+        self.sources += [self.vacuum, self.stats]
         self._set_configured()
         self.conns.connect()
         try:
@@ -223,10 +224,10 @@ class Master:
             except InterruptedError:
                 readable = writable = []
             ready_r, ready_w = set(readable), set(writable)
+            self._check_token(time.monotonic())  # a new token before this pass's requests
             for source in self.sources:
                 # Never waits: what is not ready now waits for a later pass.
                 source.service(ready_r, ready_w)
-            self._check_token(time.monotonic())
             if fleet.stack_answers:
                 self._answer_stacks()
             fleet.reap()
