@@ -82,8 +82,9 @@ class _Handed:
 
 
 class PageKeeper(Source):
-    """The master's handle on the page process. ``close_in_child`` gives the descriptors
-    the forked process must close (the master's own, as a worker child closes them)."""
+    """The master's handle on the page process, a source of its loop. ``close_in_child``
+    gives the descriptors the forked process must close: every source's, the master's
+    own and every worker's pipes (a worker must see its master's end close when it dies)."""
 
     def __init__(
         self,
