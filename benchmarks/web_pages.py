@@ -1,4 +1,4 @@
-"""Server time of each status page (brooq.web) on a table of 1,000,000 jobs.
+"""Server time of each status page (brooq.page) on a table of 1,000,000 jobs.
 
 Run by hand (never part of `make test` or `make bench`); about a minute on 2 cores:
 
@@ -24,10 +24,10 @@ instead, a queue far behind: the overview then estimates the pending figures fro
 sample instead of counting them; `--rows 8000000 --mix backlog` is the backlog that an
 exact count could not serve within the 2 s statement timeout), then VACUUM ANALYZE
 (what autovacuum would have done on a table of that age).
-Each page is then served through brooq.web.pages.serve on one connection, once to warm
+Each page is then served through brooq.page.routes.serve on one connection, once to warm
 up and RUNS times measured: the table shows the median, the fastest and the slowest wall
 time of the whole answer (the page's statements, their round trips, and the rendering),
-and the median of the reads alone (brooq.web.reads).
+and the median of the reads alone (brooq.page.reads).
 The deep pages start at a cursor halfway into their list (5,000 rows for 1,000,000
 jobs): keyset pagination should make them cost what the first page costs.
 """
@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 import psycopg
 from brooq import migrate
-from brooq.web import pages, reads
-from brooq.web.reads import Cursor
+from brooq.page import reads, routes
+from brooq.page.reads import Cursor
 from psycopg import conninfo, sql
 from psycopg.rows import dict_row
 
@@ -144,7 +144,7 @@ def deep_cursor(conn: psycopg.Connection[Any], state: str, depth: int) -> str:
         [state, depth],
     ).fetchone()
     assert row is not None, state
-    return pages.encode_cursor(Cursor(row["updated_at"], row["id"]))
+    return reads.encode_cursor(Cursor(row["updated_at"], row["id"]))
 
 
 def measure(fn: Callable[[], Any], runs: int) -> list[float]:
@@ -207,14 +207,14 @@ def main() -> int:
                 targets["job page, done"] = f"/jobs/{ids['done']['id']}"
             rows = []
             for label, target in targets.items():
-                status = pages.serve(conn, "GET", target, actions_enabled=False).status
+                status = routes.serve(conn, "GET", target, actions_enabled=False).status
                 assert status == 200, (target, status)
                 whole = measure(
-                    lambda t=target: pages.serve(conn, "GET", t, actions_enabled=False),
+                    lambda t=target: routes.serve(conn, "GET", t, actions_enabled=False),
                     args.runs,
                 )
                 read = measure(lambda t=target: read_only_part(conn, t), args.runs)
-                size = len(pages.serve(conn, "GET", target, actions_enabled=False).body)
+                size = len(routes.serve(conn, "GET", target, actions_enabled=False).body)
                 rows.append((label, statistics.median(whole), min(whole), max(whole),
                              statistics.median(read), size))  # fmt: skip
             if args.explain:
@@ -238,9 +238,9 @@ def main() -> int:
 
 
 def read_only_part(conn: psycopg.Connection[Any], target: str) -> object:
-    """The reads a target runs, without the rendering (mirrors brooq.web.pages.serve)."""
+    """The reads a target runs, without the rendering (mirrors brooq.page.routes.serve)."""
     path, _, query = target.partition("?")
-    after = pages.decode_cursor(query.removeprefix("after=")) if query else None
+    after = reads.decode_cursor(query.removeprefix("after=")) if query else None
     if path == "/":
         return reads.overview(conn)
     if path == "/in-flight":

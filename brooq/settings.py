@@ -48,7 +48,7 @@ class Settings:
     graceful_timeout: float = 30.0
     watchdog_grace: float = 0.0  # 0: equal to the lease
     ops_addr: str = "127.0.0.1:8090"
-    # Host names the ops port answers beyond its own (brooq.supervisor.hosts): a proxy's.
+    # Host names the ops port answers beyond its own (brooq.opsport.hosts): a proxy's.
     ops_allowed_hosts: tuple[str, ...] = ()
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_jobs_per_child: int = 0  # 0: never recycle by count
@@ -246,7 +246,7 @@ def parse_queues(value: Any, source: str) -> QueueWeights:
 def parse_hosts(value: Any, source: str) -> tuple[str, ...]:
     """``"jobs.example.com,10.0.0.5"`` (or a sequence of names): host names or IP
     literals without a port; raises _Problems listing every malformed one."""
-    from brooq.supervisor.hosts import name_problem
+    from brooq.opsport.hosts import name_problem
 
     if isinstance(value, str):
         names = [part.strip() for part in value.split(",")]

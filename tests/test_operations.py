@@ -657,7 +657,7 @@ def test_stats_count_never_holds_the_loop(dsn: str, db: Any, queue: brooq.Queue)
 
     from brooq.settings import Settings
     from brooq.sql import queries
-    from brooq.supervisor.duties import Stats
+    from brooq.supervisor.duties.stats import Stats
     from tests.test_supervisor_units import FakeMetrics, pending
 
     for _ in range(3):

@@ -1,4 +1,4 @@
-"""The ops port answers only the Host names that are its own (brooq.supervisor.hosts):
+"""The ops port answers only the Host names that are its own (brooq.opsport.hosts):
 a page that rebinds its DNS name to 127.0.0.1 gets a 421, from the master's own
 endpoints and from the page process alike; probes of /healthz and /readyz answer any
 Host; QUEUE_OPS_ALLOWED_HOSTS (--ops-allowed-hosts) adds names, checked at start-up."""
@@ -15,8 +15,8 @@ import pytest
 import brooq
 from brooq import settings as settings_mod
 from brooq.errors import InvalidSettings
-from brooq.supervisor.hosts import HostRule, host_name
-from brooq.supervisor.pages import _Pages
+from brooq.opsport.hosts import HostRule, host_name
+from brooq.page.dispatch import Dispatcher
 from tests.harness import APPS, StartMaster
 from tests.test_ops_slow_clients import ops_addr
 
@@ -86,7 +86,7 @@ def test_health_probes_answer_any_host_and_the_refusal_names_the_problem() -> No
 def test_the_page_process_refuses_a_foreign_host_itself() -> None:
     """Whoever hands it a request, the page process renders nothing for a name that is
     not the port's (the refusal comes before any read, so no database is needed)."""
-    pages = _Pages("postgresql://nobody@127.0.0.1:1/none", None, hosts=HostRule())
+    pages = Dispatcher("postgresql://nobody@127.0.0.1:1/none", None, hosts=HostRule())
     request = f"GET / HTTP/1.1\r\nHost: {EVIL}\r\n\r\n".encode()
     answer = pages._render(request, "127.0.0.1", "127.0.0.1")
     assert answer.startswith(b"HTTP/1.0 421 ") and b"is not a name of this ops port" in answer

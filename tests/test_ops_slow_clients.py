@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 import brooq
 from brooq.ipc.reasons import EXIT_MASTER_GONE
+from brooq.opsport import httpmsg
 from brooq.settings import Settings
 from brooq.supervisor import ops
 from brooq.worker.child import Child
@@ -358,9 +359,9 @@ def test_the_hand_written_server_answers_as_before_and_refuses_what_it_cannot_se
     assert ask(b"garbage\r\n\r\n")[0] == 400
     assert ask(b"GET /healthz HTTP/2.0\r\n\r\n")[0] == 505
     assert ask(b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n")[0] == 400
-    assert ask(b"GET /healthz HTTP/1.1\r\nX: " + b"a" * (ops.MAX_HEADER_BYTES + 1))[0] == 431
-    assert ask(b"GET /" + b"a" * (ops.MAX_HEADER_BYTES + 1))[0] == 414
-    big = f"POST {admin} HTTP/1.1\r\nContent-Length: {ops.MAX_BODY_BYTES + 1}\r\n\r\n"
+    assert ask(b"GET /healthz HTTP/1.1\r\nX: " + b"a" * (httpmsg.MAX_HEADER_BYTES + 1))[0] == 431
+    assert ask(b"GET /" + b"a" * (httpmsg.MAX_HEADER_BYTES + 1))[0] == 414
+    big = f"POST {admin} HTTP/1.1\r\nContent-Length: {httpmsg.MAX_BODY_BYTES + 1}\r\n\r\n"
     assert ask(big.encode())[0] == 413
     chunked = f"POST {admin} HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
     assert ask(chunked.encode())[0] == 501
@@ -390,10 +391,10 @@ _HEADS = st.sampled_from(
 )
 def test_any_bytes_parse_to_a_request_to_more_to_wait_for_or_a_refusal(data: bytes) -> None:
     """The parser runs in the master's loop: whatever a client sends, it answers with a
-    request, None (wait for more) or _BadRequest with an HTTP status, nothing else."""
+    request, None (wait for more) or BadRequest with an HTTP status, nothing else."""
     try:
-        request = ops.parse(data)
-    except ops._BadRequest as exc:
+        request = httpmsg.parse(data)
+    except httpmsg.BadRequest as exc:
         assert 400 <= exc.status < 600
         return
     assert request is None or request.method

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 import brooq
-from brooq.supervisor.pages import START_LIMIT
+from brooq.supervisor.pagekeeper import START_LIMIT
 from tests.harness import StartMaster, process_alive, wait_for
 from tests.test_ops_sessions import OLD, csrf_of, sign_in
 from tests.test_ops_slow_clients import ops_addr

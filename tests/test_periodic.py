@@ -25,7 +25,7 @@ import brooq
 from brooq.settings import load as load_settings
 from brooq.sql import Q
 from brooq.supervisor.connections import Connections
-from brooq.supervisor.duties import PERIODIC_CLOCK_TOLERANCE, Periodic
+from brooq.supervisor.duties.periodic import PERIODIC_CLOCK_TOLERANCE, Periodic
 from tests.harness import APPS, MasterProcess, wait_for
 from tests.test_operations import get, ops_addr
 

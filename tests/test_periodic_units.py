@@ -21,7 +21,7 @@ from brooq.periodic import (
     tick_key,
 )
 from brooq.settings import load as load_settings
-from brooq.supervisor.duties import CLOCK_AHEAD_LOG_EVERY, ClockAhead, Periodic
+from brooq.supervisor.duties.periodic import CLOCK_AHEAD_LOG_EVERY, ClockAhead, Periodic
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")

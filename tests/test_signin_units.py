@@ -1,8 +1,8 @@
-"""The status page's session cookie and CSRF tokens (brooq.supervisor.signin), pure."""
+"""The status page's session cookie and CSRF tokens (brooq.page.signin), pure."""
 
 from __future__ import annotations
 
-from brooq.supervisor import signin
+from brooq.page import signin
 
 TOKEN = b"0123456789abcdef-admin"
 
@@ -53,7 +53,7 @@ def test_a_revoked_session_is_no_session() -> None:
 
 
 def test_revoked_sessions_are_kept_until_they_expire_and_bounded() -> None:
-    from brooq.supervisor.actions import MAX_REVOKED, revoke
+    from brooq.page.signin import MAX_REVOKED, revoke
 
     revoked: dict[str, int] = {}
     revoke(revoked, "a", 2000, now=1000.0)

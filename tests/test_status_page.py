@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 
 import brooq
-from brooq.supervisor.pages import PAGE_LIMIT
+from brooq.supervisor.pagekeeper import PAGE_LIMIT
 from tests.harness import StartMaster, children_of, process_alive, wait_for
 from tests.test_ops_slow_clients import (
     KILL_SLACK,

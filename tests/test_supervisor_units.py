@@ -27,22 +27,13 @@ from brooq.ipc.reasons import (
     STALLED,
 )
 from brooq.settings import Settings
-from brooq.supervisor.duties import (
-    REAP,
-    RECONNECT,
-    RENEW,
-    RETENTION,
-    SD_WATCHDOG,
-    STATS,
-    Counts,
-    Reaper,
-    Reconnect,
-    Renewal,
-    Retention,
-    Scheduler,
-    SdWatchdog,
-    Stats,
-)
+from brooq.supervisor.duties.reaper import REAP, Reaper
+from brooq.supervisor.duties.reconnect import RECONNECT, Reconnect
+from brooq.supervisor.duties.renewal import RENEW, Renewal
+from brooq.supervisor.duties.retention import RETENTION, Retention
+from brooq.supervisor.duties.scheduler import Counts, Scheduler
+from brooq.supervisor.duties.sdwatchdog import SD_WATCHDOG, SdWatchdog
+from brooq.supervisor.duties.stats import STATS, Stats
 from brooq.supervisor.respawn import CrashStreak
 from brooq.supervisor.sdnotify import Notifier
 from brooq.supervisor.settlement import (
@@ -512,7 +503,7 @@ class TableHealth:
 def test_vacuum_starts_past_the_threshold_and_never_twice_at_once() -> None:
     """Below the threshold nothing is sent; while one VACUUM is in flight the table is
     not even looked at (the real sending and reading: tests/test_operations.py)."""
-    from brooq.supervisor import vacuum as vacuum_mod
+    from brooq.supervisor.duties import vacuum as vacuum_mod
 
     health = TableHealth(dead=99_999)
     duty = vacuum_mod.Vacuum(health, "dsn", 100_000, 2.0, clock=lambda: 1.0)  # type: ignore[arg-type]
@@ -527,7 +518,7 @@ def test_vacuum_starts_past_the_threshold_and_never_twice_at_once() -> None:
 def test_a_vacuum_without_an_answer_is_given_up_after_an_hour() -> None:
     """A lost server or a cut network must not stop every later vacuum: the statement in
     flight is dropped after GIVE_UP_AFTER, and the duty decides again."""
-    from brooq.supervisor import vacuum as vacuum_mod
+    from brooq.supervisor.duties import vacuum as vacuum_mod
 
     now = [0.0]
     duty = vacuum_mod.Vacuum(TableHealth(), "dsn", 100, 2.0, clock=lambda: now[0])  # type: ignore[arg-type]

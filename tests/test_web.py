@@ -1,4 +1,4 @@
-"""The status page (brooq.web) against a real PostgreSQL: escaping of hostile text,
+"""The status page (brooq.page) against a real PostgreSQL: escaping of hostile text,
 keyset pagination, the job page's answers, the overview's figures, and the headers."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from brooq.web import Response, reads, security_headers, serve
-from brooq.web.headers import STYLE_HASH
-from brooq.web.pages import done_per_minute
-from brooq.web.render import STYLE
+from brooq.page import reads
+from brooq.page.headers import STYLE_HASH, security_headers
+from brooq.page.render import STYLE
+from brooq.page.routes import Response, serve
+from brooq.page.views import done_per_minute
 
 Conn = psycopg.Connection[Any]
 
@@ -381,7 +382,7 @@ def test_the_headers(db: Conn) -> None:
 
 
 def test_render_helpers() -> None:
-    from brooq.web.render import age, holder, href, pretty_json
+    from brooq.page.render import age, holder, href, pretty_json
 
     assert [age(s) for s in (None, 0, 59.9, 60, 3599, 3600, 86400 * 2 + 3600 * 4, -5)] == [
         "—", "0s", "59s", "1m 00s", "59m 59s", "1h 00m", "2d 04h", "-5s",

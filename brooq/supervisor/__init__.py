@@ -2,20 +2,30 @@
 
 The master imports the application once, forks children (brooq.worker) and never runs a
 handler. It owns the fleet (spawn, reap, generations, respawn backoff), the watchdog,
-lease renewal, the reaper, retention, the job-count gauges, the ops HTTP surface and the
-systemd notifications. It is single-threaded so that fork() is always safe.
+lease renewal, the reaper, retention, the job-count gauges, the ops HTTP surface, the
+status page's process (forked on demand; its code is brooq.page) and the systemd
+notifications. It is single-threaded so that fork() is always safe: its loop waits on
+one list of sources (brooq.supervisor.source) in one select.
 
-    master       the loop and the signal table
-    fleet        the children: fork, read, reap, generations, crash streak, scaling
-    childproc    what the master knows of one child; SIGKILL, the stack file
-    settlement   how a child ended -> what happens to its jobs (pure)
-    accounting   writing what dead children owe the table
-    watchdog     kill decisions (pure); enforce carries them out
-    duties       the periodic duties and the one scheduler that runs them
-    maintenance  the statements the duties run
-    connections  the maintenance and LISTEN connections, with backoff
-    respawn      the crash streak's backoff (pure)
-    admin, ops   the ops HTTP surface: what it answers, and HTTP itself
-    sdnotify     systemd's notify protocol
-    command      brooq-master: validate, then start the Master
+- `master`: the loop over its sources, and the signal table
+- `source`: the Source protocol: what the loop waits on, services, and closes in a fork
+- `signalpipe`: the signal handlers' wakeup pipe, a source that hands the numbers on
+- `fleet`: the children: fork, reap, generations, crash streak, scaling; their pipes' source
+- `childproc`: what the master knows of one child; SIGKILL, the stack file
+- `childmessages`: what a child says on its pipe, applied to its ChildProc
+- `settlement`: how a child ended -> what happens to its jobs (pure)
+- `accounting`: writing what dead children owe the table
+- `watchdog`: kill decisions (pure)
+- `enforce`: carrying out the watchdog's decisions
+- `duties`: the periodic duties, one module each, and the one scheduler that runs them
+- `maintenance`: the statements the duties run
+- `offloop`: a statement sent on a connection of its own, its answer read when readable
+- `connections`: the maintenance and LISTEN connections, with backoff; LISTEN's source
+- `respawn`: the crash streak's backoff (pure)
+- `admin`: what the ops HTTP surface answers: readiness, metrics, the bearer endpoints
+- `ops`: the ops HTTP server: non-blocking connections in the master's loop
+- `admintoken`: the admin token's file: reading it, and noticing that it changed
+- `pagekeeper`: the page process: forked on demand, handed requests, bounded, killed
+- `sdnotify`: systemd's notify protocol
+- `command`: brooq-master: validate, then start the Master
 """

@@ -22,10 +22,10 @@ from psycopg.rows import dict_row
 
 from brooq import metrics as metrics_mod
 from brooq.job import FROM_STATES, Transition, parse_job_id, transition_refusal
+from brooq.opsport.hosts import HostRule
 from brooq.queue import transition
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.fleet import Fleet
-from brooq.supervisor.hosts import HostRule
 from brooq.supervisor.ops import OpsHooks, OpsServer
 
 log = logging.getLogger("brooq.master")

@@ -5,7 +5,7 @@ The token is in the file QUEUE_ADMIN_TOKEN_FILE names, or in the systemd credent
 exit 2), again on SIGHUP, and again whenever the file changes (its inode, size or
 modification time, looked at once a second: a stat, never a wait). A new token takes
 effect at once for the bearer endpoints and the status page, and signs everyone out:
-sessions are signed with a key derived from the token (brooq.supervisor.signin). A file
+sessions are signed with a key derived from the token (brooq.page.signin). A file
 that cannot be read any more, or holds fewer than MIN_BYTES, turns the actions off until
 it holds a token again (deleting the file is a way to revoke every session and the
 bearer token at once).

@@ -1,9 +1,9 @@
 """What the master knows of one child, and the two ways it acts on a child's process.
 
 Owns ChildProc (its pid, identity, generation, pipes, board, the jobs it holds, why it is
-stopping or was killed, the watchdog's notes) and the raw process operations the fleet and
-the watchdog's enforcement share: SIGKILL of a child's process group, reading the stack
-a child's faulthandler wrote.
+stopping or was killed, the watchdog's notes, what settle() reads of it once reaped) and
+the raw process operations the fleet and the watchdog's enforcement share: SIGKILL of a
+child's process group, reading the stack a child's faulthandler wrote.
 
 Plain data and two system calls: it must never decide anything (brooq.supervisor.watchdog
 and brooq.supervisor.settlement do) and never wait for a child.
@@ -22,6 +22,7 @@ from pathlib import Path
 from brooq.ipc import protocol
 from brooq.ipc.board import Board, Running
 from brooq.ipc.reasons import SYNC, ChildKind, KillReason, RetireReason, StopReason
+from brooq.supervisor.settlement import ChildEnd
 
 
 @dataclass
@@ -66,6 +67,25 @@ class ChildProc:
     def full(self) -> bool:
         """No free slot: a wake-up would find it with nothing to claim into."""
         return len(self.jobs) >= self.board.capacity
+
+    def end(self, code: int, stopping: bool, now: float) -> ChildEnd:
+        """What settle() looks at once it is reaped (``code``: its exit status, or minus
+        the signal), read off its board before the board is closed."""
+        culprit = self.board.culprit()
+        return ChildEnd(
+            code=code,
+            kill_reason=self.kill_reason,
+            retiring=self.retiring,
+            ready=self.ready,
+            jobs=self.jobs,
+            stopping=stopping,
+            now=now,
+            kill_detail=self.kill_detail,
+            kill_job=self.kill_job,
+            culprit=culprit[0] if culprit else None,
+            kind=self.kind,
+            settling=self.board.settling_job(),
+        )
 
 
 def killpg(pid: int) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import psycopg
@@ -31,6 +31,7 @@ from brooq.dsn import CLIENT_ENCODING, session_options
 from brooq.errors import PoolerMismatch, SchemaMissing
 from brooq.ipc.channel import STACK_CHANNEL
 from brooq.sql import Q, Queries, queries
+from brooq.supervisor.source import Source
 
 log = logging.getLogger("brooq.master")
 
@@ -73,7 +74,7 @@ def check_options(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-class Connections:
+class Connections(Source):
     """``wake`` is called when jobs may be waiting (a notification, or LISTEN begun);
     ``reconnected`` after a connection came back following a failure."""
 
@@ -113,8 +114,13 @@ class Connections:
     def connected(self) -> bool:
         return self.db is not None and self.listener is not None
 
-    def listen_fd(self) -> int | None:
-        return self.listener.fileno() if self.listener is not None else None
+    def read_fds(self) -> list[int]:
+        """The LISTEN connection's socket: its notifications are read when it is readable."""
+        return [self.listener.fileno()] if self.listener is not None else []
+
+    def service(self, readable: Collection[int], writable: Collection[int] = ()) -> None:
+        if self.listener is not None and self.listener.fileno() in readable:
+            self.read_notifications()
 
     def fds(self) -> list[int]:
         """The descriptors of the open connections (a forked child closes them)."""

@@ -2,7 +2,8 @@
 
 Owns the children (brooq.supervisor.childproc), forking a child and, in the child,
 closing every descriptor of the master and of its siblings; reading what children say on
-their pipes (brooq.ipc.protocol) and post on their boards (brooq.ipc.board); reaping them
+their pipes (brooq.supervisor.childmessages: the fleet is a source of the master's loop)
+and post on their boards (brooq.ipc.board); reaping them
 and applying how each one ended (brooq.supervisor.settlement); generations and reload;
 the crash streak and its respawn backoff (brooq.supervisor.respawn); scaling up and
 down; asking children to stop (SIGTERM) and killing them (SIGKILL of the process group).
@@ -18,14 +19,13 @@ configuration at fork time.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,15 +49,11 @@ from brooq.ipc.reasons import (
 from brooq.metrics import Metrics
 from brooq.settings import Settings
 from brooq.supervisor.accounting import Accounting
+from brooq.supervisor.childmessages import StackAnswer, read_messages
 from brooq.supervisor.childproc import ChildProc, killpg
 from brooq.supervisor.respawn import STABLE_AFTER, CrashStreak
-from brooq.supervisor.settlement import (
-    ChildEnd,
-    outside_job,
-    retire_reason,
-    settle,
-    storm_verdict,
-)
+from brooq.supervisor.settlement import outside_job, settle, storm_verdict
+from brooq.supervisor.source import Source
 
 # The master's one import of the worker: what a child runs right after fork.
 from brooq.worker.child import main as child_main
@@ -93,9 +89,10 @@ class ForkSpec:
     middleware: tuple[Middleware, ...] = ()  # the Queue's (a reload takes the new Queue's)
 
 
-class Fleet:
-    """``master_fds`` gives the descriptors of the master (its signal pipe, the ops
-    sockets, its database connections) that a forked child closes."""
+class Fleet(Source):
+    """``master_fds`` gives the descriptors of the master (every source of its loop, the
+    children's pipes included) that a forked child closes. A source of the master's loop
+    itself: the children's pipes, read when readable."""
 
     def __init__(
         self, spec: ForkSpec, accounting: Accounting, master_fds: Callable[[], list[int]]
@@ -126,7 +123,21 @@ class Fleet:
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="brooq-master-"))
         self.other_reaped: Callable[[int], object] | None = None  # a pid not a worker's
         # Stacks children sent for `brooq jobs stack`: (worker, job, text), to be written.
-        self.stack_answers: list[tuple[str, uuid.UUID, str]] = []
+        self.stack_answers: list[StackAnswer] = []
+
+    # -- the source: the children's pipes ------------------------------------------------
+
+    def read_fds(self) -> list[int]:
+        return [c.reader.fd for c in self.children.values()]
+
+    def service(self, readable: Collection[int], writable: Collection[int] = ()) -> None:
+        now = time.monotonic()
+        for c in list(self.children.values()):
+            if c.reader.fd in readable:
+                self.read_child(c, now)
+
+    def fds(self) -> list[int]:
+        return [fd for c in self.children.values() for fd in c.fds]
 
     def close(self) -> None:
         for f in self.runtime_dir.glob("*"):
@@ -278,55 +289,17 @@ class Fleet:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGQUIT):
             signal.signal(signum, signal.SIG_DFL)
-        fds = [*self._master_fds(), *close]
         for c in self.children.values():
-            fds.extend(c.fds)
             c.board.close()  # a sibling's board is none of our business
-        for fd in fds:
+        for fd in [*self._master_fds(), *close]:  # the siblings' pipes among them
             with contextlib.suppress(OSError):
                 os.close(fd)
 
     # -- what children say -----------------------------------------------------------------
 
     def read_child(self, c: ChildProc, now: float) -> None:
-        for line in c.reader.read():
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
-                continue
-            if "held" in msg:
-                held = [uuid.UUID(h) for h in msg["held"]]
-                if c.held:  # what it no longer holds, for Renewal (ChildProc.dropped)
-                    c.dropped.update(set(c.held).difference(held))
-                c.held = held
-                c.progress_at = now
-                if not c.jobs:
-                    c.stack_requested_at = None  # a stall's stack request is moot now
-            elif "claims" in msg:
-                failing = msg["claims"] != "ok"
-                c.claims_failing = str(msg.get("error") or "?")[:200] if failing else None
-            elif "release" in msg:
-                c.to_release.extend(uuid.UUID(i) for i in msg["release"])
-                c.progress_at = now
-            elif "stack" in msg:
-                # The answer to a `where <id>` (ask_stack): written by the master's loop.
-                try:
-                    job_id = uuid.UUID(str(msg["stack"]))
-                except ValueError:
-                    log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
-                    continue
-                self.stack_answers.append((c.identity, job_id, str(msg.get("text", ""))))
-            elif "ready" in msg:
-                c.ready = True
-                c.progress_at = now
-            elif "retire" in msg:
-                reason = retire_reason(msg["retire"])
-                if reason is None:
-                    log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
-                    continue
-                c.retiring = reason
-                log.info("event=child_retiring pid=%d reason=%s", c.pid, c.retiring)
+        if stacks := read_messages(c, now):
+            self.stack_answers.extend(stacks)
 
     def read_all(self, now: float) -> None:
         for c in self.children.values():
@@ -404,33 +377,18 @@ class Fleet:
             if c is not None:
                 self._ended(c, status)
             elif self.other_reaped is not None:
-                self.other_reaped(pid)  # the page process (brooq.supervisor.pages)
+                self.other_reaped(pid)  # the page process (brooq.supervisor.pagekeeper)
 
     def _ended(self, c: ChildProc, status: int) -> None:
         # Read what it said and posted last (its held jobs may have changed).
         self.read_child(c, time.monotonic())
         c.jobs = c.board.read_all()  # a hung or crashed child's last jobs stay on its board
-        culprit = c.board.culprit()
-        settling = c.board.settling_job()
+        code = os.waitstatus_to_exitcode(status)
+        end = c.end(code, self.stopping, time.monotonic())  # read off its board: first
         c.board.close()
         for fd in c.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        code = os.waitstatus_to_exitcode(status)
-        end = ChildEnd(
-            code=code,
-            kill_reason=c.kill_reason,
-            retiring=c.retiring,
-            ready=c.ready,
-            jobs=c.jobs,
-            stopping=self.stopping,
-            now=time.monotonic(),
-            kill_detail=c.kill_detail,
-            kill_job=c.kill_job,
-            culprit=culprit[0] if culprit else None,
-            kind=c.kind,
-            settling=settling,
-        )
         verdict = settle(end)
         if self.metrics is not None:
             metrics_mod.child_exited(c.pid)

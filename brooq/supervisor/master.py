@@ -1,15 +1,15 @@
 """The master: the loop and its signal table.
 
-Owns the arbiter's four verbs -- wait (one select on the signal pipe, the children's
-pipes, the LISTEN connection, the ops sockets, the page process's reports and the answer
-of a VACUUM in flight), handle what arrived, reap dead
-children, then run what is due (brooq.supervisor.duties), enforce the watchdog
-(brooq.supervisor.enforce) and bring the fleet to its target (brooq.supervisor.fleet) --
-and what each signal means: TERM and INT drain within graceful_timeout, QUIT drains with
-no budget, HUP reloads the application, TTIN and TTOU add or remove a child. Signal
-handlers only wake the loop (signal.set_wakeup_fd); all work, logging included, happens
-in the loop. It wires the other rooms of brooq.supervisor together and decides nothing
-they decide.
+Owns the arbiter's four verbs -- wait (one select on every source of the loop:
+brooq.supervisor.source; the signal pipe, the children's pipes, the LISTEN connection,
+the ops sockets, the page process's reports, the answer of a count or a VACUUM in
+flight), handle what arrived (each source's service), reap dead children, then run what
+is due (brooq.supervisor.duties), enforce the watchdog (brooq.supervisor.enforce) and
+bring the fleet to its target (brooq.supervisor.fleet) -- and what each signal means:
+TERM and INT drain within graceful_timeout, QUIT drains with no budget, HUP reloads the
+application, TTIN and TTOU add or remove a child. Signal handlers only wake the loop
+(brooq.supervisor.signalpipe); all work, logging included, happens in the loop. It wires
+the other rooms of brooq.supervisor together and decides nothing they decide.
 
 It must never block on a client or a child: every descriptor is non-blocking and waited
 for in the one select, whose timeout is the nearest deadline. It must never hold a lock
@@ -39,31 +39,29 @@ from setproctitle import setproctitle
 from brooq import metrics as metrics_mod
 from brooq.handlers import Policy
 from brooq.ipc.reasons import ASYNC, DRAIN_TIMEOUT, FATAL, SYNC
+from brooq.opsport.hosts import HostRule
 from brooq.queue import Queue
 from brooq.settings import Settings
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.admin import Admin, start_ops
 from brooq.supervisor.admintoken import TokenWatch
 from brooq.supervisor.connections import Connections
-from brooq.supervisor.duties import (
-    RENEW,
-    Duty,
-    Periodic,
-    Reaper,
-    Reconnect,
-    Renewal,
-    Retention,
-    Scheduler,
-    SdWatchdog,
-    Stats,
-)
+from brooq.supervisor.duties.periodic import Periodic
+from brooq.supervisor.duties.reaper import Reaper
+from brooq.supervisor.duties.reconnect import Reconnect
+from brooq.supervisor.duties.renewal import RENEW, Renewal
+from brooq.supervisor.duties.retention import Retention
+from brooq.supervisor.duties.scheduler import Duty, Scheduler
+from brooq.supervisor.duties.sdwatchdog import SdWatchdog
+from brooq.supervisor.duties.stats import Stats
+from brooq.supervisor.duties.vacuum import Vacuum
 from brooq.supervisor.enforce import Enforcer
 from brooq.supervisor.fleet import MASTER_SIGNALS, Fleet, ForkSpec
-from brooq.supervisor.hosts import HostRule
 from brooq.supervisor.ops import OpsServer
-from brooq.supervisor.pages import PageProcess
+from brooq.supervisor.pagekeeper import PageKeeper
 from brooq.supervisor.sdnotify import Notifier
-from brooq.supervisor.vacuum import Vacuum
+from brooq.supervisor.signalpipe import SignalPipe
+from brooq.supervisor.source import Source
 
 log = logging.getLogger("brooq.master")
 
@@ -103,8 +101,10 @@ class Master:
             else None
         )
         self.ops: OpsServer | None = None
-        self.pages: PageProcess | None = None
-        self.sig_r = self.sig_w = -1
+        self.pages: PageKeeper | None = None
+        self.signals = SignalPipe(self._handle_signals)
+        # What the loop waits on, in the order served (set in run, before any fork).
+        self.sources: list[Source] = []
         self.conns = Connections(
             self.listen_dsn,
             schema=settings.schema,
@@ -159,9 +159,6 @@ class Master:
         )
         if settings.vacuum_dead_tuples > 0:
             duties.append(self.vacuum)
-        # The duties whose statements run off the loop (brooq.supervisor.offloop): their
-        # sockets are in the select, their answers read when readable.
-        self.off_loop: list[Stats | Vacuum] = [self.vacuum, self.stats]
         if queue.schedules:
             duties.append(
                 Periodic(
@@ -179,12 +176,7 @@ class Master:
     # -- life cycle --------------------------------------------------------------------------
 
     def run(self) -> int:
-        self.sig_r, self.sig_w = os.pipe()
-        for fd in (self.sig_r, self.sig_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(self.sig_w, warn_on_full_buffer=False)
-        for signum in MASTER_SIGNALS:
-            signal.signal(signum, _wake_only)
+        self.signals.open(MASTER_SIGNALS)
         self._title()
         gc.freeze()  # what the app imported stays in shared copy-on-write pages
         log.info(
@@ -197,10 +189,10 @@ class Master:
         hooks = self.admin.hooks(self.admin_token, HostRule.of(self.settings.ops_allowed_hosts))
         if self.settings.ops_addr:
             # The status page renders in a process of its own, never in this loop.
-            self.pages = PageProcess(
+            self.pages = PageKeeper(
                 self.listen_dsn,
                 self.admin_token,
-                self._fds_for_pages,
+                self._own_fds,
                 MASTER_SIGNALS,
                 self.settings.schema,
                 hooks.hosts,
@@ -208,59 +200,36 @@ class Master:
             self.fleet.other_reaped = self.pages.reaped
             hooks.page = self.pages.hand
         self.ops = start_ops(self.settings.ops_addr, hooks)
+        self.sources = [self.signals, self.fleet, self.conns]
+        self.sources += [s for s in (self.ops, self.pages) if s is not None]
+        # The duties whose statements run off the loop (brooq.supervisor.offloop).
+        self.sources += [self.vacuum, self.stats]
         self._set_configured()
         self.conns.connect()
         try:
             return self._loop()
         finally:
-            if self.pages is not None:
-                self.pages.stop()
-            for duty in self.off_loop:
-                duty.close()
-            self.conns.close()
-            if self.ops is not None:
-                self.ops.close()
-            self.fleet.close()
+            for source in reversed(self.sources):
+                source.close()
 
     def _loop(self) -> int:
         fleet = self.fleet
         while True:
             self._manage()
             timeout = self._timeout()
-            fds = [self.sig_r, *(c.reader.fd for c in fleet.children.values())]
-            if (listen := self.conns.listen_fd()) is not None:
-                fds.append(listen)
-            writes: list[int] = []
-            if self.ops is not None:
-                fds.extend(self.ops.read_fds())
-                writes = self.ops.write_fds()
-            if self.pages is not None:
-                fds.extend(self.pages.read_fds())  # its reports: start, writing, end
-            for duty in self.off_loop:
-                fds.extend(duty.read_fds())  # the answer of a VACUUM or a count in flight
+            reads = [fd for source in self.sources for fd in source.read_fds()]
+            writes = [fd for source in self.sources for fd in source.write_fds()]
             try:
-                readable, writable, _ = select.select(fds, writes, [], timeout)
+                readable, writable, _ = select.select(reads, writes, [], timeout)
             except InterruptedError:
                 readable = writable = []
-            now = time.monotonic()
-            if self.sig_r in readable:
-                self._handle_signals()
-            self._check_token(now)
-            for c in list(fleet.children.values()):
-                if c.reader.fd in readable:
-                    fleet.read_child(c, now)
-            if (listen := self.conns.listen_fd()) is not None and listen in readable:
-                self.conns.read_notifications()
+            ready_r, ready_w = set(readable), set(writable)
+            self._check_token(time.monotonic())  # a new token before this pass's requests
+            for source in self.sources:
+                # Never waits: what is not ready now waits for a later pass.
+                source.service(ready_r, ready_w)
             if fleet.stack_answers:
                 self._answer_stacks()
-            if self.ops is not None:
-                # Never waits on a client: what is not ready now waits for a later pass.
-                self.ops.service(set(readable), set(writable))
-            if self.pages is not None:
-                # Reads its reports; kills it when a request runs over its limit.
-                self.pages.service(set(readable), time.monotonic())
-            for duty in self.off_loop:
-                duty.service(set(readable))
             fleet.reap()
             self._run_due(time.monotonic())
             fleet.read_boards()
@@ -283,11 +252,9 @@ class Master:
         fork_at = self.fleet.next_fork_at()
         if fork_at is not None:
             nearest = min(nearest, max(fork_at, now))  # a fork delayed by a crash streak
-        ops_deadline = self.ops.next_deadline() if self.ops is not None else None
-        if ops_deadline is not None:
-            nearest = min(nearest, ops_deadline)
-        if self.pages is not None and (page_deadline := self.pages.next_deadline()) is not None:
-            nearest = min(nearest, page_deadline)
+        for source in self.sources:
+            if (deadline := source.next_deadline()) is not None:
+                nearest = min(nearest, deadline)
         return max(0.0, min(nearest - now, 1.0))
 
     def _manage(self) -> None:
@@ -311,22 +278,9 @@ class Master:
         return self.fleet.fatal or self.conns.fatal
 
     def _own_fds(self) -> list[int]:
-        """The master's own descriptors, which a forked child closes."""
-        ops = self.ops.fds() if self.ops is not None else []  # listening socket, clients
-        pages = self.pages.fds() if self.pages is not None else []
-        return [
-            self.sig_r,
-            self.sig_w,
-            *ops,
-            *pages,
-            *self.conns.fds(),
-            *(fd for duty in self.off_loop for fd in duty.fds()),
-        ]
-
-    def _fds_for_pages(self) -> list[int]:
-        """What the page process closes: the master's descriptors and every worker's
-        pipes (a worker must see its master's end of the pipe close when it dies)."""
-        return [*self._own_fds(), *(fd for c in self.fleet.children.values() for fd in c.fds)]
+        """The descriptors of every source, closed in each process the master forks (a
+        worker must see its master's end of a sibling's pipe close when it dies)."""
+        return [fd for source in self.sources for fd in source.fds()]
 
     def _finish(self) -> int:
         if self.accounting.released:
@@ -351,11 +305,7 @@ class Master:
 
     # -- signals ---------------------------------------------------------------------------
 
-    def _handle_signals(self) -> None:
-        try:
-            data = os.read(self.sig_r, 4096)
-        except BlockingIOError:
-            return
+    def _handle_signals(self, data: bytes) -> None:
         for signum in data:
             if signum in (signal.SIGTERM, signal.SIGINT):
                 self._drain(signal.Signals(signum).name)
@@ -452,7 +402,3 @@ class Master:
 
 def _execute(statement: Any, params: dict[str, Any], conn: psycopg.Connection[Any]) -> None:
     conn.execute(statement, params)
-
-
-def _wake_only(signum: int, frame: object) -> None:
-    """Signal handlers only wake the loop (through the wakeup fd)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,7 @@ class OffLoop:
         """Every descriptor of ours (a forked child closes them)."""
         return [self.conn.fileno()] if self.conn is not None and not self.conn.closed else []
 
-    def service(self, readable: set[int]) -> Answer | None:
+    def service(self, readable: Collection[int]) -> Answer | None:
         """Read what arrived; the Answer once the statement is over, else None."""
         if self.started_at is None or self.conn is None:
             return None

@@ -9,9 +9,8 @@ endpoints to cancel or retry a job. Binds 127.0.0.1 by default.
     GET  /, /in-flight, /failed, /dead, /jobs/<id>; POST /jobs/<id>/stack
     GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
          /queues/<name>/{pause,resume}, /bulk/{retry,cancel}
-                                    the status page (brooq.web, brooq.supervisor.actions),
-                                    answered by the page process
-                                    (brooq.supervisor.pages), not here
+                                    the status page, answered by the page
+                                    process (brooq.page), not here
 
 Served from the master's own loop, with no thread (the master must stay single-threaded
 to fork safely) and without ever waiting on a client: every socket is non-blocking and
@@ -22,14 +21,13 @@ second is dropped REQUEST_TIMEOUT after it connected, one that does not read its
 RESPONSE_TIMEOUT after the answer was ready. At most MAX_CONNECTIONS are open at once; a
 new one beyond that closes the oldest (one still sending its request first), so a flood
 of idle connections cannot lock /healthz out. Requests are HTTP/1.0 or 1.1, one per
-connection (answered with Connection: close), headers at most MAX_HEADER_BYTES, a body
-(Content-Length only, no chunked) at most MAX_BODY_BYTES.
+connection, parsed by brooq.opsport.httpmsg (its limits are there).
 
 Every answer but /healthz and /readyz goes only to a request whose Host is a name of
-this port (brooq.supervisor.hosts: a page that rebinds its DNS name to 127.0.0.1 gets a
+this port (brooq.opsport.hosts: a page that rebinds its DNS name to 127.0.0.1 gets a
 421), checked before a request is handed to the page process too.
 
-Owns HTTP: parsing, answering through OpsHooks, the connections' state machines. What
+Owns serving HTTP: answering through OpsHooks, the connections' state machines. What
 the answers say is brooq.supervisor.admin's. It must never block, start a thread, or let
 anything a client sends raise out of service().
 """
@@ -46,16 +44,16 @@ import socket
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import Any
 
-from brooq.supervisor.hosts import REFUSAL_STATUS, HostRule
+from brooq.opsport.hosts import REFUSAL_STATUS, HostRule
+from brooq.opsport.httpmsg import BadRequest, Request, parse, plain_response
+from brooq.supervisor.source import Source
 
 log = logging.getLogger("brooq.ops")
 
 _ADMIN = re.compile(r"^/admin/jobs/([0-9a-fA-F-]{1,64})/(cancel|retry)$")
-# The status page's paths (a query string may follow); brooq.web answers what they hold.
+# The status page's paths (a query string may follow); brooq.page answers what they hold.
 _PAGE = re.compile(
     r"^/(in-flight|failed|dead|actions|sign-in|sign-out|bulk/(retry|cancel)"
     r"|jobs/[^/?#]*(/(stack|cancel|retry))?|queues/[^/?#]*/(pause|resume))?(\?.*)?$"
@@ -65,15 +63,10 @@ REQUEST_TIMEOUT = 5.0  # from accept to the whole request received
 RESPONSE_TIMEOUT = 5.0  # from the answer ready to the answer taken by the client
 LINGER = 1.0  # after the answer: read what the client still sends, so close sends no RST
 MAX_CONNECTIONS = 64
-MAX_HEADER_BYTES = 16 * 1024  # request line and headers
-MAX_HEADERS = 100
-MAX_BODY_BYTES = 16 * 1024  # no endpoint reads a body; a small one is tolerated
 BACKLOG = 128  # a burst waits in the kernel, not in SYN retries of a second or more
 ACCEPTS_PER_PASS = 256  # bounds one pass of the loop during a flood
 ACCEPT_PAUSE = 0.5  # after accept() failed (EMFILE...): no busy loop meanwhile
 _READ_SIZE = 65536
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
-_VERSION = re.compile(r"HTTP/1\.[0-9]")
 
 _READING, _WRITING, _LINGERING = "reading", "writing", "lingering"
 
@@ -87,21 +80,8 @@ class OpsHooks:
     # Hands a status-page request (the client's socket, the bytes read) to the page
     # process; False when it cannot take it now. None: no status page.
     page: Callable[[socket.socket, bytes], bool] | None = None
-    # The Host names answered (brooq.supervisor.hosts): DNS rebinding gets a 421.
+    # The Host names answered (brooq.opsport.hosts): DNS rebinding gets a 421.
     hosts: HostRule = field(default_factory=HostRule)
-
-
-@dataclass
-class _Request:
-    method: str
-    path: str
-    headers: dict[str, str]  # names lower-cased; the last of repeated names
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(eq=False)
@@ -114,100 +94,31 @@ class _Conn:
     local: str = ""  # the address the client dialled (a Host may name it)
 
 
-def parse(data: bytes | bytearray) -> _Request | None:
-    """The request at the start of data, or None while it is still incomplete. Raises
-    _BadRequest (and nothing else) for what can never become a valid request."""
-    end = _HEAD_END.search(data)
-    if end is None:
-        if len(data) > MAX_HEADER_BYTES:
-            if b"\n" not in data:
-                raise _BadRequest(414, "request line too long")
-            raise _BadRequest(431, "request headers too large")
-        return None
-    if end.start() > MAX_HEADER_BYTES:
-        raise _BadRequest(431, "request headers too large")
-    head = bytes(data[: end.start()]).decode("latin-1")
-    request_line, *header_lines = head.replace("\r\n", "\n").split("\n")
-    words = request_line.split()
-    if len(words) != 3:
-        raise _BadRequest(400, f"bad request line {request_line[:100]!r}")
-    method, path, version = words
-    if not version.startswith("HTTP/"):
-        raise _BadRequest(400, f"bad request version {version[:20]!r}")
-    if not _VERSION.fullmatch(version):
-        raise _BadRequest(505, f"HTTP version not supported: {version[:20]!r}")
-    if len(header_lines) > MAX_HEADERS:
-        raise _BadRequest(431, "too many headers")
-    headers: dict[str, str] = {}
-    for line in header_lines:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip():
-            raise _BadRequest(400, f"bad header line {line[:100]!r}")
-        if name.lower() == "host" and "host" in headers:  # which one would a proxy read?
-            raise _BadRequest(400, "more than one Host header")
-        headers[name.lower()] = value.strip()
-    if "transfer-encoding" in headers:
-        raise _BadRequest(501, "Transfer-Encoding is not supported; send Content-Length")
-    length_text = headers.get("content-length", "0")
-    if not (length_text.isascii() and length_text.isdigit()):  # isdigit alone takes "²"
-        raise _BadRequest(400, f"bad Content-Length {length_text[:20]!r}")
-    # (No int() of thousands of digits: Python refuses those with ValueError.)
-    if len(length_text) > 9 or int(length_text) > MAX_BODY_BYTES:
-        raise _BadRequest(413, f"request body larger than {MAX_BODY_BYTES} bytes")
-    length = int(length_text)
-    if len(data) < end.end() + length:
-        return None
-    return _Request(method, path, headers)
-
-
-def is_page(request: _Request) -> bool:
-    """A request the page process answers (brooq.supervisor.pages)."""
+def is_page(request: Request) -> bool:
+    """A request the page process answers (brooq.page; handed by brooq.supervisor.pagekeeper)."""
     return request.method in ("GET", "HEAD", "POST") and bool(_PAGE.match(request.path))
 
 
-def _response(
-    status: int,
-    body: bytes,
-    content_type: str = "text/plain",
-    extra: Collection[tuple[str, str]] = (),
-) -> bytes:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
-    lines = [
-        f"HTTP/1.0 {status} {phrase}",
-        "Server: brooq-ops",
-        f"Date: {formatdate(usegmt=True)}",
-        f"Content-Type: {content_type}",
-        f"Content-Length: {len(body)}",
-        "Cache-Control: no-store",
-        "Connection: close",
-        *(f"{name}: {value}" for name, value in extra),
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
 def _json(status: int, payload: dict[str, Any], extra: Collection[tuple[str, str]] = ()) -> bytes:
-    return _response(status, json.dumps(payload).encode() + b"\n", "application/json", extra)
+    return plain_response(status, json.dumps(payload).encode() + b"\n", "application/json", extra)
 
 
-def answer(hooks: OpsHooks, request: _Request) -> bytes:
+def answer(hooks: OpsHooks, request: Request) -> bytes:
     """The whole HTTP response to one request (hooks run here, in the master's loop)."""
     if request.method == "GET":
         if request.path == "/healthz":
-            return _response(200, b"ok\n")
+            return plain_response(200, b"ok\n")
         if request.path == "/readyz":
             ok, reason = hooks.ready()
-            return _response(200 if ok else 503, (reason + "\n").encode())
+            return plain_response(200 if ok else 503, (reason + "\n").encode())
         if request.path == "/metrics":
-            return _response(200, hooks.metrics(), "text/plain; version=0.0.4; charset=utf-8")
-        return _response(404, b"not found\n")
+            return plain_response(200, hooks.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        return plain_response(404, b"not found\n")
     if request.method != "POST":
-        return _response(501, f"unsupported method {request.method[:20]!r}\n".encode())
+        return plain_response(501, f"unsupported method {request.method[:20]!r}\n".encode())
     match = _ADMIN.match(request.path)
     if not match:
-        return _response(404, b"not found\n")
+        return plain_response(404, b"not found\n")
     if hooks.token is None:
         return _json(403, {"error": "admin endpoints are off: no admin token configured"})
     given = request.headers.get("authorization", "")
@@ -238,7 +149,7 @@ def _once(render: Callable[[], bytes]) -> Callable[[], bytes]:
     return cached
 
 
-class OpsServer:
+class OpsServer(Source):
     """Non-blocking HTTP serving for the master's loop. The loop selects on read_fds()
     and write_fds(), calls service() with what was ready, and waits no longer than
     next_deadline()."""
@@ -361,19 +272,19 @@ class OpsServer:
                 return
             refused = self.hooks.hosts.refusal(request.path, request.headers.get("host"), c.local)
             if refused is not None:
-                response = _response(REFUSAL_STATUS, refused)
+                response = plain_response(REFUSAL_STATUS, refused)
             elif self.hooks.page is not None and is_page(request):
                 if self.hooks.page(c.sock, bytes(c.inbox)):
                     self._drop(c)  # our copy: the page process has its own and answers
                     return
-                response = _response(503, b"the status page is busy; try again\n")
+                response = plain_response(503, b"the status page is busy; try again\n")
             else:
                 response = answer(self._pass_hooks, request)
-        except _BadRequest as exc:
-            response = _response(exc.status, f"{exc}\n".encode())
+        except BadRequest as exc:
+            response = plain_response(exc.status, f"{exc}\n".encode())
         except Exception:  # nothing a client sends may break the master's loop
             log.exception("event=ops_request_failed")
-            response = _response(500, b"internal error\n")
+            response = plain_response(500, b"internal error\n")
         self._reply(c, response)
 
     def _reply(self, c: _Conn, response: bytes) -> None:
@@ -405,15 +316,10 @@ class OpsServer:
         if c.state == _READING:
             # Too slow to send its request: say so if that can be done without waiting.
             with contextlib.suppress(OSError):
-                c.sock.send(_response(408, b"request not received in time\n"))
+                c.sock.send(plain_response(408, b"request not received in time\n"))
         self._drop(c)
 
     def _drop(self, c: _Conn) -> None:
         self.conns.pop(c.sock.fileno(), None)
         with contextlib.suppress(OSError):
             c.sock.close()
-
-
-# For the page process, which parses a handed request again and answers it itself.
-BadRequest = _BadRequest
-plain_response = _response

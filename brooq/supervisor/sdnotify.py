@@ -1,7 +1,7 @@
 """systemd's notify protocol (sd_notify): one datagram per message to $NOTIFY_SOCKET.
 
 Owns the socket address and the watchdog period systemd asks for (WATCHDOG_USEC; the
-ping itself is a duty of brooq.supervisor.duties). It must never block or fail the
+ping itself is a duty: brooq.supervisor.duties.sdwatchdog). It must never block or fail the
 master: a systemd that is gone or a socket that is not ours is silently ignored.
 """
 

@@ -48,8 +48,8 @@ if os.environ.get("BROOQ_PERIODIC_CLOCK_AHEAD"):
     # holds, so the class swapped in here is the one it builds.
     from datetime import datetime, timedelta, timezone
 
-    from brooq.supervisor import duties
     from brooq.supervisor import master as master_mod
+    from brooq.supervisor.duties import periodic as duties
 
     _ahead = timedelta(seconds=float(os.environ["BROOQ_PERIODIC_CLOCK_AHEAD"]))
 

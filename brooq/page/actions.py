@@ -2,19 +2,19 @@
 cancel or retry a job, pause or resume a queue, retry or cancel in bulk.
 
     GET  /sign-in                  the sign-in form (the token is posted, never in a URL)
-    POST /sign-in                  token=... -> the session cookie (brooq.supervisor.signin)
+    POST /sign-in                  token=... -> the session cookie (brooq.page.signin)
     POST /sign-out
     GET  /actions                  the forms of every action (signed in), or how to sign in
     POST /jobs/<id>/cancel, /jobs/<id>/retry
     POST /queues/<name>/pause, /queues/<name>/resume
     POST /bulk/retry, /bulk/cancel topic=T state=S [queue=Q]
 
-Every POST but /sign-in (the stack button's included: brooq.supervisor.pages asks
+Every POST but /sign-in (the stack button's included: brooq.page.dispatch asks
 refusal()) needs a valid session, the form's CSRF token and a request from this site
 (Sec-Fetch-Site, Origin): 403 without. Signing out revokes the session here and in the
 master (which gives the revoked sessions to the next page process it forks); a new admin
 token (set_token) ends every session. Wrong tokens are budgeted per client address
-(brooq.supervisor.signin.SignInBudget): a few cost nothing, then the address waits.
+(brooq.page.signin.SignInBudget): a few cost nothing, then the address waits.
 Without an admin token configured every action answers 403 and the pages say how to
 enable them. The writes are brooq.Queue's own (the guarded statements, the bulk batches);
 a refusal is worded by brooq.job as for the CLI.
@@ -33,7 +33,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from brooq.supervisor import ops, signin
+from brooq.opsport.httpmsg import plain_response
+from brooq.page import signin
+from brooq.page.signin import revoke
 
 log = logging.getLogger("brooq.pages")
 
@@ -42,7 +44,6 @@ _ROUTES = re.compile(
     r"|queues/([^/?#]{1,128})/(pause|resume)|bulk/(retry|cancel))$"
 )
 HTML = "text/html; charset=utf-8"
-MAX_REVOKED = 10_000  # signed-out sessions remembered (each until it would have expired)
 
 
 def _same_origin(headers: dict[str, str]) -> bool:
@@ -75,7 +76,7 @@ class Actions:
         self.revoked: dict[str, int] = dict(revoked or {})
         self.on_sign_out = on_sign_out
         # Runs a bulk action's work and gives its answer; the page process replaces it
-        # with a helper process of its own (brooq.supervisor.pages), answering later.
+        # with a helper process of its own (brooq.page.bulk), answering later.
         self.defer: Callable[[Callable[[], bytes]], bytes] = lambda work: work()
 
     def set_token(self, token: bytes | None) -> None:
@@ -248,14 +249,14 @@ class Actions:
     # -- pages -----------------------------------------------------------------------------
 
     def _page(self, status: int, title: str, body: str, session: signin.Session | None) -> bytes:
-        from brooq.web import security_headers
-        from brooq.web.render import layout
+        from brooq.page.headers import security_headers
+        from brooq.page.render import layout
 
         html = layout(
             title, body, actions_enabled=self.token is not None, signed_in=session is not None
         )
         extra = [(k, v) for k, v in security_headers() if k.lower() != "cache-control"]
-        return ops.plain_response(status, html, HTML, extra)
+        return plain_response(status, html, HTML, extra)
 
     def _sign_in_form(self) -> str:
         if self.token is None:
@@ -324,17 +325,6 @@ class Actions:
         return session.csrf(self.token) if session is not None and self.token else None
 
 
-def revoke(revoked: dict[str, int], nonce: str, expires: int, now: float) -> None:
-    """Remember a signed-out session until it would have expired (bounded: the ones
-    closest to their end are forgotten first beyond MAX_REVOKED)."""
-    for old in [n for n, at in revoked.items() if at <= now]:
-        del revoked[old]
-    revoked[nonce] = expires
-    if len(revoked) > MAX_REVOKED:
-        for old in sorted(revoked, key=revoked.__getitem__)[: len(revoked) - MAX_REVOKED]:
-            del revoked[old]
-
-
 def form_of(body: bytes) -> dict[str, str]:
     """A urlencoded form's fields (the first of repeated names)."""
     return {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items() if v}
@@ -353,17 +343,17 @@ def _back(form: dict[str, str], default: str) -> str:
 
 
 def _e(value: object) -> str:
-    from brooq.web.render import e
+    from brooq.page.render import e
 
     return e(value)
 
 
 def _plain(status: int, text: str) -> bytes:
-    return ops.plain_response(status, (text + "\n").encode())
+    return plain_response(status, (text + "\n").encode())
 
 
 def _redirect(location: str, cookie: str | None = None) -> bytes:
     extra = [("Location", location)]
     if cookie is not None:
         extra.append(("Set-Cookie", cookie))
-    return ops.plain_response(303, b"", "text/plain", extra)
+    return plain_response(303, b"", "text/plain", extra)

@@ -19,7 +19,8 @@ Host (an HTTP/1.0 tool) is answered: a browser always sends one. /healthz and /r
 answer any Host: they say one word about the master (probes send the pod's address, or
 whatever their configuration says), never a job.
 
-Owns: the rule and the refusal's text. Pure: no I/O beyond the host name read once.
+Owns: the rule and the refusal's text, applied by the master and again by the page
+process. Pure: no I/O beyond the host name read once.
 """
 
 from __future__ import annotations

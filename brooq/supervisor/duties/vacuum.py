@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from brooq.sql import Queries
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.offloop import OffLoop
+from brooq.supervisor.source import Source
 
 log = logging.getLogger("brooq.master")
 
@@ -38,8 +39,8 @@ VACUUM = "vacuum"
 GIVE_UP_AFTER = 3600.0
 
 
-class Vacuum:
-    """A duty (brooq.supervisor.duties.Scheduler) and a descriptor of the master's select."""
+class Vacuum(Source):
+    """A duty (brooq.supervisor.duties.scheduler) and a source of the master's select."""
 
     name = VACUUM
     first_after = 1.0
@@ -97,7 +98,7 @@ class Vacuum:
         """Every descriptor of ours (a forked child closes them)."""
         return self.line.fds()
 
-    def service(self, readable: set[int]) -> None:
+    def service(self, readable: Collection[int], writable: Collection[int] = ()) -> None:
         answer = self.line.service(readable)
         if answer is None:
             return

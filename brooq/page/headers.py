@@ -1,7 +1,7 @@
 """The response headers every status page carries.
 
 The Content-Security-Policy allows exactly what the pages use: one inline stylesheet,
-by its SHA-256 (brooq.web.render.STYLE), and forms posting to the page's own origin.
+by its SHA-256 (brooq.page.render.STYLE), and forms posting to the page's own origin.
 No script, no external resource, no framing (clickjacking), no <base> rewriting.
 
 Owns: the policy and the other security headers, as a list the server writes out.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from brooq.web.render import STYLE
+from brooq.page.render import STYLE
 
 STYLE_HASH = "sha256-" + base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
 

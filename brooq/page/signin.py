@@ -8,8 +8,10 @@ SESSION_SECONDS), the mac an HMAC-SHA256 of expiry and nonce under a key derived
 admin token: changing the token ends every session, and every master with the same token
 accepts it. Each form carries a CSRF token, an HMAC of the session's nonce under the same
 key, checked in constant time with the session on every action. Signing out revokes the
-session's nonce (the caller keeps the revoked nonces until they expire and gives them to
-session_of), so a copy of the cookie is refused from then on. Nothing here ever holds
+session's nonce (the caller keeps the revoked nonces until they expire, in a map
+bounded by revoke, and gives them to session_of), so a copy of the cookie is refused
+from then on. The page process signs in and out; the master keeps the revoked nonces
+too (brooq.supervisor.pagekeeper), for the page processes it forks later. Nothing here ever holds
 the token in a page, a log line or a URL.
 
 Wrong tokens are budgeted per client address (SignInBudget): FREE_FAILURES wrong tokens
@@ -35,6 +37,7 @@ FREE_FAILURES = 5  # wrong tokens in a row from one address before it has to wai
 MAX_BACKOFF = 30.0  # seconds
 FORGET_AFTER = 600.0  # an address without a wrong token this long starts afresh
 MAX_ADDRESSES = 10_000  # bounded: the oldest half is forgotten beyond this
+MAX_REVOKED = 10_000  # signed-out sessions remembered (each until it would have expired)
 
 
 def _key(token: bytes) -> bytes:
@@ -138,3 +141,14 @@ class SignInBudget:
 
     def succeeded(self, address: str) -> None:
         self.addresses.pop(address, None)
+
+
+def revoke(revoked: dict[str, int], nonce: str, expires: int, now: float) -> None:
+    """Remember a signed-out session until it would have expired (bounded: the ones
+    closest to their end are forgotten first beyond MAX_REVOKED)."""
+    for old in [n for n, at in revoked.items() if at <= now]:
+        del revoked[old]
+    revoked[nonce] = expires
+    if len(revoked) > MAX_REVOKED:
+        for old in sorted(revoked, key=revoked.__getitem__)[: len(revoked) - MAX_REVOKED]:
+            del revoked[old]

@@ -3,7 +3,7 @@
 Every value that reaches a page goes through e() (html.escape with quote=True), in text
 and in attributes alike; a URL is built by href() from quoted path segments and an
 encoded query, then escaped as an attribute. The one stylesheet is STYLE, inline and
-allowed by its hash in the Content-Security-Policy (brooq.web.headers); nothing carries a
+allowed by its hash in the Content-Security-Policy (brooq.page.headers); nothing carries a
 style attribute or a script, and the chart is inline SVG drawn with presentation
 attributes, so the policy needs neither 'unsafe-inline' nor img-src.
 
@@ -144,7 +144,7 @@ def bar_chart(
 
 def button(action: str, label: str, csrf: str, back: str, hint: str = "") -> str:
     """A one-click action: a small POST form to an action's own endpoint (the page
-    process's brooq.supervisor.actions answers it, as for the forms of /actions), with
+    process's brooq.page.actions answers it, as for the forms of /actions), with
     the session's CSRF token and the page to come back to."""
     title = f' title="{e(hint)}"' if hint else ""
     return (

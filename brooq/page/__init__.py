@@ -1,0 +1,36 @@
+"""The status page's process: server-rendered HTML of the ops port, stdlib only.
+
+    GET  /                  the overview: per queue and topic, done per minute, paused queues
+    GET  /in-flight         jobs being processed (keyset pages)
+    GET  /failed, /dead     jobs waiting for a retry, jobs given up on (keyset pages)
+    GET  /jobs/<id>         one job: every column, the payload, the outcome, the errors
+    POST /jobs/<id>/stack   the stack button (signed in)
+    GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
+         /queues/<name>/{pause,resume}, /bulk/{retry,cancel}   the actions (signed in)
+
+Everything here runs in the page process, which the master forks on demand and hands
+each page request with its socket (brooq.supervisor.pagekeeper, over
+brooq.opsport.handover), so no page is ever rendered in the master's loop;
+docs/status-page.md describes it. brooq.page.routes.serve renders the read-only pages: a
+request's method and target and a psycopg connection in, a Response (status, headers,
+HTML bytes) out.
+
+This package never imports brooq.supervisor; the master imports its process's entry
+point (process.run) and the sign-in's revocation (signin.revoke), and nothing that
+renders.
+
+Must never: write to the database but through actions, read a socket but the one
+handed, start a thread, load anything from the internet, or put a value into a page
+without escaping it.
+
+- `process`: the page process's loop, its signal table and its reports to the master
+- `dispatch`: one handed request in, its whole answer out: Host check, actions, stack, pages
+- `bulk`: the helper process a bulk retry or cancel runs in, one at a time
+- `signin`: the session cookie, the CSRF tokens, the wrong-token budget, revocation (pure)
+- `actions`: sign-in, cancel, retry, pause, resume and the bulk actions, answered
+- `routes`: a read-only page's method and target in, a Response out; the error pages
+- `views`: each page's HTML assembled from its reads and render's pieces
+- `reads`: the pages' read-only reads under a statement timeout, and the keyset cursors
+- `render`: pure functions from values to escaped HTML, the layout and the one stylesheet
+- `headers`: the security headers every answer carries
+"""

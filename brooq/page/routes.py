@@ -1,0 +1,157 @@
+"""The status page's routes: a request's method and target in, a Response out.
+
+serve() validates what the client sent before any read: a job id must be a UUID (400
+otherwise), a page cursor must be one this module wrote (400), an unknown path is 404 and
+another method 405. A database that fails or is too slow (the statement timeout) is 503
+with a page saying which. Every response, errors included, carries
+brooq.page.headers.security_headers().
+
+Owns: routing, the validation of ids and cursors in URLs, and the error pages; each
+page's HTML is brooq.page.views'.
+Must never: write to the database, raise for anything a client sends, or let a value
+reach a page without brooq.page.render.e().
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
+
+import psycopg
+
+from brooq.page import reads
+from brooq.page.headers import security_headers
+from brooq.page.reads import Cursor
+from brooq.page.render import e, layout, link
+from brooq.page.views import finished_badly_page, in_flight_page, job_page, overview_page
+from brooq.sql import Q, Queries
+
+log = logging.getLogger("brooq.pages")
+
+MAX_TARGET = 2048
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class _ClientError(Exception):
+    def __init__(self, status: HTTPStatus, message: str, allow: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.allow = allow  # the Allow header of a 405
+
+
+def _answer(status: int, body: bytes) -> Response:
+    headers = [("Content-Type", "text/html; charset=utf-8"), *security_headers()]
+    return Response(status, body, headers)
+
+
+def _error_page(status: HTTPStatus, message: str, actions_enabled: bool) -> Response:
+    title = f"{status.value} {status.phrase}"
+    body = f"<p>{e(message)}</p><p>{link('/', 'Back to the overview')}</p>"
+    return _answer(status.value, layout(title, body, actions_enabled=actions_enabled))
+
+
+def _cursor(query: dict[str, list[str]]) -> Cursor | None:
+    values = query.get("after")
+    if not values:
+        return None
+    if len(values) > 1 or len(values[0]) > 200:
+        raise _ClientError(HTTPStatus.BAD_REQUEST, "this page link is malformed")
+    try:
+        return reads.decode_cursor(values[0])
+    except ValueError:
+        raise _ClientError(HTTPStatus.BAD_REQUEST, "this page link is malformed") from None
+
+
+def _job_id(text: str) -> uuid.UUID:
+    # Only the canonical 36-character form: what the pages link to and the CLI prints.
+    try:
+        if len(text) != 36:
+            raise ValueError(text)
+        return uuid.UUID(text)
+    except ValueError:
+        raise _ClientError(HTTPStatus.BAD_REQUEST, "a job id is a UUID") from None
+
+
+def serve(
+    conn: psycopg.Connection[Any],
+    method: str,
+    target: str,
+    *,
+    actions_enabled: bool,
+    timeout: float = reads.STATEMENT_TIMEOUT,
+    q: Queries = Q,
+    csrf: str | None = None,
+) -> Response:
+    """Answer one request of the status page, reading on conn (given idle, left idle).
+    HEAD is answered as GET: the server sends the headers without the body.
+    csrf: the CSRF token of the viewer's session when signed in (the page process checks
+    the cookie: brooq.page.actions); the lists then carry one-click buttons, each a
+    form posting to the action's endpoint with it. None: no buttons."""
+    try:
+        if len(target) > MAX_TARGET:
+            raise _ClientError(HTTPStatus.REQUEST_URI_TOO_LONG, "the address is too long")
+        parts = urlsplit(target)
+        path = unquote(parts.path)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        segments = path.strip("/").split("/") if path.strip("/") else []
+        if len(segments) == 3 and segments[0] == "jobs" and segments[2] == "stack":
+            if method != "POST":
+                raise _ClientError(
+                    HTTPStatus.METHOD_NOT_ALLOWED, "the stack is asked by POST", "POST"
+                )
+            job_id = _job_id(segments[1])
+            # The page process answers it (brooq.page.dispatch asks the job's master,
+            # as `brooq jobs stack ID` does); rendered alone, these pages cannot.
+            message = f"Asking job {job_id} for its stack needs the master's page process."
+            return _error_page(HTTPStatus.NOT_IMPLEMENTED, message, actions_enabled)
+        if method not in ("GET", "HEAD"):
+            raise _ClientError(
+                HTTPStatus.METHOD_NOT_ALLOWED, "these pages are read with GET", "GET, HEAD"
+            )
+        if not actions_enabled:
+            csrf = None
+        # This page, for the buttons to come back to (its cursor is checked below).
+        after = query.get("after")
+        here = f"{path}?{urlencode({'after': after[0]})}" if after else path
+        if not segments:
+            body = overview_page(conn, actions_enabled, timeout, csrf, q)
+        elif segments == ["in-flight"]:
+            page = reads.in_flight(conn, _cursor(query), timeout=timeout, q=q)
+            body = in_flight_page(page, actions_enabled, csrf, here)
+        elif len(segments) == 1 and segments[0] in ("failed", "dead"):
+            state = segments[0]
+            page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout, q=q)
+            body = finished_badly_page(state, page, actions_enabled, csrf, here)
+        elif len(segments) == 2 and segments[0] == "jobs":
+            job_id = _job_id(segments[1])
+            row = reads.job(conn, job_id, timeout=timeout, q=q)
+            if row is None:
+                raise _ClientError(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+            body = job_page(row, actions_enabled, csrf)
+        else:
+            raise _ClientError(HTTPStatus.NOT_FOUND, "no such page")
+        return _answer(HTTPStatus.OK.value, body)
+    except _ClientError as err:
+        response = _error_page(err.status, err.message, actions_enabled)
+        if err.allow:
+            response.headers.append(("Allow", err.allow))
+        return response
+    except psycopg.errors.QueryCanceled:
+        log.warning("status page %s: its statements ran over %.1f s", target[:200], timeout)
+        message = f"the database took longer than {timeout:g} s to answer; try again"
+        return _error_page(HTTPStatus.SERVICE_UNAVAILABLE, message, actions_enabled)
+    except psycopg.Error as err:
+        log.warning("status page %s: %s", target[:200], type(err).__name__)
+        message = f"the database is unavailable ({type(err).__name__})"
+        return _error_page(HTTPStatus.SERVICE_UNAVAILABLE, message, actions_enabled)
