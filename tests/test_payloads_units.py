@@ -570,9 +570,9 @@ def test_claim_is_generic_at_no_cost():
 
 
 def test_the_prebuilt_encoder_writes_what_json_dumps_writes():
-    from brooq import job as job_mod
+    from brooq import encoding as encoding_mod
 
-    assert job_mod._C_ENCODER is not None  # CPython: the accelerator is the one in use
+    assert encoding_mod._C_ENCODER is not None  # CPython: the accelerator is the one in use
     values = [
         {"a": [1, -2.5, None, True, 'é\n\u2028"q"', {"n": {}}], "": [], "k": 1e300},
         "plain",
@@ -581,15 +581,15 @@ def test_the_prebuilt_encoder_writes_what_json_dumps_writes():
     ]
     for value in values:
         expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        assert "".join(job_mod._C_ENCODER(value, 0)) == expected
-        assert Job("t", value).payload_json == job_mod._keep_floats(expected)
+        assert "".join(encoding_mod._C_ENCODER(value, 0)) == expected
+        assert Job("t", value).payload_json == encoding_mod._keep_floats(expected)
 
 
 def test_without_the_accelerator_the_same_payloads_and_refusals(monkeypatch):
-    from brooq import job as job_mod
+    from brooq import encoding as encoding_mod
 
     with_it = Job("t", {"a": [1, 2.5, "x"]}).payload_json
-    monkeypatch.setattr(job_mod, "_C_ENCODER", None)
+    monkeypatch.setattr(encoding_mod, "_C_ENCODER", None)
     assert Job("t", {"a": [1, 2.5, "x"]}).payload_json == with_it
     looped: dict[str, Any] = {}
     looped["me"] = looped

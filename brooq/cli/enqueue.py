@@ -29,7 +29,8 @@ from brooq.errors import (
     InvalidQueue,
     InvalidTopic,
 )
-from brooq.job import MAX_PAYLOAD_DEPTH, PRIORITY_MAX, PRIORITY_MIN
+from brooq.encoding import MAX_PAYLOAD_DEPTH
+from brooq.job import PRIORITY_MAX, PRIORITY_MIN
 
 # --payload-file reads at most this much: a stored payload is far smaller (max_payload_bytes,
 # 1 MiB by default), but a file may be indented; /dev/zero must not fill the memory.

@@ -43,7 +43,8 @@ from brooq.ipc.reasons import (
     MAX_JOBS,
     MAX_MEMORY,
 )
-from brooq.job import Claim, Interruption, check_payload_size, encode_payload
+from brooq.encoding import check_payload_size, encode_payload
+from brooq.job import Claim, Interruption
 from brooq.payloads import to_json
 from brooq.sql import queries
 from brooq.worker import execute, interrupts
