@@ -21,6 +21,7 @@ import click
 import brooq
 from brooq.cli.common import cli, emit_json, open_queue
 from brooq.durations import parse_duration_string
+from brooq.encoding import MAX_PAYLOAD_DEPTH
 from brooq.errors import (
     InvalidIdempotencyKey,
     InvalidJob,
@@ -29,7 +30,6 @@ from brooq.errors import (
     InvalidQueue,
     InvalidTopic,
 )
-from brooq.encoding import MAX_PAYLOAD_DEPTH
 from brooq.job import PRIORITY_MAX, PRIORITY_MIN
 
 # --payload-file reads at most this much: a stored payload is far smaller (max_payload_bytes,
