@@ -18,11 +18,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from psycopg.rows import dict_row
-
 from brooq import metrics as metrics_mod
 from brooq.job import FROM_STATES, Transition, parse_job_id, transition_refusal
-from brooq.queue import transition
+from brooq.operator.changes import transition
+from brooq.operator.reads import get
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.fleet import Fleet
 from brooq.supervisor.hosts import HostRule
@@ -76,17 +75,10 @@ class Admin:
             return 200, {"id": str(job_id), "action": action, "ok": True}
         if not self.conns.ok:
             return 503, {"error": "database unreachable"}
-        found = self.conns.with_db(
-            "admin_get",
-            lambda conn: (
-                conn.cursor(row_factory=dict_row)
-                .execute(self.conns.q.job_get, {"id": job_id})
-                .fetchone()
-            ),
-        )
+        found = self.conns.with_db("admin_get", lambda conn: get(conn, job_id, self.conns.q))
         if found is None:
             return 404, {"error": f"no job with id {job_id}"}
-        state = found["state"]
+        state = found.state
         return 409, {"error": transition_refusal(verb, state), "state": state}
 
 
