@@ -23,6 +23,7 @@ import pytest
 from brooq import payloads
 from brooq.errors import InvalidPayload, PayloadMismatch
 from brooq.job import Claim, Job
+from brooq.payload_checks import show
 from brooq.payloads import codec_for, is_model_instance, to_json
 
 
@@ -125,7 +126,7 @@ SUPPORTED: list[tuple[Any, list[Any], list[tuple[Any, str]]]] = [
 
 
 @pytest.mark.parametrize(
-    ("annotation", "good", "bad"), SUPPORTED, ids=[payloads._show(a) for a, _, _ in SUPPORTED]
+    ("annotation", "good", "bad"), SUPPORTED, ids=[show(a) for a, _, _ in SUPPORTED]
 )
 def test_supported_annotation(annotation: Any, good: list[Any], bad: list[tuple[Any, str]]):
     codec = codec_for(one_field(annotation))
