@@ -193,9 +193,14 @@ class Queue(Registry):
         InvalidQueue for a malformed name, all before any I/O."""
         check_bulk("cancel", topic=topic, state=state, queue=queue, batch_size=batch_size)
         return self._on(
-            changes.change_many, "cancel", topic=topic, state=state, queue=queue,
-            dry_run=dry_run, batch_size=batch_size,
-        )  # fmt: skip
+            changes.change_many,
+            "cancel",
+            topic=topic,
+            state=state,
+            queue=queue,
+            dry_run=dry_run,
+            batch_size=batch_size,
+        )
 
     def retry_many(
         self,
@@ -212,9 +217,14 @@ class Queue(Registry):
         ``cancel_many``."""
         check_bulk("retry", topic=topic, state=state, queue=queue, batch_size=batch_size)
         return self._on(
-            changes.change_many, "retry", topic=topic, state=state, queue=queue,
-            dry_run=dry_run, batch_size=batch_size,
-        )  # fmt: skip
+            changes.change_many,
+            "retry",
+            topic=topic,
+            state=state,
+            queue=queue,
+            dry_run=dry_run,
+            batch_size=batch_size,
+        )
 
     def stack(self, job_id: uuid.UUID | str, timeout: Duration = 5.0) -> JobStack:
         """The current Python stack of the handler running the job, from whichever host
