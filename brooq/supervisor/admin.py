@@ -20,8 +20,7 @@ from typing import Any
 
 from brooq import metrics as metrics_mod
 from brooq.job import FROM_STATES, Transition, parse_job_id, transition_refusal
-from brooq.operator.changes import transition
-from brooq.operator.reads import get
+from brooq.operator import changes, reads
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.fleet import Fleet
 from brooq.supervisor.hosts import HostRule
@@ -68,14 +67,14 @@ class Admin:
             return 404, {"error": f"no admin action {action!r}"}  # ops routes only these two
         verb: Transition = "cancel" if action == "cancel" else "retry"
         moved = self.conns.with_db(
-            f"admin_{action}", lambda conn: transition(conn, verb, job_id, self.conns.q)
+            f"admin_{action}", lambda conn: changes.transition(conn, verb, job_id, self.conns.q)
         )
         if moved:
             log.info("event=admin_%s job=%s", action, job_id)
             return 200, {"id": str(job_id), "action": action, "ok": True}
         if not self.conns.ok:
             return 503, {"error": "database unreachable"}
-        found = self.conns.with_db("admin_get", lambda conn: get(conn, job_id, self.conns.q))
+        found = self.conns.with_db("admin_get", lambda conn: reads.get(conn, job_id, self.conns.q))
         if found is None:
             return 404, {"error": f"no job with id {job_id}"}
         state = found.state
