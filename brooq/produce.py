@@ -247,7 +247,9 @@ def _drive(target: Target, steps: _Steps[R]) -> R:
                 except StopIteration as done:
                     result: R = done.value
                     return result
-                if isinstance(step, _Copy):
+                if isinstance(step, _One):  # first: a single enqueue's only kind
+                    answer = cur.execute(step.statement, step.params).fetchone()
+                elif isinstance(step, _Copy):
                     with cur.copy(step.statement) as copy:
                         for row in step.rows:
                             copy.write_row(row)
@@ -255,8 +257,6 @@ def _drive(target: Target, steps: _Steps[R]) -> R:
                 elif isinstance(step, _Keyed):
                     with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
                         answer = by_key.execute(step.statement, step.params).fetchall()
-                elif isinstance(step, _One):
-                    answer = cur.execute(step.statement, step.params).fetchone()
                 else:
                     answer = cur.execute(step.statement, step.params).fetchall()
     except psycopg.errors.UndefinedTable as exc:
@@ -274,7 +274,10 @@ async def _drive_async(target: AsyncTarget, steps: _Steps[R]) -> R:
                 except StopIteration as done:
                     result: R = done.value
                     return result
-                if isinstance(step, _Copy):
+                if isinstance(step, _One):
+                    await cur.execute(step.statement, step.params)
+                    answer = await cur.fetchone()
+                elif isinstance(step, _Copy):
                     async with cur.copy(step.statement) as copy:
                         for row in step.rows:
                             await copy.write_row(row)
@@ -283,9 +286,6 @@ async def _drive_async(target: AsyncTarget, steps: _Steps[R]) -> R:
                     async with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
                         await by_key.execute(step.statement, step.params)
                         answer = await by_key.fetchall()
-                elif isinstance(step, _One):
-                    await cur.execute(step.statement, step.params)
-                    answer = await cur.fetchone()
                 else:
                     await cur.execute(step.statement, step.params)
                     answer = await cur.fetchall()
