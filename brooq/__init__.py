@@ -1,4 +1,47 @@
-"""brooq: a PostgreSQL job queue for Python, run by a preforking supervisor."""
+"""brooq: a PostgreSQL job queue for Python, run by a preforking supervisor.
+
+The names applications use are imported here; inside brooq every module imports from the
+module that defines a name, never from this package.
+
+- `app`: loading the application named by --app MODULE:ATTR
+- `cli`: the `brooq` command: migrate, enqueue, jobs, queues, stats, top, periodic
+- `db`: the connect timeout, plain connections for commands, failures as brooq's errors
+- `devdb`: a throwaway PostgreSQL for trying brooq out
+- `dsn`: where the connection strings come from, and naming a database without its password
+- `durations`: durations given as numbers, timedeltas or text, and their words
+- `encoding`: a payload as the JSON text jsonb stores, its refusals and its size limit
+- `enqueue_line`: the connection Queue.enqueue keeps for itself: one job, one libpq round trip
+- `errors`: brooq's exceptions
+- `handlers`: a registered handler and its options, policy and typed payload
+- `ids`: UUIDv7 job ids
+- `ipc`: the master and its children talking: the board, the channel, the protocol
+- `job`: the vocabulary: Job, JobRecord, Claim, the states and the operator's transition rules
+- `job_wait`: waiting for a job's end: the wait clock, one wait loop, its sync and async drivers
+- `limits`: the time limits' ordering and caps, for settings and handler options
+- `logs`: brooq's log lines and their formats
+- `master_cli`: the `brooq-master` entry point
+- `metrics`: the Prometheus metrics the master and its children write and serve
+- `migrate`: the schema's migrations and applying them
+- `operator`: the operator's reads and writes as functions of a connection
+- `payload_checks`: the checkers of typed payloads, one per annotation, and their refusals' words
+- `payloads`: typed payloads: a handler's model to a codec of its jobs' JSON, and back
+- `periodic`: schedules: cron and every, their ticks and the job of each tick
+- `poolcheck`: the check of a pooled connection before it is handed out
+- `pooler`: running behind a transaction pooler: connect arguments, the direct rule, errors
+- `pools`: a Queue's sync and async connection pools, their fork rules and errors
+- `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
+- `queue`: brooq.Queue, the application object: its face, delegating to the modules here
+- `registry`: what an application declares: handlers, middleware, schedules, settings
+- `settings`: the settings: defaults, QUEUE_* environment, validation
+- `sql`: brooq's SQL as named statements, rendered per schema
+- `stacks`: a running job's Python stack, asked and answered through PostgreSQL
+- `supervisor`: brooq-master: the supervisor that forks, watches and replaces the children
+- `targets`: what a caller's transaction may be: psycopg, Django and SQLAlchemy connections
+- `testing`: running a Queue's jobs in tests, and the pytest plugin
+- `waiting`: the one LISTEN connection every waiter of a Queue shares in a process
+- `web`: the status page's pages and their rendering
+- `worker`: the child: claiming, running and writing the outcome of jobs
+"""
 
 from brooq.errors import (
     BrooqError,
@@ -33,8 +76,9 @@ from brooq.job import (
     LeaseLost,
     PreserveAttempt,
 )
+from brooq.operator.records import BulkResult, HolderStats, InFlight, QueueStats, TopicStats
 from brooq.produce import enqueue, enqueue_async, enqueue_many, enqueue_many_async
-from brooq.queue import BulkResult, HolderStats, InFlight, Queue, QueueStats, TopicStats
+from brooq.queue import Queue
 from brooq.stacks import JobStack
 
 __version__ = "0.1.0"

@@ -1,21 +1,24 @@
 """Connections: opened late, named without passwords, errors made readable.
 
 Owns: the connect timeout, opening a plain connection for a command or a check, and
-turning libpq's failures into brooq's errors (DatabaseUnavailable naming the database
-without its password, SchemaMissing saying to run `brooq migrate up`).
+turning libpq's and the server's failures into brooq's errors (DatabaseUnavailable naming
+the database without its password, SchemaMissing saying to run `brooq migrate up`,
+PoolerMismatch for prepared statements lost to a pooler: ``database_error``).
 Must never: run SQL, keep a connection (callers own what they open), or let a password
 into a message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
 from brooq.dsn import CLIENT_ENCODING, describe
 from brooq.errors import DatabaseUnavailable, SchemaMissing
-from brooq.pooler import refused_hint
+from brooq.pooler import prepared_mismatch, refused_hint
 
 CONNECT_TIMEOUT = 5
 
@@ -56,3 +59,32 @@ def schema_missing(exc: psycopg.errors.UndefinedTable) -> SchemaMissing:
         f"{exc.diag.message_primary or exc}: the brooq schema is not installed in this "
         "database; run `brooq migrate up` (a deployment step) first"
     )
+
+
+def database_error(exc: psycopg.Error, dsn: str) -> Exception:
+    """The error to raise for a statement's failure on ``dsn``: brooq's own where it has
+    one (no table, a lost or unreachable database, a pooler brooq was not told about),
+    else ``exc`` itself."""
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return schema_missing(exc)
+    if isinstance(exc, psycopg.OperationalError):
+        if (mismatch := prepared_mismatch(exc)) is not None:
+            return mismatch
+        return unavailable(dsn, exc) if lost_connection(exc) else exc
+    if isinstance(
+        exc,
+        psycopg.errors.InvalidSqlStatementName | psycopg.errors.DuplicatePreparedStatement,
+    ):
+        return prepared_mismatch(exc) or exc
+    return exc
+
+
+@contextmanager
+def database_errors(dsn: str) -> Iterator[None]:
+    """``database_error`` for whatever fails inside the block."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if (mapped := database_error(exc, dsn)) is exc:
+            raise
+        raise mapped from None

@@ -46,9 +46,9 @@ from typing import Any
 import psycopg
 from psycopg import errors, pq
 
-from brooq import poolcheck
 from brooq.ids import uuid7_int, uuid_from_int
 from brooq.job import Job
+from brooq.poolcheck import suspect
 from brooq.sql import Queries
 
 # The prepared statement's name on the line's connection (brooq_ so it cannot clash with
@@ -141,7 +141,7 @@ class EnqueueLine:
     def _ready(self) -> pq.abc.PGconn:
         """The line's connection, opened or replaced when needed, its statement prepared."""
         conn = self._conn
-        if conn is not None and poolcheck.suspect(conn):
+        if conn is not None and suspect(conn):
             try:
                 conn.execute("")
             except psycopg.Error:
@@ -163,7 +163,7 @@ class EnqueueLine:
                 raise
             self._conn = conn
             self._encoding = conn.info.encoding
-            poolcheck.suspect(conn)  # handed out now: the next use needs no round trip
+            suspect(conn)  # handed out now: the next use needs no round trip
         return conn.pgconn
 
     def _drop(self) -> None:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from brooq import limits, payloads
 from brooq.durations import Duration, to_seconds, too_long
 from brooq.errors import InvalidJob, InvalidSettings
 from brooq.job import DEFAULT_QUEUE, validate_queue, validate_topic
+from brooq.limits import NAMES, ordering_problems, resolve
+from brooq.payloads import Codec, codec_for
 
 if TYPE_CHECKING:
     from brooq.job import Claim
@@ -31,7 +32,7 @@ Middleware = Callable[["Claim[Any]", HandlerFn], Any]
 RetryPolicy = Callable[[int, BaseException], "timedelta | None"]
 MAX_ATTEMPTS = 2**31 - 1  # the job's attempts column is a PostgreSQL integer
 MAX_GLOBAL_LIMIT = 2**31 - 1  # bound as a PostgreSQL integer
-_LIMITS = limits.NAMES  # attempt_timeout, max_execution_timeout, backoff_base, backoff_max
+_LIMITS = NAMES  # attempt_timeout, max_execution_timeout, backoff_base, backoff_max
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Handler:
     queue: str = DEFAULT_QUEUE
     global_limit: int | None = None
     # payload=Model: claim.payload is decoded to it before the middleware runs.
-    codec: payloads.Codec | None = None
+    codec: Codec | None = None
     middleware: tuple[Middleware, ...] = ()  # this topic's, inside the Queue's
     retry: RetryPolicy | None = None
     # An `async def` handler: it runs in an async child, many at once (docs/async.md).
@@ -72,7 +73,7 @@ class Handler:
         given = {name: getattr(self, name) for name in _LIMITS}
         defaults = {name: getattr(settings, name) for name in _LIMITS}
         max_attempts = settings.max_attempts if self.max_attempts is None else self.max_attempts
-        return Policy(max_attempts=max_attempts, **limits.resolve(given, defaults))
+        return Policy(max_attempts=max_attempts, **resolve(given, defaults))
 
 
 def policy_problems(topic: str, policy: Policy) -> list[str]:
@@ -83,7 +84,7 @@ def policy_problems(topic: str, policy: Policy) -> list[str]:
     for name, value in seconds.items():
         if value <= 0:
             problems.append(f"{topic}: {name} must be positive, got {value:g}s")
-    problems += limits.ordering_problems(seconds, prefix=f"{topic}: ")
+    problems += ordering_problems(seconds, prefix=f"{topic}: ")
     return problems
 
 
@@ -110,7 +111,7 @@ def build(
     codec = None
     if payload is not None:
         try:
-            codec = payloads.codec_for(payload)
+            codec = codec_for(payload)
         except ValueError as exc:
             problems.append(f"{topic}: payload: {exc}")
     is_async = is_async_callable(fn)
@@ -169,7 +170,7 @@ def build(
         reason = None if value is None else too_long(value)
         if reason:
             problems.append(f"{topic}: {name}: {reason}")
-    problems += limits.ordering_problems(seconds, prefix=f"{topic}: ")
+    problems += ordering_problems(seconds, prefix=f"{topic}: ")
     if problems:
         raise InvalidSettings(problems)
     return Handler(

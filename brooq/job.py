@@ -5,34 +5,31 @@ Owns: the job's states and the rule of operator transitions (CANCELABLE_STATES,
 RETRYABLE_STATES, transition_refusal: the SQL binds these, Queue, the CLI and the master's
 admin HTTP word their refusals with them; BULK_FROM_STATES and bulk_state_refusal for the
 bulk forms, Queue.cancel_many and Queue.retry_many), what a valid job is (topic, payload, key,
-available_at), JobRecord and Claim.
+available_at; its payload is encoded by brooq.encoding), JobRecord and Claim.
 Must never: do I/O (no database, no files, no clock beyond validating what it is given),
 or spell a state's name outside the constants below.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from decimal import Decimal
-from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal
 
-from brooq import payloads
+from brooq.encoding import encode_payload
 from brooq.errors import (
     InvalidIdempotencyKey,
     InvalidJob,
     InvalidJobId,
-    InvalidPayload,
     InvalidPriority,
     InvalidQueue,
     InvalidTopic,
     NaiveDatetime,
 )
+from brooq.payloads import JSON_TYPES, to_json
 
 if TYPE_CHECKING:
     # A default, so that a bare `Claim` stays Claim[Any] for mypy --strict (no "missing
@@ -88,18 +85,6 @@ IDEMPOTENCY_KEY_MAX_LENGTH: Final = 1024
 # The key is indexed with the topic, and a btree entry holds at most 2,704 bytes.
 IDEMPOTENCY_KEY_MAX_BYTES: Final = 2048
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
-# Deeper payloads are refused. Without a fixed limit the accepted depth was whatever the
-# producer's stack allowed (about 950), and a reader with a deeper stack (a worker
-# decoding its claim) could then fail with RecursionError on a job already stored.
-MAX_PAYLOAD_DEPTH: Final = 256
-
-# "\u0000" as JSON writes it, preceded by an even number of backslashes (so not "\\u0000").
-_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-# A JSON string or a whole number, each taken in one piece so that the scan stays linear
-# (a pattern that could start inside a 4,000-digit integer backtracks quadratically).
-_JSON_STRING_OR_NUMBER = re.compile(
-    r'"[^"\\]*(?:\\.[^"\\]*)*"|-?[0-9]+(?:\.[0-9]+)?(?:e[-+][0-9]+)?'
-)
 # An available_at this close to the ends of datetime's range would be stored, but could not
 # be read back (psycopg cannot load year 0 or 10000 once shifted to the session's zone).
 _EARLIEST: Final = datetime.min.replace(tzinfo=timezone.utc) + timedelta(days=2)
@@ -198,109 +183,6 @@ def validate_priority(priority: object) -> int:
     return priority
 
 
-_BRACKET_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
-_JSON_STRING_OR_OTHER = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^"\[\]{}]+')
-
-
-def _depth(text: str) -> int:
-    """How deeply arrays and objects nest in JSON text."""
-    if text.count("[") + text.count("{") <= MAX_PAYLOAD_DEPTH:
-        return 0  # cannot be deeper than the number of brackets (strings included)
-    brackets = _JSON_STRING_OR_OTHER.sub("", text)
-    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
-
-
-def _expand_big_float(match: re.Match[str]) -> str:
-    token = match.group(0)
-    if "e+" not in token or token[0] == '"':  # a string, or a number jsonb keeps as it is
-        return token
-    return format(Decimal(token), "f") + ".0"
-
-
-def _keep_floats(text: str) -> str:
-    """jsonb stores 1e+23 as the integer 100000000000000000000000: it would come back as an
-    int, and not even equal to the float 1e23. Written out with a fraction ("...000.0") the
-    number keeps a scale in jsonb and comes back as the same float."""
-    if "e+" not in text:
-        return text
-    return _JSON_STRING_OR_NUMBER.sub(_expand_big_float, text)
-
-
-# One encoder for every payload: json.dumps with options builds a new one per call.
-_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-def _c_encoder() -> Callable[[Any, int], list[str]] | None:
-    """The C accelerator _ENCODER.encode builds on every call, built once (a single
-    enqueue's Job spent half its Python time in that setup, most of it cold code),
-    without the circular-reference markers: a dict shared between threads could be
-    taken for a cycle, and a real cycle ends in RecursionError, reported as one. None
-    where it is missing or does not write exactly what _ENCODER writes (checked here)."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return None
-    probe = {"a": [1, -2.5, None, True, False, '\u00e9\n"\u2028'], "b": {"1e300": 1e300}, "": ""}
-    try:
-        enc = make(
-            None,
-            _ENCODER.default,
-            json.encoder.encode_basestring,
-            None,
-            _ENCODER.key_separator,
-            _ENCODER.item_separator,
-            False,  # sort_keys
-            False,  # skipkeys
-            False,  # allow_nan
-        )
-        same = "".join(enc(probe, 0)) == _ENCODER.encode(probe)
-    except Exception:  # another Python's accelerator: another signature
-        return None
-    return enc if same else None
-
-
-_C_ENCODER: Final = _c_encoder()
-
-
-def encode_payload(
-    payload: Any, what: str = "payload", error: type[InvalidJob] = InvalidPayload
-) -> str:
-    """The payload (a handler's result: ``what``) as JSON text ready for jsonb, or
-    ``error`` saying why not."""
-    try:
-        text = _ENCODER.encode(payload) if _C_ENCODER is None else "".join(_C_ENCODER(payload, 0))
-    except RecursionError:
-        raise error(
-            f"{what} is nested too deeply to be encoded as JSON (or holds itself)"
-        ) from None
-    except (TypeError, ValueError) as exc:
-        raise error(f"{what} is not JSON-serialisable: {exc}") from None
-    if _depth(text) > MAX_PAYLOAD_DEPTH:
-        raise error(
-            f"{what} is nested more than {MAX_PAYLOAD_DEPTH} levels deep (arrays and objects)"
-        )
-    # The plain substring first: the pattern only decides whether it is escaped.
-    if "\\u0000" in text and _JSON_NUL.search(text):
-        raise error(rf"{what} contains the character \u0000, which jsonb cannot store")
-    if not text.isascii():  # ASCII text holds no surrogate (isascii is O(1) in CPython)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise error(
-                f"{what} contains an unpaired surrogate, which is not valid Unicode"
-            ) from None
-    return _keep_floats(text)
-
-
-def check_payload_size(
-    text: str, limit: int, what: str = "payload", error: type[InvalidJob] = InvalidPayload
-) -> None:
-    if len(text) <= limit // 4:  # 4 bytes at most per character in UTF-8: no encoding
-        return
-    size = len(text) if text.isascii() else len(text.encode("utf-8"))
-    if size > limit:
-        raise error(f"{what} is {size} bytes encoded as JSON; the limit is {limit}")
-
-
 def normalise_key(key: object) -> str | None:
     if key is None:
         return None
@@ -392,8 +274,8 @@ class Job:
             0 if priority.__class__ is int and priority == 0 else validate_priority(priority)
         )
         self.payload = payload  # a model instance stays one; it is stored as its JSON
-        if payload.__class__ not in payloads.JSON_TYPES:  # the only cost for a plain one
-            payload = payloads.to_json(payload)
+        if payload.__class__ not in JSON_TYPES:  # the only cost for a plain one
+            payload = to_json(payload)
         self.payload_json = encode_payload(payload)
         self.idempotency_key = None if idempotency_key is None else normalise_key(idempotency_key)
         self.available_at = (

@@ -2,8 +2,9 @@
 checker of the JSON its jobs carry, and from a model instance back to JSON.
 
 Owns: `codec_for` (one `Codec` per typed topic, built once at registration: the field
-checkers are precomputed there, so `decode` only walks the value), the supported
-annotations and the refusal of the others (ValueError naming the field and the
+checkers, brooq.payload_checks's, are precomputed there, so `decode` only walks the
+value), a dataclass's own check, which annotations map to which checker and the refusal
+of the others (ValueError naming the field and the
 annotation; the caller prefixes the topic), the text of `PayloadMismatch`
 (``payload.user_id: expected int, got str (Signup)``), and `to_json`.
 
@@ -40,251 +41,29 @@ import dataclasses
 import sys
 import types
 import typing
-from collections.abc import Callable
 from typing import Any, Final, Literal, Union
 
 from brooq.errors import InvalidPayload, PayloadMismatch
+from brooq.payload_checks import (
+    ANY,
+    PLAIN,
+    SCALARS,
+    Check,
+    Mismatch,
+    Spec,
+    Unsupported,
+    dict_of,
+    kind_of,
+    list_of,
+    literal,
+    show,
+    union,
+    wrong,
+)
 
 # The payloads `brooq.Job` stores as they are: `to_json` (and Job before calling it)
 # answers them with one set lookup, since this is on the enqueue hot path.
 JSON_TYPES: Final = frozenset({dict, list, str, int, float, bool, type(None)})
-_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
-_LITERAL_TYPES: Final = frozenset({str, int, bool, type(None)})
-
-_SUPPORTED: Final = (
-    "supported are int, float, str, bool, None, Any, unions of these, list[T], "
-    "dict[str, T], Literal[...] and dataclasses"
-)
-
-Check = Callable[[Any], Any]
-
-
-class _Mismatch(Exception):
-    """A checker's refusal. The path is appended on the way out (innermost first), so
-    the happy path never builds a path string."""
-
-    def __init__(self, text: str, got: str | None = None) -> None:
-        super().__init__(text)
-        self.text = text
-        self.got = got  # for "expected X, got Y": a union rewords X and keeps Y
-        self.path: list[str] = []
-
-    def render(self, model: str) -> str:
-        return f"payload{''.join(reversed(self.path))}: {self.text} ({model})"
-
-
-class _Unsupported(Exception):
-    """An annotation codec_for refuses; `part` is the piece at fault within it."""
-
-    def __init__(self, part: object, reason: str = _SUPPORTED) -> None:
-        super().__init__(reason)
-        self.part = part
-        self.reason = reason
-
-
-def _kind(value: object) -> str:
-    return "None" if value is None else type(value).__name__
-
-
-def _wrong(expected: str, got: str) -> _Mismatch:
-    return _Mismatch(f"expected {expected}, got {got}", got)
-
-
-def _show(hint: object) -> str:
-    """An annotation as it would be written: list[set[int]], int | None, Literal['a']."""
-    if hint is None or hint is type(None):
-        return "None"
-    if hint is Any:
-        return "Any"
-    if hint is Ellipsis:
-        return "..."
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin is Literal:
-        return f"Literal[{', '.join(map(repr, args))}]"
-    if origin is Union or origin is types.UnionType:
-        return " | ".join(map(_show, args))
-    if origin is not None:
-        return f"{_show(origin)}[{', '.join(map(_show, args))}]" if args else _show(origin)
-    if isinstance(hint, type):
-        return hint.__qualname__
-    return repr(hint)
-
-
-class _Spec:
-    """How to check one annotation. `transforms`: the check returns a new value (a
-    dataclass built from a dict, or a container of such); when False it only validates,
-    and a container may keep the list or dict it was given instead of copying it."""
-
-    __slots__ = ("check", "expected", "transforms")
-
-    def __init__(self, check: Check, expected: str, transforms: bool = False) -> None:
-        self.check = check
-        self.expected = expected
-        self.transforms = transforms
-
-
-def _any(value: Any) -> Any:
-    return value
-
-
-_ANY: Final = _Spec(_any, "Any")
-
-
-def _exact(*classes: type, expected: str) -> _Spec:
-    if len(classes) == 1:
-        only = classes[0]
-
-        def check(value: Any) -> Any:
-            if value.__class__ is only:
-                return value
-            raise _wrong(expected, _kind(value))
-
-    else:
-        allowed = frozenset(classes)
-
-        def check(value: Any) -> Any:
-            if value.__class__ in allowed:
-                return value
-            raise _wrong(expected, _kind(value))
-
-    return _Spec(check, expected)
-
-
-_PLAIN: Final[dict[object, _Spec]] = {
-    int: _exact(int, expected="int"),
-    float: _exact(float, int, expected="float"),
-    str: _exact(str, expected="str"),
-    bool: _exact(bool, expected="bool"),
-    type(None): _exact(type(None), expected="None"),
-}
-_PLAIN[None] = _PLAIN[type(None)]  # one spec, so that a union can tell it is Optional
-
-
-def _literal(values: tuple[Any, ...]) -> _Spec:
-    for value in values:
-        if value.__class__ not in _LITERAL_TYPES:
-            raise _Unsupported(Literal[values], "Literal values must be str, int, bool or None")
-    # Keyed by (class, value): True == 1, and a Literal[1] must not accept true.
-    allowed = frozenset((value.__class__, value) for value in values)
-    expected = " or ".join(map(repr, values))
-
-    def check(value: Any) -> Any:
-        if value.__class__ in _SCALARS and (value.__class__, value) in allowed:
-            return value
-        got = repr(value) if value.__class__ in _SCALARS else _kind(value)
-        raise _wrong(expected, got)
-
-    return _Spec(check, expected)
-
-
-def _union(members: list[_Spec]) -> _Spec:
-    expected = " or ".join(member.expected for member in members)
-    transforms = any(member.transforms for member in members)
-    nullable = any(member is _PLAIN[None] for member in members)
-    others = [member for member in members if member is not _PLAIN[None]]
-    if nullable and len(others) == 1:
-        # Optional[X], the common case: no exception-driven tries, and X's own error
-        # (with its path) when the value is not None.
-        inner = others[0].check
-
-        def optional(value: Any) -> Any:
-            if value is None:
-                return None
-            try:
-                return inner(value)
-            except _Mismatch as exc:
-                if exc.path or exc.got is None:
-                    raise  # X's own words from inside the value
-                raise _wrong(expected, exc.got) from None
-
-        return _Spec(optional, expected, transforms)
-
-    checks = [member.check for member in members]
-
-    def check(value: Any) -> Any:
-        deeper: _Mismatch | None = None
-        got: str | None = None
-        for one in checks:
-            try:
-                return one(value)
-            except _Mismatch as exc:
-                # A member that got inside the value (a list, an object) says more
-                # than "expected A or B, got list".
-                if deeper is None and exc.path:
-                    deeper = exc
-                got = got or exc.got
-        if deeper is not None:
-            raise deeper
-        raise _wrong(expected, got or _kind(value))
-
-    return _Spec(check, expected, transforms)
-
-
-def _list(item: _Spec) -> _Spec:
-    if item is _ANY:
-
-        def check_any(value: Any) -> Any:
-            if value.__class__ is list:
-                return value
-            raise _wrong("list", _kind(value))
-
-        return _Spec(check_any, "list")
-
-    each = item.check
-    transforms = item.transforms
-
-    def check(value: Any) -> Any:
-        if value.__class__ is not list:
-            raise _wrong("list", _kind(value))
-        try:
-            if transforms:
-                return [each(x) for x in value]
-            for x in value:
-                each(x)
-            return value
-        except _Mismatch:
-            pass
-        # The slow path, taken only to refuse: find which item, for the path.
-        for index, x in enumerate(value):
-            try:
-                each(x)
-            except _Mismatch as exc:
-                exc.path.append(f"[{index}]")
-                raise exc from None
-        raise AssertionError("unreachable: an item was refused above")
-
-    return _Spec(check, "list", transforms)
-
-
-def _dict(item: _Spec) -> _Spec:
-    if item is _ANY:
-
-        def check_any(value: Any) -> Any:
-            if value.__class__ is dict:
-                return value
-            raise _wrong("dict", _kind(value))
-
-        return _Spec(check_any, "dict")
-
-    each = item.check
-    transforms = item.transforms
-
-    def check(value: Any) -> Any:
-        if value.__class__ is not dict:
-            raise _wrong("dict", _kind(value))
-        out: dict[str, Any] | None = {} if transforms else None
-        for key, x in value.items():
-            try:
-                checked = each(x)
-            except _Mismatch as exc:
-                exc.path.append(f"[{key!r}]")
-                raise
-            if out is not None:
-                out[key] = checked
-        return value if out is None else out
-
-    return _Spec(check, "dict", transforms)
 
 
 class _Shape:
@@ -299,33 +78,33 @@ class _Shape:
 
     def check(self, value: Any) -> Any:
         if value.__class__ is not dict:
-            raise _wrong(f"an object for {self.name}", _kind(value))
+            raise wrong(f"an object for {self.name}", kind_of(value))
         kwargs: dict[str, Any] = {}
         for name, segment, required, check in self.fields:
             try:
                 field_value = value[name]
             except KeyError:
                 if required:
-                    exc = _Mismatch("required field missing")
+                    exc = Mismatch("required field missing")
                     exc.path.append(segment)
                     raise exc from None
                 continue
             try:
                 kwargs[name] = check(field_value)
-            except _Mismatch as exc:
+            except Mismatch as exc:
                 exc.path.append(segment)
                 raise
         try:
             return self.cls(**kwargs)
         except (TypeError, ValueError) as exc:
             # A __post_init__ refusing a value: the payload does not fit the model.
-            raise _Mismatch(f"{self.name}() raised {type(exc).__name__}: {exc}") from None
+            raise Mismatch(f"{self.name}() raised {type(exc).__name__}: {exc}") from None
 
 
 class _FieldUnsupported(Exception):
     """An unsupported annotation with the path of the field holding it."""
 
-    def __init__(self, name: str, hint: object, cause: _Unsupported) -> None:
+    def __init__(self, name: str, hint: object, cause: Unsupported) -> None:
         super().__init__(name)
         self.path = [name]
         self.hint = hint
@@ -335,8 +114,8 @@ class _FieldUnsupported(Exception):
         part = self.cause.part
         reason = self.cause.reason
         if part is not self.hint:
-            reason = f"because of {_show(part)}; {reason}"
-        return f"field {'.'.join(self.path)!r}: {_show(self.hint)} is not supported ({reason})"
+            reason = f"because of {show(part)}; {reason}"
+        return f"field {'.'.join(self.path)!r}: {show(self.hint)} is not supported ({reason})"
 
 
 class _Builder:
@@ -345,31 +124,31 @@ class _Builder:
     def __init__(self) -> None:
         self.shapes: dict[type, _Shape] = {}
 
-    def spec(self, hint: Any) -> _Spec:
-        plain = _PLAIN.get(hint) if isinstance(hint, type) or hint is None else None
+    def spec(self, hint: Any) -> Spec:
+        plain = PLAIN.get(hint) if isinstance(hint, type) or hint is None else None
         if plain is not None:
             return plain
         if hint is Any:
-            return _ANY
+            return ANY
         supertype = getattr(hint, "__supertype__", None)  # typing.NewType
         if supertype is not None:
             return self.spec(supertype)
         origin = typing.get_origin(hint)
         args = typing.get_args(hint)
         if origin is Literal:
-            return _literal(args)
+            return literal(args)
         if origin is Union or origin is types.UnionType:
-            return _union([self.spec(arg) for arg in args])
+            return union([self.spec(arg) for arg in args])
         if hint is list or origin is list:
-            return _list(self.spec(args[0]) if args else _ANY)
+            return list_of(self.spec(args[0]) if args else ANY)
         if hint is dict or origin is dict:
             if args and args[0] is not str:
-                raise _Unsupported(hint, "dict keys must be str: JSON object keys are strings")
-            return _dict(self.spec(args[1]) if args else _ANY)
+                raise Unsupported(hint, "dict keys must be str: JSON object keys are strings")
+            return dict_of(self.spec(args[1]) if args else ANY)
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             shape = self.shape(hint)
-            return _Spec(shape.check, hint.__name__, transforms=True)
-        raise _Unsupported(hint)
+            return Spec(shape.check, hint.__name__, transforms=True)
+        raise Unsupported(hint)
 
     def shape(self, cls: type) -> _Shape:
         known = self.shapes.get(cls)
@@ -389,7 +168,7 @@ class _Builder:
             if isinstance(hint, dataclasses.InitVar):
                 # A constructor argument that is not a field: decode could not pass it.
                 reason = "an InitVar is a constructor argument, not a field"
-                raise _FieldUnsupported(name, hint, _Unsupported(hint, reason))
+                raise _FieldUnsupported(name, hint, Unsupported(hint, reason))
         fields = []
         for field in dataclasses.fields(cls):
             if not field.init:
@@ -397,7 +176,7 @@ class _Builder:
             hint = hints[field.name]
             try:
                 spec = self.spec(hint)
-            except _Unsupported as exc:
+            except Unsupported as exc:
                 raise _FieldUnsupported(field.name, hint, exc) from None
             except _FieldUnsupported as exc:
                 exc.path.insert(0, field.name)
@@ -437,7 +216,7 @@ class _DataclassCodec(Codec):
     def decode(self, obj: Any) -> Any:
         try:
             return self._check(obj)
-        except _Mismatch as exc:
+        except Mismatch as exc:
             raise PayloadMismatch(exc.render(self.model.__name__)) from None
 
 
@@ -484,7 +263,7 @@ def codec_for(model: object) -> Codec:
         what = (
             "a dataclass instance, not its class"
             if dataclasses.is_dataclass(model)
-            else f"{_show(model) if isinstance(model, type) else type(model).__name__}"
+            else f"{show(model) if isinstance(model, type) else type(model).__name__}"
         )
         raise ValueError(f"payload= takes a dataclass or a pydantic model class, not {what}")
     try:
@@ -521,7 +300,7 @@ def _is_pydantic(value: object) -> bool:
 
 def _convert(value: Any) -> Any:
     cls = value.__class__
-    if cls in _SCALARS:
+    if cls in SCALARS:
         return value
     if cls is list or cls is tuple:
         return [_convert(x) for x in value]

@@ -1,44 +1,42 @@
 """The producer side: put jobs into the job table, alone or inside the caller's transaction.
 
-Every function here takes a psycopg Connection or Cursor that the caller owns; nothing
-is committed here. Queue.enqueue wraps these in a pooled connection and a transaction.
-``enqueue`` and ``enqueue_many`` also take a Django connection or a SQLAlchemy Session or
-Connection on psycopg 3, whose psycopg connection (and so transaction) they use.
+Every function here takes a connection or cursor that the caller owns (brooq.targets says
+which); nothing is committed here. Queue wraps these in a pooled connection and a
+transaction. The sync and the async forms share one logic: each insert is a generator
+(``_insert_one``, ``_insert_many``) that yields the statements it needs run (a _Step) and
+is sent their answers, driven by ``_drive`` on a psycopg Cursor or ``_drive_async`` on an
+AsyncCursor; the drivers only do I/O.
 
 Owns: the insert path (job_insert, job_insert_many, job_copy_*), the idempotency-key
 lookups after a conflict, and the checks a job passes before any I/O.
-Must never: commit, roll back or change the caller's connection (its row_factory
-included: statements run on a cursor of their own), or read a job once inserted beyond
-the ids; import Django or SQLAlchemy (an object is one of theirs only if its module is
-already in ``sys.modules``, as brooq/payloads.py finds pydantic).
+Must never: commit, roll back or change the caller's connection, or read a job once
+inserted beyond the ids.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import psycopg
-from psycopg.rows import class_row, scalar_row
+from psycopg.rows import class_row
 
 from brooq.db import schema_missing
+from brooq.encoding import check_payload_size
 from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
-from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, Job, check_payload_size
+from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, Job
 from brooq.sql import Q, Queries, queries
+from brooq.targets import AnyTarget, AsyncTarget, Target, async_cursor, cursor, resolve_target
 
 if TYPE_CHECKING:
+    from typing_extensions import LiteralString
+
     from brooq.handlers import Handler
 
-Target = psycopg.Connection[Any] | psycopg.Cursor[Any]
-AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
-# What brooq.enqueue and brooq.enqueue_many take: a Target, or a Django connection or a
-# SQLAlchemy Session/Connection on psycopg 3 (told apart at run time: typed ``object`` so
-# that a type checker accepts them without brooq naming the frameworks' types).
-AnyTarget = Target | object
+R = TypeVar("R")
 
 # A conflicting row can vanish between our INSERT and our SELECT (retention deleted it):
 # then the INSERT is tried again. Two rounds are plenty; more means something is wrong.
@@ -51,6 +49,39 @@ class _KeyedId(NamedTuple):
     topic: str
     key: str | None  # never None here (the lookup joins on it), typed as Job.idempotency_key
     id: uuid.UUID
+
+
+# What an insert asks its driver to run, and what it is sent back.
+class _One(NamedTuple):
+    """Execute; the first row's id, None without a row."""
+
+    statement: LiteralString
+    params: dict[str, Any]
+
+
+class _All(NamedTuple):
+    """Execute; every row's id."""
+
+    statement: LiteralString
+    params: dict[str, Any]
+
+
+class _Keyed(NamedTuple):
+    """Execute; every row as a _KeyedId."""
+
+    statement: LiteralString
+    params: dict[str, Any]
+
+
+class _Copy(NamedTuple):
+    """COPY these rows; nothing is sent back."""
+
+    statement: LiteralString
+    rows: list[tuple[Any, ...]]
+
+
+_Step = _One | _All | _Keyed | _Copy
+_Steps = Generator[_Step, Any, R]
 
 
 def check_job(job: object, max_payload_bytes: int, handlers: Handlers | None = None) -> Job:
@@ -98,110 +129,7 @@ def queue_of(job: Job, handlers: Handlers) -> str:
     return handler.queue if handler is not None else DEFAULT_QUEUE
 
 
-def _params(job: Job, job_id: uuid.UUID, handlers: Handlers) -> dict[str, Any]:
-    return {
-        "id": job_id,
-        "topic": job.topic,
-        "payload": job.payload_json,
-        "key": job.idempotency_key,
-        "available_at": job.available_at,
-        "queue": queue_of(job, handlers),
-        "priority": job.priority,
-    }
-
-
-def _cursor(target: Target) -> psycopg.Cursor[Any]:
-    """A new cursor on the caller's connection, so in the caller's transaction, that
-    returns the id column itself (scalar_row: every statement here answers ids) whatever
-    row_factory the caller chose (dict_row, class_row, ...) and whatever kind of cursor
-    was passed (a server-side one cannot run an INSERT)."""
-    conn = target if isinstance(target, psycopg.Connection) else target.connection
-    return conn.cursor(row_factory=scalar_row)
-
-
-_ACCEPTED = (
-    "a psycopg Connection or Cursor, a Django connection or a SQLAlchemy "
-    "Session/Connection (psycopg 3)"
-)
-
-
-def resolve_target(target: object, caller: str) -> Target:
-    """The psycopg connection behind a framework object, so that the job joins the
-    framework's transaction; a TypeError naming what is accepted otherwise. Called only
-    once ``target`` is known not to be a psycopg Connection or Cursor."""
-    if isinstance(target, psycopg.AsyncConnection | psycopg.AsyncCursor):
-        raise TypeError(
-            f"{caller} takes a psycopg Connection or Cursor, not an async one: "
-            f"use {caller}_async for a {type(target).__name__}"
-        )
-    raw = _django_connection(target)
-    if raw is not None:
-        return _driver_checked(raw, caller, "a Django connection", "Django's psycopg 3 backend")
-    raw = _sqlalchemy_connection(target)
-    if raw is not None:
-        return _driver_checked(
-            raw, caller, "a SQLAlchemy connection", "the postgresql+psycopg:// dialect"
-        )
-    raise TypeError(f"{caller} takes {_ACCEPTED}, not {_type_name(target)}")
-
-
-def _type_name(value: object) -> str:
-    kind = type(value)
-    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
-
-
-def _driver_checked(raw: object, caller: str, what: str, needed: str) -> Target:
-    if isinstance(raw, psycopg.Connection):
-        return raw
-    if isinstance(raw, psycopg.AsyncConnection):
-        hint = f"an asyncio engine's (use {caller}_async on its psycopg AsyncConnection)"
-    else:
-        hint = f"{type(raw).__module__.split('.')[0]}'s {type(raw).__name__}"
-    raise TypeError(f"{caller} takes {what} only on psycopg 3 ({needed}); this one is {hint}")
-
-
-def _django_connection(target: object) -> object | None:
-    """The DB-API connection of a Django connection wrapper (``django.db.connection``, a
-    proxy to the default alias's wrapper, or ``connections[alias]``), else None. Opens it
-    if need be: in Django's autocommit mode (outside ``atomic``) the job commits at once."""
-    proxy = sys.modules.get("django.utils.connection")
-    if proxy is None:  # imported by django.db, which every Django connection comes from
-        return None
-    if not isinstance(target, proxy.ConnectionProxy):
-        base = sys.modules.get("django.db.backends.base.base")
-        if base is None or not isinstance(target, base.BaseDatabaseWrapper):
-            return None
-    wrapper: Any = target
-    wrapper.ensure_connection()
-    wrapper.validate_no_broken_transaction()  # as Django's own cursors refuse to run then
-    raw: object = wrapper.connection
-    return raw
-
-
-def _sqlalchemy_connection(target: object) -> object | None:
-    """The driver connection of a SQLAlchemy Session (its transaction for the default
-    bind, begun if need be) or Connection (a transaction begun if none is, as SQLAlchemy
-    would on its next statement: else its commit() would not commit the job), else None."""
-    orm = sys.modules.get("sqlalchemy.orm")
-    engine = sys.modules.get("sqlalchemy.engine")
-    if engine is None:
-        return None
-    conn: Any
-    if orm is not None and isinstance(target, orm.Session | orm.scoped_session):
-        conn = target.connection()
-    elif isinstance(target, engine.Connection):
-        conn = target
-        if not conn.in_transaction():
-            conn.begin()
-    else:
-        return None
-    raw: object = conn.connection.driver_connection
-    return raw
-
-
-def _async_cursor(target: AsyncTarget) -> psycopg.AsyncCursor[Any]:
-    conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
-    return conn.cursor(row_factory=scalar_row)
+# -- the public functions ------------------------------------------------------------------
 
 
 def enqueue(
@@ -230,29 +158,6 @@ def enqueue(
     return insert_checked(target, check_job(job, max_payload_bytes), q=queries(schema))
 
 
-def insert_checked(
-    target: Target, job: Job, handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
-) -> tuple[uuid.UUID, bool]:
-    """``enqueue`` for a job that check_job has passed."""
-    try:
-        with _cursor(target) as cur:
-            for _ in range(_KEY_ROUNDS):
-                inserted = cur.execute(q.job_insert, _params(job, uuid7(), handlers)).fetchone()
-                if inserted is not None:
-                    return inserted, True
-                existing = cur.execute(
-                    q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
-                ).fetchone()
-                if existing is not None:
-                    return existing, False
-    except psycopg.errors.UndefinedTable as exc:
-        raise schema_missing(exc) from None
-    raise BrooqError(
-        f"could not enqueue {job.topic!r} with key {job.idempotency_key!r}: the conflicting "
-        "job kept disappearing (is the caller's transaction REPEATABLE READ or SERIALIZABLE?)"
-    )
-
-
 async def enqueue_async(
     target: AsyncTarget,
     job: Job,
@@ -262,31 +167,6 @@ async def enqueue_async(
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue`` for a psycopg AsyncConnection or AsyncCursor, in the caller's transaction."""
     return await insert_checked_async(target, check_job(job, max_payload_bytes), q=queries(schema))
-
-
-async def insert_checked_async(
-    target: AsyncTarget, job: Job, handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
-) -> tuple[uuid.UUID, bool]:
-    """``enqueue_async`` for a job that check_job has passed."""
-    try:
-        async with _async_cursor(target) as cur:
-            for _ in range(_KEY_ROUNDS):
-                await cur.execute(q.job_insert, _params(job, uuid7(), handlers))
-                inserted = await cur.fetchone()
-                if inserted is not None:
-                    return inserted, True
-                await cur.execute(
-                    q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key}
-                )
-                existing = await cur.fetchone()
-                if existing is not None:
-                    return existing, False
-    except psycopg.errors.UndefinedTable as exc:
-        raise schema_missing(exc) from None
-    raise BrooqError(
-        f"could not enqueue {job.topic!r} with key {job.idempotency_key!r}: the conflicting "
-        "job kept disappearing"
-    )
 
 
 def enqueue_many(
@@ -308,22 +188,6 @@ def enqueue_many(
     return insert_many_checked(target, check_jobs(jobs, max_payload_bytes), q=queries(schema))
 
 
-def insert_many_checked(
-    target: Target, checked: list[Job], handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
-) -> list[tuple[uuid.UUID, bool]]:
-    """``enqueue_many`` for jobs that check_job has passed."""
-    if not checked:
-        return []
-    ids = uuid7_many(len(checked))
-    try:
-        with _cursor(target) as cur:
-            if any(job.idempotency_key is not None for job in checked):
-                return _insert_many(cur, checked, ids, handlers, q)
-            return _copy_many(cur, checked, ids, handlers, q)
-    except psycopg.errors.UndefinedTable as exc:
-        raise schema_missing(exc) from None
-
-
 async def enqueue_many_async(
     target: AsyncTarget,
     jobs: Sequence[Job],
@@ -337,20 +201,163 @@ async def enqueue_many_async(
     )
 
 
+def insert_checked(
+    target: Target, job: Job, handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
+) -> tuple[uuid.UUID, bool]:
+    """``enqueue`` for a job that check_job has passed."""
+    return _drive(target, _insert_one(job, handlers, q))
+
+
+async def insert_checked_async(
+    target: AsyncTarget, job: Job, handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
+) -> tuple[uuid.UUID, bool]:
+    """``enqueue_async`` for a job that check_job has passed."""
+    return await _drive_async(target, _insert_one(job, handlers, q))
+
+
+def insert_many_checked(
+    target: Target, checked: list[Job], handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
+) -> list[tuple[uuid.UUID, bool]]:
+    """``enqueue_many`` for jobs that check_job has passed."""
+    if not checked:
+        return []
+    return _drive(target, _insert_many(checked, handlers, q))
+
+
 async def insert_many_checked_async(
     target: AsyncTarget, checked: list[Job], handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
 ) -> list[tuple[uuid.UUID, bool]]:
     """``enqueue_many_async`` for jobs that check_job has passed."""
     if not checked:
         return []
-    ids = uuid7_many(len(checked))
+    return await _drive_async(target, _insert_many(checked, handlers, q))
+
+
+# -- the drivers: the I/O, and nothing else ------------------------------------------------
+
+
+def _drive(target: Target, steps: _Steps[R]) -> R:
+    """Run ``steps`` on a cursor of the caller's connection."""
     try:
-        async with _async_cursor(target) as cur:
-            if any(job.idempotency_key is not None for job in checked):
-                return await _insert_many_async(cur, checked, ids, handlers, q)
-            return await _copy_many_async(cur, checked, ids, handlers, q)
+        with cursor(target) as cur:
+            answer: Any = None
+            while True:
+                try:
+                    step = steps.send(answer)
+                except StopIteration as done:
+                    result: R = done.value
+                    return result
+                if isinstance(step, _One):  # first: a single enqueue's only kind
+                    answer = cur.execute(step.statement, step.params).fetchone()
+                elif isinstance(step, _Copy):
+                    with cur.copy(step.statement) as copy:
+                        for row in step.rows:
+                            copy.write_row(row)
+                    answer = None
+                elif isinstance(step, _Keyed):
+                    with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
+                        answer = by_key.execute(step.statement, step.params).fetchall()
+                else:
+                    answer = cur.execute(step.statement, step.params).fetchall()
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
+
+
+async def _drive_async(target: AsyncTarget, steps: _Steps[R]) -> R:
+    """``_drive`` on an AsyncCursor: the same steps, awaited."""
+    try:
+        async with async_cursor(target) as cur:
+            answer: Any = None
+            while True:
+                try:
+                    step = steps.send(answer)
+                except StopIteration as done:
+                    result: R = done.value
+                    return result
+                if isinstance(step, _One):
+                    await cur.execute(step.statement, step.params)
+                    answer = await cur.fetchone()
+                elif isinstance(step, _Copy):
+                    async with cur.copy(step.statement) as copy:
+                        for row in step.rows:
+                            await copy.write_row(row)
+                    answer = None
+                elif isinstance(step, _Keyed):
+                    async with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
+                        await by_key.execute(step.statement, step.params)
+                        answer = await by_key.fetchall()
+                else:
+                    await cur.execute(step.statement, step.params)
+                    answer = await cur.fetchall()
+    except psycopg.errors.UndefinedTable as exc:
+        raise schema_missing(exc) from None
+
+
+# -- the inserts, without I/O ----------------------------------------------------------------
+
+
+def _insert_one(job: Job, handlers: Handlers, q: Queries) -> _Steps[tuple[uuid.UUID, bool]]:
+    """One job: INSERT; on a key conflict, the id of the job holding the key (tried again
+    if that job vanished meanwhile)."""
+    for _ in range(_KEY_ROUNDS):
+        inserted = yield _One(q.job_insert, _params(job, uuid7(), handlers))
+        if inserted is not None:
+            return inserted, True
+        existing = yield _One(q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key})
+        if existing is not None:
+            return existing, False
+    raise BrooqError(
+        f"could not enqueue {job.topic!r} with key {job.idempotency_key!r}: the conflicting "
+        "job kept disappearing (is the caller's transaction REPEATABLE READ or SERIALIZABLE?)"
+    )
+
+
+def _insert_many(
+    checked: list[Job], handlers: Handlers, q: Queries
+) -> _Steps[list[tuple[uuid.UUID, bool]]]:
+    """Jobs without keys cannot conflict: COPY them. With keys, one INSERT, then one
+    lookup of the jobs holding the keys that were taken."""
+    ids = uuid7_many(len(checked))
+    if all(job.idempotency_key is None for job in checked):
+        ready, scheduled = _copy_rows(checked, ids, handlers)
+        if ready:
+            yield _Copy(q.job_copy_ready, ready)
+        if scheduled:
+            yield _Copy(q.job_copy_scheduled, scheduled)
+        return [(job_id, True) for job_id in ids]
+    inserted = set((yield _All(q.job_insert_many, _many_params(checked, ids, handlers))))
+    result = [(job_id, job_id in inserted) for job_id in ids]
+    missing = [i for i, (_, created) in enumerate(result) if not created]
+    if not missing:
+        return result
+    lookup = {
+        "topics": [checked[i].topic for i in missing],
+        "keys": [checked[i].idempotency_key for i in missing],
+    }
+    rows: list[_KeyedId] = yield _Keyed(q.job_get_ids_by_keys, lookup)
+    existing = {(row.topic, row.key): row.id for row in rows}
+    for i in missing:
+        job = checked[i]
+        found = existing.get((job.topic, job.idempotency_key))
+        if found is None:
+            raise BrooqError(
+                f"job {i} ({job.topic!r}, key {job.idempotency_key!r}) conflicted "
+                "with a row that has since disappeared; enqueue it again"
+            )
+        result[i] = (found, False)
+    return result
+
+
+def _params(job: Job, job_id: uuid.UUID, handlers: Handlers) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "topic": job.topic,
+        "payload": job.payload_json,
+        "key": job.idempotency_key,
+        "available_at": job.available_at,
+        "queue": queue_of(job, handlers),
+        "priority": job.priority,
+    }
 
 
 def _copy_rows(
@@ -370,39 +377,6 @@ def _copy_rows(
     return ready, scheduled
 
 
-def _copy_many(
-    cur: psycopg.Cursor[Any],
-    checked: list[Job],
-    ids: list[uuid.UUID],
-    handlers: Handlers,
-    q: Queries,
-) -> list[tuple[uuid.UUID, bool]]:
-    """Jobs without keys cannot conflict: COPY them."""
-    ready, scheduled = _copy_rows(checked, ids, handlers)
-    for statement, rows in ((q.job_copy_ready, ready), (q.job_copy_scheduled, scheduled)):
-        if rows:
-            with cur.copy(statement) as copy:
-                for row in rows:
-                    copy.write_row(row)
-    return [(job_id, True) for job_id in ids]
-
-
-async def _copy_many_async(
-    cur: psycopg.AsyncCursor[Any],
-    checked: list[Job],
-    ids: list[uuid.UUID],
-    handlers: Handlers,
-    q: Queries,
-) -> list[tuple[uuid.UUID, bool]]:
-    ready, scheduled = _copy_rows(checked, ids, handlers)
-    for statement, rows in ((q.job_copy_ready, ready), (q.job_copy_scheduled, scheduled)):
-        if rows:
-            async with cur.copy(statement) as copy:
-                for row in rows:
-                    await copy.write_row(row)
-    return [(job_id, True) for job_id in ids]
-
-
 def _many_params(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -> dict[str, Any]:
     return {
         "ids": ids,
@@ -413,71 +387,3 @@ def _many_params(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -
         "queues": [queue_of(j, handlers) for j in checked],
         "priorities": [j.priority for j in checked],
     }
-
-
-def _missing(
-    checked: list[Job], ids: list[uuid.UUID], inserted: set[uuid.UUID]
-) -> tuple[list[tuple[uuid.UUID, bool]], list[int], dict[str, Any]]:
-    """After job_insert_many: (id, created) per job, the indexes of the jobs whose key
-    was taken, and the job_get_ids_by_keys parameters that find the rows holding them."""
-    result = [(job_id, job_id in inserted) for job_id in ids]
-    missing = [i for i, (_, created) in enumerate(result) if not created]
-    lookup = {
-        "topics": [checked[i].topic for i in missing],
-        "keys": [checked[i].idempotency_key for i in missing],
-    }
-    return result, missing, lookup
-
-
-def _fill_existing(
-    result: list[tuple[uuid.UUID, bool]],
-    checked: list[Job],
-    missing: list[int],
-    rows: Iterable[_KeyedId],
-) -> list[tuple[uuid.UUID, bool]]:
-    existing = {(row.topic, row.key): row.id for row in rows}
-    for i in missing:
-        job = checked[i]
-        found = existing.get((job.topic, job.idempotency_key))
-        if found is None:
-            raise BrooqError(
-                f"job {i} ({job.topic!r}, key {job.idempotency_key!r}) conflicted "
-                "with a row that has since disappeared; enqueue it again"
-            )
-        result[i] = (found, False)
-    return result
-
-
-def _insert_many(
-    cur: psycopg.Cursor[Any],
-    checked: list[Job],
-    ids: list[uuid.UUID],
-    handlers: Handlers,
-    q: Queries,
-) -> list[tuple[uuid.UUID, bool]]:
-    cur.execute(q.job_insert_many, _many_params(checked, ids, handlers))
-    inserted = set(cur.fetchall())  # the ids (scalar_row)
-    result, missing, lookup = _missing(checked, ids, inserted)
-    if not missing:
-        return result
-    with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
-        rows = by_key.execute(q.job_get_ids_by_keys, lookup).fetchall()
-    return _fill_existing(result, checked, missing, rows)
-
-
-async def _insert_many_async(
-    cur: psycopg.AsyncCursor[Any],
-    checked: list[Job],
-    ids: list[uuid.UUID],
-    handlers: Handlers,
-    q: Queries,
-) -> list[tuple[uuid.UUID, bool]]:
-    await cur.execute(q.job_insert_many, _many_params(checked, ids, handlers))
-    inserted = set(await cur.fetchall())
-    result, missing, lookup = _missing(checked, ids, inserted)
-    if not missing:
-        return result
-    async with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
-        await by_key.execute(q.job_get_ids_by_keys, lookup)
-        rows = await by_key.fetchall()
-    return _fill_existing(result, checked, missing, rows)

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from brooq import limits
 from brooq.durations import parse_duration_string, to_seconds, too_long
 from brooq.errors import InvalidJob, InvalidSettings
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, validate_queue
+from brooq.limits import NAMES, ordering_problems
 from brooq.sql import schema_problem
 
 # The queues a master works, with their weights: (("default", 4), ("bulk", 1)).
@@ -343,7 +343,7 @@ def validate(settings: Settings) -> list[str]:
     if s.loop_block_timeout < 1:
         # Under a second, a GC pause or a first import would kill children.
         problems.append(f"loop_block_timeout must be at least 1s, got {s.loop_block_timeout:g}s")
-    problems += limits.ordering_problems({name: getattr(s, name) for name in limits.NAMES})
+    problems += ordering_problems({name: getattr(s, name) for name in NAMES})
     if s.worker_synchronous_commit not in ("on", "off"):
         problems.append(
             f"worker_synchronous_commit must be on or off, got {s.worker_synchronous_commit!r}"

@@ -25,7 +25,7 @@ import pytest
 
 import brooq
 from brooq.cli import show_lines, top
-from brooq.queue import HolderStats, InFlight, TopicStats
+from brooq.operator.records import HolderStats, InFlight, TopicStats
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = str(uuid.UUID(int=7))

@@ -24,7 +24,7 @@ def count(db: psycopg.Connection[tuple[object, ...]]) -> int:
 def test_queue_opens_nothing_until_first_use() -> None:
     q = brooq.Queue("postgresql://nobody@127.0.0.1:1/nothing")
     q.handler("a")(lambda claim: None)
-    assert q._pool is None and q._line is None
+    assert q._pools._pool is None and q._line is None
 
 
 def test_enqueue_creates_a_pending_row(queue: brooq.Queue, db: psycopg.Connection) -> None:
@@ -352,7 +352,7 @@ def test_pool_is_not_used_across_fork(queue: brooq.Queue) -> None:
 
     job_id, _ = queue.enqueue(brooq.Job("before.fork"))  # the enqueue line opens
     assert queue.get(job_id) is not None  # and the pool
-    parent_pool = queue._pool
+    parent_pool = queue._pools._pool
     assert queue._line is not None and queue._line._conn is not None
     parent_backend = queue._line._conn.info.backend_pid
     pid = os.fork()
@@ -364,7 +364,7 @@ def test_pool_is_not_used_across_fork(queue: brooq.Queue) -> None:
             line = queue._line._conn if queue._line is not None else None
             if line is None or line.info.backend_pid == parent_backend:
                 code = 4
-            elif queue._pool is parent_pool or not found:
+            elif queue._pools._pool is parent_pool or not found:
                 code = 3
             else:
                 code = 0
@@ -376,7 +376,7 @@ def test_pool_is_not_used_across_fork(queue: brooq.Queue) -> None:
     after, created = queue.enqueue(brooq.Job("after.fork"))
     assert created and queue.get(after) is not None
     assert queue._line._conn.info.backend_pid == parent_backend
-    assert queue._pool is parent_pool
+    assert queue._pools._pool is parent_pool
 
 
 @pytest.mark.parametrize("factory", ["dict_row", "namedtuple_row", "server_cursor"])

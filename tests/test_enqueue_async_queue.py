@@ -68,7 +68,7 @@ def test_enqueue_async_checks_a_typed_payload_before_any_io(
             await q.enqueue_many_async(
                 [brooq.Job("mail.send", {"to": "x"}), brooq.Job("mail.send", {})]
             )
-        assert q._apool is None  # refused before the pool was even opened
+        assert q._pools._apool is None  # refused before the pool was even opened
 
     asyncio.run(main())
     assert rows(db) == []
@@ -122,9 +122,9 @@ def test_the_async_pool_follows_the_event_loop_and_the_process(
     and a forked child each get their own, and the parent's keeps working."""
     q = app_queue(dsn)
     asyncio.run(q.enqueue_async(brooq.Job("other", {"n": 1})))
-    inherited = q._apool
+    inherited = q._pools._apool
     asyncio.run(q.enqueue_async(brooq.Job("other", {"n": 2})))  # a new loop: a new pool
-    assert q._apool is not None and q._apool is not inherited
+    assert q._pools._apool is not None and q._pools._apool is not inherited
     pid = os.fork()
     if pid == 0:  # the child: its own pool, never the parent's sockets
         code = 1

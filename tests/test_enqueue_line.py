@@ -103,7 +103,7 @@ def test_each_enqueue_is_one_execution_of_the_prepared_statement(queue: brooq.Qu
     for i in range(25):
         queue.enqueue(brooq.Job("line.count", {"i": i}))
     assert _executions(queue) - before == 25
-    assert queue._pool is None  # the pool was never needed
+    assert queue._pools._pool is None  # the pool was never needed
 
 
 def test_a_taken_key_answers_the_existing_job_through_the_pool(
@@ -124,7 +124,7 @@ def test_a_busy_line_sends_the_enqueue_through_the_pool(queue: brooq.Queue) -> N
     with line._lock:  # another thread's enqueue in flight
         job_id, created = queue.enqueue(brooq.Job("line.busy"))
     assert created is True and queue.get(job_id) is not None
-    assert queue._pool is not None and queue._pool.get_stats()["requests_num"] >= 1
+    assert queue._pools._pool is not None and queue._pools._pool.get_stats()["requests_num"] >= 1
     assert _executions(queue) == before  # not through the line
 
 
@@ -335,7 +335,7 @@ def test_a_fork_while_an_enqueue_holds_the_line_gives_the_child_a_line_of_its_ow
     line = queue._line
     assert line is not None
     parent_backend = _line_conn(queue).info.backend_pid
-    with line._lock, queue._open_lock:  # a parent's thread mid-enqueue, mid-open at the fork
+    with line._lock, queue._pools.lock:  # a parent's thread mid-enqueue, mid-open at the fork
         pid = os.fork()
         if pid == 0:
             codes = [1]

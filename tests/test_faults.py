@@ -24,8 +24,8 @@ import psycopg
 import pytest
 
 import brooq
+from brooq.operator.changes import transition_params
 from brooq.produce import enqueue_many
-from brooq.queue import transition_params
 from brooq.sql import Q
 from tests import audit
 from tests.harness import (

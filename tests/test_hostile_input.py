@@ -28,12 +28,8 @@ from hypothesis import strategies as st
 
 import brooq
 from brooq import InvalidIdempotencyKey, InvalidJob, InvalidPayload, InvalidTopic, Job
-from brooq.job import (
-    IDEMPOTENCY_KEY_MAX_BYTES,
-    IDEMPOTENCY_KEY_MAX_LENGTH,
-    MAX_PAYLOAD_DEPTH,
-    TOPIC_MAX_LENGTH,
-)
+from brooq.encoding import MAX_PAYLOAD_DEPTH
+from brooq.job import IDEMPOTENCY_KEY_MAX_BYTES, IDEMPOTENCY_KEY_MAX_LENGTH, TOPIC_MAX_LENGTH
 
 LIMIT = 16 * 1024  # max_payload_bytes of the database tests' queue
 

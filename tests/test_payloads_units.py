@@ -23,6 +23,7 @@ import pytest
 from brooq import payloads
 from brooq.errors import InvalidPayload, PayloadMismatch
 from brooq.job import Claim, Job
+from brooq.payload_checks import show
 from brooq.payloads import codec_for, is_model_instance, to_json
 
 
@@ -125,7 +126,7 @@ SUPPORTED: list[tuple[Any, list[Any], list[tuple[Any, str]]]] = [
 
 
 @pytest.mark.parametrize(
-    ("annotation", "good", "bad"), SUPPORTED, ids=[payloads._show(a) for a, _, _ in SUPPORTED]
+    ("annotation", "good", "bad"), SUPPORTED, ids=[show(a) for a, _, _ in SUPPORTED]
 )
 def test_supported_annotation(annotation: Any, good: list[Any], bad: list[tuple[Any, str]]):
     codec = codec_for(one_field(annotation))
@@ -570,9 +571,9 @@ def test_claim_is_generic_at_no_cost():
 
 
 def test_the_prebuilt_encoder_writes_what_json_dumps_writes():
-    from brooq import job as job_mod
+    from brooq import encoding as encoding_mod
 
-    assert job_mod._C_ENCODER is not None  # CPython: the accelerator is the one in use
+    assert encoding_mod._C_ENCODER is not None  # CPython: the accelerator is the one in use
     values = [
         {"a": [1, -2.5, None, True, 'é\n\u2028"q"', {"n": {}}], "": [], "k": 1e300},
         "plain",
@@ -581,15 +582,15 @@ def test_the_prebuilt_encoder_writes_what_json_dumps_writes():
     ]
     for value in values:
         expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        assert "".join(job_mod._C_ENCODER(value, 0)) == expected
-        assert Job("t", value).payload_json == job_mod._keep_floats(expected)
+        assert "".join(encoding_mod._C_ENCODER(value, 0)) == expected
+        assert Job("t", value).payload_json == encoding_mod._keep_floats(expected)
 
 
 def test_without_the_accelerator_the_same_payloads_and_refusals(monkeypatch):
-    from brooq import job as job_mod
+    from brooq import encoding as encoding_mod
 
     with_it = Job("t", {"a": [1, 2.5, "x"]}).payload_json
-    monkeypatch.setattr(job_mod, "_C_ENCODER", None)
+    monkeypatch.setattr(encoding_mod, "_C_ENCODER", None)
     assert Job("t", {"a": [1, 2.5, "x"]}).payload_json == with_it
     looped: dict[str, Any] = {}
     looped["me"] = looped

@@ -48,7 +48,7 @@ def test_the_async_pool_replaces_a_connection_the_server_ended(
     async def go() -> None:
         try:
             await queue.enqueue_async(brooq.Job("t"))
-            async with queue._async_connection() as conn:
+            async with queue._pools.async_connection() as conn:
                 pid = conn.info.backend_pid
             terminate_backend(connect(autocommit=True), pid)
             job_id, created = await queue.enqueue_async(brooq.Job("t"))

@@ -30,7 +30,7 @@ from brooq.job import (
     transition_refusal,
     transition_rule,
 )
-from brooq.queue import transition_params
+from brooq.operator.changes import transition_params
 from brooq.sql import Q
 
 JOB = uuid.UUID("7d4c5e0a-3f41-4c77-9d3e-2b1f6a0c9e51")

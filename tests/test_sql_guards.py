@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from brooq.queue import transition_params
+from brooq.operator.changes import transition_params
 from brooq.sql import Q
 
 Conn = psycopg.Connection[Any]

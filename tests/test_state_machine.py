@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 from psycopg.rows import dict_row
 
 import brooq
-from brooq.queue import transition_params
+from brooq.operator.changes import transition_params
 from brooq.sql import Q
 
 Conn = psycopg.Connection[Any]

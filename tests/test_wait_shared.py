@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import queue as queue_mod
+from brooq import job_wait as job_wait_mod
 from brooq import waiting
 from tests.harness import wait_for
 
@@ -30,8 +30,8 @@ N = 500
 @pytest.fixture
 def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """queue.wait polls only every 60 s: returning sooner takes a wake-up."""
-    monkeypatch.setattr(queue_mod, "WAIT_POLL_FIRST", 60.0)
-    monkeypatch.setattr(queue_mod, "WAIT_POLL_MAX", 60.0)
+    monkeypatch.setattr(job_wait_mod, "WAIT_POLL_FIRST", 60.0)
+    monkeypatch.setattr(job_wait_mod, "WAIT_POLL_MAX", 60.0)
 
 
 def server_connections(db: psycopg.Connection[Any]) -> int:
@@ -123,7 +123,7 @@ def test_500_waiting_threads_share_a_few_server_connections(
         assert (w.record.state, w.record.result) == ("done", {"n": n})
     # the pool (4), the listener, the enqueue's own connection
     assert peak <= queue.pool_size + 2, peak
-    listener = queue._listener
+    listener = queue._waits._listener
     assert listener is not None and listener.waiting == 0
 
 
@@ -183,7 +183,7 @@ def test_500_async_waiters_share_a_few_server_connections(
     # the async pool (4), the sync pool's first connection (enqueue_many), the listener,
     # the enqueue's own connection
     assert peak <= queue.pool_size + 3, peak
-    listener = queue._listener
+    listener = queue._waits._listener
     assert listener is not None and listener.waiting == 0
 
 

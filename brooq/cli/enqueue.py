@@ -21,6 +21,7 @@ import click
 import brooq
 from brooq.cli.common import cli, emit_json, open_queue
 from brooq.durations import parse_duration_string
+from brooq.encoding import MAX_PAYLOAD_DEPTH
 from brooq.errors import (
     InvalidIdempotencyKey,
     InvalidJob,
@@ -29,7 +30,7 @@ from brooq.errors import (
     InvalidQueue,
     InvalidTopic,
 )
-from brooq.job import MAX_PAYLOAD_DEPTH, PRIORITY_MAX, PRIORITY_MIN
+from brooq.job import PRIORITY_MAX, PRIORITY_MIN
 
 # --payload-file reads at most this much: a stored payload is far smaller (max_payload_bytes,
 # 1 MiB by default), but a file may be indented; /dev/zero must not fill the memory.

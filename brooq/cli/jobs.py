@@ -26,6 +26,7 @@ from brooq.cli.common import cli, emit_json, open_queue, table, utc
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
 from brooq.job import BULK_FROM_STATES, JobRecord, Transition, bulk_rule, bulk_state_refusal
+from brooq.operator.reads import LIST_LIMIT_MAX
 
 SCREEN_LINES = 24  # `jobs show` fits a classic terminal
 SHOW_INLINE_PAYLOAD = 80  # characters of compact JSON shown on the payload (result) line
@@ -61,7 +62,7 @@ def _last_line(text: str | None, width: int = 60) -> str:
     default=100,
     show_default=True,
     type=int,
-    help=f"How many, newest first; at most {brooq.queue.LIST_LIMIT_MAX}.",
+    help=f"How many, newest first; at most {LIST_LIMIT_MAX}.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
@@ -74,9 +75,9 @@ def jobs_list(
     as_json: bool,
 ) -> None:
     """Jobs, newest first (by creation time)."""
-    if not 1 <= limit <= brooq.queue.LIST_LIMIT_MAX:
+    if not 1 <= limit <= LIST_LIMIT_MAX:
         raise click.BadParameter(
-            f"{limit} is out of range: a listing holds 1 to {brooq.queue.LIST_LIMIT_MAX} "
+            f"{limit} is out of range: a listing holds 1 to {LIST_LIMIT_MAX} "
             "jobs; narrow it with --topic, --queue or --state",
             param_hint="--limit",
         )

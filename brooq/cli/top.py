@@ -37,7 +37,8 @@ from brooq import dsn as dsn_mod
 from brooq.cli.common import cli, dsn, emit_json, open_queue
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import BrooqError
-from brooq.queue import HolderStats, InFlight, Queue, TopicStats
+from brooq.operator.records import HolderStats, InFlight, TopicStats
+from brooq.queue import Queue
 
 WINDOW_SECONDS = 60
 IN_FLIGHT_LIMIT = 200

@@ -16,8 +16,9 @@ master (which gives the revoked sessions to the next page process it forks); a n
 token (set_token) ends every session. Wrong tokens are budgeted per client address
 (brooq.page.signin.SignInBudget): a few cost nothing, then the address waits.
 Without an admin token configured every action answers 403 and the pages say how to
-enable them. The writes are brooq.Queue's own (the guarded statements, the bulk batches);
-a refusal is worded by brooq.job as for the CLI.
+enable them. The writes are brooq.operator's functions (the guarded statements, the bulk
+batches), each action on a connection of its own (brooq.operator.connect); a refusal is
+worded by brooq.job as for the CLI.
 
 Owns: routing and answering these requests. Must never write the token into a page, a
 log line or a URL, or change anything on a GET.
@@ -33,9 +34,16 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+import psycopg
+
+from brooq.job import Transition
+from brooq.operator import changes
 from brooq.opsport.httpmsg import plain_response
 from brooq.page import signin
 from brooq.page.signin import revoke
+from brooq.sql import Queries
+
+Conn = psycopg.Connection[Any]
 
 log = logging.getLogger("brooq.pages")
 
@@ -69,7 +77,6 @@ class Actions:
         self.dsn = dsn
         self.token = token
         self.schema = schema
-        self._queue: Any = None  # a brooq.Queue, opened at the first action
         self.budget = signin.SignInBudget()
         # Signed-out sessions (nonce -> expiry), refused until they expire; the master
         # hears of each (on_sign_out) and hands them to the next page process.
@@ -181,52 +188,73 @@ class Actions:
     ) -> bytes:
         if job_id and job_action:
             return self._refused_or(
-                form, session, lambda q: self._job(q, uuid.UUID(job_id), job_action, form)
+                form, session, lambda c, q: self._job(c, q, uuid.UUID(job_id), job_action, form)
             )
         if queue_name and queue_action:
             return self._refused_or(
-                form, session, lambda q: self._queue_action(q, queue_name, queue_action, form)
+                form,
+                session,
+                lambda c, q: self._queue_action(c, q, queue_name, queue_action, form),
             )
         assert bulk is not None
         # Seconds to minutes of batches: the page process runs it elsewhere (defer), so
         # that every other page is answered meanwhile.
         return self.defer(
-            lambda: self._refused_or(form, session, lambda q: self._bulk(q, bulk, form, session))
+            lambda: self._refused_or(
+                form, session, lambda c, q: self._bulk(c, q, bulk, form, session)
+            )
         )
 
     def _refused_or(
         self,
         form: dict[str, str],
         session: signin.Session | None,
-        act: Callable[[Any], bytes],
+        act: Callable[[psycopg.Connection[Any], Queries], bytes],
     ) -> bytes:
-        """act(queue)'s answer, or the refusal it raised, worded as for the CLI (409)."""
+        """act(conn, statements)'s answer, or the refusal it raised, worded as for the CLI
+        (409); the connection commits when act returns."""
         from brooq.errors import BrooqError
+        from brooq.operator.connect import connection
+        from brooq.settings import load
+        from brooq.sql import queries
 
         try:
-            return act(self._open())
+            settings = load(overrides={"schema": self.schema})  # QUEUE_POOLER among them
+            with connection(self.dsn, settings.pooler) as conn:
+                return act(conn, queries(settings.schema))
         except (BrooqError, ValueError) as exc:
             back = _back(form, "")
             again = f'<p><a href="{_e(back)}">Back</a></p>' if back else ""
             return self._page(409, "Refused", f"<p>{_e(exc)}</p>{again}", session)
 
-    def _job(self, queue: Any, jid: uuid.UUID, action: str, form: dict[str, str]) -> bytes:
-        moved = queue.cancel(jid) if action == "cancel" else queue.retry(jid)
-        if not moved:
-            raise queue.explain_refusal(jid, "cancel" if action == "cancel" else "retry")
+    def _job(
+        self, conn: Conn, q: Queries, jid: uuid.UUID, action: str, form: dict[str, str]
+    ) -> bytes:
+        verb: Transition = "cancel" if action == "cancel" else "retry"
+        if not changes.transition(conn, verb, jid, q):
+            raise changes.explain_refusal(conn, jid, verb, q)
         log.info("event=page_%s job=%s", action, jid)
         return _redirect(_back(form, f"/jobs/{jid}"))
 
-    def _queue_action(self, queue: Any, name: str, action: str, form: dict[str, str]) -> bytes:
-        (queue.pause if action == "pause" else queue.resume)(name)
+    def _queue_action(
+        self, conn: Conn, q: Queries, name: str, action: str, form: dict[str, str]
+    ) -> bytes:
+        changes.set_paused(conn, name, paused=action == "pause", q=q)
         log.info("event=page_%s queue=%s", action, name)
         return _redirect(_back(form, "/"))
 
     def _bulk(
-        self, queue: Any, bulk: str, form: dict[str, str], session: signin.Session | None
+        self,
+        conn: Conn,
+        q: Queries,
+        bulk: str,
+        form: dict[str, str],
+        session: signin.Session | None,
     ) -> bytes:
-        many = queue.retry_many if bulk == "retry" else queue.cancel_many
-        result = many(
+        result = changes.change_many(
+            conn,
+            "retry" if bulk == "retry" else "cancel",
+            q=q,
             topic=form.get("topic", ""),
             state=form.get("state", ""),
             queue=form.get("queue") or None,
@@ -238,13 +266,6 @@ class Actions:
             f"<p>{result.matched} matched, {result.changed} changed.</p>",
             session,
         )
-
-    def _open(self) -> Any:
-        if self._queue is None:
-            import brooq
-
-            self._queue = brooq.Queue(self.dsn, schema=self.schema)
-        return self._queue
 
     # -- pages -----------------------------------------------------------------------------
 

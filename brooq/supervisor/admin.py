@@ -18,12 +18,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from psycopg.rows import dict_row
-
 from brooq import metrics as metrics_mod
 from brooq.job import FROM_STATES, Transition, parse_job_id, transition_refusal
+from brooq.operator import changes, reads
 from brooq.opsport.hosts import HostRule
-from brooq.queue import transition
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.fleet import Fleet
 from brooq.supervisor.ops import OpsHooks, OpsServer
@@ -69,24 +67,17 @@ class Admin:
             return 404, {"error": f"no admin action {action!r}"}  # ops routes only these two
         verb: Transition = "cancel" if action == "cancel" else "retry"
         moved = self.conns.with_db(
-            f"admin_{action}", lambda conn: transition(conn, verb, job_id, self.conns.q)
+            f"admin_{action}", lambda conn: changes.transition(conn, verb, job_id, self.conns.q)
         )
         if moved:
             log.info("event=admin_%s job=%s", action, job_id)
             return 200, {"id": str(job_id), "action": action, "ok": True}
         if not self.conns.ok:
             return 503, {"error": "database unreachable"}
-        found = self.conns.with_db(
-            "admin_get",
-            lambda conn: (
-                conn.cursor(row_factory=dict_row)
-                .execute(self.conns.q.job_get, {"id": job_id})
-                .fetchone()
-            ),
-        )
+        found = self.conns.with_db("admin_get", lambda conn: reads.get(conn, job_id, self.conns.q))
         if found is None:
             return 404, {"error": f"no job with id {job_id}"}
-        state = found["state"]
+        state = found.state
         return 409, {"error": transition_refusal(verb, state), "state": state}
 
 

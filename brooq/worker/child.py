@@ -31,6 +31,7 @@ import psycopg
 from psycopg.rows import RowMaker
 
 from brooq import logs, pooler
+from brooq.encoding import check_payload_size, encode_payload
 from brooq.errors import InvalidPayload, InvalidResult, PayloadMismatch
 from brooq.handlers import Handler, HandlerFn, Middleware, Policy, is_async_callable
 from brooq.ipc.board import Board
@@ -43,7 +44,7 @@ from brooq.ipc.reasons import (
     MAX_JOBS,
     MAX_MEMORY,
 )
-from brooq.job import Claim, Interruption, check_payload_size, encode_payload
+from brooq.job import Claim, Interruption
 from brooq.payloads import to_json
 from brooq.sql import queries
 from brooq.worker import execute, interrupts

@@ -1,0 +1,170 @@
+"""The operator's writes, each a function of the caller's connection: cancel or retry one
+job (``transition`` binds the states of brooq.job to job_cancel and job_retry), the bulk
+forms in batches of their own transactions, pause and resume a queue, and why a cancel or
+retry did nothing.
+
+Owns: the statements of each transition and their parameters, the bulk forms' keyset
+batches (BULK_BATCH_SIZE) and the checks of their arguments (``check_bulk``, run before
+any statement, here and by brooq.Queue before it takes a connection).
+Must never: spell which states a transition accepts (brooq.job does), commit a single
+change (the caller's transaction holds it: the master's admin endpoint, a Queue's
+``transaction()``), or hold the row locks of a bulk change beyond one batch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from brooq.errors import BrooqError, InvalidTransition, JobNotFound
+from brooq.job import (
+    BULK_FROM_STATES,
+    FROM_STATES,
+    Transition,
+    bulk_state_refusal,
+    parse_job_id,
+    transition_refusal,
+    validate_queue,
+    validate_topic,
+)
+from brooq.operator.reads import get
+from brooq.operator.records import BulkResult
+from brooq.sql import Q, Queries
+
+if TYPE_CHECKING:
+    from typing_extensions import LiteralString
+
+Connection = psycopg.Connection[Any]
+
+# The statements' names: each schema has its own set (brooq.sql.queries).
+_TRANSITION_QUERIES: dict[Transition, str] = {"cancel": "job_cancel", "retry": "job_retry"}
+_BULK_QUERIES: dict[Transition, str] = {"cancel": "job_cancel_batch", "retry": "job_retry_batch"}
+# Rows one batch of cancel_many/retry_many locks and writes in its own transaction: big
+# enough that a million jobs take a hundred round trips, small enough that no batch holds
+# its locks for long.
+BULK_BATCH_SIZE = 10_000
+# The keyset's start: below every id (brooq.ids makes UUIDv7s, never the nil UUID).
+_BEFORE_EVERY_ID = uuid.UUID(int=0)
+
+
+def transition_params(action: Transition, job_id: uuid.UUID) -> dict[str, Any]:
+    """The parameters of job_cancel (job_retry): the job and the states it may leave,
+    brooq.job.CANCELABLE_STATES (RETRYABLE_STATES)."""
+    return {"id": job_id, "from_states": list(FROM_STATES[action])}
+
+
+def transition(conn: Connection, action: Transition, job_id: uuid.UUID, q: Queries = Q) -> bool:
+    """Cancel or retry ``job_id`` on the caller's connection (nothing committed here);
+    True when the job moved, False when it is unknown or its state does not allow it."""
+    statement: LiteralString = getattr(q, _TRANSITION_QUERIES[action])
+    cur = conn.execute(statement, transition_params(action, job_id))
+    return cur.fetchone() is not None
+
+
+def cancel(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> bool:
+    """pending, failed or processing -> canceled. False when the job is unknown or
+    already finished (terminal rows are never touched). A running handler is
+    interrupted with brooq.LeaseLost at the master's next lease renewal."""
+    return transition(conn, "cancel", parse_job_id(job_id), q)
+
+
+def retry(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> bool:
+    """dead or canceled -> pending now, attempts reset, last_error kept. False when
+    the job is unknown or not in one of those states."""
+    return transition(conn, "retry", parse_job_id(job_id), q)
+
+
+def explain_refusal(
+    conn: Connection, job_id: uuid.UUID | str, action: Transition, q: Queries = Q
+) -> BrooqError:
+    """Why cancel or retry did nothing, as an error to show an operator: JobNotFound,
+    or InvalidTransition naming the job's state."""
+    record = get(conn, job_id, q)
+    if record is None:
+        return JobNotFound(f"no job with id {parse_job_id(job_id)}")
+    return InvalidTransition(transition_refusal(action, record.state, record.id))
+
+
+def check_bulk(
+    action: Transition, *, topic: str, state: str, queue: str | None, batch_size: int
+) -> dict[str, Any]:
+    """The filters of a bulk ``action`` (job_count_matching's parameters), or the error
+    naming what is wrong: InvalidTransition for a state the action does not take,
+    InvalidTopic or InvalidQueue for a malformed name, BrooqError for the batch size."""
+    validate_topic(topic)
+    if queue is not None:
+        validate_queue(queue)
+    refusal = bulk_state_refusal(action, state)
+    if refusal is not None:
+        raise InvalidTransition(refusal)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BrooqError(f"batch_size must be a positive integer, got {batch_size!r}")
+    return {"topic": topic, "state": state, "queue": queue}
+
+
+def change_many(
+    conn: Connection,
+    action: Transition,
+    *,
+    topic: str,
+    state: str,
+    queue: str | None = None,
+    dry_run: bool = False,
+    batch_size: int = BULK_BATCH_SIZE,
+    q: Queries = Q,
+) -> BulkResult:
+    """Cancel (pending or failed: brooq.job.BULK_FROM_STATES says why not processing) or
+    retry (dead or canceled) every job of ``topic`` in ``state``, only in ``queue`` if
+    given; ``dry_run``: count them, change nothing. The count commits, then each batch of
+    ``batch_size`` rows commits on its own on ``conn`` (job_cancel_batch says why): give
+    it a connection outside any transaction of yours. A job written after the count
+    started is left alone. A retried job goes back to pending now (attempts reset, last
+    error and history kept) and the masters are woken."""
+    filters = check_bulk(action, topic=topic, state=state, queue=queue, batch_size=batch_size)
+    cur = conn.cursor(row_factory=dict_row)
+    count = cur.execute(q.job_count_matching, filters).fetchone()
+    assert count is not None  # an aggregate without GROUP BY: always one row
+    conn.commit()
+    matched = int(count["matched"])
+    if dry_run or matched == 0:
+        return BulkResult(matched=matched, changed=0)
+    params = {
+        **filters,
+        "as_of": count["as_of"],
+        "from_states": list(BULK_FROM_STATES[action]),
+        "batch": batch_size,
+        "after": _BEFORE_EVERY_ID,
+    }
+    statement: LiteralString = getattr(q, _BULK_QUERIES[action])
+    changed = 0
+    while True:
+        batch = cur.execute(statement, params).fetchone()
+        assert batch is not None
+        # Each batch commits on its own: its row locks last one batch, not the run.
+        conn.commit()
+        changed += int(batch["changed"])
+        if batch["picked"] < batch_size:  # the keyset reached the end
+            return BulkResult(matched=matched, changed=changed)
+        params["after"] = batch["last_id"]
+
+
+def set_paused(conn: Connection, name: str, *, paused: bool, q: Queries = Q) -> None:
+    """Pause (stop the claims of) or resume queue ``name``; a malformed name fails
+    before any statement. A queue nobody used yet may be paused: the pause holds when
+    its jobs arrive; one never paused gets a row saying it runs."""
+    checked = validate_queue(name)
+    conn.execute(q.queue_set_paused, {"name": checked, "paused": paused})
+
+
+def pause(conn: Connection, name: str, q: Queries = Q) -> None:
+    """Stop the claims of queue ``name`` (every master sees it within its poll_interval);
+    running jobs finish, producers go on enqueueing."""
+    set_paused(conn, name, paused=True, q=q)
+
+
+def resume(conn: Connection, name: str, q: Queries = Q) -> None:
+    """Let the masters claim from queue ``name`` again."""
+    set_paused(conn, name, paused=False, q=q)

@@ -1,0 +1,28 @@
+"""One connection for one operator action, without an application object: the page
+process's cancel, retry, pause, resume and bulk changes, a command's reads.
+
+Owns: opening it on ``dsn`` as brooq's connections are opened in the given pooler mode
+(brooq.pooler), committing on success and rolling back on error, closing it, and brooq's
+errors for its failures (brooq.db.database_error).
+Must never: keep the connection past the block, or choose the statements (the caller
+runs brooq.operator's functions on it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from brooq.db import connect, database_errors
+from brooq.pooler import NONE, connect_kwargs
+
+
+@contextmanager
+def connection(dsn: str, pooler_mode: str = NONE) -> Iterator[psycopg.Connection[Any]]:
+    """A new connection (autocommit off), committed when the block ends, rolled back if
+    it raises, closed either way; DatabaseUnavailable when ``dsn`` cannot be reached."""
+    with database_errors(dsn), connect(dsn, **connect_kwargs(pooler_mode, dsn, {})) as conn:
+        yield conn

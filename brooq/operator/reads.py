@@ -1,0 +1,135 @@
+"""The operator's reads, each a function of the caller's connection: a job's row, the
+newest jobs, the counts per topic and per queue, the jobs in flight and their holders,
+and the jobs finished lately.
+
+Owns: the limits of the listings (LIST_LIMIT_MAX, IN_FLIGHT_LIMIT_MAX), the checks of
+their arguments (``check_*``: run before any statement, by these functions and by
+brooq.Queue before it takes a connection), and reading the rows into brooq.job's
+JobRecord and brooq.operator.records.
+Must never: write, commit, or read a row by position.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+
+from brooq.errors import BrooqError
+from brooq.job import STATES, JobRecord, parse_job_id, validate_queue, validate_topic
+from brooq.operator.records import HolderStats, InFlight, QueueStats, TopicStats
+from brooq.sql import Q, Queries
+
+Connection = psycopg.Connection[Any]
+
+LIST_LIMIT_MAX = 1000
+IN_FLIGHT_LIMIT_MAX = 1000
+
+
+def get(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> JobRecord | None:
+    """The job's row, or None when no job has this id."""
+    jid = parse_job_id(job_id)
+    cur = conn.cursor(row_factory=class_row(JobRecord))
+    return cur.execute(q.job_get, {"id": jid}).fetchone()
+
+
+def check_listing(
+    *, topic: str | None, state: str | None, limit: int, queue: str | None
+) -> dict[str, Any]:
+    """``list_jobs``'s arguments as job_list's parameters, or the error naming the bad one."""
+    if topic is not None:
+        validate_topic(topic)
+    if queue is not None:
+        validate_queue(queue)
+    if state is not None and state not in STATES:
+        raise BrooqError(f"state must be one of {', '.join(STATES)}, got {state!r}")
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise BrooqError(f"limit must be between 1 and {LIST_LIMIT_MAX}, got {limit}")
+    return {"topic": topic, "state": state, "queue": queue, "limit": limit}
+
+
+def list_jobs(
+    conn: Connection,
+    *,
+    topic: str | None = None,
+    state: str | None = None,
+    limit: int = 100,
+    queue: str | None = None,
+    q: Queries = Q,
+) -> list[JobRecord]:
+    """Newest first; at most LIST_LIMIT_MAX rows; only ``topic``, ``state``, ``queue``
+    when given."""
+    params = check_listing(topic=topic, state=state, limit=limit, queue=queue)
+    cur = conn.cursor(row_factory=class_row(JobRecord))
+    return cur.execute(q.job_list, params).fetchall()
+
+
+def stats(conn: Connection, q: Queries = Q) -> list[TopicStats]:
+    """Per queue and topic (by queue, then topic), in one snapshot: jobs in each active
+    state and dead, how many are ready and busy, and the age of the oldest ready job.
+    Topics holding only done or canceled jobs are left out."""
+    cur = conn.cursor(row_factory=class_row(TopicStats))
+    return cur.execute(q.job_stats_by_topic).fetchall()
+
+
+def check_limit(limit: int) -> None:
+    """The limit of ``in_flight`` and ``processing_by_holder``: 1 to IN_FLIGHT_LIMIT_MAX."""
+    if not 1 <= limit <= IN_FLIGHT_LIMIT_MAX:
+        raise BrooqError(f"limit must be between 1 and {IN_FLIGHT_LIMIT_MAX}, got {limit}")
+
+
+def in_flight(conn: Connection, limit: int = 100, q: Queries = Q) -> list[InFlight]:
+    """Jobs in state processing, longest running first; at most ``limit``."""
+    check_limit(limit)
+    cur = conn.cursor(row_factory=class_row(InFlight))
+    return cur.execute(q.job_list_processing, {"limit": limit}).fetchall()
+
+
+def processing_by_holder(conn: Connection, limit: int = 100, q: Queries = Q) -> list[HolderStats]:
+    """Per holder (``locked_by``), its jobs in state processing, busiest first (then by
+    name); at most ``limit`` holders."""
+    check_limit(limit)
+    cur = conn.cursor(row_factory=class_row(HolderStats))
+    return cur.execute(q.job_processing_by_holder, {"limit": limit}).fetchall()
+
+
+def queues(conn: Connection, q: Queries = Q) -> list[QueueStats]:
+    """Every queue holding active or dead jobs, and every queue paused or resumed by an
+    operator, by name, in one snapshot: paused or not, ready, scheduled, processing,
+    failed and dead jobs, and the age of the oldest ready job."""
+    cur = conn.cursor(row_factory=class_row(QueueStats))
+    return cur.execute(q.job_queue_stats).fetchall()
+
+
+def check_seconds(seconds: float) -> None:
+    """The window of ``throughput_by_queue``: a positive number of seconds."""
+    if not seconds > 0:
+        raise BrooqError(f"seconds must be positive, got {seconds!r}")
+
+
+def throughput_by_queue(
+    conn: Connection, seconds: float = 60, q: Queries = Q
+) -> dict[tuple[str, str], int]:
+    """Per (queue, topic), the jobs that reached done, failed, dead or canceled in the
+    last ``seconds``. Pairs with none are left out."""
+    check_seconds(seconds)
+    rows = conn.cursor(row_factory=dict_row).execute(
+        q.job_count_finished_since, {"seconds": float(seconds)}
+    )
+    return {(row["queue"], row["topic"]): int(row["jobs"]) for row in rows}
+
+
+def per_topic(by_queue: dict[tuple[str, str], int]) -> dict[str, int]:
+    """``throughput_by_queue``'s counts summed over the queues, per topic."""
+    totals: dict[str, int] = {}
+    for (_, topic), jobs in by_queue.items():
+        totals[topic] = totals.get(topic, 0) + jobs
+    return totals
+
+
+def throughput(conn: Connection, seconds: float = 60, q: Queries = Q) -> dict[str, int]:
+    """Per topic, the jobs that reached done, failed, dead or canceled in the last
+    ``seconds``. Topics with none are left out."""
+    return per_topic(throughput_by_queue(conn, seconds, q))
