@@ -28,6 +28,9 @@ write outcomes other than through the worker's guarded statements. Each attempt'
 bookkeeping is the child's own (brooq.worker.attempt); drain and drain_async share one
 generator of the drain's steps (`_Drain.steps`) and differ only in how they await an
 async handler.
+
+- `pytest_plugin`: the ``brooq_dsn`` fixture: a fresh migrated database for each test.
+- `server`: where the PostgreSQL of a test run comes from, and its scratch databases.
 """
 
 from __future__ import annotations
