@@ -22,7 +22,7 @@ passed: a drain runs what is ready *now*; set ``backoff_base`` small in tests, o
 again.
 
 Must never: run jobs a master could not (paused queues stay paused, topics without a
-handler stay), wrap a handler in middleware of the other kind (brooq.worker.child's
+handler stay), wrap a handler in middleware of the other kind (brooq.worker.process's
 rule), run a sync handler on an event loop of its own making (a sync child has none), or
 write outcomes other than through the worker's guarded statements. Each attempt's
 bookkeeping is the child's own (brooq.worker.attempt); drain and drain_async share one

@@ -93,7 +93,6 @@ class Attempts:
         what the handler raised or returned, and meter the attempt."""
         self.board.clear(slot)
         duration = time.monotonic() - started
-        handler = self.handlers[claim.topic]
         result = None
         if value is not None and error is None:
             try:
@@ -108,7 +107,8 @@ class Attempts:
         elif refused is not None:  # retrying cannot fix it
             outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
         else:
-            outcome = execute.decide(error, claim.attempt, policy, random.random(), handler.retry)
+            retry = self.handlers[claim.topic].retry
+            outcome = execute.decide(error, claim.attempt, policy, random.random(), retry)
             report_policy_error(claim, outcome)
         if claim.id in self.lost:
             outcome = execute.Outcome("abandon")

@@ -82,8 +82,7 @@ class Child(ChildProcess):
         is not written runs again once its lease expires."""
         trips = self.trips
         try:
-            unwritten = set(trips.unwritten_ids())
-            unstarted = [i for i in trips.held if i not in unwritten]
+            unstarted = trips.unstarted()
             if unstarted:
                 self._release(unstarted)
             if trips.owed:
@@ -145,7 +144,7 @@ class Child(ChildProcess):
             self.trips.release(ids)
         except psycopg.OperationalError as exc:
             self.db.failed("release", exc)  # the reaper returns them after the lease
-        self.trips.hold([i for i in self.trips.held if i not in ids])
+        self.trips.let_go(ids)
 
     def _run_one(self, claim: Claim, batch: Sequence[Claim] = (), after: int = 0) -> float:
         """Run one claimed job; write its outcome, or keep a plain `done` for the next
@@ -186,7 +185,7 @@ class Child(ChildProcess):
         # Tell the master at once (outcomes other than a plain done are rare): a renewal
         # that finds this job settled would report its lease lost, and the report could
         # reach us after the job, retried, was claimed again.
-        self.trips.hold([i for i in self.trips.held if i != claim.id])
+        self.trips.let_go((claim.id,))
         return duration
 
     # -- the control thread's questions (brooq.worker.control) ------------------------------

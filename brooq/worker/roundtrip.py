@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -143,7 +143,7 @@ class RoundTrips:
         self._tell_held = tell_held
         self.paused: frozenset[str] = frozenset()  # worked queues found paused
         self._paused_read = float("-inf")  # monotonic time of that reading
-        self.held: list[uuid.UUID] = []  # what the master renews: read it, set it by hold
+        self._held: list[uuid.UUID] = []  # what the master renews
         self._unwritten: list[Finished] = []  # finished with `done`, written next trip
         self._results_unwritten = False  # one of them has a result to store
         self.claims_failing = False  # the master was told the last claim failed
@@ -329,10 +329,24 @@ class RoundTrips:
 
     # -- what is held ----------------------------------------------------------------------
 
+    @property
+    def held(self) -> Sequence[uuid.UUID]:
+        """What we hold (claimed, running, finished unwritten), as the master was told."""
+        return self._held
+
     def hold(self, held: list[uuid.UUID]) -> None:
         """What we hold now (the master renews those leases): told if it changed."""
-        self.held = held
+        self._held = held
         self._tell_held(held)
+
+    def let_go(self, ids: Collection[uuid.UUID]) -> None:
+        """No longer hold ``ids`` (written, or given back): the master is told."""
+        self.hold([i for i in self._held if i not in ids])
+
+    def unstarted(self) -> list[uuid.UUID]:
+        """What is held but neither finished nor written: the claims not started."""
+        unwritten = {f[0].id for f in self._unwritten}
+        return [i for i in self._held if i not in unwritten]
 
     def release(self, ids: list[uuid.UUID]) -> None:
         """Give back claims not started (pending, attempt refunded). Only the database:
