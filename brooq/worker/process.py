@@ -13,7 +13,6 @@ parts set up here.
 
 from __future__ import annotations
 
-import logging
 from typing import IO, Any
 
 from brooq.handlers import HandlerFn, Middleware, Policy, is_async_callable
@@ -34,8 +33,6 @@ from brooq.worker.state import ChildState
 from brooq.worker.weights import RoundOrder
 
 __all__ = ["ChildProcess"]
-
-log = logging.getLogger("brooq.child")
 
 
 class ChildProcess:
