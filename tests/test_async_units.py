@@ -25,8 +25,8 @@ from brooq.supervisor.watchdog import (
     LoopView,
     decide,
 )
-from brooq.worker.aio import format_await_chain
 from brooq.worker.chain import compose_async
+from brooq.worker.traces import format_await_chain
 
 
 def running(n: int, started: float = 100.0, hard: float = 300.0, soft: float = 60.0) -> Running:

@@ -263,12 +263,12 @@ def test_a_child_does_not_block_on_a_pipe_its_master_does_not_read(tmp_path: Pat
             began = time.monotonic()
             child.setup()  # says "ready"
             for h in held:
-                child._tell({"held": h})
-            child._tell({"retire": "max_jobs"})
+                child.tell({"held": h})
+            child.tell({"retire": "max_jobs"})
             took = time.monotonic() - began
             os.write(rep_w, json.dumps([took, child.master_gone]).encode() + b"\n")
             os.read(go_r, 1)  # the master's read end is closed now
-            child._tell({"held": []})
+            child.tell({"held": []})
             os.write(rep_w, json.dumps([0, child.master_gone]).encode() + b"\n")
             time.sleep(30)  # the control thread exits when from_master ends
         finally:

@@ -19,8 +19,9 @@ import brooq
 from brooq import settings as settings_mod
 from brooq.errors import InvalidSettings
 from brooq.handlers import build
+from brooq.rules.queues import worked_queues
 from brooq.sql import Q
-from brooq.worker.weights import RoundOrder, worked_queues
+from brooq.worker.weights import RoundOrder
 
 Conn = psycopg.Connection[Any]
 LEASE = 30.0

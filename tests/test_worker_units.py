@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from brooq.handlers import MAX_ATTEMPTS, Policy
 from brooq.job import AttemptTimeout, CancelJob, Claim, Delay, LeaseLost, PreserveAttempt
-from brooq.worker import execute, interrupts, retry
-from brooq.worker.child import ClaimRow, claim_row
+from brooq.rules import backoff, errortext
+from brooq.worker import execute, interrupts
 from brooq.worker.connection import Undecodable, _decode_payload
+from brooq.worker.roundtrip import ClaimRow, claim_row
 from brooq.worker.state import ChildState
 
 POLICY = Policy(
@@ -81,13 +82,13 @@ def test_a_long_message_is_bounded() -> None:
     assert outcome.error is not None
     assert outcome.error.startswith("ValueError: xxx")
     assert outcome.error.endswith("x ... [truncated]")
-    assert len(outcome.error) <= execute.LAST_ERROR_MAX
+    assert len(outcome.error) <= errortext.LAST_ERROR_MAX
 
 
 def test_a_bounded_message_is_at_most_the_limit() -> None:
     # It kept limit - 15 characters and added 16: one over the limit.
-    bounded = execute.bounded("x" * 10_000)
-    assert len(bounded) == execute.LAST_ERROR_MAX and bounded.endswith(" ... [truncated]")
+    bounded = errortext.bounded("x" * 10_000)
+    assert len(bounded) == errortext.LAST_ERROR_MAX and bounded.endswith(" ... [truncated]")
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3)])
@@ -224,7 +225,7 @@ def test_a_cause_cycle_ends_the_search() -> None:
 def test_decide_does_not_judge_the_attempts_left(attempts: int) -> None:
     outcome = execute.decide(_raised(ValueError("x")), attempts, POLICY, 0.0)
     assert outcome.kind == "failed" and not outcome.refund
-    assert outcome.delay == retry.backoff_ceiling(attempts, 1.0, 60.0) / 2
+    assert outcome.delay == backoff.backoff_ceiling(attempts, 1.0, 60.0) / 2
 
 
 @pytest.mark.parametrize("attempts", [1, POLICY.max_attempts, MAX_ATTEMPTS])
@@ -273,11 +274,11 @@ def test_the_failure_wait_lies_in_half_to_full_ceiling(
         backoff_base=base,
         backoff_max=maximum,
     )
-    ceiling = retry.backoff_ceiling(attempts, base, maximum)
+    ceiling = backoff.backoff_ceiling(attempts, base, maximum)
     for exc in (ValueError("x"), PreserveAttempt(), AttemptTimeout()):
         wait = execute.decide(_raised(exc), attempts, policy, draw).delay
         assert ceiling / 2 <= wait <= ceiling
-        assert wait == retry.backoff(attempts, base, maximum, draw)
+        assert wait == backoff.backoff(attempts, base, maximum, draw)
 
 
 def test_the_draw_moves_the_wait_from_half_to_full_ceiling() -> None:

@@ -35,8 +35,8 @@ from brooq.errors import (
     SchemaMissing,
 )
 from brooq.handlers import Handler, is_async_callable, policy_problems
+from brooq.rules.queues import worked_queues
 from brooq.supervisor import admintoken
-from brooq.worker.weights import worked_queues
 
 log = logging.getLogger("brooq.master")
 

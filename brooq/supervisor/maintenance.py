@@ -21,9 +21,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from brooq.handlers import Policy
+from brooq.rules.backoff import backoff
+from brooq.rules.errortext import bounded
 from brooq.sql import Q, Queries
-from brooq.worker.execute import bounded
-from brooq.worker.retry import backoff
 
 log = logging.getLogger("brooq.master")
 

@@ -22,9 +22,15 @@ passed: a drain runs what is ready *now*; set ``backoff_base`` small in tests, o
 again.
 
 Must never: run jobs a master could not (paused queues stay paused, topics without a
-handler stay), wrap a handler in middleware of the other kind (brooq.worker.child's
+handler stay), wrap a handler in middleware of the other kind (brooq.worker.process's
 rule), run a sync handler on an event loop of its own making (a sync child has none), or
-write outcomes other than through the worker's guarded statements.
+write outcomes other than through the worker's guarded statements. Each attempt's
+bookkeeping is the child's own (brooq.worker.attempt); drain and drain_async share one
+generator of the drain's steps (`_Drain.steps`) and differ only in how they await an
+async handler.
+
+- `pytest_plugin`: the ``brooq_dsn`` fixture: a fresh migrated database for each test.
+- `server`: where the PostgreSQL of a test run comes from, and its scratch databases.
 """
 
 from __future__ import annotations
@@ -38,23 +44,24 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Generator, Iterator
 from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
 
-from brooq.errors import InvalidPayload, InvalidResult
+from brooq.errors import InvalidResult
 from brooq.handlers import Handler, HandlerFn, is_async_callable
 from brooq.ipc.board import Board
 from brooq.job import AttemptTimeout, Claim, JobRecord, validate_topic
 from brooq.queue import Queue
 from brooq.worker import interrupts
+from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
-from brooq.worker.child import ClaimRow, claim_row, conclude, refused_payload
 from brooq.worker.connection import ChildConnection
 from brooq.worker.meter import Meter
 from brooq.worker.outcome import OutcomeWriter
+from brooq.worker.roundtrip import ClaimRow, claim_row
 from brooq.worker.state import ChildState
 
 __all__ = ["bind", "drain", "drain_async", "jobs"]
@@ -150,6 +157,11 @@ def bind(queue: Queue, dsn: str) -> Iterator[Queue]:
         queue._dsn_arg, queue._dsn = saved
 
 
+# A drain's steps (_Drain.steps): yields the claims of async handlers, is sent what each
+# raised or returned, returns the counts.
+_Steps = Generator[Claim[Any], tuple[BaseException | None, Any], dict[str, int]]
+
+
 class _Drain:
     """One drain: a connection of its own, as a child's, and the child's outcome writer;
     for the async jobs of a sync drain, an event loop of its own made at the first."""
@@ -163,8 +175,17 @@ class _Drain:
         self.state = ChildState()
         self.board = Board()
         self.db = ChildConnection(queue.dsn, self.identity, self.settings, self.state)
+        meter = Meter(None)
         self.outcomes = OutcomeWriter(
-            self.identity, self.settings, self.db, self.state, self.board, Meter(None)
+            self.identity, self.settings, self.db, self.state, self.board, meter
+        )
+        self.attempts = Attempts(
+            self.board,
+            meter,
+            self.handlers,
+            self.settings.max_payload_bytes,
+            self.state.lost,
+            measure_cpu=False,
         )
         self.outcomes.handlers = self.handlers
         # As a child composes them: the Queue's middleware of the handler's kind, then
@@ -182,51 +203,59 @@ class _Drain:
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def run(self, max_jobs: int | None) -> dict[str, int]:
+    def steps(self, max_jobs: int | None) -> _Steps:
+        """The drain, sans the await: it claims, begins and ends each attempt and writes
+        its outcome, and calls a sync handler itself; for an async handler it yields the
+        claim and is sent what the handler raised or returned. Its value: the counts."""
         counts: Counter[str] = Counter()
-        with _soft_timeout(self.state):
-            for claim, refused, started in self._claims(max_jobs):
-                error: BaseException | None
-                value: Any
-                if refused is not None:
-                    error, value = refused, None
-                elif self.handlers[claim.topic].is_async:
-                    if self.loop is None:
-                        self.loop = asyncio.new_event_loop()
-                    error, value = self.loop.run_until_complete(self._call_async(claim))
-                else:
-                    error, value = self._call(claim)
-                _count(counts, self._settle(claim, refused, error, value, started))
-        return dict(counts)
-
-    async def run_async(self, max_jobs: int | None) -> dict[str, int]:
-        counts: Counter[str] = Counter()
-        with _soft_timeout(self.state):
-            for claim, refused, started in self._claims(max_jobs):
-                error: BaseException | None
-                value: Any
-                if refused is not None:
-                    error, value = refused, None
-                elif self.handlers[claim.topic].is_async:
-                    error, value = await self._call_async(claim)
-                else:
-                    error, value = self._call(claim)
-                _count(counts, self._settle(claim, refused, error, value, started))
-        return dict(counts)
-
-    def _claims(
-        self, max_jobs: int | None
-    ) -> Iterator[tuple[Claim[Any], InvalidPayload | None, float]]:
-        """Each job claimed, one at a time, until none is ready or ``max_jobs`` ran: the
-        claim, why its payload was refused (or None: it is decoded in place), when."""
         ran = 0
         while max_jobs is None or ran < max_jobs:
             claim = self._claim_one()
             if claim is None:
-                return
+                break
+            policy = self.policies[claim.topic]
             started = time.monotonic()
-            yield claim, refused_payload(claim, self.handlers[claim.topic]), started
+            refused = self.attempts.begin(claim, policy, started)
+            error: BaseException | None
+            value: Any
+            if refused is not None:
+                error, value = refused, None
+            elif self.handlers[claim.topic].is_async:
+                error, value = yield claim
+            else:
+                error, value = self._call(claim)
+            outcome, result, _, _ = self.attempts.end(claim, policy, error, value, refused, started)
+            state, written = self.outcomes.write(claim, policy, outcome, result)
+            if outcome.kind != "abandon":
+                self.outcomes.settled(claim, state, time.monotonic() - started, written)
+            if state is not None:
+                counts[state] += 1
             ran += 1
+        return dict(counts)
+
+    def run(self, max_jobs: int | None) -> dict[str, int]:
+        with _soft_timeout(self.state):
+            steps = self.steps(max_jobs)
+            try:
+                claim = next(steps)
+                while True:
+                    if self.loop is None:
+                        self.loop = asyncio.new_event_loop()
+                    claim = steps.send(self.loop.run_until_complete(self._call_async(claim)))
+            except StopIteration as finished:
+                counts: dict[str, int] = finished.value
+                return counts
+
+    async def run_async(self, max_jobs: int | None) -> dict[str, int]:
+        with _soft_timeout(self.state):
+            steps = self.steps(max_jobs)
+            try:
+                claim = next(steps)
+                while True:
+                    claim = steps.send(await self._call_async(claim))
+            except StopIteration as finished:
+                counts: dict[str, int] = finished.value
+                return counts
 
     def _claim_one(self) -> Claim[Any] | None:
         conn = self.db.get()
@@ -294,25 +323,6 @@ class _Drain:
             timer.cancel()
         return task.result()
 
-    def _settle(
-        self,
-        claim: Claim[Any],
-        refused: InvalidPayload | None,
-        error: BaseException | None,
-        value: Any,
-        started: float,
-    ) -> str | None:
-        """What the child concludes (brooq.worker.child.conclude) and its outcome write
-        for one job, written at once."""
-        handler = self.handlers[claim.topic]
-        policy = self.policies[claim.topic]
-        max_bytes = self.settings.max_payload_bytes
-        outcome, result, _ = conclude(claim, policy, handler, error, value, refused, max_bytes)
-        state, written = self.outcomes.write(claim, policy, outcome, result)
-        if outcome.kind != "abandon":
-            self.outcomes.settled(claim, state, time.monotonic() - started, written)
-        return state
-
     def close(self) -> None:
         if self.loop is not None:
             _close_loop(self.loop)
@@ -324,11 +334,6 @@ class _Drain:
         for fd in (self.state.wake_r, self.state.wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def _count(counts: Counter[str], state: str | None) -> None:
-    if state is not None:
-        counts[state] += 1
 
 
 def _call_untimed(fn: Any, claim: Claim[Any]) -> tuple[BaseException | None, Any]:

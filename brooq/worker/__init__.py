@@ -2,13 +2,24 @@
 
 A child is forked by the master (brooq.supervisor), opens its own connection, claims
 jobs, runs their handlers and writes their outcomes. It never renews a lease, never
-reaps, and never forks (except what a handler itself starts).
+reaps, and never forks (except what a handler itself starts). Two loops run jobs, the
+sync one and the async one; both stand on the same core below them (the process's
+parts, the round trip, the attempt) and answer the control thread through one protocol.
 
-- `child`: `Child`, setup and the claim loop; `main`, the entry point after fork.
+- `child`: `Child`, the sync loop with its adaptive batches; `main`, the entry point after fork.
+- `aio`: `AsyncLoop`, an async child's event loop running up to `concurrency` jobs.
+- `tasks`: one async job as a task: its slot, its soft limit, its cancellation with a reason.
+- `process`: `ChildProcess`, what every child is whatever its loop: its parts, set up after fork.
+- `roundtrip`: one claim round trip (`done` written, next claims), the held list, releases.
+- `attempt`: one attempt's bookkeeping around its handler: board, payload, outcome, metering.
+- `control`: `LoopControl`, what the control thread asks of whichever loop runs.
+- `traces`: a running job's stack as text: a thread's frames, a task's await chain.
 - `config`: what the master hands a child (`ChildConfig`), its identity, the constants.
-- `state`: the little the pieces share (stopping, the running job, the wake pipe).
+- `state`: the little the pieces share (stopping, the running job, the wake pipe, the loop).
 - `interrupts`: the signal table, and the handler call with its interruptions armed.
-- `execute`: what a handler did -> the outcome to write (pure); `retry`: the backoff.
+- `execute`: what a handler did -> the outcome to write (pure).
+- `weights`: the order a child tries its worked queues in, round after round.
+- `chain`: a topic's middleware composed around its handler.
 - `outcome`: writing an outcome, and the log line and count of what was written.
 - `link`: the pipes to the master (the control thread, the non-blocking writer), the title.
 - `connection`: the child's database connection, and the payload decoder.

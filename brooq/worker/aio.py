@@ -7,8 +7,10 @@ loop never waits on the network for them while jobs run; an idle child (nothing 
 flight) runs its round trip on the loop, since nothing would wait behind it. One
 coroutine, the claimer, makes one round trip at a time: the `done` of the jobs finished
 meanwhile and a claim of up to the free slots, in the one statement of the sync child
-(Child._round_trip); again at once while claims come back non-empty, else on a
-completion, a wake from the master or poll_interval.
+(brooq.worker.roundtrip); again at once while claims come back non-empty, else on a
+completion, a wake from the master or poll_interval. Each attempt's bookkeeping around
+its task is the sync child's too (brooq.worker.attempt); what the control thread asks
+(brooq.worker.control) is posted into the loop.
 
 Interruptions are per task, never signals (a signal would land in whatever the loop runs
 at that moment): the soft limit and a lost lease cancel that job's task with the reason,
@@ -34,28 +36,20 @@ import traceback
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
-from brooq import logs
-from brooq.errors import InvalidResult
 from brooq.ipc.board import LOOP_BEAT
 from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
-from brooq.job import AttemptTimeout, Claim, LeaseLost
-from brooq.worker.child import _Finished, conclude, refused_payload
-from brooq.worker.connection import Stop, Undecodable
-from brooq.worker.link import format_frames
-
-if TYPE_CHECKING:
-    from brooq.worker.child import Child
+from brooq.job import Claim, LeaseLost
+from brooq.worker.connection import Stop
+from brooq.worker.process import ChildProcess
+from brooq.worker.tasks import Slot
+from brooq.worker.traces import await_frames, format_await_chain, format_frames
 
 log = logging.getLogger("brooq.child")
 
-# A timer that fires this late (the loop was blocked by a sibling) re-arms once for its
-# lateness: a job is never charged the seconds another job took from it.
-LATE_TIMER = 1.0
 # The control thread names the job blocking the loop once the beat is this old.
 CULPRIT_AFTER = 0.5
 # On a drain, what still runs this long before graceful_timeout is cancelled and given
@@ -68,28 +62,16 @@ class _Shutdown(BaseException):
     """The reason of a task cancelled by a drain: its job goes back, attempt refunded."""
 
 
-@dataclass(eq=False)
-class _Slot:
-    index: int
-    claim: Claim[Any]
-    started: float = 0.0
-    task: asyncio.Task[None] | None = None
-    timer: asyncio.TimerHandle | None = None
-    deadline: float = 0.0  # loop time of the soft limit
-    in_handler: bool = False
-    reason: BaseException | None = None  # why brooq cancelled it
-    rearmed: bool = False
-    settled: bool = False  # its outcome is written: no longer held (the slot frees in _done)
-
-
 class AsyncLoop:
-    def __init__(self, child: Child) -> None:
+    """An async child's loop, and its answers to the control thread."""
+
+    def __init__(self, child: ChildProcess) -> None:
         self.child = child
         self.settings = child.settings
         self.capacity = max(1, child.settings.concurrency)
         self.free = list(range(self.capacity - 1, -1, -1))  # pop() gives the lowest slot
-        self.in_flight: dict[uuid.UUID, _Slot] = {}
-        self.by_task: dict[asyncio.Task[None], _Slot] = {}
+        self.in_flight: dict[uuid.UUID, Slot] = {}
+        self.by_task: dict[asyncio.Task[None], Slot] = {}
         self.db = ThreadPoolExecutor(1, thread_name_prefix="brooq-db")
         self.retiring = False
         self.crashed: BaseException | None = None
@@ -121,13 +103,13 @@ class AsyncLoop:
         # loop.add_signal_handler: a round trip run on the loop (an idle child's, below)
         # or a reconnect's backoff then sees the stop at once, as in a sync child.
         loop.add_reader(state.wake_r, self._on_wake_pipe)
-        state.aio = self  # the control thread posts into the loop through it
+        state.loop = self  # the control thread posts into the loop through it
         self._beat()
         try:
             await self._claim_loop()
         finally:
             await self._finish_up()
-            state.aio = None
+            state.loop = None
         return EXIT_CRASHED if self.crashed is not None else EXIT_OK
 
     def _on_wake_pipe(self) -> None:
@@ -160,7 +142,7 @@ class AsyncLoop:
             stopping = state.stopping or self.retiring
             limit = 0 if stopping else len(self.free)  # a slot frees when its task is done
             want = limit > 0 and not shallow
-            if want or child.unwritten:
+            if want or child.trips.owed:
                 claims = await self._round_trip(limit if want else 0)
                 if claims is None:  # the database failed: back off a little
                     shallow = True
@@ -197,34 +179,31 @@ class AsyncLoop:
                 timer.cancel()
 
     async def _round_trip(self, limit: int) -> list[Claim[Any]] | None:
-        child = self.child
-        finished, child.unwritten = child.unwritten, []
-        with_results, child.results_unwritten = child.results_unwritten, False
+        child, trips = self.child, self.child.trips
+        finished, with_results = trips.take()
         loop = asyncio.get_running_loop()
         try:
             if self.in_flight:  # the loop runs jobs: the statement waits in the DB thread
-                trip = await loop.run_in_executor(
-                    self.db, child._round_trip, finished, with_results, limit
-                )
+                trip = await loop.run_in_executor(self.db, trips.run, finished, with_results, limit)
             else:
                 # Nothing runs that a wait on the loop could hold up: two thread hops
                 # fewer (~0.3 ms each measured on 2 cores), which is an idle child's
                 # pickup latency. The board is empty, so the master ignores the beat.
-                trip = child._round_trip(finished, with_results, limit)
+                trip = trips.run(finished, with_results, limit)
         except Stop:
             # Stopping while the database is unreachable: what is held comes back through
             # the master (its drain deadline) or the reaper.
-            child.unwritten = finished + child.unwritten
+            trips.put_back(finished, with_results)
             raise
         if trip is None:  # not known whether it committed: written again next time
-            child.unwritten = finished + child.unwritten
-            child.results_unwritten = with_results or child.results_unwritten
+            trips.put_back(finished, with_results)
             return None
-        claims = child._settle_round(finished, *trip)
+        claims = trips.settle(finished, *trip)
+        lost = child.state.lost
         for claim in claims:
-            child.state.lost.discard(claim.id)  # claimed again: ours now
+            lost.discard(claim.id)  # claimed again: ours now
         self._tell_held(claims)
-        child.state.lost.intersection_update(child.held)
+        lost.intersection_update(trips.held)
         child.meter.counted(claims)
         self._set_busy()
         return claims
@@ -232,19 +211,14 @@ class AsyncLoop:
     def _tell_held(self, new: Sequence[Claim[Any]] = ()) -> None:
         """The master renews what we hold: in flight, finished unwritten, just claimed.
         Sent before the new jobs start."""
-        child = self.child
-        held = list(
-            dict.fromkeys(
-                [
-                    *(i for i, s in self.in_flight.items() if not s.settled),
-                    *(f.claim.id for f in child.unwritten),
-                    *(c.id for c in new),
-                    *self.to_release,
-                ]
-            )
-        )
-        child.held = held
-        child.link.tell_held(held)
+        trips = self.child.trips
+        held = [
+            *(i for i, s in self.in_flight.items() if not s.settled),
+            *trips.unwritten_ids(),
+            *(c.id for c in new),
+            *self.to_release,
+        ]
+        trips.hold(list(dict.fromkeys(held)))
 
     def _set_busy(self) -> None:
         self.child.meter.running(len(self.in_flight))
@@ -253,7 +227,7 @@ class AsyncLoop:
 
     def _start(self, claims: list[Claim[Any]]) -> None:
         for claim in claims:
-            slot = _Slot(self.free.pop(), claim)
+            slot = Slot(self.free.pop(), claim)
             self.in_flight[claim.id] = slot
             task = asyncio.ensure_future(self._run_one(slot))
             slot.task = task
@@ -261,82 +235,32 @@ class AsyncLoop:
             task.add_done_callback(self._done)
         self._set_busy()
 
-    async def _run_one(self, slot: _Slot) -> None:
+    async def _run_one(self, slot: Slot) -> None:
         child = self.child
         claim = slot.claim
         policy = child.policies[claim.topic]
-        handler = child.handlers[claim.topic]
-        loop = asyncio.get_running_loop()
         slot.started = time.monotonic()
-        child.board.post(
-            claim.id,
-            claim.topic,
-            claim.attempt,
-            slot.started,
-            policy.max_execution_timeout,
-            policy.attempt_timeout,
-            slot.index,
-        )
-        refused = None
-        if handler.codec is not None or claim.payload.__class__ is Undecodable:
-            refused = refused_payload(claim, handler)
+        refused = child.attempts.begin(claim, policy, slot.started, slot.index)
         error: BaseException | None = refused
         value: Any = None
         if refused is None:
             if claim.id in child.state.lost:
                 error = LeaseLost(f"lease of job {claim.id} lost")
             else:
-                slot.deadline = loop.time() + policy.attempt_timeout
-                slot.timer = loop.call_at(slot.deadline, self._soft_limit, slot)
-                slot.in_handler = True
-                logs.current_job.set((claim.id, claim.topic))  # this task's own context
-                try:
-                    value = await child.runners[claim.topic](claim)
-                    if asyncio.iscoroutine(value):
-                        value.close()
-                        raise InvalidResult(
-                            "the handler returned a coroutine: declare it async def, "
-                            "or await what it calls"
-                        )
-                except asyncio.CancelledError as exc:
-                    error = exc
-                    if slot.reason is not None:
-                        error = slot.reason
-                        # The cancellation is ours and handled: the task ends normally
-                        # (Python 3.11 counts cancellations, asyncio.timeout reads them).
-                        uncancel = getattr(asyncio.current_task(), "uncancel", None)
-                        if uncancel is not None:
-                            uncancel()
-                except BaseException as exc:  # the attempt's, as in a sync child
-                    error = exc
-                finally:
-                    slot.in_handler = False
-                    slot.timer.cancel()
-        child.board.clear(slot.index)
-        duration = time.monotonic() - slot.started
+                error, value = await slot.call(child.runners[claim.topic], policy.attempt_timeout)
         if isinstance(slot.reason, _Shutdown):
+            child.board.clear(slot.index)
             self.to_release.append(claim.id)  # given back by the claimer, attempt refunded
             return
         if isinstance(error, KeyboardInterrupt | SystemExit):
             log.warning("event=handler_exit job=%s raised=%s", claim.id, type(error).__name__)
-        outcome, result, tb = conclude(
-            claim,
-            policy,
-            handler,
-            error,
-            value,
-            refused,
-            child.settings.max_payload_bytes,
-            child.state.lost,
+        outcome, result, tb, duration = child.attempts.end(
+            claim, policy, error, value, refused, slot.started, slot.index
         )
-        child.meter.attempt(claim.topic, duration, None)
-        if outcome.kind == "done" and not claim.chained and not claim.success_hooks:
-            child.unwritten.append(_Finished(claim, duration, result))
-            if result is not None:
-                child.results_unwritten = True
+        if child.trips.keep_done(claim, outcome, duration, result):
             return
         try:
-            written_state, written = await loop.run_in_executor(
+            written_state, written = await asyncio.get_running_loop().run_in_executor(
                 self.db, child.outcomes.write, claim, policy, outcome, result
             )
         except Stop:
@@ -362,36 +286,15 @@ class AsyncLoop:
                 "".join(traceback.format_exception(exc)).rstrip(),
             )
             self.crashed = exc
-        child = self.child
-        child.jobs_done += 1
-        if not self.retiring and child._should_retire():
+        self.child.jobs_done += 1
+        if not self.retiring and self.child.should_retire():
             self.retiring = True
         self._set_busy()
         self._poke()
 
     # -- interruptions --------------------------------------------------------------------
 
-    def _soft_limit(self, slot: _Slot) -> None:
-        assert self._loop is not None
-        late = self._loop.time() - slot.deadline
-        if late > LATE_TIMER and not slot.rearmed:
-            slot.rearmed = True  # the loop was blocked: give back the time it lost
-            slot.deadline = self._loop.time() + late
-            slot.timer = self._loop.call_at(slot.deadline, self._soft_limit, slot)
-            return
-        policy = self.child.policies[slot.claim.topic]
-        self._interrupt(
-            slot, AttemptTimeout(f"attempt_timeout {policy.attempt_timeout:g}s exceeded")
-        )
-
-    def _interrupt(self, slot: _Slot, reason: BaseException) -> None:
-        """Cancel the job's task with ``reason`` if its handler still runs."""
-        if not slot.in_handler or slot.reason is not None or slot.task is None:
-            return
-        slot.reason = reason
-        slot.task.cancel(f"brooq.{type(reason).__name__}: {reason}")
-
-    def lost_from_thread(self, job_id: uuid.UUID) -> None:
+    def on_lost(self, job_id: uuid.UUID) -> None:
         """The control thread heard `lost <id>` (state.lost has it already)."""
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._lost, job_id)
@@ -399,9 +302,9 @@ class AsyncLoop:
     def _lost(self, job_id: uuid.UUID) -> None:
         slot = self.in_flight.get(job_id)
         if slot is not None:
-            self._interrupt(slot, LeaseLost(f"lease of job {job_id} lost"))
+            slot.interrupt(LeaseLost(f"lease of job {job_id} lost"))
 
-    def drain_from_thread(self) -> None:
+    def on_drain(self) -> None:
         """The master said this stop is a drain: its deadline is graceful_timeout."""
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._arm_drain_deadline)
@@ -413,14 +316,14 @@ class AsyncLoop:
 
     def _drain_deadline(self) -> None:
         for slot in list(self.in_flight.values()):
-            self._interrupt(slot, _Shutdown("brooq: shutting down"))
+            slot.interrupt(_Shutdown("brooq: shutting down"))
 
     async def _give_back(self) -> None:
         ids, self.to_release = self.to_release, []
         child = self.child
         loop = asyncio.get_running_loop()
         with contextlib.suppress(Stop, psycopg.Error):  # else the reaper returns them
-            await loop.run_in_executor(self.db, _release, child, ids)
+            await loop.run_in_executor(self.db, child.trips.release, ids)
         for job_id in ids:
             log.warning("event=job_returned job=%s attempt_refunded=1 because=drain", job_id)
         self._tell_held()
@@ -431,17 +334,17 @@ class AsyncLoop:
         flight here (only after brooq's own code failed) are given back, never failed."""
         tasks = [s.task for s in self.in_flight.values() if s.task is not None]
         for slot in list(self.in_flight.values()):
-            self._interrupt(slot, _Shutdown("brooq: the child is stopping"))
+            slot.interrupt(_Shutdown("brooq: the child is stopping"))
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
-        if self.child.unwritten:
+        if self.child.trips.owed:
             await self._round_trip(0)
         if self.to_release:
             await self._give_back()
 
     # -- the control thread's view ----------------------------------------------------------
 
-    def watch_loop(self, now: float) -> None:
+    def watch(self, now: float) -> None:
         """Called by the control thread every TITLE_TICK: a loop silent for CULPRIT_AFTER
         is blocked by the task running now; name its job on the board for the master."""
         board = self.child.board
@@ -485,44 +388,20 @@ class AsyncLoop:
             return ""
         return format_frames(await_frames(slot.task))
 
-    @property
-    def counts(self) -> tuple[int, dict[str, int], float]:
-        """For the title: jobs in flight, per topic, the oldest's age."""
+    def batchmates_due(self, now: float) -> list[uuid.UUID]:
+        return []  # every job claimed starts at once: none waits behind another
+
+    def title(self) -> str:
+        """The jobs in flight, per topic, and the oldest's age."""
         slots = list(self.in_flight.values())
+        if not slots:
+            return f"brooq-child: async idle 0/{self.capacity}"
         topics: dict[str, int] = {}
         for s in slots:
             topics[s.claim.topic] = topics.get(s.claim.topic, 0) + 1
         oldest = min((s.started for s in slots if s.started), default=0.0)
-        return len(slots), topics, (time.monotonic() - oldest) if oldest else 0.0
-
-
-def format_await_chain(task: asyncio.Task[Any]) -> str:
-    """What a suspended task awaits, from its outermost coroutine down, as the
-    `File "...", line N, in fn` lines of a traceback."""
-    frames = await_frames(task)
-    if not frames:
-        return ""
-    lines = "".join(traceback.format_list(frames))
-    return f"Task await chain (most recent call last):\n{lines}".rstrip()
-
-
-def await_frames(task: asyncio.Task[Any]) -> traceback.StackSummary:
-    """The frames of a task's await chain, outermost first."""
-    frames: list[traceback.FrameSummary] = []
-    coro: Any = task.get_coro()
-    seen = 0
-    while coro is not None and seen < 100:
-        seen += 1
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-        if frame is None:
-            break
-        frames.append(
-            traceback.FrameSummary(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        age = (time.monotonic() - oldest) if oldest else 0.0
+        per_topic = ", ".join(f"{t} {n}" for t, n in sorted(topics.items()))
+        return (
+            f"brooq-child: async {len(slots)}/{self.capacity} jobs ({per_topic}) oldest {age:.1f}s"
         )
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-    return traceback.StackSummary.from_list(frames)
-
-
-def _release(child: Child, ids: list[uuid.UUID]) -> None:
-    conn = child.db.get()
-    conn.execute(child.q.job_release_ids, {"ids": ids, "worker": child.config.identity})

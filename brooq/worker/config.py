@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_BUDGET",
-    "LONG_JOB",
     "PEAK_RSS_MAX_AGE",
     "TITLE_TICK",
     "ChildConfig",
@@ -32,10 +31,8 @@ __all__ = [
 
 # A batch holds at most about BATCH_BUDGET seconds of recent average work, so that the
 # round trip between jobs is paid once per batch while nothing waits long behind its
-# batchmates; a job longer than LONG_JOB gives back the rest of its batch. The master
-# reads LONG_JOB too: it gives back the batchmates of a child whose job runs long.
+# batchmates (a job longer than brooq.rules.timing.LONG_JOB gives back the rest).
 BATCH_BUDGET = 0.1
-LONG_JOB = 0.5
 PEAK_RSS_MAX_AGE = 0.25
 TITLE_TICK = 0.25  # how often the control thread refreshes the process title
 

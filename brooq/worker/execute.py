@@ -3,8 +3,9 @@ whether the attempt is refunded), canceled, or abandon (the lease is gone: write
 
 Owns the reading of the handler signals (brooq.job: Delay, PreserveAttempt, CancelJob,
 raised directly or as a __cause__ at any depth) and of brooq's interruptions
-(AttemptTimeout, LeaseLost), and the text of last_error (`describe`, `bounded`, and
-`storable`: what the database can hold of a text written by the application).
+(AttemptTimeout, LeaseLost), and the text of last_error (`describe`, and `storable`: what
+the database can hold of a text written by the application; its length bound is
+brooq.rules.errortext's, which the master reads too).
 
 Also owns the handler's retry policy (``retry=fn``): asked only where the default backoff
 would apply (a plain exception, AttemptTimeout); the signals keep their meaning.
@@ -25,9 +26,8 @@ from typing import Literal
 from brooq.durations import MAX_SECONDS
 from brooq.handlers import Policy, RetryPolicy
 from brooq.job import AttemptTimeout, CancelJob, Delay, LeaseLost, PreserveAttempt
-from brooq.worker.retry import backoff, delay_seconds
-
-LAST_ERROR_MAX = 2000
+from brooq.rules.backoff import backoff, delay_seconds
+from brooq.rules.errortext import LAST_ERROR_MAX, bounded
 
 Kind = Literal["done", "failed", "canceled", "abandon"]
 
@@ -46,11 +46,6 @@ class Outcome:
 
 
 DONE = Outcome("done")  # the common case, made once (a frozen dataclass is slow to build)
-
-
-def bounded(text: str, limit: int = LAST_ERROR_MAX) -> str:
-    suffix = " ... [truncated]"
-    return text if len(text) <= limit else text[: limit - len(suffix)] + suffix
 
 
 def describe(exc: BaseException) -> str:

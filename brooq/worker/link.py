@@ -9,22 +9,21 @@ When the master is gone (its pipe ends or breaks) the child stops: the main thre
 writes what it finished and gives back what it did not start, and the process exits
 within one renewal period (EXIT_MASTER_GONE), since nobody renews its leases any more.
 
+What the master's words mean for the jobs running is the loop's to say: the control
+thread asks whichever loop runs (ChildState.loop) through brooq.worker.control's
+protocol, and never looks at which kind it is.
+
 Must never touch the database, never renew a lease (the master does), and never raise
-in the main thread other than through SIGUSR1 for a job whose lease is lost (the signal
-handler of brooq.worker.interrupts decides whether a handler is running to receive it).
+in the main thread itself (a loop told of a lost lease interrupts its job its own way).
 """
 
 from __future__ import annotations
 
 import os
 import select
-import signal
-import sys
 import threading
 import time
-import traceback
 import uuid
-from pathlib import Path
 from typing import Any
 
 from setproctitle import setproctitle
@@ -32,7 +31,7 @@ from setproctitle import setproctitle
 from brooq.ipc import protocol
 from brooq.ipc.reasons import EXIT_MASTER_GONE
 from brooq.settings import Settings
-from brooq.worker.config import LONG_JOB, TITLE_TICK
+from brooq.worker.config import TITLE_TICK
 from brooq.worker.state import ChildState
 
 
@@ -52,8 +51,6 @@ class MasterLink:
         self.title = ""
         self._to_master = _ToMaster(to_master)  # never blocks, see there
         self._told_held: list[uuid.UUID] = []  # what the master was last told we hold
-        self._gave_back_at: float | None = None  # the start of the job whose batch went back
-        self._main_thread = threading.get_ident()
         os.set_blocking(from_master, True)
 
     def start(self) -> None:
@@ -82,8 +79,8 @@ class MasterLink:
                         state.wake(b"w")
                     elif line.startswith(b"lost "):
                         self._on_lost(uuid.UUID(line[5:].decode()))
-                    elif line == b"drain" and state.aio is not None:
-                        state.aio.drain_from_thread()
+                    elif line == b"drain" and state.loop is not None:
+                        state.loop.on_drain()
                     elif line.startswith(b"stack "):
                         self._write_await_chain(uuid.UUID(line[6:].decode()))
                     elif line.startswith(b"where "):
@@ -95,63 +92,45 @@ class MasterLink:
             if not state.master_gone and not self._to_master.flush():
                 state.master_is_gone()
                 state.wake(b"x")
-            self._give_back_batchmates()
-            aio = state.aio
-            if aio is not None:
-                aio.watch_loop(time.monotonic())
+            loop = state.loop
+            if loop is not None:
+                now = time.monotonic()
+                self._give_back(loop.batchmates_due(now))
+                loop.watch(now)
             self.update_title()
 
-    def _give_back_batchmates(self) -> None:
+    def _give_back(self, ids: list[uuid.UUID]) -> None:
         """A job running for LONG_JOB gives back the jobs claimed after it in its batch
-        now, not when it returns, so that other children run them meanwhile. The child
-        decides (the main thread will not run them: see ChildState.tail) and the master
-        writes it, on its own connection: this thread never touches the database."""
-        tail = self.state.tail
-        if tail is None or tail[0] == self._gave_back_at:
-            return
-        started, batch, after = tail
-        if time.monotonic() - started < LONG_JOB:
-            return
-        self._gave_back_at = started
-        ids = [str(c.id) for c in batch[after:]]
-        self.tell({"release": ids}, key=f"release {ids[0]}")
+        now, not when it returns, so that other children run them meanwhile. The loop
+        decides (it will not run them) and the master writes it, on its own connection:
+        this thread never touches the database."""
+        if ids:
+            text = [str(i) for i in ids]
+            self.tell({"release": text}, key=f"release {text[0]}")
 
     def _on_lost(self, job_id: uuid.UUID) -> None:
         self.state.lost.add(job_id)
-        aio = self.state.aio
-        if aio is not None:  # an async child: cancel that job's task, never a signal
-            aio.lost_from_thread(job_id)
-            return
-        running = self.state.running
-        if running is not None and running.id == job_id:
-            signal.pthread_kill(self._main_thread, signal.SIGUSR1)
+        loop = self.state.loop
+        if loop is not None:
+            loop.on_lost(job_id)
 
     def _write_await_chain(self, job_id: uuid.UUID) -> None:
-        """The master kills an async child for a job past max_execution_timeout: that job
-        is suspended, so the thread stacks show only the loop; write its await chain
-        beside them (the master reads both into last_error)."""
-        aio = self.state.aio
-        if aio is None or not self.stack_file:
+        """The master kills a child for a job past max_execution_timeout: a suspended
+        job's thread stacks show only the loop; write its await chain beside them (the
+        master reads both into last_error)."""
+        loop = self.state.loop
+        if loop is None or not self.stack_file:
             return
-        chain = aio.await_chain(job_id)
+        chain = loop.await_chain(job_id)
         if chain:
             with open(self.stack_file + ".await", "w") as f:
                 f.write(chain + "\n")
 
     def _tell_stack(self, job_id: uuid.UUID) -> None:
         """`brooq jobs stack`: the job's current stack, as a traceback, to the master
-        (empty when it is not running here any more). A sync job's is the main thread's
-        frames, read from this thread (sys._current_frames); an async job's the await
-        chain of its task."""
-        aio = self.state.aio
-        if aio is not None:
-            text = aio.stack_text(job_id)
-        else:
-            running = self.state.running
-            text = ""
-            if running is not None and running.id == job_id:
-                frame = sys._current_frames().get(self._main_thread)
-                text = format_frames(traceback.extract_stack(frame)) if frame else ""
+        (empty when it is not running here any more)."""
+        loop = self.state.loop
+        text = loop.stack_text(job_id) if loop is not None else ""
         self.tell({"stack": str(job_id), "text": text}, key=f"stack {job_id}")
 
     def _on_master_gone(self) -> None:
@@ -162,28 +141,11 @@ class MasterLink:
         os._exit(EXIT_MASTER_GONE)
 
     def update_title(self) -> None:
-        """The process title shows the running job or idle. The control thread keeps it,
+        """The process title shows the running jobs or idle. The control thread keeps it,
         a few times a second, rather than the main thread twice per job: setting it costs
         about as much as a short job, and a job too short to be seen needs no title."""
-        aio = self.state.aio
-        claim, started = self.state.running, self.state.started
-        if aio is not None:
-            count, topics, oldest = aio.counts
-            if count:
-                per_topic = ", ".join(f"{t} {n}" for t, n in sorted(topics.items()))
-                title = (
-                    f"brooq-child: async {count}/{aio.capacity} jobs ({per_topic}) "
-                    f"oldest {oldest:.1f}s"
-                )
-            else:
-                title = f"brooq-child: async idle 0/{aio.capacity}"
-        elif claim is None:
-            title = "brooq-child: idle"
-        else:
-            title = (
-                f"brooq-child: {claim.topic} {claim.id} attempt {claim.attempt} "
-                f"running {time.monotonic() - started:.0f}s"
-            )
+        loop = self.state.loop
+        title = loop.title() if loop is not None else "brooq-child: idle"
         if title != self.title:
             self.title = title
             setproctitle(title)
@@ -234,23 +196,3 @@ class _ToMaster:
                 break
             self._partial = self._partial[written:]
         return not self.gone
-
-
-_WORKER_DIR = str(Path(__file__).resolve().parent)
-_WORKER_DIR = str(Path(__file__).resolve().parent)
-_BROOQ_DIR = str(Path(__file__).resolve().parent.parent)
-
-
-def format_frames(frames: traceback.StackSummary) -> str:
-    """A stack as Python prints a traceback (most recent call last), from the first frame
-    of the application's code under brooq's: the interpreter's start and brooq's own
-    loop around the handler are left out (middleware frames stay)."""
-    summaries = list(frames)
-    first = 0
-    for i in range(len(summaries) - 1):  # after the frame brooq's worker calls it from
-        here, below = summaries[i].filename, summaries[i + 1].filename
-        if here.startswith(_WORKER_DIR) and not below.startswith(_BROOQ_DIR):
-            first = i + 1
-            break
-    lines = "".join(traceback.format_list(summaries[first:]))
-    return f"Traceback (most recent call last):\n{lines}".rstrip()

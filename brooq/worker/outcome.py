@@ -28,12 +28,13 @@ from brooq.handlers import Policy
 from brooq.ipc.board import Board
 from brooq.job import Claim
 from brooq.produce import Handlers, check_jobs, insert_many_checked
+from brooq.rules.backoff import backoff
+from brooq.rules.errortext import bounded
 from brooq.settings import Settings
 from brooq.sql import queries
 from brooq.worker import execute
 from brooq.worker.connection import ChildConnection, Stop
 from brooq.worker.meter import Meter
-from brooq.worker.retry import backoff
 from brooq.worker.state import ChildState
 
 log = logging.getLogger("brooq.child")
@@ -182,7 +183,7 @@ class OutcomeWriter:
                     "max_attempts": 0 if outcome.final else policy.max_attempts,
                     "delay": outcome.delay,
                     "error": outcome.error,
-                    "history_error": execute.bounded(outcome.error or "", 1000),
+                    "history_error": bounded(outcome.error or "", 1000),
                 },
                 prepare=True,
             ).fetchone()

@@ -24,7 +24,7 @@ from brooq.ipc import protocol
 from brooq.job import Claim
 
 if TYPE_CHECKING:
-    from brooq.worker.aio import AsyncLoop
+    from brooq.worker.control import LoopControl
 
 
 class ChildState:
@@ -42,9 +42,9 @@ class ChildState:
         # main thread measures past LONG_JOB too, and never runs the rest of its batch
         # (brooq.worker.link).
         self.tail: tuple[float, Sequence[Claim], int] | None = None
-        # An async child's loop while it runs (brooq.worker.aio): the control thread posts
-        # lost leases and the drain into it, names the job blocking it, titles its jobs.
-        self.aio: AsyncLoop | None = None
+        # The loop running the jobs, sync or async, once it runs: what the control thread
+        # asks when the master speaks, and every tick (brooq.worker.control).
+        self.loop: LoopControl | None = None
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)

@@ -1,7 +1,7 @@
-"""Which queues a child works and in what order it tries them, round after round.
+"""In what order a child tries its worked queues, round after round.
 
-Owns the resolution of the worked queues (``--queues``, else every queue the handlers
-declare at weight 1) and RoundOrder, the per-round order: the first queue is picked by
+Owns RoundOrder (the worked queues themselves are resolved by brooq.rules.queues, which
+the master reads too), the per-round order: the first queue is picked by
 smooth weighted round robin (nginx's: each queue's current value grows by its weight,
 the largest goes first and gives back the total), the others follow by weight, then
 name. Every worked queue is in every round, so a weight decides how often a queue is
@@ -11,21 +11,9 @@ Must never do I/O or look at the clock: the order is a pure function of the roun
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from brooq.handlers import Handler
-from brooq.job import DEFAULT_QUEUE
 from brooq.settings import QueueWeights
 
-__all__ = ["RoundOrder", "worked_queues"]
-
-
-def worked_queues(configured: QueueWeights, handlers: Mapping[str, Handler]) -> QueueWeights:
-    """The queues a master works: those configured, else its handlers' queues, weight 1."""
-    if configured:
-        return configured
-    declared = sorted({h.queue for h in handlers.values()}) or [DEFAULT_QUEUE]
-    return tuple((name, 1) for name in declared)
+__all__ = ["RoundOrder"]
 
 
 class RoundOrder:

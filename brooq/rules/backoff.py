@@ -1,7 +1,7 @@
 """Backoff between attempts: d = min(base * 2^(attempts-1), max), wait uniform in [d/2, d].
 
 The ceiling is checked before the power is taken, so attempt 10,000 gives backoff_max
-rather than an overflow. Used by the child (brooq.worker.execute) and by the master
+rather than an overflow. Read by the child (brooq.worker.execute) and by the master
 when it fails the job of a child that died with it (brooq.supervisor.maintenance).
 
 Must never sleep or read the clock: it computes a number of seconds; SQL applies it.

@@ -1,0 +1,138 @@
+"""The bookkeeping of one attempt, around its handler call, whichever loop runs it.
+
+Owns what every attempt does before and after its handler, written once for the sync
+loop (brooq.worker.child), the async one (brooq.worker.aio) and brooq.testing's drain:
+`Attempts.begin` posts the job on the board (the master's watchdog reads it) and decodes
+a typed payload, or says why it is refused; `Attempts.end` clears the board, takes the
+duration, concludes (the outcome, the result as JSON text, the traceback to log) and
+meters the attempt. How the handler is called between the two is each loop's own (a
+signal-armed call, a task, a drain's call).
+
+Must never call a handler, touch the database or the pipes to the master, and never add
+a call per job to the sync loop: `begin` and `end` replace the calls they gather.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+import uuid
+from typing import Any
+
+from brooq.encoding import check_payload_size, encode_payload
+from brooq.errors import InvalidPayload, InvalidResult, PayloadMismatch
+from brooq.handlers import Handler, Policy
+from brooq.ipc.board import Board
+from brooq.job import Claim, Interruption
+from brooq.payloads import to_json
+from brooq.worker import execute
+from brooq.worker.connection import Undecodable
+from brooq.worker.meter import Meter
+from brooq.worker.outcome import report_policy_error
+
+__all__ = ["Attempts", "Concluded", "encode_result", "refused_payload"]
+
+# What an attempt came to: the outcome to write, the result as JSON text (or None), the
+# traceback to log ("" or a newline and the text), and how long the handler ran.
+Concluded = tuple[execute.Outcome, str | None, str, float]
+
+
+class Attempts:
+    """The attempts of one process: its board, meter, handlers and limits, and the jobs
+    whose lease the master says is lost (``lost``: the set the control thread adds to)."""
+
+    def __init__(
+        self,
+        board: Board,
+        meter: Meter,
+        handlers: dict[str, Handler],
+        max_payload_bytes: int,
+        lost: set[uuid.UUID],
+        measure_cpu: bool,
+    ) -> None:
+        self.board = board
+        self.meter = meter
+        self.handlers = handlers
+        self.max_payload_bytes = max_payload_bytes
+        self.lost = lost
+        # The process's CPU time belongs to one attempt only when one runs at a time.
+        self.measure_cpu = measure_cpu and meter.metrics is not None
+        self.cpu_before = 0.0
+
+    def begin(
+        self, claim: Claim[Any], policy: Policy, started: float, slot: int = 0
+    ) -> InvalidPayload | None:
+        """Post the job on the board (at ``slot``) and decode its payload in place when
+        its topic is typed: why the payload is refused, or None (the handler may run)."""
+        if self.measure_cpu:
+            self.cpu_before = time.process_time()
+        self.board.post(
+            claim.id,
+            claim.topic,
+            claim.attempt,
+            started,
+            policy.max_execution_timeout,
+            policy.attempt_timeout,
+            slot,
+        )
+        if self.handlers[claim.topic].codec is None and claim.payload.__class__ is not Undecodable:
+            return None  # not a call per untyped job
+        return refused_payload(claim, self.handlers[claim.topic])
+
+    def end(
+        self,
+        claim: Claim[Any],
+        policy: Policy,
+        error: BaseException | None,
+        value: Any,
+        refused: InvalidPayload | None,
+        started: float,
+        slot: int = 0,
+    ) -> Concluded:
+        """Clear the board (from here on the watchdog leaves the job alone), conclude
+        what the handler raised or returned, and meter the attempt."""
+        self.board.clear(slot)
+        duration = time.monotonic() - started
+        result = None
+        if value is not None and error is None:
+            try:
+                result = encode_result(value, self.max_payload_bytes)
+            except InvalidResult as exc:
+                error = exc
+        tb = ""
+        if error is not None and refused is None and not isinstance(error, Interruption):
+            tb = "\n" + "".join(traceback.format_exception(error)).rstrip()
+        if error is None:
+            outcome = execute.DONE
+        elif refused is not None:  # retrying cannot fix it
+            outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
+        else:
+            retry = self.handlers[claim.topic].retry
+            outcome = execute.decide(error, claim.attempt, policy, random.random(), retry)
+            report_policy_error(claim, outcome)
+        if claim.id in self.lost:
+            outcome = execute.Outcome("abandon")
+        self.meter.attempt(claim.topic, duration, self.cpu_before if self.measure_cpu else None)
+        return outcome, result, tb, duration
+
+
+def refused_payload(claim: Claim[Any], handler: Handler) -> InvalidPayload | None:
+    """Decode a typed topic's payload in place (before the middleware: every layer sees
+    the Model); the error when the stored payload cannot be read or does not fit."""
+    payload = claim.payload
+    if isinstance(payload, Undecodable):
+        return InvalidPayload(f"the stored payload cannot be decoded: {payload}")
+    if handler.codec is not None:
+        try:
+            claim.payload = handler.codec.decode(payload)
+        except PayloadMismatch as exc:
+            return exc
+    return None
+
+
+def encode_result(value: Any, limit: int) -> str:
+    """What a handler returned as JSON text for the result column, or InvalidResult."""
+    text = encode_payload(to_json(value), "result", InvalidResult)
+    check_payload_size(text, limit, "result", InvalidResult)
+    return text

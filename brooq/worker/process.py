@@ -1,0 +1,137 @@
+"""What every child process is, whichever loop runs its jobs: its parts, set up after fork.
+
+Owns `ChildProcess`: the config the master handed over, the handlers of the child's kind
+composed with their middleware (docs/async.md: a middleware never wraps the other kind),
+the connection, board, meter and outcome writer, the link to the master, the round trips
+(brooq.worker.roundtrip) and the attempts' bookkeeping (brooq.worker.attempt), and when
+the child retires. The sync loop (brooq.worker.child) and the async one
+(brooq.worker.aio) stand on it.
+
+Must never claim, run a handler or write an outcome itself: the loops do, through the
+parts set up here.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+from brooq.handlers import HandlerFn, Middleware, Policy, is_async_callable
+from brooq.ipc.board import Board
+from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
+from brooq.rules.queues import worked_queues
+from brooq.sql import queries
+from brooq.worker import interrupts
+from brooq.worker.attempt import Attempts
+from brooq.worker.chain import compose, compose_async
+from brooq.worker.config import ChildConfig
+from brooq.worker.connection import ChildConnection
+from brooq.worker.link import MasterLink
+from brooq.worker.meter import Meter, resident_mib
+from brooq.worker.outcome import OutcomeWriter
+from brooq.worker.roundtrip import RoundTrips
+from brooq.worker.state import ChildState
+from brooq.worker.weights import RoundOrder
+
+__all__ = ["ChildProcess"]
+
+
+class ChildProcess:
+    def __init__(self, config: ChildConfig) -> None:
+        self.config = config
+        self.settings = config.settings
+        # The statements of the master's schema (QUEUE_SCHEMA), looked up once here: the
+        # loops read plain attributes and dictionaries.
+        self.q = queries(self.settings.schema)
+        self.handlers = config.handlers
+        self.middleware: tuple[Middleware, ...] = config.middleware
+        self.runners: dict[str, HandlerFn] = {}  # each topic's middleware chain and handler
+        self.policies: dict[str, Policy] = {}
+        self.state = ChildState()
+        self.board = config.board or Board()
+        self.meter = Meter(config.metrics)
+        self.db = ChildConnection(config.dsn, config.identity, self.settings, self.state)
+        self.outcomes = OutcomeWriter(
+            config.identity, self.settings, self.db, self.state, self.board, self.meter
+        )
+        self.jobs_done = 0
+        self._stack_fh: IO[str] | None = None
+
+    @property
+    def master_gone(self) -> bool:
+        return self.state.master_gone
+
+    def setup(self) -> None:
+        self._stack_fh = interrupts.install(self.state, self.config.stack_file)
+        self.link = MasterLink(
+            self.config.to_master,
+            self.config.from_master,
+            self.settings,
+            self.state,
+            self.config.stack_file,
+        )
+        if self.config.reload_baseline is not None:
+            self._reload_app()
+        self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
+        # A child runs the handlers of its kind only, each wrapped by the Queue's
+        # middleware of that kind (docs/async.md: a middleware never wraps the other kind).
+        is_async = self.config.kind == ASYNC
+        mine = {t: h for t, h in self.handlers.items() if h.is_async == is_async}
+        outer = tuple(m for m in self.middleware if is_async_callable(m) == is_async)
+        join = compose_async if is_async else compose
+        self.runners = {t: join(h.fn, (*outer, *h.middleware)) for t, h in mine.items()}
+        self.outcomes.handlers = self.handlers
+        self.trips = RoundTrips(
+            self.config.identity,
+            self.settings,
+            self.q,
+            self.db,
+            self.outcomes,
+            self.policies,
+            sorted(t for t, h in mine.items() if h.global_limit is None),
+            sorted((t, h.global_limit) for t, h in mine.items() if h.global_limit is not None),
+            RoundOrder(worked_queues(self.settings.queues, self.handlers)),
+            self.config.children or max(1, self.settings.workers),
+            self.link.tell,
+            self.link.tell_held,
+        )
+        # An async child's jobs share the process's CPU time: none is metered per job.
+        self.attempts = Attempts(
+            self.board,
+            self.meter,
+            self.handlers,
+            self.settings.max_payload_bytes,
+            self.state.lost,
+            measure_cpu=not is_async,
+        )
+        self.link.start()
+        self.link.update_title()
+        self.tell({"ready": 1})
+
+    def _reload_app(self) -> None:
+        from brooq.app import forget_user_modules, load
+
+        assert self.config.reload_baseline is not None
+        forget_user_modules(set(self.config.reload_baseline))
+        queue = load(self.config.app_spec)
+        self.handlers = queue.handlers
+        self.middleware = tuple(queue.middlewares)
+
+    def tell(self, message: dict[str, Any]) -> None:
+        self.link.tell(message)
+
+    def should_retire(self) -> bool:
+        """Whether the child has done its share (max_jobs_per_child) or grown too big
+        (max_memory_per_child); the master is told why when it has."""
+        s = self.settings
+        if s.max_jobs_per_child and self.jobs_done >= s.max_jobs_per_child:
+            self.tell({"retire": MAX_JOBS})
+            return True
+        if s.max_memory_per_child and resident_mib() > s.max_memory_per_child:
+            self.tell({"retire": MAX_MEMORY})
+            return True
+        return False
+
+    def retire_after_job(self) -> bool:
+        """One more job done (whatever its outcome): whether the child retires now."""
+        self.jobs_done += 1
+        return self.should_retire()

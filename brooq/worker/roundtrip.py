@@ -1,0 +1,355 @@
+"""One claim round trip: the `done` of the jobs finished since the last, and the next
+claims, in one statement; then what came back settled, and the master told what is held.
+
+Owns the claim statement's shapes (one queue, several, a limited topic in turn), the
+paused queues' reading, the jobs finished with a plain `done` waiting for the next trip
+(`RoundTrips.keep_done`), their write one by one when the database refuses the batch for
+what a result holds, the order of the claims (the queues as tried, then priority, then
+FIFO), the held list the master renews, and the release of claims given back. The sync
+loop (brooq.worker.child) runs a trip whole (`exchange`); the async one
+(brooq.worker.aio) takes the finished jobs, runs the statement in its DB thread and
+settles on its loop (`take`, `run`, `settle`, `put_back`).
+
+Must never write an outcome other than through the guarded statements, never run a
+handler, and never hold a job the master was not told of before it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import psycopg
+from psycopg.rows import RowMaker
+
+from brooq import logs, pooler
+from brooq.handlers import Policy
+from brooq.job import Claim
+from brooq.settings import Settings
+from brooq.sql import Queries
+from brooq.worker import execute
+from brooq.worker.connection import ChildConnection
+from brooq.worker.outcome import OutcomeWriter
+from brooq.worker.weights import RoundOrder
+
+if TYPE_CHECKING:
+    from typing_extensions import LiteralString
+
+__all__ = ["Apart", "ClaimRow", "Finished", "RoundTrips", "Trip", "claim_row"]
+
+log = logging.getLogger("brooq.child")
+
+
+class ClaimRow(NamedTuple):
+    """A row of job_finish_and_claim, its columns by name. A finished row (claimed false)
+    carries only its id: the other columns are NULL."""
+
+    claimed: bool
+    id: uuid.UUID
+    topic: str
+    payload: Any
+    attempts: int
+    locked_by: str
+    locked_until: datetime
+    available_at: datetime
+    queue: str
+    priority: int
+
+    def claim(self) -> Claim[Any]:
+        """The Claim a handler gets for a claimed row."""
+        return Claim(
+            id=self.id,
+            topic=self.topic,
+            payload=self.payload,
+            attempt=self.attempts,
+            locked_by=self.locked_by,
+            locked_until=self.locked_until,
+            queue=self.queue,
+            priority=self.priority,
+        )
+
+
+_CLAIM_COLUMNS = tuple(name.encode() for name in ClaimRow._fields)
+
+
+def claim_row(cursor: psycopg.Cursor[Any]) -> RowMaker[ClaimRow]:
+    """The row factory of the claim: ClaimRow._make (as cheap as a namedtuple_row and
+    typed), after checking once per result that the columns are the fields, by name."""
+    res = cursor.pgresult
+    names = tuple(map(res.fname, range(res.nfields))) if res is not None else ()
+    if names != _CLAIM_COLUMNS:
+        raise psycopg.ProgrammingError(f"job_finish_and_claim returned {names}")
+    return ClaimRow._make
+
+
+# A job finished with a plain `done`, written with the next claim: the claim, how long
+# its handler ran, what it returned as JSON text. A bare tuple: one per job, built
+# without a call.
+Finished = tuple[Claim[Any], float, str | None]
+# What was written for each finished job when the batched `done` was refused: the
+# state (None: nothing) and the outcome written (brooq.worker.outcome.OutcomeWriter.write).
+Apart = dict[uuid.UUID, tuple[str | None, execute.Outcome]]
+# What a round trip's statement came to: its rows, the round's queues in order, and the
+# writes apart (None unless the batched `done` was refused).
+Trip = tuple[list[ClaimRow], list[str], Apart | None]
+
+# The claim statement of a round trip: (without results, with results), by the shape of
+# the round (one queue, several, a limited topic); looked up once in the schema's texts.
+_STATEMENTS = {
+    "one": ("job_finish_and_claim", "job_finish_and_claim_results"),
+    "queues": ("job_finish_and_claim_queues", "job_finish_and_claim_queues_results"),
+    "limited": ("job_finish_and_claim_limited", "job_finish_and_claim_limited_results"),
+}
+
+
+class RoundTrips:
+    """The round trips of one child, and what it holds between them."""
+
+    def __init__(
+        self,
+        identity: str,
+        settings: Settings,
+        q: Queries,
+        db: ChildConnection,
+        outcomes: OutcomeWriter,
+        policies: dict[str, Policy],
+        topics: list[str],
+        limited: list[tuple[str, int]],
+        order: RoundOrder,
+        children: int,
+        tell: Callable[[dict[str, Any]], None],
+        tell_held: Callable[[list[uuid.UUID]], None],
+    ) -> None:
+        self.identity = identity
+        self.settings = settings
+        self.q = q
+        self.statements: dict[str, tuple[LiteralString, LiteralString]] = {
+            shape: (getattr(q, plain), getattr(q, with_results))
+            for shape, (plain, with_results) in _STATEMENTS.items()
+        }
+        self.db = db
+        self.outcomes = outcomes
+        self.policies = policies
+        self.topics = topics  # the topics claimed without a global_limit
+        self.limited = limited  # (topic, global_limit), tried in turn
+        self._limited_turn = 0
+        self.order = order
+        self.children = children
+        self._tell = tell
+        self._tell_held = tell_held
+        self.paused: frozenset[str] = frozenset()  # worked queues found paused
+        self._paused_read = float("-inf")  # monotonic time of that reading
+        self._held: list[uuid.UUID] = []  # what the master renews
+        self._unwritten: list[Finished] = []  # finished with `done`, written next trip
+        self._results_unwritten = False  # one of them has a result to store
+        self.claims_failing = False  # the master was told the last claim failed
+
+    # -- the finished jobs waiting for a trip ------------------------------------------
+
+    def keep_done(
+        self, claim: Claim[Any], outcome: execute.Outcome, duration: float, result: str | None
+    ) -> bool:
+        """Keep a plain `done` for the next round trip (True); False when the outcome is
+        written on its own (not done, or done with chained jobs or on_success hooks)."""
+        if outcome.kind != "done" or claim.chained or claim.success_hooks:
+            return False
+        self._unwritten.append((claim, duration, result))
+        if result is not None:
+            self._results_unwritten = True
+        return True
+
+    @property
+    def owed(self) -> bool:
+        """Some finished job's `done` waits for a round trip."""
+        return bool(self._unwritten)
+
+    def unwritten_ids(self) -> list[uuid.UUID]:
+        return [f[0].id for f in self._unwritten]
+
+    def take(self) -> tuple[list[Finished], bool]:
+        """The finished jobs to write now, and whether one has a result; the next ones
+        finished wait for the trip after."""
+        taken = self._unwritten, self._results_unwritten
+        self._unwritten, self._results_unwritten = [], False
+        return taken
+
+    def put_back(self, finished: list[Finished], with_results: bool) -> None:
+        """A trip that failed: not known whether it committed, written again next time
+        (the guard makes that harmless)."""
+        self._unwritten = finished + self._unwritten
+        self._results_unwritten = with_results or self._results_unwritten
+
+    # -- the trip --------------------------------------------------------------------------
+
+    def exchange(self, limit: int) -> list[Claim[Any]] | None:
+        """A whole round trip: write what finished, claim up to ``limit``; the claims in
+        order, or None when the database failed (what finished is written next time)."""
+        finished = self._unwritten
+        trip = self.run(finished, self._results_unwritten, limit)
+        if trip is None:
+            return None
+        self._unwritten = []
+        self._results_unwritten = False
+        return self.settle(finished, *trip)
+
+    def run(self, finished: list[Finished], with_results: bool, limit: int) -> Trip | None:
+        """The claim statement: write ``finished`` as `done`, claim up to ``limit``. Its
+        rows, the round's queues in order, and None, or, when the database refused the
+        statement for what a result holds, no rows and what was written for each finished
+        job on its own (``Apart``); None when the database failed (not known whether it
+        committed: the finished jobs stay held and are written again on the next pass,
+        the guard makes that harmless; claims it may have made come back through the
+        reaper). Only the database here: an async child runs it in its DB thread while
+        jobs run (brooq.worker.aio)."""
+        queues = self._claimable_queues() if limit else []
+        if not queues:  # nothing to claim from: only write what finished
+            if not finished:
+                return [], [], None
+            limit, queues = 0, self.order.names[:1]
+        params: dict[str, Any] = {
+            "done": [f[0].id for f in finished],
+            "topics": self.topics,
+            "limit": limit,
+            "children": self.children,
+            "worker": self.identity,
+            "lease": self.settings.lease,
+        }
+        if self.limited:  # one limited topic per round, in turn
+            shape = "limited"
+            self._limited_turn = (self._limited_turn + 1) % len(self.limited)
+            params["limited"], params["cap"] = self.limited[self._limited_turn]
+            params["queues"] = queues
+        elif len(queues) == 1:
+            shape = "one"
+            params["queue"] = queues[0]
+        else:
+            shape = "queues"
+            params["queues"] = queues
+        plain, with_results_statement = self.statements[shape]
+        statement = plain
+        if with_results:
+            statement = with_results_statement
+            params["results"] = [f[2] for f in finished]
+        try:
+            conn = self.db.get()
+            cur = conn.cursor(row_factory=claim_row)
+            if self.db.local is None:
+                rows = cur.execute(statement, params, prepare=True).fetchall()
+            else:  # behind a transaction pooler: its settings first, in the same round trip
+                with self.db.scoped(conn):
+                    rows = cur.execute(statement, params).fetchall()
+        except psycopg.OperationalError as exc:
+            self.db.failed("claim", exc)
+            self._claims_fail(exc)
+            return None
+        except (
+            psycopg.errors.InvalidSqlStatementName,
+            psycopg.errors.DuplicatePreparedStatement,
+        ) as exc:  # the child crashes either way: say why (brooq.pooler)
+            raise pooler.prepared_mismatch(exc) or exc from None
+        except psycopg.Error as exc:
+            if not with_results:
+                raise  # no job's content in it: brooq's own fault, the child crashes
+            # A result the database cannot hold (a character its encoding lacks) fails
+            # the whole statement, which wrote nothing: each finished job is written on
+            # its own, so that only the job whose result is refused is charged.
+            log.warning(
+                "event=done_refused jobs=%d error=%r: writing each on its own",
+                len(finished),
+                execute.describe(exc),
+            )
+            return [], queues, self._write_apart(finished)
+        if self.claims_failing:
+            self.claims_failing = False
+            self._tell({"claims": "ok"})
+        return rows, queues, None
+
+    def _claims_fail(self, exc: BaseException) -> None:
+        """Tell the master once that claims fail, and why (its /readyz says so while every
+        child's do): the database answers, but refuses them (a disk full, say)."""
+        if not self.claims_failing:
+            self.claims_failing = True
+            first = str(exc).strip().splitlines()
+            self._tell({"claims": "failing", "error": first[0] if first else type(exc).__name__})
+
+    def _write_apart(self, finished: list[Finished]) -> Apart:
+        """Write each finished job's `done` (and result) in a statement of its own."""
+        apart: Apart = {}
+        for claim, _, result in finished:
+            policy = self.policies[claim.topic]
+            apart[claim.id] = self.outcomes.write(claim, policy, execute.DONE, result)
+        return apart
+
+    def settle(
+        self,
+        finished: list[Finished],
+        rows: list[ClaimRow],
+        queues: list[str],
+        apart: Apart | None = None,
+    ) -> list[Claim[Any]]:
+        """After a round trip: log and count the `done` written (or what was written for
+        each on its own), and the claims in the order of the round (the queues as tried,
+        then priority, then FIFO)."""
+        if apart is not None:
+            for claim, duration, _ in finished:
+                state, outcome = apart[claim.id]
+                self.outcomes.settled(claim, state, duration, outcome)
+            return []
+        written = {r.id for r in rows if not r.claimed}
+        with logs.batch(log):  # the round trip's job_done lines in one write
+            for claim, duration, _ in finished:
+                state = "done" if claim.id in written else None
+                self.outcomes.settled(claim, state, duration)
+        rank = {name: i for i, name in enumerate(queues)}
+        claimed = sorted(
+            (r for r in rows if r.claimed),
+            key=lambda r: (rank.get(r.queue, 0), -r.priority, r.available_at, r.id),
+        )
+        return [r.claim() for r in claimed]
+
+    def _claimable_queues(self) -> list[str]:
+        """This round's queues in order, without the paused ones. The pauses are read
+        again once poll_interval has passed since the last reading, so an operator's pause
+        holds for this child within poll_interval; if the read fails, the last one holds."""
+        now = time.monotonic()
+        if now - self._paused_read >= self.settings.poll_interval:
+            try:
+                rows = self.db.get().execute(
+                    self.q.queue_paused_names, {"queues": self.order.names}, prepare=True
+                )
+                self.paused = frozenset(row[0] for row in rows)
+                self._paused_read = now
+            except psycopg.OperationalError as exc:
+                self.db.failed("paused queues", exc)
+        return [name for name in self.order.next() if name not in self.paused]
+
+    # -- what is held ----------------------------------------------------------------------
+
+    @property
+    def held(self) -> Sequence[uuid.UUID]:
+        """What we hold (claimed, running, finished unwritten), as the master was told."""
+        return self._held
+
+    def hold(self, held: list[uuid.UUID]) -> None:
+        """What we hold now (the master renews those leases): told if it changed."""
+        self._held = held
+        self._tell_held(held)
+
+    def let_go(self, ids: Collection[uuid.UUID]) -> None:
+        """No longer hold ``ids`` (written, or given back): the master is told."""
+        self.hold([i for i in self._held if i not in ids])
+
+    def unstarted(self) -> list[uuid.UUID]:
+        """What is held but neither finished nor written: the claims not started."""
+        unwritten = {f[0].id for f in self._unwritten}
+        return [i for i in self._held if i not in unwritten]
+
+    def release(self, ids: list[uuid.UUID]) -> None:
+        """Give back claims not started (pending, attempt refunded). Only the database:
+        the caller says what it holds after."""
+        conn = self.db.get()
+        conn.execute(self.q.job_release_ids, {"ids": ids, "worker": self.identity})
