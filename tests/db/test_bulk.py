@@ -23,7 +23,7 @@ from brooq.cli.common import cli
 from brooq.ids import uuid7_many
 from brooq.job import BULK_FROM_STATES, STATES
 from brooq.sql import Q
-from tests.test_cli import ok, refused, run
+from tests.db.test_cli import ok, refused, run
 
 Conn = psycopg.Connection[Any]
 ERRORS = '[{"attempt": 1, "at": "2026-12-01T10:00:00+00:00", "error": "boom", "worker": "w"}]'

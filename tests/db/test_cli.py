@@ -27,7 +27,7 @@ import brooq
 from brooq.cli import show_lines, top
 from brooq.queue import HolderStats, InFlight, TopicStats
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MISSING = str(uuid.UUID(int=7))
 LONG_ERROR = "\n".join(
     ["Traceback (most recent call last):"]

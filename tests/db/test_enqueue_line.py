@@ -315,7 +315,7 @@ def test_a_latin1_database_under_a_master(latin1_dsn: str, tmp_path: Any) -> Non
             text=True,
             timeout=60,
             env={k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")},
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=Path(__file__).resolve().parents[2],
         )
         assert listed.returncode == 0, listed.stderr
         shown = json.loads(listed.stdout)

@@ -7,9 +7,9 @@ import subprocess
 import venv
 from pathlib import Path
 
-from tests.test_migrate import brooq_objects
+from tests.db.test_migrate import brooq_objects
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_installed_package_migrates_outside_the_source_tree(tmp_path: Path, empty_dsn: str) -> None:

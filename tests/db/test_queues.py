@@ -1,6 +1,8 @@
 """Queues, priorities, pause and global_limit in the claim statements, against a real
-PostgreSQL with several connections; the plans of the claims on a 100,000-row table; and
-the pure rules (weights, names, bounds)."""
+PostgreSQL with several connections; and the plans of the claims on a 100,000-row table.
+The pure rules are unit tests: tests/unit/worker/test_weights.py, tests/unit/test_settings.py,
+tests/unit/test_job.py.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +18,7 @@ import pytest
 from psycopg.rows import dict_row
 
 import brooq
-from brooq import settings as settings_mod
-from brooq.errors import InvalidSettings
-from brooq.handlers import build
 from brooq.sql import Q
-from brooq.worker.weights import RoundOrder, worked_queues
 
 Conn = psycopg.Connection[Any]
 LEASE = 30.0
@@ -360,131 +358,6 @@ def test_the_limited_claim_inside_its_function_is_index_driven(big: Conn) -> Non
     assert inner, plans
     for plan in inner:
         _check(plan, "brooq_claim_limited's claim")
-
-
-# -- the rules, without a database ----------------------------------------------------------
-
-
-def test_weights_decide_how_often_a_queue_is_first_never_whether_it_is_tried() -> None:
-    order = RoundOrder((("default", 4), ("bulk", 1)))
-    rounds = [order.next() for _ in range(50)]
-    firsts = [r[0] for r in rounds]
-    assert firsts.count("default") == 40 and firsts.count("bulk") == 10
-    assert all(sorted(r) == ["bulk", "default"] for r in rounds)
-    # Smooth: bulk never waits more than five rounds to lead.
-    assert max(len(run) for run in "".join(f[0] for f in firsts).split("b")) <= 4
-    three = RoundOrder((("a", 1), ("b", 1), ("c", 2)))
-    assert [three.next() for _ in range(4)] == [
-        ["c", "a", "b"],
-        ["a", "c", "b"],
-        ["b", "c", "a"],
-        ["c", "a", "b"],
-    ]
-    assert RoundOrder((("only", 3),)).single == "only" and three.single is None
-
-
-def test_worked_queues_default_to_the_handlers_queues() -> None:
-    handlers = {
-        "a": build("a", print, **_unset(), queue="bulk"),
-        "b": build("b", print, **_unset()),
-        "c": build("c", print, **_unset(), queue="bulk"),
-    }
-    assert worked_queues((), handlers) == (("bulk", 1), ("default", 1))
-    assert worked_queues((("x", 3),), handlers) == (("x", 3),)
-
-
-def _unset() -> dict[str, Any]:
-    return {
-        name: None
-        for name in (
-            "max_attempts",
-            "attempt_timeout",
-            "max_execution_timeout",
-            "backoff_base",
-            "backoff_max",
-        )
-    }
-
-
-@pytest.mark.parametrize(
-    ("raw", "problems"),
-    [
-        ("default=0", ["the weight of queue 'default' must be at least 1, got 0"]),
-        ("default=-1", ["must be at least 1, got -1"]),
-        ("default=x", ["the weight of queue 'default' must be an integer, got 'x'"]),
-        ("a,a=2", ["queue 'a' is named twice"]),
-        ("Bad", ["queue 'Bad' does not match"]),
-        ("a,,b", ["an empty queue name"]),
-        ("a=0,b=y,a", ["'a' must be at least 1", "'b' must be an integer", "'a' is named twice"]),
-    ],
-)
-def test_bad_queue_lists_name_every_problem(raw: str, problems: list[str]) -> None:
-    with pytest.raises(InvalidSettings) as refused:
-        settings_mod.load(environ={"QUEUE_QUEUES": raw})
-    found = refused.value.problems
-    assert len(found) == len(problems), found
-    for text, problem in zip(problems, found, strict=True):
-        assert text in problem and problem.startswith("QUEUE_QUEUES="), problem
-
-
-def test_queue_lists_in_every_form() -> None:
-    load = settings_mod.load
-    assert load(environ={"QUEUE_QUEUES": " default=4 , bulk "}).queues == (
-        ("default", 4),
-        ("bulk", 1),
-    )
-    assert load(overrides={"queues": {"a": 2, "b": 1}}).queues == (("a", 2), ("b", 1))
-    assert load(flags={"queues": "c=3"}).queues == (("c", 3),)
-    assert load(overrides={"queues": ["a", ("b", 5)]}).queues == (("a", 1), ("b", 5))
-    with pytest.raises(InvalidSettings, match="must be an integer"):
-        load(overrides={"queues": {"a": True}})
-    assert load(environ={}).queues == ()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "error", "text"),
-    [
-        ({"priority": 32768}, brooq.InvalidPriority, "from -32768 to 32767"),
-        ({"priority": -32769}, brooq.InvalidPriority, "from -32768 to 32767"),
-        ({"priority": True}, brooq.InvalidPriority, "must be an integer, not bool"),
-        ({"priority": 1.0}, brooq.InvalidPriority, "must be an integer, not float"),
-        ({"priority": "1"}, brooq.InvalidPriority, "must be an integer, not str"),
-        ({"queue": "Bulk"}, brooq.InvalidQueue, "queue 'Bulk' does not match"),
-        ({"queue": "bulk\n"}, brooq.InvalidQueue, "does not match"),
-        ({"queue": "q" * 129}, brooq.InvalidQueue, "queue is 129 characters long"),
-        ({"queue": 7}, brooq.InvalidQueue, "queue must be a string, not int"),
-    ],
-)
-def test_bad_queue_or_priority_is_refused_by_name(
-    kwargs: dict[str, Any], error: type[Exception], text: str
-) -> None:
-    with pytest.raises(error, match=text.replace("(", r"\(")) as refused:
-        brooq.Job("t", **kwargs)
-    assert isinstance(refused.value, brooq.BrooqError)
-
-
-def test_the_bounds_themselves_are_accepted() -> None:
-    assert brooq.Job("t", priority=32767).priority == 32767
-    assert brooq.Job("t", priority=-32768).priority == -32768
-    assert brooq.Job("t", queue="a.b-c_d").queue == "a.b-c_d"
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "text"),
-    [
-        ({"global_limit": 0}, "global_limit must be from 1"),
-        ({"global_limit": -3}, "global_limit must be from 1"),
-        ({"global_limit": 2.5}, "global_limit must be an integer"),
-        ({"global_limit": True}, "global_limit must be an integer"),
-        ({"global_limit": 2**31}, "global_limit must be at most"),
-        ({"queue": "Not ok"}, "t: queue 'Not ok' does not match"),
-    ],
-)
-def test_bad_handler_options_are_refused(kwargs: dict[str, Any], text: str) -> None:
-    queue = brooq.Queue("postgresql://unused")
-    with pytest.raises(InvalidSettings, match=text):
-        queue.handler("t", **kwargs)(print)
-    assert queue.handlers == {}
 
 
 def test_a_job_naming_no_queue_goes_to_its_handlers_queue(dsn: str, db: Conn) -> None:

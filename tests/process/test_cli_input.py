@@ -22,10 +22,10 @@ import brooq
 from brooq import logs, produce
 from brooq import settings as settings_mod
 from tests import harness
+from tests.db.test_cli import run
 from tests.harness import StartMaster, wait_for
-from tests.test_cli import run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "SECRETPW7"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_runs_and_drains(empty_dsn: str) -> None:

@@ -25,8 +25,8 @@ from brooq import waiting
 from brooq.handlers import Policy
 from brooq.sql import Q
 from brooq.supervisor import maintenance
+from tests.db.test_cli import as_json, ok
 from tests.harness import StartMaster, wait_for
-from tests.test_cli import as_json, ok
 
 HOST = socket.gethostname()
 

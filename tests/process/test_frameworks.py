@@ -25,9 +25,9 @@ import pytest
 
 import brooq
 from brooq import migrate
-from tests.test_migrate import brooq_objects
+from tests.db.test_migrate import brooq_objects
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 DJANGO_PROJECT = EXAMPLES / "django"
 

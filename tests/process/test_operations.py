@@ -26,7 +26,7 @@ import brooq
 from brooq.supervisor import maintenance
 from tests.harness import StartMaster, executions, states, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def ops_addr(m: object) -> str:
@@ -658,7 +658,7 @@ def test_stats_count_never_holds_the_loop(dsn: str, db: Any, queue: brooq.Queue)
     from brooq.settings import Settings
     from brooq.sql import queries
     from brooq.supervisor.duties import Stats
-    from tests.test_supervisor_units import FakeMetrics, pending
+    from tests.unit.supervisor.test_duties import FakeMetrics, pending
 
     for _ in range(3):
         queue.enqueue(brooq.Job("t.counted"))

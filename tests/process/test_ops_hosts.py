@@ -18,7 +18,7 @@ from brooq.errors import InvalidSettings
 from brooq.supervisor.hosts import HostRule, host_name
 from brooq.supervisor.pages import _Pages
 from tests.harness import APPS, StartMaster
-from tests.test_ops_slow_clients import ops_addr
+from tests.process.test_ops_slow_clients import ops_addr
 
 EVIL = "evil.example"
 

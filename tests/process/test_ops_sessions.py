@@ -15,8 +15,8 @@ import pytest
 
 import brooq
 from tests.harness import MasterProcess, StartMaster, wait_for
-from tests.test_ops_slow_clients import ops_addr
-from tests.test_status_page import page_pid, request
+from tests.process.test_ops_slow_clients import ops_addr
+from tests.process.test_status_page import page_pid, request
 
 OLD = "the-first-admin-token-0123456789"
 NEW = "the-second-admin-token-987654321"

@@ -5,7 +5,8 @@ one, an exception whose str() raises, and on a LATIN1 database a character LATIN
 in an error or in a result: each is written as a faithful, bounded rendering, the job is
 charged its own attempts and ends dead (or canceled) with a readable last_error, the
 child lives on, and the jobs beside it (in the same batch, or the same async child) run
-once each. The pure part (storable, describe) has unit tests first.
+once each. The pure part (storable, describe) is unit-tested in
+tests/unit/worker/test_execute.py.
 """
 
 from __future__ import annotations
@@ -23,86 +24,6 @@ from tests.harness import MasterProcess, prepare, wait_for
 
 APP = "brooq_poisonapp:queue"
 ASYNC_APP = "brooq_poisonapp:aio"
-
-
-# -- the rendering ------------------------------------------------------------------------
-
-
-def test_storable_escapes_what_no_postgresql_text_holds() -> None:
-    assert execute.storable("a\x00b") == "a\\x00b"
-    assert execute.storable("lone \udc80 here") == "lone \\udc80 here"
-    assert execute.storable("\ud83d") == "\\ud83d"
-    # Valid text is given back as it is, non-ASCII included.
-    assert execute.storable("café € 😀") == "café € 😀"
-    text = "plain"
-    assert execute.storable(text) is text
-
-
-def test_storable_escapes_what_the_database_encoding_lacks() -> None:
-    assert execute.storable("5 € café", "iso8859-1") == "5 \\u20ac café"
-    assert execute.storable("5 € café", "ascii") == "5 \\u20ac caf\\xe9"
-    assert execute.storable("nul\x00 \udc80 €", "iso8859-1") == "nul\\x00 \\udc80 \\u20ac"
-    for codec in ("iso8859-1", "ascii", "cp1252"):
-        rendered = execute.storable("x\x00\udc80€\u4e2d" * 50, codec)
-        rendered.encode(codec)  # holds only what the encoding can
-        assert "\x00" not in rendered
-
-
-def test_storable_is_bounded_after_escaping() -> None:
-    for text in ("\x00" * 5000, "€" * 5000, "a" * 5000):
-        for codec in (None, "ascii"):
-            rendered = execute.storable(text, codec, limit=100)
-            assert len(rendered) <= 100
-            assert rendered.endswith(" ... [truncated]")
-
-
-def test_describe_never_raises() -> None:
-    class Unprintable(Exception):
-        def __str__(self) -> str:
-            raise RuntimeError("no")
-
-    class NotText(Exception):
-        def __str__(self) -> Any:
-            return 42
-
-    assert execute.describe(Unprintable()).endswith("Unprintable: <str() raised RuntimeError>")
-    assert execute.describe(NotText()).endswith("NotText: <str() raised TypeError>")
-
-
-def test_a_refused_outcome_becomes_an_ascii_failed_attempt() -> None:
-    import datetime
-    import uuid as uuid_mod
-
-    from brooq.handlers import Policy
-    from brooq.job import Claim
-    from brooq.worker.outcome import refused_outcome
-
-    claim: Claim[Any] = Claim(
-        id=uuid_mod.uuid4(),
-        topic="t",
-        payload={},
-        attempt=2,
-        locked_by="w",
-        locked_until=datetime.datetime.now(datetime.timezone.utc),
-    )
-    policy = Policy(
-        max_attempts=5,
-        attempt_timeout=60.0,
-        max_execution_timeout=300.0,
-        backoff_base=1.0,
-        backoff_max=60.0,
-    )
-    canceled = execute.Outcome("canceled", error="stop: € \udc80")
-    written = refused_outcome(claim, policy, canceled, ValueError("refused: ü"))
-    assert written.kind == "failed" and not written.refund and written.error is not None
-    assert written.error.isascii() and 1.0 <= written.delay <= 2.0  # the backoff of attempt 2
-    assert written.error == (
-        "brooq could not write this attempt's outcome (canceled): ValueError: refused: "
-        "\\xfc; the attempt's error: stop: \\u20ac \\udc80"
-    )
-    final = execute.Outcome("failed", delay=7.0, error="x", final=True)
-    assert refused_outcome(claim, policy, final, ValueError()).final
-    assert refused_outcome(claim, policy, final, ValueError()).delay == 7.0
 
 
 # -- under a real master ----------------------------------------------------------------

@@ -18,9 +18,9 @@ import psycopg
 import brooq
 from brooq.supervisor.pages import START_LIMIT
 from tests.harness import StartMaster, process_alive, wait_for
-from tests.test_ops_sessions import OLD, csrf_of, sign_in
-from tests.test_ops_slow_clients import ops_addr
-from tests.test_status_page import get, page_pid, request
+from tests.process.test_ops_sessions import OLD, csrf_of, sign_in
+from tests.process.test_ops_slow_clients import ops_addr
+from tests.process.test_status_page import get, page_pid, request
 
 
 def test_a_page_process_stopped_between_requests_is_killed_and_replaced(

@@ -27,7 +27,7 @@ from brooq.sql import Q
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties import PERIODIC_CLOCK_TOLERANCE, Periodic
 from tests.harness import APPS, MasterProcess, wait_for
-from tests.test_operations import get, ops_addr
+from tests.process.test_operations import get, ops_addr
 
 UTC = timezone.utc
 APP = "brooq_periodicapp:queue"

@@ -11,7 +11,7 @@ import psycopg
 
 import brooq
 from tests.harness import StartMaster, executions, wait_for
-from tests.test_operations import get, ops_addr
+from tests.process.test_operations import get, ops_addr
 
 REFUSE_CLAIMS = """
 CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS $$

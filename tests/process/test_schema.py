@@ -25,7 +25,7 @@ from brooq.supervisor.connections import Connections
 from tests.harness import APPS, wait_for
 
 SCHEMA = "brooq_q"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(

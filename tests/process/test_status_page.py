@@ -19,7 +19,7 @@ import psycopg
 import brooq
 from brooq.supervisor.pages import PAGE_LIMIT
 from tests.harness import StartMaster, children_of, process_alive, wait_for
-from tests.test_ops_slow_clients import (
+from tests.process.test_ops_slow_clients import (
     KILL_SLACK,
     PROBE_BOUND,
     hang,

@@ -1,115 +1,160 @@
-"""Pure logic of the handler model: the middleware chain, the retry policy's verdicts,
-registration checks, and the _results claim statements held to their base."""
+"""Handler registration (brooq.handlers): options in seconds with settings as fallback, every
+problem reported at once, middleware of the right kind, payload types, queue and options.
+"""
 
 from __future__ import annotations
 
-import re
+import functools
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 import brooq
-from brooq.durations import MAX_SECONDS
-from brooq.handlers import Policy, build
-from brooq.job import Delay, PreserveAttempt
-from brooq.sql import Q
-from brooq.worker import execute
-from brooq.worker.chain import compose
+from brooq import handlers, settings
+from brooq.errors import InvalidSettings, InvalidTopic
+from brooq.handlers import build
 
-POLICY = Policy(5, 60.0, 300.0, 1.0, 60.0)
+# -- handler registration ----------------------------------------------------------------
 
 
-def test_no_middleware_is_the_handler_itself() -> None:
-    def fn(claim: Any) -> None:
-        return None
-
-    assert compose(fn, ()) is fn
-
-
-def test_the_first_middleware_is_outermost() -> None:
-    seen: list[str] = []
-
-    def layer(name: str) -> Any:
-        def run(claim: Any, call_next: Any) -> Any:
-            seen.append(f"in:{name}")
-            value = call_next(claim)
-            seen.append(f"out:{name}")
-            return (name, value)
-
-        return run
-
-    def fn(claim: Any) -> str:
-        seen.append("fn")
-        return "v"
-
-    runner = compose(fn, (layer("a"), layer("b"), layer("c")))
-    assert runner(None) == ("a", ("b", ("c", "v")))
-    assert seen == ["in:a", "in:b", "in:c", "fn", "out:c", "out:b", "out:a"]
+def _build(**options: Any) -> handlers.Handler:
+    given_options = {
+        "max_attempts": None,
+        "attempt_timeout": None,
+        "max_execution_timeout": None,
+        "backoff_base": None,
+        "backoff_max": None,
+    }
+    given_options.update(options)
+    return handlers.build("report.render", lambda claim: None, **given_options)
 
 
-def decide(exc: BaseException, retry: Any, attempts: int = 1) -> execute.Outcome:
-    return execute.decide(exc, attempts, POLICY, 0.5, retry)
+def test_handler_options_in_seconds_and_fallback_to_settings() -> None:
+    h = _build(max_attempts=3, attempt_timeout="10s", backoff_max=timedelta(minutes=2))
+    assert (h.max_attempts, h.attempt_timeout, h.backoff_max) == (3, 10.0, 120.0)
+    policy = h.policy(settings.Settings(max_execution_timeout=600.0, backoff_base=2.0))
+    assert policy == handlers.Policy(
+        max_attempts=3,
+        attempt_timeout=10.0,
+        max_execution_timeout=600.0,
+        backoff_base=2.0,
+        backoff_max=120.0,
+    )
+    assert handlers.policy_problems("report.render", policy) == []
 
 
-def test_a_retry_policy_returning_none_is_final() -> None:
-    outcome = decide(ValueError("x"), lambda attempt, exc: None)
-    assert outcome.kind == "failed" and outcome.final and outcome.error == "ValueError: x"
+def test_handler_attempt_timeout_above_max_execution_timeout() -> None:
+    with pytest.raises(InvalidSettings) as info:
+        _build(attempt_timeout="10m", max_execution_timeout="5m")
+    assert info.value.problems == [
+        "report.render: attempt_timeout (600s) must not exceed max_execution_timeout (300s)"
+    ]
 
 
-def test_a_retry_policy_gets_the_attempt_and_the_exception() -> None:
-    got: list[tuple[int, BaseException]] = []
-    exc = ValueError("x")
-
-    def policy(attempt: int, e: BaseException) -> timedelta:
-        got.append((attempt, e))
-        return timedelta(seconds=7.5)
-
-    outcome = decide(exc, policy, attempts=3)
-    assert got == [(3, exc)]
-    assert outcome.delay == 7.5 and not outcome.final and outcome.policy_error is None
-
-
-@pytest.mark.parametrize(
-    ("answer", "delay"),
-    [
-        (timedelta(seconds=-5), 0.0),  # the past means now
-        (timedelta(days=100 * 365 + 30), MAX_SECONDS),  # kept representable
-        (timedelta(hours=2), 7200.0),  # not capped by backoff_max (60 s)
-    ],
-)
-def test_a_retry_policy_delay_is_clamped(answer: timedelta, delay: float) -> None:
-    assert decide(ValueError(), lambda a, e: answer).delay == delay
+def test_handler_problems_are_all_reported() -> None:
+    with pytest.raises(InvalidSettings) as info:
+        _build(
+            max_attempts=0,
+            attempt_timeout="10m",
+            max_execution_timeout="5m",
+            backoff_base=0,
+            backoff_max=-1,
+        )
+    problems = info.value.problems
+    assert len(problems) == 4, problems
+    text = "\n".join(problems)
+    assert "max_attempts must be at least 1, got 0" in text
+    assert "backoff_base must be positive, got 0s" in text
+    assert "backoff_max must be positive, got -1s" in text
+    assert "attempt_timeout (600s) must not exceed max_execution_timeout (300s)" in text
+    assert all(p.startswith("report.render: ") for p in problems)
 
 
 @pytest.mark.parametrize(
-    ("policy", "problem"),
+    "options",
     [
-        (lambda a, e: 5, "returned int, expected a datetime.timedelta or None"),
-        (lambda a, e: {}["k"], "KeyError: 'k'"),
+        {"max_attempts": True},
+        {"max_attempts": "3"},
+        {"max_attempts": -2},
+        {"attempt_timeout": "30"},
+        {"attempt_timeout": "soon"},
+        {"attempt_timeout": 0},
+        {"max_execution_timeout": timedelta(seconds=-1)},
+        {"backoff_base": "1m", "backoff_max": "1s"},
+        {"backoff_base": 10**400},
     ],
 )
-def test_a_failing_retry_policy_falls_back_to_the_default_backoff(
-    policy: Any, problem: str
-) -> None:
-    outcome = decide(ValueError("x"), policy)
-    default = execute.decide(ValueError("x"), 1, POLICY, 0.5)
-    assert outcome.policy_error == problem
-    assert outcome.delay == default.delay and not outcome.final
+def test_bad_handler_options(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidSettings) as info:
+        _build(**options)
+    assert len(info.value.problems) == 1, info.value.problems
 
 
-def test_a_retry_policy_is_asked_for_a_timeout_but_not_for_the_signals() -> None:
-    asked: list[int] = []
+def test_queue_handler_validates_at_registration() -> None:
+    q = brooq.Queue("postgresql://nobody@127.0.0.1:1/nothing")
+    with pytest.raises(InvalidSettings):
+        q.handler("a", attempt_timeout="10m", max_execution_timeout="5m")(lambda claim: None)
+    with pytest.raises(InvalidTopic):
+        q.handler("Not A Topic")(lambda claim: None)
+    assert q.handlers == {}
 
-    def policy(attempt: int, exc: BaseException) -> None:
-        asked.append(attempt)
+
+def test_policy_problems_for_settings_fallbacks() -> None:
+    h = _build(attempt_timeout="10m")
+    policy = h.policy(settings.Settings(max_execution_timeout=300.0))
+    assert handlers.policy_problems("t", policy) == [
+        "t: attempt_timeout (600s) must not exceed max_execution_timeout (300s)"
+    ]
+
+
+# -- middleware kinds, the async chain -------------------------------------------------------------
+
+
+async def ahandler(claim: Any) -> Any:
+    return ["handler"]
+
+
+def test_a_middleware_of_the_other_kind_is_refused_naming_the_topic_and_index() -> None:
+    queue = brooq.Queue()
+
+    def sync_mw(claim: Any, call_next: Any) -> Any:
+        return call_next(claim)
+
+    async def async_mw(claim: Any, call_next: Any) -> Any:
+        return await call_next(claim)
+
+    with pytest.raises(InvalidSettings) as info:
+        queue.handler("a.t", middleware=[async_mw, sync_mw])(ahandler)
+    assert info.value.problems == [
+        "a.t: middleware[1] is a sync function and the handler is async: its "
+        "call_next(claim) would return before the job ran; write it as async def "
+        "fn(claim, call_next)"
+    ]
+    with pytest.raises(InvalidSettings) as info:
+        queue.handler("s.t", middleware=[async_mw])(lambda claim: None)
+    assert "s.t: middleware[0] is async and the handler is sync" in info.value.problems[0]
+    # Global middleware of either kind is taken: each wraps the handlers of its kind.
+    queue.middleware(sync_mw)
+    queue.middleware(async_mw)
+    assert len(queue.middlewares) == 2
+
+
+def test_async_kind_is_seen_through_partials_and_callable_objects() -> None:
+    queue = brooq.Queue()
+
+    class Handler:
+        async def __call__(self, claim: Any) -> None:
+            return None
+
+    async def with_arg(extra: int, claim: Any) -> None:
         return None
 
-    assert decide(brooq.AttemptTimeout("t"), policy).final
-    assert decide(Delay(3), policy).delay == 3 and not decide(Delay(3), policy).final
-    assert decide(PreserveAttempt(), policy).refund
-    assert decide(brooq.CancelJob(), policy).kind == "canceled"
-    assert asked == [1]
+    queue.handler("a.partial")(functools.partial(with_arg, 1))
+    queue.handler("a.object")(Handler())
+    queue.handler("s.plain")(lambda claim: None)
+    kinds = {t: h.is_async for t, h in queue.handlers.items()}
+    assert kinds == {"a.partial": True, "a.object": True, "s.plain": False}
 
 
 def test_registration_refuses_bad_middleware_and_retry() -> None:
@@ -149,23 +194,19 @@ def test_registration_refuses_a_payload_type_it_cannot_check() -> None:
     assert "t" not in queue.handlers
 
 
-FINISHED = re.compile(r"WITH finished AS \(.*?\n\),", re.S)
-
-
 @pytest.mark.parametrize(
-    "base", ["job_finish_and_claim", "job_finish_and_claim_queues", "job_finish_and_claim_limited"]
+    ("kwargs", "text"),
+    [
+        ({"global_limit": 0}, "global_limit must be from 1"),
+        ({"global_limit": -3}, "global_limit must be from 1"),
+        ({"global_limit": 2.5}, "global_limit must be an integer"),
+        ({"global_limit": True}, "global_limit must be an integer"),
+        ({"global_limit": 2**31}, "global_limit must be at most"),
+        ({"queue": "Not ok"}, "t: queue 'Not ok' does not match"),
+    ],
 )
-def test_each_results_statement_is_its_base_but_the_finished_cte(base: str) -> None:
-    """The _results variants cannot drift from the statements they stand in for."""
-    plain, with_results = getattr(Q, base), getattr(Q, base + "_results")
-
-    def statement(text: str) -> str:  # without the comment lines above it
-        return text[text.index("WITH finished AS (") :]
-
-    assert FINISHED.sub("", statement(plain)) == FINISHED.sub("", statement(with_results))
-    plain_cte, results_cte = FINISHED.search(plain), FINISHED.search(with_results)
-    assert plain_cte is not None and results_cte is not None
-    assert "result" not in plain_cte.group()
-    assert "result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb" in (
-        results_cte.group()
-    )
+def test_bad_handler_options_are_refused(kwargs: dict[str, Any], text: str) -> None:
+    queue = brooq.Queue("postgresql://unused")
+    with pytest.raises(InvalidSettings, match=text):
+        queue.handler("t", **kwargs)(print)
+    assert queue.handlers == {}

@@ -1,37 +1,146 @@
-"""The rules written once: which states an operator may cancel or retry (brooq.job), and the
-ordering of the time limits (brooq.limits), for settings and handler options alike.
-
-The unit tests need no database; the last section runs every state x action through
-Queue.cancel and Queue.retry against PostgreSQL, so the SQL is seen to follow the constants.
+"""The job (brooq.job): topic names and their cache, queue and priority bounds, and the rules
+written once of which states an operator may cancel or retry (held against the SQL and the
+CLI's help).
 """
 
 from __future__ import annotations
 
+import re
 import uuid
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import psycopg
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 import brooq
-from brooq import handlers, limits, settings
 from brooq.cli import jobs as cli_jobs
-from brooq.errors import InvalidSettings, InvalidTransition, JobNotFound
+from brooq.errors import (
+    InvalidTopic,
+)
 from brooq.job import (
     BULK_FROM_STATES,
     CANCELABLE_STATES,
     FROM_STATES,
     RETRYABLE_STATES,
     STATES,
+    TOPIC_MAX_LENGTH,
+    Job,
     Transition,
     bulk_rule,
     bulk_state_refusal,
     transition_refusal,
     transition_rule,
+    validate_topic,
 )
 from brooq.queue import transition_params
 from brooq.sql import Q
+
+# -- job validation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "topic", ["a", "0", "email.send", "a-b_c.d", "v2.report-render_pdf", "x" * TOPIC_MAX_LENGTH]
+)
+def test_valid_topics(topic: str) -> None:
+    assert Job(topic).topic == topic
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "",
+        "A",
+        "Email",
+        "a..b",
+        ".a",
+        "a.",
+        "-a",
+        "a__b",
+        "a b",
+        "é",
+        "a;drop table job",
+        "a'b",
+        'a"b',
+        "a\n",  # Python's "$" matches before a final newline; the database's does not
+        "\na",
+        "a\x00",
+        "x" * (TOPIC_MAX_LENGTH + 1),
+        5,
+        None,
+        b"abc",
+    ],
+)
+def test_invalid_topics(topic: Any) -> None:
+    with pytest.raises(InvalidTopic):
+        Job(topic)
+    with pytest.raises(brooq.InvalidJob):
+        validate_topic(topic)
+
+
+_TOPIC_ORACLE = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*")
+
+
+@given(
+    st.one_of(
+        st.text(max_size=140),
+        st.from_regex(_TOPIC_ORACLE, fullmatch=True),
+        st.builds(
+            lambda t, c, i: t[:i] + c + t[i:],
+            st.from_regex(_TOPIC_ORACLE, fullmatch=True),
+            st.characters(),
+            st.integers(0, 200),
+        ),
+    )
+)
+@example("abc\n")
+@example("x" * 129)
+def test_topic_acceptance_matches_the_rule(topic: str) -> None:
+    valid = len(topic) <= TOPIC_MAX_LENGTH and _TOPIC_ORACLE.fullmatch(topic) is not None
+    try:
+        Job(topic)
+    except InvalidTopic:
+        assert not valid, topic
+    else:
+        assert valid, topic
+
+
+def test_the_cache_of_valid_names_never_lets_an_invalid_one_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from brooq import job as job_mod
+
+    monkeypatch.setattr(job_mod, "_VALID_NAMES", set())
+    assert Job("cached.topic").topic == "cached.topic"
+    assert "cached.topic" in job_mod._VALID_NAMES
+    with pytest.raises(InvalidTopic):
+        Job("cached.topic\n")  # the pattern's job, not the cache's
+
+    class Lookalike(str):
+        """Hashes and compares equal to a cached name; is something else."""
+
+        def __hash__(self) -> int:
+            return hash("cached.topic")
+
+        def __eq__(self, other: object) -> bool:
+            return other == "cached.topic" or str.__eq__(self, other)
+
+    with pytest.raises(InvalidTopic):
+        Job(Lookalike("NOT VALID"))
+    assert {"cached.topic"} == job_mod._VALID_NAMES  # a subclass is never cached
+
+
+def test_the_cache_of_valid_names_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from brooq import job as job_mod
+
+    monkeypatch.setattr(job_mod, "_VALID_NAMES", set())
+    monkeypatch.setattr(job_mod, "_VALID_NAMES_MAX", 10)
+    for i in range(50):
+        assert Job(f"made.up.{i}", queue=f"q{i}").topic == f"made.up.{i}"
+    assert len(job_mod._VALID_NAMES) == 10
+    with pytest.raises(InvalidTopic):
+        Job("made.up.49\n")
+
 
 JOB = uuid.UUID("7d4c5e0a-3f41-4c77-9d3e-2b1f6a0c9e51")
 
@@ -170,162 +279,29 @@ def test_the_cli_help_spells_the_same_rule() -> None:
         assert state in retry_help.split("->")[0]
 
 
-# -- the ordering of timeouts and backoff ---------------------------------------------------
-
-
-def test_ordering_problems_word_each_pair() -> None:
-    seconds = {
-        "attempt_timeout": 600.0,
-        "max_execution_timeout": 300.0,
-        "backoff_base": 120.0,
-        "backoff_max": 60.0,
-    }
-    assert limits.ordering_problems(seconds) == [
-        "attempt_timeout (600s) must not exceed max_execution_timeout (300s)",
-        "backoff_base (120s) must not exceed backoff_max (60s)",
-    ]
-    assert limits.ordering_problems(seconds, prefix="t: ") == [
-        "t: attempt_timeout (600s) must not exceed max_execution_timeout (300s)",
-        "t: backoff_base (120s) must not exceed backoff_max (60s)",
-    ]
-
-
 @pytest.mark.parametrize(
-    "seconds",
+    ("kwargs", "error", "text"),
     [
-        {"attempt_timeout": 60.0, "max_execution_timeout": 60.0},  # equal is fine
-        {"attempt_timeout": 600.0, "max_execution_timeout": None},  # unset: not judged
-        {"attempt_timeout": None, "max_execution_timeout": 1.0},
-        {"attempt_timeout": 600.0, "max_execution_timeout": 0.0},  # "must be positive" instead
-        {"backoff_base": 5.0, "backoff_max": -1.0},
-        {},
+        ({"priority": 32768}, brooq.InvalidPriority, "from -32768 to 32767"),
+        ({"priority": -32769}, brooq.InvalidPriority, "from -32768 to 32767"),
+        ({"priority": True}, brooq.InvalidPriority, "must be an integer, not bool"),
+        ({"priority": 1.0}, brooq.InvalidPriority, "must be an integer, not float"),
+        ({"priority": "1"}, brooq.InvalidPriority, "must be an integer, not str"),
+        ({"queue": "Bulk"}, brooq.InvalidQueue, "queue 'Bulk' does not match"),
+        ({"queue": "bulk\n"}, brooq.InvalidQueue, "does not match"),
+        ({"queue": "q" * 129}, brooq.InvalidQueue, "queue is 129 characters long"),
+        ({"queue": 7}, brooq.InvalidQueue, "queue must be a string, not int"),
     ],
 )
-def test_ordering_problems_judge_only_complete_positive_pairs(
-    seconds: dict[str, float | None],
+def test_bad_queue_or_priority_is_refused_by_name(
+    kwargs: dict[str, Any], error: type[Exception], text: str
 ) -> None:
-    assert limits.ordering_problems(seconds) == []
+    with pytest.raises(error, match=text.replace("(", r"\(")) as refused:
+        brooq.Job("t", **kwargs)
+    assert isinstance(refused.value, brooq.BrooqError)
 
 
-def test_settings_and_handlers_word_the_ordering_alike() -> None:
-    values = {"attempt_timeout": 600.0, "max_execution_timeout": 300.0}
-    expected = limits.ordering_problems(values)
-    with pytest.raises(InvalidSettings) as from_settings:
-        settings.load(environ={}, overrides=values)
-    assert from_settings.value.problems == expected
-    with pytest.raises(InvalidSettings) as from_handler:
-        handlers.build(
-            "t",
-            lambda claim: None,
-            max_attempts=None,
-            attempt_timeout="10m",
-            max_execution_timeout="5m",
-            backoff_base=None,
-            backoff_max=None,
-        )
-    assert from_handler.value.problems == [f"t: {p}" for p in expected]
-    bad_policy = handlers.Policy(5, 600.0, 300.0, 1.0, 60.0)
-    assert handlers.policy_problems("t", bad_policy) == [f"t: {p}" for p in expected]
-
-
-def test_resolve_prefers_what_was_given() -> None:
-    defaults = {
-        "attempt_timeout": 60.0,
-        "max_execution_timeout": 300.0,
-        "backoff_base": 1.0,
-        "backoff_max": 60.0,
-    }
-    assert limits.resolve({}, defaults) == defaults
-    given = {
-        "attempt_timeout": 5.0,
-        "max_execution_timeout": 10.0,
-        "backoff_base": 2.0,
-        "backoff_max": 3.0,
-    }
-    assert limits.resolve(given, defaults) == given
-
-
-def test_resolve_caps_an_unset_lower_limit_by_the_upper_one_given() -> None:
-    defaults = {
-        "attempt_timeout": 60.0,
-        "max_execution_timeout": 300.0,
-        "backoff_base": 1.0,
-        "backoff_max": 60.0,
-    }
-    given: dict[str, float | None] = {"max_execution_timeout": 30.0, "backoff_max": 0.5}
-    assert limits.resolve(given, defaults) == {
-        "attempt_timeout": 30.0,
-        "max_execution_timeout": 30.0,
-        "backoff_base": 0.5,
-        "backoff_max": 0.5,
-    }
-    # A lower limit given is never capped: the ordering check reports it instead.
-    given = {"attempt_timeout": 600.0}
-    assert limits.resolve(given, defaults)["attempt_timeout"] == 600.0
-
-
-def test_a_handler_policy_uses_the_capping_rule() -> None:
-    handler = handlers.build(
-        "t",
-        lambda claim: None,
-        max_attempts=None,
-        attempt_timeout=None,
-        max_execution_timeout="30s",
-        backoff_base=None,
-        backoff_max="500ms",
-    )
-    policy = handler.policy(settings.Settings())
-    assert policy == handlers.Policy(
-        max_attempts=5,
-        attempt_timeout=30.0,
-        max_execution_timeout=30.0,
-        backoff_base=0.5,
-        backoff_max=0.5,
-    )
-    assert handlers.policy_problems("t", policy) == []
-
-
-# -- against the database: the SQL follows the constants ------------------------------------
-
-
-def _job_in(db: psycopg.Connection[Any], state: str) -> uuid.UUID:
-    """A job put straight into ``state`` (processing with a lease, as the table demands)."""
-    job_id = uuid.uuid4()
-    db.execute(
-        "INSERT INTO job (id, topic, state, locked_by, locked_until) VALUES "
-        "(%(id)s, 'rules.t', %(state)s, %(holder)s, %(until)s)",
-        {
-            "id": job_id,
-            "state": state,
-            "holder": "someone" if state == "processing" else None,
-            "until": datetime.now(timezone.utc) + timedelta(hours=1)
-            if state == "processing"
-            else None,
-        },
-    )
-    return job_id
-
-
-@pytest.mark.parametrize("state", STATES)
-@pytest.mark.parametrize("action", ["cancel", "retry"])
-def test_queue_transitions_follow_the_constants(
-    queue: brooq.Queue, db: psycopg.Connection[Any], action: Transition, state: str
-) -> None:
-    job_id = _job_in(db, state)
-    moved = queue.cancel(job_id) if action == "cancel" else queue.retry(job_id)
-    assert moved == (state in FROM_STATES[action])
-    record = queue.get(job_id)
-    assert record is not None
-    if moved:
-        assert record.state == ("canceled" if action == "cancel" else "pending")
-        return
-    assert record.state == state  # refused: untouched
-    refusal = queue.explain_refusal(job_id, action)
-    assert isinstance(refusal, InvalidTransition)
-    assert str(refusal) == transition_refusal(action, state, job_id)
-
-
-def test_queue_explains_an_unknown_job(queue: brooq.Queue) -> None:
-    assert not queue.cancel(JOB) and not queue.retry(JOB)
-    refusal = queue.explain_refusal(JOB, "cancel")
-    assert isinstance(refusal, JobNotFound) and str(refusal) == f"no job with id {JOB}"
+def test_the_bounds_themselves_are_accepted() -> None:
+    assert brooq.Job("t", priority=32767).priority == 32767
+    assert brooq.Job("t", priority=-32768).priority == -32768
+    assert brooq.Job("t", queue="a.b-c_d").queue == "a.b-c_d"

@@ -1,29 +1,23 @@
-"""Unit tests of the worker's pure parts, without a database or a master.
-
-execute.decide (what a handler did -> the outcome to write) for every signal, raised or
-as a __cause__, at the max_attempts boundaries and with injected jitter draws; the claim
-rows read by name; the armed handler call (brooq.worker.interrupts.call) on the paths
-that need no signal to arrive.
+"""What a handler did -> the outcome to write (brooq.worker.execute.decide), for every signal,
+raised or as a __cause__, at the max_attempts boundaries, with injected jitter draws and retry
+policies; and the rendering of error text that PostgreSQL's text cannot hold (storable,
+describe).
 """
 
 from __future__ import annotations
 
-import re
-import uuid
-from datetime import datetime, timezone
-from pathlib import Path
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import brooq
+from brooq.durations import MAX_SECONDS
 from brooq.handlers import MAX_ATTEMPTS, Policy
-from brooq.job import AttemptTimeout, CancelJob, Claim, Delay, LeaseLost, PreserveAttempt
-from brooq.worker import execute, interrupts, retry
-from brooq.worker.child import ClaimRow, claim_row
-from brooq.worker.connection import Undecodable, _decode_payload
-from brooq.worker.state import ChildState
+from brooq.job import AttemptTimeout, CancelJob, Delay, LeaseLost, PreserveAttempt
+from brooq.worker import execute, retry
 
 POLICY = Policy(
     max_attempts=5,
@@ -291,116 +285,112 @@ def test_the_ceiling_stops_at_backoff_max() -> None:
     assert execute.decide(_raised(ValueError()), 6, POLICY, 0.0).delay == 16.0  # 32
 
 
-# -- the claim rows, by name -----------------------------------------------------------------
+POLICY = Policy(5, 60.0, 300.0, 1.0, 60.0)
 
 
-def test_the_claim_row_fields_are_the_columns_of_the_claim_statement() -> None:
-    """ClaimRow names the columns of each claim statement's result, in order."""
-    sql = (Path(__file__).parents[1] / "brooq" / "sql" / "queries.sql").read_text()
-    for name in ("", "_queues", "_limited"):
-        statement = sql.split(f"-- name: job_finish_and_claim{name}\n", 1)[1]
-        statement = statement.split("-- name:", 1)[0]
-        select = re.search(r"^SELECT true AS claimed, (.*?)\nFROM", statement, re.M | re.S)
-        assert select is not None, name
-        columns = ["claimed"] + [c.strip() for c in select.group(1).split(",")]
-        assert tuple(columns) == ClaimRow._fields, name
+def decide(exc: BaseException, retry: Any, attempts: int = 1) -> execute.Outcome:
+    return execute.decide(exc, attempts, POLICY, 0.5, retry)
 
 
-class _FakeResult:
-    def __init__(self, names: list[str]) -> None:
-        self.names = [n.encode() for n in names]
-        self.nfields = len(names)
-
-    def fname(self, i: int) -> bytes:
-        return self.names[i]
+def test_a_retry_policy_returning_none_is_final() -> None:
+    outcome = decide(ValueError("x"), lambda attempt, exc: None)
+    assert outcome.kind == "failed" and outcome.final and outcome.error == "ValueError: x"
 
 
-class _FakeCursor:
-    def __init__(self, names: list[str] | None) -> None:
-        self.pgresult = None if names is None else _FakeResult(names)
+def test_a_retry_policy_gets_the_attempt_and_the_exception() -> None:
+    got: list[tuple[int, BaseException]] = []
+    exc = ValueError("x")
 
+    def policy(attempt: int, e: BaseException) -> timedelta:
+        got.append((attempt, e))
+        return timedelta(seconds=7.5)
 
-def test_claim_row_makes_named_rows_from_the_positions() -> None:
-    make = claim_row(_FakeCursor(list(ClaimRow._fields)))  # type: ignore[arg-type]
-    job_id = uuid.uuid4()
-    now = datetime.now(timezone.utc)
-    row = make([True, job_id, "t", {"n": 1}, 2, "h:1:x", now, now, "bulk", 7])
-    assert (row.claimed, row.id, row.topic, row.payload) == (True, job_id, "t", {"n": 1})
-    assert (row.attempts, row.locked_by, row.locked_until, row.available_at) == (
-        2,
-        "h:1:x",
-        now,
-        now,
-    )
-    assert (row.queue, row.priority) == ("bulk", 7)
+    outcome = decide(exc, policy, attempts=3)
+    assert got == [(3, exc)]
+    assert outcome.delay == 7.5 and not outcome.final and outcome.policy_error is None
 
 
 @pytest.mark.parametrize(
-    "names",
+    ("answer", "delay"),
     [
-        None,
-        ["claimed", "id", "topic", "payload", "attempts", "locked_by", "locked_until"],
-        ["claimed", "id", "topic", "payload", "attempt", "locked_by", "locked_until", "at"],
-        ["id", "claimed", "topic", "payload", "attempts", "locked_by", "locked_until", "x"],
+        (timedelta(seconds=-5), 0.0),  # the past means now
+        (timedelta(days=100 * 365 + 30), MAX_SECONDS),  # kept representable
+        (timedelta(hours=2), 7200.0),  # not capped by backoff_max (60 s)
     ],
 )
-def test_claim_row_refuses_columns_that_are_not_its_fields(names: list[str] | None) -> None:
-    import psycopg
-
-    with pytest.raises(psycopg.ProgrammingError):
-        claim_row(_FakeCursor(names))  # type: ignore[arg-type]
+def test_a_retry_policy_delay_is_clamped(answer: timedelta, delay: float) -> None:
+    assert decide(ValueError(), lambda a, e: answer).delay == delay
 
 
-# -- payloads json cannot read ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("policy", "problem"),
+    [
+        (lambda a, e: 5, "returned int, expected a datetime.timedelta or None"),
+        (lambda a, e: {}["k"], "KeyError: 'k'"),
+    ],
+)
+def test_a_failing_retry_policy_falls_back_to_the_default_backoff(
+    policy: Any, problem: str
+) -> None:
+    outcome = decide(ValueError("x"), policy)
+    default = execute.decide(ValueError("x"), 1, POLICY, 0.5)
+    assert outcome.policy_error == problem
+    assert outcome.delay == default.delay and not outcome.final
 
 
-def test_an_undecodable_payload_is_a_value_not_a_crash() -> None:
-    assert _decode_payload(b'{"a": 1}') == {"a": 1}
-    bad = _decode_payload(b"{not json")
-    assert isinstance(bad, Undecodable) and str(bad).startswith("JSONDecodeError: ")
-    deep = _decode_payload("[" * 100_000 + "]" * 100_000)
-    assert isinstance(deep, Undecodable) and str(deep).startswith("RecursionError: ")
-    assert len(str(deep)) <= len("RecursionError: ") + 200
+def test_a_retry_policy_is_asked_for_a_timeout_but_not_for_the_signals() -> None:
+    asked: list[int] = []
+
+    def policy(attempt: int, exc: BaseException) -> None:
+        asked.append(attempt)
+        return None
+
+    assert decide(brooq.AttemptTimeout("t"), policy).final
+    assert decide(Delay(3), policy).delay == 3 and not decide(Delay(3), policy).final
+    assert decide(PreserveAttempt(), policy).refund
+    assert decide(brooq.CancelJob(), policy).kind == "canceled"
+    assert asked == [1]
 
 
-# -- the armed handler call, on the paths that need no signal --------------------------------
+# -- the rendering ------------------------------------------------------------------------
 
 
-def _claim(payload: Any = None) -> Claim:
-    return Claim(
-        id=uuid.uuid4(),
-        topic="t",
-        payload=payload,
-        attempt=1,
-        locked_by="h:1:x",
-        locked_until=datetime.now(timezone.utc),
-    )
+def test_storable_escapes_what_no_postgresql_text_holds() -> None:
+    assert execute.storable("a\x00b") == "a\\x00b"
+    assert execute.storable("lone \udc80 here") == "lone \\udc80 here"
+    assert execute.storable("\ud83d") == "\\ud83d"
+    # Valid text is given back as it is, non-ASCII included.
+    assert execute.storable("café € 😀") == "café € 😀"
+    text = "plain"
+    assert execute.storable(text) is text
 
 
-def test_call_returns_what_the_handler_raised_and_disarms() -> None:
-    import signal
-
-    state = ChildState()
-    ran: list[Claim] = []
-    claim = _claim()
-    assert interrupts.call(ran.append, claim, POLICY, state) == (None, None)
-    assert ran == [claim] and not state.in_handler
-    assert interrupts.call(lambda c: {"n": 1}, claim, POLICY, state) == (None, {"n": 1})
-
-    def fails(c: Claim) -> None:
-        assert state.in_handler  # interruptions may land while the handler runs
-        raise ValueError("no")
-
-    error, value = interrupts.call(fails, claim, POLICY, state)
-    assert isinstance(error, ValueError) and value is None and not state.in_handler
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+def test_storable_escapes_what_the_database_encoding_lacks() -> None:
+    assert execute.storable("5 € café", "iso8859-1") == "5 \\u20ac café"
+    assert execute.storable("5 € café", "ascii") == "5 \\u20ac caf\\xe9"
+    assert execute.storable("nul\x00 \udc80 €", "iso8859-1") == "nul\\x00 \\udc80 \\u20ac"
+    for codec in ("iso8859-1", "ascii", "cp1252"):
+        rendered = execute.storable("x\x00\udc80€\u4e2d" * 50, codec)
+        rendered.encode(codec)  # holds only what the encoding can
+        assert "\x00" not in rendered
 
 
-def test_call_does_not_run_a_job_already_lost() -> None:
-    state = ChildState()
-    ran: list[Claim] = []
-    lost = _claim()
-    state.lost.add(lost.id)
-    error, _ = interrupts.call(ran.append, lost, POLICY, state)
-    assert isinstance(error, LeaseLost)
-    assert ran == []
+def test_storable_is_bounded_after_escaping() -> None:
+    for text in ("\x00" * 5000, "€" * 5000, "a" * 5000):
+        for codec in (None, "ascii"):
+            rendered = execute.storable(text, codec, limit=100)
+            assert len(rendered) <= 100
+            assert rendered.endswith(" ... [truncated]")
+
+
+def test_describe_never_raises() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    class NotText(Exception):
+        def __str__(self) -> Any:
+            return 42
+
+    assert execute.describe(Unprintable()).endswith("Unprintable: <str() raised RuntimeError>")
+    assert execute.describe(NotText()).endswith("NotText: <str() raised TypeError>")
