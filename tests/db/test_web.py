@@ -195,7 +195,7 @@ def test_the_stack_button_posts_to_the_page_process(db: Conn) -> None:
     body = text(get(db, f"/jobs/{job_id}", actions=True))
     assert "/stack" not in body and 'href="/sign-in"' in body
     assert "/stack" not in text(get(db, f"/jobs/{job_id}"))
-    # Rendered alone (no master), the pages cannot ask: tests/test_status_page.py asks.
+    # Rendered alone (no master), the pages cannot ask: tests/process/test_status_page.py asks.
     response = get(db, f"/jobs/{job_id}/stack", method="POST")
     assert response.status == 501 and "page process" in text(response)
     assert get(db, f"/jobs/{job_id}/stack").status == 405

@@ -199,7 +199,7 @@ class FakeMetrics:
 
 class FakeConns:
     """What Stats reads in the loop: the row of job_table_health (the count itself goes
-    off the loop; the real statements and the real OffLoop: tests/test_operations.py's
+    off the loop; the real statements and the real OffLoop: tests/process/test_operations.py's
     master and test_stats_count_never_holds_the_loop there)."""
 
     q = type("Q", (), {"job_table_health": "health", "job_stats_by_topic": "count"})()

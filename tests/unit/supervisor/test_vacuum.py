@@ -22,7 +22,7 @@ class TableHealth:
 
 def test_vacuum_starts_past_the_threshold_and_never_twice_at_once() -> None:
     """Below the threshold nothing is sent; while one VACUUM is in flight the table is
-    not even looked at (the real sending and reading: tests/test_operations.py)."""
+    not even looked at (the real sending and reading: tests/process/test_operations.py)."""
     from brooq.supervisor import vacuum as vacuum_mod
 
     health = TableHealth(dead=99_999)
