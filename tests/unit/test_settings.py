@@ -139,9 +139,6 @@ def test_load_never_raises_anything_but_invalid_settings(environ: dict[str, str]
         assert settings.validate(loaded) == []
 
 
-# -- settings ------------------------------------------------------------------------------------
-
-
 def test_concurrency_and_loop_block_timeout_are_bounded() -> None:
     s = settings_mod.load(environ={"QUEUE_CONCURRENCY": "250", "QUEUE_LOOP_BLOCK_TIMEOUT": "2s"})
     assert s.concurrency == 250 and s.loop_block_timeout == 2.0 and s.async_workers == 1
