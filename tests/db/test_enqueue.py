@@ -6,6 +6,7 @@ import asyncio
 import threading
 import uuid
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import psycopg
 import pytest
@@ -447,3 +448,22 @@ def test_a_payload_that_holds_itself_is_refused() -> None:
         brooq.Job("t", looped)
     shared = {"k": 1}  # the same dict twice is not a cycle
     assert brooq.Job("t", [shared, shared]).payload_json == '[{"k":1},{"k":1}]'
+
+
+def test_enqueue_many_names_the_refused_job(dsn: str, db: psycopg.Connection[Any]) -> None:
+    small = brooq.Queue(dsn, max_payload_bytes=100)
+    fine = brooq.Job("t", "ok")
+    too_big = brooq.Job("t", "x" * 200)
+    try:
+        with pytest.raises(brooq.InvalidPayload, match=r"^job 2: payload is 202 bytes .* 100$"):
+            small.enqueue_many([fine, fine, too_big, fine])
+        with pytest.raises(TypeError, match=r"^job 1: expected a brooq.Job, not dict$"):
+            small.enqueue_many([fine, {"topic": "t"}])  # type: ignore[list-item]
+        with psycopg.connect(dsn) as conn:
+            with pytest.raises(brooq.InvalidPayload, match=r"^job 0: payload is 202 bytes"):
+                produce.enqueue_many(conn, [too_big], max_payload_bytes=100)
+            with pytest.raises(TypeError, match=r"^job 3: expected a brooq.Job, not str$"):
+                produce.enqueue_many(conn, [fine, fine, fine, "t"])  # type: ignore[list-item]
+        assert count(db) == 0
+    finally:
+        small.close()

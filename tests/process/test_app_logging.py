@@ -122,3 +122,31 @@ def test_a_bad_log_config_is_refused_in_one_line(tmp_path: Path) -> None:
         cwd=APPS,
     )
     assert out.returncode == 2 and "LOUD" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_real_childs_json_line_keeps_its_keys_and_the_error(
+    queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    text = 'say "hi", it\'s pid=1 level=x event=y \\ back\\slash é'
+    job_id, _ = queue.enqueue(brooq.Job("t.says", {"message": text}))
+    m = start_master(app="brooq_cli_app:queue", workers=1, args=("--log-format", "json"))
+    wait_for(
+        lambda: (
+            db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone() == ("dead",)
+        ),
+        what="the job dead",
+    )
+
+    def dead_line() -> dict[str, Any] | None:
+        for line in m.log().splitlines():
+            if line.startswith("{") and '"job_dead"' in line:
+                return dict(json.loads(line))
+        return None
+
+    out = wait_for(dead_line, what="the job_dead line")
+    assert out["event"] == "job_dead" and out["job"] == str(job_id)
+    assert out["level"] == "error" and out["logger"] == "brooq.child"
+    assert out["pid"] in m.children() and out["pid"] != m.pid
+    assert out["error"] == f"ValueError: {text}"
+    assert "msg_pid" not in out  # inside the quoted error: not a key of the line
+    assert "Traceback" in out["detail"]

@@ -24,6 +24,7 @@ from psycopg import conninfo
 
 import brooq
 from brooq.supervisor import maintenance
+from tests import harness
 from tests.harness import StartMaster, executions, states, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -698,3 +699,45 @@ def test_stats_count_never_holds_the_loop(dsn: str, db: Any, queue: brooq.Queue)
         duty.service(set(ready))
     assert pending(metrics, "default", "t.counted") == 3
     duty.close()
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """TCP ports that process ``pid`` listens on (its sockets found in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_a_master_with_empty_ops_addr_binds_nothing(
+    start_master: StartMaster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    off_by_env = start_master(workers=1, env={"QUEUE_OPS_ADDR": ""})
+    off_by_flag = start_master(workers=1, args=("--ops-addr", ""))
+    on = start_master(workers=1)  # FAST: 127.0.0.1:0, a free port
+    monkeypatch.setattr(
+        harness, "FAST", {k: v for k, v in harness.FAST.items() if k != "QUEUE_OPS_ADDR"}
+    )
+    default = start_master(workers=1)  # QUEUE_OPS_ADDR unset
+    for m in (off_by_env, off_by_flag, on, default):
+        m.wait_ready(1)
+    # The ops server is started before the first fork: with children up, it is decided.
+    assert "event=ops_listening" in on.log() and _listening_ports(on.pid)
+    # The default address is tried (another process on the host may hold 8090 already).
+    assert "event=ops_listening addr=127.0.0.1:8090" in default.log() or (
+        "event=ops_bind_failed addr=127.0.0.1:8090" in default.log()
+    ), default.log()
+    for m in (off_by_env, off_by_flag):
+        assert "event=ops_" not in m.log(), m.log()
+        assert _listening_ports(m.pid) == set()

@@ -4,9 +4,14 @@ per-job lines, milliseconds kept.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+from typing import Any
 
 import pytest
+
+from brooq import logs
 
 # -- logs --------------------------------------------------------------------------------
 
@@ -172,3 +177,79 @@ def test_log_timestamps_keep_their_milliseconds_across_seconds() -> None:
     for t in times:
         expected = datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
         assert clock.iso(t) == expected
+
+
+# -- JSON log lines --------------------------------------------------------------------------
+
+TRICKY = [
+    "it's",
+    'say "hi"',
+    'say "hi", it\'s',
+    "back\\slash \\' \\\" \\n",
+    "a=b c=d",
+    "pid=1 level=x event=y",
+    "two\nlines\r\tand a tab",
+    "é ✓ 𝄞 \x00 \x7f \u200b \x1b[31m",
+    "",
+    "'",
+    '"',
+    "\\",
+]
+
+
+def _json_line(message: str, pid: int = 42) -> dict[str, Any]:
+    formatter = logs.JsonFormatter(timestamps=True)
+    return dict(json.loads(formatter.line(logs.Event("ERROR", "brooq.child", pid, 0.0, message))))
+
+
+@pytest.mark.parametrize("value", TRICKY)
+def test_a_value_logged_with_r_comes_back_exactly(value: str) -> None:
+    out = _json_line(f"event=job_dead job=j1 error={value!r} attempt=2")
+    assert out["error"] == value
+    assert (out["event"], out["job"], out["attempt"]) == ("job_dead", "j1", "2")
+    assert (out["level"], out["logger"], out["pid"]) == ("error", "brooq.child", 42)
+
+
+def test_the_header_keys_win_over_the_message() -> None:
+    out = _json_line("event=job_dead pid=1 level=x logger=y time=z message=m detail=d exception=e")
+    assert (out["level"], out["logger"], out["pid"]) == ("error", "brooq.child", 42)
+    assert out["time"] == "1970-01-01T00:00:00.000+00:00"
+    assert out["message"].startswith("event=job_dead pid=1")
+    assert "detail" not in out and "exception" not in out
+    renamed = {k: out[k] for k in out if k.startswith("msg_")}
+    assert renamed == {
+        "msg_pid": "1",
+        "msg_level": "x",
+        "msg_logger": "y",
+        "msg_time": "z",
+        "msg_message": "m",
+        "msg_detail": "d",
+        "msg_exception": "e",
+    }
+    # Unquoted values stay as written; an unterminated quote is dropped as before.
+    out = _json_line("event=x url=http://h/?a=b retry_in=1.5s error='open")
+    assert (out["url"], out["retry_in"], out["error"]) == ("http://h/?a=b", "1.5s", "open")
+
+
+@pytest.mark.parametrize("value", TRICKY)
+def test_lines_made_without_a_log_record_are_the_same(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    monkeypatch.setenv("JOURNAL_STREAM", "8:1")  # no timestamps: the lines compare whole
+    logs.setup("json")
+    log = logging.getLogger("brooq.cli_input_test")
+    msg, args = "event=job_failed job=%s pid=%d error=%r", ("j1", 1, value)
+    try:
+        with logs.batch(log):
+            assert logs.emit_plain(log, logging.WARNING, msg, args) is True
+        log.warning(msg, *args)
+        plain, usual = stream.getvalue().splitlines()
+        assert plain == usual
+        out = json.loads(plain)
+        assert out["error"] == value and out["pid"] == os.getpid() and out["msg_pid"] == "1"
+    finally:
+        logging.getLogger("brooq").handlers[:] = []

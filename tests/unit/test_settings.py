@@ -194,3 +194,14 @@ def test_queue_lists_in_every_form() -> None:
     with pytest.raises(InvalidSettings, match="must be an integer"):
         load(overrides={"queues": {"a": True}})
     assert load(environ={}).queues == ()
+
+
+# -- QUEUE_OPS_ADDR= turns the ops surface off -----------------------------------------------
+
+
+def test_empty_ops_addr_in_the_environment_means_off() -> None:
+    assert settings_mod.load(environ={}).ops_addr == "127.0.0.1:8090"
+    assert settings_mod.load(environ={"QUEUE_OPS_ADDR": ""}).ops_addr == ""
+    assert settings_mod.load(environ={"QUEUE_OPS_ADDR": "  "}).ops_addr == ""
+    # Every other variable: empty is still unset.
+    assert settings_mod.load(environ={"QUEUE_LEASE": ""}).lease == 30.0

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 
 def test_the_channel_is_spelled_the_same_wherever_sql_names_it() -> None:
+    import re
 
     from brooq.ipc.channel import (
         CHANNEL,
