@@ -11,7 +11,7 @@ RUN_STAMP := $(VENV)/.run-installed
 DOCS_STAMP := $(VENV)/.docs-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-slow lint docs docs-serve db-up db-down migrate-up run bench bench-scale build clean
+.PHONY: venv test test-slow test-unit lint docs docs-serve db-up db-down migrate-up run bench bench-scale build clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ venv: $(STAMP)
 ## make test: the whole default suite against a real PostgreSQL (see README, "Tests").
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+## make test-unit: the unit tests alone (tests/unit/: no database, no process; seconds).
+test-unit: $(STAMP)
+	$(PY) -m pytest -m "not slow" tests/unit $(PYTEST_ARGS)
 
 ## make test-slow: the long fault runs (minutes).
 test-slow: $(STAMP)

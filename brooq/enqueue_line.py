@@ -58,7 +58,7 @@ STATEMENT = b"brooq_job_insert_one"
 # payload, key (text), available_at timestamptz (binary), queue (text), priority int2
 # (binary). available_at goes in binary because its text form would be Python's
 # isoformat, which PostgreSQL refuses for UTC offsets Python allows and it does not
-# (-23:59, a fraction of a second: found by tests/test_hostile_input.py).
+# (-23:59, a fraction of a second: found by tests/db/test_enqueue_properties.py).
 _TYPES = [2950, 25, 25, 25, 1184, 25, 21]
 _FORMATS = [1, 0, 0, 0, 1, 0, 1]
 _INT2 = struct.Struct("!h")

@@ -196,7 +196,7 @@ class Tally:
     Histograms are added up per bucket and written through the labelled histogram's own
     bucket and sum values (prometheus_client's Histogram stores them as `_buckets`,
     `_sum` and `_upper_bounds`); the result is exactly what the same `observe` calls
-    would have written (tests/test_units.py compares the two).
+    would have written (tests/unit/test_settings.py compares the two).
     """
 
     def __init__(self) -> None:

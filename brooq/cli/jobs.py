@@ -276,7 +276,7 @@ def jobs_stack(ctx: click.Context, job_id: str, timeout: str) -> None:
 
 # -- writes --------------------------------------------------------------------------------
 # Their help spells the rule of brooq.job (CANCELABLE_STATES, RETRYABLE_STATES) in words;
-# tests/test_rules_units.py checks that the two agree. Each command is registered twice,
+# tests/unit/test_job.py checks that the two agree. Each command is registered twice,
 # `brooq cancel` and `brooq jobs cancel` (the same for retry): one id, or the bulk form
 # with --topic and --state (BULK_FROM_STATES) instead of the id.
 

@@ -4,7 +4,7 @@ someone waits for (queue.wait) is notified on OUTCOME_CHANNEL.
 Python code names the channels through these constants only. SQL cannot import them:
 CHANNEL is spelled in brooq/sql/queries.sql (`listen_jobs`, `job_retry`) and in the
 trigger of migrations/0001_job.sql, OUTCOME_CHANNEL in `listen_outcomes` and the trigger
-function of migrations/0006_handlers.sql; tests/test_units.py checks that every one of
+function of migrations/0006_handlers.sql; tests/unit/test_settings.py checks that every one of
 them says one of these. CHANNEL's payload is the job table's schema (migration 0009;
 empty from an older brooq): a notification means "jobs may be ready in that schema",
 never which ones, so a lost or folded notification costs latency, never a job; a master

@@ -1,4 +1,5 @@
-"""The application of tests/test_cli_input.py under a real brooq-master.
+"""The application of tests/process/test_password_hidden.py and test_app_logging.py under a
+real brooq-master.
 
 With BROOQ_CLI_APP_SLOW_IMPORT=PATH set, importing it writes PATH and then takes 3 s, as a
 large application's import does: the test reads the master's command line meanwhile.

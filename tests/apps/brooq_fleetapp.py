@@ -1,4 +1,4 @@
-"""The application of the fleet tests (tests/test_hosts.py): one master per host.
+"""The application of the fleet tests (tests/fleet/test_hosts.py): one master per host.
 
 `fleet.work` records each execution in `execution` (the table tests/audit.py counts)
 with the host it ran on (FLEET_HOST), over a connection of its own in autocommit: the

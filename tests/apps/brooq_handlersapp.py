@@ -1,4 +1,4 @@
-"""The application of tests/test_handlers.py: middleware, typed payloads, results and
+"""The application of tests/process/test_handlers.py: middleware, typed payloads, results and
 retry policies. Middleware and handlers append "job_id what detail" lines to a file of
 their own process in BROOQ_TRACE (a directory), so the tests read the order in which
 things ran inside the real children.

@@ -1,4 +1,4 @@
-"""An application that logs through its own loggers, for tests/test_app_logging.py."""
+"""An application that logs through its own loggers, for tests/process/test_app_logging.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The application of tests/test_ops_slow_clients.py: one handler that never returns.
+"""The application of tests/process/test_ops_slow_clients.py: one handler that never returns.
 
 `ops.hang` sleeps for ever and swallows every exception (AttemptTimeout included), so only
 the master's hard timeout (SIGKILL at max_execution_timeout) ends it.

@@ -1,4 +1,4 @@
-"""The application of tests/test_periodic.py under a real brooq-master.
+"""The application of tests/process/test_periodic.py under a real brooq-master.
 
 BROOQ_PERIODIC_EVERY: the period of schedule "tick" (default 1s). BROOQ_PERIODIC_BROKEN=1
 adds a schedule whose callable raises, and one whose callable returns a string.

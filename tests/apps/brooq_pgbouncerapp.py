@@ -1,4 +1,4 @@
-"""The application of tests/test_pgbouncer.py: a brooq-master whose DATABASE_URL is a
+"""The application of tests/pgbouncer/test_pgbouncer.py: a brooq-master whose DATABASE_URL is a
 PgBouncer in transaction mode. Its handlers write through the pooler too (prepared
 statements off, as an application behind PgBouncer 1.18 must), and a done job's
 on_success hook records the transaction's synchronous_commit: brooq's session settings

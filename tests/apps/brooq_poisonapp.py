@@ -1,5 +1,5 @@
 """Handlers whose failures carry text a database cannot hold as given, for the tests of
-outcome writing (tests/test_poison_text.py), under a real brooq-master.
+outcome writing (tests/process/test_outcome_text.py), under a real brooq-master.
 
 Each handler records its execution in the table `execution` (tests/harness.prepare), so
 the tests count how often each job ran. The error texts: a NUL, a lone surrogate, a

@@ -1,4 +1,4 @@
-"""The application of tests/test_queues_process.py: topics in two queues and one topic
+"""The application of tests/process/test_queues.py: topics in two queues and one topic
 under a global_limit. Each handler appends "topic job_id start_ns end_ns pid master_pid"
 to a file of its own process in BROOQ_STAMPS (a directory), so tests read what ran, where
 and when, without a database write inside the measured span.

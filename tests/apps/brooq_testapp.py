@@ -172,7 +172,7 @@ def memory(claim: brooq.Claim) -> None:
 _ballast = bytearray()
 
 
-# -- for tests/test_faults.py ------------------------------------------------------------
+# -- for tests/process/test_faults.py ------------------------------------------------------------
 
 
 @queue.handler("t.tx", max_attempts=50, backoff_base="20ms", backoff_max="200ms")

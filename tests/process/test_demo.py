@@ -1,0 +1,132 @@
+"""`make run`'s demo: migrate, master, jobs fed and finished, clean drain."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_runs_and_drains(empty_dsn: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
+    env.update(DATABASE_URL=empty_dsn, QUEUE_OPS_ADDR="127.0.0.1:0")
+    out = subprocess.run(
+        [sys.executable, "examples/run_demo.py", "--workers", "2", "--seconds", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "applied migration 0001_job" in out.stdout
+    assert "brooq-master exited with status 0" in out.stdout
+    # It says where the status page is and how to watch with brooq top.
+    page = re.search(r"\[demo\] status page: (http://127\.0\.0\.1:\d+/)", out.stdout)
+    assert page is not None, out.stdout
+    assert f"DATABASE_URL='{empty_dsn}' .venv/bin/brooq top" in out.stdout
+    with psycopg.connect(empty_dsn) as conn:
+        done = dict(
+            conn.execute(
+                "SELECT topic, count(*) FROM job WHERE state = 'done' GROUP BY topic"
+            ).fetchall()
+        )
+    # CPU-heavy renders ran and chained their notifications; flaky jobs got through.
+    assert done.get("demo.render", 0) > 0
+    # The async fetches ran in the async child beside them, many at once.
+    assert done.get("demo.fetch", 0) >= 40
+    with psycopg.connect(empty_dsn) as conn:
+        chained = conn.execute(
+            "SELECT count(*) FROM job WHERE topic = 'demo.notify' AND state = 'done' "
+            "AND payload ? 'rendered'"
+        ).fetchone()
+    assert chained is not None and chained[0] == done["demo.render"]
+    assert done.get("demo.flaky", 0) > 0
+    with psycopg.connect(empty_dsn) as conn:
+        queues = dict(conn.execute("SELECT topic, min(queue) FROM job GROUP BY topic").fetchall())
+        urgent = conn.execute("SELECT count(*) FROM job WHERE priority = 10").fetchone()
+    assert queues["demo.render"] == "bulk" and queues["demo.flaky"] == "default"
+    assert urgent is not None and urgent[0] > 0
+    assert "default:" in out.stdout
+    # The heartbeat schedule (every 3 s): new, so its first job comes with the first tick
+    # after the master's start (or at once if the last one is under 2 s old); the demo
+    # runs 4 s, so one to three jobs, one per tick.
+    with psycopg.connect(empty_dsn) as conn:
+        beats = conn.execute(
+            "SELECT count(*) FROM job WHERE idempotency_key LIKE 'periodic:heartbeat:%%' "
+            "AND payload ? 'heartbeat'"
+        ).fetchone()
+    assert beats is not None and 1 <= beats[0] <= 3
+    assert "[demo] periodic: a heartbeat job every 3 s" in out.stdout
+    # Quotes: a typed payload stored as JSON, a result read back through queue.wait.
+    with psycopg.connect(empty_dsn) as conn:
+        quotes = conn.execute(
+            "SELECT payload, result FROM job WHERE topic = 'demo.quote' AND state = 'done' "
+            "ORDER BY created_at LIMIT 1"
+        ).fetchone()
+    assert quotes == (
+        {"sku": "sku-0", "quantity": 1, "unit_price": 9.99},
+        {"sku": "sku-0", "total": 9.99},
+    )
+    assert "[demo] quote done: result={'sku': 'sku-0', 'total': 9.99} (queue.wait)" in out.stdout
+
+
+def test_ctrl_c_in_a_pause_stops_feeding_and_leaves_no_queue_paused(empty_dsn: str) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) while the bulk queue is paused:
+    no round is fed after it, the master drains, the bulk queue is resumed for the next
+    run, and the commands the demo printed run as printed."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
+    env.update(DATABASE_URL=empty_dsn, QUEUE_OPS_ADDR="127.0.0.1:0", PYTHONUNBUFFERED="1")
+    demo = subprocess.Popen(
+        [sys.executable, "examples/run_demo.py", "--workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    assert demo.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in demo.stdout:
+            lines.append(line)
+            if "paused queue bulk" in line:
+                break
+        with psycopg.connect(empty_dsn) as conn:
+            row = conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        interrupted_at = row[0]
+        os.killpg(demo.pid, signal.SIGINT)
+        time.sleep(0.01)
+        lines += demo.stdout.readlines()
+        assert demo.wait(60) == 0, "".join(lines)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    out = "".join(lines)
+    assert "[demo] resumed queue bulk" in out and "exited with status 0" in out, out
+    with psycopg.connect(empty_dsn) as conn:
+        paused = conn.execute("SELECT paused FROM brooq_queue WHERE name = 'bulk'").fetchone()
+        fed_after = conn.execute(
+            # demo.notify: the heartbeat's ticks and the renders' chained jobs go on.
+            "SELECT count(*) FROM job WHERE created_at > %s AND topic <> 'demo.notify'",
+            (interrupted_at,),
+        ).fetchone()
+    assert paused == (False,)
+    assert fed_after == (0,)
+    printed = re.search(r"list it with: (.+)$", out, re.MULTILINE)
+    assert printed is not None, out
+    listed = subprocess.run(
+        printed.group(1), shell=True, capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert listed.returncode == 0 and "heartbeat" in listed.stdout, listed.stderr

@@ -1,0 +1,88 @@
+"""The error history (job.errors) written by a real brooq-master: each entry names the
+child that failed the attempt, or the dead child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import uuid
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+import brooq
+from tests.db.test_cli import as_json, ok
+from tests.harness import StartMaster, wait_for
+
+HOST = socket.gethostname()
+
+
+def attempt_pids(db: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[int, int]:
+    """attempt -> pid of the child that ran it (the test app records each execution)."""
+    rows = db.execute(
+        "SELECT attempt, pid FROM execution WHERE job_id = %s AND note IN ('', 'start')",
+        (job_id,),
+    ).fetchall()
+    return {int(a): int(p) for a, p in rows}
+
+
+def is_identity_of(worker: str, pid: int) -> bool:
+    """A child's identity is host:pid:tag (brooq.worker.config.identity_for)."""
+    host, wpid, tag = worker.split(":")
+    return (host, int(wpid)) == (HOST, pid) and len(tag) == 6
+
+
+# -- the error history -------------------------------------------------------------------------
+
+
+def test_three_failures_leave_three_entries_with_the_childs_identity(
+    queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster, dsn: str
+) -> None:
+    job_id, _ = queue.enqueue(brooq.Job("t.fail"))  # max_attempts 3, backoff 50-100 ms
+    start_master(workers=2)
+    record = queue.wait(job_id, timeout=30)
+    assert (record.state, record.attempts) == ("dead", 3)
+    pids = attempt_pids(db, job_id)
+    assert sorted(pids) == [1, 2, 3]
+    assert [e["attempt"] for e in record.errors] == [1, 2, 3]  # oldest first
+    for entry in record.errors:
+        assert set(entry) == {"attempt", "at", "error", "worker"}
+        n = entry["attempt"]
+        assert entry["error"] == f"ValueError: bad input on attempt {n}"
+        assert is_identity_of(entry["worker"], pids[n]), (entry, pids)
+    times = [datetime.fromisoformat(e["at"]) for e in record.errors]
+    assert times == sorted(times) and len(set(times)) == 3
+    assert queue.get(job_id) == record
+    assert json.loads(json.dumps(record.to_dict()))["errors"] == record.errors
+
+    # brooq jobs show: one line per entry; --json carries the history whole
+    text = ok(dsn, "jobs", "show", str(job_id))
+    lines = text.splitlines()
+    at = lines.index("errors (3, oldest first):")
+    for i, entry in enumerate(record.errors, start=1):
+        line = lines[at + i]
+        assert line.startswith(f"  attempt {i}  ") and entry["worker"] in line
+        assert line.endswith(f"ValueError: bad input on attempt {i}")
+    assert lines[at + 4] == "last error:      ValueError: bad input on attempt 3"
+    shown = as_json(dsn, "jobs", "show", str(job_id))
+    assert shown["errors"] == record.errors and shown["result"] is None
+
+
+def test_a_killed_childs_job_gets_one_entry_with_the_dead_childs_identity(
+    queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    start_master(workers=1)
+    job_id, _ = queue.enqueue(brooq.Job("t.slow", {"seconds": 2}))
+    pid = wait_for(lambda: attempt_pids(db, job_id).get(1), what="the handler started")
+    os.kill(pid, signal.SIGKILL)
+    record = queue.wait(job_id, timeout=30)  # settled by the master, then run again
+    assert (record.state, record.attempts) == ("done", 2)
+    assert len(record.errors) == 1
+    entry = record.errors[0]
+    assert (entry["attempt"], entry["error"]) == (1, "worker died: SIGKILL")
+    assert is_identity_of(entry["worker"], pid)
+    assert attempt_pids(db, job_id)[2] != pid

@@ -1,0 +1,31 @@
+"""The notification channel (brooq.ipc.channel) spelled the same wherever the SQL names it."""
+
+from __future__ import annotations
+
+
+def test_the_channel_is_spelled_the_same_wherever_sql_names_it() -> None:
+    import re
+
+    from brooq.ipc.channel import (
+        CHANNEL,
+        OUTCOME_CHANNEL,
+        STACK_ANSWER_CHANNEL,
+        STACK_CHANNEL,
+    )
+    from brooq.migrate import load
+    from brooq.sql import Q
+
+    assert Q.listen_jobs == f"LISTEN {CHANNEL}"
+    assert Q.listen_outcomes == f"LISTEN {OUTCOME_CHANNEL}"
+    assert Q.listen_stack_requests == f"LISTEN {STACK_CHANNEL}"
+    assert Q.listen_stack_answers == f"LISTEN {STACK_ANSWER_CHANNEL}"
+    texts = [getattr(Q, name) for name in Q.names()] + [m.up for m in load()]
+    # pg_notify('name' in a statement, pg_notify(''name'' inside a quoted function body
+    spelled = [c for text in texts for c in re.findall(r"pg_notify\((''?)(\w*)\1", text)]
+    assert [name for _, name in spelled].count(OUTCOME_CHANNEL) == 1  # 0006's trigger
+    assert spelled and {name for _, name in spelled} == {
+        CHANNEL,
+        OUTCOME_CHANNEL,
+        STACK_CHANNEL,
+        STACK_ANSWER_CHANNEL,
+    }
