@@ -659,7 +659,7 @@ def test_stats_count_never_holds_the_loop(dsn: str, db: Any, queue: brooq.Queue)
     from brooq.settings import Settings
     from brooq.sql import queries
     from brooq.supervisor.duties.stats import Stats
-    from tests.unit.supervisor.test_duties import FakeMetrics, pending
+    from tests.unit.supervisor.duties.test_scheduler_and_duties import FakeMetrics, pending
 
     for _ in range(3):
         queue.enqueue(brooq.Job("t.counted"))
