@@ -23,6 +23,8 @@ module that defines a name, never from this package.
 - `metrics`: the Prometheus metrics the master and its children write and serve
 - `migrate`: the schema's migrations and applying them
 - `operator`: the operator's reads and writes as functions of a connection
+- `opsport`: what the master's ops port and the page process share: HTTP messages, the Host rule, the hand-over
+- `page`: the status page's own process: its loop, sign-in, actions, reads and rendering
 - `payload_checks`: the checkers of typed payloads, one per annotation, and their refusals' words
 - `payloads`: typed payloads: a handler's model to a codec of its jobs' JSON, and back
 - `periodic`: schedules: cron and every, their ticks and the job of each tick
@@ -32,14 +34,14 @@ module that defines a name, never from this package.
 - `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
 - `queue`: brooq.Queue, the application object: its face, delegating to the modules here
 - `registry`: what an application declares: handlers, middleware, schedules, settings
+- `rules`: the rules both the master and its children read: backoff, error text, timing, worked queues
 - `settings`: the settings: defaults, QUEUE_* environment, validation
 - `sql`: brooq's SQL as named statements, rendered per schema
 - `stacks`: a running job's Python stack, asked and answered through PostgreSQL
 - `supervisor`: brooq-master: the supervisor that forks, watches and replaces the children
 - `targets`: what a caller's transaction may be: psycopg, Django and SQLAlchemy connections
 - `testing`: running a Queue's jobs in tests, and the pytest plugin
-- `waiting`: the one LISTEN connection every waiter of a Queue shares in a process
-- `web`: the status page's pages and their rendering
+- `wait_listener`: the one LISTEN connection every waiter of a Queue shares in a process
 - `worker`: the child: claiming, running and writing the outcome of jobs
 """
 

@@ -1,7 +1,7 @@
 """Waiting for a job's end: queue.wait and queue.wait_async.
 
 A waiter subscribes to its job on the Queue's one LISTEN connection in this process
-(brooq.waiting.OutcomeListener, on the direct ``listen_dsn``: LISTEN cannot go through a
+(brooq.wait_listener.OutcomeListener, on the direct ``listen_dsn``: LISTEN cannot go through a
 transaction pooler, docs/poolers.md), then flags the row as waited for (the trigger of
 migration 0006 then notifies its end) and reads it, on a pooled connection held for those
 two statements only: waiters add no connections and never hold one while they wait. It
@@ -40,7 +40,7 @@ from brooq.job import TERMINAL_STATES, JobRecord
 from brooq.pools import Pools
 from brooq.settings import Settings
 from brooq.sql import Queries, queries
-from brooq.waiting import OutcomeListener, Subscription, async_waker
+from brooq.wait_listener import OutcomeListener, Subscription, async_waker
 
 WAIT_POLL_FIRST = 0.1  # seconds: queue.wait's fallback poll, doubling...
 WAIT_POLL_MAX = 5.0  # ...to this

@@ -17,7 +17,7 @@ import pytest
 
 import brooq
 from brooq import queue as queue_mod
-from brooq import waiting
+from brooq import wait_listener
 from tests.harness import wait_for
 
 
@@ -141,11 +141,11 @@ def test_wait_survives_a_lost_connection(
     wait_for(lambda: waited(db, job_id), what="the flag")
 
     def waiter_pids() -> list[int]:
-        """The backend of the waiters' shared LISTEN connection (brooq.waiting)."""
+        """The backend of the waiters' shared LISTEN connection (brooq.wait_listener)."""
         rows = db.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
             "AND application_name = %s",
-            (waiting.APPLICATION_NAME,),
+            (wait_listener.APPLICATION_NAME,),
         ).fetchall()
         return [int(r[0]) for r in rows]
 

@@ -1,5 +1,5 @@
 """queue.wait and wait_async at scale, on a real PostgreSQL: hundreds of waiters share
-one LISTEN connection (brooq.waiting) and the Queue's bounded pool, so their number does
+one LISTEN connection (brooq.wait_listener) and the Queue's bounded pool, so their number does
 not grow the server's connections, and producers beside them are served; a waiter
 canceled leaves nothing behind; the shared connection lost, a job ending meanwhile still
 wakes its waiter; a fork's child waits on a listener of its own."""
@@ -21,7 +21,7 @@ import pytest
 
 import brooq
 from brooq import job_wait as job_wait_mod
-from brooq import waiting
+from brooq import wait_listener
 from tests.harness import wait_for
 
 N = 500
@@ -204,7 +204,7 @@ def test_a_job_that_ends_while_the_listener_is_lost_still_wakes_its_waiters(
         rows = db.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
             "AND application_name = %s",
-            (waiting.APPLICATION_NAME,),
+            (wait_listener.APPLICATION_NAME,),
         ).fetchall()
         return [int(r[0]) for r in rows]
 
