@@ -23,7 +23,7 @@ module that defines a name, never from this package.
 - `metrics`: the Prometheus metrics the master and its children write and serve
 - `migrate`: the schema's migrations and applying them
 - `operator`: the operator's reads and writes as functions of a connection
-- `opsport`: what the master's ops port and the page process share: HTTP messages, the Host rule, the hand-over
+- `opsport`: what the ops port's two processes share: HTTP messages, Host rule, hand-over
 - `page`: the status page's own process: its loop, sign-in, actions, reads and rendering
 - `payload_checks`: the checkers of typed payloads, one per annotation, and their refusals' words
 - `payloads`: typed payloads: a handler's model to a codec of its jobs' JSON, and back
@@ -34,7 +34,7 @@ module that defines a name, never from this package.
 - `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
 - `queue`: brooq.Queue, the application object: its face, delegating to the modules here
 - `registry`: what an application declares: handlers, middleware, schedules, settings
-- `rules`: the rules both the master and its children read: backoff, error text, timing, worked queues
+- `rules`: what master and children both read: backoff, error text, timing, worked queues
 - `settings`: the settings: defaults, QUEUE_* environment, validation
 - `sql`: brooq's SQL as named statements, rendered per schema
 - `stacks`: a running job's Python stack, asked and answered through PostgreSQL
