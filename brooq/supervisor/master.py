@@ -17,7 +17,7 @@ or start a thread, because it forks (a lock held across fork stays held in the c
 ever), and never run application code: the application is imported once, before the
 first fork, and no handler or hook runs here. The one exception is a periodic schedule's
 ``job`` callable (queue.periodic), called by the Periodic duty once per tick to build the
-tick's Job; docs/design.md, "Departures", says why and what it must not do.
+tick's Job; docs/design.md, "Decisions, and why", says why and what it must not do.
 """
 
 from __future__ import annotations

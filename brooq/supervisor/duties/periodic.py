@@ -5,7 +5,7 @@ brooq_periodic and its job inserted (brooq.produce) in one transaction
 (periodic_claim, periodic_set_job), and the warning of a master whose clock is ahead
 of the database's (ClockAhead). Must never wait: a database out of reach leaves the tick
 for the next pass. It is the one place the master calls application code: a schedule's
-``job`` callable, once per tick (docs/design.md, "Departures").
+``job`` callable, once per tick (docs/design.md, "Decisions, and why").
 """
 
 from __future__ import annotations
