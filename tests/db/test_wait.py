@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import queue as queue_mod
+from brooq import job_wait as job_wait_mod
 from brooq import wait_listener
 from tests.harness import wait_for
 
@@ -47,8 +47,8 @@ class Waiter(threading.Thread):
 @pytest.fixture
 def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """queue.wait polls only every 60 s: returning sooner takes the notification."""
-    monkeypatch.setattr(queue_mod, "WAIT_POLL_FIRST", 60.0)
-    monkeypatch.setattr(queue_mod, "WAIT_POLL_MAX", 60.0)
+    monkeypatch.setattr(job_wait_mod, "WAIT_POLL_FIRST", 60.0)
+    monkeypatch.setattr(job_wait_mod, "WAIT_POLL_MAX", 60.0)
 
 
 @pytest.fixture

@@ -347,7 +347,8 @@ def test_a_limited_topic_periodic_jobs_and_a_stack_under_a_master(own: str, tmp_
 
 
 def test_status_page_reads_and_testing_helpers(own: str) -> None:
-    from brooq import testing, web
+    from brooq import testing
+    from brooq.page import routes
 
     q = brooq.Queue(dsn=own, schema=SCHEMA)
     seen: list[int] = []
@@ -367,11 +368,11 @@ def test_status_page_reads_and_testing_helpers(own: str) -> None:
         assert sorted(seen) == [0, 1, 2]
         assert len(testing.jobs(q, topic="s.seen", state="done")) == 3
         with psycopg.connect(own, autocommit=True) as conn:  # default search_path
-            overview = web.serve(conn, "GET", "/", actions_enabled=False, q=queries(SCHEMA))
+            overview = routes.serve(conn, "GET", "/", actions_enabled=False, q=queries(SCHEMA))
             assert overview.status == 200 and b"s.broken" in overview.body
-            dead = web.serve(conn, "GET", "/dead", actions_enabled=False, q=queries(SCHEMA))
+            dead = routes.serve(conn, "GET", "/dead", actions_enabled=False, q=queries(SCHEMA))
             assert dead.status == 200 and str(dead_id).encode() in dead.body
-            one = web.serve(
+            one = routes.serve(
                 conn, "GET", f"/jobs/{dead_id}", actions_enabled=False, q=queries(SCHEMA)
             )
             assert one.status == 200 and b"RuntimeError" in one.body

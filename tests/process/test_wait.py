@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import queue as queue_mod
+from brooq import job_wait as job_wait_mod
 from tests.harness import StartMaster
 
 
@@ -34,8 +34,8 @@ def waited(db: psycopg.Connection[Any], job_id: uuid.UUID) -> bool:
 @pytest.fixture
 def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """queue.wait polls only every 60 s: returning sooner takes the notification."""
-    monkeypatch.setattr(queue_mod, "WAIT_POLL_FIRST", 60.0)
-    monkeypatch.setattr(queue_mod, "WAIT_POLL_MAX", 60.0)
+    monkeypatch.setattr(job_wait_mod, "WAIT_POLL_FIRST", 60.0)
+    monkeypatch.setattr(job_wait_mod, "WAIT_POLL_MAX", 60.0)
 
 
 # -- waiting ---------------------------------------------------------------------------------
