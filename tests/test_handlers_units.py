@@ -3,7 +3,6 @@ registration checks, and the _results claim statements held to their base."""
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import Any
 
@@ -13,7 +12,6 @@ import brooq
 from brooq.durations import MAX_SECONDS
 from brooq.handlers import Policy, build
 from brooq.job import Delay, PreserveAttempt
-from brooq.sql import Q
 from brooq.worker import execute
 from brooq.worker.chain import compose
 
@@ -147,25 +145,3 @@ def test_registration_refuses_a_payload_type_it_cannot_check() -> None:
     with pytest.raises(brooq.InvalidSettings, match=r"^invalid settings:\n  - t: payload: "):
         queue.handler("t", payload=int)(lambda claim: None)
     assert "t" not in queue.handlers
-
-
-FINISHED = re.compile(r"WITH finished AS \(.*?\n\),", re.S)
-
-
-@pytest.mark.parametrize(
-    "base", ["job_finish_and_claim", "job_finish_and_claim_queues", "job_finish_and_claim_limited"]
-)
-def test_each_results_statement_is_its_base_but_the_finished_cte(base: str) -> None:
-    """The _results variants cannot drift from the statements they stand in for."""
-    plain, with_results = getattr(Q, base), getattr(Q, base + "_results")
-
-    def statement(text: str) -> str:  # without the comment lines above it
-        return text[text.index("WITH finished AS (") :]
-
-    assert FINISHED.sub("", statement(plain)) == FINISHED.sub("", statement(with_results))
-    plain_cte, results_cte = FINISHED.search(plain), FINISHED.search(with_results)
-    assert plain_cte is not None and results_cte is not None
-    assert "result" not in plain_cte.group()
-    assert "result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb" in (
-        results_cte.group()
-    )

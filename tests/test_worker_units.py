@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 
 from brooq.handlers import MAX_ATTEMPTS, Policy
 from brooq.job import AttemptTimeout, CancelJob, Claim, Delay, LeaseLost, PreserveAttempt
+from brooq.sql import Q
 from brooq.worker import execute, interrupts, retry
 from brooq.worker.child import ClaimRow, claim_row
 from brooq.worker.connection import Undecodable, _decode_payload
@@ -296,10 +296,8 @@ def test_the_ceiling_stops_at_backoff_max() -> None:
 
 def test_the_claim_row_fields_are_the_columns_of_the_claim_statement() -> None:
     """ClaimRow names the columns of each claim statement's result, in order."""
-    sql = (Path(__file__).parents[1] / "brooq" / "sql" / "queries.sql").read_text()
-    for name in ("", "_queues", "_limited"):
-        statement = sql.split(f"-- name: job_finish_and_claim{name}\n", 1)[1]
-        statement = statement.split("-- name:", 1)[0]
+    for name in ("", "_queues", "_limited", "_results", "_queues_results", "_limited_results"):
+        statement = getattr(Q, f"job_finish_and_claim{name}")
         select = re.search(r"^SELECT true AS claimed, (.*?)\nFROM", statement, re.M | re.S)
         assert select is not None, name
         columns = ["claimed"] + [c.strip() for c in select.group(1).split(",")]
