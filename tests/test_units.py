@@ -880,7 +880,7 @@ def test_the_channel_is_spelled_the_same_wherever_sql_names_it() -> None:
         STACK_ANSWER_CHANNEL,
         STACK_CHANNEL,
     )
-    from brooq.migrate import load
+    from brooq.migration_files import load
     from brooq.sql import Q
 
     assert Q.listen_jobs == f"LISTEN {CHANNEL}"
