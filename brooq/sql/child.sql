@@ -95,7 +95,7 @@ next AS MATERIALIZED (
         ) AS ready
     ))
 --#end
-    -- One queue: the lock of `next` itself; several: of the lateral subquery, above.
+    -- The lock: the last clause of `next` for one queue, of the lateral subquery for several.
     FOR NO KEY UPDATE{if queues: OF job} SKIP LOCKED
 --#if queues
     ) AS j
