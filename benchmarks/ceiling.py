@@ -178,7 +178,7 @@ def run(admin_dsn: str, clients: list[int], jobs: int, reps: int, batch: int = 1
 
 # -- single enqueue ceiling -------------------------------------------------------------------
 
-# brooq's job_insert (brooq/sql/queries.sql) with the values of a no-op job written in: one
+# brooq's job_insert (brooq/sql/producer.sql) with the values of a no-op job written in: one
 # statement, its own transaction (autocommit, as Queue.enqueue runs it), on a table with
 # brooq's NOTIFY trigger (the migrations ran), one client. The id is the server's
 # gen_random_uuid() where brooq's producer sends a UUIDv7 as a parameter.

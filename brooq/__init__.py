@@ -21,7 +21,8 @@ module that defines a name, never from this package.
 - `logs`: brooq's log lines and their formats
 - `master_cli`: the `brooq-master` entry point
 - `metrics`: the Prometheus metrics the master and its children write and serve
-- `migrate`: the schema's migrations and applying them
+- `migrate`: applying and reverting the schema's migrations, and the version check
+- `migration_files`: the migration files: found, read, checked, split into statements
 - `operator`: the operator's reads and writes as functions of a connection
 - `opsport`: what the ops port's two processes share: HTTP messages, Host rule, hand-over
 - `page`: the status page's own process: its loop, sign-in, actions, reads and rendering

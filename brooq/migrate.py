@@ -20,25 +20,24 @@ ending a line is then exact) and, before it runs and after any failure, the inva
 indexes it names (left by a failed concurrent build, and skipped silently by ``CREATE
 INDEX CONCURRENTLY IF NOT EXISTS``) are dropped.
 
-Owns: reading and checking the migration files, the version bookkeeping (its statements
-are the migration_* ones of brooq/sql/queries.sql), and ``verify``, the check the master
-and the CLI make that the schema on the search_path (QUEUE_SCHEMA's when set: the files
-then run with it alone on the search_path, and it is created first) is brooq's and up to
-date.
+Owns: applying and reverting the files brooq.migration_files reads (the no-transaction
+run included), the version bookkeeping (its statements are those of brooq/sql/migrate.sql),
+``script`` (the files as one SQL text, for `brooq migrate sql`) and ``verify``, the check
+the master and the CLI make that the schema on the search_path (QUEUE_SCHEMA's when set:
+the files then run with it alone on the search_path, and it is created first) is brooq's
+and up to date.
 Must never: run at start-up on its own (migrating is a deployment step), compose SQL with
-string formatting, or run SQL other than queries.sql's and the migration files' own text.
+string formatting, or run SQL other than brooq/sql's and the migration files' own text.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
@@ -46,6 +45,7 @@ from psycopg import sql
 from psycopg.rows import class_row, scalar_row
 
 from brooq.errors import MigrationError, SchemaMissing
+from brooq.migration_files import Migration, load, migrations_dir, statements
 from brooq.sql import Q, Queries, queries, validate_schema
 
 if TYPE_CHECKING:
@@ -53,18 +53,8 @@ if TYPE_CHECKING:
 
 # "brooq" as a number: the key of the session advisory lock held while migrating.
 LOCK_KEY = 0x62726F6F71
-# The version table, as queries.sql's migration_* statements and schema_check spell it.
+# The version table, as brooq/sql/migrate.sql's statements spell it.
 VERSION_TABLE = "brooq_migration"
-_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-_UP = "-- migrate:up"
-_DOWN = "-- migrate:down"
-_NO_TRANSACTION = "-- migrate:no-transaction"
-# A statement of a no-transaction file ends with ";" at the end of a line.
-_STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
-_INDEX_NAME = re.compile(
-    r"\bINDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+(?:NOT\s+)?EXISTS\s+)?([a-z_][a-z0-9_]*)",
-    re.IGNORECASE,
-)
 # A no-transaction statement waits at most this long for a lock (well under a second, so
 # producers queued behind it wait no longer), then is tried again after a pause.
 LOCK_TIMEOUT = "500ms"
@@ -76,70 +66,10 @@ log = logging.getLogger("brooq.migrate")
 
 
 @dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    up: str
-    down: str
-    # False: run statement by statement in autocommit (the no-transaction marker).
-    transactional: bool = True
-
-    def indexes(self) -> list[str]:
-        """The index names the file's statements create or drop."""
-        return sorted(set(_INDEX_NAME.findall(self.up + "\n" + self.down)))
-
-
-def statements(text: str) -> list[str]:
-    """A no-transaction part, split at every ``;`` ending a line; comment-only pieces go."""
-    pieces = (piece.strip() for piece in _STATEMENT_END.split(text))
-    return [
-        piece
-        for piece in pieces
-        if any(line.strip() and not line.strip().startswith("--") for line in piece.splitlines())
-    ]
-
-
-@dataclass(frozen=True)
 class Status:
     version: int
     name: str
     applied_at: datetime | None
-
-
-def migrations_dir() -> Path:
-    """migrations/ inside the installed package, or at the root of a source checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "migrations", here.parent / "migrations"):
-        if candidate.is_dir() and any(candidate.glob("*.sql")):
-            return candidate
-    raise MigrationError(f"no migrations directory found next to {here}")
-
-
-def load(directory: Path | None = None) -> list[Migration]:
-    directory = directory or migrations_dir()
-    found: list[Migration] = []
-    for path in sorted(directory.glob("*.sql")):
-        match = _FILE.match(path.name)
-        if not match:
-            raise MigrationError(f"{path.name}: expected NNNN_name.sql")
-        text = path.read_text(encoding="utf-8")
-        if text.count(_UP) != 1 or text.count(_DOWN) != 1 or text.index(_UP) > text.index(_DOWN):
-            raise MigrationError(f"{path.name}: needs one '{_UP}' then one '{_DOWN}' section")
-        up = text[text.index(_UP) + len(_UP) : text.index(_DOWN)].strip()
-        down = text[text.index(_DOWN) + len(_DOWN) :].strip()
-        if not up or not down:
-            raise MigrationError(f"{path.name}: the up and the down part must not be empty")
-        transactional = _NO_TRANSACTION not in text[: text.index(_UP)]
-        if not transactional and "$$" in text:
-            raise MigrationError(
-                f"{path.name}: a '{_NO_TRANSACTION}' file may not hold a $$ body (its "
-                "statements are split at ';'); put functions in a transactional file"
-            )
-        found.append(Migration(int(match.group(1)), match.group(2), up, down, transactional))
-    versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise MigrationError(f"migration versions must run 1, 2, 3, ... without gaps: {versions}")
-    return found
 
 
 Conn = psycopg.Connection[Any]
@@ -190,7 +120,7 @@ def _locked(dsn: str, schema: str | None = None, *, create: bool = False) -> Ite
     with psycopg.connect(dsn, autocommit=True) as conn:
         lock = conn.cursor(row_factory=scalar_row)
         while not lock.execute(Q.migration_lock, {"key": LOCK_KEY}).fetchone():
-            time.sleep(LOCK_POLL)  # another `migrate` runs: queries.sql says why we poll
+            time.sleep(LOCK_POLL)  # another `migrate` runs: migrate.sql says why we poll
         try:
             if schema is not None:
                 if create:
@@ -203,7 +133,7 @@ def _locked(dsn: str, schema: str | None = None, *, create: bool = False) -> Ite
 
 def _run(conn: Conn, script: str) -> None:
     # sql-outside: a migration file's own text, trusted SQL shipped with brooq and run as
-    # one script; it cannot live in queries.sql, being the schema itself (migrations/).
+    # one script; it cannot live in brooq/sql, being the schema itself (migrations/).
     statement: LiteralString = script
     conn.execute(statement)
 

@@ -5,11 +5,18 @@ database unreachable or schema missing) or an internal error; 2 bad usage (unkno
 malformed id or value, no database configured, a bulk cancel or retry not confirmed).
 Errors are one line on stderr, never a traceback.
 
-The commands live in rooms of their own, each registering on the group of
-brooq.cli.common: migrate (brooq.cli.migrate), jobs list|show, [jobs] cancel,
-[jobs] retry (brooq.cli.jobs), enqueue (brooq.cli.enqueue), stats (brooq.cli.stats), top
-(brooq.cli.top), queues [pause|resume NAME] (brooq.cli.queues), periodic --app
-(brooq.cli.periodic).
+The commands live in modules of their own, each registering on the group of
+brooq.cli.common:
+
+- `common`: the `brooq` group and what its commands share (--database, output, times)
+- `migrate`: `brooq migrate up|down|status|sql`, the schema as a deployment step
+- `jobs`: the `jobs` group and `brooq jobs list|show|stack`, one job or a listing read
+- `cancel_retry`: `brooq [jobs] cancel|retry`, one job or every job of a topic in a state
+- `enqueue`: `brooq enqueue TOPIC`, one job from the command line
+- `stats`: `brooq stats`, jobs per queue, topic and state
+- `top`: `brooq top`, a live view of the queue on a terminal
+- `queues`: `brooq queues [pause|resume NAME]`, the queues and pausing one
+- `periodic`: `brooq periodic --app MODULE:ATTR`, the schedules an application registers
 
 Owns: ``main``, the entry point of ``brooq`` and ``python -m brooq``: turning every
 error into one line on stderr and its exit code, and hiding --database from ps.
@@ -29,6 +36,7 @@ from setproctitle import setproctitle
 
 from brooq import migrate as migrate_mod  # noqa: F401  (tests replace migrate_mod.script)
 from brooq.cli import (  # noqa: F401  (they register)
+    cancel_retry,
     enqueue,
     jobs,
     migrate,

@@ -1,21 +1,15 @@
-"""`brooq jobs list|show`, `brooq [jobs] cancel`, `brooq [jobs] retry`: one job's fate, read
-or changed, or the fate of every job of a topic in a state (the bulk form: --topic and
---state instead of an id, confirmed unless --yes).
+"""`brooq jobs list|show|stack`: one job's fate, or a listing of jobs, read; the `jobs`
+group, on which brooq.cli.cancel_retry registers the writes too.
 
-Owns: those commands, the listing's table and ``show_lines``, the one-screen view of a
-job (a pure function of the record and the time), the bulk form's confirmation.
-Must never: spell which states cancel or retry accept (brooq.job does; Queue binds them to
-the SQL and words the refusal), write a job but through Queue.cancel, Queue.retry,
-Queue.cancel_many and Queue.retry_many, or change anything in bulk unconfirmed (no --yes
-and no terminal to ask at: refused).
+Owns: the `jobs` group, those commands, the listing's table and ``show_lines``, the
+one-screen view of a job (a pure function of the record and the time).
+Must never: write a job (brooq.cli.cancel_retry does, through Queue).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import sys
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,7 +19,7 @@ import brooq
 from brooq.cli.common import cli, emit_json, open_queue, table, utc
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
-from brooq.job import BULK_FROM_STATES, JobRecord, Transition, bulk_rule, bulk_state_refusal
+from brooq.job import JobRecord
 from brooq.operator.reads import LIST_LIMIT_MAX
 
 SCREEN_LINES = 24  # `jobs show` fits a classic terminal
@@ -272,222 +266,3 @@ def jobs_stack(ctx: click.Context, job_id: str, timeout: str) -> None:
     answer = open_queue(ctx).stack(jid, timeout=seconds)
     click.echo(answer.text)
     click.echo(f"(job {jid}, worker {answer.worker})", err=True)
-
-
-# -- writes --------------------------------------------------------------------------------
-# Their help spells the rule of brooq.job (CANCELABLE_STATES, RETRYABLE_STATES) in words;
-# tests/unit/test_job.py checks that the two agree. Each command is registered twice,
-# `brooq cancel` and `brooq jobs cancel` (the same for retry): one id, or the bulk form
-# with --topic and --state (BULK_FROM_STATES) instead of the id.
-
-_DONE: dict[Transition, str] = {"cancel": "canceled", "retry": "retried"}
-_AFTER: dict[Transition, str] = {"cancel": "", "retry": ": pending now, attempts reset"}
-
-
-def _bulk_options(action: Transition) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    def check_state(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-        if value is not None and bulk_state_refusal(action, value) is not None:
-            # "Invalid value for '--state': 'done': only dead or canceled jobs can be ..."
-            raise click.BadParameter(f"{value!r}: {bulk_rule(action)}", ctx=ctx, param=param)
-        return value
-
-    def check_name(validate: Callable[[object], str]) -> Callable[..., str | None]:
-        def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-            if value is None:
-                return None
-            try:
-                return validate(value)
-            except brooq.InvalidJob as exc:
-                raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-
-        return check
-
-    states = "|".join(BULK_FROM_STATES[action])
-    options: list[Callable[[Callable[..., None]], Callable[..., None]]] = [
-        click.argument("job_id", required=False),
-        click.option(
-            "--topic",
-            metavar="TOPIC",
-            callback=check_name(brooq.job.validate_topic),
-            help="Bulk: every job of this topic in --state (instead of JOB_ID).",
-        ),
-        click.option(
-            "--state",
-            metavar=states,
-            callback=check_state,
-            help=f"Bulk: the state they are in ({bulk_rule(action)}).",
-        ),
-        click.option(
-            "--queue",
-            "queue_name",
-            metavar="QUEUE",
-            callback=check_name(brooq.job.validate_queue),
-            help="Bulk: only in this queue.",
-        ),
-        click.option("--yes", is_flag=True, help="Bulk: do not ask for confirmation."),
-        click.option(
-            "--json",
-            "as_json",
-            is_flag=True,
-            help='Bulk: print {"matched": N, "changed": N}; needs --yes.',
-        ),
-        click.pass_context,
-    ]
-
-    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-
-    return decorate
-
-
-def _run(
-    ctx: click.Context,
-    action: Transition,
-    job_id: str | None,
-    topic: str | None,
-    state: str | None,
-    queue_name: str | None,
-    yes: bool,
-    as_json: bool,
-) -> None:
-    """One job by id, or the bulk form; every usage error before the database is opened."""
-    bulk = [
-        name
-        for name, value in (("--topic", topic), ("--state", state), ("--queue", queue_name))
-        if value is not None
-    ]
-    if job_id is not None:
-        extra = bulk + [name for name, on in (("--yes", yes), ("--json", as_json)) if on]
-        if extra:
-            raise click.UsageError(
-                f"give a job id or the bulk filters (--topic, --state), not both: "
-                f"{', '.join(extra)} with JOB_ID {job_id}",
-                ctx=ctx,
-            )
-        _one(ctx, action, job_id)
-        return
-    if topic is None or state is None:
-        missing = " and ".join(
-            name for name, v in (("--topic", topic), ("--state", state)) if v is None
-        )
-        raise click.UsageError(
-            f"Missing argument JOB_ID: give a job id, or {missing} for the bulk form "
-            f"(--state {'|'.join(BULK_FROM_STATES[action])})",
-            ctx=ctx,
-        )
-    # No prompt can be shown inside JSON output: --json without --yes is refused even at a
-    # terminal, so a script cannot get a prompt where it expected JSON.
-    if as_json and not yes:
-        raise click.UsageError(
-            f"with --json, --yes is required: no prompt is shown (nothing was {_DONE[action]})",
-            ctx=ctx,
-        )
-    _bulk(ctx, action, topic, state, queue_name, yes=yes, as_json=as_json)
-
-
-def _one(ctx: click.Context, action: Transition, job_id: str) -> None:
-    jid = brooq.job.parse_job_id(job_id)
-    queue = open_queue(ctx)
-    moved = queue.cancel(jid) if action == "cancel" else queue.retry(jid)
-    if not moved:
-        raise queue.explain_refusal(jid, action)
-    click.echo(f"{_DONE[action]} {jid}{_AFTER[action]}")
-
-
-def can_ask() -> bool:
-    """Whether a prompt can be answered: stdin is a terminal (a test replaces this)."""
-    return sys.stdin.isatty()
-
-
-class _NotConfirmed(click.ClickException):
-    """The bulk change was not confirmed: exit 2 (bad usage), nothing changed."""
-
-    exit_code = 2
-
-
-def _bulk(
-    ctx: click.Context,
-    action: Transition,
-    topic: str,
-    state: str,
-    queue_name: str | None,
-    *,
-    yes: bool,
-    as_json: bool,
-) -> None:
-    queue = open_queue(ctx)
-    change = queue.cancel_many if action == "cancel" else queue.retry_many
-    where = f"topic {topic}, state {state}" + (f", queue {queue_name}" if queue_name else "")
-    if not yes:
-        matched = change(topic=topic, state=state, queue=queue_name, dry_run=True).matched
-        jobs_word = "job matches" if matched == 1 else "jobs match"
-        if not can_ask():
-            # A script (or a pipe) cannot answer a prompt: refuse rather than guess.
-            raise _NotConfirmed(
-                f"{matched} {jobs_word} ({where}); stdin is not a terminal, so nothing was "
-                f"{_DONE[action]}: pass --yes to {action} them"
-            )
-        click.echo(f"{matched} {jobs_word} ({where})")
-        if matched == 0:
-            return
-        if not click.confirm(f"{action.capitalize()} them?", default=False):
-            raise _NotConfirmed(f"not confirmed; nothing was {_DONE[action]}")
-    result = change(topic=topic, state=state, queue=queue_name)
-    if as_json:
-        emit_json(result.to_dict())
-        return
-    if yes:
-        jobs_word = "job matches" if result.matched == 1 else "jobs match"
-        click.echo(f"{result.matched} {jobs_word} ({where})")
-    if result.matched == 0:
-        return
-    line = f"{_DONE[action]} {result.changed} of {result.matched}{_AFTER[action]}"
-    left = result.matched - result.changed
-    if left > 0:
-        line += f" ({left} changed state meanwhile and were left alone)"
-    click.echo(line)
-
-
-@click.command("cancel")
-@_bulk_options("cancel")
-def cancel(
-    ctx: click.Context,
-    job_id: str | None,
-    topic: str | None,
-    state: str | None,
-    queue_name: str | None,
-    yes: bool,
-    as_json: bool,
-) -> None:
-    """Cancel a job: pending, failed or processing -> canceled. A running handler gets
-    brooq.LeaseLost at the next lease renewal.
-
-    Bulk: --topic T --state S [--queue Q] instead of JOB_ID cancels every
-    such job, in batches; it prints how many match and asks first, unless --yes."""
-    _run(ctx, "cancel", job_id, topic, state, queue_name, yes, as_json)
-
-
-@click.command("retry")
-@_bulk_options("retry")
-def retry(
-    ctx: click.Context,
-    job_id: str | None,
-    topic: str | None,
-    state: str | None,
-    queue_name: str | None,
-    yes: bool,
-    as_json: bool,
-) -> None:
-    """Run a finished job again: dead or canceled -> pending now, attempts reset, last
-    error kept.
-
-    Bulk: --topic T --state S [--queue Q] instead of JOB_ID retries every
-    such job, in batches; it prints how many match and asks first, unless --yes."""
-    _run(ctx, "retry", job_id, topic, state, queue_name, yes, as_json)
-
-
-for _command in (cancel, retry):
-    cli.add_command(_command)  # brooq cancel, brooq retry
-    jobs.add_command(_command)  # brooq jobs cancel, brooq jobs retry

@@ -2,7 +2,7 @@
 someone waits for (queue.wait) is notified on OUTCOME_CHANNEL.
 
 Python code names the channels through these constants only. SQL cannot import them:
-CHANNEL is spelled in brooq/sql/queries.sql (`listen_jobs`, `job_retry`) and in the
+CHANNEL is spelled in brooq/sql (`listen_jobs`, `job_retry`) and in the
 trigger of migrations/0001_job.sql, OUTCOME_CHANNEL in `listen_outcomes` and the trigger
 function of migrations/0006_handlers.sql; tests/unit/test_settings.py checks that every one of
 them says one of these. CHANNEL's payload is the job table's schema (migration 0009;

@@ -1,5 +1,5 @@
 """What the status page reads: one function per page, each running its named statements
-(brooq/sql/queries.sql, the web_ block) on a given psycopg connection.
+(brooq/sql/page.sql, the web_ statements) on a given psycopg connection.
 
 Each read is one read-only REPEATABLE READ transaction (one snapshot, so a page's
 figures agree) under a transaction-local statement_timeout: a slow page fails with

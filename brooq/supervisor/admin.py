@@ -4,7 +4,7 @@ endpoints that cancel or retry a job.
 Owns the answers behind brooq.supervisor.ops's hooks -- /readyz's reason, /metrics's
 body, and the status and JSON body of POST /admin/jobs/<id>/{cancel,retry} -- and
 starting the ops server. Which states may be canceled or retried is not decided here:
-the statements guard it (brooq/sql/queries.sql) and brooq.job words the refusal.
+the statements guard it (brooq/sql/operator.sql) and brooq.job words the refusal.
 
 It runs inside the master's loop, so it must never wait: one short guarded statement per
 request on the maintenance connection, and an unreachable database answers 503 at once.

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from psycopg.rows import dict_row
 
 import brooq
-from brooq.cli import jobs as cli_jobs
+from brooq.cli import cancel_retry as cli_cancel_retry
 from brooq.cli.common import cli
 from brooq.ids import uuid7_many
 from brooq.job import BULK_FROM_STATES, STATES
@@ -346,7 +346,7 @@ def test_one_job_by_id_under_jobs_too(dsn: str, db: Conn) -> None:
 def test_the_prompt_at_a_terminal(
     dsn: str, db: Conn, mixed: dict[str, list[uuid.UUID]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli_jobs, "can_ask", lambda: True)
+    monkeypatch.setattr(cli_cancel_retry, "can_ask", lambda: True)
     args = ["--database", dsn, "jobs", "retry", "--topic", "report", "--state", "dead"]
     before = rows(db)
     declined = CliRunner().invoke(cli, args, input="n\n")
@@ -363,7 +363,7 @@ def test_the_prompt_at_a_terminal(
 def test_a_terminal_and_nothing_matching_asks_nothing(
     dsn: str, db: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli_jobs, "can_ask", lambda: True)
+    monkeypatch.setattr(cli_cancel_retry, "can_ask", lambda: True)
     args = ["--database", dsn, "cancel", "--topic", "mail", "--state", "failed"]
     result = CliRunner().invoke(cli, args, input="")
     assert result.exit_code == 0

@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from brooq import migrate
+from brooq import migrate, migration_files
 
 
 def brooq_objects(dsn: str) -> list[str]:
@@ -36,7 +36,7 @@ def brooq_objects(dsn: str) -> list[str]:
 def test_up_down_to_zero_up_again(empty_dsn: str) -> None:
     assert brooq_objects(empty_dsn) == []
     applied = migrate.up(empty_dsn)
-    assert [m.version for m in applied] == [m.version for m in migrate.load()]
+    assert [m.version for m in applied] == [m.version for m in migration_files.load()]
     first = brooq_objects(empty_dsn)
     assert "relation job" in first and "relation brooq_migration" in first
 
@@ -147,7 +147,7 @@ def test_terminal_rows_may_keep_their_last_lease(dsn: str) -> None:
 
 
 def test_concurrent_up_applies_each_migration_once(empty_dsn: str) -> None:
-    results: list[list[migrate.Migration]] = []
+    results: list[list[migration_files.Migration]] = []
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -162,7 +162,7 @@ def test_concurrent_up_applies_each_migration_once(empty_dsn: str) -> None:
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(len(r) for r in results) == [0, 0, 0, len(migrate.load())]
+    assert sorted(len(r) for r in results) == [0, 0, 0, len(migration_files.load())]
 
 
 def run_script(dsn: str, direction: str) -> None:
@@ -170,11 +170,11 @@ def run_script(dsn: str, direction: str) -> None:
     statement by statement, the others as one script."""
     text = migrate.script(direction)
     files = text.split("-- brooq migration ")[1:]
-    assert len(files) == len(migrate.load())
+    assert len(files) == len(migration_files.load())
     with psycopg.connect(dsn, autocommit=True) as conn:
         for part in files:
             if "run outside a transaction" in part.splitlines()[0]:
-                for statement in migrate.statements("-- " + part):
+                for statement in migration_files.statements("-- " + part):
                     conn.execute(statement)  # type: ignore[arg-type]
             else:
                 conn.execute("-- " + part)  # type: ignore[arg-type]

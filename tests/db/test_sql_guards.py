@@ -1,4 +1,4 @@
-"""The worker and master SQL of queries.sql against a real PostgreSQL, with two (or more)
+"""The worker and master SQL of brooq/sql against a real PostgreSQL, with two (or more)
 connections and a deterministic order of events: claim, outcome guards, lease renewal,
 release, the reaper and its race, retention, and the claim's query plan."""
 

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import migrate
+from brooq import migrate, migration_files
 from tests.db.test_migrate import brooq_objects
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,7 +132,7 @@ def test_django_migration_pins_brooqs_versions() -> None:
         ranges.append((int(found.group(1)), int(found.group(2))))
     assert ranges[0][0] == 1
     assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges)), ranges
-    assert ranges[-1][1] == migrate.load()[-1].version, (
+    assert ranges[-1][1] == migration_files.load()[-1].version, (
         "brooq ships a new migration: add a Django migration with first=<it> to the example"
     )
 
@@ -425,7 +425,7 @@ assert not loaded, loaded
 
 
 def test_script_ranges_and_parts() -> None:
-    newest = migrate.load()[-1].version
+    newest = migration_files.load()[-1].version
     assert migrate.script("up") == migrate.script("up", first=1, last=newest)
     only_two = migrate.script("up", first=2, last=2)
     assert "0002_lease_expiries (up)" in only_two and "0001_job" not in only_two
@@ -436,7 +436,7 @@ def test_script_ranges_and_parts() -> None:
         migrate.script_parts("sideways")
     parts = migrate.script_parts("up")
     concurrent = [p for p in parts if "CONCURRENTLY" in p]
-    assert concurrent and all(len(migrate.statements(p)) == 1 for p in concurrent)
-    every = migrate.load()
-    expected = sum(1 if m.transactional else len(migrate.statements(m.up)) for m in every)
+    assert concurrent and all(len(migration_files.statements(p)) == 1 for p in concurrent)
+    every = migration_files.load()
+    expected = sum(1 if m.transactional else len(migration_files.statements(m.up)) for m in every)
     assert len(parts) == expected  # a transactional file whole, the others per statement

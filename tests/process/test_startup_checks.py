@@ -22,7 +22,7 @@ from psycopg import conninfo
 
 import brooq
 from brooq import dsn as dsn_mod
-from brooq import migrate
+from brooq import migrate, migration_files
 from brooq import settings as settings_mod
 from brooq.errors import InvalidSettings
 from tests.harness import APPS, FAST, StartMaster, prepare, wait_for
@@ -212,7 +212,7 @@ def test_a_master_against_an_older_schema_refuses_to_start(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM brooq_migration")  # as if only the bookkeeping were new
     code, err = run_master(dsn)
-    latest = migrate.load()[-1].version
+    latest = migration_files.load()[-1].version
     assert_refused_before_forking(
         code, err, f"is at version 0 but this brooq needs version {latest}"
     )
@@ -225,7 +225,7 @@ def test_a_master_against_a_schema_one_migration_behind_refuses_to_start(
     # which version is needed rather than taking the table for someone else's.
     migrate.up(empty_dsn, 1)
     code, err = run_master(empty_dsn)
-    latest = migrate.load()[-1].version
+    latest = migration_files.load()[-1].version
     assert_refused_before_forking(
         code, err, f"is at version 1 but this brooq needs version {latest}"
     )

@@ -14,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import brooq
-from brooq.cli import jobs as cli_jobs
+from brooq.cli import cancel_retry as cli_cancel_retry
 from brooq.errors import (
     InvalidTopic,
 )
@@ -269,8 +269,8 @@ def test_the_bulk_sql_takes_the_states_as_a_parameter() -> None:
 def test_the_cli_help_spells_the_same_rule() -> None:
     """`brooq cancel --help` and `brooq retry --help` say the rule in words; they must say
     the constants' states."""
-    cancel_help = cli_jobs.cancel.help or ""
-    retry_help = cli_jobs.retry.help or ""
+    cancel_help = cli_cancel_retry.cancel.help or ""
+    retry_help = cli_cancel_retry.retry.help or ""
     assert "pending, failed or processing -> canceled" in cancel_help
     assert "dead or canceled -> pending" in retry_help
     for state in CANCELABLE_STATES:

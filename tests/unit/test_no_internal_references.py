@@ -39,7 +39,7 @@ def test_the_scan_sees_the_files_it_should() -> None:
     names = {p.relative_to(ROOT).as_posix() for p in _files()}
     for expected in (
         "README.md",
-        "brooq/sql/queries.sql",
+        "brooq/sql/child.sql",
         "migrations/0001_job.sql",
         "docs/design.md",
         "tests/conftest.py",

@@ -202,15 +202,16 @@ def long_modules(top: Path, limit: int = MAX_LINES) -> list[str]:
 
 
 def claim_skip_locked(sql_dir: Path) -> dict[str, int]:
-    """SKIP LOCKED outside comments, per named statement (`-- name: X`) of the .sql files
-    under sql_dir whose name says it claims (holds "claim"): the claim's way past locked
+    """SKIP LOCKED outside comments, per named statement (`-- name: X`) or template
+    (`-- template: X`, expanded by the loader into its variants) of the .sql files under
+    sql_dir whose name says it claims (holds "claim"): the claim's way past locked
     rows, which must be written once. Other statements (the reaper, retention, the bulk
     batches) skip locked rows for their own reasons and are not counted."""
     counts: dict[str, int] = {}
     for path in sorted(sql_dir.rglob("*.sql")):
         text = path.read_text(encoding="utf-8")
-        for block in re.split(r"^(?=--\s*name:)", text, flags=re.MULTILINE):
-            named = re.match(r"--\s*name:\s*(\S+)", block)
+        for block in re.split(r"^(?=--\s*(?:name|template):)", text, flags=re.MULTILINE):
+            named = re.match(r"--\s*(?:name|template):\s*(\S+)", block)
             if named is None or "claim" not in named.group(1):
                 continue
             code = re.sub(r"/\*.*?\*/", "", re.sub(r"--[^\n]*", "", block), flags=re.DOTALL)
@@ -413,6 +414,16 @@ def test_the_claims_skip_locked_is_counted_outside_comments(tmp_path: Path) -> N
     assert claim_skip_locked(sql) == {"queries.sql:job_claim": 1}
     (sql / "more.sql").write_text(
         "-- name: job_finish_and_claim\nSELECT id FROM job FOR UPDATE\n    skip  locked;\n"
+    )
+    assert claim_skip_locked(sql) == {
+        "more.sql:job_finish_and_claim": 1,
+        "queries.sql:job_claim": 1,
+    }
+    # A template the loader expands into variants counts once, as the one text it is.
+    (sql / "more.sql").write_text(
+        "-- template: job_finish_and_claim\n-- variant: job_finish_and_claim\n"
+        "-- variant: job_finish_and_claim_queues: queues\n"
+        "SELECT id FROM job FOR NO KEY UPDATE{if queues: OF job} SKIP LOCKED;\n"
     )
     assert claim_skip_locked(sql) == {
         "more.sql:job_finish_and_claim": 1,

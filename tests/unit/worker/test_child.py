@@ -1,14 +1,14 @@
-"""The claim rows read by name (brooq.worker.child.claim_row)."""
+"""The claim rows read by name (brooq.worker.roundtrip.claim_row)."""
 
 from __future__ import annotations
 
 import re
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
+from brooq.sql import Q
 from brooq.worker.roundtrip import ClaimRow, claim_row
 
 # -- the claim rows, by name -----------------------------------------------------------------
@@ -16,10 +16,8 @@ from brooq.worker.roundtrip import ClaimRow, claim_row
 
 def test_the_claim_row_fields_are_the_columns_of_the_claim_statement() -> None:
     """ClaimRow names the columns of each claim statement's result, in order."""
-    sql = (Path(__file__).parents[3] / "brooq" / "sql" / "queries.sql").read_text()
-    for name in ("", "_queues", "_limited"):
-        statement = sql.split(f"-- name: job_finish_and_claim{name}\n", 1)[1]
-        statement = statement.split("-- name:", 1)[0]
+    for name in ("", "_queues", "_limited", "_results", "_queues_results", "_limited_results"):
+        statement = getattr(Q, f"job_finish_and_claim{name}")
         select = re.search(r"^SELECT true AS claimed, (.*?)\nFROM", statement, re.M | re.S)
         assert select is not None, name
         columns = ["claimed"] + [c.strip() for c in select.group(1).split(",")]

@@ -1,0 +1,90 @@
+"""The migration files of migrations/: finding them, reading and checking each, and
+splitting a no-transaction part into its statements.
+
+A file is ``NNNN_name.sql`` with one ``-- migrate:up`` part then one ``-- migrate:down``
+part, both non-empty; ``-- migrate:no-transaction`` before the up part marks a file run
+statement by statement (brooq.migrate says why and how), which may then hold no ``$$``
+body. Versions run 1, 2, 3, ... without gaps.
+
+Owns: ``Migration`` (one file, read), ``load``, ``migrations_dir`` and ``statements``.
+Must never: touch a database (brooq.migrate applies what this reads).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from brooq.errors import MigrationError
+
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_UP = "-- migrate:up"
+_DOWN = "-- migrate:down"
+_NO_TRANSACTION = "-- migrate:no-transaction"
+# A statement of a no-transaction file ends with ";" at the end of a line.
+_STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
+_INDEX_NAME = re.compile(
+    r"\bINDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+(?:NOT\s+)?EXISTS\s+)?([a-z_][a-z0-9_]*)",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    up: str
+    down: str
+    # False: run statement by statement in autocommit (the no-transaction marker).
+    transactional: bool = True
+
+    def indexes(self) -> list[str]:
+        """The index names the file's statements create or drop."""
+        return sorted(set(_INDEX_NAME.findall(self.up + "\n" + self.down)))
+
+
+def statements(text: str) -> list[str]:
+    """A no-transaction part, split at every ``;`` ending a line; comment-only pieces go."""
+    pieces = (piece.strip() for piece in _STATEMENT_END.split(text))
+    return [
+        piece
+        for piece in pieces
+        if any(line.strip() and not line.strip().startswith("--") for line in piece.splitlines())
+    ]
+
+
+def migrations_dir() -> Path:
+    """migrations/ inside the installed package, or at the root of a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "migrations", here.parent / "migrations"):
+        if candidate.is_dir() and any(candidate.glob("*.sql")):
+            return candidate
+    raise MigrationError(f"no migrations directory found next to {here}")
+
+
+def load(directory: Path | None = None) -> list[Migration]:
+    directory = directory or migrations_dir()
+    found: list[Migration] = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _FILE.match(path.name)
+        if not match:
+            raise MigrationError(f"{path.name}: expected NNNN_name.sql")
+        text = path.read_text(encoding="utf-8")
+        if text.count(_UP) != 1 or text.count(_DOWN) != 1 or text.index(_UP) > text.index(_DOWN):
+            raise MigrationError(f"{path.name}: needs one '{_UP}' then one '{_DOWN}' section")
+        up = text[text.index(_UP) + len(_UP) : text.index(_DOWN)].strip()
+        down = text[text.index(_DOWN) + len(_DOWN) :].strip()
+        if not up or not down:
+            raise MigrationError(f"{path.name}: the up and the down part must not be empty")
+        transactional = _NO_TRANSACTION not in text[: text.index(_UP)]
+        if not transactional and "$$" in text:
+            raise MigrationError(
+                f"{path.name}: a '{_NO_TRANSACTION}' file may not hold a $$ body (its "
+                "statements are split at ';'); put functions in a transactional file"
+            )
+        found.append(Migration(int(match.group(1)), match.group(2), up, down, transactional))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"migration versions must run 1, 2, 3, ... without gaps: {versions}")
+    return found

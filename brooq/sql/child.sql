@@ -1,0 +1,208 @@
+-- What a worker child runs: the claim round trip (one template, six variants), the
+-- outcomes it writes and the jobs it gives back.
+
+-- template: job_finish_and_claim
+-- variant: job_finish_and_claim
+-- variant: job_finish_and_claim_queues: queues
+-- variant: job_finish_and_claim_limited: queues, limited
+-- variant: job_finish_and_claim_results: results
+-- variant: job_finish_and_claim_queues_results: queues, results
+-- variant: job_finish_and_claim_limited_results: queues, limited, results
+-- The hot path, one round trip: write `done` for the jobs this worker finished and claim
+-- up to `limit` ready jobs of the given topics, higher priority first, then FIFO by
+-- (available_at, id), and no more than a fair share among `children` workers.
+-- The limit may be 0 (only write) and the done list empty (only claim). Finished rows
+-- come back with claimed = false, claimed rows with claimed = true (the caller sorts
+-- them). The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
+-- the rows it returns through a materialized CTE with LIMIT, run once (an "id IN
+-- (subquery)" form may lock more: PostgreSQL bug #15715), and charges the attempt
+-- (the attempt is charged at claim: attempts counts the times a job was claimed).
+-- Paused queues are left out by the child (queue_paused_names, read at most
+-- poll_interval apart), not checked here: a probe of brooq_queue in every claim cost
+-- 2 percent of the statement, for a table that changes a few times a year.
+-- job_finish_and_claim works one queue (every deployment that names no queues); the
+-- variants: _queues several queues in a chosen order, _limited a topic under
+-- global_limit besides, _results stores what the handlers returned.
+WITH finished AS (
+--#if results
+    -- `results` holds, for each id of `done`, its result as JSON text or NULL. Only
+    -- round trips with a result pay for it (the array lookup cost 1 us per job,
+    -- docs/decisions.md).
+    UPDATE {job} SET state = 'done', updated_at = now(),
+        result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
+--#else
+    UPDATE {job} SET state = 'done', updated_at = now()
+--#end
+    WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    RETURNING id
+),
+--#if limited
+-- First at most one job of the topic under global_limit (`limited`, its cap `cap`),
+-- through brooq_claim_limited (migration 0004), which holds the fleet to the cap; then
+-- the other topics (`topics` never holds a limited one) for what is left of `limit`. One
+-- limited topic per statement, so one advisory lock per transaction: no lock order to
+-- get wrong. Only a master with a limited topic runs this; the others pay nothing for
+-- the feature.
+limited AS MATERIALIZED (
+    SELECT c.id, c.topic, c.payload, c.attempts, c.locked_by, c.locked_until,
+           c.available_at, c.queue, c.priority
+    FROM {brooq_claim_limited}(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
+                             %(worker)s, %(lease)s, least(%(limit)s, 1)) AS c
+),
+--#end
+next AS MATERIALIZED (
+--#if queues
+    -- The queues are tried in the order of the `queues` array (the child's weighted round
+    -- robin puts a different queue first from round to round): a queue with fewer ready
+    -- rows than the limit spills into the next. A subquery with FOR UPDATE is never
+    -- flattened and its lateral reference makes a nested loop over the array, whose rows
+    -- come in array order; inside, LockRows sits under the inner LIMIT (skipped rows do
+    -- not count) and the outer LIMIT pulls row by row, so the rows locked are the rows
+    -- returned. The inner LIMIT is required: without it the generic plan sorted every
+    -- ready row (docs/decisions.md).
+    SELECT j.id
+    FROM unnest(%(queues)b::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT job.id
+        FROM {job}
+        WHERE job.queue = q.name
+          AND job.state IN ('pending', 'failed')
+          AND job.available_at <= now()
+          AND job.topic = ANY(%(topics)b::text[])
+        ORDER BY job.priority DESC, job.available_at, job.id
+        LIMIT %(limit)s
+--#else
+    SELECT id
+    FROM {job}
+    WHERE queue = %(queue)s
+      AND state IN ('pending', 'failed')
+      AND available_at <= now()
+      AND topic = ANY(%(topics)b::text[])
+    ORDER BY priority DESC, available_at, id
+    -- At most a fair share of what is ready, so that at the end of a burst one child
+    -- does not take the last jobs as a batch while its siblings find none. The count
+    -- stops at what could matter (limit x children rows) and locks nothing.
+    LIMIT least(%(limit)s, (
+        SELECT (count(*) + %(children)s - 1) / %(children)s
+        FROM (
+            SELECT 1 FROM {job}
+            WHERE queue = %(queue)s
+              AND state IN ('pending', 'failed')
+              AND available_at <= now()
+              AND topic = ANY(%(topics)b::text[])
+            ORDER BY priority DESC, available_at, id  -- the ready index, only as far as needed
+            LIMIT %(limit)s * %(children)s
+        ) AS ready
+    ))
+--#end
+    -- The lock: the last clause of `next` for one queue, of the lateral subquery for several.
+    FOR NO KEY UPDATE{if queues: OF job} SKIP LOCKED
+--#if queues
+    ) AS j
+    -- At most a fair share of what is ready, as for one queue, the count over the queues.
+--#if limited
+    LIMIT least(%(limit)s - (SELECT count(*) FROM limited), (
+--#else
+    LIMIT least(%(limit)s, (
+--#end
+        SELECT (count(*) + %(children)s - 1) / %(children)s
+        FROM (
+            SELECT FROM unnest(%(queues)b::text[]) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT FROM {job}
+                WHERE job.queue = q.name
+                  AND job.state IN ('pending', 'failed')
+                  AND job.available_at <= now()
+                  AND job.topic = ANY(%(topics)b::text[])
+                ORDER BY job.priority DESC, job.available_at, job.id
+                LIMIT %(limit)s * %(children)s
+            ) AS r
+            LIMIT %(limit)s * %(children)s
+        ) AS ready
+    ))
+--#end
+),
+claimed AS (
+    UPDATE {job}
+    SET state = 'processing',
+        attempts = job.attempts + 1,
+        locked_by = %(worker)s,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        updated_at = now()
+    -- By primary key whatever the planner guesses of the LIMIT above (a join here
+    -- may become a hash join over the whole table in a generic plan).
+    WHERE job.id = ANY(ARRAY(SELECT id FROM next))
+    RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by, job.locked_until,
+              job.available_at, job.queue, job.priority
+)
+SELECT true AS claimed, id, topic, payload, attempts, locked_by, locked_until, available_at,
+       queue, priority
+--#if limited
+FROM limited
+UNION ALL
+SELECT true, id, topic, payload, attempts, locked_by, locked_until, available_at, queue,
+       priority
+--#end
+FROM claimed
+UNION ALL
+SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
+       NULL::timestamptz, NULL::text, NULL::smallint
+FROM finished
+
+-- name: queue_paused_names
+-- Which of the given queues are paused: a child reads it at most poll_interval apart
+-- and leaves those out of its claims, so a pause holds fleet-wide within poll_interval.
+SELECT name FROM {brooq_queue} WHERE paused AND name = ANY(%(queues)s::text[])
+
+-- name: job_release_ids
+-- A worker gives back jobs it claimed but will not run (drain, a long job in a batch;
+-- the master does it for a child whose job runs long): pending, the attempt refunded.
+-- available_at stays (it is in the past), so the jobs are claimable at once and keep
+-- their place in the FIFO order.
+UPDATE {job}
+SET state = 'pending', attempts = greatest(attempts - 1, 0),
+    locked_by = NULL, locked_until = NULL, updated_at = now()
+WHERE id = ANY(%(ids)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+RETURNING id
+
+-- name: job_set_done
+-- `done` with chained jobs or on_success hooks, in their transaction; `result` is what
+-- the handler returned as JSON text, or NULL.
+UPDATE {job} SET state = 'done', result = %(result)s::jsonb, updated_at = now()
+WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+
+-- name: session_planner_defaults
+-- The children's connections run without bitmap scans and with generic plans
+-- (brooq/worker/connection.py says why); the application's on_success writes, in the
+-- same transaction, get the planner's defaults back.
+SELECT set_config('enable_bitmapscan', 'on', true), set_config('plan_cache_mode', 'auto', true)
+
+-- name: job_set_failed
+-- A failed attempt: dead when the attempts are used up, else failed until the backoff
+-- has passed. The refund flag gives the attempt back (PreserveAttempt), which never leads to dead.
+-- The error history gets one entry in the same UPDATE: appended, then the last 20 kept
+-- (a lax jsonpath range is clamped, so a shorter history stays whole), oldest first. In
+-- SET, job.attempts is the value before this UPDATE: this attempt's number, charged at
+-- claim (a refunded attempt's number comes again). history_error is the error bounded
+-- to 1,000 characters (last_error keeps 2,000).
+UPDATE {job}
+SET state = CASE
+        WHEN NOT %(refund)s AND attempts >= %(max_attempts)s THEN 'dead'
+        ELSE 'failed'
+    END,
+    attempts = CASE WHEN %(refund)s THEN greatest(attempts - 1, 0) ELSE attempts END,
+    available_at = now() + make_interval(secs => %(delay)s),
+    last_error = %(error)s,
+    errors = jsonb_path_query_array(
+        coalesce(job.errors, '[]'::jsonb)
+            || jsonb_build_object('attempt', job.attempts, 'at', now(),
+                                  'error', %(history_error)s::text,
+                                  'worker', %(worker)s::text),
+        '$[last - 19 to last]'),
+    updated_at = now()
+WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+RETURNING state
+
+-- name: job_set_canceled
+UPDATE {job} SET state = 'canceled', last_error = %(error)s, updated_at = now()
+WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s

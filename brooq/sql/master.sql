@@ -1,0 +1,228 @@
+-- What brooq-master runs besides its children: lease renewal, the reaper, retention,
+-- vacuum, periodic jobs, the answers to stack requests and the wake-up channel.
+
+-- name: job_release_suspects
+-- An async child died with several jobs in flight and nobody to blame (a crash, a loop
+-- blocked by C code): each goes back with the attempt refunded and counts a lease expiry,
+-- the reaper's bound for a job that takes its worker down (the one that reaches
+-- %(max_expiries)s makes it dead, with the reason, as job_reap_expired words it).
+UPDATE {job}
+SET state = CASE WHEN lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELSE 'pending' END,
+    attempts = CASE
+        WHEN lease_expiries + 1 >= %(max_expiries)s THEN attempts
+        ELSE greatest(attempts - 1, 0)
+    END,
+    lease_expiries = lease_expiries + 1,
+    last_error = CASE
+        WHEN lease_expiries + 1 >= %(max_expiries)s
+        THEN 'its worker died with it in flight ' || (lease_expiries + 1)::text
+             || ' times: ' || %(cause)s
+        ELSE last_error
+    END,
+    errors = jsonb_path_query_array(
+        coalesce(errors, '[]'::jsonb)
+            || jsonb_build_object(
+                'attempt', attempts, 'at', now(),
+                'error', 'in flight when its worker died (' || (lease_expiries + 1)::text
+                    || ' of ' || %(max_expiries)s::text || '): ' || %(cause)s,
+                'worker', locked_by),
+        '$[last - 19 to last]'),
+    locked_by = NULL, locked_until = NULL, updated_at = now()
+WHERE id = ANY(%(ids)s::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+RETURNING id, topic, state
+
+-- name: job_get_held
+-- The job a dead worker was running, if it still holds it.
+SELECT id, topic, attempts FROM {job}
+WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+
+-- name: job_release
+-- Give jobs back without spending the attempt (drain budget exceeded, immediate stop, a
+-- stalled child killed): pending and claimable at once, in their old place in the FIFO
+-- order. A row locked by someone else is skipped, never waited for: the master's loop
+-- runs this, and the lock may belong to the killed child's own backend, itself hung in
+-- the middle of a statement. Such a row keeps its lease, which nobody renews any more:
+-- the reaper returns it when the lease expires.
+WITH held AS (
+    SELECT id FROM {job}
+    WHERE state = 'processing' AND locked_by = ANY(%(workers)b::text[])
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE {job}
+SET state = 'pending', attempts = greatest(job.attempts - 1, 0),
+    locked_by = NULL, locked_until = NULL, updated_at = now()
+FROM held
+WHERE job.id = held.id AND job.state = 'processing'
+  AND job.locked_by = ANY(%(workers)b::text[])
+RETURNING job.id, job.topic
+
+-- name: job_renew_leases
+-- One statement renews every in-flight job of this master, each guarded by its own
+-- holder. A job missing from the result has been canceled, reaped or taken over.
+-- A row locked by another transaction is never waited for: most often it is the
+-- child's own outcome transaction (an on_success hook may run for long), and waiting
+-- would freeze the master's loop and every row this statement had locked already.
+-- Such a row still counts as held when this statement's snapshot says so; it is
+-- renewed, or found lost, on the next pass.
+WITH held AS (
+    SELECT job.id
+    FROM {job}
+    JOIN unnest(%(ids)b::uuid[], %(workers)b::text[]) AS h(id, worker)
+      ON job.id = h.id AND job.locked_by = h.worker
+    WHERE job.state = 'processing'
+), lockable AS (
+    SELECT job.id
+    FROM {job}
+    JOIN unnest(%(ids)b::uuid[], %(workers)b::text[]) AS h(id, worker)
+      ON job.id = h.id AND job.locked_by = h.worker
+    WHERE job.state = 'processing'
+    FOR NO KEY UPDATE OF job SKIP LOCKED
+), renewed AS (
+    UPDATE {job}
+    SET locked_until = now() + make_interval(secs => %(lease)s)
+    FROM lockable
+    WHERE job.id = lockable.id
+    RETURNING job.id
+)
+SELECT id FROM renewed
+UNION
+SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
+
+-- name: job_reap_expired
+-- Expired leases go back to pending with the attempt charged at claim refunded: an expired
+-- lease is a crash, not a recorded failure, and never brings a job closer to dead through
+-- max_attempts. What bounds a job that takes its whole host down each time is its count
+-- of expiries: the one that reaches %(max_expiries)s makes it dead, with the reason.
+-- The state check is made again on the locked row, so an outcome committed meanwhile
+-- survives, and several masters may run this at once. A locked row is skipped, not
+-- waited for: someone (its holder's outcome transaction, often) is writing it; if it is
+-- still expired afterwards, the next pass takes it.
+WITH expired AS (
+    SELECT id
+    FROM {job}
+    WHERE state = 'processing' AND locked_until < now()
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE {job}
+SET state = CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELSE 'pending' END,
+    attempts = CASE
+        WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN job.attempts
+        ELSE greatest(job.attempts - 1, 0)
+    END,
+    lease_expiries = job.lease_expiries + 1,
+    last_error = CASE
+        WHEN job.lease_expiries + 1 >= %(max_expiries)s
+        THEN 'lease expired ' || (job.lease_expiries + 1)::text
+             || ' times: the workers running it vanished (host lost or frozen?)'
+        ELSE job.last_error
+    END,
+    -- Each expiry appends to the error history (job_set_failed's expression; here, after
+    -- the UPDATE keyword, so that pg_stat_activity's first 1 kB still shows it): attempt
+    -- is the attempt charged at claim, worker the holder whose lease ran out (in SET,
+    -- job.locked_by is still the old value). The attempt is refunded, so the next claim
+    -- charges the same number again: the history then shows that attempt number twice.
+    errors = jsonb_path_query_array(
+        coalesce(job.errors, '[]'::jsonb)
+            || jsonb_build_object(
+                'attempt', job.attempts, 'at', now(),
+                'error', 'lease expired (' || (job.lease_expiries + 1)::text || ' of '
+                    || %(max_expiries)s::text || '): '
+                    || CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s
+                            THEN 'dead, the workers running it vanished (host lost or frozen?)'
+                            ELSE 'back to pending, the attempt refunded'
+                       END,
+                'worker', job.locked_by),
+        '$[last - 19 to last]'),
+    locked_by = NULL, locked_until = NULL,
+    available_at = now(), updated_at = now()
+FROM expired
+WHERE job.id = expired.id AND job.state = 'processing' AND job.locked_until < now()
+RETURNING job.id, job.topic, job.state, job.lease_expiries
+
+-- name: job_delete_expired
+-- Retention: one batch of terminal rows older than the TTL, oldest first. SKIP LOCKED
+-- lets several masters delete different rows instead of waiting for each other.
+DELETE FROM {job}
+WHERE id IN (
+    SELECT id FROM {job}
+    WHERE state IN ('done', 'dead', 'canceled')
+      AND updated_at < now() - make_interval(secs => %(ttl)s)
+    ORDER BY updated_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING topic
+
+-- name: job_table_health
+-- The job table's upkeep, for the master's gauges: dead tuples (the statistics
+-- collector's estimate: what vacuum has yet to reclaim; a queue's claims and outcomes
+-- leave two per job) and the age of its oldest unfrozen transaction ID (autovacuum must
+-- freeze before autovacuum_freeze_max_age, 200 million by default; wraparound stops
+-- writes at about 2 billion). Catalog reads only, whatever the table's size.
+SELECT coalesce(s.n_dead_tup, 0)::float8 AS dead_tuples,
+       age(c.relfrozenxid)::float8 AS xid_age
+FROM pg_class AS c
+LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
+WHERE c.oid = {job:name}::regclass
+
+-- name: job_vacuum
+-- The master's own VACUUM (brooq/supervisor/vacuum.py), past QUEUE_VACUUM_DEAD_TUPLES:
+-- it removes the entries claimed jobs left at the front of the ready index, which every
+-- claim walks until a vacuum. SKIP_LOCKED: autovacuum or another master at it already ->
+-- returns at once. INDEX_CLEANUP ON: AUTO would skip the indexes when few pages hold dead
+-- tuples. Sent without waiting; outside a transaction (VACUUM must be).
+VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) {job}
+
+-- name: listen_jobs
+LISTEN brooq_job
+
+-- name: periodic_claim
+-- A master claims a schedule's tick: the row moves forward only, so of N masters one gets
+-- the claim (it won the tick and enqueues its job in the same transaction); the others,
+-- and a master whose clock is behind (an older tick), do not. The database's clock is the
+-- judge of the future: a tick later than now() + `tolerance` seconds (a master whose clock
+-- runs ahead) is refused, and a stored last_tick that far ahead (left by such a master
+-- before this rule, or by a database clock set back) blocks nothing: a present tick
+-- replaces it. One row always: `name` is NULL unless the tick was claimed; `first`: the
+-- row is new (xmax is 0 only for a row this statement inserted), i.e. the schedule was
+-- never claimed before; `db_now`: the database's clock, for the master's skew.
+WITH clock AS (
+    SELECT now() AS db_now, now() + make_interval(secs => %(tolerance)s) AS latest
+), claimed AS (
+    INSERT INTO {brooq_periodic} (name, last_tick)
+    SELECT %(name)s::text, %(tick)s::timestamptz FROM clock
+    WHERE %(tick)s::timestamptz <= clock.latest
+    ON CONFLICT (name) DO UPDATE SET last_tick = EXCLUDED.last_tick, updated_at = now()
+    WHERE brooq_periodic.last_tick < EXCLUDED.last_tick
+       OR brooq_periodic.last_tick > now() + make_interval(secs => %(tolerance)s)
+    RETURNING name, (xmax = 0) AS first
+)
+SELECT claimed.name, claimed.first, clock.db_now FROM clock LEFT JOIN claimed ON true
+
+-- name: periodic_set_job
+-- The job the winner of a tick enqueued, in the claim's transaction.
+UPDATE {brooq_periodic} SET last_job = %(job)s WHERE name = %(name)s
+
+-- name: listen_stack_requests
+LISTEN brooq_stack
+
+-- name: stack_answer
+-- The master answers every open request for the job (one per command waiting) and wakes
+-- the commands; a request already answered is left alone. The payload is the job id (a
+-- uuid, unique across the schemas of a database; a request id is not).
+WITH answered AS (
+    UPDATE {brooq_stack_request}
+    SET answered_at = now(), worker = %(worker)s, stack = %(stack)s
+    WHERE job_id = %(job_id)s AND answered_at IS NULL
+    RETURNING id
+)
+SELECT count(*) FROM (SELECT pg_notify('brooq_stack_answer', %(job_id)s::text) FROM answered) AS n
+
+-- name: stack_requests_expire
+-- Requests older than an hour (their command died before taking them).
+DELETE FROM {brooq_stack_request} WHERE requested_at < now() - interval '1 hour'
+
+-- The status page (brooq/web). Every page reads in one read-only REPEATABLE
+-- READ transaction (one snapshot: the figures of a page agree with each other) under a
+-- transaction-local statement_timeout, and every list is bounded by a LIMIT. Big lists
+-- page by keyset (updated_at, id), never by OFFSET: page 1,000 costs what page 1 costs.

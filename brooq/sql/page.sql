@@ -1,0 +1,173 @@
+-- The status page's reads (brooq.web.reads): read-only, under a statement timeout.
+
+-- name: web_begin_read_only
+-- The first statement of a page's transaction (it must precede any query).
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY
+
+-- name: web_statement_timeout
+-- set_config(..., true) is SET LOCAL with a bound value: it ends with the transaction, so
+-- a connection shared with other work keeps its own settings. Custom plans only: psycopg
+-- prepares a statement run five times on a connection, and PostgreSQL's generic plan for
+-- the overview's statements (a LIMIT and state flags as parameters) reads far more than
+-- the plan made for the values (1,000,000 jobs: 700 ms against 60 ms from the sixth
+-- render on); planning them costs well under a millisecond.
+SELECT set_config('statement_timeout', %(timeout)s, true),
+       set_config('plan_cache_mode', 'force_custom_plan', true)
+
+-- name: web_table_pages
+-- The job table's size in pages (of its main fork: the file's size, not a statistic),
+-- for the overview's sample: it reads about the same number of pages however large the
+-- table grows.
+SELECT coalesce(pg_relation_size(to_regclass({job:name})), 0)
+           / current_setting('block_size')::int AS pages
+
+-- name: web_overview_page
+-- One page of the overview's sample (docs/status-page.md, "Exact up to a size, estimated
+-- above"): the active and dead jobs of block `lo` (a TID range, read as one page by a
+-- Tid Range Scan), per state, queue and topic. reads.overview sends one per sampled
+-- page, pipelined: a LATERAL join over the blocks is planned as a scan of the whole
+-- table per block (PostgreSQL parameterises no TID range by an outer column).
+SELECT state, queue, topic, count(*) AS jobs,
+       count(*) FILTER (WHERE available_at <= now()) AS ready,
+       min(available_at) FILTER (
+           WHERE state IN ('pending', 'failed') AND available_at <= now()) AS oldest_ready_at
+FROM {job}
+WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid
+  AND state IN ('pending', 'failed', 'processing', 'dead')
+GROUP BY state, queue, topic
+
+-- name: web_ready_queue_names
+-- The queues holding pending or failed jobs, by a loose scan of job_ready_queue_idx (one
+-- index probe per queue, however many jobs each holds), so that the overview can count
+-- the small queues beside an estimated backlog exactly instead of missing them.
+WITH RECURSIVE q AS (
+    (SELECT queue FROM {job} WHERE state IN ('pending', 'failed') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {job} j
+            WHERE j.state IN ('pending', 'failed') AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM q WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL LIMIT %(limit)s
+
+-- name: web_overview_queues_exact
+-- The pending and failed jobs of the queues given, exactly, per state, queue and topic,
+-- through job_ready_queue_idx; at most `cap` + 1 rows (state_jobs above `cap`: cut
+-- short, not to be shown).
+SELECT state, queue, topic, count(*) AS jobs,
+       count(*) FILTER (WHERE available_at <= now()) AS ready,
+       min(available_at) FILTER (WHERE available_at <= now()) AS oldest_ready_at,
+       sum(count(*)) OVER () AS state_jobs
+FROM (
+    SELECT state, queue, topic, available_at FROM {job}
+    WHERE state IN ('pending', 'failed') AND queue = ANY(%(queues)s::text[])
+    LIMIT %(cap)s + 1
+) AS r
+GROUP BY state, queue, topic
+
+-- name: web_overview_exact
+-- The overview's exact figures, per state, queue and topic, of the states asked for (a
+-- false flag: that state is not read at all, a one-time filter). Each state's rows come
+-- through its partial index (job_ready_queue_idx or job_ready_idx for pending and failed,
+-- job_processing_lease_idx, job_failed_dead_idx of migration 0008), never the done and
+-- canceled history, and at most `cap` + 1 of them: `state_jobs` above `cap` means that
+-- state was cut short and its figures are not to be shown (the sample's stand instead),
+-- so this statement reads at most four times `cap` rows however large the backlog.
+-- jobs = the group's rows in that state; ready = those due now (pending and failed); the
+-- first `groups` groups of each state (by queue, topic), state_jobs counting them all.
+WITH pending AS (
+    SELECT queue, topic, available_at FROM {job}
+    WHERE state = 'pending' AND %(pending)s LIMIT %(cap)s + 1
+), failed AS (
+    SELECT queue, topic, available_at FROM {job}
+    WHERE state = 'failed' AND %(failed)s LIMIT %(cap)s + 1
+), processing AS (
+    SELECT queue, topic FROM {job}
+    WHERE state = 'processing' AND %(processing)s LIMIT %(cap)s + 1
+), dead AS (
+    SELECT queue, topic FROM {job}
+    WHERE state = 'dead' AND %(dead)s LIMIT %(cap)s + 1
+)
+(SELECT 'pending' AS state, queue, topic, count(*) AS jobs,
+        count(*) FILTER (WHERE available_at <= now()) AS ready,
+        min(available_at) FILTER (WHERE available_at <= now()) AS oldest_ready_at,
+        sum(count(*)) OVER () AS state_jobs
+ FROM pending GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
+UNION ALL
+(SELECT 'failed', queue, topic, count(*), count(*) FILTER (WHERE available_at <= now()),
+        min(available_at) FILTER (WHERE available_at <= now()), sum(count(*)) OVER ()
+ FROM failed GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
+UNION ALL
+(SELECT 'processing', queue, topic, count(*), 0, NULL, sum(count(*)) OVER ()
+ FROM processing GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
+UNION ALL
+(SELECT 'dead', queue, topic, count(*), 0, NULL, sum(count(*)) OVER ()
+ FROM dead GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
+
+-- name: web_now
+-- The snapshot's clock, for the chart's minutes and the ages shown.
+SELECT now() AS now, date_trunc('minute', now()) AS minute
+
+-- name: web_paused_queues
+SELECT name, updated_at FROM {brooq_queue} WHERE paused ORDER BY name LIMIT %(limit)s
+
+-- name: web_done_per_minute
+-- Jobs written done in each minute of the last hour (minutes without any are missing;
+-- the page fills them with 0). Through job_terminal_updated_idx (state = 'done' implies
+-- its predicate), at most `cap` + 1 rows: more (a sum above `cap`) and the page shows
+-- web_done_per_minute_sample's estimate instead.
+SELECT date_trunc('minute', updated_at) AS minute, count(*) AS jobs
+FROM (
+    SELECT updated_at FROM {job}
+    WHERE state = 'done'
+      AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
+    LIMIT %(cap)s + 1
+) AS done
+GROUP BY 1
+ORDER BY 1
+
+-- name: web_done_per_minute_sample
+-- The same, in `percent` per cent of the table's pages picked by TABLESAMPLE SYSTEM (the
+-- number of pages it reads varies by a few per cent; a chart needs no more): a
+-- throughput of more than `cap` jobs an hour is charted from a sample.
+SELECT date_trunc('minute', updated_at) AS minute, count(*) AS jobs
+FROM {job} TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
+WHERE state = 'done'
+  AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
+GROUP BY 1
+ORDER BY 1
+
+-- name: web_in_flight
+-- Jobs in state processing, longest running first (updated_at is the claim: lease
+-- renewal leaves it alone), one page after the cursor (after_at, after_id), or the first
+-- page from a cursor before every row ('-infinity', the nil UUID): one condition, never
+-- an OR, so the row comparison stays an index condition. limit is the page size plus one
+-- (is there a next page?).
+SELECT id, topic, queue, attempts, locked_by, updated_at,
+       extract(epoch FROM now() - updated_at)::float8 AS running_for,
+       extract(epoch FROM locked_until - now())::float8 AS lease_left
+FROM {job}
+WHERE state = 'processing'
+  AND (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+ORDER BY updated_at, id
+LIMIT %(limit)s
+
+-- name: web_finished_badly
+-- Failed (waiting for a retry) or dead jobs, newest first, one page before the cursor
+-- (after_at, after_id); the first page from a cursor after every row ('infinity', the
+-- max UUID). Through job_failed_dead_idx (migration 0008), (state, updated_at DESC, id
+-- DESC): a page reads its 51 entries wherever the cursor is. The last error is cut to `error_chars` characters here, so a page never
+-- carries megabytes of tracebacks.
+SELECT id, topic, queue, state, attempts, updated_at, available_at,
+       left(last_error, %(error_chars)s) AS last_error,
+       length(last_error) AS last_error_length,
+       coalesce(jsonb_array_length(errors), 0) AS errors_count
+FROM {job}
+WHERE state = %(state)s::text
+  AND (updated_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
+ORDER BY updated_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: web_job_get
+-- One job, every column whatever migrations added (the page lists them in table order).
+SELECT * FROM {job} WHERE id = %(id)s

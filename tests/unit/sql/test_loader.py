@@ -1,0 +1,136 @@
+"""The statement loader of brooq/sql: templates expanded into their variants, a name
+defined twice refused, and the claim template's six variants held to what each is for.
+No database."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from brooq.sql import Q, expand, load, parse
+
+TEMPLATE = """
+-- variant: pick
+-- variant: pick_many: many
+-- variant: pick_many_locked: many, locked
+-- always
+SELECT id
+--#if many
+FROM unnest(%(ids)s) AS i(id)
+--#if not locked
+WHERE true
+--#else
+FOR UPDATE{if locked: OF i} SKIP LOCKED
+--#end
+--#else
+FROM one
+--#end
+"""
+
+
+def test_a_template_expands_into_its_variants() -> None:
+    assert expand("pick", TEMPLATE) == {
+        "pick": "-- always\nSELECT id\nFROM one",
+        "pick_many": "-- always\nSELECT id\nFROM unnest(%(ids)s) AS i(id)\nWHERE true",
+        "pick_many_locked": (
+            "-- always\nSELECT id\nFROM unnest(%(ids)s) AS i(id)\nFOR UPDATE OF i SKIP LOCKED"
+        ),
+    }
+
+
+def test_a_file_holds_statements_and_templates() -> None:
+    text = f"-- name: one_get\nSELECT 1\n\n-- template: pick\n{TEMPLATE}\n"
+    text += "-- name: two_get\nSELECT 2\n"
+    names = ["one_get", "pick", "pick_many", "pick_many_locked", "two_get"]
+    assert sorted(parse(text, "x.sql")) == names
+    assert parse(text, "x.sql")["two_get"] == "SELECT 2"
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("SELECT 1", "declares no variant"),
+        ("-- variant: a: x\n--#if y\nSELECT 1\n--#end", "tests 'y', a flag no variant has"),
+        ("-- variant: a: x\n--#if x\nSELECT 1", "an --#if without its --#end"),
+        ("-- variant: a: x\nSELECT 1\n--#end", "misplaced or malformed '--#end'"),
+        ("-- variant: a: x\n--#elif x\nSELECT 1", "malformed '--#elif x'"),
+        ("-- variant: a: x\nSELECT {if z: 1}", "tests 'z', a flag no variant has"),
+    ],
+)
+def test_a_malformed_template_is_refused(body: str, error: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(error)):
+        expand("t", body)
+
+
+def test_a_directive_outside_a_template_is_refused() -> None:
+    with pytest.raises(ValueError, match="statement 'a_get' holds a template directive"):
+        parse("-- name: a_get\n--#if x\nSELECT 1\n--#end\n", "x.sql")
+
+
+def test_a_name_defined_twice_is_refused_naming_both_files(tmp_path: Path) -> None:
+    (tmp_path / "a.sql").write_text("-- name: job_get\nSELECT 1\n")
+    (tmp_path / "b.sql").write_text("-- template: pick\n-- variant: job_get\nSELECT 2\n")
+    with pytest.raises(ValueError, match=r"'job_get' is defined twice: in a\.sql and in b\.sql"):
+        load(tmp_path)
+    (tmp_path / "b.sql").write_text("-- name: job_get\nSELECT 1\n-- name: job_get\nSELECT 2\n")
+    with pytest.raises(ValueError, match=r"b\.sql: query 'job_get' is defined twice"):
+        load(tmp_path)
+
+
+SQL_DIR = Path(__file__).parents[3] / "brooq" / "sql"
+FINISHED = re.compile(r"WITH finished AS \(.*? RETURNING id \), ")
+LOCK = re.compile(r"FOR NO KEY UPDATE (OF job )?SKIP LOCKED")
+BASES = ("job_finish_and_claim", "job_finish_and_claim_queues", "job_finish_and_claim_limited")
+
+
+def _sql(text: str) -> str:
+    """The statement without its comments, its whitespace folded."""
+    return " ".join(re.sub(r"--[^\n]*", "", text).split())
+
+
+def test_the_claim_is_written_once() -> None:
+    written = "".join(p.read_text() for p in sorted(SQL_DIR.glob("*.sql")))
+    assert written.count("FOR NO KEY UPDATE{if queues: OF job} SKIP LOCKED") == 1
+    assert "-- name: job_finish_and_claim" not in written
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_each_results_variant_is_its_base_but_the_finished_cte(base: str) -> None:
+    """The _results variants store what handlers returned and differ in nothing else."""
+    plain, with_results = _sql(getattr(Q, base)), _sql(getattr(Q, base + "_results"))
+    assert FINISHED.sub("", plain) == FINISHED.sub("", with_results)
+    plain_cte, results_cte = FINISHED.search(plain), FINISHED.search(with_results)
+    assert plain_cte is not None and results_cte is not None
+    assert "result" not in plain_cte.group()
+    assert "result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb" in (
+        results_cte.group()
+    )
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_each_claim_variant_locks_once_and_reads_its_queues(base: str) -> None:
+    statement = _sql(getattr(Q, base))
+    locks = LOCK.findall(statement)
+    one_queue = base == "job_finish_and_claim"
+    assert locks == ["" if one_queue else "OF job "]
+    assert ("%(queue)s" in statement, "%(queues)b" in statement) == (one_queue, not one_queue)
+    limited = base.endswith("_limited")
+    assert ("{brooq_claim_limited}" in getattr(Q, base)) is False  # marks are rendered
+    assert ("brooq_claim_limited(" in statement) == limited
+    assert ("FROM limited UNION ALL" in statement) == limited
+    assert ("LIMIT least(%(limit)s - (SELECT count(*) FROM limited)" in statement) == limited
+
+
+def test_the_queues_variant_is_the_limited_one_without_the_limited_topic() -> None:
+    queues, limited = _sql(Q.job_finish_and_claim_queues), _sql(Q.job_finish_and_claim_limited)
+    cte = re.search(r"limited AS MATERIALIZED \(.*?\) AS c \), ", limited)
+    assert cte is not None
+    head = "SELECT true, id, topic, payload, attempts, locked_by, locked_until, available_at, "
+    without = (
+        limited.replace(cte.group(), "")
+        .replace(" - (SELECT count(*) FROM limited)", "")
+        .replace("FROM limited UNION ALL " + head + "queue, priority ", "")
+    )
+    assert without == queues
