@@ -22,6 +22,7 @@ one list of sources (brooq.supervisor.source) in one select.
 - `offloop`: a statement sent on a connection of its own, its answer read when readable
 - `connections`: the maintenance and LISTEN connections, with backoff; LISTEN's source
 - `respawn`: the crash streak's backoff (pure)
+- `unhandled`: ready jobs no live master handles: said once per pair, and gauged
 - `admin`: what the ops HTTP surface answers: readiness, metrics, the bearer endpoints
 - `ops`: the ops HTTP server: non-blocking connections in the master's loop
 - `admintoken`: the admin token's file: reading it, and noticing that it changed
