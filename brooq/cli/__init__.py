@@ -9,7 +9,7 @@ The commands live in rooms of their own, each registering on the group of
 brooq.cli.common: migrate (brooq.cli.migrate), jobs list|show, [jobs] cancel,
 [jobs] retry (brooq.cli.jobs), enqueue (brooq.cli.enqueue), stats (brooq.cli.stats), top
 (brooq.cli.top), queues [pause|resume NAME] (brooq.cli.queues), periodic --app
-(brooq.cli.periodic).
+(brooq.cli.periodic), fleet (brooq.cli.fleet).
 
 Owns: ``main``, the entry point of ``brooq`` and ``python -m brooq``: turning every
 error into one line on stderr and its exit code, and hiding --database from ps.
@@ -30,6 +30,7 @@ from setproctitle import setproctitle
 from brooq import migrate as migrate_mod  # noqa: F401  (tests replace migrate_mod.script)
 from brooq.cli import (  # noqa: F401  (they register)
     enqueue,
+    fleet,
     jobs,
     migrate,
     periodic,

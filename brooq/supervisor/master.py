@@ -43,10 +43,10 @@ from brooq.opsport.hosts import HostRule
 from brooq.queue import Queue
 from brooq.settings import Settings
 from brooq.supervisor.accounting import Accounting
-from brooq.supervisor.duties.beat import BEAT, Beat
 from brooq.supervisor.admin import Admin, start_ops
 from brooq.supervisor.admintoken import TokenWatch
 from brooq.supervisor.connections import Connections
+from brooq.supervisor.duties.beat import BEAT, Beat
 from brooq.supervisor.duties.periodic import Periodic
 from brooq.supervisor.duties.reaper import Reaper
 from brooq.supervisor.duties.reconnect import Reconnect

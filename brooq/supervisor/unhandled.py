@@ -28,9 +28,7 @@ class Unhandled:
     """``live``: the pairs the live masters handle, None while unknown (nothing is
     judged then)."""
 
-    def __init__(
-        self, live: Callable[[], frozenset[Pair] | None], metrics: Metrics | None
-    ) -> None:
+    def __init__(self, live: Callable[[], frozenset[Pair] | None], metrics: Metrics | None) -> None:
         self.live = live
         self.metrics = metrics
         self.flagged: set[Pair] = set()  # said, and not handled since

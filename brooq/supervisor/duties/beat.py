@@ -194,7 +194,9 @@ class Beat(Source):
         if answer is None:
             return
         if answer.error or not answer.results:
-            log.warning("event=fleet_beat_failed seconds=%.2f error=%r", answer.seconds, answer.error)
+            log.warning(
+                "event=fleet_beat_failed seconds=%.2f error=%r", answer.seconds, answer.error
+            )
             return
         result = answer.results[-1]
         found = set()
