@@ -306,9 +306,7 @@ def test_masters_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 100)")
     with psycopg.connect(empty_dsn) as producer:  # a transaction open on job meanwhile
         producer.execute("INSERT INTO job (topic) VALUES ('during')")
-        assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 10)] == [
-            ("masters", True)
-        ]
+        assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 10)] == [("masters", True)]
         producer.commit()
     added = sorted(set(brooq_objects(empty_dsn)) - set(before))
     assert [a for a in added if not a.startswith("type ")] == [
