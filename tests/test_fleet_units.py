@@ -1,7 +1,8 @@
 """The pure parts of the fleet view: which pairs the live masters handle and which ready
 ones none does (brooq.masters), the once-per-pair watch (brooq.supervisor.unhandled), the
 beat duty's sending, pacing and reading (brooq.supervisor.duties.beat, on fakes), the
-text of `brooq fleet` and the mark of `brooq stats`, the setting."""
+text of `brooq fleet` and the mark of `brooq stats`, the setting; and the statements
+themselves on the real database."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 import pytest
 
 import brooq
+from brooq import masters
 from brooq import settings as settings_mod
 from brooq.cli.fleet import fleet_lines
 from brooq.cli.stats import stats_lines
@@ -22,6 +25,7 @@ from brooq.errors import InvalidSettings
 from brooq.handlers import Handler
 from brooq.masters import MasterRow, handled, no_handler, pairs, unhandled
 from brooq.settings import Settings
+from brooq.sql import Q
 from brooq.supervisor.duties.beat import AGAIN_AFTER, SWEEP_EVERY, Beat
 from brooq.supervisor.duties.scheduler import Scheduler
 from brooq.supervisor.offloop import Answer
@@ -299,3 +303,44 @@ def test_the_beat_setting() -> None:
     assert settings_mod.load(environ={"QUEUE_FLEET_BEAT": "500ms"}).fleet_beat == 0.5
     with pytest.raises(InvalidSettings, match="fleet_beat must be positive"):
         settings_mod.load(environ={"QUEUE_FLEET_BEAT": "0s"})
+
+
+# -- the statements, on the real database --------------------------------------------------------
+
+
+def test_master_beat_writes_its_row_reads_the_others_and_sweeps_when_asked(
+    db: psycopg.Connection[Any],
+) -> None:
+    insert = (
+        "INSERT INTO brooq_master (id, host, pid, version, app, queues, topics, beat_seconds, "
+        "started_at, seen_at) VALUES (%s, 'h', %s, '0', 'a:q', %s, %s, 1, now(), "
+        "now() - %s * interval '1 second')"
+    )
+    other, stale, me = uuid.UUID(int=1), uuid.UUID(int=2), uuid.UUID(int=3)
+    db.execute(insert, [other, 1, ["default", "bulk"], ["a"], 0])
+    db.execute(insert, [stale, 2, ["default"], ["gone"], 10])  # missed 10 beats of 1 s
+
+    def beat(children: str, sweep: bool) -> set[tuple[str, str]]:
+        params = [
+            str(me), "h2", "3", "0.1.0", "app:queue", '["default"]', '["mine"]', children,
+            "2.0", T0.isoformat(), "3", "true" if sweep else "false",
+        ]  # fmt: skip
+        result = db.pgconn.exec_params(Q.master_beat.encode(), [p.encode() for p in params])
+        assert result.status == psycopg.pq.ExecStatus.TUPLES_OK, result.error_message
+        return {
+            (result.get_value(r, 0).decode(), result.get_value(r, 1).decode())  # type: ignore[union-attr]
+            for r in range(result.ntuples)
+        }
+
+    assert beat("[]", sweep=False) == {("default", "a"), ("bulk", "a")}  # not the stale one
+    assert db.execute("SELECT count(*) FROM brooq_master").fetchone() == (3,)  # none swept
+    child = [{"pid": 9, "kind": "sync", "generation": 0, "started_at": T0.isoformat()}]
+    beat(json.dumps(child), sweep=True)
+    rows = {m.id: m for m in masters.live(db)}
+    assert set(rows) == {other, me}
+    assert db.execute("SELECT count(*) FROM brooq_master").fetchone() == (2,)  # swept
+    mine = rows[me]
+    assert (mine.queues, mine.topics, mine.started_at) == (("default",), ("mine",), T0)
+    assert [c.pid for c in mine.children] == [9] and mine.beat_seconds == 2.0
+    db.execute(Q.master_leave, {"id": me})
+    assert [m.id for m in masters.live(db)] == [other]
