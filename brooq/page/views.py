@@ -142,7 +142,7 @@ def fleet_page(masters: list[MasterRow], actions_enabled: bool, signed_in: bool 
     rows = [
         (
             e(m.host),
-            _n(m.pid),
+            e(m.pid),
             e(m.version),
             e(m.app),
             e(", ".join(m.queues)),
@@ -157,9 +157,9 @@ def fleet_page(masters: list[MasterRow], actions_enabled: bool, signed_in: bool 
                "seen")  # fmt: skip
     parts.append(table(headers, rows, numeric={1, 6}))
     for m in masters:
-        parts.append(f"<h2>{e(m.host)} pid {_n(m.pid)}: children</h2>")
+        parts.append(f"<h2>{e(m.host)} pid {e(m.pid)}: children</h2>")
         children = (
-            (_n(c.pid), e(c.kind), _n(c.generation), e(when(c.started_at))) for c in m.children
+            (e(c.pid), e(c.kind), _n(c.generation), e(when(c.started_at))) for c in m.children
         )
         parts.append(table(("pid", "kind", "generation", "started"), children, numeric={0, 2}))
     return layout(
