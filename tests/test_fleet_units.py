@@ -257,8 +257,13 @@ def test_the_fleet_is_known_from_the_second_answer_until_answers_stop() -> None:
     assert line.closed and conns.ran == [("leave", {"id": duty.id})]
 
 
-def test_a_master_that_never_beat_deletes_nothing() -> None:
+def test_a_master_that_never_beat_or_lost_the_database_deletes_nothing() -> None:
     duty, conns, line, _ = beat([0.0])
+    duty.leave()
+    assert line.closed and conns.ran == []
+    duty, conns, line, _ = beat([0.0])
+    duty.run_once(0.0)
+    conns.connected = False  # no connect on the way out: the row drops out by itself
     duty.leave()
     assert line.closed and conns.ran == []
 

@@ -221,7 +221,9 @@ class Beat(Source):
             readable, _, _ = select.select(fds, [], [], left)
             self.service(readable)
         line.close()
-        if self.beats:
+        # Never written, or the database away (no connect at the end: the row, if any,
+        # drops out after its missed beats like a vanished master's).
+        if self.beats and self.conns.connected:
             self.conns.with_db(
                 "fleet_leave",
                 lambda conn: conn.execute(self.conns.q.master_leave, {"id": self.id}),
