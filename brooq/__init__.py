@@ -19,6 +19,7 @@ module that defines a name, never from this package.
 - `job_wait`: waiting for a job's end: the wait clock, one wait loop, its sync and async drivers
 - `limits`: the time limits' ordering and caps, for settings and handler options
 - `logs`: brooq's log lines and their formats
+- `masters`: the masters' table as its readers see it: live masters, what no master handles
 - `master_cli`: the `brooq-master` entry point
 - `metrics`: the Prometheus metrics the master and its children write and serve
 - `migrate`: applying and reverting the schema's migrations, and the version check

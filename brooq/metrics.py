@@ -155,6 +155,14 @@ class Metrics:
             ["topic", "queue"],
             multiprocess_mode="mostrecent",
         )
+        # Ready jobs nothing will run (brooq.supervisor.unhandled): a misspelt topic, a
+        # queue nobody works. 0 once handled again.
+        self.unhandled = Gauge(
+            "brooq_jobs_unhandled",
+            "Ready jobs whose queue and topic no live master handles, by topic and queue",
+            ["topic", "queue"],
+            multiprocess_mode="mostrecent",
+        )
         # The table's upkeep: what a big table needs watching for.
         self.dead_tuples = Gauge(
             "brooq_table_dead_tuples",

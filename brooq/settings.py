@@ -58,6 +58,9 @@ class Settings:
     # its dead tuples reach this many (0: leave it to autovacuum), looked at every period.
     vacuum_dead_tuples: int = 100_000
     vacuum_period: float = 2.0
+    # How often a master writes its row in brooq_master (brooq.masters): a master that
+    # missed MISSED_BEATS of them is taken for gone.
+    fleet_beat: float = 10.0
     claim_batch_max: int = 32  # 1: always one job per claim
     # The workers' own claim and outcome commits. "off" risks only a re-run after a crash
     # of PostgreSQL (at least once allows it); enqueue is never affected. "on"
@@ -113,6 +116,7 @@ _DURATIONS = {
     "stats_period",
     "loop_block_timeout",
     "vacuum_period",
+    "fleet_beat",
 }
 _INTEGERS = {
     "workers",
@@ -160,6 +164,7 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_STATS_PERIOD": "stats_period",
     "QUEUE_VACUUM_DEAD_TUPLES": "vacuum_dead_tuples",
     "QUEUE_VACUUM_PERIOD": "vacuum_period",
+    "QUEUE_FLEET_BEAT": "fleet_beat",
     "QUEUE_CLAIM_BATCH_MAX": "claim_batch_max",
     "QUEUE_WORKER_SYNCHRONOUS_COMMIT": "worker_synchronous_commit",
     "QUEUE_QUEUES": "queues",
@@ -332,6 +337,7 @@ def validate(settings: Settings) -> list[str]:
         "graceful_timeout",
         "stats_period",
         "vacuum_period",
+        "fleet_beat",
     ):
         if getattr(s, name) <= 0:
             problems.append(f"{name} must be positive, got {getattr(s, name):g}s")

@@ -17,6 +17,7 @@ brooq.cli.common:
 - `top`: `brooq top`, a live view of the queue on a terminal
 - `queues`: `brooq queues [pause|resume NAME]`, the queues and pausing one
 - `periodic`: `brooq periodic --app MODULE:ATTR`, the schedules an application registers
+- `fleet`: `brooq fleet`, the live masters and their children
 
 Owns: ``main``, the entry point of ``brooq`` and ``python -m brooq``: turning every
 error into one line on stderr and its exit code, and hiding --database from ps.
@@ -38,6 +39,7 @@ from brooq import migrate as migrate_mod  # noqa: F401  (tests replace migrate_m
 from brooq.cli import (  # noqa: F401  (they register)
     cancel_retry,
     enqueue,
+    fleet,
     jobs,
     migrate,
     periodic,

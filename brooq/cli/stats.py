@@ -1,22 +1,30 @@
-"""`brooq stats`: jobs per queue, topic and state, as a table or JSON.
+"""`brooq stats`: jobs per queue, topic and state, as a table or JSON, with the "no
+handler" mark of a queue and topic whose ready jobs no live master handles.
 
 Owns: the stats command and its table (``stats_lines``, a pure function).
-Must never: read the database but through Queue.stats, or count done jobs (a queue's
-done rows grow without bound; job_stats_by_topic leaves them out).
+Must never: read the database but through Queue.stats and brooq.masters.live, or count
+done jobs (a queue's done rows grow without bound; job_stats_by_topic leaves them out).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import click
+import psycopg
 
 import brooq
 from brooq.cli.common import cli, emit_json, open_queue, table
 from brooq.durations import format_age
+from brooq.masters import Pair, handled, live, no_handler
+from brooq.sql import queries
+
+NO_HANDLER = "no handler"
 
 
-def stats_lines(rows: list[brooq.TopicStats]) -> list[str]:
+def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) -> list[str]:
     """`brooq stats` as text (one row per queue and topic, a total row when there are
-    several)."""
+    several); a row whose (queue, topic) is in ``unhandled`` ends with "no handler"."""
     if not rows:
         return ["(no pending, processing, failed or dead jobs)"]
     headers = [
@@ -50,7 +58,21 @@ def stats_lines(rows: list[brooq.TopicStats]) -> list[str]:
             oldest_ready_age=max(r.oldest_ready_age for r in rows),
         )
         body.append(cells(total))
-    return table(headers, body, right={2, 3, 4, 5, 6, 7})
+    lines = table(headers, body, right={2, 3, 4, 5, 6, 7})
+    for i, r in enumerate(rows, start=1):
+        if (r.queue, r.topic) in unhandled:
+            lines[i] += f"  {NO_HANDLER}"
+    return lines
+
+
+def _live_pairs(queue: brooq.Queue) -> frozenset[Pair] | None:
+    """The pairs the live masters handle; None on a schema without brooq_master (an older
+    brooq's: `brooq migrate up` adds it), where nothing is marked."""
+    try:
+        with queue.connection() as conn:
+            return handled(live(conn, queries(queue.schema)))
+    except psycopg.errors.UndefinedTable:
+        return None
 
 
 @cli.command()
@@ -61,10 +83,28 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 
     Per queue and topic: pending, ready (due now), failed (waiting for a retry), processing, busy
     (processing under a live lease: a child working on it), dead, and the age of the
-    oldest ready job."""
-    rows = open_queue(ctx).stats()
+    oldest ready job. "no handler": ready jobs that no live master handles (no master has
+    a handler for the topic, or none works the queue; see `brooq fleet`)."""
+    queue = open_queue(ctx)
+    rows = queue.stats()
+    pairs = _live_pairs(queue)
+    marked = {
+        (r.queue, r.topic)
+        for r in rows
+        if pairs is not None and no_handler(r.queue, r.topic, r.ready, pairs)
+    }
     if as_json:
-        emit_json({"topics": [r.to_dict() for r in rows]})
+        emit_json(
+            {
+                "topics": [
+                    {
+                        **r.to_dict(),
+                        "no_handler": (r.queue, r.topic) in marked if pairs is not None else None,
+                    }
+                    for r in rows
+                ]
+            }
+        )
         return
-    for line in stats_lines(rows):
+    for line in stats_lines(rows, marked):
         click.echo(line)

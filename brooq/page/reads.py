@@ -1,5 +1,6 @@
 """What the status page reads: one function per page, each running its named statements
-(brooq/sql/page.sql, the web_ statements) on a given psycopg connection.
+(brooq/sql/page.sql, the web_ statements, and brooq.masters' fleet_live) on a given
+psycopg connection.
 
 Each read is one read-only REPEATABLE READ transaction (one snapshot, so a page's
 figures agree) under a transaction-local statement_timeout: a slow page fails with
@@ -25,6 +26,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from brooq import masters as masters_mod
+from brooq.masters import MasterRow
 from brooq.sql import Q, Queries
 
 Row = dict[str, Any]
@@ -152,6 +155,7 @@ def overview(
             ]
             done_estimated = percent < 100.0
         paused = cur.execute(q.web_paused_queues, {"limit": MAX_PAUSED + 1}).fetchall()
+        fleet = masters_mod.live(cur.connection, q)
     keys = sorted(set().union(*by_state.values()))
     groups = [
         _group(key, by_state, estimated, clock["now"], key[0] in exact_queues)
@@ -179,6 +183,7 @@ def overview(
         "done_per_row": scale,
         "now": clock["now"],
         "minute": clock["minute"],
+        "masters": fleet,
     }
 
 
@@ -366,3 +371,11 @@ def job(
 ) -> Row | None:
     with read_only(conn, timeout, q) as cur:
         return cur.execute(q.web_job_get, {"id": job_id}).fetchone()
+
+
+def fleet(
+    conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT, q: Queries = Q
+) -> list[MasterRow]:
+    """The live masters and their children (brooq.masters)."""
+    with read_only(conn, timeout, q) as cur:
+        return masters_mod.live(cur.connection, q)

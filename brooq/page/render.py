@@ -182,6 +182,7 @@ NAV = (
     ("/in-flight", "In flight"),
     ("/failed", "Failed"),
     ("/dead", "Dead"),
+    ("/fleet", "Fleet"),
     ("/actions", "Actions"),
 )
 

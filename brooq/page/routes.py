@@ -27,7 +27,13 @@ from brooq.page import reads
 from brooq.page.headers import security_headers
 from brooq.page.reads import Cursor
 from brooq.page.render import e, layout, link
-from brooq.page.views import finished_badly_page, in_flight_page, job_page, overview_page
+from brooq.page.views import (
+    finished_badly_page,
+    fleet_page,
+    in_flight_page,
+    job_page,
+    overview_page,
+)
 from brooq.sql import Q, Queries
 
 log = logging.getLogger("brooq.pages")
@@ -129,6 +135,9 @@ def serve(
         elif segments == ["in-flight"]:
             page = reads.in_flight(conn, _cursor(query), timeout=timeout, q=q)
             body = in_flight_page(page, actions_enabled, csrf, here)
+        elif segments == ["fleet"]:
+            masters = reads.fleet(conn, timeout=timeout, q=q)
+            body = fleet_page(masters, actions_enabled, csrf is not None)
         elif len(segments) == 1 and segments[0] in ("failed", "dead"):
             state = segments[0]
             page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout, q=q)

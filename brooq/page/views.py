@@ -1,6 +1,6 @@
 """The status page's pages: each one's HTML assembled from its reads' rows (brooq.page.reads)
 and render's pieces (brooq.page.render): the overview, the in-flight list, the failed and
-dead lists, one job.
+dead lists, one job, the fleet.
 
 Owns: what each page shows and in which order, the one-click buttons of the lists, the
 notes that say what an estimate means. Must never: write to the database, or let a value
@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
 from brooq.page import reads
 from brooq.page.reads import Page, Row
 from brooq.page.render import (
@@ -33,6 +34,10 @@ from brooq.sql import Q, Queries
 
 CANCEL_RUNNING = "cancel: its handler is interrupted (LeaseLost) at the next lease renewal"
 REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
+NO_HANDLER = (
+    '<strong title="no live master handles this topic in this queue: its ready jobs wait '
+    'until one does (see the fleet)">no handler</strong>'
+)
 
 
 def _n(value: object) -> str:
@@ -55,6 +60,7 @@ def overview_page(
 ) -> bytes:
     data = reads.overview(conn, timeout, q)
     paused = {row["name"] for row in data["paused"]}
+    live = handled(data["masters"])
     rows = []
     buttoned: set[str] = set()  # a queue's button on its first row only
     for g in data["groups"]:
@@ -81,11 +87,12 @@ def overview_page(
                 figure("failed"),
                 figure("dead"),
                 e(oldest),
+                NO_HANDLER if no_handler(name, g["topic"], g["ready"], live) else "",
             )
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
-               "oldest ready")  # fmt: skip
-    parts = [table(headers, rows, numeric={2, 3, 4, 5, 6, 7})]
+               "oldest ready", "")  # fmt: skip
+    parts = [fleet_line(data["masters"]), table(headers, rows, numeric={2, 3, 4, 5, 6, 7})]
     if data["groups_cut"]:
         parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
     if data["estimate"] is not None:
@@ -113,6 +120,54 @@ def overview_page(
         actions_enabled=actions_enabled,
         refresh=REFRESH,
         signed_in=csrf is not None,
+    )
+
+
+def fleet_line(masters: list[MasterRow]) -> str:
+    """The overview's line about the fleet, linking to it."""
+    children = sum(len(m.children) for m in masters)
+    return (
+        f"<p>Masters alive: {_n(len(masters))}, with {_n(children)} children: "
+        f"{link('/fleet', 'the fleet')}</p>"
+    )
+
+
+def fleet_page(masters: list[MasterRow], actions_enabled: bool, signed_in: bool = False) -> bytes:
+    """Every live master: where, what it runs, when it was last seen; its children."""
+    parts = [
+        '<p class="muted">Each master writes its row on every beat (QUEUE_FLEET_BEAT) and '
+        f"deletes it when it stops; one that missed {MISSED_BEATS} of its beats (killed, "
+        "its host gone) is not shown. As <code>brooq fleet</code> lists them.</p>"
+    ]
+    rows = [
+        (
+            e(m.host),
+            e(m.pid),
+            e(m.version),
+            e(m.app),
+            e(", ".join(m.queues)),
+            e(", ".join(m.topics)),
+            _n(len(m.children)),
+            e(when(m.started_at)),
+            e(age(m.seen_seconds_ago)) + " ago",
+        )
+        for m in masters
+    ]
+    headers = ("host", "pid", "version", "app", "queues", "topics", "children", "started",
+               "seen")  # fmt: skip
+    parts.append(table(headers, rows, numeric={1, 6}))
+    for m in masters:
+        parts.append(f"<h2>{e(m.host)} pid {e(m.pid)}: children</h2>")
+        children = (
+            (e(c.pid), e(c.kind), _n(c.generation), e(when(c.started_at))) for c in m.children
+        )
+        parts.append(table(("pid", "kind", "generation", "started"), children, numeric={0, 2}))
+    return layout(
+        "Fleet",
+        "".join(parts),
+        actions_enabled=actions_enabled,
+        refresh=REFRESH,
+        signed_in=signed_in,
     )
 
 

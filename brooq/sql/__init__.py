@@ -82,6 +82,7 @@ RELATIONS = (
     "brooq_stack_request",
     "brooq_migration",
     "brooq_claim_limited",
+    "brooq_master",
 )
 _MARK = re.compile(r"\{(" + "|".join(RELATIONS) + r")(:name)?\}")
 # The schema names QUEUE_SCHEMA takes: PostgreSQL's unquoted lower-case identifiers, so

@@ -226,3 +226,39 @@ DELETE FROM {brooq_stack_request} WHERE requested_at < now() - interval '1 hour'
 -- READ transaction (one snapshot: the figures of a page agree with each other) under a
 -- transaction-local statement_timeout, and every list is bounded by a LIMIT. Big lists
 -- page by keyset (updated_at, id), never by OFFSET: page 1,000 costs what page 1 costs.
+
+-- name: master_beat
+-- A master's beat (brooq/supervisor/duties/beat.py): its row written (inserted at the
+-- first beat, and again if another master swept it while this one could not beat),
+-- the rows that missed `missed` of their own beats deleted when `sweep` (every few
+-- beats, not every one), and the (queue, topic) pairs the other live masters handle
+-- (every queue of a row with every topic of it: a master runs the jobs of its topics
+-- in the queues it works) read back. One statement, sent off the loop with libpq's $n
+-- placeholders in text: $1 id, $2 host, $3 pid, $4 version, $5 app, $6 queues and $7
+-- topics (JSON arrays of text), $8 children (a JSON array), $9 beat_seconds, $10
+-- started_at, $11 missed, $12 sweep. The SELECT reads the snapshot from before the
+-- statement's own writes, so the master adds its own pairs itself.
+WITH me AS (
+    INSERT INTO {brooq_master} (id, host, pid, version, app, queues, topics, children,
+                                beat_seconds, started_at, seen_at)
+    VALUES ($1::uuid, $2, $3::int4, $4, $5,
+            ARRAY(SELECT jsonb_array_elements_text($6::jsonb)),
+            ARRAY(SELECT jsonb_array_elements_text($7::jsonb)),
+            $8::jsonb, $9::float8, $10::timestamptz, now())
+    ON CONFLICT (id) DO UPDATE
+    SET children = EXCLUDED.children, beat_seconds = EXCLUDED.beat_seconds, seen_at = now()
+    RETURNING id
+), gone AS (
+    DELETE FROM {brooq_master}
+    WHERE $12::bool AND id <> $1::uuid
+      AND seen_at < now() - make_interval(secs => beat_seconds * $11::int4)
+    RETURNING id
+)
+SELECT DISTINCT q.queue, t.topic
+FROM {brooq_master} AS m, unnest(m.queues) AS q(queue), unnest(m.topics) AS t(topic)
+WHERE m.id <> $1::uuid
+  AND m.seen_at >= now() - make_interval(secs => m.beat_seconds * $11::int4)
+
+-- name: master_leave
+-- A master stopping (drained, SIGQUIT, fatal) deletes its row: it drops out at once.
+DELETE FROM {brooq_master} WHERE id = %(id)s

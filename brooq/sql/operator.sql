@@ -261,3 +261,13 @@ LISTEN brooq_stack_answer
 -- The command reads its request's answer and deletes the row (answered or not: at its
 -- timeout it gives up). No row: already taken.
 DELETE FROM {brooq_stack_request} WHERE id = %(id)s RETURNING answered_at, worker, stack
+
+-- name: fleet_live
+-- The live masters (`brooq fleet`, the status page's /fleet, the "no handler" marks):
+-- the rows written within `missed` of their own beats. A tiny table: one row per master.
+SELECT id, host, pid, version, app, queues, topics, children, beat_seconds, started_at,
+       seen_at, extract(epoch FROM now() - seen_at)::float8 AS seen_seconds_ago
+FROM {brooq_master}
+WHERE seen_at >= now() - make_interval(secs => beat_seconds * %(missed)s::int4)
+ORDER BY host, pid, id
+LIMIT %(limit)s

@@ -2,7 +2,8 @@
 
 The master imports the application once, forks children (brooq.worker) and never runs a
 handler. It owns the fleet (spawn, reap, generations, respawn backoff), the watchdog,
-lease renewal, the reaper, retention, the job-count gauges, the ops HTTP surface, the
+lease renewal, the reaper, retention, the job-count gauges, its row in brooq_master (the
+fleet, visible: brooq.masters) and the unhandled-topic watch, the ops HTTP surface, the
 status page's process (forked on demand; its code is brooq.page) and the systemd
 notifications. It is single-threaded so that fork() is always safe: its loop waits on
 one list of sources (brooq.supervisor.source) in one select.
@@ -22,6 +23,7 @@ one list of sources (brooq.supervisor.source) in one select.
 - `offloop`: a statement sent on a connection of its own, its answer read when readable
 - `connections`: the maintenance and LISTEN connections, with backoff; LISTEN's source
 - `respawn`: the crash streak's backoff (pure)
+- `unhandled`: ready jobs no live master handles: said once per pair, and gauged
 - `admin`: what the ops HTTP surface answers: readiness, metrics, the bearer endpoints
 - `ops`: the ops HTTP server: non-blocking connections in the master's loop
 - `admintoken`: the admin token's file: reading it, and noticing that it changed

@@ -122,6 +122,7 @@ class Fleet(Source):
         self.crashes = CrashStreak()  # children dying outside any job
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="brooq-master-"))
         self.other_reaped: Callable[[int], object] | None = None  # a pid not a worker's
+        self.changed: Callable[[], object] = lambda: None  # a child forked or reaped
         # Stacks children sent for `brooq jobs stack`: (worker, job, text), to be written.
         self.stack_answers: list[StackAnswer] = []
 
@@ -281,6 +282,7 @@ class Fleet(Source):
             progress_at=time.monotonic(),
         )
         log.debug("event=child_spawned pid=%d worker=%s kind=%s", pid, identity, kind)
+        self.changed()
 
     def _in_child_after_fork(self, close: list[int]) -> None:
         """Close what belongs to the master and the siblings. The master's database sockets
@@ -376,6 +378,7 @@ class Fleet(Source):
             c = self.children.pop(pid, None)
             if c is not None:
                 self._ended(c, status)
+                self.changed()
             elif self.other_reaped is not None:
                 self.other_reaped(pid)  # the page process (brooq.supervisor.pagekeeper)
 

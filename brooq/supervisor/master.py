@@ -46,6 +46,7 @@ from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.admin import Admin, start_ops
 from brooq.supervisor.admintoken import TokenWatch
 from brooq.supervisor.connections import Connections
+from brooq.supervisor.duties.beat import BEAT, Beat
 from brooq.supervisor.duties.periodic import Periodic
 from brooq.supervisor.duties.reaper import Reaper
 from brooq.supervisor.duties.reconnect import Reconnect
@@ -62,6 +63,7 @@ from brooq.supervisor.pagekeeper import PageKeeper
 from brooq.supervisor.sdnotify import Notifier
 from brooq.supervisor.signalpipe import SignalPipe
 from brooq.supervisor.source import Source
+from brooq.supervisor.unhandled import Unhandled
 
 log = logging.getLogger("brooq.master")
 
@@ -146,11 +148,18 @@ class Master:
             self.metrics,
             dsn=self.listen_dsn,
         )
+        # This master's row in brooq_master, and the ready jobs no live master handles.
+        self.beat = Beat(
+            self.conns, self.fleet, app_spec, queue.handlers, settings, self.listen_dsn
+        )
+        self.fleet.changed = self._children_changed
+        self.stats.unhandled = Unhandled(self.beat.live_pairs, self.metrics)
         duties: list[Duty] = [SdWatchdog(self.notifier)] if self.notifier.watchdog_period else []
         duties += [
             Reconnect(self.conns, self.accounting),
             Renewal(self.fleet, self.conns, settings, self.metrics),
             Reaper(self.conns, settings, self.metrics),
+            self.beat,
             self.stats,
             Retention(self.conns, settings, self.metrics),
         ]
@@ -203,12 +212,13 @@ class Master:
         self.sources = [self.signals, self.fleet, self.conns]
         self.sources += [s for s in (self.ops, self.pages) if s is not None]
         # The duties whose statements run off the loop (brooq.supervisor.offloop).
-        self.sources += [self.vacuum, self.stats]
+        self.sources += [self.vacuum, self.stats, self.beat]
         self._set_configured()
         self.conns.connect()
         try:
             return self._loop()
         finally:
+            self.beat.leave()  # drops out of the fleet at once, whatever the way out
             for source in reversed(self.sources):
                 source.close()
 
@@ -268,6 +278,10 @@ class Master:
     def _run_due(self, now: float) -> None:
         for duty in self.scheduler.due(now):
             duty.run_once(now)
+
+    def _children_changed(self) -> None:
+        self.beat.children_changed()
+        self.scheduler.due_now(BEAT)
 
     def _renew_now(self) -> None:
         # A renewal missed while the connection was down runs now, before the reaper,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +67,10 @@ class OffLoop:
     def overdue(self, limit: float) -> bool:
         return self.started_at is not None and self.clock() - self.started_at > limit
 
-    def send(self, statement: str) -> bool:
-        """Send ``statement`` (no parameters; several separated by ";" give one result
-        each); False when it could not be sent (logged, the connection dropped)."""
+    def send(self, statement: str, params: Sequence[bytes | None] | None = None) -> bool:
+        """Send ``statement`` (without ``params``, several separated by ";" give one result
+        each; with them, one statement whose $n placeholders take them, in text); False
+        when it could not be sent (logged, the connection dropped)."""
         try:
             if self.conn is None or self.conn.closed:
                 self.conn = connect(
@@ -80,7 +81,10 @@ class OffLoop:
                     application_name=f"brooq-master-{self.name}",
                 )
             pgconn = self.conn.pgconn
-            pgconn.send_query(statement.encode())
+            if params is None:
+                pgconn.send_query(statement.encode())
+            else:
+                pgconn.send_query_params(statement.encode(), params)
             while pgconn.flush():  # a short statement: the socket takes it at once
                 pass
         except (psycopg.Error, OSError, BrooqError) as exc:

@@ -172,6 +172,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "busy": 1,
             "failed": 1,
             "dead": 1,
+            "no_handler": True,  # ready jobs, and no master running
         },
         {
             "queue": "reports",
@@ -182,6 +183,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "busy": 1,
             "failed": 0,
             "dead": 0,
+            "no_handler": True,
         },
     ]
     assert 90 <= ages["mail"] < 120

@@ -206,6 +206,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0010_masters\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0009_own_schema\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0008_status_page\n", out.stdout
@@ -292,6 +294,38 @@ def test_stack_requests_up_and_down(empty_dsn: str) -> None:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (100,)
     migrate.up(empty_dsn, 7)
     assert "relation brooq_stack_request" in brooq_objects(empty_dsn)
+
+
+def test_masters_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0010 adds brooq_master (and its key) and nothing else, on a table that holds jobs (a
+    new table: no lock on job), while a producer's transaction holds job open; down drops
+    exactly it; up works again."""
+    migrate.up(empty_dsn, 9)
+    before = brooq_objects(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 100)")
+    with psycopg.connect(empty_dsn) as producer:  # a transaction open on job meanwhile
+        producer.execute("INSERT INTO job (topic) VALUES ('during')")
+        assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 10)] == [("masters", True)]
+        producer.commit()
+    added = sorted(set(brooq_objects(empty_dsn)) - set(before))
+    assert [a for a in added if not a.startswith("type ")] == [
+        "relation brooq_master",
+        "relation brooq_master_pkey",
+    ]
+    assert all("brooq_master" in a for a in added)  # its row types
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO brooq_master (id, host, pid, version, app, queues, topics, "
+            "beat_seconds, started_at) VALUES (gen_random_uuid(), 'h', 1, '0', 'a:q', "
+            "'{default}', '{t}', 10, now())"
+        )
+    assert [m.name for m in migrate.down(empty_dsn)] == ["masters"]
+    assert brooq_objects(empty_dsn) == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (101,)
+    migrate.up(empty_dsn, 10)
+    assert "relation brooq_master" in brooq_objects(empty_dsn)
 
 
 def job_shape(dsn: str) -> list[tuple[object, ...]]:

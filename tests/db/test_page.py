@@ -450,3 +450,60 @@ def test_an_estimate_is_within_its_margin_and_small_queues_are_exact(
     body = text(get(db, "/"))
     assert re.search(r"pending \(≈ [0-9,]+ jobs, ± [0-9.]+ %\)", body), body
     assert '<td>other</td><td>b</td><td class="n">7</td>' in body
+
+
+def add_master(
+    db: Conn, pid: int, topics: list[str], *, host: str = "h1", missed: float = 0, **kw: Any
+) -> None:
+    """A row of brooq_master as a master writes it, seen ``missed`` beats of 10 s ago."""
+    children = kw.get("children", [])
+    db.execute(
+        "INSERT INTO brooq_master (id, host, pid, version, app, queues, topics, children, "
+        "beat_seconds, started_at, seen_at) VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, "
+        "%s, %s, 10, now() - interval '1 hour', now() - %s * interval '10 seconds')",
+        [host, pid, kw.get("version", "0.1.0"), kw.get("app", "app:queue"),
+         kw.get("queues", ["default"]), topics, json.dumps(children), missed],
+    )  # fmt: skip
+
+
+def test_the_fleet_page_lists_the_live_masters_and_their_children_escaped(db: Conn) -> None:
+    child = {
+        "pid": 4242,
+        "kind": "async",
+        "generation": 3,
+        "started_at": "2026-12-03T09:00:00+00:00",
+    }
+    add_master(db, 101, ["calc.hash"], host=HOSTILE, app=HOSTILE, children=[child])
+    add_master(db, 102, ["mail.send"], host="h2")
+    add_master(db, 103, ["vanished.topic"], host="h3", missed=4)  # missed its beats: not shown
+    response = get(db, "/fleet")
+    assert response.status == 200
+    body = text(response)
+    assert "<script>" not in body and ESCAPED in body
+    assert "calc.hash" in body and "mail.send" in body and "vanished" not in body
+    assert "4242" in body and "async" in body and ">3<" in body
+    assert "h2 pid 102: children" in body
+    overview = text(get(db, "/"))
+    assert 'href="/fleet"' in overview and "Masters alive: 2, with 1 children" in overview
+    assert get(db, "/fleet", method="POST").status == 405
+
+
+def test_the_overview_marks_ready_jobs_no_live_master_handles(db: Conn) -> None:
+    db.execute(
+        "INSERT INTO job (topic, queue) VALUES ('calc.hash', 'default'), ('calc.hsah', "
+        "'default'), ('calc.hash', 'bulk')"
+    )
+    db.execute("INSERT INTO job (topic, available_at) VALUES ('later', now() + interval '1 h')")
+    add_master(db, 101, ["calc.hash", "later"])
+    add_master(db, 102, ["calc.hsah"], missed=4)  # gone: handles nothing
+
+    def mark(queue: str, topic: str) -> bool:
+        row = re.search(rf"<tr><td>{queue}</td><td>{topic}</td>(.*?)</tr>", body)
+        assert row is not None, (queue, topic)
+        return ">no handler</strong>" in row.group(1)
+
+    body = text(get(db, "/"))
+    assert mark("default", "calc.hsah")  # nobody has the topic
+    assert mark("bulk", "calc.hash")  # nobody works the queue
+    assert not mark("default", "calc.hash")
+    assert not mark("default", "later")  # nothing ready: nothing to say

@@ -72,8 +72,9 @@ def active(s: dict[str, int]) -> int:
     return sum(n for state, n in s.items() if state not in audit.TERMINAL)
 
 
-# The master's maintenance and LISTEN connections (its stats count's and VACUUM's are
-# OffLoops, opened when they send: brooq-master-stats, brooq-master-vacuum).
+# The master's maintenance and LISTEN connections (its stats count's, VACUUM's and beat's
+# are OffLoops, opened when they send: brooq-master-stats, brooq-master-vacuum,
+# brooq-master-fleet_beat).
 MASTER_MAIN = ("brooq-master", "brooq-master-listen")
 
 

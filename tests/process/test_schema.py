@@ -56,7 +56,7 @@ def own(empty_dsn: str) -> Iterator[str]:
         conn.execute("CREATE TABLE public.job (id serial PRIMARY KEY, title text NOT NULL)")
         conn.execute("INSERT INTO public.job (title) VALUES ('invoice'), ('refund')")
     out = cli(empty_dsn, "migrate", "up", env={"QUEUE_SCHEMA": SCHEMA})
-    assert out.returncode == 0 and "applied 0009_own_schema" in out.stdout, out.stderr
+    assert out.returncode == 0 and "applied 0010_masters" in out.stdout, out.stderr
     yield empty_dsn
 
 
@@ -106,6 +106,7 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
         "brooq_queue",
         "brooq_periodic",
         "brooq_stack_request",
+        "brooq_master",
         "brooq_migration",
     }
     assert pinned == ([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)
@@ -122,8 +123,8 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
     out = cli(dsn, "migrate", "up", env={"QUEUE_SCHEMA": "Bad-Name"})
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "QUEUE_SCHEMA" in out.stderr
     # every down step, in the schema; the application's table is left alone
-    out = cli(dsn, "--schema", SCHEMA, "migrate", "down", "--steps", "9")
-    assert out.returncode == 0 and out.stdout.startswith("reverted 0009_own_schema"), out.stderr
+    out = cli(dsn, "--schema", SCHEMA, "migrate", "down", "--steps", "10")
+    assert out.returncode == 0 and out.stdout.startswith("reverted 0010_masters"), out.stderr
     with psycopg.connect(dsn) as conn:
         left = conn.execute(
             "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "

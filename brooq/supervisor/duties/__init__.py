@@ -14,6 +14,7 @@ select too.
 - `reconnect`: reconnecting the database every pass while it is away, then paying what is owed
 - `renewal`: extending the leases children hold, and telling a child the ones it lost
 - `reaper`: expired leases back to pending, or dead after max_lease_expiries
+- `beat`: this master's row in brooq_master, written off the loop; the live fleet's pairs
 - `stats`: the job-count gauges, counted off the loop and paced by their duration
 - `retention`: deleting terminal jobs older than retention_ttl, in bounded passes
 - `periodic`: each schedule's due tick enqueued once across every master; ClockAhead

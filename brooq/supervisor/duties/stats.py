@@ -2,7 +2,8 @@
 the master's select (the count's answer, read when it arrives).
 
 Owns: counting the jobs by queue, topic and state off the loop
-(brooq.supervisor.offloop), pacing the count by its duration, and writing the gauges.
+(brooq.supervisor.offloop), pacing the count by its duration, writing the gauges, and
+handing each count to the unhandled-topic watch (brooq.supervisor.unhandled).
 Must never wait on the count in the loop.
 """
 
@@ -18,6 +19,7 @@ from brooq.supervisor.connections import MASTER_LOCK_TIMEOUT_MS, Connections
 from brooq.supervisor.duties.scheduler import Counts
 from brooq.supervisor.offloop import OffLoop
 from brooq.supervisor.source import Source
+from brooq.supervisor.unhandled import Unhandled
 
 log = logging.getLogger("brooq.master")
 
@@ -67,6 +69,8 @@ class Stats(Source):
         self.metrics = metrics
         self.shown: set[tuple[str, str]] = set()  # (queue, topic) read at the last run
         self.sent_at: float | None = None  # the last count's send (the run's ``now``)
+        # Each count's rows judged against the live fleet (set by the master).
+        self.unhandled: Unhandled | None = None
         # None without a database (unit tests of the scheduling): nothing is counted.
         self.line = (
             OffLoop(
@@ -141,6 +145,8 @@ class Stats(Source):
                 float(r.get("oldest_ready_age", 0.0))
             )
         self.shown = set(by_key)
+        if self.unhandled is not None:
+            self.unhandled.check(rows)
         return {"topics": len(rows)}
 
     def _pace(self, took: float) -> None:

@@ -1,0 +1,165 @@
+"""The masters' table, brooq_master, as its readers see it: which masters are alive, what
+they run, and which ready jobs none of them would ever run.
+
+Each brooq-master keeps one row there while it runs (brooq.supervisor.duties.beat writes
+it on every beat and deletes it when the master stops). A row not written for
+MISSED_BEATS of its own beats is a master that vanished (SIGKILL, a host gone): every
+reader ignores it (the statements compare each row's ``seen_at`` with its own
+``beat_seconds``), and a master deletes such rows now and then.
+
+A master runs the jobs of every topic it has a handler for that sit in a queue it works
+(docs/how-to/queues.md), so the pairs a row handles are its queues times its topics; a
+(queue, topic) with ready jobs and no live row handling it is "no handler": a topic
+misspelt by a producer, a queue nobody works, the one master of a topic gone.
+
+Owns: MISSED_BEATS, the row as read (MasterRow, Child), the pairs the live masters handle
+and which ready pairs none does (pure), and reading the live rows (``live``, the
+fleet_live statement on a connection it is given).
+Must never: write the table, hold a connection of its own, or import brooq.supervisor
+(the status page's process and the command line read it too).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from brooq.sql import Q, Queries
+
+# A row whose master missed this many of its own beats no longer counts.
+MISSED_BEATS = 3
+# The most rows one read returns (a fleet is dozens of masters, not thousands).
+MAX_MASTERS = 1000
+
+Pair = tuple[str, str]  # (queue, topic)
+
+
+@dataclass(frozen=True)
+class Child:
+    """One child of a master, as its master last wrote it."""
+
+    pid: int
+    kind: str  # sync or async (docs/async.md)
+    generation: int
+    started_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "kind": self.kind,
+            "generation": self.generation,
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+        }
+
+
+@dataclass(frozen=True)
+class MasterRow:
+    """One live master: where it runs, what it runs, and when it last wrote its row."""
+
+    id: uuid.UUID
+    host: str
+    pid: int
+    version: str
+    app: str
+    queues: tuple[str, ...]
+    topics: tuple[str, ...]
+    children: tuple[Child, ...]
+    beat_seconds: float
+    started_at: datetime
+    seen_at: datetime
+    seen_seconds_ago: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> MasterRow:
+        """A row of fleet_live (a dict_row)."""
+        children = row["children"]
+        if isinstance(children, str):
+            children = json.loads(children)
+        return cls(
+            id=row["id"],
+            host=row["host"],
+            pid=int(row["pid"]),
+            version=row["version"],
+            app=row["app"],
+            queues=tuple(row["queues"]),
+            topics=tuple(row["topics"]),
+            children=tuple(_child(c) for c in children if isinstance(c, dict)),
+            beat_seconds=float(row["beat_seconds"]),
+            started_at=row["started_at"],
+            seen_at=row["seen_at"],
+            seen_seconds_ago=max(float(row["seen_seconds_ago"]), 0.0),
+        )
+
+    def handles(self) -> set[Pair]:
+        return pairs(self.queues, self.topics)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "host": self.host,
+            "pid": self.pid,
+            "version": self.version,
+            "app": self.app,
+            "queues": list(self.queues),
+            "topics": list(self.topics),
+            "children": [c.to_dict() for c in self.children],
+            "beat_seconds": self.beat_seconds,
+            "started_at": self.started_at.isoformat(),
+            "seen_at": self.seen_at.isoformat(),
+            "seen_seconds_ago": round(self.seen_seconds_ago, 3),
+        }
+
+
+def _child(raw: dict[str, Any]) -> Child:
+    started = raw.get("started_at")
+    return Child(
+        pid=int(raw.get("pid", 0)),
+        kind=str(raw.get("kind", "?")),
+        generation=int(raw.get("generation", 0)),
+        started_at=datetime.fromisoformat(started) if isinstance(started, str) else None,
+    )
+
+
+def pairs(queues: Iterable[str], topics: Iterable[str]) -> set[Pair]:
+    """The (queue, topic) pairs a master working ``queues`` with handlers for ``topics``
+    runs."""
+    names = list(topics)
+    return {(queue, topic) for queue in queues for topic in names}
+
+
+def handled(masters: Iterable[MasterRow]) -> frozenset[Pair]:
+    """Every pair some live master handles."""
+    return frozenset(pair for m in masters for pair in m.handles())
+
+
+def no_handler(queue: str, topic: str, ready: int, live: frozenset[Pair]) -> bool:
+    """Ready jobs of (queue, topic) that no live master handles: they wait for ever."""
+    return ready > 0 and (queue, topic) not in live
+
+
+def unhandled(rows: Iterable[Mapping[str, Any]], live: frozenset[Pair]) -> dict[Pair, int]:
+    """{(queue, topic): ready jobs} of the rows (each with queue, topic, ready) that no
+    live master handles."""
+    found: dict[Pair, int] = {}
+    for row in rows:
+        ready = int(row.get("ready") or 0)
+        if no_handler(row["queue"], row["topic"], ready, live):
+            key = (row["queue"], row["topic"])
+            found[key] = found.get(key, 0) + ready
+    return found
+
+
+def live(
+    conn: psycopg.Connection[Any], q: Queries = Q, limit: int = MAX_MASTERS
+) -> list[MasterRow]:
+    """The live masters, by host and pid (at most ``limit``)."""
+    cur = conn.cursor(row_factory=dict_row)
+    rows = cur.execute(q.fleet_live, {"missed": MISSED_BEATS, "limit": limit}).fetchall()
+    return [MasterRow.from_row(r) for r in rows]

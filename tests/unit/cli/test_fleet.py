@@ -1,0 +1,58 @@
+"""`brooq fleet` and the no-handler mark of `brooq stats`, as lines (pure)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import brooq
+from brooq.cli.fleet import fleet_lines
+from brooq.cli.stats import stats_lines
+from brooq.masters import MasterRow
+
+T0 = datetime(2026, 12, 3, 9, 0, tzinfo=timezone.utc)
+
+
+def row(pid: int, queues: list[str], topics: list[str], children: Any = "[]") -> MasterRow:
+    return MasterRow.from_row(
+        {
+            "id": uuid.UUID(int=pid),
+            "host": "h1",
+            "pid": pid,
+            "version": "0.1.0",
+            "app": "app:queue",
+            "queues": queues,
+            "topics": topics,
+            "children": children,
+            "beat_seconds": 10.0,
+            "started_at": T0,
+            "seen_at": T0 + timedelta(seconds=30),
+            "seen_seconds_ago": 1.25,
+        }
+    )
+
+
+# -- brooq.masters -----------------------------------------------------------------------------
+
+
+def test_fleet_lines() -> None:
+    child = {"pid": 7, "kind": "sync", "generation": 0, "started_at": T0.isoformat()}
+    lines = fleet_lines([row(5, ["default"], ["a", "b"], [child]), row(6, ["bulk"], ["c"])])
+    text = "\n".join(lines)
+    assert lines[0].startswith("h1 pid 5: brooq 0.1.0, app app:queue, started 2026-12-03")
+    assert "seen 1.2s ago" in lines[0]
+    assert "  topics: a, b" in text and "  (no children)" in text
+    assert lines[-1] == "2 masters, 1 child"
+    assert fleet_lines([])[0].startswith("(no live master")
+
+
+def test_stats_lines_mark_what_no_master_handles() -> None:
+    rows = [
+        brooq.TopicStats(topic="a", pending=2, ready=2),
+        brooq.TopicStats(topic="typo", pending=1, ready=1),
+    ]
+    lines = stats_lines(rows, {("default", "typo")})
+    assert lines[2].endswith("  no handler") and not lines[1].endswith("no handler")
+    assert lines[3].startswith("(total)") and "no handler" not in lines[3]
+    assert stats_lines(rows) == [line.replace("  no handler", "") for line in lines]
