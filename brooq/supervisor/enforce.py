@@ -176,7 +176,7 @@ class Enforcer:
 
     def _give_back_batchmates(self) -> None:
         """The batchmates a child will not run (they waited behind a job running for
-        LONG_JOB; the child decided, see brooq.worker.link) go back now, so that other
+        LONG_JOB; the child decided, see Child.batchmates_due) go back now, so that other
         children run them meanwhile. The child releases them again when the long job
         returns; the guard makes that a no-op."""
         for c in self.fleet.children.values():
