@@ -1,6 +1,7 @@
 """A/B drain of checkouts of brooq: the same no-op drain from each tree, alternated.
 
-    python benchmarks/ab_drain.py --dsn ADMIN_DSN [--jobs 100000] [--rounds 5] TREE TREE ...
+    python benchmarks/ab_drain.py --dsn ADMIN_DSN [--jobs 100000] [--rounds 5]
+        [--async [--concurrency 100]] TREE TREE ...
 
 Each TREE is a checkout (e.g. a `git worktree` of the commit before a change), optionally
 followed by environment for its master: `TREE,BENCH_MIDDLEWARE=1` drains with one no-op
@@ -9,7 +10,10 @@ drains JOBS ready no-op jobs with `brooq-master --workers 2` of every tree in tu
 a fresh database (the migrations of the brooq that runs this script, a superset of the
 older trees' schema), and reports the jobs/s from the first finished job to the last and
 the CPU of the master and its children per job (RUSAGE_CHILDREN). Alternating the trees
-spreads the machine's drift over all of them; the medians are what to compare.
+spreads the machine's drift over all of them; the medians are what to compare. Every tree
+runs the benchmark application of the checkout running this script (benchmarks/apps), so
+the trees differ in brooq alone. `--async` drains with `async def` no-op handlers
+(bench_brooq_async_app: every child an async child, `--concurrency` jobs at once).
 """
 
 from __future__ import annotations
@@ -29,8 +33,16 @@ import psycopg
 from brooq import migrate
 from psycopg import conninfo, sql
 
+APPS = Path(__file__).resolve().parent / "apps"
 
-def drain_once(admin: str, tree: Path, jobs: int, extra_env: dict[str, str]) -> tuple[float, float]:
+
+def drain_once(
+    admin: str,
+    tree: Path,
+    jobs: int,
+    extra_env: dict[str, str],
+    command: list[str],
+) -> tuple[float, float]:
     name = f"brooq_ab_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -45,21 +57,13 @@ def drain_once(admin: str, tree: Path, jobs: int, extra_env: dict[str, str]) -> 
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
         env.update(
             DATABASE_URL=dsn,
-            PYTHONPATH=os.pathsep.join([str(tree / "benchmarks" / "apps"), str(tree)]),
+            PYTHONPATH=os.pathsep.join([str(APPS), str(tree)]),
             QUEUE_OPS_ADDR="127.0.0.1:0",
         )
         env.update(extra_env)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         master = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "brooq.master_cli",
-                "--app",
-                "bench_brooq_app:queue",
-                "--workers",
-                "2",
-            ],
+            [sys.executable, "-m", "brooq.master_cli", *command],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -95,14 +99,20 @@ def main() -> None:
     ap.add_argument("--dsn", required=True, help="admin DSN (CREATE DATABASE)")
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--async", dest="aio", action="store_true", help="async def handlers")
+    ap.add_argument("--concurrency", type=int, default=100, help="with --async")
     ap.add_argument("trees", nargs="+", help="TREE or TREE,NAME=VALUE,...")
     args = ap.parse_args()
+    command = ["--app", "bench_brooq_app:queue", "--workers", "2"]
+    if args.aio:
+        command = ["--app", "bench_brooq_async_app:queue", "--workers", "2"]
+        command += ["--concurrency", str(args.concurrency)]
     results: dict[str, list[tuple[float, float]]] = {t: [] for t in args.trees}
     for rnd in range(args.rounds):
         for tree in args.trees:
             path, *assignments = tree.split(",")
             extra = dict(a.split("=", 1) for a in assignments)
-            rate, cpu = drain_once(args.dsn, Path(path).resolve(), args.jobs, extra)
+            rate, cpu = drain_once(args.dsn, Path(path).resolve(), args.jobs, extra, command)
             results[tree].append((rate, cpu))
             print(f"round {rnd} {tree}: {rate:,.0f} jobs/s, {cpu:.1f} us CPU/job", flush=True)
     for tree, runs in results.items():

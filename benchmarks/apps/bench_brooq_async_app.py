@@ -28,6 +28,11 @@ from benchwork import IO_SECONDS, http_get_async, http_url, record, record_span
 queue = brooq.Queue()
 
 
+@queue.handler("bench.noop")
+async def noop(claim: brooq.Claim) -> None:
+    """The no-op drain's job, awaited (benchmarks/ab_drain.py --async)."""
+
+
 @queue.handler("bench.pickup")
 async def pickup(claim: brooq.Claim) -> None:
     record(claim.payload["k"], "start", time.time())
