@@ -16,12 +16,13 @@ import argparse
 import statistics
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
-import psycopg
 from brooq import migrate
-from psycopg import conninfo, sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import fresh_database
 
 CHILD = """
 import sys, time
@@ -39,11 +40,7 @@ q.close()
 
 
 def once(admin: str, tree: str, jobs: int) -> float:
-    name = f"brooq_abbulk_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = conninfo.make_conninfo(admin, dbname=name)
-    try:
+    with fresh_database(admin, "bulk", prefix="brooq_ab") as dsn:
         migrate.up(dsn)
         out = subprocess.run(
             [sys.executable, "-c", CHILD, str(Path(tree).resolve()), dsn, str(jobs)],
@@ -55,11 +52,6 @@ def once(admin: str, tree: str, jobs: int) -> float:
         if out.returncode != 0:
             raise RuntimeError(f"{tree}: {out.stderr[-2000:]}")
         return float(out.stdout.strip())
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def main() -> None:

@@ -2,38 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime, timedelta, timezone
-from typing import Any
-
 import brooq
 from brooq.cli.fleet import fleet_lines
 from brooq.cli.stats import stats_lines
-from brooq.masters import MasterRow
-
-T0 = datetime(2026, 12, 3, 9, 0, tzinfo=timezone.utc)
-
-
-def row(pid: int, queues: list[str], topics: list[str], children: Any = "[]") -> MasterRow:
-    return MasterRow.from_row(
-        {
-            "id": uuid.UUID(int=pid),
-            "host": "h1",
-            "pid": pid,
-            "version": "0.1.0",
-            "app": "app:queue",
-            "queues": queues,
-            "topics": topics,
-            "children": children,
-            "beat_seconds": 10.0,
-            "started_at": T0,
-            "seen_at": T0 + timedelta(seconds=30),
-            "seen_seconds_ago": 1.25,
-        }
-    )
-
-
-# -- brooq.masters -----------------------------------------------------------------------------
+from tests.unit.test_masters import T0, row
 
 
 def test_fleet_lines() -> None:
