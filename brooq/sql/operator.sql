@@ -271,3 +271,58 @@ FROM {brooq_master}
 WHERE seen_at >= now() - make_interval(secs => beat_seconds * %(missed)s::int4)
 ORDER BY host, pid, id
 LIMIT %(limit)s
+
+-- name: snapshot_holders
+-- What holds back the cleanup of dead rows in this database (the job table's among
+-- them): VACUUM removes a row version only once no snapshot may still see it, so the
+-- oldest of these is how far back every table's cleanup stops. Four kinds hold it:
+--   session   a backend of this database with a snapshot (backend_xmin) or a
+--             transaction ID (backend_xid: an idle transaction that wrote something);
+--   standby   a walsender whose standby reports its oldest query (hot_standby_feedback):
+--             it holds every database's cleanup, whichever it streams;
+--   slot      a replication slot's xmin (a standby with feedback, kept while it is
+--             away); a logical slot's catalog_xmin holds back the system catalogs only,
+--             not the job table, and is left out;
+--   prepared  a prepared transaction of this database (PREPARE TRANSACTION) until it is
+--             committed or rolled back.
+-- Oldest first, by transaction ID age (the horizon itself). `since`: when the holding
+-- began by a clock PostgreSQL keeps (a session's transaction start, a preparation's
+-- time); NULL for a standby and a slot, and for another role's session unless the
+-- reader has pg_read_all_stats (its state and times are hidden then). No query text: it
+-- may hold data. Left out: this statement's own session, autovacuum workers (a VACUUM's
+-- snapshot holds back nothing) and parallel workers (their leader is listed).
+SELECT kind, pid, name, usename, client, state, backend_start, xact_start, query_start,
+       since, extract(epoch FROM now() - since)::float8 AS seconds, xid_age, xmin
+FROM (
+    SELECT CASE WHEN a.datid IS NULL OR a.backend_type = 'walsender' THEN 'standby'
+                ELSE 'session' END AS kind,
+           a.pid, a.application_name AS name, a.usename::text AS usename,
+           coalesce(host(a.client_addr), CASE WHEN a.client_port = -1 THEN 'local' END)
+               AS client,
+           a.state, a.backend_start, a.xact_start, a.query_start,
+           CASE WHEN a.datid IS NOT NULL AND a.backend_type IS DISTINCT FROM 'walsender'
+                THEN a.xact_start END AS since,
+           greatest(age(a.backend_xmin), age(a.backend_xid)) AS xid_age,
+           coalesce(a.backend_xmin, a.backend_xid)::text AS xmin
+    FROM pg_stat_activity AS a
+    WHERE a.pid <> pg_backend_pid()
+      AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+      AND (a.datid IS NULL
+           OR a.datid = (SELECT oid FROM pg_database WHERE datname = current_database()))
+      AND a.backend_type IS DISTINCT FROM 'autovacuum worker'
+      AND a.backend_type IS DISTINCT FROM 'parallel worker'
+    UNION ALL
+    SELECT 'slot', s.active_pid, s.slot_name::text, w.usename::text, host(w.client_addr),
+           CASE WHEN s.active THEN 'active' ELSE 'inactive' END,
+           NULL, NULL, NULL, NULL, age(s.xmin), s.xmin::text
+    FROM pg_replication_slots AS s
+    LEFT JOIN pg_stat_activity AS w ON w.pid = s.active_pid
+    WHERE s.xmin IS NOT NULL
+    UNION ALL
+    SELECT 'prepared', NULL, p.gid, p.owner::text, NULL, 'prepared', NULL, NULL, NULL,
+           p.prepared, age(p.transaction), p.transaction::text
+    FROM pg_prepared_xacts AS p
+    WHERE p.database = current_database()
+) AS holder
+ORDER BY xid_age DESC, since NULLS LAST
+LIMIT %(limit)s
