@@ -174,6 +174,14 @@ class Metrics:
             "Age in transactions of the job table's oldest unfrozen transaction ID",
             multiprocess_mode="mostrecent",
         )
+        # What holds the cleanup of those dead tuples back (brooq.operator.snapshots):
+        # the oldest snapshot of the database, a standby's feedback, a slot, a prepared
+        # transaction; 0 when none.
+        self.oldest_snapshot = Gauge(
+            "brooq_oldest_snapshot_age_seconds",
+            "Age of the oldest snapshot holding back the job table's cleanup (0 when none)",
+            multiprocess_mode="mostrecent",
+        )
 
 
 def render(path: Path) -> bytes:

@@ -58,6 +58,9 @@ class Settings:
     # its dead tuples reach this many (0: leave it to autovacuum), looked at every period.
     vacuum_dead_tuples: int = 100_000
     vacuum_period: float = 2.0
+    # A snapshot held this long (a long transaction elsewhere, a standby's feedback, a
+    # slot, a prepared transaction) is named in the master's log, once (0: never).
+    snapshot_warn: float = 300.0
     # How often a master writes its row in brooq_master (brooq.masters): a master that
     # missed MISSED_BEATS of them is taken for gone.
     fleet_beat: float = 10.0
@@ -117,6 +120,7 @@ _DURATIONS = {
     "loop_block_timeout",
     "vacuum_period",
     "fleet_beat",
+    "snapshot_warn",
 }
 _INTEGERS = {
     "workers",
@@ -165,6 +169,7 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_VACUUM_DEAD_TUPLES": "vacuum_dead_tuples",
     "QUEUE_VACUUM_PERIOD": "vacuum_period",
     "QUEUE_FLEET_BEAT": "fleet_beat",
+    "QUEUE_SNAPSHOT_WARN": "snapshot_warn",
     "QUEUE_CLAIM_BATCH_MAX": "claim_batch_max",
     "QUEUE_WORKER_SYNCHRONOUS_COMMIT": "worker_synchronous_commit",
     "QUEUE_QUEUES": "queues",
@@ -341,7 +346,13 @@ def validate(settings: Settings) -> list[str]:
     ):
         if getattr(s, name) <= 0:
             problems.append(f"{name} must be positive, got {getattr(s, name):g}s")
-    for name in ("reaper_period", "retention_period", "watchdog_grace", "retention_ttl"):
+    for name in (
+        "reaper_period",
+        "retention_period",
+        "watchdog_grace",
+        "retention_ttl",
+        "snapshot_warn",
+    ):
         if getattr(s, name) < 0:
             problems.append(f"{name} must not be negative (0 means default/off)")
     if s.concurrency > MAX_CONCURRENCY:

@@ -50,6 +50,11 @@ DURATION_FLAGS = [
     ("retention_ttl", "Delete terminal jobs older than this (0s: never)."),
     ("watchdog_grace", "How long a child may run on after its lease was lost (default: lease)."),
     (
+        "snapshot_warn",
+        "Log who holds a snapshot this old, holding back the job table's cleanup "
+        "(default 5m; 0s: never).",
+    ),
+    (
         "loop_block_timeout",
         "Kill an async child whose event loop is blocked this long (default 5s).",
     ),

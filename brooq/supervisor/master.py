@@ -54,6 +54,7 @@ from brooq.supervisor.duties.renewal import RENEW, Renewal
 from brooq.supervisor.duties.retention import Retention
 from brooq.supervisor.duties.scheduler import Duty, Scheduler
 from brooq.supervisor.duties.sdwatchdog import SdWatchdog
+from brooq.supervisor.duties.snapshot import SnapshotWatch
 from brooq.supervisor.duties.stats import Stats
 from brooq.supervisor.duties.vacuum import Vacuum
 from brooq.supervisor.enforce import Enforcer
@@ -161,6 +162,7 @@ class Master:
             Reaper(self.conns, settings, self.metrics),
             self.beat,
             self.stats,
+            SnapshotWatch(self.conns, settings.snapshot_warn, self.metrics),
             Retention(self.conns, settings, self.metrics),
         ]
         self.vacuum = Vacuum(

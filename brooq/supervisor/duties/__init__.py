@@ -4,10 +4,10 @@ Each duty is a small object with its name, its period and a ``run_once(now)`` re
 counts (brooq.supervisor.duties.scheduler.Duty); the master builds them in its order and
 runs what the Scheduler says is due, once per pass of its loop. The statements they run
 are brooq.supervisor.maintenance's (Periodic's own: periodic_claim and periodic_set_job,
-with brooq.produce's insert). No duty ever waits: one that cannot reach the database
-returns nothing and runs again next period; a long statement (the job count, a VACUUM)
-goes off the loop (brooq.supervisor.offloop), its duty being a source of the master's
-select too.
+with brooq.produce's insert; the snapshot watch's: brooq.operator.snapshots' read). No
+duty ever waits: one that cannot reach the database returns nothing and runs again next
+period; a long statement (the job count, a VACUUM) goes off the loop
+(brooq.supervisor.offloop), its duty being a source of the master's select too.
 
 - `scheduler`: the Duty protocol and the Scheduler (pure: its clock is the now it is given)
 - `sdwatchdog`: the systemd watchdog ping, twice per WatchdogSec
@@ -16,6 +16,7 @@ select too.
 - `reaper`: expired leases back to pending, or dead after max_lease_expiries
 - `beat`: this master's row in brooq_master, written off the loop; the live fleet's pairs
 - `stats`: the job-count gauges, counted off the loop and paced by their duration
+- `snapshot`: the oldest snapshot holding back cleanup: its gauge, each holder named once
 - `retention`: deleting terminal jobs older than retention_ttl, in bounded passes
 - `periodic`: each schedule's due tick enqueued once across every master; ClockAhead
 - `vacuum`: the master's own VACUUM of the job table when its dead tuples pile up
