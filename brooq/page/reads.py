@@ -1,6 +1,6 @@
 """What the status page reads: one function per page, each running its named statements
-(brooq/sql/page.sql, the web_ statements, and brooq.masters' fleet_live) on a given
-psycopg connection.
+(brooq/sql/page.sql, the web_ statements, brooq.masters' fleet_live and
+brooq.operator.snapshots' snapshot_holders) on a given psycopg connection.
 
 Each read is one read-only REPEATABLE READ transaction (one snapshot, so a page's
 figures agree) under a transaction-local statement_timeout: a slow page fails with
@@ -28,6 +28,7 @@ from psycopg.rows import dict_row
 
 from brooq import masters as masters_mod
 from brooq.masters import MasterRow
+from brooq.operator import snapshots
 from brooq.sql import Q, Queries
 
 Row = dict[str, Any]
@@ -156,6 +157,8 @@ def overview(
             done_estimated = percent < 100.0
         paused = cur.execute(q.web_paused_queues, {"limit": MAX_PAUSED + 1}).fetchall()
         fleet = masters_mod.live(cur.connection, q)
+        # What holds the table's cleanup back (its own snapshot, this page's, left out).
+        held = snapshots.holders(cur.connection, q, limit=1)
     keys = sorted(set().union(*by_state.values()))
     groups = [
         _group(key, by_state, estimated, clock["now"], key[0] in exact_queues)
@@ -184,6 +187,7 @@ def overview(
         "now": clock["now"],
         "minute": clock["minute"],
         "masters": fleet,
+        "oldest_snapshot": held[0] if held else None,
     }
 
 

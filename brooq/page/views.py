@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
+from brooq.operator.snapshots import Holder
 from brooq.page import reads
 from brooq.page.reads import Page, Row
 from brooq.page.render import (
@@ -34,6 +35,9 @@ from brooq.sql import Q, Queries
 
 CANCEL_RUNNING = "cancel: its handler is interrupted (LeaseLost) at the next lease renewal"
 REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
+# The oldest snapshot is shown as a note (not muted) once it is this old: brooq's own
+# statements hold one for milliseconds, a job count for seconds.
+SNAPSHOT_NOTE_AFTER = 60.0
 NO_HANDLER = (
     '<strong title="no live master handles this topic in this queue: its ready jobs wait '
     'until one does (see the fleet)">no handler</strong>'
@@ -92,7 +96,8 @@ def overview_page(
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
                "oldest ready", "")  # fmt: skip
-    parts = [fleet_line(data["masters"]), table(headers, rows, numeric={2, 3, 4, 5, 6, 7})]
+    parts = [fleet_line(data["masters"]), snapshot_line(data["oldest_snapshot"])]
+    parts.append(table(headers, rows, numeric={2, 3, 4, 5, 6, 7}))
     if data["groups_cut"]:
         parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
     if data["estimate"] is not None:
@@ -130,6 +135,20 @@ def fleet_line(masters: list[MasterRow]) -> str:
         f"<p>Masters alive: {_n(len(masters))}, with {_n(children)} children: "
         f"{link('/fleet', 'the fleet')}</p>"
     )
+
+
+def snapshot_line(h: Holder | None) -> str:
+    """The overview's line about the oldest snapshot holding back the table's cleanup
+    (docs/how-to/big-tables.md): who, and for how long."""
+    if h is None:
+        return '<p class="muted">No snapshot holds back the job table\'s cleanup.</p>'
+    held = f", held for {age(h.seconds)}" if h.seconds is not None else ""
+    text = (
+        f"Oldest snapshot holding back the job table's cleanup: {h.who()}{held}, "
+        f"{h.xid_age:,} transactions old."
+    )
+    old = h.seconds is not None and h.seconds >= SNAPSHOT_NOTE_AFTER
+    return f'<p class="{"note" if old else "muted"}">{e(text)}</p>'
 
 
 def fleet_page(masters: list[MasterRow], actions_enabled: bool, signed_in: bool = False) -> bytes:
