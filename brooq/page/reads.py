@@ -28,6 +28,8 @@ from psycopg.rows import dict_row
 
 from brooq import masters as masters_mod
 from brooq.masters import MasterRow
+from brooq.operator import replica
+from brooq.operator.replica import ReplicaLag
 from brooq.sql import Q, Queries
 
 Row = dict[str, Any]
@@ -379,3 +381,12 @@ def fleet(
     """The live masters and their children (brooq.masters)."""
     with read_only(conn, timeout, q) as cur:
         return masters_mod.live(cur.connection, q)
+
+
+def standing(
+    conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT, q: Queries = Q
+) -> ReplicaLag:
+    """Whether the database the pages read is a standby, and how far behind its primary
+    (brooq.operator.replica): read before each page when a read target is set."""
+    with read_only(conn, timeout, q) as cur:
+        return replica.lag(cur.connection, q)

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
+from brooq.operator.replica import ReplicaLag
 from brooq.page import reads
 from brooq.page.reads import Page, Row
 from brooq.page.render import (
@@ -57,6 +58,7 @@ def overview_page(
     timeout: float,
     csrf: str | None = None,
     q: Queries = Q,
+    note: str = "",
 ) -> bytes:
     data = reads.overview(conn, timeout, q)
     paused = {row["name"] for row in data["paused"]}
@@ -120,6 +122,24 @@ def overview_page(
         actions_enabled=actions_enabled,
         refresh=REFRESH,
         signed_in=csrf is not None,
+        note=note,
+    )
+
+
+def replica_note(standing: ReplicaLag) -> str:
+    """Where the pages read when a read target is set, on every page: how far behind its
+    primary it is, and what that means for the figures and for the actions."""
+    if not standing.standby:
+        return (
+            '<p class="note">These pages read from the read target '
+            f"(<code>QUEUE_READ_DATABASE_URL</code>): {e(standing.summary())}.</p>"
+        )
+    return (
+        '<p class="note">These pages read from a replica '
+        f"(<code>QUEUE_READ_DATABASE_URL</code>): {e(standing.summary())}. What they show "
+        "is the primary's as of that long ago. The actions (cancel, retry, pause, resume) "
+        "write to the primary; a page shows what they did once the replica has replayed "
+        "it.</p>"
     )
 
 
@@ -132,7 +152,9 @@ def fleet_line(masters: list[MasterRow]) -> str:
     )
 
 
-def fleet_page(masters: list[MasterRow], actions_enabled: bool, signed_in: bool = False) -> bytes:
+def fleet_page(
+    masters: list[MasterRow], actions_enabled: bool, signed_in: bool = False, note: str = ""
+) -> bytes:
     """Every live master: where, what it runs, when it was last seen; its children."""
     parts = [
         '<p class="muted">Each master writes its row on every beat (QUEUE_FLEET_BEAT) and '
@@ -168,6 +190,7 @@ def fleet_page(masters: list[MasterRow], actions_enabled: bool, signed_in: bool 
         actions_enabled=actions_enabled,
         refresh=REFRESH,
         signed_in=signed_in,
+        note=note,
     )
 
 
@@ -238,7 +261,11 @@ def stack_form(job_id: object, csrf: str | None, actions_enabled: bool) -> str:
 
 
 def in_flight_page(
-    page: Page, actions_enabled: bool, csrf: str | None = None, here: str = "/in-flight"
+    page: Page,
+    actions_enabled: bool,
+    csrf: str | None = None,
+    here: str = "/in-flight",
+    note: str = "",
 ) -> bytes:
     rows = []
     for r in page.rows:
@@ -266,17 +293,18 @@ def in_flight_page(
                "lease left", "stack"]  # fmt: skip
     if csrf is not None:
         headers.append("action")
-    note = (
+    stack_note = (
         '<p class="muted">The stack button shows the Python stack of the running handler '
         "right now, from whichever host runs it (as <code>brooq jobs stack ID</code>).</p>"
     )
-    body = note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
+    body = stack_note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
     return layout(
         "In flight",
         body,
         actions_enabled=actions_enabled,
         refresh=REFRESH,
         signed_in=csrf is not None,
+        note=note,
     )
 
 
@@ -292,7 +320,12 @@ def row_actions(state: str, job_id: object, csrf: str | None, here: str) -> str:
 
 
 def finished_badly_page(
-    state: str, page: Page, actions_enabled: bool, csrf: str | None = None, here: str = ""
+    state: str,
+    page: Page,
+    actions_enabled: bool,
+    csrf: str | None = None,
+    here: str = "",
+    note: str = "",
 ) -> bytes:
     here = here or f"/{state}"
     rows = []
@@ -319,7 +352,9 @@ def finished_badly_page(
         headers[5] = ""
     title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
     body = table(headers, rows, numeric={3, 7}) + _pages(f"/{state}", page)
-    return layout(title, body, actions_enabled=actions_enabled, signed_in=csrf is not None)
+    return layout(
+        title, body, actions_enabled=actions_enabled, signed_in=csrf is not None, note=note
+    )
 
 
 def _cell(name: str, value: Any) -> str:
@@ -334,7 +369,7 @@ def _cell(name: str, value: Any) -> str:
     return e(value)
 
 
-def job_page(row: Row, actions_enabled: bool, csrf: str | None = None) -> bytes:
+def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str = "") -> bytes:
     job_id = row["id"]
     columns = "".join(
         f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
@@ -377,4 +412,5 @@ def job_page(row: Row, actions_enabled: bool, csrf: str | None = None) -> bytes:
         "".join(parts),
         actions_enabled=actions_enabled,
         signed_in=csrf is not None,
+        note=note,
     )
