@@ -157,7 +157,8 @@ def reads_from(ctx: click.Context, queue: brooq.Queue) -> tuple[str, ReplicaLag]
 
 
 def reads_line(database: str, standing: ReplicaLag) -> str:
-    """ "read from ops@db2:5432/app, a standby, 0.3s behind its primary"."""
+    """The line saying where a command read, and how far behind its primary that is:
+    ``read from ops@db2:5432/app, a standby, 0.3s behind its primary``."""
     return f"read from {database}, {standing.summary()}"
 
 
