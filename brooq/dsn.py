@@ -1,4 +1,5 @@
-"""Where the connection string comes from, and how to name a database without its password."""
+"""Where the connection strings come from (the DSN, the direct one for LISTEN, the read
+target of the operator's reads), and how to name a database without its password."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def server_codec(conn: Any) -> str | None:
 
 CREDENTIAL_NAME = "database-url"
 LISTEN_CREDENTIAL_NAME = "listen-database-url"
+READ_CREDENTIAL_NAME = "read-database-url"
 
 
 def _read_file(path: str, what: str) -> str:
@@ -91,22 +93,46 @@ def resolve_listen(
     cannot go through a transaction pooler, so every LISTEN brooq makes (the master's,
     queue.wait's, a stack request's), the master's own connections and ``brooq
     migrate`` (a session lock) use this one."""
-    env = os.environ if environ is None else environ
     if explicit is not None and explicit.strip():
         return check(explicit.strip(), "the direct connection string (listen_dsn)")
-    url = env.get("QUEUE_LISTEN_DATABASE_URL", "").strip()
+    found = _configured("QUEUE_LISTEN_DATABASE_URL", LISTEN_CREDENTIAL_NAME, environ)
+    return dsn if found is None else found
+
+
+def resolve_read(
+    explicit: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    explicitly: str = "--read-database-url",
+) -> str | None:
+    """The read target (docs/how-to/read-replica.md): where the status page and the
+    commands that only read (``brooq stats``, ``top``, ``jobs list``...) read, a
+    standby most often. The explicit argument (``explicitly`` names it in an error),
+    else QUEUE_READ_DATABASE_URL, else the file named by QUEUE_READ_DATABASE_URL_FILE,
+    else the systemd credential ``read-database-url``; None when none is set: the reads
+    go where the writes go. Nothing that writes ever uses it."""
+    if explicit is not None and explicit.strip():
+        return check(explicit.strip(), explicitly)
+    return _configured("QUEUE_READ_DATABASE_URL", READ_CREDENTIAL_NAME, environ)
+
+
+def _configured(
+    variable: str, credential: str, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """A connection string of brooq's besides the DSN: the variable, else the file named
+    by the variable with _FILE, else the systemd credential; None when none is set (an
+    empty value counts as unset). Checked, never echoed."""
+    env = os.environ if environ is None else environ
+    url = env.get(variable, "").strip()
     if url:
-        return check(url, "QUEUE_LISTEN_DATABASE_URL")
-    path = env.get("QUEUE_LISTEN_DATABASE_URL_FILE", "").strip()
+        return check(url, variable)
+    path = env.get(f"{variable}_FILE", "").strip()
     if path:
-        return check(
-            _read_file(path, "QUEUE_LISTEN_DATABASE_URL_FILE"), "QUEUE_LISTEN_DATABASE_URL_FILE"
-        )
+        return check(_read_file(path, f"{variable}_FILE"), f"{variable}_FILE")
     creds = env.get("CREDENTIALS_DIRECTORY", "").strip()
-    if creds and (Path(creds) / LISTEN_CREDENTIAL_NAME).exists():
-        text = _read_file(str(Path(creds) / LISTEN_CREDENTIAL_NAME), "credential")
-        return check(text, f"the credential {LISTEN_CREDENTIAL_NAME}")
-    return dsn
+    if creds and (Path(creds) / credential).exists():
+        text = _read_file(str(Path(creds) / credential), "credential")
+        return check(text, f"the credential {credential}")
+    return None
 
 
 def check(dsn: str, what: str = "the database connection string") -> str:

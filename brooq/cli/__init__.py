@@ -8,7 +8,7 @@ Errors are one line on stderr, never a traceback.
 The commands live in modules of their own, each registering on the group of
 brooq.cli.common:
 
-- `common`: the `brooq` group and what its commands share (--database, output, times)
+- `common`: the `brooq` group and what its commands share (the databases, output, times)
 - `migrate`: `brooq migrate up|down|status|sql`, the schema as a deployment step
 - `jobs`: the `jobs` group and `brooq jobs list|show|stack`, one job or a listing read
 - `cancel_retry`: `brooq [jobs] cancel|retry`, one job or every job of a topic in a state
@@ -20,7 +20,8 @@ brooq.cli.common:
 - `fleet`: `brooq fleet`, the live masters and their children
 
 Owns: ``main``, the entry point of ``brooq`` and ``python -m brooq``: turning every
-error into one line on stderr and its exit code, and hiding --database from ps.
+error into one line on stderr and its exit code, and hiding --database and
+--read-database-url from ps.
 Must never: run in the master or a child, talk to the database itself, or let a traceback
 reach the operator.
 """
@@ -68,18 +69,24 @@ USAGE_ERRORS = (InvalidDsn, InvalidJob, InvalidJobId, InvalidSettings)
 NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
+# The options whose value may hold a password: hidden from ps.
+SECRET_OPTIONS = ("--database", "--read-database-url")
+
+
 def _hide_database(argv: list[str]) -> str:
-    """The command line as ps should show it: the value of --database replaced by ***
-    (only what ps shows changes; click parses sys.argv, a copy)."""
+    """The command line as ps should show it: the values of --database and
+    --read-database-url replaced by *** (only what ps shows changes; click parses
+    sys.argv, a copy)."""
     words = ["brooq"]
     hide_next = False
     for word in argv:
+        name = word.partition("=")[0]
         if hide_next:
             word, hide_next = "***", False
-        elif word == "--database":
+        elif word in SECRET_OPTIONS:
             hide_next = True
-        elif word.startswith("--database="):
-            word = "--database=***"
+        elif name in SECRET_OPTIONS:
+            word = f"{name}=***"
         words.append(word)
     return " ".join(words)
 
@@ -111,7 +118,7 @@ def main() -> None:
     pool_log.propagate = False
     # A DSN with its password in the arguments is readable by every local user in
     # /proc/PID/cmdline; a command such as `brooq top` can run for hours.
-    if any(arg.startswith("--database") for arg in sys.argv[1:]):
+    if any(arg.partition("=")[0] in SECRET_OPTIONS for arg in sys.argv[1:]):
         setproctitle(_hide_database(sys.argv[1:]))
     try:
         code = cli.main(prog_name="brooq", standalone_mode=False)

@@ -1,10 +1,15 @@
-"""The `brooq` command group and what its commands share: the --database option, the
-queue an operator command talks through, JSON and table output, times as operators read
-them.
+"""The `brooq` command group and what its commands share: the --database and
+--read-database-url options, the queue an operator command talks through, JSON and table
+output, times as operators read them.
+
+The commands that only read (READ_COMMANDS) read through ``open_reads``: on the read
+target when one is set (a standby, most often: docs/how-to/read-replica.md), where they
+need nothing of the primary; every other command, and every write, goes through
+``open_queue`` to the database itself.
 
 Owns: the click group every command module registers on (``cli``), opening the database
-for a command (a reachable database checked first, so an unreachable one is one line
-at once rather than a pool's timeout later), and the small text helpers.
+or the read target for a command (a reachable one checked first, so an unreachable one
+is one line at once rather than a pool's timeout later), and the small text helpers.
 Must never: run SQL of its own, catch errors (brooq.cli.main turns them into one line
 and an exit code), or print anything but what a command asked for.
 """
@@ -21,12 +26,17 @@ import brooq
 from brooq import dsn as dsn_mod
 from brooq import settings as settings_mod
 from brooq.db import connect
-from brooq.sql import validate_schema
+from brooq.errors import DatabaseUnavailable
+from brooq.operator.replica import ReplicaLag, lag
+from brooq.sql import queries, validate_schema
 
 DSN_IN_ARGV_NOTE = (
     " A password given here shows in ps (/proc/PID/cmdline) while Python starts, before "
     "brooq replaces its command line; prefer DATABASE_URL_FILE or the credential."
 )
+# The commands that only read, and so read on the read target when one is set.
+READ_COMMANDS = ("stats", "top", "jobs list", "jobs show", "queues", "fleet", "periodic")
+READ_TARGET = "the read target (--read-database-url, QUEUE_READ_DATABASE_URL)"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,15 +48,28 @@ DSN_IN_ARGV_NOTE = (
     "or the systemd credential database-url)." + DSN_IN_ARGV_NOTE,
 )
 @click.option(
+    "--read-database-url",
+    "read_database",
+    metavar="DSN",
+    help="Where the commands that only read (" + ", ".join(READ_COMMANDS) + "; not "
+    "queues pause or resume) read, a standby most often; writes never go there (default: "
+    "QUEUE_READ_DATABASE_URL, QUEUE_READ_DATABASE_URL_FILE or the systemd credential "
+    "read-database-url; unset: the database). A password given here shows in ps while "
+    "Python starts; prefer QUEUE_READ_DATABASE_URL_FILE or the credential.",
+)
+@click.option(
     "--schema",
     metavar="NAME",
     help="brooq's own schema (default: QUEUE_SCHEMA; unset: the job table the search_path finds).",
 )
 @click.pass_context
-def cli(ctx: click.Context, database: str | None, schema: str | None) -> None:
+def cli(
+    ctx: click.Context, database: str | None, read_database: str | None, schema: str | None
+) -> None:
     """brooq: a PostgreSQL job queue. Operator commands."""
     ctx.ensure_object(dict)
     ctx.obj["database"] = database
+    ctx.obj["read_database"] = read_database
     ctx.obj["schema"] = schema
 
 
@@ -92,6 +115,51 @@ def open_queue(ctx: click.Context) -> brooq.Queue:
     opened = brooq.Queue(checked_dsn(ctx), pool_size=1, schema=schema(ctx))
     ctx.call_on_close(opened.close)
     return opened
+
+
+def read_target(ctx: click.Context) -> str | None:
+    """The read target: --read-database-url, else QUEUE_READ_DATABASE_URL and its kin;
+    None when none is set. A bad value is InvalidDsn (exit 2), never echoed."""
+    return dsn_mod.resolve_read(ctx.obj.get("read_database"))
+
+
+def checked_read_target(ctx: click.Context) -> str | None:
+    """``read_target`` once a connection to it has worked: an unreachable one is one
+    line naming it as the read target."""
+    target = read_target(ctx)
+    if target is not None:
+        try:
+            connect(target).close()
+        except DatabaseUnavailable as exc:
+            raise DatabaseUnavailable(f"{READ_TARGET}: {exc}") from None
+    return target
+
+
+def open_reads(ctx: click.Context) -> brooq.Queue:
+    """The Queue a command that only reads reads through: on the read target when one is
+    set (the database itself is then not needed, nor opened), else ``open_queue``."""
+    target = checked_read_target(ctx)
+    if target is None:
+        return open_queue(ctx)
+    opened = brooq.Queue(target, pool_size=1, schema=schema(ctx))
+    ctx.call_on_close(opened.close)
+    return opened
+
+
+def reads_from(ctx: click.Context, queue: brooq.Queue) -> tuple[str, ReplicaLag] | None:
+    """Where ``queue`` (``open_reads``'s) read and how far behind its primary that is,
+    when it is the read target; None when the command read the database itself."""
+    target = read_target(ctx)
+    if target is None:
+        return None
+    with queue.connection() as conn:
+        return dsn_mod.describe(target), lag(conn, queries(queue.schema))
+
+
+def reads_line(database: str, standing: ReplicaLag) -> str:
+    """The line saying where a command read, and how far behind its primary that is:
+    ``read from ops@db2:5432/app, a standby, 0.3s behind its primary``."""
+    return f"read from {database}, {standing.summary()}"
 
 
 def emit_json(value: Any) -> None:

@@ -1,6 +1,7 @@
 """`brooq fleet`: the live masters and their children, as text or JSON.
 
 Owns: the fleet command and its text (``fleet_lines``, a pure function).
+Read on the read target when one is set (brooq.cli.common.open_reads).
 Must never: read the database but through brooq.masters.live, or show a row whose master
 missed its beats (brooq.masters.MISSED_BEATS).
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from brooq.cli.common import cli, emit_json, open_queue, table, utc
+from brooq.cli.common import cli, emit_json, open_reads, table, utc
 from brooq.durations import format_age
 from brooq.masters import MISSED_BEATS, MasterRow, live
 from brooq.sql import queries
@@ -62,7 +63,7 @@ def fleet(ctx: click.Context, as_json: bool) -> None:
 
     Each brooq-master writes its row every QUEUE_FLEET_BEAT (10 s) and deletes it when it
     stops; one that missed three of its beats (killed, its host gone) is not listed."""
-    queue = open_queue(ctx)
+    queue = open_reads(ctx)
     with queue.connection() as conn:
         masters = live(conn, queries(queue.schema))
     if as_json:

@@ -3,6 +3,8 @@ group, on which brooq.cli.cancel_retry registers the writes too.
 
 Owns: the `jobs` group, those commands, the listing's table and ``show_lines``, the
 one-screen view of a job (a pure function of the record and the time).
+`list` and `show` read on the read target when one is set (brooq.cli.common.open_reads);
+`stack` asks through the database itself (its request is a write).
 Must never: write a job (brooq.cli.cancel_retry does, through Queue).
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 import click
 
 import brooq
-from brooq.cli.common import cli, emit_json, open_queue, table, utc
+from brooq.cli.common import cli, emit_json, open_queue, open_reads, table, utc
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
 from brooq.job import JobRecord
@@ -80,7 +82,7 @@ def jobs_list(
             brooq.job.validate_queue(queue_name)
         except brooq.InvalidQueue as exc:
             raise click.BadParameter(str(exc), param_hint="--queue") from None
-    records = open_queue(ctx).list_jobs(topic=topic, state=state, limit=limit, queue=queue_name)
+    records = open_reads(ctx).list_jobs(topic=topic, state=state, limit=limit, queue=queue_name)
     if as_json:
         emit_json({"jobs": [r.to_dict() for r in records]})
         return
@@ -226,7 +228,7 @@ def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     error history (attempt, time, worker, first line of each error), last error, payload.
     --json: every field whole."""
     jid = brooq.job.parse_job_id(job_id)
-    record = open_queue(ctx).get(jid)
+    record = open_reads(ctx).get(jid)
     if record is None:
         raise JobNotFound(f"no job with id {jid}")
     if as_json:

@@ -4,6 +4,7 @@ Owns: that command and its table (``periodic_lines``, a pure function): per sche
 name, the cron text or "every 30s", the time zone, the next tick, and the last claimed
 tick's job id and state (read from brooq_periodic joined with job; "deleted" once
 retention removed the job).
+Read on the read target when one is set (brooq.cli.common.read_target).
 Must never: write to the database, or enqueue anything (only brooq-master does).
 """
 
@@ -19,7 +20,7 @@ import psycopg
 
 from brooq import app as app_mod
 from brooq import dsn as dsn_mod
-from brooq.cli.common import cli, emit_json, schema, table, utc
+from brooq.cli.common import checked_read_target, cli, emit_json, schema, table, utc
 from brooq.db import connect, schema_missing
 from brooq.errors import AppLoadError
 from brooq.periodic import Schedule, next_tick
@@ -106,7 +107,7 @@ def periodic(ctx: click.Context, app_spec: str, as_json: bool) -> None:
         queue = app_mod.load(app_spec)
     except AppLoadError as exc:
         raise click.BadParameter(str(exc), param_hint="--app") from None
-    dsn = dsn_mod.resolve(ctx.obj.get("database") or queue._dsn_arg)
+    dsn = checked_read_target(ctx) or dsn_mod.resolve(ctx.obj.get("database") or queue._dsn_arg)
     try:
         with connect(dsn) as conn:
             found = {

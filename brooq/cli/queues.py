@@ -3,6 +3,8 @@ stopping one during an incident without stopping the workers.
 
 Owns: those commands, the table of queues (``queues_lines``, a pure function) and the
 words of a pause and a resume.
+The list reads on the read target when one is set (brooq.cli.common.open_reads); pause
+and resume, and the figures they print after, on the database itself.
 Must never: read or write the database but through Queue.queues, Queue.pause and
 Queue.resume, or write anything for a malformed name (it is refused before any I/O).
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import click
 
 import brooq
-from brooq.cli.common import cli, emit_json, open_queue, table
+from brooq.cli.common import cli, emit_json, open_queue, open_reads, table
 from brooq.durations import format_age
 from brooq.errors import InvalidQueue
 from brooq.job import validate_queue
@@ -73,7 +75,7 @@ def queues(ctx: click.Context, as_json: bool) -> None:
         if as_json:
             raise click.UsageError("give --json without pause or resume: it lists the queues")
         return
-    rows = open_queue(ctx).queues()
+    rows = open_reads(ctx).queues()
     if as_json:
         emit_json([r.to_dict() for r in rows])
         return

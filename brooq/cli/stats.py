@@ -1,9 +1,12 @@
 """`brooq stats`: jobs per queue, topic and state, as a table or JSON, with the "no
-handler" mark of a queue and topic whose ready jobs no live master handles.
+handler" mark of a queue and topic whose ready jobs no live master handles; read on the
+read target when one is set, with a line (a field in JSON) saying how far behind its
+primary that is.
 
 Owns: the stats command and its table (``stats_lines``, a pure function).
-Must never: read the database but through Queue.stats and brooq.masters.live, or count
-done jobs (a queue's done rows grow without bound; job_stats_by_topic leaves them out).
+Must never: read the database but through Queue.stats, brooq.masters.live and
+brooq.operator.replica, or count done jobs (a queue's done rows grow without bound;
+job_stats_by_topic leaves them out).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import click
 import psycopg
 
 import brooq
-from brooq.cli.common import cli, emit_json, open_queue, table
+from brooq.cli.common import cli, emit_json, open_reads, reads_from, reads_line, table
 from brooq.durations import format_age
 from brooq.masters import Pair, handled, live, no_handler
 from brooq.sql import queries
@@ -84,27 +87,35 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     Per queue and topic: pending, ready (due now), failed (waiting for a retry), processing, busy
     (processing under a live lease: a child working on it), dead, and the age of the
     oldest ready job. "no handler": ready jobs that no live master handles (no master has
-    a handler for the topic, or none works the queue; see `brooq fleet`)."""
-    queue = open_queue(ctx)
+    a handler for the topic, or none works the queue; see `brooq fleet`).
+
+    With a read target (--read-database-url), the figures are read there, and a last
+    line ("read_from" in JSON) says how far behind its primary it is."""
+    queue = open_reads(ctx)
     rows = queue.stats()
     pairs = _live_pairs(queue)
+    standing = reads_from(ctx, queue)
     marked = {
         (r.queue, r.topic)
         for r in rows
         if pairs is not None and no_handler(r.queue, r.topic, r.ready, pairs)
     }
     if as_json:
-        emit_json(
-            {
-                "topics": [
-                    {
-                        **r.to_dict(),
-                        "no_handler": (r.queue, r.topic) in marked if pairs is not None else None,
-                    }
-                    for r in rows
-                ]
-            }
-        )
+        found: dict[str, object] = {
+            "topics": [
+                {
+                    **r.to_dict(),
+                    "no_handler": (r.queue, r.topic) in marked if pairs is not None else None,
+                }
+                for r in rows
+            ]
+        }
+        if standing is not None:
+            database, lag = standing
+            found["read_from"] = {"database": database, **lag.to_dict()}
+        emit_json(found)
         return
     for line in stats_lines(rows, marked):
         click.echo(line)
+    if standing is not None:
+        click.echo(reads_line(*standing))

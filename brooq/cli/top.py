@@ -5,12 +5,15 @@ refreshed by a small loop (``run``) that puts the terminal in cbreak mode, waits
 with select() between frames, and restores the terminal however it ends. Plain ANSI
 escapes only, so it works over SSH and needs no curses.
 
+With a read target (--read-database-url) it reads there, and each frame says how far
+behind its primary that is (brooq.operator.replica).
+
 Owns: the top command (``top_command``, its --interval bounds), the snapshot, the frame,
 the terminal while it runs.
 Must never: write to the database, read it but through Queue (stats, throughput_by_queue,
-processing_by_holder, in_flight), leave the terminal in cbreak mode or on the alternate
-screen however it ends, or let a failed refresh end the view (the frame shows the error
-and the last good read).
+processing_by_holder, in_flight) and brooq.operator.replica, leave the terminal in
+cbreak mode or on the alternate screen however it ends, or let a failed refresh end the
+view (the frame shows the error and the last good read).
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ import click
 import psycopg
 
 from brooq import dsn as dsn_mod
-from brooq.cli.common import cli, dsn, emit_json, open_queue
+from brooq.cli.common import cli, dsn, emit_json, open_reads, read_target
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import BrooqError
 from brooq.operator.records import HolderStats, InFlight, TopicStats
+from brooq.operator.replica import ReplicaLag, lag
 from brooq.queue import Queue
+from brooq.sql import queries
 
 WINDOW_SECONDS = 60
 IN_FLIGHT_LIMIT = 200
@@ -66,6 +71,7 @@ class Snapshot:
     in_flight: list[InFlight]
     window: int = WINDOW_SECONDS
     children: list[HolderStats] = field(default_factory=list)  # busiest first
+    standing: ReplicaLag | None = None  # read on a read target: how far behind it is
 
     def topic_names(self) -> list[tuple[str, str]]:
         """(queue, topic) pairs with active or dead jobs, and the pairs that only finished
@@ -80,7 +86,7 @@ class Snapshot:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "taken_at": self.taken_at.isoformat(),
             "database": self.database,
             "window_seconds": self.window,
@@ -91,9 +97,18 @@ class Snapshot:
             "children": [holder.to_dict() for holder in self.children],
             "in_flight": [job.to_dict() for job in self.in_flight],
         }
+        if self.standing is not None:
+            found["read_from"] = {"database": self.database, **self.standing.to_dict()}
+        return found
 
 
-def take(queue: Queue, database: str) -> Snapshot:
+def take(queue: Queue, database: str, replica: bool = False) -> Snapshot:
+    """A snapshot read through ``queue``; ``replica``: it reads on the read target, whose
+    standing is read too."""
+    standing = None
+    if replica:
+        with queue.connection() as conn:
+            standing = lag(conn, queries(queue.schema))
     return Snapshot(
         taken_at=datetime.now(timezone.utc),
         database=database,
@@ -101,6 +116,7 @@ def take(queue: Queue, database: str) -> Snapshot:
         finished=queue.throughput_by_queue(WINDOW_SECONDS),
         in_flight=queue.in_flight(IN_FLIGHT_LIMIT),
         children=queue.processing_by_holder(CHILDREN_LIMIT),
+        standing=standing,
     )
 
 
@@ -127,6 +143,8 @@ def render(
     how many are hidden)."""
     clock = snap.taken_at.astimezone(timezone.utc).strftime("%H:%M:%S UTC")
     lines = [f"brooq top  {snap.database}  {clock}  (q quits)"]
+    if snap.standing is not None:
+        lines.append(f"read target: {snap.standing.summary()}")
     if error:
         lines.append(f"! {error} (showing the last good read)")
     lines.append("")
@@ -298,11 +316,12 @@ def top_command(ctx: click.Context, once: bool, interval: str, as_json: bool) ->
         )
     if period > MAX_INTERVAL:
         raise click.BadParameter(f"{interval} is too long; the most is 1d", param_hint="--interval")
-    database = dsn_mod.describe(dsn(ctx))
-    queue = open_queue(ctx)
+    target = read_target(ctx)
+    database = dsn_mod.describe(target or dsn(ctx))
+    queue = open_reads(ctx)
 
     def take_snapshot() -> Snapshot:
-        return take(queue, database)
+        return take(queue, database, replica=target is not None)
 
     if as_json:
         emit_json(take_snapshot().to_dict())

@@ -10,6 +10,7 @@ own, so they want a connection outside any transaction of the caller's).
 
 - `changes`: cancel, retry, their bulk forms in batches, pause, resume, why a change did nothing
 - `connect`: one connection for one operator action: opened, committed, closed, brooq's errors
+- `replica`: the read target's standing: a standby or not, how far behind its primary
 - `reads`: a job's row, listings, per-topic and per-queue counts, in-flight jobs and throughput
 - `snapshots`: who holds back the cleanup of dead rows: a session, standby, slot, prepared xact
 - `records`: TopicStats, QueueStats, InFlight, HolderStats, BulkResult: what reads return

@@ -6,7 +6,9 @@ The request is parsed again (brooq.opsport.httpmsg) and its Host checked again
 whoever hands the request); then sign-in and the actions (brooq.page.actions, a bulk
 action in a helper process: brooq.page.bulk), the stack button, or a read-only page
 (brooq.page.routes, on a database connection of the process's own, opened at the first
-page). The answer is written to the client's socket with a timeout (CLIENT_TIMEOUT).
+page: on the read target when one is set, QUEUE_READ_DATABASE_URL, a standby most often;
+the actions and the stack button always go to the database itself). The answer is
+written to the client's socket with a timeout (CLIENT_TIMEOUT).
 
 Owns: choosing who answers a request, and writing the answer. Must never write to the
 database but through brooq.page.actions, nor let a defect of a page end the process.
@@ -25,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from brooq.dsn import CLIENT_ENCODING
+from brooq.dsn import CLIENT_ENCODING, describe
 from brooq.opsport.hosts import REFUSAL_STATUS, HostRule
 from brooq.opsport.httpmsg import MAX_BODY_BYTES, BadRequest, parse, plain_response
 from brooq.page.actions import Actions, form_of
@@ -61,8 +63,11 @@ class Dispatcher:
         hosts: HostRule | None = None,
         revoked: dict[str, int] | None = None,
         on_sign_out: Callable[[str, int], None] = lambda nonce, expires: None,
+        read_dsn: str | None = None,
     ) -> None:
         self.dsn = dsn
+        self.read_dsn = read_dsn  # the pages' reads (a standby); None: dsn
+        self._read_down = False  # the read target's outage is logged once
         self.hosts = hosts or HostRule()
         self.token = token
         self.schema = schema  # QUEUE_SCHEMA: the pages read and act on its tables
@@ -141,6 +146,25 @@ class Dispatcher:
         extra = [(k, v) for k, v in security_headers() if k.lower() != "cache-control"]
         return plain_response(status, page, "text/html; charset=utf-8", extra)
 
+    def _unreachable(self, exc: psycopg.OperationalError) -> bytes:
+        """The 503 of a page whose database cannot be reached; the read target's outage
+        is logged (once, naming it without its password) and named on the answer."""
+        if self.read_dsn is None:
+            return plain_response(503, b"the database is unreachable\n")
+        if not self._read_down:
+            self._read_down = True
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning(
+                "event=pages_read_target_unreachable database=%s: %s",
+                describe(self.read_dsn),
+                reason,
+            )
+        return plain_response(
+            503,
+            b"the read target of these pages (QUEUE_READ_DATABASE_URL) is unreachable; "
+            b"the actions still write to the database\n",
+        )
+
     def _render(self, data: bytes, peer: str = "?", local: str = "") -> bytes:
         from brooq.page import routes  # imported here: the master never imports the pages
 
@@ -165,12 +189,13 @@ class Dispatcher:
         try:
             if self.conn is None or self.conn.closed:
                 self.conn = psycopg.connect(
-                    self.dsn,
+                    self.read_dsn or self.dsn,
                     autocommit=True,
                     connect_timeout=3,
                     application_name="brooq-pages",
                     client_encoding=CLIENT_ENCODING,
                 )
+                self._read_down = False
             page = routes.serve(
                 self.conn,
                 request.method,
@@ -178,10 +203,11 @@ class Dispatcher:
                 actions_enabled=self.actions_enabled,
                 q=queries(self.schema),
                 csrf=self.actions.csrf_of(request.headers.get("cookie", "")),
+                replica=self.read_dsn is not None,
             )
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
             self.conn = None
-            return plain_response(503, b"the database is unreachable\n")
+            return self._unreachable(exc)
         except Exception:  # a defect of a page must not end the process
             log.exception("event=page_failed path=%r", request.path[:200])
             if self.conn is not None:

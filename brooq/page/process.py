@@ -52,9 +52,11 @@ def run(
     schema: str | None = None,
     hosts: HostRule | None = None,
     revoked: dict[str, int] | None = None,
+    read_dsn: str | None = None,
 ) -> int:
     """The page process's loop: one page at a time (a bulk action in a helper beside),
-    until the master's end closes."""
+    until the master's end closes. The pages read on ``read_dsn`` when given (a standby:
+    QUEUE_READ_DATABASE_URL); the actions write on ``dsn``."""
     from setproctitle import setproctitle
 
     signal.set_wakeup_fd(-1)  # the master's: a signal here must not wake the master
@@ -65,7 +67,9 @@ def run(
     if mask is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     setproctitle("brooq-pages: status page")
-    pages = Dispatcher(dsn, token, schema, hosts, revoked, functools.partial(_revoked, sock))
+    pages = Dispatcher(
+        dsn, token, schema, hosts, revoked, functools.partial(_revoked, sock), read_dsn
+    )
     pages.bulk.master_fd = sock.fileno()
     sock.setblocking(True)
     beat = time.monotonic()

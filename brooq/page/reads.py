@@ -28,7 +28,8 @@ from psycopg.rows import dict_row
 
 from brooq import masters as masters_mod
 from brooq.masters import MasterRow
-from brooq.operator import snapshots
+from brooq.operator import replica, snapshots
+from brooq.operator.replica import ReplicaLag
 from brooq.sql import Q, Queries
 
 Row = dict[str, Any]
@@ -158,7 +159,11 @@ def overview(
         paused = cur.execute(q.web_paused_queues, {"limit": MAX_PAUSED + 1}).fetchall()
         fleet = masters_mod.live(cur.connection, q)
         # What holds the table's cleanup back (its own snapshot, this page's, left out).
-        held = snapshots.holders(cur.connection, q, limit=1)
+        # A standby's sessions are not the primary's: read on a replica, the page names
+        # none and says where to look instead.
+        recovery = cur.execute(q.web_in_recovery).fetchone()
+        on_standby = bool(recovery and recovery["standby"])
+        held = [] if on_standby else snapshots.holders(cur.connection, q, limit=1)
     keys = sorted(set().union(*by_state.values()))
     groups = [
         _group(key, by_state, estimated, clock["now"], key[0] in exact_queues)
@@ -188,6 +193,7 @@ def overview(
         "minute": clock["minute"],
         "masters": fleet,
         "oldest_snapshot": held[0] if held else None,
+        "snapshots_unseen": on_standby,
     }
 
 
@@ -383,3 +389,12 @@ def fleet(
     """The live masters and their children (brooq.masters)."""
     with read_only(conn, timeout, q) as cur:
         return masters_mod.live(cur.connection, q)
+
+
+def standing(
+    conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT, q: Queries = Q
+) -> ReplicaLag:
+    """Whether the database the pages read is a standby, and how far behind its primary
+    (brooq.operator.replica): read before each page when a read target is set."""
+    with read_only(conn, timeout, q) as cur:
+        return replica.lag(cur.connection, q)

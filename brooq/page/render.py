@@ -194,8 +194,11 @@ def layout(
     actions_enabled: bool,
     refresh: int | None = None,
     signed_in: bool = False,
+    note: str = "",
 ) -> bytes:
-    """The whole document. body is HTML built from e()'d values; title is text."""
+    """The whole document. body is HTML built from e()'d values; title is text; note:
+    HTML (built from e()'d values) shown under the title, before everything else (where
+    the pages read, when it is a replica)."""
     meta = f'<meta http-equiv="refresh" content="{int(refresh)}">' if refresh else ""
     nav = "".join(link(path, text) for path, text in NAV)
     return (
@@ -204,6 +207,6 @@ def layout(
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"{meta}<title>{e(title)} · brooq</title><style>{STYLE}</style></head>"
         f"<body><header><strong>brooq</strong> &nbsp; {nav}</header><main>"
-        f"<h1>{e(title)}</h1>{read_only_notice(actions_enabled, signed_in)}{body}"
+        f"<h1>{e(title)}</h1>{note}{read_only_notice(actions_enabled, signed_in)}{body}"
         "</main></body></html>\n"
     ).encode()

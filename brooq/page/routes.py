@@ -33,6 +33,7 @@ from brooq.page.views import (
     in_flight_page,
     job_page,
     overview_page,
+    replica_note,
 )
 from brooq.sql import Q, Queries
 
@@ -61,10 +62,12 @@ def _answer(status: int, body: bytes) -> Response:
     return Response(status, body, headers)
 
 
-def _error_page(status: HTTPStatus, message: str, actions_enabled: bool) -> Response:
+def _error_page(
+    status: HTTPStatus, message: str, actions_enabled: bool, note: str = ""
+) -> Response:
     title = f"{status.value} {status.phrase}"
     body = f"<p>{e(message)}</p><p>{link('/', 'Back to the overview')}</p>"
-    return _answer(status.value, layout(title, body, actions_enabled=actions_enabled))
+    return _answer(status.value, layout(title, body, actions_enabled=actions_enabled, note=note))
 
 
 def _cursor(query: dict[str, list[str]]) -> Cursor | None:
@@ -98,12 +101,16 @@ def serve(
     timeout: float = reads.STATEMENT_TIMEOUT,
     q: Queries = Q,
     csrf: str | None = None,
+    replica: bool = False,
 ) -> Response:
     """Answer one request of the status page, reading on conn (given idle, left idle).
     HEAD is answered as GET: the server sends the headers without the body.
     csrf: the CSRF token of the viewer's session when signed in (the page process checks
     the cookie: brooq.page.actions); the lists then carry one-click buttons, each a
-    form posting to the action's endpoint with it. None: no buttons."""
+    form posting to the action's endpoint with it. None: no buttons.
+    replica: conn is on the read target (QUEUE_READ_DATABASE_URL): each page says so, and
+    how far behind its primary that is (a job not found there may not have reached it)."""
+    note = ""
     try:
         if len(target) > MAX_TARGET:
             raise _ClientError(HTTPStatus.REQUEST_URI_TOO_LONG, "the address is too long")
@@ -130,29 +137,31 @@ def serve(
         # This page, for the buttons to come back to (its cursor is checked below).
         after = query.get("after")
         here = f"{path}?{urlencode({'after': after[0]})}" if after else path
+        # Read before the page: its figures are at least as recent as the lag it shows.
+        note = replica_note(reads.standing(conn, timeout, q)) if replica else ""
         if not segments:
-            body = overview_page(conn, actions_enabled, timeout, csrf, q)
+            body = overview_page(conn, actions_enabled, timeout, csrf, q, note)
         elif segments == ["in-flight"]:
             page = reads.in_flight(conn, _cursor(query), timeout=timeout, q=q)
-            body = in_flight_page(page, actions_enabled, csrf, here)
+            body = in_flight_page(page, actions_enabled, csrf, here, note)
         elif segments == ["fleet"]:
             masters = reads.fleet(conn, timeout=timeout, q=q)
-            body = fleet_page(masters, actions_enabled, csrf is not None)
+            body = fleet_page(masters, actions_enabled, csrf is not None, note)
         elif len(segments) == 1 and segments[0] in ("failed", "dead"):
             state = segments[0]
             page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout, q=q)
-            body = finished_badly_page(state, page, actions_enabled, csrf, here)
+            body = finished_badly_page(state, page, actions_enabled, csrf, here, note)
         elif len(segments) == 2 and segments[0] == "jobs":
             job_id = _job_id(segments[1])
             row = reads.job(conn, job_id, timeout=timeout, q=q)
             if row is None:
                 raise _ClientError(HTTPStatus.NOT_FOUND, f"no job {job_id}")
-            body = job_page(row, actions_enabled, csrf)
+            body = job_page(row, actions_enabled, csrf, note)
         else:
             raise _ClientError(HTTPStatus.NOT_FOUND, "no such page")
         return _answer(HTTPStatus.OK.value, body)
     except _ClientError as err:
-        response = _error_page(err.status, err.message, actions_enabled)
+        response = _error_page(err.status, err.message, actions_enabled, note)
         if err.allow:
             response.headers.append(("Allow", err.allow))
         return response

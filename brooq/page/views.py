@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
+from brooq.operator.replica import ReplicaLag
 from brooq.operator.snapshots import Holder
 from brooq.page import reads
 from brooq.page.reads import Page, Row
@@ -61,6 +62,7 @@ def overview_page(
     timeout: float,
     csrf: str | None = None,
     q: Queries = Q,
+    note: str = "",
 ) -> bytes:
     data = reads.overview(conn, timeout, q)
     paused = {row["name"] for row in data["paused"]}
@@ -96,7 +98,10 @@ def overview_page(
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
                "oldest ready", "")  # fmt: skip
-    parts = [fleet_line(data["masters"]), snapshot_line(data["oldest_snapshot"])]
+    parts = [
+        fleet_line(data["masters"]),
+        snapshot_line(data["oldest_snapshot"], data.get("snapshots_unseen", False)),
+    ]
     parts.append(table(headers, rows, numeric={2, 3, 4, 5, 6, 7}))
     if data["groups_cut"]:
         parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
@@ -125,6 +130,24 @@ def overview_page(
         actions_enabled=actions_enabled,
         refresh=REFRESH,
         signed_in=csrf is not None,
+        note=note,
+    )
+
+
+def replica_note(standing: ReplicaLag) -> str:
+    """Where the pages read when a read target is set, on every page: how far behind its
+    primary it is, and what that means for the figures and for the actions."""
+    if not standing.standby:
+        return (
+            '<p class="note">These pages read from the read target '
+            f"(<code>QUEUE_READ_DATABASE_URL</code>): {e(standing.summary())}.</p>"
+        )
+    return (
+        '<p class="note">These pages read from a replica '
+        f"(<code>QUEUE_READ_DATABASE_URL</code>): {e(standing.summary())}. What they show "
+        "is the primary's as of that long ago. The actions (cancel, retry, pause, resume) "
+        "write to the primary; a page shows what they did once the replica has replayed "
+        "it.</p>"
     )
 
 
@@ -137,9 +160,16 @@ def fleet_line(masters: list[MasterRow]) -> str:
     )
 
 
-def snapshot_line(h: Holder | None) -> str:
+def snapshot_line(h: Holder | None, unseen: bool = False) -> str:
     """The overview's line about the oldest snapshot holding back the table's cleanup
-    (docs/how-to/big-tables.md): who, and for how long."""
+    (docs/how-to/big-tables.md): who, and for how long. ``unseen``: the page reads a
+    standby, which cannot see the primary's sessions."""
+    if unseen:
+        return (
+            '<p class="muted">This page reads a standby, which cannot see the snapshots '
+            "held on the primary: the master's log (event=snapshot_held) and "
+            "brooq_oldest_snapshot_age_seconds name them.</p>"
+        )
     if h is None:
         return '<p class="muted">No snapshot holds back the job table\'s cleanup.</p>'
     held = f", held for {age(h.seconds)}" if h.seconds is not None else ""
@@ -151,7 +181,9 @@ def snapshot_line(h: Holder | None) -> str:
     return f'<p class="{"note" if old else "muted"}">{e(text)}</p>'
 
 
-def fleet_page(masters: list[MasterRow], actions_enabled: bool, signed_in: bool = False) -> bytes:
+def fleet_page(
+    masters: list[MasterRow], actions_enabled: bool, signed_in: bool = False, note: str = ""
+) -> bytes:
     """Every live master: where, what it runs, when it was last seen; its children."""
     parts = [
         '<p class="muted">Each master writes its row on every beat (QUEUE_FLEET_BEAT) and '
@@ -187,6 +219,7 @@ def fleet_page(masters: list[MasterRow], actions_enabled: bool, signed_in: bool 
         actions_enabled=actions_enabled,
         refresh=REFRESH,
         signed_in=signed_in,
+        note=note,
     )
 
 
@@ -257,7 +290,11 @@ def stack_form(job_id: object, csrf: str | None, actions_enabled: bool) -> str:
 
 
 def in_flight_page(
-    page: Page, actions_enabled: bool, csrf: str | None = None, here: str = "/in-flight"
+    page: Page,
+    actions_enabled: bool,
+    csrf: str | None = None,
+    here: str = "/in-flight",
+    note: str = "",
 ) -> bytes:
     rows = []
     for r in page.rows:
@@ -285,17 +322,18 @@ def in_flight_page(
                "lease left", "stack"]  # fmt: skip
     if csrf is not None:
         headers.append("action")
-    note = (
+    stack_note = (
         '<p class="muted">The stack button shows the Python stack of the running handler '
         "right now, from whichever host runs it (as <code>brooq jobs stack ID</code>).</p>"
     )
-    body = note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
+    body = stack_note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
     return layout(
         "In flight",
         body,
         actions_enabled=actions_enabled,
         refresh=REFRESH,
         signed_in=csrf is not None,
+        note=note,
     )
 
 
@@ -311,7 +349,12 @@ def row_actions(state: str, job_id: object, csrf: str | None, here: str) -> str:
 
 
 def finished_badly_page(
-    state: str, page: Page, actions_enabled: bool, csrf: str | None = None, here: str = ""
+    state: str,
+    page: Page,
+    actions_enabled: bool,
+    csrf: str | None = None,
+    here: str = "",
+    note: str = "",
 ) -> bytes:
     here = here or f"/{state}"
     rows = []
@@ -338,7 +381,9 @@ def finished_badly_page(
         headers[5] = ""
     title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
     body = table(headers, rows, numeric={3, 7}) + _pages(f"/{state}", page)
-    return layout(title, body, actions_enabled=actions_enabled, signed_in=csrf is not None)
+    return layout(
+        title, body, actions_enabled=actions_enabled, signed_in=csrf is not None, note=note
+    )
 
 
 def _cell(name: str, value: Any) -> str:
@@ -353,7 +398,7 @@ def _cell(name: str, value: Any) -> str:
     return e(value)
 
 
-def job_page(row: Row, actions_enabled: bool, csrf: str | None = None) -> bytes:
+def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str = "") -> bytes:
     job_id = row["id"]
     columns = "".join(
         f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
@@ -396,4 +441,5 @@ def job_page(row: Row, actions_enabled: bool, csrf: str | None = None) -> bytes:
         "".join(parts),
         actions_enabled=actions_enabled,
         signed_in=csrf is not None,
+        note=note,
     )

@@ -326,3 +326,18 @@ FROM (
 ) AS holder
 ORDER BY xid_age DESC, since NULLS LAST
 LIMIT %(limit)s
+
+-- name: replica_lag
+-- How far the database read is behind its primary, as the database itself knows it
+-- (brooq.operator.replica; docs/how-to/read-replica.md). pg_last_xact_replay_timestamp()
+-- is when the last replayed transaction committed on the primary: while a standby has
+-- replayed all it received, its age only says how long the primary has been quiet, so
+-- such a standby, streaming, is 0 behind. pg_stat_wal_receiver has its row (the pid,
+-- shown to any role) while a WAL receiver runs. clock_timestamp(), not now(): the
+-- transaction may have begun earlier.
+SELECT pg_is_in_recovery() AS standby,
+       EXISTS (SELECT FROM pg_stat_wal_receiver) AS streaming,
+       pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn() AS caught_up,
+       pg_last_xact_replay_timestamp() AS replayed_at,
+       extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8
+           AS since_replay

@@ -171,3 +171,8 @@ LIMIT %(limit)s
 -- name: web_job_get
 -- One job, every column whatever migrations added (the page lists them in table order).
 SELECT * FROM {job} WHERE id = %(id)s
+
+-- name: web_in_recovery
+-- Whether the page reads a standby (QUEUE_READ_DATABASE_URL): its sessions are not the
+-- primary's, so the overview names no snapshot holder there.
+SELECT pg_is_in_recovery() AS standby

@@ -103,6 +103,15 @@ def _options(fn: Any) -> Any:
     "Python and parsed its flags; prefer DATABASE_URL_FILE or the credential.",
 )
 @click.option(
+    "--read-database-url",
+    "read_database",
+    metavar="DSN",
+    help="Where the status page reads (QUEUE_READ_DATABASE_URL, its _FILE or the systemd "
+    "credential read-database-url), a standby most often; its actions and everything the "
+    "master and its children do go to the database. Default: the database. A password "
+    "given here shows in ps until the master has started Python; prefer the file.",
+)
+@click.option(
     "--schema",
     metavar="NAME",
     help="brooq's own schema (QUEUE_SCHEMA): every statement names its tables there, "
@@ -164,6 +173,7 @@ def _options(fn: Any) -> Any:
 def command(
     app_spec: str,
     database: str | None,
+    read_database: str | None,
     metrics_dir: str | None,
     log_format: str,
     log_level: str,
@@ -187,13 +197,15 @@ def command(
     # Before anything imports prometheus_client: it picks multiprocess mode at import.
     metrics_path = metrics_mod.prepare_dir(metrics_dir)
     try:
-        code = _start(app_spec, database, metrics_path, flags)
+        code = _start(app_spec, database, read_database, metrics_path, flags)
     finally:
         metrics_mod.remove_dir(metrics_path, owned=metrics_dir is None)
     sys.exit(code)
 
 
-def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) -> int:
+def _start(
+    app_spec: str, database: str | None, read_database: str | None, metrics_path: Path, flags: Any
+) -> int:
     baseline = frozenset(sys.modules)
     try:
         queue = app_mod.load(app_spec)
@@ -226,6 +238,11 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
             problem = pooler.need_direct(settings.pooler, dsn, listen_dsn, "brooq-master")
             if problem:
                 problems.append(problem)
+    read_dsn: str | None = None
+    try:
+        read_dsn = dsn_mod.resolve_read(read_database)
+    except InvalidDsn as exc:
+        problems.append(str(exc))
     if settings is not None:
         for topic, handler in sorted(queue.handlers.items()):
             problems.extend(policy_problems(topic, handler.policy(settings)))
@@ -249,6 +266,8 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
     queue.configure(settings)
     _log_queues(settings, queue.handlers)
     _log_middleware_kinds(queue.middlewares, queue.handlers)
+    if read_dsn is not None:
+        log.info("event=pages_read_from database=%s", dsn_mod.describe(read_dsn))
 
     from brooq.supervisor.master import Master
 
@@ -263,6 +282,7 @@ def _start(app_spec: str, database: str | None, metrics_path: Path, flags: Any) 
         admin_token_file=admintoken.token_path(),
         schema_verified=schema_verified,
         listen_dsn=listen_dsn,
+        read_dsn=read_dsn,
     ).run()
 
 

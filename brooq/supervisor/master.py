@@ -86,12 +86,16 @@ class Master:
         admin_token_file: str | None = None,
         schema_verified: bool = False,
         listen_dsn: str | None = None,
+        read_dsn: str | None = None,
     ) -> None:
         self.app_spec = app_spec
         self.settings = settings
         self.dsn = dsn  # the children's (through a pooler, maybe)
         # The master's own connections and the status page's: direct (docs/poolers.md).
         self.listen_dsn = listen_dsn or dsn
+        # Where the status page reads (QUEUE_READ_DATABASE_URL): a standby, say. None:
+        # the listen_dsn. The master itself never uses it.
+        self.read_dsn = read_dsn
         self.drain_deadline = 0.0
         self.notifier = Notifier()
         self.ready_sent = False
@@ -207,6 +211,7 @@ class Master:
                 MASTER_SIGNALS,
                 self.settings.schema,
                 hooks.hosts,
+                self.read_dsn,
             )
             self.fleet.other_reaped = self.pages.reaped
             hooks.page = self.pages.hand

@@ -55,7 +55,7 @@ log = logging.getLogger("brooq.ops")
 _ADMIN = re.compile(r"^/admin/jobs/([0-9a-fA-F-]{1,64})/(cancel|retry)$")
 # The status page's paths (a query string may follow); brooq.page answers what they hold.
 _PAGE = re.compile(
-    r"^/(in-flight|failed|dead|actions|sign-in|sign-out|bulk/(retry|cancel)"
+    r"^/(in-flight|failed|dead|fleet|actions|sign-in|sign-out|bulk/(retry|cancel)"
     r"|jobs/[^/?#]*(/(stack|cancel|retry))?|queues/[^/?#]*/(pause|resume))?(\?.*)?$"
 )
 

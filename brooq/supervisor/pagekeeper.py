@@ -94,8 +94,10 @@ class PageKeeper(Source):
         signals: Collection[signal.Signals],
         schema: str | None = None,
         hosts: HostRule | None = None,
+        read_dsn: str | None = None,
     ) -> None:
         self.dsn = dsn
+        self.read_dsn = read_dsn  # where the pages read (a standby); None: dsn
         self.schema = schema
         self.hosts = hosts or HostRule()  # the Host names answered, checked again there
         self.signals = signals  # the master's, blocked across the fork
@@ -135,7 +137,14 @@ class PageKeeper(Source):
                     with contextlib.suppress(OSError):
                         os.close(fd)
                 code = run(
-                    theirs, self.dsn, self.token, mask, self.schema, self.hosts, self.revoked
+                    theirs,
+                    self.dsn,
+                    self.token,
+                    mask,
+                    self.schema,
+                    self.hosts,
+                    self.revoked,
+                    self.read_dsn,
                 )
             finally:
                 os._exit(code)

@@ -1,5 +1,5 @@
-"""The password of --database stays out of ps: in a `brooq` command, and in brooq-master
-before it imports the application.
+"""The password of --database (and of --read-database-url) stays out of ps: in a `brooq`
+command, and in brooq-master before it imports the application.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from psycopg import conninfo
 
 from tests.harness import StartMaster, wait_for
@@ -24,7 +25,8 @@ def _cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
-def test_a_command_hides_the_password_of_database_from_ps() -> None:
+@pytest.mark.parametrize("option", ["--database", "--read-database-url"])
+def test_a_command_hides_the_password_of_database_from_ps(option: str) -> None:
     # `enqueue --payload-file -` waits on standard input: a command that stays alive.
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CRED"))}
     environ["PYTHONPATH"] = str(ROOT)
@@ -33,8 +35,9 @@ def test_a_command_hides_the_password_of_database_from_ps() -> None:
             sys.executable,
             "-m",
             "brooq",
-            "--database",
+            option,
             f"postgresql://u:{SECRET}@127.0.0.1:1/x",
+            *(["--database", "postgresql://u@127.0.0.1:1/x"] if option != "--database" else []),
             "enqueue",
             "t",
             "--payload-file",
@@ -53,7 +56,7 @@ def test_a_command_hides_the_password_of_database_from_ps() -> None:
             return line if "brooq" in line and SECRET not in line else ""
 
         title = wait_for(hidden, timeout=15, what="the password gone from /proc/PID/cmdline")
-        assert "--database *** enqueue t --payload-file -" in title, title
+        assert f"{option} *** " in title and "enqueue t --payload-file -" in title, title
         _, stderr = proc.communicate(b"{}", timeout=30)
         assert proc.returncode == 1 and b"cannot reach the database" in stderr
     finally:

@@ -33,3 +33,8 @@ def test_a_young_holder_is_muted_a_slot_without_a_clock_too_and_none_says_so() -
         "replication slot standby_1 (inactive), 9 transactions old.</p>"
     )
     assert "No snapshot" in snapshot_line(None)
+
+
+def test_a_page_reading_a_standby_names_no_holder_and_says_where_to_look() -> None:
+    line = snapshot_line(None, unseen=True)
+    assert "reads a standby" in line and "event=snapshot_held" in line
