@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -87,6 +88,7 @@ class PostgresPair:
         self.primary = Node(self.root, "primary")
         self.standby = Node(self.root, "standby")
         self.extra_conf = dict(extra_conf or {})
+        self.stopped_at: float | None = None
         self.promoted_at: float | None = None
 
     # -- making the pair -------------------------------------------------------------
@@ -194,18 +196,28 @@ class PostgresPair:
         with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
             conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
 
-    def fail_over(self) -> float:
+    def fail_over(self, between: Callable[[], object] | None = None) -> float:
         """Stop the primary hard and promote the standby; returns the monotonic time at
-        which the standby answered as a primary."""
+        which the standby answered as a primary. ``between`` is called after the stop and
+        before the promotion: the standby, still read-only, then holds every commit the
+        primary will ever have had (it is synchronous), and nothing else writes."""
         self.primary.stop("immediate")
+        self.stopped_at = time.monotonic()
+        if between is not None:
+            between()
+        return self.promote()
+
+    def promote(self) -> float:
+        """Promote the standby and wait until it answers as a primary."""
         self.standby.run("pg_ctl", "-D", str(self.standby.data), "-w", "-t", "60", "promote")
+        promoted_at = time.monotonic()  # pg_ctl -w returned: the standby is out of recovery
         deadline = time.monotonic() + 30
         while self.standby.in_recovery():
             if time.monotonic() > deadline:
                 raise RuntimeError("the standby was not promoted within 30 s")
             time.sleep(0.05)
-        self.promoted_at = time.monotonic()
-        return self.promoted_at
+        self.promoted_at = promoted_at
+        return promoted_at
 
     def close(self) -> None:
         for node in (self.standby, self.primary):
