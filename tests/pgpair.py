@@ -208,9 +208,11 @@ class PostgresPair:
         return self.promote()
 
     def promote(self) -> float:
-        """Promote the standby and wait until it answers as a primary."""
+        """Promote the standby and wait until it answers as a primary; returns the
+        monotonic time of the promote command (what is measured from it is an upper
+        bound: the promotion itself takes a few milliseconds more)."""
+        promoted_at = time.monotonic()
         self.standby.run("pg_ctl", "-D", str(self.standby.data), "-w", "-t", "60", "promote")
-        promoted_at = time.monotonic()  # pg_ctl -w returned: the standby is out of recovery
         deadline = time.monotonic() + 30
         while self.standby.in_recovery():
             if time.monotonic() > deadline:

@@ -43,6 +43,7 @@ import psycopg
 
 import brooq
 from brooq import migrate
+from brooq.supervisor.connections import RETRY_MAX
 from tests import audit
 from tests.harness import APPS, MasterProcess, wait_for
 
@@ -364,6 +365,7 @@ class FailoverRun:
         self.waits: dict[str, Future[brooq.JobRecord]] = {}
         self.addrs: list[tuple[str, int]] = []
         self.page_pids: list[int | None] = []
+        self.probes: list[uuid.UUID] = []  # enqueued after the drain (LISTEN's proof)
 
     # -- before ------------------------------------------------------------------------
 
@@ -391,7 +393,7 @@ class FailoverRun:
                 all(len(g.ids) >= 10 for g in self.producers.got.values())
                 and {r.master for r in runs(self.runs_path)} >= {m.pid for m in self.masters}
             ),
-            30,
+            60,
             what="every producer enqueueing and both masters running jobs",
         )
         # A job due after the failover, waited for by queue.wait and wait_async.
@@ -564,6 +566,7 @@ class FailoverRun:
             try:
                 began = time.monotonic()
                 job_id, _ = q.enqueue(brooq.Job("ha.work", {"probe": True}))
+                self.probes.append(job_id)
                 record = q.wait(job_id, timeout=30)
                 latencies.append(round(time.monotonic() - began, 3))
                 assert record.state == "done"
@@ -603,7 +606,6 @@ class FailoverRun:
         returned = self.producers.all_ids
         at = self.at_failover
         twice = {i for i, rs in starts.items() if len(rs) > 1}
-        killed_wall = self.promoted_wall - (self.promoted_at - self.killed_at)
         f.update(
             enqueued={kind: len(g.ids) for kind, g in self.producers.got.items()},
             enqueue_errors={
@@ -611,7 +613,9 @@ class FailoverRun:
                 for kind, g in self.producers.got.items()
             },
             jobs=len(table),
-            rows_without_a_returned_id=len(set(table) - returned - {self.waited}),
+            # Enqueues that raised although their job was written (the commit happened,
+            # its answer was lost with the server): allowed, counted.
+            rows_without_a_returned_id=len(set(table) - returned - {self.waited, *self.probes}),
             returned_missing=len(returned - set(table)),
             returned_not_done=sum(1 for i in returned if table.get(i) != "done"),
             returned_never_run=len(returned - set(starts)),
@@ -623,7 +627,7 @@ class FailoverRun:
             done_logged_but_lost=len(told_done - set(at.outcomes)),
             outcomes_changed=sum(1 for i, s in at.outcomes.items() if table.get(i) != s),
             outcomes_run_again=sum(
-                1 for i in at.outcomes if any(r.at > killed_wall for r in starts.get(i, []))
+                1 for i in at.outcomes if any(r.at > self.killed_wall for r in starts.get(i, []))
             ),
             ran_twice=len(twice),
             ran_twice_in_flight=len(twice & at.in_flight),
@@ -669,7 +673,8 @@ class FailoverRun:
         # Idle children poll every 3 s: a pickup under 1.5 s each time came through NOTIFY.
         assert max(f["probe_pickup_s"]) < 1.5, said
         assert all(n >= 1 for n in f["master_reconnects"]), said
-        assert max(f["masters_reconnected_s"]) <= FLOW_BOUND, said
+        # A master tries again every RETRY_MAX at most: back within that, and the connect.
+        assert max(f["masters_reconnected_s"]) <= RETRY_MAX + 3, said
 
     def close(self) -> None:
         if not self.producers.stopping.is_set():

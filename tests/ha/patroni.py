@@ -45,7 +45,8 @@ def binaries() -> tuple[str, str]:
     """(patroni, etcd), or the test is skipped (failed under BROOQ_REQUIRE_PATRONI=1)."""
     patroni = shutil.which("patroni") or "/usr/bin/patroni"
     etcd = shutil.which("etcd") or "/usr/bin/etcd"
-    missing = [name for name, path in (("patroni", patroni), ("etcd", etcd)) if not os.access(path, os.X_OK)]
+    found = (("patroni", patroni), ("etcd", etcd))
+    missing = [name for name, path in found if not os.access(path, os.X_OK)]
     if missing:
         message = (
             f"{' and '.join(missing)} not installed (Debian: apt-get install patroni etcd-server)"
@@ -140,7 +141,7 @@ class Member:
     def api(self, path: str) -> tuple[int, dict[str, Any]]:
         """(status, JSON body) of GET path on the member's REST API; (0, {}) when down."""
         try:
-            with urllib.request.urlopen(  # noqa: S310 - loopback, a port of ours
+            with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.api_port}{path}", timeout=2
             ) as answer:
                 return answer.status, json.loads(answer.read() or b"{}")
@@ -255,7 +256,7 @@ class PatroniCluster:
         if self.etcd.poll() is not None:
             raise AssertionError((self.root / "etcd.log").read_text()[-3000:])
         try:
-            with urllib.request.urlopen(  # noqa: S310 - loopback
+            with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.etcd_port}/health", timeout=1
             ) as answer:
                 return answer.status == 200
@@ -267,7 +268,7 @@ class PatroniCluster:
 
         def synchronous() -> bool:
             for m in self.members:
-                if m.proc.poll() is not None and m is not None:
+                if m.proc.poll() is not None:
                     raise AssertionError(f"{m.name} exited: {m.log.read_text()[-3000:]}")
             status, _ = member.api("/sync")
             return status == 200

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,8 +66,20 @@ def standby_dsn(pair: PostgresPair) -> str:
     """A migrated database's DSN on the standby alone, without target_session_attrs."""
     pair.create_database("mistake")
     migrate.up(pair.primary.dsn("mistake"))
-    pair.wait_streaming()
-    return pair.standby.dsn("mistake")
+    standby = pair.standby.dsn("mistake")
+    latest = "SELECT max(version) FROM brooq_migration"
+    with psycopg.connect(pair.primary.dsn("mistake")) as conn:
+        applied = conn.execute(latest).fetchone()
+
+    def replayed() -> bool:  # the database and every migration, on the standby
+        try:
+            with psycopg.connect(standby, connect_timeout=3) as conn:
+                return conn.execute(latest).fetchone() == applied
+        except (psycopg.OperationalError, psycopg.errors.UndefinedTable):
+            return False
+
+    wait_for(replayed, 30, what="the standby replaying the migrated database")
+    return standby
 
 
 def _env(dsn: str) -> dict[str, str]:
@@ -111,6 +124,10 @@ def test_a_producer_given_a_standby_gets_a_brooq_error(standby_dsn: str) -> None
         # Still refused on the next call: the line is not left half-made.
         with pytest.raises(ReadOnlyDatabase):
             queue.enqueue(brooq.Job("ha.work"))
+        # A wait flags its row (a write): refused at once, not ridden over as an outage.
+        with pytest.raises(ReadOnlyDatabase) as waited:
+            queue.wait(uuid.uuid4(), timeout=30)
+        _says_standby(str(waited.value))
     finally:
         queue.close()
 
