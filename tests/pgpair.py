@@ -5,8 +5,11 @@ own.
 The standby is synchronous (`synchronous_standby_names`), so a commit that returned on
 the primary is on the standby too: what a test counts as written before a failover must
 still be there after it. `fail_over()` stops the primary the hard way (`pg_ctl stop -m
-immediate`) and promotes the standby; `dsn()` gives the multi-host connection string an
-application would use, with `target_session_attrs=read-write` unless told otherwise.
+immediate`) and promotes the standby, calling ``between`` in the meantime (to read the
+standby while it is still read-only, or to leave the cluster without a primary for a
+while); `promote()` alone does the second half. `dsn()` gives the multi-host connection
+string an application would use, with `target_session_attrs=read-write` unless told
+otherwise.
 """
 
 from __future__ import annotations

@@ -410,7 +410,16 @@ class FailoverRun:
             future.add_done_callback(
                 lambda _, n=name: self.wait_ended.setdefault(n, time.monotonic())
             )
-        time.sleep(0.5)  # both waits subscribed and polling
+        # Both waits subscribed on the shared listener, and the row flagged by a first read.
+        listener = self.producers.queue._waits._outcomes()
+
+        def waiting() -> bool:
+            with connection(self.dsn) as conn:
+                row = conn.execute("SELECT waited FROM job WHERE id = %s", (self.waited,))
+                flagged = row.fetchone() == (True,)
+            return flagged and listener.waiting == 2 and listener.listening
+
+        wait_for(waiting, 20, what="both waits under way")
 
     def _page_pid(self, m: MasterProcess) -> int | None:
         for pid in m.children():
