@@ -40,6 +40,7 @@ module that defines a name, never from this package.
 - `settings`: the settings: defaults, QUEUE_* environment, validation
 - `sql`: brooq's SQL as named statements, rendered per schema
 - `stacks`: a running job's Python stack, asked and answered through PostgreSQL
+- `standby`: a server that refuses writes: telling a standby from a primary, and saying so
 - `supervisor`: brooq-master: the supervisor that forks, watches and replaces the children
 - `targets`: what a caller's transaction may be: psycopg, Django and SQLAlchemy connections
 - `testing`: running a Queue's jobs in tests, and the pytest plugin
@@ -66,6 +67,7 @@ from brooq.errors import (
     NaiveDatetime,
     PayloadMismatch,
     PoolerMismatch,
+    ReadOnlyDatabase,
     SchemaMissing,
     StackUnavailable,
     WaitTimeout,
@@ -120,6 +122,7 @@ __all__ = [
     "PreserveAttempt",
     "Queue",
     "QueueStats",
+    "ReadOnlyDatabase",
     "SchemaMissing",
     "StackUnavailable",
     "TopicStats",

@@ -3,7 +3,8 @@
 Owns: the connect timeout, opening a plain connection for a command or a check, and
 turning libpq's and the server's failures into brooq's errors (DatabaseUnavailable naming
 the database without its password, SchemaMissing saying to run `brooq migrate up`,
-PoolerMismatch for prepared statements lost to a pooler: ``database_error``).
+PoolerMismatch for prepared statements lost to a pooler, ReadOnlyDatabase for a write
+refused by a read-only server: ``database_error``).
 Must never: run SQL, keep a connection (callers own what they open), or let a password
 into a message.
 """
@@ -19,6 +20,7 @@ import psycopg
 from brooq.dsn import CLIENT_ENCODING, describe
 from brooq.errors import DatabaseUnavailable, SchemaMissing
 from brooq.pooler import prepared_mismatch, refused_hint
+from brooq.standby import read_only
 
 CONNECT_TIMEOUT = 5
 
@@ -67,6 +69,8 @@ def database_error(exc: psycopg.Error, dsn: str) -> Exception:
     else ``exc`` itself."""
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return schema_missing(exc)
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return read_only(None, dsn)  # which server, and why read-only: not known here
     if isinstance(exc, psycopg.OperationalError):
         if (mismatch := prepared_mismatch(exc)) is not None:
             return mismatch

@@ -26,10 +26,11 @@ Ctrl-C during an enqueue takes effect when the statement returns. An unkeyed INS
 waits on no row lock; a keyed one can wait for a concurrent transaction that inserted
 the same key, as it would through psycopg.
 
-Owns: that connection, its prepared statement, the parameters in libpq's form and the
-reading of the answer.
-Must never: run a statement other than job_insert_one and the check, be used by two
-threads at once, or keep its connection across fork().
+Owns: that connection (refused when it reaches a standby: brooq.standby), its prepared
+statement, the parameters in libpq's form and the reading of the answer.
+Must never: run a statement other than job_insert_one, the check and (on PostgreSQL 13)
+the look for a standby, be used by two threads at once, or keep its connection across
+fork().
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from brooq.ids import uuid7_int, uuid_from_int
 from brooq.job import Job
 from brooq.poolcheck import suspect
 from brooq.sql import Queries
+from brooq.standby import read_only, refuse_standby
 
 # The prepared statement's name on the line's connection (brooq_ so it cannot clash with
 # psycopg's own _pg3_N names).
@@ -150,6 +152,9 @@ class EnqueueLine:
         if conn is None:
             conn = psycopg.connect(self._dsn, autocommit=True, **self._kwargs)
             try:
+                # A standby (a DSN without target_session_attrs=read-write that landed on
+                # one) is said at once, with what to change: brooq.standby.
+                refuse_standby(conn)
                 if self._prepare:
                     result = conn.pgconn.prepare(STATEMENT, self._statement, _TYPES)
                     if result.status != pq.ExecStatus.COMMAND_OK:
@@ -179,6 +184,8 @@ class EnqueueLine:
         unexpectedly"), an OperationalError as psycopg raises it."""
         conn = self._conn
         error = errors.error_from_result(result, encoding=self._encoding)
+        if isinstance(error, errors.ReadOnlySqlTransaction):  # a read-only primary
+            raise read_only(conn, self._dsn)
         if conn is not None and conn.pgconn.status != pq.ConnStatus.OK:
             self._drop()
             if not isinstance(error, psycopg.OperationalError):

@@ -65,6 +65,12 @@ class DatabaseUnavailable(BrooqError):
     """The database cannot be reached; the message never contains the password."""
 
 
+class ReadOnlyDatabase(DatabaseUnavailable):
+    """The server reached is read-only: a standby in recovery (a connection string without
+    ``target_session_attrs=read-write`` that landed on it), or a session made read-only.
+    brooq writes only to a primary; the message says which server and what to change."""
+
+
 class SchemaMissing(BrooqError):
     """The job table is not there: run ``brooq migrate up``."""
 

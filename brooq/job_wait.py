@@ -9,14 +9,21 @@ reads the row again on its notification, when the listener (re)starts listening,
 the poll interval (WAIT_POLL_FIRST doubling to WAIT_POLL_MAX) passes, the fallback for a
 notification missed.
 
+A wait rides over a database it cannot reach for a while (a failover: the primary gone,
+a standby promoted; docs/how-to/high-availability.md): once it has read its row, a read
+that fails with DatabaseUnavailable is tried again at the poll interval, for up to
+WAIT_OUTAGE seconds in a row and never past its timeout; then that error is raised. A
+first read that fails is raised at once (a wrong DSN is said at once), as is a read-only
+server (ReadOnlyDatabase: a misconfiguration, not an outage).
+
 The loop is written once, without I/O (``_wait_steps``: a generator that yields what it
 needs next, a read or a wait of so many seconds, and is sent the answer); ``Waits.wait``
 drives it with a threading.Event on the sync pool, ``Waits.wait_async`` with an
 asyncio.Event on the async pool.
 
-Owns: the wait clock (deadline, WaitTimeout, the poll's backoff), that loop and its two
-drivers, and each Queue's listener in each process (one inherited across fork is the
-parent's: forgotten, never closed).
+Owns: the wait clock (deadline, WaitTimeout, the poll's backoff, the outage ridden
+over), that loop and its two drivers, and each Queue's listener in each process (one
+inherited across fork is the parent's: forgotten, never closed).
 Must never: write a job's state (the flag only), or hold a pooled connection while it waits.
 """
 
@@ -35,7 +42,13 @@ from typing import Protocol
 from psycopg.rows import class_row
 
 from brooq.db import unavailable
-from brooq.errors import BrooqError, JobNotFound, WaitTimeout
+from brooq.errors import (
+    BrooqError,
+    DatabaseUnavailable,
+    JobNotFound,
+    ReadOnlyDatabase,
+    WaitTimeout,
+)
 from brooq.job import TERMINAL_STATES, JobRecord
 from brooq.pools import Pools
 from brooq.settings import Settings
@@ -44,10 +57,23 @@ from brooq.wait_listener import OutcomeListener, Subscription, async_waker
 
 WAIT_POLL_FIRST = 0.1  # seconds: queue.wait's fallback poll, doubling...
 WAIT_POLL_MAX = 5.0  # ...to this
+# Seconds in a row a wait goes on reading while the database cannot be reached: longer
+# than a failover takes (Patroni's default ttl is 30 s; managed services document one to
+# two minutes), short enough that a database gone for good is said, not waited for.
+WAIT_OUTAGE = 120.0
 
 # What _wait_steps yields for "clear the wake-up, then read the row" (else: seconds to
 # wait for a wake-up, answered True if it came).
 _READ = None
+
+
+class Lost:
+    """What a driver sends for a read that could not reach the database."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: DatabaseUnavailable) -> None:
+        self.error = error
 
 
 class Owner(Protocol):
@@ -73,6 +99,8 @@ class WaitClock:
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.poll = WAIT_POLL_FIRST
+        self.read_once = False  # a read has reached the database
+        self.lost_since: float | None = None  # the first of the failed reads in a row
 
     def finished(self, job_id: uuid.UUID, record: JobRecord | None) -> bool:
         """True when the job has ended; JobNotFound when there is no such job."""
@@ -95,6 +123,24 @@ class WaitClock:
     def polled(self) -> None:
         self.poll = min(self.poll * 2, WAIT_POLL_MAX)
 
+    def read(self) -> None:
+        """A read reached the database."""
+        self.read_once = True
+        self.lost_since = None
+
+    def lost(self, error: DatabaseUnavailable) -> None:
+        """A read could not reach the database: raise ``error`` unless the wait rides
+        over it (it has read once, for less than WAIT_OUTAGE, before its deadline)."""
+        now = time.monotonic()
+        if self.lost_since is None:
+            self.lost_since = now
+        if (
+            not self.read_once
+            or now - self.lost_since >= WAIT_OUTAGE
+            or (self.deadline is not None and now >= self.deadline)
+        ):
+            raise error
+
 
 def _wait_steps(
     jid: uuid.UUID, clock: WaitClock, sub: Subscription, owner: Owner
@@ -103,14 +149,25 @@ def _wait_steps(
     whether a wake-up came); returns the row once the job has ended."""
     while True:
         record = yield _READ
-        assert record is None or isinstance(record, JobRecord)
-        if clock.finished(jid, record):
-            assert record is not None
-            return record
-        if sub.error is not None:
-            raise unavailable(owner.listen_dsn, sub.error)
+        if isinstance(record, Lost):
+            clock.lost(record.error)  # raises unless the wait rides over it
+        else:
+            assert record is None or isinstance(record, JobRecord)
+            clock.read()
+            if clock.finished(jid, record):
+                assert record is not None
+                return record
+            if sub.error is not None:
+                raise unavailable(owner.listen_dsn, sub.error)
         if not (yield clock.next_wait(jid)):
             clock.polled()
+
+
+def _lost(exc: DatabaseUnavailable) -> Lost:
+    """A failed read as the wait's loop is told of it; a read-only server is raised."""
+    if isinstance(exc, ReadOnlyDatabase):
+        raise exc
+    return Lost(exc)
 
 
 class Waits:
@@ -136,7 +193,10 @@ class Waits:
                 answer: object
                 if step is _READ:
                     woken.clear()  # before the read: a wake-up from now on is not lost
-                    answer = self._read(jid)
+                    try:
+                        answer = self._read(jid)
+                    except DatabaseUnavailable as exc:
+                        answer = _lost(exc)
                 else:
                     answer = woken.wait(step)
                 step = steps.send(answer)
@@ -158,7 +218,10 @@ class Waits:
                 answer: object
                 if step is _READ:
                     woken.clear()  # before the read
-                    answer = await self._read_async(jid)
+                    try:
+                        answer = await self._read_async(jid)
+                    except DatabaseUnavailable as exc:
+                        answer = _lost(exc)
                 else:
                     try:
                         answer = await asyncio.wait_for(woken.wait(), step)

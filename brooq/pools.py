@@ -7,10 +7,12 @@ to the parent), so no connection ever crosses a fork; the lock that guards openi
 replaced in a fork's child (one held by a parent's thread at the fork would never be
 released there).
 
-Owns: the pools' options (size, connect timeout, the pooler mode's connect arguments:
-brooq.pooler), opening them (DatabaseUnavailable when the database cannot be reached),
-their fork and event-loop rules, the pooled connection and transaction a Queue hands out,
-and brooq's errors for their failures (brooq.db.database_error, plus the pool's timeout).
+Owns: the pools' options (size, connect timeout, how long a series of reconnection
+attempts lasts, the pooler mode's connect arguments: brooq.pooler), opening them
+(DatabaseUnavailable when the database cannot be reached), their fork and event-loop
+rules, the pooled connection and transaction a Queue hands out, and brooq's errors for
+their failures (brooq.db.database_error, the pool's timeout, a read-only server:
+brooq.standby).
 Must never: run a statement of its own, or keep a connection across fork().
 """
 
@@ -33,6 +35,16 @@ from brooq.errors import BrooqError
 from brooq.poolcheck import check_connection, check_connection_async
 from brooq.pooler import connect_kwargs
 from brooq.settings import Settings
+from brooq.standby import read_only
+
+# How long one series of the pools' reconnection attempts lasts. psycopg_pool retries a
+# failed connect after 1 s, then doubles the pause, without a ceiling, for
+# reconnect_timeout (5 min by default): after a failover that left no primary for 16 s
+# the next attempt came 13 s after the promotion (tests/ha/test_failover.py). A short
+# series (attempts 0, 1, 3 and 5 s after the first failure) then gives up; the next
+# caller that finds no connection starts a new one, at once. Callers meanwhile get
+# DatabaseUnavailable after the pool's timeout, as before.
+RECONNECT_SERIES = 5.0
 
 
 class Owner(Protocol):
@@ -82,6 +94,7 @@ class Pools:
             "max_size": max(1, self._owner.pool_size),
             "open": False,
             "timeout": CONNECT_TIMEOUT,
+            "reconnect_timeout": RECONNECT_SERIES,
             "kwargs": self.connect_kwargs(),
         }
 
@@ -142,7 +155,10 @@ class Pools:
         """A pooled connection (autocommit off); committed on success, rolled back on error."""
         pool = self.sync()
         with self.errors(), pool.connection() as conn:
-            yield conn
+            try:
+                yield conn
+            except psycopg.errors.ReadOnlySqlTransaction:
+                raise read_only(conn) from None  # names the server this connection is on
 
     @contextmanager
     def autocommit(self) -> Iterator[psycopg.Connection[Any]]:
@@ -203,16 +219,19 @@ class Pools:
         pool = await self._async_pool()
         with self.errors():
             async with pool.connection() as conn:
-                if autocommit:
-                    await conn.set_autocommit(True)
-                    try:
-                        yield conn
-                    finally:
-                        with contextlib.suppress(psycopg.Error):
-                            await conn.set_autocommit(False)  # the pool's are transactional
-                else:
-                    async with conn.transaction():
-                        yield conn
+                try:
+                    if autocommit:
+                        await conn.set_autocommit(True)
+                        try:
+                            yield conn
+                        finally:
+                            with contextlib.suppress(psycopg.Error):
+                                await conn.set_autocommit(False)  # the pool's: transactional
+                    else:
+                        async with conn.transaction():
+                            yield conn
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    raise read_only(conn) from None
 
     async def close_async(self) -> None:
         """Close the async pool (from the event loop that used it)."""

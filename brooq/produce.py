@@ -29,6 +29,7 @@ from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, Job
 from brooq.sql import Q, Queries, queries
+from brooq.standby import read_only
 from brooq.targets import AnyTarget, AsyncTarget, Target, async_cursor, cursor, resolve_target
 
 if TYPE_CHECKING:
@@ -261,6 +262,9 @@ def _drive(target: Target, steps: _Steps[R]) -> R:
                     answer = cur.execute(step.statement, step.params).fetchall()
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
+    except psycopg.errors.ReadOnlySqlTransaction:  # a standby: say which, and what to do
+        conn = target if isinstance(target, psycopg.Connection) else target.connection
+        raise read_only(conn) from None
 
 
 async def _drive_async(target: AsyncTarget, steps: _Steps[R]) -> R:
@@ -291,6 +295,9 @@ async def _drive_async(target: AsyncTarget, steps: _Steps[R]) -> R:
                     answer = await cur.fetchall()
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
+    except psycopg.errors.ReadOnlySqlTransaction:
+        conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
+        raise read_only(conn) from None
 
 
 # -- the inserts, without I/O ----------------------------------------------------------------

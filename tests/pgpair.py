@@ -5,8 +5,11 @@ own.
 The standby is synchronous (`synchronous_standby_names`), so a commit that returned on
 the primary is on the standby too: what a test counts as written before a failover must
 still be there after it. `fail_over()` stops the primary the hard way (`pg_ctl stop -m
-immediate`) and promotes the standby; `dsn()` gives the multi-host connection string an
-application would use, with `target_session_attrs=read-write` unless told otherwise.
+immediate`) and promotes the standby, calling ``between`` in the meantime (to read the
+standby while it is still read-only, or to leave the cluster without a primary for a
+while); `promote()` alone does the second half. `dsn()` gives the multi-host connection
+string an application would use, with `target_session_attrs=read-write` unless told
+otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -87,6 +91,7 @@ class PostgresPair:
         self.primary = Node(self.root, "primary")
         self.standby = Node(self.root, "standby")
         self.extra_conf = dict(extra_conf or {})
+        self.stopped_at: float | None = None
         self.promoted_at: float | None = None
 
     # -- making the pair -------------------------------------------------------------
@@ -194,18 +199,30 @@ class PostgresPair:
         with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
             conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
 
-    def fail_over(self) -> float:
+    def fail_over(self, between: Callable[[], object] | None = None) -> float:
         """Stop the primary hard and promote the standby; returns the monotonic time at
-        which the standby answered as a primary."""
+        which the standby answered as a primary. ``between`` is called after the stop and
+        before the promotion: the standby, still read-only, then holds every commit the
+        primary will ever have had (it is synchronous), and nothing else writes."""
         self.primary.stop("immediate")
+        self.stopped_at = time.monotonic()
+        if between is not None:
+            between()
+        return self.promote()
+
+    def promote(self) -> float:
+        """Promote the standby and wait until it answers as a primary; returns the
+        monotonic time of the promote command (what is measured from it is an upper
+        bound: the promotion itself takes a few milliseconds more)."""
+        promoted_at = time.monotonic()
         self.standby.run("pg_ctl", "-D", str(self.standby.data), "-w", "-t", "60", "promote")
         deadline = time.monotonic() + 30
         while self.standby.in_recovery():
             if time.monotonic() > deadline:
                 raise RuntimeError("the standby was not promoted within 30 s")
             time.sleep(0.05)
-        self.promoted_at = time.monotonic()
-        return self.promoted_at
+        self.promoted_at = promoted_at
+        return promoted_at
 
     def close(self) -> None:
         for node in (self.standby, self.primary):

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 refused (unknown id, a transition the job's state does not allow,
 database unreachable or schema missing) or an internal error; 2 bad usage (unknown option,
-malformed id or value, no database configured, a bulk cancel or retry not confirmed).
+malformed id or value, no database configured, a database that is a read-only standby,
+a bulk cancel or retry not confirmed).
 Errors are one line on stderr, never a traceback.
 
 The commands live in modules of their own, each registering on the group of
@@ -57,13 +58,14 @@ from brooq.errors import (
     InvalidJob,
     InvalidJobId,
     InvalidSettings,
+    ReadOnlyDatabase,
 )
 
 __all__ = ["cli", "main", "show_lines", "stats_lines"]
 
 # Errors that mean "the command was given something wrong" (exit 2); every other
 # BrooqError means "refused" (exit 1).
-USAGE_ERRORS = (InvalidDsn, InvalidJob, InvalidJobId, InvalidSettings)
+USAGE_ERRORS = (InvalidDsn, InvalidJob, InvalidJobId, InvalidSettings, ReadOnlyDatabase)
 
 # click >= 8.2 raises this for a group called without a command.
 NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())

@@ -8,8 +8,9 @@ need nothing of the primary; every other command, and every write, goes through
 ``open_queue`` to the database itself.
 
 Owns: the click group every command module registers on (``cli``), opening the database
-or the read target for a command (a reachable one checked first, so an unreachable one
-is one line at once rather than a pool's timeout later), and the small text helpers.
+or the read target for a command (a reachable primary checked first, so an unreachable
+database or a standby is one line at once rather than a pool's timeout or a refused
+write later; a read target may be a standby), and the small text helpers.
 Must never: run SQL of its own, catch errors (brooq.cli.main turns them into one line
 and an exit code), or print anything but what a command asked for.
 """
@@ -29,6 +30,7 @@ from brooq.db import connect
 from brooq.errors import DatabaseUnavailable
 from brooq.operator.replica import ReplicaLag, lag
 from brooq.sql import queries, validate_schema
+from brooq.standby import refuse_standby
 
 DSN_IN_ARGV_NOTE = (
     " A password given here shows in ps (/proc/PID/cmdline) while Python starts, before "
@@ -93,8 +95,15 @@ def dsn(ctx: click.Context) -> str:
 def checked_dsn(ctx: click.Context) -> str:
     """The connection string once a connection has worked: a readable error now rather
     than a traceback later."""
-    found = dsn(ctx)
-    connect(found).close()
+    return _reachable(dsn(ctx))
+
+
+def _reachable(found: str) -> str:
+    """``found`` once a connection to it has worked and reached a primary: an unreachable
+    database (DatabaseUnavailable) or a standby (ReadOnlyDatabase: every command reads
+    or writes the primary's tables) is one line now."""
+    with connect(found) as conn:
+        refuse_standby(conn)
     return found
 
 
@@ -104,8 +113,7 @@ def direct_dsn(ctx: click.Context) -> str:
     DATABASE_URL and its kin; docs/poolers.md), once a connection has worked."""
     explicit = ctx.obj.get("database")
     found = dsn_mod.resolve(explicit) if explicit else dsn_mod.resolve_listen(dsn(ctx))
-    connect(found).close()
-    return found
+    return _reachable(found)
 
 
 def open_queue(ctx: click.Context) -> brooq.Queue:

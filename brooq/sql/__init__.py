@@ -5,7 +5,8 @@ who runs them: ``producer.sql`` (Queue.enqueue and its kin, Queue.wait), ``child
 (a worker child's claim round trip and outcomes), ``master.sql`` (brooq-master's own
 duties), ``operator.sql`` (Queue's inspection and bulk writes, the CLI, stacks asked for,
 brooq.testing), ``page.sql`` (the status page's reads), ``migrate.sql`` (brooq.migrate)
-and ``session.sql`` (settings any connection reads or sets). Every ``*.sql`` file here
+and ``session.sql`` (settings any connection reads or sets, and whether its server is a
+standby). Every ``*.sql`` file here
 is read; a name defined twice, in one file or in two, is refused naming the file(s).
 Parameters are psycopg named placeholders (so a ``%`` in a comment must be doubled);
 arrays are bound in binary (the ``b`` placeholders: psycopg's text form escapes element

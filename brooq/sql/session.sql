@@ -1,4 +1,5 @@
--- Settings a brooq connection reads or sets, whoever opens it (child, master, pooler).
+-- Settings a brooq connection reads or sets, whoever opens it (child, master, pooler), and
+-- whether its server is a standby.
 
 -- name: session_settings_local
 -- Behind a transaction pooler (brooq/pooler.py) a connection has no session of its own:
@@ -11,3 +12,8 @@ FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(name, value)
 -- Whether the `options` startup parameter was applied: a pooler that ignores it (PgBouncer's
 -- ignore_startup_parameters) would leave brooq without its session settings, silently.
 SELECT current_setting(%(name)s)
+
+-- name: server_in_recovery
+-- Whether the server is a standby, on PostgreSQL 13 (14 and later report in_hot_standby
+-- when a session starts: brooq/standby.py reads that instead, with no round trip).
+SELECT pg_is_in_recovery()

@@ -1,9 +1,9 @@
 """`brooq-master`: import the application once, validate everything, then fork.
 
 Exit codes: 0 drained cleanly; 1 stopped with jobs returned to pending (drain budget
-exceeded, SIGQUIT); 2 bad usage, bad settings, an application that cannot load, or a
-reachable database without brooq's schema, or a pooler brooq was not told about
-(nothing was forked); 3 fatal supervision error
+exceeded, SIGQUIT); 2 bad usage, bad settings, an application that cannot load, a
+reachable database without brooq's schema or that is a read-only standby, or a pooler
+brooq was not told about (nothing was forked); 3 fatal supervision error
 (children cannot start, or the schema found missing once the database came up).
 
 Owns the command line, the admin token file and the schema check before the first fork.
@@ -32,6 +32,7 @@ from brooq.errors import (
     InvalidDsn,
     InvalidSettings,
     PoolerMismatch,
+    ReadOnlyDatabase,
     SchemaMissing,
 )
 from brooq.handlers import Handler, is_async_callable, policy_problems
@@ -260,7 +261,7 @@ def _start(
         schema_verified = check_schema(listen_dsn, settings.schema)
         if listen_dsn != dsn and settings.pooler == pooler.NONE:
             check_children_dsn(dsn)
-    except (SchemaMissing, PoolerMismatch) as exc:
+    except (SchemaMissing, PoolerMismatch, ReadOnlyDatabase) as exc:
         click.echo(f"brooq-master: cannot start: {exc}", err=True)
         return 2
     queue.configure(settings)
@@ -330,13 +331,15 @@ def _log_queues(settings: settings_mod.Settings, handlers: dict[str, Handler]) -
 def check_schema(dsn: str, schema: str | None = None) -> bool:
     """Whether brooq's schema was found in order. Raise SchemaMissing when the database
     answers but the schema is not there (or is older than this brooq): children forked now
-    would crash on their first claim, over and over. An unreachable database is not an
+    would crash on their first claim, over and over; ReadOnlyDatabase when the server is a
+    standby (they could claim nothing there). An unreachable database is not an
     error here (False): the master retries its connection and checks once connected.
     ``schema`` (QUEUE_SCHEMA): the tables checked are that schema's."""
     import psycopg
 
     from brooq import migrate
     from brooq.db import connect
+    from brooq.standby import refuse_standby
     from brooq.supervisor.connections import (
         MASTER_CONNECT_TIMEOUT,
         check_options,
@@ -356,6 +359,7 @@ def check_schema(dsn: str, schema: str | None = None) -> bool:
             raise PoolerMismatch(str(exc)) from None
         return False
     try:
+        refuse_standby(conn)
         check_options(conn)
         migrate.verify(conn, schema)
     except psycopg.Error:
@@ -373,6 +377,7 @@ def check_children_dsn(dsn: str) -> None:
     from brooq.db import connect
     from brooq.dsn import session_options
     from brooq.sql import Q
+    from brooq.standby import refuse_standby
     from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT
 
     try:
@@ -387,6 +392,7 @@ def check_children_dsn(dsn: str) -> None:
         if pooler.REFUSED in str(exc):
             raise PoolerMismatch(str(exc)) from None
         return
+    refuse_standby(conn)
     try:
         row = conn.execute(Q.session_setting_get, {"name": "enable_bitmapscan"}).fetchone()
     except Exception:  # lost meanwhile: each child checks its own connection anyway

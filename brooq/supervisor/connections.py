@@ -4,10 +4,11 @@ Both go to the direct connection string (QUEUE_LISTEN_DATABASE_URL, else DATABAS
 docs/poolers.md): LISTEN cannot go through a transaction pooler, and the maintenance
 connection's timeouts are session settings, which a transaction pooler would not keep.
 
-Owns connecting them (and, the first time, checking brooq's schema when brooq-master
-could not before it forked), the reconnection backoff (0.5 s doubling to 10 s), running
-one maintenance call on the maintenance connection (with_db), reading notifications,
-and the libpq options and timeouts that keep every statement of the master short.
+Owns connecting them (refusing a standby, and, the first time, checking brooq's schema
+when brooq-master could not before it forked), the reconnection backoff (0.5 s doubling
+to 5 s), running one maintenance call on the maintenance connection (with_db), reading
+notifications, and the libpq options and timeouts that keep every statement of the
+master short.
 
 It must never block the loop for longer than a connect timeout or a statement timeout,
 never retry inside a call (a failed call waits for the next pass after the backoff), and
@@ -28,9 +29,10 @@ import psycopg
 
 from brooq import migrate, pooler
 from brooq.dsn import CLIENT_ENCODING, session_options
-from brooq.errors import PoolerMismatch, SchemaMissing
+from brooq.errors import PoolerMismatch, ReadOnlyDatabase, SchemaMissing
 from brooq.ipc.channel import STACK_CHANNEL
 from brooq.sql import Q, Queries, queries
+from brooq.standby import refuse_standby
 from brooq.supervisor.source import Source
 
 log = logging.getLogger("brooq.master")
@@ -43,7 +45,11 @@ MASTER_STATEMENT_TIMEOUT_MS = 10_000
 MASTER_LOCK_TIMEOUT_MS = 2_000
 MASTER_CONNECT_TIMEOUT = 3
 RETRY_FIRST = 0.5
-RETRY_MAX = 10.0
+# At most this long between two attempts: a database back (a standby promoted after a
+# failover) is found within it. At 10 s a failover that left no primary for 16 s had both
+# masters reconnect 10 s after the promotion (tests/ha/test_failover.py), their LISTEN,
+# renewals and reaper missing meanwhile; two connects every 5 s cost a server nothing.
+RETRY_MAX = 5.0
 
 
 def master_options(dsn: str) -> str:
@@ -141,6 +147,9 @@ class Connections(Source):
                     application_name="brooq-master",
                     client_encoding=CLIENT_ENCODING,
                 )
+                # A standby (the DSN names one, without target_session_attrs=read-write):
+                # refused like an unreachable server, said on every attempt.
+                refuse_standby(self.db)
                 check_options(self.db)
                 if not self.schema_verified:
                     # The database was down when brooq-master checked before forking:
@@ -167,7 +176,7 @@ class Connections(Source):
             self.fatal = str(exc)
             self.close()
             return False
-        except psycopg.Error as exc:
+        except (psycopg.Error, ReadOnlyDatabase) as exc:
             self.failed("connect", exc)
             return False
         self.ok = True

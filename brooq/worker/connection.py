@@ -2,16 +2,16 @@
 
 Owns connecting (with brooq's session settings in the ``options`` startup parameter, or,
 behind a transaction pooler, set for each transaction by ``scoped``: brooq.pooler; backing
-off while the database is unreachable), dropping a broken connection, the `db_error`
-log line, and the payload decoder that turns a payload json cannot read into an
-Undecodable (the job then fails with the reason instead of crashing the child on every
-claim).
+off while the database is unreachable or a standby: brooq.standby), dropping a broken
+connection, the `db_error` log line, and the payload decoder that turns a payload json
+cannot read into an Undecodable (the job then fails with the reason instead of crashing
+the child on every claim).
 
 Must never be shared with the master or opened before the fork (a libpq connection does
 not survive one), never run a statement itself but its own settings' (the check at
-connect that they arrived, and behind a pooler their per-transaction form; the claim
-loop and the outcome writer run the rest), and never wait for the database once the
-child is stopping: it raises Stop.
+connect that they arrived, the look for a standby on PostgreSQL 13, and behind a pooler
+their per-transaction form; the claim loop and the outcome writer run the rest), and
+never wait for the database once the child is stopping: it raises Stop.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from psycopg.types.json import set_json_loads
 
 from brooq import pooler
 from brooq.dsn import server_codec
+from brooq.errors import ReadOnlyDatabase
 from brooq.settings import Settings
 from brooq.sql import Q
+from brooq.standby import refuse_standby
 from brooq.worker.state import ChildState
 
 log = logging.getLogger("brooq.child")
@@ -62,7 +64,7 @@ class ChildConnection:
                 raise Stop
             try:
                 self.conn = self._connect()
-            except psycopg.OperationalError as exc:
+            except (psycopg.OperationalError, ReadOnlyDatabase) as exc:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                 log.warning(
                     "event=db_unreachable who=child worker=%s retry_in=%.1fs error=%r",
@@ -100,6 +102,9 @@ class ChildConnection:
             # Direct: added to the DSN's own options (search_path, ...), never instead.
             **pooler.connect_kwargs(self.settings.pooler, self.dsn, self.session()),
         )
+        # A standby claims nothing: said (event=db_unreachable) and tried again with the
+        # backoff, as an unreachable server is, until the DSN reaches a primary.
+        refuse_standby(conn)
         if self.local is None:
             # A pooler that drops the options (ignore_startup_parameters) must not leave
             # the child planning and committing with settings it did not ask for, and

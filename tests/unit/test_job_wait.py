@@ -56,3 +56,64 @@ def test_the_wait_names_an_unknown_job_and_a_lost_listener() -> None:
     next(steps)
     with pytest.raises(DatabaseUnavailable, match="connection refused"):
         steps.send(_record("pending"))
+
+
+def _lost() -> job_wait.Lost:
+    return job_wait.Lost(DatabaseUnavailable("cannot reach the database u@h:5432/db: refused"))
+
+
+def test_a_wait_rides_over_a_lost_database_and_reads_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(job_wait.time, "monotonic", lambda: now[0])
+    clock = job_wait.WaitClock(None)
+    steps = job_wait._wait_steps(JOB_ID, clock, _Sub(), _Owner())
+    next(steps)
+    assert steps.send(_record("processing")) == job_wait.WAIT_POLL_FIRST
+    assert steps.send(False) is job_wait._READ
+    # The database is gone (a failover): the wait polls on, backing off.
+    assert steps.send(_lost()) == 2 * job_wait.WAIT_POLL_FIRST
+    now[0] += job_wait.WAIT_OUTAGE - 1
+    assert steps.send(False) is job_wait._READ
+    assert steps.send(_lost()) == 4 * job_wait.WAIT_POLL_FIRST
+    assert steps.send(False) is job_wait._READ
+    # Back: the outage is forgotten, and a later one has its whole WAIT_OUTAGE again.
+    assert steps.send(_record("processing")) == 8 * job_wait.WAIT_POLL_FIRST
+    assert steps.send(True) is job_wait._READ
+    assert steps.send(_lost()) == 8 * job_wait.WAIT_POLL_FIRST
+    now[0] += job_wait.WAIT_OUTAGE - 1
+    assert steps.send(True) is job_wait._READ
+    with pytest.raises(StopIteration) as done:
+        steps.send(_record("done"))
+    assert done.value.value.state == "done"
+
+
+def test_a_wait_says_a_database_lost_for_too_long_a_first_read_lost_and_a_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(job_wait.time, "monotonic", lambda: now[0])
+    # Lost for WAIT_OUTAGE in a row: the error, not an endless wait.
+    steps = job_wait._wait_steps(JOB_ID, job_wait.WaitClock(None), _Sub(), _Owner())
+    next(steps)
+    steps.send(_record("processing"))
+    steps.send(False)
+    steps.send(_lost())
+    steps.send(False)
+    now[0] += job_wait.WAIT_OUTAGE
+    with pytest.raises(DatabaseUnavailable, match="refused"):
+        steps.send(_lost())
+    # The very first read lost: a wrong DSN or a database down, said at once.
+    steps = job_wait._wait_steps(JOB_ID, job_wait.WaitClock(None), _Sub(), _Owner())
+    next(steps)
+    with pytest.raises(DatabaseUnavailable, match="refused"):
+        steps.send(_lost())
+    # Past the wait's own deadline while the database is lost: the database's error.
+    steps = job_wait._wait_steps(JOB_ID, job_wait.WaitClock(5.0), _Sub(), _Owner())
+    next(steps)
+    steps.send(_record("processing"))
+    steps.send(False)
+    now[0] += 5.0
+    with pytest.raises(DatabaseUnavailable, match="refused"):
+        steps.send(_lost())
