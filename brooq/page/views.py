@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from brooq.job_options import TAG_FORM, TAG_PATTERN
 from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
 from brooq.page import reads
 from brooq.page.reads import Page, Row
@@ -215,11 +216,27 @@ def done_chart(data: Row) -> str:
     return f'{chart}<p class="muted">{_n(total)} done in the last hour</p>'
 
 
-def _pages(path: str, page: Page) -> str:
-    links = [link(path, "first page")]
+def _pages(path: str, page: Page, tag: str | None = None) -> str:
+    links = [link(path, "first page", tag=tag)]
     if page.next is not None:
-        links.append(link(path, "next page", after=reads.encode_cursor(page.next)))
+        links.append(link(path, "next page", after=reads.encode_cursor(page.next), tag=tag))
     return f'<nav class="pages">{"".join(links)}</nav>'
+
+
+def tag_filter(path: str, tag: str | None) -> str:
+    """The lists' filter by tag: a GET form (no script), and a link back to every job."""
+    value = f' value="{e(tag)}"' if tag else ""
+    clear = f" {link(path, 'every job')}" if tag else ""
+    return (
+        f'<form class="filter" method="get" action="{e(path)}">'
+        f'<label>tag <input type="text" name="tag"{value} maxlength="64" '
+        f'pattern="{e(TAG_PATTERN.pattern)}" title="{e(TAG_FORM)}"></label> '
+        f'<button type="submit">filter</button>{clear}</form>'
+    )
+
+
+def _tags(tags: list[str]) -> str:
+    return e(", ".join(tags)) if tags else ""
 
 
 def stack_form(job_id: object, csrf: str | None, actions_enabled: bool) -> str:
@@ -238,7 +255,11 @@ def stack_form(job_id: object, csrf: str | None, actions_enabled: bool) -> str:
 
 
 def in_flight_page(
-    page: Page, actions_enabled: bool, csrf: str | None = None, here: str = "/in-flight"
+    page: Page,
+    actions_enabled: bool,
+    csrf: str | None = None,
+    here: str = "/in-flight",
+    tag: str | None = None,
 ) -> bytes:
     rows = []
     for r in page.rows:
@@ -254,6 +275,7 @@ def in_flight_page(
                 e(host),
                 e(age(r["running_for"])),
                 e(lease),
+                _tags(r["tags"]),
                 stack_form(r["id"], csrf, actions_enabled),
                 *(
                     [button(f"/jobs/{r['id']}/cancel", "cancel", csrf, here, CANCEL_RUNNING)]
@@ -263,14 +285,19 @@ def in_flight_page(
             )
         )
     headers = ["job", "topic", "queue", "attempt", "child pid", "host", "running for",
-               "lease left", "stack"]  # fmt: skip
+               "lease left", "tags", "stack"]  # fmt: skip
     if csrf is not None:
         headers.append("action")
     note = (
         '<p class="muted">The stack button shows the Python stack of the running handler '
         "right now, from whichever host runs it (as <code>brooq jobs stack ID</code>).</p>"
     )
-    body = note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
+    body = (
+        note
+        + tag_filter("/in-flight", tag)
+        + table(headers, rows, numeric={3, 4, 6, 7})
+        + _pages("/in-flight", page, tag)
+    )
     return layout(
         "In flight",
         body,
@@ -292,7 +319,12 @@ def row_actions(state: str, job_id: object, csrf: str | None, here: str) -> str:
 
 
 def finished_badly_page(
-    state: str, page: Page, actions_enabled: bool, csrf: str | None = None, here: str = ""
+    state: str,
+    page: Page,
+    actions_enabled: bool,
+    csrf: str | None = None,
+    here: str = "",
+    tag: str | None = None,
 ) -> bytes:
     here = here or f"/{state}"
     rows = []
@@ -310,15 +342,21 @@ def finished_badly_page(
                 e(when(r["available_at"])) if state == "failed" else "",
                 f"<pre>{error}</pre>",
                 _n(r["errors_count"]),
+                _tags(r["tags"]),
                 row_actions(state, r["id"], csrf, here) if actions_enabled else "",
             )
         )
-    headers = ["job", "topic", "queue", "attempts", "at", "next attempt", "last error", "errors"]
+    headers = ["job", "topic", "queue", "attempts", "at", "next attempt", "last error", "errors",
+               "tags"]  # fmt: skip
     headers.append("" if not actions_enabled else "actions")
     if state == "dead":
         headers[5] = ""
     title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
-    body = table(headers, rows, numeric={3, 7}) + _pages(f"/{state}", page)
+    body = (
+        tag_filter(f"/{state}", tag)
+        + table(headers, rows, numeric={3, 7})
+        + _pages(f"/{state}", page, tag)
+    )
     return layout(title, body, actions_enabled=actions_enabled, signed_in=csrf is not None)
 
 
@@ -331,6 +369,8 @@ def _cell(name: str, value: Any) -> str:
         return e(when(value))
     if name == "last_error":
         return f"<pre>{e(value)}</pre>"
+    if name == "tags" and isinstance(value, list):
+        return e(", ".join(map(str, value)))
     return e(value)
 
 

@@ -71,6 +71,13 @@ def reap_expired(
     return returned, dead
 
 
+def promote_orphans(conn: psycopg.Connection[Any], q: Queries = Q) -> int:
+    """Move up the debounced jobs left waiting with no active job of their unique_key
+    before them (job_promote_orphans); how many moved."""
+    row = conn.cursor(row_factory=dict_row).execute(q.job_promote_orphans).fetchone()
+    return int(row["promoted"]) if row is not None else 0
+
+
 def delete_expired(
     conn: psycopg.Connection[Any],
     ttl: float,
