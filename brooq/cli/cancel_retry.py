@@ -229,8 +229,9 @@ def cancel(
     """Cancel a job: pending, failed or processing -> canceled. A running handler gets
     brooq.LeaseLost at the next lease renewal.
 
-    Bulk: --topic T --state S [--queue Q] [--tag TAG] instead of JOB_ID cancels
-    every such job, in batches; it prints how many match and asks first, unless --yes."""
+    Bulk: --topic T --state S instead of JOB_ID (narrowed by --queue Q, --tag TAG)
+    cancels every such job, in batches; it prints how many match and asks first, unless
+    --yes."""
     _run(ctx, "cancel", job_id, topic, state, queue_name, tag, yes, as_json)
 
 
@@ -249,10 +250,10 @@ def retry(
     """Run a finished job again: dead or canceled -> pending now, attempts reset, last
     error kept.
 
-    Bulk: --topic T --state S [--queue Q] [--tag TAG] instead of JOB_ID retries
-    every such job, in batches; it prints how many match and asks first, unless --yes.
-    A job whose unique_key another active job holds is not retried (named, with that
-    job)."""
+    Bulk: --topic T --state S instead of JOB_ID (narrowed by --queue Q, --tag TAG)
+    retries every such job, in batches; it prints how many match and asks first, unless
+    --yes. A job whose unique_key another active job holds is not retried (named, with
+    that job)."""
     _run(ctx, "retry", job_id, topic, state, queue_name, tag, yes, as_json)
 
 

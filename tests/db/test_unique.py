@@ -391,3 +391,27 @@ def test_a_retried_waiting_job_comes_back_as_its_keys_job(queue: brooq.Queue, co
     row = conn.execute("SELECT state, start_after FROM job WHERE id = %s", (waiting,)).fetchone()
     assert row == {"state": "pending", "start_after": None}
     assert claim(conn) == [waiting]
+
+
+def test_brooq_enqueue_takes_the_options(dsn: str, conn: Conn) -> None:
+    from tests.db.test_cli import ok
+
+    first = ok(dsn, "enqueue", "t", "--unique-key", "k", "--tag", "a", "--tag", "b:1").split()
+    assert first[0] == "enqueued"
+    again = ok(dsn, "enqueue", "t", "--unique-key", "k", "--payload", "2").split()
+    assert again == ["exists", first[1]]
+    folded = ok(dsn, "enqueue", "t", "--unique-key", "d", "--debounce", "2s", "--payload", "1")
+    assert ok(dsn, "enqueue", "t", "--unique-key", "d", "--debounce", "2s", "--payload", "2") == (
+        folded.replace("enqueued", "exists")
+    )
+    rows = conn.execute("SELECT unique_key, tags, payload FROM job ORDER BY unique_key").fetchall()
+    assert [tuple(r.values()) for r in rows] == [("d", None, 2), ("k", ["a", "b:1"], None)]
+    for args, option in (
+        (["--debounce", "2s"], "--debounce"),
+        (["--unique-key", "k", "--debounce", "2"], "--debounce"),
+        (["--unique-key", "k", "--debounce", "2s", "--key", "i"], "--debounce"),
+        (["--tag", "a b"], "--tag"),
+        (["--unique-key", "k" * 1025], "--unique-key"),
+    ):
+        line = refused(dsn, "enqueue", "t", *args, code=2)
+        assert f"'{option}'" in line or option in line, line

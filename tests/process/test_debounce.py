@@ -87,3 +87,40 @@ def test_enqueues_while_the_keys_job_runs_make_exactly_one_next_job(
     ]
     # the next job started after the key's job ended: never two running
     assert trail[2][2] >= trail[1][2]
+
+
+def test_the_masters_reaper_pass_moves_up_a_waiting_job_with_nothing_before_it(
+    db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    """A waiting job whose key has no job (as a producer's rollback can leave one, here
+    written by hand, its commit's trigger off) is moved up by the reaper's pass, and runs."""
+    m = start_master(workers=1, app=APP)
+    with db.transaction():
+        db.execute("SET LOCAL session_replication_role = replica")  # no trigger fires
+        db.execute(
+            "INSERT INTO job (topic, payload, unique_key, available_at, start_after) "
+            "VALUES ('u.run', '{\"n\": 1}', 'doc-3', '9999-01-01+00', now())"
+        )
+    wait_for(lambda: [p for _, p, _ in starts(db)] == [{"n": 1}], what="the waiting job run")
+    assert "event=jobs_promoted count=1" in m.log()
+
+
+def test_the_admin_retry_names_the_job_holding_the_key(
+    queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster, tmp_path: Any
+) -> None:
+    from tests.process.test_operations import get, ops_addr
+
+    token = "t0k3n-" + "x" * 26
+    (tmp_path / "admin-token").write_text(token + "\n")
+    m = start_master(workers=1, env={"QUEUE_ADMIN_TOKEN_FILE": str(tmp_path / "admin-token")})
+    addr = ops_addr(m)
+    old, _ = queue.enqueue(brooq.Job("nobody.handles.this", unique_key="k"))
+    assert queue.cancel(old)
+    new, _ = queue.enqueue(brooq.Job("nobody.handles.this", unique_key="k"))
+    status, body = get(addr, f"/admin/jobs/{old}/retry", token=token, method="POST")
+    answer = json.loads(body)
+    assert status == 409 and answer["held_by"] == str(new) and answer["state"] == "canceled"
+    assert f"its unique_key 'k' is taken by job {new} (pending)" in answer["error"]
+    assert queue.cancel(new)
+    status, _ = get(addr, f"/admin/jobs/{old}/retry", token=token, method="POST")
+    assert status == 200 and state(db, old) == "pending"

@@ -97,3 +97,42 @@ def test_a_tag_filter_is_checked_as_a_tag() -> None:
 def test_tags_as_an_array_literal_quote_every_element() -> None:
     assert tags_literal(None) is None
     assert tags_literal(("null", "a:b")) == '{"null","a:b"}'
+
+
+def test_jobs_show_prints_the_options_only_when_a_job_has_them() -> None:
+    import dataclasses
+    import uuid
+
+    from brooq.cli.jobs import show_lines
+
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    plain = brooq.JobRecord(
+        id=uuid.UUID(int=1),
+        topic="t",
+        payload=1,
+        state="pending",
+        attempts=0,
+        available_at=now,
+        locked_by=None,
+        locked_until=None,
+        last_error=None,
+        idempotency_key=None,
+        created_at=now,
+        updated_at=now,
+    )
+    lines = show_lines(plain, now)
+    assert not any(line.startswith(("unique key:", "tags:")) for line in lines)
+    waiting = dataclasses.replace(
+        plain,
+        unique_key="doc-7",
+        tags=["billing", "eu"],
+        available_at=datetime(9999, 1, 1, tzinfo=timezone.utc),
+        start_after=now + timedelta(seconds=2),
+    )
+    shown = show_lines(waiting, now)
+    assert "unique key:      doc-7" in shown and "tags:            billing, eu" in shown
+    assert (
+        "available at:    the active job of its key, then from 2030-01-01 00:00:02 UTC (in 2.0s)"
+        in shown
+    )
+    assert len(shown) <= 24
