@@ -243,16 +243,10 @@ def parse_job_id(value: object) -> uuid.UUID:
 
 class Job:
     """A job to enqueue. Validated when built, so a bad job never reaches the database.
-
-    ``idempotency_key``: one job per (topic, key) for as long as its row lives; enqueueing
-    it again returns that job (``created`` False). ``unique_key``: at most one job per
-    (topic, key) that is pending, failed or processing; enqueueing another returns the
-    active one, and once it is done, dead or canceled the key is free again.
-    ``debounce`` (a timedelta, seconds or "2s"; needs ``unique_key``): while the key's job
-    has not started, each enqueue replaces its payload and moves its start to now +
-    debounce; while it runs, the enqueue makes the one job that runs after it.
-    ``tags``: up to 8 labels (letters, digits, ``_ . : = / -``, 1 to 64 characters) to
-    list, cancel and retry jobs by (docs/how-to/unique-and-debounce.md)."""
+    ``idempotency_key``: one job per (topic, key) while its row lives. ``unique_key``: one
+    pending, failed or processing job per (topic, key). ``debounce`` (with it): a burst
+    folds into one run, the last payload. ``tags``: up to 8 labels to list, cancel and
+    retry by (docs/how-to/unique-and-debounce.md)."""
 
     __slots__ = (
         "available_at",

@@ -3,12 +3,13 @@
 Every function here takes a connection or cursor that the caller owns (brooq.targets says
 which); nothing is committed here. Queue wraps these in a pooled connection and a
 transaction. The sync and the async forms share one logic: each insert is a generator
-(``_insert_one``, ``_insert_many``) that yields the statements it needs run (a _Step) and
-is sent their answers, driven by ``_drive`` on a psycopg Cursor or ``_drive_async`` on an
-AsyncCursor; the drivers only do I/O.
+(``_insert_one``, ``_insert_many``) that yields the statements it needs run (a Step of
+brooq.produce_steps) and is sent their answers, driven by ``_drive`` on a psycopg Cursor
+or ``_drive_async`` on an AsyncCursor; the drivers only do I/O. A job with a unique_key,
+debounce or tags takes brooq.produce_options' steps; a plain job never does.
 
-Owns: the insert path (job_insert, job_insert_many, job_copy_*), the idempotency-key
-lookups after a conflict, and the checks a job passes before any I/O.
+Owns: the insert path (job_insert, job_insert_many, job_copy_*, the COPY of tagged jobs),
+the idempotency-key lookups after a conflict, and the checks a job passes before any I/O.
 Must never: commit, roll back or change the caller's connection, or read a job once
 inserted beyond the ids.
 """

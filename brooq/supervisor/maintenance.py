@@ -1,11 +1,13 @@
 """The master's statements on the table, each a function of a connection returning counts,
 so tests call them without timers (brooq.supervisor.duties runs them on a clock).
 
-Owns lease renewal, the reaper, retention, settling a dead worker's jobs and giving jobs
-back. Each is one guarded statement (or a bounded series), safe when several masters
-run against one database; rows are read by name. They must never wait on a row lock
-(SKIP LOCKED, or a guard on the holder) and never decide policy: the caller passes the
-lease, the limits and the handlers' policies.
+Owns lease renewal, the reaper, retention, settling a dead worker's jobs, giving jobs
+back and moving up a debounced job left waiting with nothing before it. Each is one
+guarded statement (or a bounded series), safe when several masters run against one
+database; rows are read by name. They must never wait on a row lock (SKIP LOCKED, or a
+guard on the holder; the move up waits at most 100 ms, brooq_job_promote's
+lock_timeout) and never decide policy: the caller passes the lease, the limits and the
+handlers' policies.
 """
 
 from __future__ import annotations
