@@ -1,7 +1,7 @@
 """A/B drain of checkouts of brooq: the same no-op drain from each tree, alternated.
 
     python benchmarks/ab_drain.py --dsn ADMIN_DSN [--jobs 100000] [--rounds 5]
-        [--async [--concurrency 100]] TREE TREE ...
+        [--async [--concurrency 100]] [--own-schema] TREE TREE ...
 
 Each TREE is a checkout (e.g. a `git worktree` of the commit before a change), optionally
 followed by environment for its master: `TREE,BENCH_MIDDLEWARE=1` drains with one no-op
@@ -14,6 +14,8 @@ spreads the machine's drift over all of them; the medians are what to compare. E
 runs the benchmark application of the checkout running this script (benchmarks/apps), so
 the trees differ in brooq alone. `--async` drains with `async def` no-op handlers
 (bench_brooq_async_app: every child an async child, `--concurrency` jobs at once).
+`--own-schema`: each tree's database is migrated by that tree's own migrations instead,
+so that what a migration adds to the table (an index, a trigger) is in the comparison.
 """
 
 from __future__ import annotations
@@ -42,13 +44,23 @@ def drain_once(
     jobs: int,
     extra_env: dict[str, str],
     command: list[str],
+    own_schema: bool = False,
 ) -> tuple[float, float]:
     name = f"brooq_ab_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = conninfo.make_conninfo(admin, dbname=name)
     try:
-        migrate.up(dsn)
+        if own_schema:  # the tree's own brooq.migrate, in a process with it first on the path
+            migrator = "import sys; from brooq import migrate; migrate.up(sys.argv[1])"
+            subprocess.run(
+                [sys.executable, "-c", migrator, dsn],
+                env={**os.environ, "PYTHONPATH": str(tree)},
+                check=True,
+                cwd="/",
+            )
+        else:
+            migrate.up(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO job (topic) SELECT 'bench.noop' FROM generate_series(1, %s)", (jobs,)
@@ -101,6 +113,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--async", dest="aio", action="store_true", help="async def handlers")
     ap.add_argument("--concurrency", type=int, default=100, help="with --async")
+    ap.add_argument(
+        "--own-schema", action="store_true", help="migrate each tree's database with its own"
+    )
     ap.add_argument("trees", nargs="+", help="TREE or TREE,NAME=VALUE,...")
     args = ap.parse_args()
     command = ["--app", "bench_brooq_app:queue", "--workers", "2"]
@@ -112,7 +127,9 @@ def main() -> None:
         for tree in args.trees:
             path, *assignments = tree.split(",")
             extra = dict(a.split("=", 1) for a in assignments)
-            rate, cpu = drain_once(args.dsn, Path(path).resolve(), args.jobs, extra, command)
+            rate, cpu = drain_once(
+                args.dsn, Path(path).resolve(), args.jobs, extra, command, args.own_schema
+            )
             results[tree].append((rate, cpu))
             print(f"round {rnd} {tree}: {rate:,.0f} jobs/s, {cpu:.1f} us CPU/job", flush=True)
     for tree, runs in results.items():

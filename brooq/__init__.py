@@ -16,6 +16,7 @@ module that defines a name, never from this package.
 - `ids`: UUIDv7 job ids
 - `ipc`: the master and its children talking: the board, the channel, the protocol
 - `job`: the vocabulary: Job, JobRecord, Claim, the states and the operator's transition rules
+- `job_options`: a Job's unique_key, debounce and tags: their checks and the words of refusals
 - `job_wait`: waiting for a job's end: the wait clock, one wait loop, its sync and async drivers
 - `limits`: the time limits' ordering and caps, for settings and handler options
 - `logs`: brooq's log lines and their formats
@@ -34,6 +35,8 @@ module that defines a name, never from this package.
 - `pooler`: running behind a transaction pooler: connect arguments, the direct rule, errors
 - `pools`: a Queue's sync and async connection pools, their fork rules and errors
 - `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
+- `produce_options`: the insert steps of a job with a unique_key, debounce or tags
+- `produce_steps`: what an insert asks its driver to run, the rows it answers, a job's queue
 - `queue`: brooq.Queue, the application object: its face, delegating to the modules here
 - `registry`: what an application declares: handlers, middleware, schedules, settings
 - `rules`: what master and children both read: backoff, error text, timing, worked queues
@@ -51,6 +54,7 @@ module that defines a name, never from this package.
 from brooq.errors import (
     BrooqError,
     DatabaseUnavailable,
+    InvalidDebounce,
     InvalidDsn,
     InvalidIdempotencyKey,
     InvalidJob,
@@ -60,8 +64,10 @@ from brooq.errors import (
     InvalidQueue,
     InvalidResult,
     InvalidSettings,
+    InvalidTags,
     InvalidTopic,
     InvalidTransition,
+    InvalidUniqueKey,
     JobNotFound,
     JobNotRunning,
     NaiveDatetime,
@@ -99,6 +105,7 @@ __all__ = [
     "Delay",
     "HolderStats",
     "InFlight",
+    "InvalidDebounce",
     "InvalidDsn",
     "InvalidIdempotencyKey",
     "InvalidJob",
@@ -108,8 +115,10 @@ __all__ = [
     "InvalidQueue",
     "InvalidResult",
     "InvalidSettings",
+    "InvalidTags",
     "InvalidTopic",
     "InvalidTransition",
+    "InvalidUniqueKey",
     "Job",
     "JobNotFound",
     "JobNotRunning",

@@ -41,6 +41,19 @@ class InvalidIdempotencyKey(InvalidJob):
     """The idempotency key cannot be stored."""
 
 
+class InvalidUniqueKey(InvalidJob):
+    """The unique key cannot be stored."""
+
+
+class InvalidDebounce(InvalidJob):
+    """The debounce is not a positive duration of at most a day, or is given without a
+    unique_key (or beside an idempotency_key or an available_at)."""
+
+
+class InvalidTags(InvalidJob):
+    """The tags are not a list of at most 8 short labels (brooq.job_options.TAG_FORM)."""
+
+
 class NaiveDatetime(InvalidJob):
     """A datetime without a time zone was given where an instant is required."""
 

@@ -5,7 +5,8 @@ Owns: the job's states and the rule of operator transitions (CANCELABLE_STATES,
 RETRYABLE_STATES, transition_refusal: the SQL binds these, Queue, the CLI and the master's
 admin HTTP word their refusals with them; BULK_FROM_STATES and bulk_state_refusal for the
 bulk forms, Queue.cancel_many and Queue.retry_many), what a valid job is (topic, payload, key,
-available_at; its payload is encoded by brooq.encoding), JobRecord and Claim.
+available_at; its payload is encoded by brooq.encoding, its unique_key, debounce and tags
+checked by brooq.job_options), JobRecord and Claim.
 Must never: do I/O (no database, no files, no clock beyond validating what it is given),
 or spell a state's name outside the constants below.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal
@@ -29,6 +30,7 @@ from brooq.errors import (
     InvalidTopic,
     NaiveDatetime,
 )
+from brooq.job_options import check_combination, check_debounce, check_tags, check_unique_key
 from brooq.payloads import JSON_TYPES, to_json
 
 if TYPE_CHECKING:
@@ -240,16 +242,23 @@ def parse_job_id(value: object) -> uuid.UUID:
 
 
 class Job:
-    """A job to enqueue. Validated when built, so a bad job never reaches the database."""
+    """A job to enqueue. Validated when built, so a bad job never reaches the database.
+    ``idempotency_key``: one job per (topic, key) while its row lives. ``unique_key``: one
+    pending, failed or processing job per (topic, key). ``debounce`` (with it): a burst
+    folds into one run, the last payload. ``tags``: up to 8 labels to list, cancel and
+    retry by (docs/how-to/unique-and-debounce.md)."""
 
     __slots__ = (
         "available_at",
+        "debounce",
         "idempotency_key",
         "payload",
         "payload_json",
         "priority",
         "queue",
+        "tags",
         "topic",
+        "unique_key",
     )
 
     def __init__(
@@ -261,9 +270,12 @@ class Job:
         available_at: datetime | None = None,
         queue: str | None = None,
         priority: int = 0,
+        unique_key: str | None = None,
+        debounce: timedelta | float | str | None = None,
+        tags: Iterable[str] | None = None,
     ) -> None:
-        # The common case (a known topic, no queue, key or time, priority 0) skips the
-        # validators' calls: a web request builds one Job per enqueue.
+        # The common case (a known topic, no queue, key, time or option, priority 0) skips
+        # the validators' calls: a web request builds one Job per enqueue.
         self.topic = (
             topic if topic.__class__ is str and topic in _VALID_NAMES else validate_topic(topic)
         )
@@ -281,12 +293,29 @@ class Job:
         self.available_at = (
             None if available_at is None else require_aware(available_at, "available_at")
         )
+        # brooq.job_options: None for a plain job, which enqueue_line then sends as always.
+        self.unique_key = None if unique_key is None else check_unique_key(unique_key)
+        self.debounce = None if debounce is None else check_debounce(debounce)  # seconds
+        self.tags = None if tags is None else check_tags(tags)
+        if debounce is not None:
+            check_combination(
+                self.unique_key, self.debounce, self.idempotency_key, available_at is not None
+            )
 
     def __repr__(self) -> str:
+        options = "".join(
+            f", {name}={value!r}"
+            for name, value in (
+                ("unique_key", self.unique_key),
+                ("debounce", self.debounce),
+                ("tags", self.tags),
+            )
+            if value is not None
+        )
         return (
             f"Job(topic={self.topic!r}, payload={self.payload!r}, "
             f"idempotency_key={self.idempotency_key!r}, available_at={self.available_at!r}, "
-            f"queue={self.queue!r}, priority={self.priority!r})"
+            f"queue={self.queue!r}, priority={self.priority!r}{options})"
         )
 
 
@@ -313,6 +342,11 @@ class JobRecord:
     # The error history: one {"attempt", "at", "error", "worker"} per failed attempt (and
     # per lease expiry), the last 20, oldest first; "at" is the ISO text jsonb writes.
     errors: list[dict[str, Any]] = field(default_factory=list)
+    unique_key: str | None = None
+    tags: list[str] = field(default_factory=list)
+    # A debounced job waiting for the running job of its key: the earliest start it takes
+    # once that job ends (its available_at is 9999-01-01 meanwhile); None otherwise.
+    start_after: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: UUID and datetimes as strings."""

@@ -281,6 +281,9 @@ JOB_COLUMNS = (
     "result",  # 0006
     "errors",  # 0006
     "waited",  # 0006
+    "unique_key",  # 0011
+    "start_after",  # 0011
+    "tags",  # 0011
 )
 
 

@@ -3,12 +3,13 @@
 Every function here takes a connection or cursor that the caller owns (brooq.targets says
 which); nothing is committed here. Queue wraps these in a pooled connection and a
 transaction. The sync and the async forms share one logic: each insert is a generator
-(``_insert_one``, ``_insert_many``) that yields the statements it needs run (a _Step) and
-is sent their answers, driven by ``_drive`` on a psycopg Cursor or ``_drive_async`` on an
-AsyncCursor; the drivers only do I/O.
+(``_insert_one``, ``_insert_many``) that yields the statements it needs run (a Step of
+brooq.produce_steps) and is sent their answers, driven by ``_drive`` on a psycopg Cursor
+or ``_drive_async`` on an AsyncCursor; the drivers only do I/O. A job with a unique_key,
+debounce or tags takes brooq.produce_options' steps; a plain job never does.
 
-Owns: the insert path (job_insert, job_insert_many, job_copy_*), the idempotency-key
-lookups after a conflict, and the checks a job passes before any I/O.
+Owns: the insert path (job_insert, job_insert_many, job_copy_*, the COPY of tagged jobs),
+the idempotency-key lookups after a conflict, and the checks a job passes before any I/O.
 Must never: commit, roll back or change the caller's connection, or read a job once
 inserted beyond the ids.
 """
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Generator, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
@@ -27,62 +28,24 @@ from brooq.db import schema_missing
 from brooq.encoding import check_payload_size
 from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
-from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, Job
+from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job
+from brooq.produce_options import insert_with_options, key_holders, many_params
+from brooq.produce_steps import (
+    KEY_ROUNDS,
+    All,
+    Copy,
+    Handlers,
+    Keyed,
+    KeyedId,
+    One,
+    R,
+    Steps,
+    queue_of,
+    tags_literal,
+)
 from brooq.sql import Q, Queries, queries
 from brooq.standby import read_only
 from brooq.targets import AnyTarget, AsyncTarget, Target, async_cursor, cursor, resolve_target
-
-if TYPE_CHECKING:
-    from typing_extensions import LiteralString
-
-    from brooq.handlers import Handler
-
-R = TypeVar("R")
-
-# A conflicting row can vanish between our INSERT and our SELECT (retention deleted it):
-# then the INSERT is tried again. Two rounds are plenty; more means something is wrong.
-_KEY_ROUNDS = 3
-
-
-class _KeyedId(NamedTuple):
-    """A row of job_get_ids_by_keys: the job already holding (topic, key)."""
-
-    topic: str
-    key: str | None  # never None here (the lookup joins on it), typed as Job.idempotency_key
-    id: uuid.UUID
-
-
-# What an insert asks its driver to run, and what it is sent back.
-class _One(NamedTuple):
-    """Execute; the first row's id, None without a row."""
-
-    statement: LiteralString
-    params: dict[str, Any]
-
-
-class _All(NamedTuple):
-    """Execute; every row's id."""
-
-    statement: LiteralString
-    params: dict[str, Any]
-
-
-class _Keyed(NamedTuple):
-    """Execute; every row as a _KeyedId."""
-
-    statement: LiteralString
-    params: dict[str, Any]
-
-
-class _Copy(NamedTuple):
-    """COPY these rows; nothing is sent back."""
-
-    statement: LiteralString
-    rows: list[tuple[Any, ...]]
-
-
-_Step = _One | _All | _Keyed | _Copy
-_Steps = Generator[_Step, Any, R]
 
 
 def check_job(job: object, max_payload_bytes: int, handlers: Handlers | None = None) -> Job:
@@ -116,18 +79,7 @@ def check_jobs(
     return checked
 
 
-# A Queue's handlers by topic (their queue is where a job naming none goes); empty for
-# brooq.enqueue, which knows no handlers.
-Handlers = Mapping[str, "Handler"]
 _NO_HANDLERS: Handlers = {}
-
-
-def queue_of(job: Job, handlers: Handlers) -> str:
-    """The queue a job goes to: its own, else its handler's, else "default"."""
-    if job.queue:
-        return job.queue
-    handler = handlers.get(job.topic)
-    return handler.queue if handler is not None else DEFAULT_QUEUE
 
 
 # -- the public functions ------------------------------------------------------------------
@@ -237,7 +189,7 @@ async def insert_many_checked_async(
 # -- the drivers: the I/O, and nothing else ------------------------------------------------
 
 
-def _drive(target: Target, steps: _Steps[R]) -> R:
+def _drive(target: Target, steps: Steps[R]) -> R:
     """Run ``steps`` on a cursor of the caller's connection."""
     try:
         with cursor(target) as cur:
@@ -248,15 +200,15 @@ def _drive(target: Target, steps: _Steps[R]) -> R:
                 except StopIteration as done:
                     result: R = done.value
                     return result
-                if isinstance(step, _One):  # first: a single enqueue's only kind
+                if isinstance(step, One):  # first: a single enqueue's only kind
                     answer = cur.execute(step.statement, step.params).fetchone()
-                elif isinstance(step, _Copy):
+                elif isinstance(step, Copy):
                     with cur.copy(step.statement) as copy:
                         for row in step.rows:
                             copy.write_row(row)
                     answer = None
-                elif isinstance(step, _Keyed):
-                    with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
+                elif isinstance(step, Keyed):
+                    with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
                         answer = by_key.execute(step.statement, step.params).fetchall()
                 else:
                     answer = cur.execute(step.statement, step.params).fetchall()
@@ -267,7 +219,7 @@ def _drive(target: Target, steps: _Steps[R]) -> R:
         raise read_only(conn) from None
 
 
-async def _drive_async(target: AsyncTarget, steps: _Steps[R]) -> R:
+async def _drive_async(target: AsyncTarget, steps: Steps[R]) -> R:
     """``_drive`` on an AsyncCursor: the same steps, awaited."""
     try:
         async with async_cursor(target) as cur:
@@ -278,16 +230,16 @@ async def _drive_async(target: AsyncTarget, steps: _Steps[R]) -> R:
                 except StopIteration as done:
                     result: R = done.value
                     return result
-                if isinstance(step, _One):
+                if isinstance(step, One):
                     await cur.execute(step.statement, step.params)
                     answer = await cur.fetchone()
-                elif isinstance(step, _Copy):
+                elif isinstance(step, Copy):
                     async with cur.copy(step.statement) as copy:
                         for row in step.rows:
                             await copy.write_row(row)
                     answer = None
-                elif isinstance(step, _Keyed):
-                    async with cur.connection.cursor(row_factory=class_row(_KeyedId)) as by_key:
+                elif isinstance(step, Keyed):
+                    async with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
                         await by_key.execute(step.statement, step.params)
                         answer = await by_key.fetchall()
                 else:
@@ -303,14 +255,17 @@ async def _drive_async(target: AsyncTarget, steps: _Steps[R]) -> R:
 # -- the inserts, without I/O ----------------------------------------------------------------
 
 
-def _insert_one(job: Job, handlers: Handlers, q: Queries) -> _Steps[tuple[uuid.UUID, bool]]:
+def _insert_one(job: Job, handlers: Handlers, q: Queries) -> Steps[tuple[uuid.UUID, bool]]:
     """One job: INSERT; on a key conflict, the id of the job holding the key (tried again
-    if that job vanished meanwhile)."""
-    for _ in range(_KEY_ROUNDS):
-        inserted = yield _One(q.job_insert, _params(job, uuid7(), handlers))
+    if that job vanished meanwhile). A job with a unique_key, debounce or tags takes
+    brooq.produce_options' steps instead."""
+    if job.unique_key is not None or job.tags is not None:
+        return (yield from insert_with_options(job, _params(job, uuid7(), handlers), q))
+    for _ in range(KEY_ROUNDS):
+        inserted = yield One(q.job_insert, _params(job, uuid7(), handlers))
         if inserted is not None:
             return inserted, True
-        existing = yield _One(q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key})
+        existing = yield One(q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key})
         if existing is not None:
             return existing, False
     raise BrooqError(
@@ -321,37 +276,43 @@ def _insert_one(job: Job, handlers: Handlers, q: Queries) -> _Steps[tuple[uuid.U
 
 def _insert_many(
     checked: list[Job], handlers: Handlers, q: Queries
-) -> _Steps[list[tuple[uuid.UUID, bool]]]:
-    """Jobs without keys cannot conflict: COPY them. With keys, one INSERT, then one
-    lookup of the jobs holding the keys that were taken."""
+) -> Steps[list[tuple[uuid.UUID, bool]]]:
+    """Jobs without keys cannot conflict: COPY them (with their tags, if any has some).
+    With keys, one INSERT, then one lookup of the jobs holding the keys that were taken.
+    A batch holding a debounced job goes job by job, in order (brooq.produce_options)."""
+    if any(job.debounce is not None for job in checked):
+        results = []
+        for job in checked:
+            results.append((yield from _insert_one(job, handlers, q)))
+        return results
     ids = uuid7_many(len(checked))
-    if all(job.idempotency_key is None for job in checked):
-        ready, scheduled = _copy_rows(checked, ids, handlers)
+    if all(job.idempotency_key is None and job.unique_key is None for job in checked):
+        tagged = any(job.tags is not None for job in checked)
+        ready, scheduled = _copy_rows(checked, ids, handlers, tagged)
         if ready:
-            yield _Copy(q.job_copy_ready, ready)
+            yield Copy(q.job_copy_ready_tagged if tagged else q.job_copy_ready, ready)
         if scheduled:
-            yield _Copy(q.job_copy_scheduled, scheduled)
+            yield Copy(q.job_copy_scheduled_tagged if tagged else q.job_copy_scheduled, scheduled)
         return [(job_id, True) for job_id in ids]
-    inserted = set((yield _All(q.job_insert_many, _many_params(checked, ids, handlers))))
+    params = _many_params(checked, ids, handlers)
+    if all(job.unique_key is None and job.tags is None for job in checked):
+        inserted = set((yield All(q.job_insert_many, params)))
+    else:
+        inserted = set((yield All(q.job_insert_many_options, many_params(params, checked))))
     result = [(job_id, job_id in inserted) for job_id in ids]
     missing = [i for i, (_, created) in enumerate(result) if not created]
     if not missing:
         return result
-    lookup = {
-        "topics": [checked[i].topic for i in missing],
-        "keys": [checked[i].idempotency_key for i in missing],
-    }
-    rows: list[_KeyedId] = yield _Keyed(q.job_get_ids_by_keys, lookup)
-    existing = {(row.topic, row.key): row.id for row in rows}
+    found = yield from key_holders(checked, missing, q)
     for i in missing:
-        job = checked[i]
-        found = existing.get((job.topic, job.idempotency_key))
-        if found is None:
+        job, holder = checked[i], found[i]
+        if holder is None:
+            key = job.idempotency_key if job.idempotency_key is not None else job.unique_key
             raise BrooqError(
-                f"job {i} ({job.topic!r}, key {job.idempotency_key!r}) conflicted "
+                f"job {i} ({job.topic!r}, key {key!r}) conflicted "
                 "with a row that has since disappeared; enqueue it again"
             )
-        result[i] = (found, False)
+        result[i] = (holder, False)
     return result
 
 
@@ -368,19 +329,22 @@ def _params(job: Job, job_id: uuid.UUID, handlers: Handlers) -> dict[str, Any]:
 
 
 def _copy_rows(
-    checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
+    checked: list[Job], ids: list[uuid.UUID], handlers: Handlers, tagged: bool
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The COPY rows of jobs without keys, ready ones and scheduled ones apart, so that
-    "ready now" is the server's now(), never the client's clock."""
+    "ready now" is the server's now(), never the client's clock; ``tagged``: each row
+    ends with its tags (the _tagged statements)."""
     ready: list[tuple[Any, ...]] = []
     scheduled: list[tuple[Any, ...]] = []
     for job_id, job in zip(ids, checked, strict=True):
         queue = queue_of(job, handlers)
         if job.available_at is None:
-            ready.append((job_id, job.topic, job.payload_json, queue, job.priority))
+            row: tuple[Any, ...] = (job_id, job.topic, job.payload_json, queue, job.priority)
+            ready.append((*row, tags_literal(job.tags)) if tagged else row)
         else:
             at = job.available_at
-            scheduled.append((job_id, job.topic, job.payload_json, at, queue, job.priority))
+            row = (job_id, job.topic, job.payload_json, at, queue, job.priority)
+            scheduled.append((*row, tags_literal(job.tags)) if tagged else row)
     return ready, scheduled
 
 

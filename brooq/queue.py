@@ -39,8 +39,8 @@ from brooq.produce import (
     insert_checked_async,
     insert_many_checked,
     insert_many_checked_async,
-    queue_of,
 )
+from brooq.produce_steps import queue_of
 from brooq.registry import Registry
 from brooq.settings import Settings
 from brooq.stacks import JobStack, fetch_stack
@@ -107,22 +107,26 @@ class Queue(Registry):
 
         One statement in autocommit on the connection this Queue keeps for single
         enqueues (brooq.enqueue_line: prepared, sent through libpq); the INSERT is its
-        own transaction, so no BEGIN and no COMMIT round trips. A key conflict, or
-        another thread enqueuing at the same moment, takes a pooled connection."""
+        own transaction, so no BEGIN and no COMMIT round trips. A key conflict, another
+        thread enqueuing at the same moment, or a job with a unique_key, debounce or tags
+        takes a pooled connection."""
         # Bad input fails before I/O; a typed topic's payload is checked against its type.
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
-        line = self._line
-        if line is None:
-            line = self._open_line()
-        try:  # not the pools' errors(): a context manager's frames on every call
-            done = line.insert(checked, queue_of(checked, self.handlers))
-        except psycopg.Error as exc:
-            if (mapped := self._pools.error(exc)) is exc:
-                raise
-            raise mapped from None
-        if done is not None:
-            return done
-        # Another thread holds the line, or the job's key is taken: the pool's path.
+        # The line's INSERT is the plain job's: a unique_key, debounce or tags take the pool.
+        if checked.unique_key is None and checked.tags is None:
+            line = self._line
+            if line is None:
+                line = self._open_line()
+            try:  # not the pools' errors(): a context manager's frames on every call
+                done = line.insert(checked, queue_of(checked, self.handlers))
+            except psycopg.Error as exc:
+                if (mapped := self._pools.error(exc)) is exc:
+                    raise
+                raise mapped from None
+            if done is not None:
+                return done
+        # Another thread holds the line, the job's key is taken, or it has options: the
+        # pool's path.
         with self._pools.autocommit() as conn:
             return insert_checked(conn, checked, self.handlers, q=self._q)
 
@@ -172,7 +176,8 @@ class Queue(Registry):
 
     def retry(self, job_id: uuid.UUID | str) -> bool:
         """dead or canceled -> pending now, attempts reset, last_error kept. False when
-        the job is unknown or not in one of those states."""
+        the job is unknown, not in one of those states, or another active job holds its
+        unique_key (``explain_refusal`` names that job)."""
         return self._on(changes.retry, parse_job_id(job_id))
 
     def cancel_many(
@@ -183,15 +188,17 @@ class Queue(Registry):
         queue: str | None = None,
         dry_run: bool = False,
         batch_size: int = BULK_BATCH_SIZE,
+        tag: str | None = None,
     ) -> BulkResult:
         """Cancel every job of ``topic`` in ``state`` (pending or failed; not processing:
-        brooq.job.BULK_FROM_STATES says why), only in ``queue`` if given. The topic is
+        brooq.job.BULK_FROM_STATES says why), only in ``queue`` and only those carrying
+        ``tag`` if given. The topic is
         required: there is no "every topic" by omission. ``dry_run``: count them, change
         nothing. Processed in batches of ``batch_size`` rows, each its own transaction
         (job_cancel_batch says why); a job written after the count started is left alone.
         InvalidTransition for a state the bulk cancel does not take, InvalidTopic or
         InvalidQueue for a malformed name, all before any I/O."""
-        check_bulk("cancel", topic=topic, state=state, queue=queue, batch_size=batch_size)
+        check_bulk("cancel", topic=topic, state=state, queue=queue, batch_size=batch_size, tag=tag)
         return self._on(
             changes.change_many,
             "cancel",
@@ -200,6 +207,7 @@ class Queue(Registry):
             queue=queue,
             dry_run=dry_run,
             batch_size=batch_size,
+            tag=tag,
         )
 
     def retry_many(
@@ -210,12 +218,14 @@ class Queue(Registry):
         queue: str | None = None,
         dry_run: bool = False,
         batch_size: int = BULK_BATCH_SIZE,
+        tag: str | None = None,
     ) -> BulkResult:
         """Retry every job of ``topic`` in ``state`` (dead or canceled), only in ``queue``
-        if given: each goes back to pending now as ``retry`` sends one (attempts reset,
-        last error and error history kept), and the masters are woken. Otherwise as
-        ``cancel_many``."""
-        check_bulk("retry", topic=topic, state=state, queue=queue, batch_size=batch_size)
+        and only those carrying ``tag`` if given: each goes back to pending now as
+        ``retry`` sends one (attempts reset, last error and error history kept), and the
+        masters are woken. A job whose unique_key another active job holds is left alone
+        and named in the result's ``taken``. Otherwise as ``cancel_many``."""
+        check_bulk("retry", topic=topic, state=state, queue=queue, batch_size=batch_size, tag=tag)
         return self._on(
             changes.change_many,
             "retry",
@@ -224,6 +234,7 @@ class Queue(Registry):
             queue=queue,
             dry_run=dry_run,
             batch_size=batch_size,
+            tag=tag,
         )
 
     def stack(self, job_id: uuid.UUID | str, timeout: Duration = 5.0) -> JobStack:
@@ -237,7 +248,8 @@ class Queue(Registry):
 
     def explain_refusal(self, job_id: uuid.UUID | str, action: Transition) -> BrooqError:
         """Why cancel or retry did nothing, as an error to show an operator:
-        JobNotFound, or InvalidTransition naming the job's state."""
+        JobNotFound, or InvalidTransition naming the job's state (or the job holding its
+        unique_key)."""
         return self._on(changes.explain_refusal, parse_job_id(job_id), action)
 
     def list_jobs(
@@ -247,9 +259,11 @@ class Queue(Registry):
         state: str | None = None,
         limit: int = 100,
         queue: str | None = None,
+        tag: str | None = None,
     ) -> list[JobRecord]:
-        """Newest first; at most 1,000 rows."""
-        filters = reads.check_listing(topic=topic, state=state, limit=limit, queue=queue)
+        """Newest first; at most 1,000 rows; only ``topic``, ``state``, ``queue`` and jobs
+        carrying ``tag`` when given."""
+        filters = reads.check_listing(topic=topic, state=state, limit=limit, queue=queue, tag=tag)
         return self._on(reads.list_jobs, **filters)
 
     def stats(self) -> list[TopicStats]:

@@ -21,6 +21,7 @@ import brooq
 from brooq.cli.common import cli, emit_json, open_queue
 from brooq.cli.jobs import jobs
 from brooq.job import BULK_FROM_STATES, Transition, bulk_rule, bulk_state_refusal
+from brooq.job_options import check_tag
 
 # -- writes --------------------------------------------------------------------------------
 # Their help spells the rule of brooq.job (CANCELABLE_STATES, RETRYABLE_STATES) in words;
@@ -72,6 +73,12 @@ def _bulk_options(action: Transition) -> Callable[[Callable[..., None]], Callabl
             callback=check_name(brooq.job.validate_queue),
             help="Bulk: only in this queue.",
         ),
+        click.option(
+            "--tag",
+            metavar="TAG",
+            callback=check_name(lambda value: check_tag(value, "--tag")),
+            help="Bulk: only the jobs carrying this tag.",
+        ),
         click.option("--yes", is_flag=True, help="Bulk: do not ask for confirmation."),
         click.option(
             "--json",
@@ -97,15 +104,13 @@ def _run(
     topic: str | None,
     state: str | None,
     queue_name: str | None,
+    tag: str | None,
     yes: bool,
     as_json: bool,
 ) -> None:
     """One job by id, or the bulk form; every usage error before the database is opened."""
-    bulk = [
-        name
-        for name, value in (("--topic", topic), ("--state", state), ("--queue", queue_name))
-        if value is not None
-    ]
+    given = (("--topic", topic), ("--state", state), ("--queue", queue_name), ("--tag", tag))
+    bulk = [name for name, value in given if value is not None]
     if job_id is not None:
         extra = bulk + [name for name, on in (("--yes", yes), ("--json", as_json)) if on]
         if extra:
@@ -132,7 +137,7 @@ def _run(
             f"with --json, --yes is required: no prompt is shown (nothing was {_DONE[action]})",
             ctx=ctx,
         )
-    _bulk(ctx, action, topic, state, queue_name, yes=yes, as_json=as_json)
+    _bulk(ctx, action, topic, state, queue_name, tag, yes=yes, as_json=as_json)
 
 
 def _one(ctx: click.Context, action: Transition, job_id: str) -> None:
@@ -161,6 +166,7 @@ def _bulk(
     topic: str,
     state: str,
     queue_name: str | None,
+    tag: str | None,
     *,
     yes: bool,
     as_json: bool,
@@ -168,8 +174,9 @@ def _bulk(
     queue = open_queue(ctx)
     change = queue.cancel_many if action == "cancel" else queue.retry_many
     where = f"topic {topic}, state {state}" + (f", queue {queue_name}" if queue_name else "")
+    where += f", tag {tag}" if tag else ""
     if not yes:
-        matched = change(topic=topic, state=state, queue=queue_name, dry_run=True).matched
+        matched = change(topic=topic, state=state, queue=queue_name, tag=tag, dry_run=True).matched
         jobs_word = "job matches" if matched == 1 else "jobs match"
         if not can_ask():
             # A script (or a pipe) cannot answer a prompt: refuse rather than guess.
@@ -182,7 +189,7 @@ def _bulk(
             return
         if not click.confirm(f"{action.capitalize()} them?", default=False):
             raise _NotConfirmed(f"not confirmed; nothing was {_DONE[action]}")
-    result = change(topic=topic, state=state, queue=queue_name)
+    result = change(topic=topic, state=state, queue=queue_name, tag=tag)
     if as_json:
         emit_json(result.to_dict())
         return
@@ -192,10 +199,19 @@ def _bulk(
     if result.matched == 0:
         return
     line = f"{_DONE[action]} {result.changed} of {result.matched}{_AFTER[action]}"
-    left = result.matched - result.changed
+    left = result.matched - result.changed - result.key_taken
     if left > 0:
         line += f" ({left} changed state meanwhile and were left alone)"
     click.echo(line)
+    if result.key_taken:
+        click.echo(
+            f"{result.key_taken} not retried: another active job holds their unique_key "
+            "(retry them once that job is done, dead or canceled):"
+        )
+        for job_id, holder in result.taken:
+            click.echo(f"  {job_id}: its key is held by job {holder}")
+        if result.key_taken > len(result.taken):
+            click.echo(f"  … and {result.key_taken - len(result.taken)} more")
 
 
 @click.command("cancel")
@@ -206,15 +222,17 @@ def cancel(
     topic: str | None,
     state: str | None,
     queue_name: str | None,
+    tag: str | None,
     yes: bool,
     as_json: bool,
 ) -> None:
     """Cancel a job: pending, failed or processing -> canceled. A running handler gets
     brooq.LeaseLost at the next lease renewal.
 
-    Bulk: --topic T --state S [--queue Q] instead of JOB_ID cancels every
-    such job, in batches; it prints how many match and asks first, unless --yes."""
-    _run(ctx, "cancel", job_id, topic, state, queue_name, yes, as_json)
+    Bulk: --topic T --state S instead of JOB_ID (narrowed by --queue Q, --tag TAG)
+    cancels every such job, in batches; it prints how many match and asks first, unless
+    --yes."""
+    _run(ctx, "cancel", job_id, topic, state, queue_name, tag, yes, as_json)
 
 
 @click.command("retry")
@@ -225,15 +243,18 @@ def retry(
     topic: str | None,
     state: str | None,
     queue_name: str | None,
+    tag: str | None,
     yes: bool,
     as_json: bool,
 ) -> None:
     """Run a finished job again: dead or canceled -> pending now, attempts reset, last
     error kept.
 
-    Bulk: --topic T --state S [--queue Q] instead of JOB_ID retries every
-    such job, in batches; it prints how many match and asks first, unless --yes."""
-    _run(ctx, "retry", job_id, topic, state, queue_name, yes, as_json)
+    Bulk: --topic T --state S instead of JOB_ID (narrowed by --queue Q, --tag TAG)
+    retries every such job, in batches; it prints how many match and asks first, unless
+    --yes. A job whose unique_key another active job holds is not retried (named, with
+    that job)."""
+    _run(ctx, "retry", job_id, topic, state, queue_name, tag, yes, as_json)
 
 
 for _command in (cancel, retry):

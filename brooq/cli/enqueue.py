@@ -1,8 +1,8 @@
 """`brooq enqueue TOPIC`: one job from the command line.
 
 Owns: the enqueue command, reading its payload (--payload, --payload-file, standard
-input), its time (--at, --in), its queue and priority, and naming the option a refused
-value came from.
+input), its time (--at, --in), its queue and priority, its unique key, debounce and tags,
+and naming the option a refused value came from.
 Must never: insert but through Queue.enqueue (the producer's checks and SQL), or accept
 input that brooq.Job would refuse: every refusal is a usage error (exit 2) naming the
 argument or option.
@@ -23,12 +23,15 @@ from brooq.cli.common import cli, emit_json, open_queue
 from brooq.durations import parse_duration_string
 from brooq.encoding import MAX_PAYLOAD_DEPTH
 from brooq.errors import (
+    InvalidDebounce,
     InvalidIdempotencyKey,
     InvalidJob,
     InvalidPayload,
     InvalidPriority,
     InvalidQueue,
+    InvalidTags,
     InvalidTopic,
+    InvalidUniqueKey,
 )
 from brooq.job import PRIORITY_MAX, PRIORITY_MIN
 
@@ -132,6 +135,12 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
         return "--queue"
     if isinstance(exc, InvalidPriority):
         return "--priority"
+    if isinstance(exc, InvalidUniqueKey):
+        return "--unique-key"
+    if isinstance(exc, InvalidDebounce):
+        return "--debounce"
+    if isinstance(exc, InvalidTags):
+        return "--tag"
     return time_hint  # available_at out of range
 
 
@@ -147,6 +156,21 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
     f"At most {PAYLOAD_FILE_MAX_BYTES // (1024 * 1024)} MiB of text.",
 )
 @click.option("--key", "key", default=None, help="Idempotency key: one job per topic and key.")
+@click.option(
+    "--unique-key",
+    "unique_key",
+    metavar="K",
+    default=None,
+    help="At most one pending, failed or processing job per topic and key.",
+)
+@click.option(
+    "--debounce",
+    metavar="DURATION",
+    default=None,
+    help="With --unique-key: the key's job not yet started takes this payload and starts "
+    "this long from now, e.g. 2s.",
+)
+@click.option("--tag", "tags", metavar="TAG", multiple=True, help="A tag (repeat for more).")
 @click.option("--at", "at", default=None, help="Run at this ISO 8601 time (with a zone).")
 @click.option("--in", "delay", default=None, help="Run after this duration, e.g. 5m.")
 @click.option(
@@ -177,10 +201,14 @@ def enqueue(
     delay: str | None,
     queue_name: str | None,
     priority_text: str,
+    unique_key: str | None,
+    debounce: str | None,
+    tags: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Put one job on the queue. Prints "enqueued ID", or "exists ID" when a job with
-    this topic and key is already there (nothing is written then)."""
+    this topic and key is already there (nothing is written then; with --debounce, that
+    job took this payload)."""
     if at and delay:
         raise click.UsageError("give --at or --in, not both")
     if payload is not None and payload_file is not None:
@@ -207,6 +235,13 @@ def enqueue(
             raise click.BadParameter(
                 f"{delay} is too large: the job would run after the year 9999", param_hint="--in"
             ) from None
+    if debounce is not None:
+        try:
+            debounce_seconds: float | None = parse_duration_string(debounce)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--debounce") from None
+    else:
+        debounce_seconds = None
     try:
         job = brooq.Job(
             topic,
@@ -215,6 +250,9 @@ def enqueue(
             available_at=available_at,
             queue=queue_name,
             priority=priority,
+            unique_key=unique_key,
+            debounce=debounce_seconds,
+            tags=list(tags) or None,
         )
     except InvalidJob as exc:
         hint = _job_error_hint(exc, payload_hint, "--at" if at else "--in")

@@ -22,6 +22,7 @@ from brooq.cli.common import cli, emit_json, open_queue, open_reads, table, utc
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
 from brooq.job import JobRecord
+from brooq.job_options import check_tag
 from brooq.operator.reads import LIST_LIMIT_MAX
 
 SCREEN_LINES = 24  # `jobs show` fits a classic terminal
@@ -53,6 +54,7 @@ def _last_line(text: str | None, width: int = 60) -> str:
 @click.option("--topic", help="Only this topic.")
 @click.option("--queue", "queue_name", metavar="QUEUE", help="Only this queue.")
 @click.option("--state", type=click.Choice(brooq.job.STATES), help="Only this state.")
+@click.option("--tag", metavar="TAG", help="Only the jobs carrying this tag.")
 @click.option(
     "--limit",
     default=100,
@@ -67,10 +69,12 @@ def jobs_list(
     topic: str | None,
     queue_name: str | None,
     state: str | None,
+    tag: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
-    """Jobs, newest first (by creation time)."""
+    """Jobs, newest first (by creation time). A TAGS column is shown when a job listed
+    has tags."""
     if not 1 <= limit <= LIST_LIMIT_MAX:
         raise click.BadParameter(
             f"{limit} is out of range: a listing holds 1 to {LIST_LIMIT_MAX} "
@@ -82,7 +86,14 @@ def jobs_list(
             brooq.job.validate_queue(queue_name)
         except brooq.InvalidQueue as exc:
             raise click.BadParameter(str(exc), param_hint="--queue") from None
-    records = open_reads(ctx).list_jobs(topic=topic, state=state, limit=limit, queue=queue_name)
+    if tag is not None:
+        try:
+            check_tag(tag, "--tag")
+        except brooq.InvalidTags as exc:
+            raise click.BadParameter(str(exc), param_hint="--tag") from None
+    records = open_reads(ctx).list_jobs(
+        topic=topic, state=state, limit=limit, queue=queue_name, tag=tag
+    )
     if as_json:
         emit_json({"jobs": [r.to_dict() for r in records]})
         return
@@ -103,6 +114,10 @@ def jobs_list(
         for r in records
     ]
     headers = ["ID", "TOPIC", "QUEUE", "PRIORITY", "STATE", "ATTEMPTS", "CREATED", "LAST ERROR"]
+    if any(r.tags for r in records):
+        headers.insert(7, "TAGS")
+        for row, r in zip(rows, records, strict=True):
+            row.insert(7, ",".join(r.tags) or "-")
     for line in table(headers, rows, right={3, 5}):
         click.echo(line)
 
@@ -131,6 +146,14 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
         ("updated", _when(record.updated_at, now)),
         ("available at", _when(record.available_at, now)),
     ]
+    # A job's options take lines only when it has them (a plain job's screen is unchanged).
+    if record.unique_key is not None:
+        fields.insert(6, ("unique key", record.unique_key))
+    if record.start_after is not None:
+        waits = f"the active job of its key, then from {_when(record.start_after, now)}"
+        fields[-1] = ("available at", waits)
+    if record.tags:
+        fields.insert(6, ("tags", ", ".join(record.tags)))
     if record.state == "processing" and record.locked_until is not None:
         left = (record.locked_until - now).total_seconds()
         lease = _when(record.locked_until, now)

@@ -23,6 +23,7 @@ from brooq.errors import BrooqError, InvalidTransition, JobNotFound
 from brooq.job import (
     BULK_FROM_STATES,
     FROM_STATES,
+    RETRYABLE_STATES,
     Transition,
     bulk_state_refusal,
     parse_job_id,
@@ -30,6 +31,7 @@ from brooq.job import (
     validate_queue,
     validate_topic,
 )
+from brooq.job_options import check_tag, key_taken
 from brooq.operator.reads import get
 from brooq.operator.records import BulkResult
 from brooq.sql import Q, Queries
@@ -48,6 +50,12 @@ _BULK_QUERIES: dict[Transition, str] = {"cancel": "job_cancel_batch", "retry": "
 BULK_BATCH_SIZE = 10_000
 # The keyset's start: below every id (brooq.ids makes UUIDv7s, never the nil UUID).
 _BEFORE_EVERY_ID = uuid.UUID(int=0)
+# A bulk retry's batch that failed because a producer took a unique_key between the
+# batch's check and its write is run again (it then sees that job and leaves the row).
+_BATCH_TRIES = 3
+# Of the jobs a bulk retry left alone because their unique_key is taken, the result names
+# this many (with the job holding the key); it counts them all.
+TAKEN_SHOWN = 20
 
 
 def transition_params(action: Transition, job_id: uuid.UUID) -> dict[str, Any]:
@@ -58,10 +66,19 @@ def transition_params(action: Transition, job_id: uuid.UUID) -> dict[str, Any]:
 
 def transition(conn: Connection, action: Transition, job_id: uuid.UUID, q: Queries = Q) -> bool:
     """Cancel or retry ``job_id`` on the caller's connection (nothing committed here);
-    True when the job moved, False when it is unknown or its state does not allow it."""
+    True when the job moved, False when it is unknown, its state does not allow it, or
+    (retry) another active job holds its unique_key."""
     statement: LiteralString = getattr(q, _TRANSITION_QUERIES[action])
-    cur = conn.execute(statement, transition_params(action, job_id))
-    return cur.fetchone() is not None
+    if action == "cancel":
+        return conn.execute(statement, transition_params(action, job_id)).fetchone() is not None
+    try:
+        # A savepoint (or a transaction of its own in autocommit): a job whose unique_key
+        # another active job holds fails the statement on job_unique_key_idx, and the
+        # caller's transaction must survive that refusal.
+        with conn.transaction():
+            return conn.execute(statement, transition_params(action, job_id)).fetchone() is not None
+    except psycopg.errors.UniqueViolation:
+        return False
 
 
 def cancel(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> bool:
@@ -85,24 +102,45 @@ def explain_refusal(
     record = get(conn, job_id, q)
     if record is None:
         return JobNotFound(f"no job with id {parse_job_id(job_id)}")
+    if action == "retry" and record.state in RETRYABLE_STATES and record.unique_key is not None:
+        holder = key_holder(conn, record.id, q)
+        if holder is not None:
+            return InvalidTransition(key_taken(record.id, record.unique_key, *holder))
     return InvalidTransition(transition_refusal(action, record.state, record.id))
 
 
+def key_holder(conn: Connection, job_id: uuid.UUID, q: Queries = Q) -> tuple[uuid.UUID, str] | None:
+    """(id, state) of the active job holding ``job_id``'s unique_key, other than itself;
+    None when its key is free (or it has none)."""
+    row = conn.cursor(row_factory=dict_row).execute(q.job_unique_key_holder, {"id": job_id})
+    found = row.fetchone()
+    return None if found is None else (found["id"], found["state"])
+
+
 def check_bulk(
-    action: Transition, *, topic: str, state: str, queue: str | None, batch_size: int
+    action: Transition,
+    *,
+    topic: str,
+    state: str,
+    queue: str | None,
+    batch_size: int,
+    tag: str | None = None,
 ) -> dict[str, Any]:
     """The filters of a bulk ``action`` (job_count_matching's parameters), or the error
     naming what is wrong: InvalidTransition for a state the action does not take,
-    InvalidTopic or InvalidQueue for a malformed name, BrooqError for the batch size."""
+    InvalidTopic, InvalidQueue or InvalidTags for a malformed name, BrooqError for the
+    batch size."""
     validate_topic(topic)
     if queue is not None:
         validate_queue(queue)
+    if tag is not None:
+        check_tag(tag)
     refusal = bulk_state_refusal(action, state)
     if refusal is not None:
         raise InvalidTransition(refusal)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise BrooqError(f"batch_size must be a positive integer, got {batch_size!r}")
-    return {"topic": topic, "state": state, "queue": queue}
+    return {"topic": topic, "state": state, "queue": queue, "tag": tag}
 
 
 def change_many(
@@ -114,16 +152,21 @@ def change_many(
     queue: str | None = None,
     dry_run: bool = False,
     batch_size: int = BULK_BATCH_SIZE,
+    tag: str | None = None,
     q: Queries = Q,
 ) -> BulkResult:
     """Cancel (pending or failed: brooq.job.BULK_FROM_STATES says why not processing) or
-    retry (dead or canceled) every job of ``topic`` in ``state``, only in ``queue`` if
-    given; ``dry_run``: count them, change nothing. The count commits, then each batch of
-    ``batch_size`` rows commits on its own on ``conn`` (job_cancel_batch says why): give
-    it a connection outside any transaction of yours. A job written after the count
-    started is left alone. A retried job goes back to pending now (attempts reset, last
-    error and history kept) and the masters are woken."""
-    filters = check_bulk(action, topic=topic, state=state, queue=queue, batch_size=batch_size)
+    retry (dead or canceled) every job of ``topic`` in ``state``, only in ``queue`` and
+    with ``tag`` if given; ``dry_run``: count them, change nothing. The count commits,
+    then each batch of ``batch_size`` rows commits on its own on ``conn``
+    (job_cancel_batch says why): give it a connection outside any transaction of yours.
+    A job written after the count started is left alone. A retried job goes back to
+    pending now (attempts reset, last error and history kept) and the masters are woken;
+    one whose unique_key another active job holds is left alone, and named in
+    ``BulkResult.taken`` with that job."""
+    filters = check_bulk(
+        action, topic=topic, state=state, queue=queue, batch_size=batch_size, tag=tag
+    )
     cur = conn.cursor(row_factory=dict_row)
     count = cur.execute(q.job_count_matching, filters).fetchone()
     assert count is not None  # an aggregate without GROUP BY: always one row
@@ -140,15 +183,42 @@ def change_many(
     }
     statement: LiteralString = getattr(q, _BULK_QUERIES[action])
     changed = 0
+    taken: list[tuple[uuid.UUID, uuid.UUID]] = []
+    taken_count = 0
     while True:
-        batch = cur.execute(statement, params).fetchone()
-        assert batch is not None
-        # Each batch commits on its own: its row locks last one batch, not the run.
-        conn.commit()
+        batch = _batch(conn, cur, statement, params)
         changed += int(batch["changed"])
+        if action == "retry":
+            taken_count += len(batch["taken"])
+            room = TAKEN_SHOWN - len(taken)
+            taken.extend(list(zip(batch["taken"], batch["holders"], strict=True))[:room])
         if batch["picked"] < batch_size:  # the keyset reached the end
-            return BulkResult(matched=matched, changed=changed)
+            return BulkResult(
+                matched=matched, changed=changed, key_taken=taken_count, taken=tuple(taken)
+            )
         params["after"] = batch["last_id"]
+
+
+def _batch(
+    conn: Connection,
+    cur: psycopg.Cursor[dict[str, Any]],
+    statement: LiteralString,
+    params: dict[str, Any],
+) -> dict[str, Any]:
+    """One batch, committed on its own: its row locks last one batch, not the run. A
+    retry batch that met a unique_key taken meanwhile (job_retry_batch) is run again."""
+    for attempt in range(1, _BATCH_TRIES + 1):
+        try:
+            batch = cur.execute(statement, params).fetchone()
+        except psycopg.errors.UniqueViolation:
+            conn.rollback()
+            if attempt == _BATCH_TRIES:
+                raise
+            continue
+        assert batch is not None
+        conn.commit()
+        return batch
+    raise AssertionError("unreachable")
 
 
 def set_paused(conn: Connection, name: str, *, paused: bool, q: Queries = Q) -> None:

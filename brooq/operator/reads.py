@@ -19,6 +19,7 @@ from psycopg.rows import class_row, dict_row
 
 from brooq.errors import BrooqError
 from brooq.job import STATES, JobRecord, parse_job_id, validate_queue, validate_topic
+from brooq.job_options import check_tag
 from brooq.operator.records import HolderStats, InFlight, QueueStats, TopicStats
 from brooq.sql import Q, Queries
 
@@ -36,18 +37,25 @@ def get(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> JobRecord 
 
 
 def check_listing(
-    *, topic: str | None, state: str | None, limit: int, queue: str | None
+    *,
+    topic: str | None,
+    state: str | None,
+    limit: int,
+    queue: str | None,
+    tag: str | None = None,
 ) -> dict[str, Any]:
     """``list_jobs``'s arguments as job_list's parameters, or the error naming the bad one."""
     if topic is not None:
         validate_topic(topic)
     if queue is not None:
         validate_queue(queue)
+    if tag is not None:
+        check_tag(tag)
     if state is not None and state not in STATES:
         raise BrooqError(f"state must be one of {', '.join(STATES)}, got {state!r}")
     if not 1 <= limit <= LIST_LIMIT_MAX:
         raise BrooqError(f"limit must be between 1 and {LIST_LIMIT_MAX}, got {limit}")
-    return {"topic": topic, "state": state, "queue": queue, "limit": limit}
+    return {"topic": topic, "state": state, "queue": queue, "limit": limit, "tag": tag}
 
 
 def list_jobs(
@@ -57,11 +65,12 @@ def list_jobs(
     state: str | None = None,
     limit: int = 100,
     queue: str | None = None,
+    tag: str | None = None,
     q: Queries = Q,
 ) -> list[JobRecord]:
     """Newest first; at most LIST_LIMIT_MAX rows; only ``topic``, ``state``, ``queue``
-    when given."""
-    params = check_listing(topic=topic, state=state, limit=limit, queue=queue)
+    and jobs carrying ``tag`` when given."""
+    params = check_listing(topic=topic, state=state, limit=limit, queue=queue, tag=tag)
     cur = conn.cursor(row_factory=class_row(JobRecord))
     return cur.execute(q.job_list, params).fetchall()
 

@@ -20,15 +20,23 @@ from brooq.job import DEFAULT_QUEUE
 @dataclass(frozen=True)
 class BulkResult:
     """What a bulk cancel or retry came to. ``matched``: the jobs in the given topic,
-    state (and queue) when it started; ``changed``: those it moved. Fewer changed than
-    matched: the others changed state meanwhile (claimed, finished, canceled by someone
-    else) and were left alone. With ``dry_run=True``, ``changed`` is 0."""
+    state (and queue, and tag) when it started; ``changed``: those it moved. Fewer changed
+    than matched: the others changed state meanwhile (claimed, finished, canceled by
+    someone else) and were left alone, or (a retry) their unique_key is held by another
+    active job: ``key_taken`` counts those, ``taken`` names the first 20 as (job, the
+    job holding its key). With ``dry_run=True``, ``changed`` is 0."""
 
     matched: int
     changed: int
+    key_taken: int = 0
+    taken: tuple[tuple[uuid.UUID, uuid.UUID], ...] = ()
 
-    def to_dict(self) -> dict[str, int]:
-        return {"matched": self.matched, "changed": self.changed}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"matched": self.matched, "changed": self.changed}
+        if self.key_taken:
+            out["key_taken"] = self.key_taken
+            out["taken"] = [{"job": str(j), "held_by": str(h)} for j, h in self.taken]
+        return out
 
 
 @dataclass(frozen=True)

@@ -352,9 +352,12 @@ def form_of(body: bytes) -> dict[str, str]:
 
 
 # Where a list's button comes back to (its form's `back`): one of the pages, with its
-# cursor; anything else (another site, a scheme, //host) is ignored: no open redirect.
+# cursor and its tag filter (urlencoded: brooq.job_options.TAG_FORM's characters, some as
+# %XX); anything else (another site, a scheme, //host) is ignored: no open redirect.
 _BACK = re.compile(
-    r"^/(?:in-flight|failed|dead|jobs/[0-9a-f-]{36})?(?:\?after=[0-9]{1,18}_[0-9a-f-]{36})?$"
+    r"^/(?:in-flight|failed|dead|jobs/[0-9a-f-]{36})?"
+    r"(?:\?after=[0-9]{1,18}_[0-9a-f-]{36}(?:&tag=[A-Za-z0-9_.%-]{1,200})?"
+    r"|\?tag=[A-Za-z0-9_.%-]{1,200})?$"
 )
 
 

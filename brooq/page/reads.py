@@ -341,11 +341,14 @@ def in_flight(
     size: int = PAGE_SIZE,
     timeout: float = STATEMENT_TIMEOUT,
     q: Queries = Q,
+    tag: str | None = None,
 ) -> Page:
+    """Jobs in state processing (carrying ``tag``, if given), longest running first."""
     params = {
         "after_at": after.at if after else "-infinity",
         "after_id": after.id if after else _NIL,
         "limit": size + 1,
+        "tag": tag,
     }
     with read_only(conn, timeout, q) as cur:
         return _page(cur.execute(q.web_in_flight, params).fetchall(), size)
@@ -358,8 +361,9 @@ def finished_badly(
     size: int = PAGE_SIZE,
     timeout: float = STATEMENT_TIMEOUT,
     q: Queries = Q,
+    tag: str | None = None,
 ) -> Page:
-    """Failed or dead jobs (state), newest first."""
+    """Failed or dead jobs (state; carrying ``tag``, if given), newest first."""
     if state not in ("failed", "dead"):
         raise ValueError(f"not a list of the status page: {state!r}")
     params = {
@@ -368,6 +372,7 @@ def finished_badly(
         "after_id": after.id if after else _MAX,
         "limit": size + 1,
         "error_chars": ERROR_CHARS,
+        "tag": tag,
     }
     with read_only(conn, timeout, q) as cur:
         return _page(cur.execute(q.web_finished_badly, params).fetchall(), size)

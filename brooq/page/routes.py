@@ -23,8 +23,10 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import psycopg
 
+from brooq.job_options import TAG_FORM, TAG_PATTERN
 from brooq.page import reads
 from brooq.page.headers import security_headers
+from brooq.page.lines import replica_note
 from brooq.page.reads import Cursor
 from brooq.page.render import e, layout, link
 from brooq.page.views import (
@@ -33,7 +35,6 @@ from brooq.page.views import (
     in_flight_page,
     job_page,
     overview_page,
-    replica_note,
 )
 from brooq.sql import Q, Queries
 
@@ -82,6 +83,17 @@ def _cursor(query: dict[str, list[str]]) -> Cursor | None:
         raise _ClientError(HTTPStatus.BAD_REQUEST, "this page link is malformed") from None
 
 
+def _tag(query: dict[str, list[str]]) -> str | None:
+    """The lists' tag filter (``?tag=billing``): None when absent or empty, 400 when it
+    is not a tag (brooq.job_options.TAG_FORM)."""
+    values = query.get("tag")
+    if not values or values == [""]:
+        return None
+    if len(values) > 1 or not TAG_PATTERN.fullmatch(values[0]):
+        raise _ClientError(HTTPStatus.BAD_REQUEST, f"a tag is {TAG_FORM}")
+    return values[0]
+
+
 def _job_id(text: str) -> uuid.UUID:
     # Only the canonical 36-character form: what the pages link to and the CLI prints.
     try:
@@ -90,6 +102,10 @@ def _job_id(text: str) -> uuid.UUID:
         return uuid.UUID(text)
     except ValueError:
         raise _ClientError(HTTPStatus.BAD_REQUEST, "a job id is a UUID") from None
+
+
+def _given(query: dict[str, str | None]) -> dict[str, str]:
+    return {k: v for k, v in query.items() if v is not None}
 
 
 def serve(
@@ -134,23 +150,24 @@ def serve(
             )
         if not actions_enabled:
             csrf = None
-        # This page, for the buttons to come back to (its cursor is checked below).
-        after = query.get("after")
-        here = f"{path}?{urlencode({'after': after[0]})}" if after else path
+        # This page, for the buttons to come back to (its cursor and tag are checked below).
+        after, tag = query.get("after"), _tag(query)
+        kept = {"after": after[0] if after else None, "tag": tag}
+        here = path + (f"?{urlencode(given)}" if (given := _given(kept)) else "")
         # Read before the page: its figures are at least as recent as the lag it shows.
         note = replica_note(reads.standing(conn, timeout, q)) if replica else ""
         if not segments:
             body = overview_page(conn, actions_enabled, timeout, csrf, q, note)
         elif segments == ["in-flight"]:
-            page = reads.in_flight(conn, _cursor(query), timeout=timeout, q=q)
-            body = in_flight_page(page, actions_enabled, csrf, here, note)
+            page = reads.in_flight(conn, _cursor(query), timeout=timeout, q=q, tag=tag)
+            body = in_flight_page(page, actions_enabled, csrf, here, note, tag)
         elif segments == ["fleet"]:
             masters = reads.fleet(conn, timeout=timeout, q=q)
             body = fleet_page(masters, actions_enabled, csrf is not None, note)
         elif len(segments) == 1 and segments[0] in ("failed", "dead"):
             state = segments[0]
-            page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout, q=q)
-            body = finished_badly_page(state, page, actions_enabled, csrf, here, note)
+            page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout, q=q, tag=tag)
+            body = finished_badly_page(state, page, actions_enabled, csrf, here, note, tag)
         elif len(segments) == 2 and segments[0] == "jobs":
             job_id = _job_id(segments[1])
             row = reads.job(conn, job_id, timeout=timeout, q=q)

@@ -14,10 +14,10 @@ from typing import Any
 
 import psycopg
 
+from brooq.job_options import TAG_FORM, TAG_PATTERN
 from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
-from brooq.operator.replica import ReplicaLag
-from brooq.operator.snapshots import Holder
 from brooq.page import reads
+from brooq.page.lines import fleet_line, snapshot_line
 from brooq.page.reads import Page, Row
 from brooq.page.render import (
     age,
@@ -36,9 +36,6 @@ from brooq.sql import Q, Queries
 
 CANCEL_RUNNING = "cancel: its handler is interrupted (LeaseLost) at the next lease renewal"
 REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
-# The oldest snapshot is shown as a note (not muted) once it is this old: brooq's own
-# statements hold one for milliseconds, a job count for seconds.
-SNAPSHOT_NOTE_AFTER = 60.0
 NO_HANDLER = (
     '<strong title="no live master handles this topic in this queue: its ready jobs wait '
     'until one does (see the fleet)">no handler</strong>'
@@ -134,53 +131,6 @@ def overview_page(
     )
 
 
-def replica_note(standing: ReplicaLag) -> str:
-    """Where the pages read when a read target is set, on every page: how far behind its
-    primary it is, and what that means for the figures and for the actions."""
-    if not standing.standby:
-        return (
-            '<p class="note">These pages read from the read target '
-            f"(<code>QUEUE_READ_DATABASE_URL</code>): {e(standing.summary())}.</p>"
-        )
-    return (
-        '<p class="note">These pages read from a replica '
-        f"(<code>QUEUE_READ_DATABASE_URL</code>): {e(standing.summary())}. What they show "
-        "is the primary's as of that long ago. The actions (cancel, retry, pause, resume) "
-        "write to the primary; a page shows what they did once the replica has replayed "
-        "it.</p>"
-    )
-
-
-def fleet_line(masters: list[MasterRow]) -> str:
-    """The overview's line about the fleet, linking to it."""
-    children = sum(len(m.children) for m in masters)
-    return (
-        f"<p>Masters alive: {_n(len(masters))}, with {_n(children)} children: "
-        f"{link('/fleet', 'the fleet')}</p>"
-    )
-
-
-def snapshot_line(h: Holder | None, unseen: bool = False) -> str:
-    """The overview's line about the oldest snapshot holding back the table's cleanup
-    (docs/how-to/big-tables.md): who, and for how long. ``unseen``: the page reads a
-    standby, which cannot see the primary's sessions."""
-    if unseen:
-        return (
-            '<p class="muted">This page reads a standby, which cannot see the snapshots '
-            "held on the primary: the master's log (event=snapshot_held) and "
-            "brooq_oldest_snapshot_age_seconds name them.</p>"
-        )
-    if h is None:
-        return '<p class="muted">No snapshot holds back the job table\'s cleanup.</p>'
-    held = f", held for {age(h.seconds)}" if h.seconds is not None else ""
-    text = (
-        f"Oldest snapshot holding back the job table's cleanup: {h.who()}{held}, "
-        f"{h.xid_age:,} transactions old."
-    )
-    old = h.seconds is not None and h.seconds >= SNAPSHOT_NOTE_AFTER
-    return f'<p class="{"note" if old else "muted"}">{e(text)}</p>'
-
-
 def fleet_page(
     masters: list[MasterRow], actions_enabled: bool, signed_in: bool = False, note: str = ""
 ) -> bytes:
@@ -267,11 +217,27 @@ def done_chart(data: Row) -> str:
     return f'{chart}<p class="muted">{_n(total)} done in the last hour</p>'
 
 
-def _pages(path: str, page: Page) -> str:
-    links = [link(path, "first page")]
+def _pages(path: str, page: Page, tag: str | None = None) -> str:
+    links = [link(path, "first page", tag=tag)]
     if page.next is not None:
-        links.append(link(path, "next page", after=reads.encode_cursor(page.next)))
+        links.append(link(path, "next page", after=reads.encode_cursor(page.next), tag=tag))
     return f'<nav class="pages">{"".join(links)}</nav>'
+
+
+def tag_filter(path: str, tag: str | None) -> str:
+    """The lists' filter by tag: a GET form (no script), and a link back to every job."""
+    value = f' value="{e(tag)}"' if tag else ""
+    clear = f" {link(path, 'every job')}" if tag else ""
+    return (
+        f'<form class="filter" method="get" action="{e(path)}">'
+        f'<label>tag <input type="text" name="tag"{value} maxlength="64" '
+        f'pattern="{e(TAG_PATTERN.pattern)}" title="{e(TAG_FORM)}"></label> '
+        f'<button type="submit">filter</button>{clear}</form>'
+    )
+
+
+def _tags(tags: list[str]) -> str:
+    return e(", ".join(tags)) if tags else ""
 
 
 def stack_form(job_id: object, csrf: str | None, actions_enabled: bool) -> str:
@@ -295,6 +261,7 @@ def in_flight_page(
     csrf: str | None = None,
     here: str = "/in-flight",
     note: str = "",
+    tag: str | None = None,
 ) -> bytes:
     rows = []
     for r in page.rows:
@@ -310,6 +277,7 @@ def in_flight_page(
                 e(host),
                 e(age(r["running_for"])),
                 e(lease),
+                _tags(r["tags"]),
                 stack_form(r["id"], csrf, actions_enabled),
                 *(
                     [button(f"/jobs/{r['id']}/cancel", "cancel", csrf, here, CANCEL_RUNNING)]
@@ -319,14 +287,19 @@ def in_flight_page(
             )
         )
     headers = ["job", "topic", "queue", "attempt", "child pid", "host", "running for",
-               "lease left", "stack"]  # fmt: skip
+               "lease left", "tags", "stack"]  # fmt: skip
     if csrf is not None:
         headers.append("action")
     stack_note = (
         '<p class="muted">The stack button shows the Python stack of the running handler '
         "right now, from whichever host runs it (as <code>brooq jobs stack ID</code>).</p>"
     )
-    body = stack_note + table(headers, rows, numeric={3, 4, 6, 7}) + _pages("/in-flight", page)
+    body = (
+        stack_note
+        + tag_filter("/in-flight", tag)
+        + table(headers, rows, numeric={3, 4, 6, 7})
+        + _pages("/in-flight", page, tag)
+    )
     return layout(
         "In flight",
         body,
@@ -355,6 +328,7 @@ def finished_badly_page(
     csrf: str | None = None,
     here: str = "",
     note: str = "",
+    tag: str | None = None,
 ) -> bytes:
     here = here or f"/{state}"
     rows = []
@@ -372,15 +346,21 @@ def finished_badly_page(
                 e(when(r["available_at"])) if state == "failed" else "",
                 f"<pre>{error}</pre>",
                 _n(r["errors_count"]),
+                _tags(r["tags"]),
                 row_actions(state, r["id"], csrf, here) if actions_enabled else "",
             )
         )
-    headers = ["job", "topic", "queue", "attempts", "at", "next attempt", "last error", "errors"]
+    headers = ["job", "topic", "queue", "attempts", "at", "next attempt", "last error", "errors",
+               "tags"]  # fmt: skip
     headers.append("" if not actions_enabled else "actions")
     if state == "dead":
         headers[5] = ""
     title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
-    body = table(headers, rows, numeric={3, 7}) + _pages(f"/{state}", page)
+    body = (
+        tag_filter(f"/{state}", tag)
+        + table(headers, rows, numeric={3, 7})
+        + _pages(f"/{state}", page, tag)
+    )
     return layout(
         title, body, actions_enabled=actions_enabled, signed_in=csrf is not None, note=note
     )
@@ -395,6 +375,8 @@ def _cell(name: str, value: Any) -> str:
         return e(when(value))
     if name == "last_error":
         return f"<pre>{e(value)}</pre>"
+    if name == "tags" and isinstance(value, list):
+        return e(", ".join(map(str, value)))
     return e(value)
 
 

@@ -75,7 +75,7 @@ _VARIANT = re.compile(r"^-- variant: ([a-z_]+)(?:: ([a-z_, ]+))?\s*$")
 _DIRECTIVE = re.compile(r"^[ \t]*--#(if|else|end)(?: (not )?([a-z_]+))?[ \t]*$")
 _ANY_DIRECTIVE = re.compile(r"^[ \t]*--#", re.MULTILINE)
 _INLINE = re.compile(r"\{if (not )?([a-z_]+):([^{}]*)\}")
-# brooq's relations (and its one function called by name): the only names a mark holds.
+# brooq's relations (and the functions called by name): the only names a mark holds.
 RELATIONS = (
     "job",
     "brooq_queue",
@@ -84,6 +84,7 @@ RELATIONS = (
     "brooq_migration",
     "brooq_claim_limited",
     "brooq_master",
+    "brooq_job_promote",
 )
 _MARK = re.compile(r"\{(" + "|".join(RELATIONS) + r")(:name)?\}")
 # The schema names QUEUE_SCHEMA takes: PostgreSQL's unquoted lower-case identifiers, so

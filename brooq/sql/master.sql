@@ -139,6 +139,27 @@ FROM expired
 WHERE job.id = expired.id AND job.state = 'processing' AND job.locked_until < now()
 RETURNING job.id, job.topic, job.state, job.lease_expiries
 
+-- name: job_promote_orphans
+-- The reaper's pass also moves up a debounced job left waiting with no job before it:
+-- one whose unique_key has no pending, failed or processing job (migration 0011's
+-- triggers move it up when that job ends; this catches a producer that updated it and
+-- rolled back while the key's job ended, or a key's job deleted by hand). A few at a
+-- time, locked rows skipped; brooq_job_promote(id, false) waits at most 100 ms for a
+-- lock and leaves the job waiting when a job took the key meanwhile.
+SELECT count(*) FILTER (WHERE {brooq_job_promote}(orphan.id, false)) AS promoted
+FROM (
+    SELECT waiting.id FROM {job} AS waiting
+    WHERE waiting.unique_key IS NOT NULL AND waiting.start_after IS NOT NULL
+      AND waiting.state = 'pending'
+      AND NOT EXISTS (
+          SELECT FROM {job} AS head
+          WHERE head.topic = waiting.topic AND head.unique_key = waiting.unique_key
+            AND head.start_after IS NULL
+            AND head.state IN ('pending', 'failed', 'processing'))
+    LIMIT 100
+    FOR NO KEY UPDATE SKIP LOCKED
+) AS orphan
+
 -- name: job_delete_expired
 -- Retention: one batch of terminal rows older than the TTL, oldest first. SKIP LOCKED
 -- lets several masters delete different rows instead of waiting for each other.

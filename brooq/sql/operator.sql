@@ -3,10 +3,11 @@
 
 -- name: job_get
 -- errors: [] when none (NULL until the first failed attempt, and on rows an older master
--- wrote).
+-- wrote); tags: [] when none.
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
-       result, coalesce(errors, '[]'::jsonb) AS errors
+       result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
+       coalesce(tags, '{}') AS tags, start_after
 FROM {job} WHERE id = %(id)s
 
 -- name: job_cancel
@@ -23,9 +24,14 @@ RETURNING id
 -- the error history kept, the waited flag cleared (its waiter has returned: the next end
 -- would otherwise notify nobody's wait).
 -- from_states is brooq.job.RETRYABLE_STATES (bound by brooq.queue.transition_params).
+-- A job with a unique_key comes back as its key's job (start_after cleared: a canceled
+-- waiting job too), so not while another active job holds the key: the UPDATE then fails
+-- on job_unique_key_idx, which brooq.operator.changes reads as a refusal (in a savepoint)
+-- and explains, naming that job.
 WITH retried AS (
     UPDATE {job} SET state = 'pending', attempts = 0, available_at = now(),
-                   locked_by = NULL, locked_until = NULL, waited = NULL, updated_at = now()
+                   locked_by = NULL, locked_until = NULL, waited = NULL, start_after = NULL,
+                   updated_at = now()
     WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
     RETURNING id
 )
@@ -35,16 +41,28 @@ SELECT retried.id, pg_notify('brooq_job', (SELECT n.nspname::text FROM pg_namesp
                                   JOIN pg_class c ON c.relnamespace = n.oid
                                   WHERE c.oid = {job:name}::regclass)) FROM retried
 
+-- name: job_unique_key_holder
+-- The active job holding a job's unique_key (its key's job, not a waiting one), other
+-- than the job itself: why a retry of it was refused. No row: the key is free.
+SELECT holder.id, holder.state
+FROM {job} AS mine
+JOIN {job} AS holder
+  ON holder.topic = mine.topic AND holder.unique_key = mine.unique_key
+ AND holder.start_after IS NULL AND holder.state IN ('pending', 'failed', 'processing')
+WHERE mine.id = %(id)s AND holder.id <> mine.id
+LIMIT 1
+
 -- name: job_count_matching
 -- The bulk forms (brooq jobs cancel/retry --topic T --state S, Queue.cancel_many and
--- retry_many): how many jobs of a topic (and queue) are in a state, and the instant of
--- that count. The batches below touch only rows not written since (updated_at <= as_of):
+-- retry_many): how many jobs of a topic (and queue, and tag) are in a state, and the
+-- instant of that count. The batches below touch only rows not written since (updated_at <= as_of):
 -- a job that changed meanwhile is left alone, and rows arriving while a bulk change runs
 -- cannot keep it going forever.
 SELECT count(*) AS matched, now() AS as_of
 FROM {job}
 WHERE topic = %(topic)s AND state = %(state)s
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
 
 -- name: job_cancel_batch
 -- One batch of a bulk cancel, its own transaction: at most `batch` rows are locked, and
@@ -62,6 +80,7 @@ WITH picked AS MATERIALIZED (
     SELECT id FROM {job}
     WHERE id > %(after)s::uuid AND topic = %(topic)s AND state = %(state)s
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
       AND updated_at <= %(as_of)s
     ORDER BY id
     LIMIT %(batch)s
@@ -79,27 +98,48 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 -- name: job_retry_batch
 -- One batch of a bulk retry: batched, locked, keyed and guarded as job_cancel_batch, and
 -- each row written as job_retry writes one (pending now, attempts reset, last_error and
--- the error history kept, the waited flag cleared); from_states is
+-- the error history kept, the waited flag cleared, start_after cleared); from_states is
 -- brooq.job.BULK_FROM_STATES['retry']. One pg_notify per batch that retried anything wakes
 -- the masters, as job_retry's does for one job (NOTIFY must never run per row).
+-- A job with a unique_key comes back as its key's job, so it is left alone (`taken`,
+-- with the job holding its key) when an active job holds the key, or when a job of this
+-- batch with a smaller id and the same key comes back first. One taking the key meanwhile
+-- makes the UPDATE fail on job_unique_key_idx: brooq.operator.changes runs the batch again.
 WITH picked AS MATERIALIZED (
-    SELECT id FROM {job}
+    SELECT id, topic, unique_key FROM {job}
     WHERE id > %(after)s::uuid AND topic = %(topic)s AND state = %(state)s
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
       AND updated_at <= %(as_of)s
     ORDER BY id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
+), taken AS MATERIALIZED (
+    SELECT p.id, coalesce(
+        (SELECT holder.id FROM {job} AS holder
+         WHERE holder.topic = p.topic AND holder.unique_key = p.unique_key
+           AND holder.start_after IS NULL
+           AND holder.state IN ('pending', 'failed', 'processing')
+         LIMIT 1),
+        (SELECT first.id FROM picked AS first
+         WHERE first.topic = p.topic AND first.unique_key = p.unique_key AND first.id < p.id
+         ORDER BY first.id LIMIT 1)) AS holder
+    FROM picked AS p
+    WHERE p.unique_key IS NOT NULL
 ), retried AS (
     UPDATE {job} SET state = 'pending', attempts = 0, available_at = now(),
-                   locked_by = NULL, locked_until = NULL, waited = NULL, updated_at = now()
-    WHERE id = ANY(ARRAY(SELECT id FROM picked)) AND state = %(state)s
-      AND state = ANY(%(from_states)s::text[])
+                   locked_by = NULL, locked_until = NULL, waited = NULL, start_after = NULL,
+                   updated_at = now()
+    WHERE id = ANY(ARRAY(SELECT id FROM picked
+                         EXCEPT SELECT id FROM taken WHERE holder IS NOT NULL))
+      AND state = %(state)s AND state = ANY(%(from_states)s::text[])
     RETURNING id
 )
 SELECT (SELECT count(*) FROM picked) AS picked,
        (SELECT id FROM picked ORDER BY id DESC LIMIT 1) AS last_id,
        (SELECT count(*) FROM retried) AS changed,
+       ARRAY(SELECT id FROM taken WHERE holder IS NOT NULL ORDER BY id) AS taken,
+       ARRAY(SELECT holder FROM taken WHERE holder IS NOT NULL ORDER BY id) AS holders,
        (SELECT pg_notify('brooq_job', (SELECT n.nspname::text FROM pg_namespace n
                                         JOIN pg_class c ON c.relnamespace = n.oid
                                         WHERE c.oid = {job:name}::regclass))
@@ -173,13 +213,17 @@ VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
 
 -- name: job_list
+-- Newest first. A tag is a filter on the rows read in that order (no index on tags: a
+-- listing stops at `limit` matches; docs/how-to/unique-and-debounce.md has its cost).
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
-       result, coalesce(errors, '[]'::jsonb) AS errors
+       result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
+       coalesce(tags, '{}') AS tags, start_after
 FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -237,7 +281,8 @@ ORDER BY queue
 -- brooq.testing.jobs: every job (of a topic, in a state), oldest first, for assertions.
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
-       result, coalesce(errors, '[]'::jsonb) AS errors
+       result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
+       coalesce(tags, '{}') AS tags, start_after
 FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)

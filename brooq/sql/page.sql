@@ -143,12 +143,16 @@ ORDER BY 1
 -- page from a cursor before every row ('-infinity', the nil UUID): one condition, never
 -- an OR, so the row comparison stays an index condition. limit is the page size plus one
 -- (is there a next page?).
+-- `tag`: only the jobs carrying it (NULL: every job), a filter on the rows read in the
+-- keyset's order.
 SELECT id, topic, queue, attempts, locked_by, updated_at,
        extract(epoch FROM now() - updated_at)::float8 AS running_for,
-       extract(epoch FROM locked_until - now())::float8 AS lease_left
+       extract(epoch FROM locked_until - now())::float8 AS lease_left,
+       coalesce(tags, '{}') AS tags
 FROM {job}
 WHERE state = 'processing'
   AND (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+  AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
 ORDER BY updated_at, id
 LIMIT %(limit)s
 
@@ -157,14 +161,17 @@ LIMIT %(limit)s
 -- (after_at, after_id); the first page from a cursor after every row ('infinity', the
 -- max UUID). Through job_failed_dead_idx (migration 0008), (state, updated_at DESC, id
 -- DESC): a page reads its 51 entries wherever the cursor is. The last error is cut to `error_chars` characters here, so a page never
--- carries megabytes of tracebacks.
+-- carries megabytes of tracebacks. `tag`: as in web_in_flight (a page then reads the
+-- state's entries until 51 carry the tag: docs/status-page.md has the cost).
 SELECT id, topic, queue, state, attempts, updated_at, available_at,
        left(last_error, %(error_chars)s) AS last_error,
        length(last_error) AS last_error_length,
-       coalesce(jsonb_array_length(errors), 0) AS errors_count
+       coalesce(jsonb_array_length(errors), 0) AS errors_count,
+       coalesce(tags, '{}') AS tags
 FROM {job}
 WHERE state = %(state)s::text
   AND (updated_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
+  AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
 ORDER BY updated_at DESC, id DESC
 LIMIT %(limit)s
 

@@ -51,6 +51,132 @@ SELECT k.topic, k.key, job.id
 FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
 JOIN {job} ON job.topic = k.topic AND job.idempotency_key = k.key
 
+-- name: job_insert_options
+-- One job with a unique_key or tags (brooq.produce_options); job_insert stays the plain
+-- job's. No conflict target: the row may collide on the idempotency key's index or on
+-- job_unique_key_idx (one active job per topic and unique_key, migration 0011), and
+-- either means "already there".
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
+                   unique_key, tags)
+VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
+        %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[])
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: job_get_id_by_unique_key
+-- The active job holding a unique_key: its waiting debounced job first (the one that
+-- runs last), else the key's job. Each arm reads its partial unique index.
+(SELECT id FROM {job}
+ WHERE topic = %(topic)s AND unique_key = %(key)s
+   AND start_after IS NOT NULL AND state = 'pending')
+UNION ALL
+(SELECT id FROM {job}
+ WHERE topic = %(topic)s AND unique_key = %(key)s
+   AND start_after IS NULL AND state IN ('pending', 'failed', 'processing'))
+LIMIT 1
+
+-- name: job_debounce
+-- One debounced job (unique_key, debounce seconds): the first of these that applies.
+--   1. The key has a waiting job (created while the key's job ran): it takes this
+--      enqueue (payload, queue, priority, tags) and asks to start `debounce` from now
+--      once the key's job ends (start_after).
+--   2. The key's job has not started (pending): it takes this enqueue and starts
+--      `debounce` from now.
+--   3. The key's job has started (processing, or failed and waiting for its retry): a
+--      waiting job is inserted (available_at 9999-01-01: no claim takes it; start_after:
+--      when it asks to start), which the key's job makes its successor when it ends
+--      (migration 0011's triggers).
+--   4. The key is free: the job is inserted, to start `debounce` from now.
+-- The answer is the id of the job that took the enqueue: `id` (the caller's new id) when
+-- it inserted one. No row: a producer racing this one inserted for the key first (ON
+-- CONFLICT), and the caller runs the statement again. Every part reads one snapshot: a
+-- key's job claimed meanwhile is not updated (its row changed: the UPDATE's re-check
+-- fails on `pending`) and was seen active, so the waiting job is inserted; a key's job
+-- ended meanwhile leaves that waiting job with no job before it, and the insert's own
+-- trigger moves it up at commit. The rows updated stay locked until the caller commits:
+-- a claim skips such a job meanwhile.
+WITH waiting AS (
+    UPDATE {job}
+    SET payload = %(payload)s::jsonb, queue = %(queue)s, priority = %(priority)s,
+        tags = %(tags)s::text[], start_after = now() + make_interval(secs => %(debounce)s),
+        updated_at = now()
+    WHERE topic = %(topic)s AND unique_key = %(unique_key)s
+      AND start_after IS NOT NULL AND state = 'pending'
+    RETURNING id
+), unstarted AS (
+    UPDATE {job}
+    SET payload = %(payload)s::jsonb, queue = %(queue)s, priority = %(priority)s,
+        tags = %(tags)s::text[], available_at = now() + make_interval(secs => %(debounce)s),
+        updated_at = now()
+    WHERE topic = %(topic)s AND unique_key = %(unique_key)s
+      AND start_after IS NULL AND state = 'pending'
+      AND NOT EXISTS (SELECT FROM waiting)
+    RETURNING id
+), started AS (
+    SELECT EXISTS (
+        SELECT FROM {job}
+        WHERE topic = %(topic)s AND unique_key = %(unique_key)s
+          AND start_after IS NULL AND state IN ('pending', 'failed', 'processing')
+    ) AS running
+), inserted AS (
+    INSERT INTO {job} (id, topic, payload, available_at, queue, priority, unique_key, tags,
+                       start_after)
+    SELECT %(id)s, %(topic)s, %(payload)s::jsonb,
+           CASE WHEN started.running THEN '9999-01-01 00:00:00+00'::timestamptz
+                ELSE now() + make_interval(secs => %(debounce)s) END,
+           %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[],
+           CASE WHEN started.running THEN now() + make_interval(secs => %(debounce)s) END
+    FROM started
+    WHERE NOT EXISTS (SELECT FROM waiting) AND NOT EXISTS (SELECT FROM unstarted)
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
+SELECT id FROM waiting
+UNION ALL
+SELECT id FROM unstarted
+UNION ALL
+SELECT id FROM inserted
+
+-- name: job_insert_many_options
+-- job_insert_many for a batch holding unique keys or tags (brooq.produce_options): the
+-- same arrays, and two more; `tags` holds each job's tags as a text[] literal (NULL: none).
+-- No conflict target, as job_insert_options.
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
+                   unique_key, tags)
+SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
+       i.priority, i.unique_key, i.tags::text[]
+FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
+            %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[],
+            %(unique_keys)b::text[], %(tags)b::text[])
+     WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, unique_key,
+                          tags, ord)
+ORDER BY i.ord
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: job_copy_ready_tagged
+-- job_copy_ready for a batch in which some jobs have tags (a text[] literal, or NULL).
+COPY {job} (id, topic, payload, queue, priority, tags) FROM STDIN
+
+-- name: job_copy_scheduled_tagged
+COPY {job} (id, topic, payload, available_at, queue, priority, tags) FROM STDIN
+
+-- name: job_get_ids_by_unique_keys
+-- The active jobs holding these unique keys, each key's waiting job first (as
+-- job_get_id_by_unique_key): one arm per partial unique index.
+SELECT topic, key, id FROM (
+    SELECT k.topic, k.key, job.id, 0 AS rank
+    FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
+    JOIN {job} ON job.topic = k.topic AND job.unique_key = k.key
+         AND job.start_after IS NOT NULL AND job.state = 'pending'
+    UNION ALL
+    SELECT k.topic, k.key, job.id, 1
+    FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
+    JOIN {job} ON job.topic = k.topic AND job.unique_key = k.key
+         AND job.start_after IS NULL AND job.state IN ('pending', 'failed', 'processing')
+) AS holders
+ORDER BY rank
+
 -- name: job_wait_register
 -- queue.wait(): flag the job as waited for, so that the trigger job_waited_notify
 -- (migration 0006) notifies brooq_outcome when it reaches done, dead or canceled. Run

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from brooq import metrics as metrics_mod
-from brooq.job import FROM_STATES, Transition, parse_job_id, transition_refusal
+from brooq.job import (
+    FROM_STATES,
+    RETRYABLE_STATES,
+    Transition,
+    parse_job_id,
+    transition_refusal,
+)
+from brooq.job_options import key_taken
 from brooq.operator import changes, reads
 from brooq.opsport.hosts import HostRule
 from brooq.supervisor.connections import Connections
@@ -78,6 +85,14 @@ class Admin:
         if found is None:
             return 404, {"error": f"no job with id {job_id}"}
         state = found.state
+        if verb == "retry" and state in RETRYABLE_STATES and found.unique_key is not None:
+            key = found.unique_key
+            holder = self.conns.with_db(
+                "admin_get", lambda conn: changes.key_holder(conn, job_id, self.conns.q)
+            )
+            if holder is not None:
+                body = {"error": key_taken(job_id, key, *holder), "state": state}
+                return 409, {**body, "held_by": str(holder[0])}
         return 409, {"error": transition_refusal(verb, state), "state": state}
 
 

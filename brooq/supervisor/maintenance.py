@@ -1,11 +1,13 @@
 """The master's statements on the table, each a function of a connection returning counts,
 so tests call them without timers (brooq.supervisor.duties runs them on a clock).
 
-Owns lease renewal, the reaper, retention, settling a dead worker's jobs and giving jobs
-back. Each is one guarded statement (or a bounded series), safe when several masters
-run against one database; rows are read by name. They must never wait on a row lock
-(SKIP LOCKED, or a guard on the holder) and never decide policy: the caller passes the
-lease, the limits and the handlers' policies.
+Owns lease renewal, the reaper, retention, settling a dead worker's jobs, giving jobs
+back and moving up a debounced job left waiting with nothing before it. Each is one
+guarded statement (or a bounded series), safe when several masters run against one
+database; rows are read by name. They must never wait on a row lock (SKIP LOCKED, or a
+guard on the holder; the move up waits at most 100 ms, brooq_job_promote's
+lock_timeout) and never decide policy: the caller passes the lease, the limits and the
+handlers' policies.
 """
 
 from __future__ import annotations
@@ -69,6 +71,13 @@ def reap_expired(
     returned = Counter(r["topic"] for r in rows if r["state"] == "pending")
     dead = [(r["id"], r["topic"], r["lease_expiries"]) for r in rows if r["state"] == "dead"]
     return returned, dead
+
+
+def promote_orphans(conn: psycopg.Connection[Any], q: Queries = Q) -> int:
+    """Move up the debounced jobs left waiting with no active job of their unique_key
+    before them (job_promote_orphans); how many moved."""
+    row = conn.cursor(row_factory=dict_row).execute(q.job_promote_orphans).fetchone()
+    return int(row["promoted"]) if row is not None else 0
 
 
 def delete_expired(

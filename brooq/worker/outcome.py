@@ -27,7 +27,8 @@ from brooq import logs
 from brooq.handlers import Policy
 from brooq.ipc.board import Board
 from brooq.job import Claim
-from brooq.produce import Handlers, check_jobs, insert_many_checked
+from brooq.produce import check_jobs, insert_many_checked
+from brooq.produce_steps import Handlers
 from brooq.rules.backoff import backoff
 from brooq.rules.errortext import bounded
 from brooq.settings import Settings

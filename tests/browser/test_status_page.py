@@ -136,3 +136,56 @@ def test_signing_in_and_retrying_a_dead_job_with_its_button(
     wait_for(lambda: browser.current_url == f"{url}/dead", what="back on the dead list")
     assert not browser.find_elements(By.CSS_SELECTOR, f"a[href='/jobs/{job_id}']")
     assert token not in browser.page_source
+
+
+def test_filtering_a_list_by_tag_and_coming_back_to_it_after_a_retry(
+    queue: brooq.Queue,
+    db: Any,
+    start_master: StartMaster,
+    browser: Any,
+    tmp_path: Path,
+) -> None:
+    """The lists' tag filter is a plain GET form: typed in, submitted, the list shows the
+    tagged jobs only, its links keep the tag, and a row's button comes back to the
+    filtered list."""
+    token = "browser-token-0123456789"
+    (tmp_path / "token").write_text(token)
+    m = start_master(
+        workers=1,
+        app="brooq_opsslow:queue",
+        env={"QUEUE_ADMIN_TOKEN_FILE": str(tmp_path / "token")},
+    )
+    m.wait_ready(1)
+    url = base_url(m)
+    tagged = {}
+    for n, tags in enumerate((["tenant:42", "eu"], ["us"], ["eu"])):
+        job_id, _ = queue.enqueue(brooq.Job("ops.unhandled", {"n": n}, tags=tags))
+        tagged[n] = job_id
+    db.execute("UPDATE job SET state = 'dead', attempts = 1 WHERE topic = 'ops.unhandled'")
+    db.commit()
+    browser.get(url + "/sign-in")
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "form[action='/sign-in'] button").click()
+    wait_for(lambda: browser.current_url.endswith("/actions"), what="signed in")
+    browser.get(url + "/dead")
+    field = browser.find_element(By.CSS_SELECTOR, "form.filter input[name='tag']")
+    field.send_keys("tenant:42")
+    browser.find_element(By.CSS_SELECTOR, "form.filter button").click()
+    wait_for(lambda: "tag=tenant" in browser.current_url, what="the filtered list")
+    assert browser.current_url == f"{url}/dead?tag=tenant%3A42"
+    shown = {a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, "td a")}
+    assert shown == {f"{url}/jobs/{tagged[0]}"}, shown
+    assert "tenant:42, eu" in browser.find_element(By.TAG_NAME, "body").text
+    browser.save_screenshot(str(tmp_path / "filtered.png"))
+    browser.find_element(By.CSS_SELECTOR, f"form[action='/jobs/{tagged[0]}/retry'] button").click()
+    wait_for(
+        lambda: (
+            db.execute("SELECT state FROM job WHERE id = %s", (tagged[0],)).fetchone()
+            == ("pending",)
+        ),
+        what="the job pending",
+    )
+    wait_for(
+        lambda: browser.current_url == f"{url}/dead?tag=tenant%3A42",
+        what="back on the filtered list",
+    )

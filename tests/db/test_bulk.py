@@ -197,7 +197,7 @@ def test_an_exact_multiple_of_the_batch_ends(queue: brooq.Queue, db: Conn) -> No
 
 def batch_params(db: Conn, action: str, state: str, **extra: Any) -> dict[str, Any]:
     count = db.cursor(row_factory=dict_row).execute(
-        Q.job_count_matching, {"topic": "mail", "state": state, "queue": None}
+        Q.job_count_matching, {"topic": "mail", "state": state, "queue": None, "tag": None}
     )
     row = count.fetchone()
     assert row is not None
@@ -205,6 +205,7 @@ def batch_params(db: Conn, action: str, state: str, **extra: Any) -> dict[str, A
         "topic": "mail",
         "state": state,
         "queue": None,
+        "tag": None,
         "as_of": row["as_of"],
         "from_states": list(BULK_FROM_STATES[action]),  # type: ignore[index]
         "batch": 100,

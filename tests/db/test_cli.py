@@ -279,6 +279,9 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
         "priority": 0,
         "result": None,
         "errors": [],
+        "unique_key": None,
+        "tags": [],
+        "start_after": None,
     }
     datetime.fromisoformat(dead["updated_at"])
 

@@ -87,6 +87,9 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "result",
         "errors",
         "waited",
+        "unique_key",
+        "start_after",
+        "tags",
     ]
     nullable = {c[0] for c in columns if c[2] == "YES"}
     assert nullable == {
@@ -97,6 +100,9 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "result",
         "errors",
         "waited",
+        "unique_key",
+        "start_after",
+        "tags",
     }
     assert {
         "job_pkey",
@@ -106,6 +112,8 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "job_terminal_updated_idx",
         "job_ready_queue_idx",
         "job_failed_dead_idx",
+        "job_unique_key_idx",
+        "job_unique_key_waiting_idx",
     } <= indexes
     assert options is not None
     assert set(options[0]) >= {
@@ -130,6 +138,13 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         ("INSERT INTO job (topic, queue) VALUES ('a', 'Bad Queue')", "job_queue_check"),
         ("INSERT INTO job (topic, queue) VALUES ('a', repeat('q', 129))", "job_queue_check"),
         ("INSERT INTO brooq_queue (name) VALUES ('no way')", "brooq_queue_name_check"),
+        ("INSERT INTO job (topic, unique_key) VALUES ('a', '')", "job_unique_key_check"),
+        ("INSERT INTO job (topic, tags) VALUES ('a', '{}')", "job_tags_check"),
+        ("INSERT INTO job (topic, tags) VALUES ('a', '{a,NULL}')", "job_tags_check"),
+        ("INSERT INTO job (topic, tags) VALUES ('a', '{\"a b\"}')", "job_tags_check"),
+        ("INSERT INTO job (topic, tags) VALUES ('a', '{{a,b},{c,d}}')", "job_tags_check"),
+        ("INSERT INTO job (topic, tags) VALUES ('a', '{1,2,3,4,5,6,7,8,9}')", "job_tags_check"),
+        ("INSERT INTO job (topic, tags) VALUES ('a', ARRAY[repeat('a', 65)])", "job_tags_check"),
     ],
 )
 def test_schema_enforces_invariants(dsn: str, statement: str, constraint: str) -> None:
@@ -205,6 +220,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     assert "nothing to apply" in cli("up").stdout
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0011_unique_keys\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0010_masters\n", out.stdout
     out = cli("down")
@@ -434,17 +451,78 @@ def test_status_page_index_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         assert conn.execute(
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'job_failed_dead_idx'::regclass"
         ).fetchone() == (True,)
+    newest = migration_files.load()[-1].version
+    migrate.up(empty_dsn)  # today's statement reads columns of later migrations
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("ANALYZE job")
         conn.execute("SET enable_seqscan = off")  # a small table: is the index usable?
         params = {"state": "dead", "after_at": "infinity", "limit": 51, "error_chars": 300,
-                  "after_id": "ffffffff-ffff-ffff-ffff-ffffffffffff"}  # fmt: skip
+                  "after_id": "ffffffff-ffff-ffff-ffff-ffffffffffff", "tag": None}  # fmt: skip
         plan = conn.execute("EXPLAIN " + Q.web_finished_badly, params).fetchall()
         assert "job_failed_dead_idx" in " ".join(r[0] for r in plan), plan
+    migrate.down(empty_dsn, newest - 8)
     assert [m.name for m in migrate.down(empty_dsn)] == ["status_page"]
     assert schema() == before
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
     migrate.up(empty_dsn, 8)
+    assert schema() == after
+
+
+def test_unique_keys_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0011 adds unique_key, start_after and tags (nullable), their CHECKs (validated), the
+    two partial unique indexes (valid), the functions and triggers, on a table that holds
+    jobs; the index refuses a second active job of a key and the triggers move a waiting
+    job up; down gives back exactly 0010's schema, rows included; up again the same."""
+
+    def schema() -> tuple[list[tuple[object, ...]], list[str]]:
+        return job_shape(empty_dsn), brooq_objects(empty_dsn)
+
+    migrate.up(empty_dsn, 10)
+    before = schema()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 500)")
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 11)] == [
+        ("unique_keys", False)
+    ]
+    after = schema()
+    assert {
+        "trigger job_unique_key_freed",
+        "trigger job_unique_key_waiting",
+        "function brooq_job_promote",
+        "function brooq_job_unique_key_freed",
+        "function brooq_job_unique_key_waiting",
+    } <= set(after[1])
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT count(*), count(unique_key), count(start_after), count(tags) FROM job"
+        ).fetchone() == (500, 0, 0, 0)
+        assert conn.execute(
+            "SELECT bool_and(convalidated) FROM pg_constraint "
+            "WHERE conname IN ('job_unique_key_check', 'job_tags_check')"
+        ).fetchone() == (True,)
+        assert conn.execute(
+            "SELECT count(*), bool_and(indisvalid AND indisunique) FROM pg_index WHERE indexrelid "
+            "IN ('job_unique_key_idx'::regclass, 'job_unique_key_waiting_idx'::regclass)"
+        ).fetchone() == (2, True)
+        conn.execute("INSERT INTO job (topic, unique_key, tags) VALUES ('t', 'k', '{a}')")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("INSERT INTO job (topic, unique_key) VALUES ('t', 'k')")
+        # a waiting job, moved up when the key's job ends
+        conn.execute(
+            "INSERT INTO job (topic, unique_key, available_at, start_after) "
+            "VALUES ('t', 'k', '9999-01-01+00', now())"
+        )
+        conn.execute("UPDATE job SET state = 'done' WHERE unique_key = 'k' AND start_after IS NULL")
+        assert conn.execute(
+            "SELECT state, start_after IS NULL, available_at <= now() FROM job "
+            "WHERE unique_key = 'k' ORDER BY created_at, id"
+        ).fetchall() == [("done", True, True), ("pending", True, True)]
+    assert [m.name for m in migrate.down(empty_dsn)] == ["unique_keys"]
+    assert schema() == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (502,)
+    migrate.up(empty_dsn, 11)
     assert schema() == after
 
 

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import migrate
+from brooq import migrate, migration_files
 from brooq import settings as settings_mod
 from brooq.errors import InvalidSettings
 from brooq.sql import RELATIONS, Q, queries
@@ -25,6 +25,8 @@ from brooq.supervisor.connections import Connections
 from tests.harness import APPS, wait_for
 
 SCHEMA = "brooq_q"
+MIGRATIONS = migration_files.load()
+NEWEST = f"{MIGRATIONS[-1].version:04d}_{MIGRATIONS[-1].name}"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -56,7 +58,7 @@ def own(empty_dsn: str) -> Iterator[str]:
         conn.execute("CREATE TABLE public.job (id serial PRIMARY KEY, title text NOT NULL)")
         conn.execute("INSERT INTO public.job (title) VALUES ('invoice'), ('refund')")
     out = cli(empty_dsn, "migrate", "up", env={"QUEUE_SCHEMA": SCHEMA})
-    assert out.returncode == 0 and "applied 0010_masters" in out.stdout, out.stderr
+    assert out.returncode == 0 and f"applied {NEWEST}" in out.stdout, out.stderr
     yield empty_dsn
 
 
@@ -123,8 +125,8 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
     out = cli(dsn, "migrate", "up", env={"QUEUE_SCHEMA": "Bad-Name"})
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "QUEUE_SCHEMA" in out.stderr
     # every down step, in the schema; the application's table is left alone
-    out = cli(dsn, "--schema", SCHEMA, "migrate", "down", "--steps", "10")
-    assert out.returncode == 0 and out.stdout.startswith("reverted 0010_masters"), out.stderr
+    out = cli(dsn, "--schema", SCHEMA, "migrate", "down", "--steps", str(len(MIGRATIONS)))
+    assert out.returncode == 0 and out.stdout.startswith(f"reverted {NEWEST}"), out.stderr
     with psycopg.connect(dsn) as conn:
         left = conn.execute(
             "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from brooq import produce
+from brooq import produce, produce_steps
 from brooq.errors import BrooqError
 from brooq.job import Job
 from brooq.sql import Q
@@ -32,8 +32,8 @@ def test_keyless_jobs_are_copied_ready_and_scheduled_apart() -> None:
     steps = produce._insert_many(jobs, {}, Q)
     ready = next(steps)
     scheduled = steps.send(None)
-    assert isinstance(ready, produce._Copy) and len(ready.rows) == 2
-    assert isinstance(scheduled, produce._Copy) and scheduled.rows[0][3] == later
+    assert isinstance(ready, produce_steps.Copy) and len(ready.rows) == 2
+    assert isinstance(scheduled, produce_steps.Copy) and scheduled.rows[0][3] == later
     with pytest.raises(StopIteration) as done:
         steps.send(None)
     assert [created for _, created in done.value.value] == [True, True, True]

@@ -23,6 +23,7 @@ from brooq import periodic as periodic_mod
 from brooq import produce
 from brooq.errors import BrooqError
 from brooq.metrics import Metrics
+from brooq.produce_steps import Handlers
 from brooq.settings import Settings
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.scheduler import Counts
@@ -77,7 +78,7 @@ class Periodic:
         self,
         conns: Connections,
         schedules: Mapping[str, periodic_mod.Schedule],
-        handlers: produce.Handlers,
+        handlers: Handlers,
         settings: Settings,
         metrics: Metrics | None,
         clock: Callable[[], datetime] = _wall_clock,

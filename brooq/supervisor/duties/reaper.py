@@ -1,8 +1,9 @@
 """The reaper, as a duty: every effective_reaper_period, the first after 1 s.
 
 Owns: sending expired leases back to pending (or dead after max_lease_expiries:
-brooq.supervisor.maintenance.reap_expired), with their log lines and metrics. Must never
-wait: a database out of reach skips a run.
+brooq.supervisor.maintenance.reap_expired), with their log lines and metrics, and moving
+up debounced jobs left waiting with no job of their key before them (promote_orphans).
+Must never wait: a database out of reach skips a run.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ class Reaper:
         if result is None:
             return {}
         reaped, dead = result
+        promoted = self.conns.with_db(
+            "reaper", lambda conn: maintenance.promote_orphans(conn, self.conns.q)
+        )
+        if promoted:
+            log.warning(
+                "event=jobs_promoted count=%d: debounced jobs waited with no job of their "
+                "unique_key before them (a producer rolled back as that job ended?)",
+                promoted,
+            )
         for job_id, topic, expiries in dead:
             if self.metrics is not None:
                 self.metrics.outcomes.labels(topic, "dead").inc()
@@ -58,4 +68,4 @@ class Reaper:
                 sum(reaped.values()),
                 ",".join(sorted(reaped)),
             )
-        return {"reaped": sum(reaped.values()), "dead": len(dead)}
+        return {"reaped": sum(reaped.values()), "dead": len(dead), "promoted": promoted or 0}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from brooq.operator.snapshots import SESSION, SLOT, Holder
-from brooq.page.views import SNAPSHOT_NOTE_AFTER, snapshot_line
+from brooq.page.lines import SNAPSHOT_NOTE_AFTER, snapshot_line
 
 HOLDER = Holder(
     SESSION, 4242, "<script>alert(1)</script>", "alice", "10.0.0.5", "idle in transaction",

@@ -1,0 +1,142 @@
+"""A Job's coordination options: ``unique_key`` (at most one active job per topic and
+key), ``debounce`` (a burst of enqueues becomes one run) and ``tags`` (labels to list,
+cancel and retry by). Their checks, made when a Job is built, and the words of their
+refusals, each naming the option and the forms it takes.
+
+What they promise, and how the table keeps it, is docs/how-to/unique-and-debounce.md and
+docs/explanation/unique-keys.md; the statements are brooq/sql/producer.sql's job_unique_*
+and job_debounce.
+
+Owns: the limits (TAGS_MAX, TAG_MAX_LENGTH, TAG_PATTERN, DEBOUNCE_MAX_SECONDS, the key's
+lengths), ``check_unique_key``, ``check_debounce``, ``check_tags``, ``check_combination``
+and ``key_taken`` (the refusal of a retry whose key another job holds).
+Must never: do I/O, or accept a value the database's CHECKs (migration 0011) refuse.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Final
+
+from brooq.durations import to_seconds
+from brooq.errors import InvalidDebounce, InvalidTags, InvalidUniqueKey
+
+# The key is indexed with the topic (job_unique_key_idx), as idempotency_key is: a btree
+# entry holds at most 2,704 bytes.
+UNIQUE_KEY_MAX_LENGTH: Final = 1024
+UNIQUE_KEY_MAX_BYTES: Final = 2048
+# A debounce longer than a day is far more likely a unit mistaken (milliseconds given as
+# seconds) than a wish.
+DEBOUNCE_MAX_SECONDS: Final = 86400.0
+# Tags are labels, not data: a few short words, in an alphabet that needs no quoting in
+# a URL, an array literal or a shell. job_tags_check of migration 0011 holds the same rule.
+TAGS_MAX: Final = 8
+TAG_MAX_LENGTH: Final = 64
+TAG_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}")
+TAG_FORM: Final = (
+    f"1 to {TAG_MAX_LENGTH} characters: letters, digits and _ . : = / -, "
+    "starting with a letter or a digit"
+)
+
+
+def check_unique_key(key: object) -> str | None:
+    """The key, or None for no key ("" too, as for idempotency_key); InvalidUniqueKey
+    naming what cannot be stored."""
+    if key is None or key == "":
+        return None
+    if not isinstance(key, str):
+        raise InvalidUniqueKey(f"unique_key must be a string or None, not {type(key).__name__}")
+    if "\x00" in key:
+        raise InvalidUniqueKey("unique_key contains the character \\x00")
+    if len(key) > UNIQUE_KEY_MAX_LENGTH:
+        raise InvalidUniqueKey(
+            f"unique_key is {len(key)} characters long; the limit is {UNIQUE_KEY_MAX_LENGTH}"
+        )
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidUniqueKey("unique_key is not valid Unicode") from None
+    if size > UNIQUE_KEY_MAX_BYTES:
+        raise InvalidUniqueKey(
+            f"unique_key is {size} bytes long in UTF-8; the limit is {UNIQUE_KEY_MAX_BYTES}"
+        )
+    return key
+
+
+def check_debounce(debounce: object) -> float:
+    """The debounce in seconds: a timedelta, a number of seconds or a text like "2s",
+    more than 0 and at most a day."""
+    form = "a timedelta, a number of seconds or a text like '2s'"
+    try:
+        seconds = to_seconds(debounce)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise InvalidDebounce(f"debounce must be {form}: {exc}") from None
+    if not 0 < seconds <= DEBOUNCE_MAX_SECONDS:
+        raise InvalidDebounce(
+            f"debounce must be more than 0 s and at most 1 day ({form}), got {seconds:g} s"
+        )
+    return seconds
+
+
+def check_tags(tags: object) -> tuple[str, ...] | None:
+    """The tags in the order given, each once; None when there are none. A list (or any
+    iterable) of at most TAGS_MAX strings of TAG_FORM; a single string is refused (it
+    would be read as its letters)."""
+    if tags is None:
+        return None
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
+        raise InvalidTags(
+            f"tags must be a list of strings, not {type(tags).__name__} (one tag: tags=['billing'])"
+        )
+    seen: dict[str, None] = {}
+    for tag in tags:
+        if not isinstance(tag, str):
+            raise InvalidTags(f"tags must be strings, not {type(tag).__name__}")
+        if not TAG_PATTERN.fullmatch(tag):
+            shown = tag if len(tag) <= 80 else tag[:80] + "..."
+            raise InvalidTags(f"tag {shown!r} is not a tag: {TAG_FORM}")
+        seen[tag] = None
+    if len(seen) > TAGS_MAX:
+        raise InvalidTags(f"a job has at most {TAGS_MAX} tags, got {len(seen)}")
+    return tuple(seen) or None
+
+
+def check_tag(tag: object, option: str = "tag") -> str:
+    """One tag to filter by (list_jobs(tag=...), --tag): TAG_FORM, or InvalidTags naming
+    ``option``."""
+    if not isinstance(tag, str) or not TAG_PATTERN.fullmatch(tag):
+        raise InvalidTags(f"{option} {tag!r} is not a tag: {TAG_FORM}")
+    return tag
+
+
+def check_combination(
+    unique_key: str | None, debounce: float | None, idempotency_key: str | None, scheduled: bool
+) -> None:
+    """debounce needs a unique_key, and sets the start itself: an idempotency_key (one job
+    for the key's whole life) or an available_at beside it is refused."""
+    if debounce is None:
+        return
+    if unique_key is None:
+        raise InvalidDebounce(
+            "debounce needs a unique_key: the jobs it folds into one are those of one key "
+            "(Job(topic, payload, unique_key='k', debounce=timedelta(seconds=2)))"
+        )
+    if idempotency_key is not None:
+        raise InvalidDebounce(
+            "debounce cannot be combined with idempotency_key: a debounced job takes each "
+            "new enqueue's payload, an idempotency key keeps the first one for good"
+        )
+    if scheduled:
+        raise InvalidDebounce(
+            "debounce cannot be combined with available_at: the job starts `debounce` "
+            "after the last enqueue of its key"
+        )
+
+
+def key_taken(job_id: object, key: str, holder: object, holder_state: str) -> str:
+    """Why a retry of ``job_id`` was refused: another active job holds its unique_key."""
+    return (
+        f"cannot retry job {job_id}: its unique_key {key!r} is taken by job {holder} "
+        f"({holder_state}); retry it once that job is done, dead or canceled"
+    )
