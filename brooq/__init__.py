@@ -35,6 +35,7 @@ module that defines a name, never from this package.
 - `pools`: a Queue's sync and async connection pools, their fork rules and errors
 - `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
 - `queue`: brooq.Queue, the application object: its face, delegating to the modules here
+- `rates`: rates (at most N starts per period): Rate, the forms the options accept, the allowance
 - `registry`: what an application declares: handlers, middleware, schedules, settings
 - `rules`: what master and children both read: backoff, error text, timing, worked queues
 - `settings`: the settings: defaults, QUEUE_* environment, validation
@@ -51,6 +52,7 @@ from brooq.errors import (
     BrooqError,
     DatabaseUnavailable,
     InvalidDsn,
+    InvalidGroup,
     InvalidIdempotencyKey,
     InvalidJob,
     InvalidJobId,
@@ -80,9 +82,17 @@ from brooq.job import (
     LeaseLost,
     PreserveAttempt,
 )
-from brooq.operator.records import BulkResult, HolderStats, InFlight, QueueStats, TopicStats
+from brooq.operator.records import (
+    BulkResult,
+    HolderStats,
+    InFlight,
+    QueueStats,
+    TopicLimits,
+    TopicStats,
+)
 from brooq.produce import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from brooq.queue import Queue
+from brooq.rates import Rate
 from brooq.stacks import JobStack
 
 __version__ = "0.1.0"
@@ -98,6 +108,7 @@ __all__ = [
     "HolderStats",
     "InFlight",
     "InvalidDsn",
+    "InvalidGroup",
     "InvalidIdempotencyKey",
     "InvalidJob",
     "InvalidJobId",
@@ -120,8 +131,10 @@ __all__ = [
     "PreserveAttempt",
     "Queue",
     "QueueStats",
+    "Rate",
     "SchemaMissing",
     "StackUnavailable",
+    "TopicLimits",
     "TopicStats",
     "WaitTimeout",
     "__version__",

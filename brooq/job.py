@@ -5,7 +5,7 @@ Owns: the job's states and the rule of operator transitions (CANCELABLE_STATES,
 RETRYABLE_STATES, transition_refusal: the SQL binds these, Queue, the CLI and the master's
 admin HTTP word their refusals with them; BULK_FROM_STATES and bulk_state_refusal for the
 bulk forms, Queue.cancel_many and Queue.retry_many), what a valid job is (topic, payload, key,
-available_at; its payload is encoded by brooq.encoding), JobRecord and Claim.
+available_at, group; its payload is encoded by brooq.encoding), JobRecord and Claim.
 Must never: do I/O (no database, no files, no clock beyond validating what it is given),
 or spell a state's name outside the constants below.
 """
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal
 
 from brooq.encoding import encode_payload
 from brooq.errors import (
+    InvalidGroup,
     InvalidIdempotencyKey,
     InvalidJob,
     InvalidJobId,
@@ -85,6 +86,8 @@ IDEMPOTENCY_KEY_MAX_LENGTH: Final = 1024
 # The key is indexed with the topic, and a btree entry holds at most 2,704 bytes.
 IDEMPOTENCY_KEY_MAX_BYTES: Final = 2048
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+# A job's group (group_limit, group_rate_limit): the job_group_key_check of migration 0012.
+GROUP_MAX_LENGTH: Final = 128
 # An available_at this close to the ends of datetime's range would be stored, but could not
 # be read back (psycopg cannot load year 0 or 10000 once shifted to the session's zone).
 _EARLIEST: Final = datetime.min.replace(tzinfo=timezone.utc) + timedelta(days=2)
@@ -211,6 +214,22 @@ def normalise_key(key: object) -> str | None:
     return key
 
 
+def validate_group(group: object) -> str | None:
+    """A job's group: None (no group) or 1 to GROUP_MAX_LENGTH characters without a
+    control character; "" is taken as None, as for idempotency_key."""
+    if group is None or group == "":
+        return None
+    if not isinstance(group, str):
+        raise InvalidGroup(f"group must be a string or None, not {type(group).__name__}")
+    if len(group) > GROUP_MAX_LENGTH:
+        raise InvalidGroup(
+            f"group is {len(group)} characters long; the limit is {GROUP_MAX_LENGTH}"
+        )
+    if not group.isprintable():
+        raise InvalidGroup(f"group {group!r} holds a control character")
+    return group
+
+
 def require_aware(value: object, name: str) -> datetime:
     if not isinstance(value, datetime):
         raise NaiveDatetime(f"{name} must be a datetime, not {type(value).__name__}")
@@ -244,6 +263,7 @@ class Job:
 
     __slots__ = (
         "available_at",
+        "group",
         "idempotency_key",
         "payload",
         "payload_json",
@@ -261,6 +281,7 @@ class Job:
         available_at: datetime | None = None,
         queue: str | None = None,
         priority: int = 0,
+        group: str | None = None,
     ) -> None:
         # The common case (a known topic, no queue, key or time, priority 0) skips the
         # validators' calls: a web request builds one Job per enqueue.
@@ -281,12 +302,14 @@ class Job:
         self.available_at = (
             None if available_at is None else require_aware(available_at, "available_at")
         )
+        # The group the topic's group_limit and group_rate_limit count it in; None: none.
+        self.group = None if group is None else validate_group(group)
 
     def __repr__(self) -> str:
         return (
             f"Job(topic={self.topic!r}, payload={self.payload!r}, "
             f"idempotency_key={self.idempotency_key!r}, available_at={self.available_at!r}, "
-            f"queue={self.queue!r}, priority={self.priority!r})"
+            f"queue={self.queue!r}, priority={self.priority!r}, group={self.group!r})"
         )
 
 
@@ -313,6 +336,8 @@ class JobRecord:
     # The error history: one {"attempt", "at", "error", "worker"} per failed attempt (and
     # per lease expiry), the last 20, oldest first; "at" is the ISO text jsonb writes.
     errors: list[dict[str, Any]] = field(default_factory=list)
+    # The job's group (Job(group=...)), None when it has none.
+    group: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: UUID and datetimes as strings."""

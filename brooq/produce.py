@@ -319,11 +319,13 @@ def _insert_many(
     lookup of the jobs holding the keys that were taken."""
     ids = uuid7_many(len(checked))
     if all(job.idempotency_key is None for job in checked):
-        ready, scheduled = _copy_rows(checked, ids, handlers)
+        grouped = any(job.group is not None for job in checked)
+        ready, scheduled = _copy_rows(checked, ids, handlers, grouped)
         if ready:
-            yield _Copy(q.job_copy_ready, ready)
+            yield _Copy(q.job_copy_ready_grouped if grouped else q.job_copy_ready, ready)
         if scheduled:
-            yield _Copy(q.job_copy_scheduled, scheduled)
+            statement = q.job_copy_scheduled_grouped if grouped else q.job_copy_scheduled
+            yield _Copy(statement, scheduled)
         return [(job_id, True) for job_id in ids]
     inserted = set((yield _All(q.job_insert_many, _many_params(checked, ids, handlers))))
     result = [(job_id, job_id in inserted) for job_id in ids]
@@ -357,23 +359,27 @@ def _params(job: Job, job_id: uuid.UUID, handlers: Handlers) -> dict[str, Any]:
         "available_at": job.available_at,
         "queue": queue_of(job, handlers),
         "priority": job.priority,
+        "group": job.group,
     }
 
 
 def _copy_rows(
-    checked: list[Job], ids: list[uuid.UUID], handlers: Handlers
+    checked: list[Job], ids: list[uuid.UUID], handlers: Handlers, grouped: bool = False
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The COPY rows of jobs without keys, ready ones and scheduled ones apart, so that
-    "ready now" is the server's now(), never the client's clock."""
+    "ready now" is the server's now(), never the client's clock; ``grouped``: with the
+    group last (the _grouped COPY statements)."""
     ready: list[tuple[Any, ...]] = []
     scheduled: list[tuple[Any, ...]] = []
     for job_id, job in zip(ids, checked, strict=True):
         queue = queue_of(job, handlers)
         if job.available_at is None:
-            ready.append((job_id, job.topic, job.payload_json, queue, job.priority))
+            row: tuple[Any, ...] = (job_id, job.topic, job.payload_json, queue, job.priority)
+            ready.append((*row, job.group) if grouped else row)
         else:
             at = job.available_at
-            scheduled.append((job_id, job.topic, job.payload_json, at, queue, job.priority))
+            row = (job_id, job.topic, job.payload_json, at, queue, job.priority)
+            scheduled.append((*row, job.group) if grouped else row)
     return ready, scheduled
 
 
@@ -386,4 +392,5 @@ def _many_params(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -
         "available_ats": [j.available_at for j in checked],
         "queues": [queue_of(j, handlers) for j in checked],
         "priorities": [j.priority for j in checked],
+        "groups": [j.group for j in checked],
     }

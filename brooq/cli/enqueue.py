@@ -23,6 +23,7 @@ from brooq.cli.common import cli, emit_json, open_queue
 from brooq.durations import parse_duration_string
 from brooq.encoding import MAX_PAYLOAD_DEPTH
 from brooq.errors import (
+    InvalidGroup,
     InvalidIdempotencyKey,
     InvalidJob,
     InvalidPayload,
@@ -132,6 +133,8 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
         return "--queue"
     if isinstance(exc, InvalidPriority):
         return "--priority"
+    if isinstance(exc, InvalidGroup):
+        return "--group"
     return time_hint  # available_at out of range
 
 
@@ -165,6 +168,14 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
     show_default=True,
     help=f"From {PRIORITY_MIN} to {PRIORITY_MAX}; higher runs first within its queue.",
 )
+@click.option(
+    "--group",
+    "group",
+    metavar="GROUP",
+    default=None,
+    help="The job's group, for its topic's group_limit and group_rate_limit (1 to 128 "
+    "characters).  [default: none]",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def enqueue(
@@ -177,6 +188,7 @@ def enqueue(
     delay: str | None,
     queue_name: str | None,
     priority_text: str,
+    group: str | None,
     as_json: bool,
 ) -> None:
     """Put one job on the queue. Prints "enqueued ID", or "exists ID" when a job with
@@ -215,6 +227,7 @@ def enqueue(
             available_at=available_at,
             queue=queue_name,
             priority=priority,
+            group=group,
         )
     except InvalidJob as exc:
         hint = _job_error_hint(exc, payload_hint, "--at" if at else "--in")

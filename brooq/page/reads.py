@@ -1,6 +1,6 @@
 """What the status page reads: one function per page, each running its named statements
-(brooq/sql/page.sql, the web_ statements, and brooq.masters' fleet_live) on a given
-psycopg connection.
+(brooq/sql/page.sql, the web_ statements, brooq.masters' fleet_live and the topics'
+limits, topic_limits_held) on a given psycopg connection.
 
 Each read is one read-only REPEATABLE READ transaction (one snapshot, so a page's
 figures agree) under a transaction-local statement_timeout: a slow page fails with
@@ -28,6 +28,7 @@ from psycopg.rows import dict_row
 
 from brooq import masters as masters_mod
 from brooq.masters import MasterRow
+from brooq.operator.records import TopicLimits
 from brooq.sql import Q, Queries
 
 Row = dict[str, Any]
@@ -156,6 +157,9 @@ def overview(
             done_estimated = percent < 100.0
         paused = cur.execute(q.web_paused_queues, {"limit": MAX_PAUSED + 1}).fetchall()
         fleet = masters_mod.live(cur.connection, q)
+        # The topics' limits and what they hold back (the processing rows and the rates'
+        # windows only), when a live master publishes any.
+        limits = cur.execute(q.topic_limits_held).fetchall() if any(m.limits for m in fleet) else []
     keys = sorted(set().union(*by_state.values()))
     groups = [
         _group(key, by_state, estimated, clock["now"], key[0] in exact_queues)
@@ -184,6 +188,7 @@ def overview(
         "now": clock["now"],
         "minute": clock["minute"],
         "masters": fleet,
+        "limits": {row["topic"]: TopicLimits.from_row(row) for row in limits},
     }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
+from brooq.operator.records import TopicLimits
 from brooq.page import reads
 from brooq.page.reads import Page, Row
 from brooq.page.render import (
@@ -61,6 +62,7 @@ def overview_page(
     data = reads.overview(conn, timeout, q)
     paused = {row["name"] for row in data["paused"]}
     live = handled(data["masters"])
+    limits = data["limits"]
     rows = []
     buttoned: set[str] = set()  # a queue's button on its first row only
     for g in data["groups"]:
@@ -77,6 +79,9 @@ def overview_page(
         oldest = age(g["oldest_ready_seconds"])
         if "oldest_ready" in g["estimated"] and g["oldest_ready_seconds"] is not None:
             oldest = f"≥ {oldest}"
+        topic_limits = limits.get(g["topic"])
+        if topic_limits is not None and topic_limits.held_by and g["ready"]:
+            oldest = f"held back ({topic_limits.held_by})"  # waiting its turn, not stuck
         rows.append(
             (
                 queue,
@@ -87,12 +92,15 @@ def overview_page(
                 figure("failed"),
                 figure("dead"),
                 e(oldest),
+                limits_cell(topic_limits),
                 NO_HANDLER if no_handler(name, g["topic"], g["ready"], live) else "",
             )
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
-               "oldest ready", "")  # fmt: skip
+               "oldest ready", "limits", "")  # fmt: skip
     parts = [fleet_line(data["masters"]), table(headers, rows, numeric={2, 3, 4, 5, 6, 7})]
+    if limits:
+        parts.append(LIMITS_NOTE)
     if data["groups_cut"]:
         parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
     if data["estimate"] is not None:
@@ -121,6 +129,24 @@ def overview_page(
         refresh=REFRESH,
         signed_in=csrf is not None,
     )
+
+
+LIMITS_NOTE = (
+    '<p class="muted">limits: each topic\'s limits of the fleet, as the live masters publish '
+    "them. A topic at its global_limit, or whose rate_limit window is full, holds every "
+    'ready job back (its oldest ready job then reads "held back": waiting its turn, not '
+    "stuck); a group at its group_limit, or whose group_rate_limit window is full, holds "
+    "back that group's. <code>brooq stats</code> counts the jobs held back.</p>"
+)
+
+
+def limits_cell(limits: TopicLimits | None) -> str:
+    """A topic's limits and what they hold back now, for the overview's row."""
+    if limits is None:
+        return ""
+    holding = limits.holding()
+    held = f"; <strong>holding back {e(holding)}</strong>" if holding else ""
+    return e(limits.summary()) + held
 
 
 def fleet_line(masters: list[MasterRow]) -> str:

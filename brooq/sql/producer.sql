@@ -3,9 +3,10 @@
 
 -- name: job_insert
 -- One job. ON CONFLICT covers only keyed rows (the unique index is partial).
-INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
+                   group_key)
 VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
-        %(queue)s, %(priority)s)
+        %(queue)s, %(priority)s, %(group)s)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
@@ -14,8 +15,9 @@ RETURNING id
 -- name on the connection brooq.enqueue_line keeps for it and sent straight through
 -- libpq (id, available_at and priority in binary). Its parameter types are in
 -- enqueue_line._TYPES.
-INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
-VALUES ($1, $2, $3::jsonb, $4, coalesce($5, now()), $6, $7)
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
+                   group_key)
+VALUES ($1, $2, $3::jsonb, $4, coalesce($5, now()), $6, $7, $8)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
@@ -23,12 +25,15 @@ RETURNING id
 -- Many jobs in one statement (one round trip, one NOTIFY). Ids are made by the client,
 -- so the caller knows every id before the answer; rows skipped by a key conflict are
 -- missing from RETURNING.
-INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
+                   group_key)
 SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
-       i.priority
+       i.priority, i.group_key
 FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
-            %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[])
-     WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, ord)
+            %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[],
+            %(groups)b::text[])
+     WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, group_key,
+                          ord)
 ORDER BY i.ord
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
@@ -42,6 +47,14 @@ COPY {job} (id, topic, payload, queue, priority) FROM STDIN
 -- name: job_copy_scheduled
 -- The same for jobs given an available_at.
 COPY {job} (id, topic, payload, available_at, queue, priority) FROM STDIN
+
+-- name: job_copy_ready_grouped
+-- job_copy_ready for a batch in which a job has a group (Job(group=...)): a batch
+-- without one keeps the narrower COPY.
+COPY {job} (id, topic, payload, queue, priority, group_key) FROM STDIN
+
+-- name: job_copy_scheduled_grouped
+COPY {job} (id, topic, payload, available_at, queue, priority, group_key) FROM STDIN
 
 -- name: job_get_id_by_key
 SELECT id FROM {job} WHERE topic = %(topic)s AND idempotency_key = %(key)s

@@ -109,7 +109,7 @@ def test_the_beat_writes_the_row_sweeps_now_and_then_and_never_waits() -> None:
         (11, "sync", 0),
         (12, "async", 1),
     ]
-    assert params[8:] == [b"2.0", params[9], b"3", b"true"]
+    assert params[8:] == [b"2.0", params[9], b"3", b"true", b"{}"]  # no topic has limits
     # A beat in flight is never sent twice; a change of the children asks again soon.
     line.busy = True
     assert duty.run_once(2.0) == {} and duty.again_after is None

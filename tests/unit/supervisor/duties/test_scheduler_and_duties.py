@@ -184,6 +184,7 @@ class FakeMetrics:
     def __init__(self) -> None:
         self.jobs = FakeGauge()
         self.oldest_ready = FakeGauge()
+        self.held = FakeGauge()
         self.dead_tuples = PlainGauge()
         self.xid_age = PlainGauge()
 
@@ -250,6 +251,16 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
     metrics.jobs.written.clear()
     duty.apply([stats_row("bulk", "mail", 2)])  # written as zero once, then forgotten
     assert {dict(key)["queue"] for key in metrics.jobs.written} == {"bulk", "default"}
+
+    # A topic whose limits hold jobs back: the held gauge, and the oldest ready age of
+    # the jobs not held back (a topic waiting its turn is not stuck).
+    held = [{"queue": "bulk", "topic": "mail", "held": 2, "oldest_unheld_age": 0.5}]
+    duty.apply([stats_row("bulk", "mail", 3, 600.0)], held)
+    assert metrics.held.values[(("queue", "bulk"), ("topic", "mail"))] == 2
+    assert metrics.oldest_ready.values[(("queue", "bulk"), ("topic", "mail"))] == 0.5
+    duty.apply([stats_row("bulk", "mail", 3, 600.0)])  # held no more: the whole age again
+    assert metrics.held.values[(("queue", "bulk"), ("topic", "mail"))] == 0
+    assert metrics.oldest_ready.values[(("queue", "bulk"), ("topic", "mail"))] == 600.0
 
     # A handled topic without rows shows as zero in its handler's queue.
     listed = Stats(conns, {"mail": "default"}, Settings(), metrics)  # type: ignore[arg-type]
