@@ -7,6 +7,7 @@ itself, with many connections, is tests/db/test_rate_limits.py."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import uuid
@@ -122,7 +123,7 @@ def test_group_limit_holds_per_group_and_a_small_tenant_is_not_starved(
     assert sum(1 for *_, g in ran if g == "A") >= 10  # A ran meanwhile, one at a time
     for group in "ABC":
         spans = sorted((s, e) for _, s, e, _, g in ran if g == group)
-        overlaps = [b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False)]
+        overlaps = [b[0] < a[1] for a, b in itertools.pairwise(spans)]
         assert not any(overlaps), f"two jobs of {group} ran at once"
     print(f"A's jobs still waiting when B and C were done: {a_left} of 1000")
     assert a_left > 500, a_left
