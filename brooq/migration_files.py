@@ -28,7 +28,7 @@ _NO_TRANSACTION = "-- migrate:no-transaction"
 # character; and a ";" that ends its line (spaces and tabs may follow), which ends a
 # statement.
 _TOKEN = re.compile(
-    r"--[^\n]*|'(?:[^']|'')*'|(\$[A-Za-z_]*\$)[\s\S]*?\1|;[ \t]*(?:\n|$)|[\s\S]",
+    r"--[^\n]*|'(?:[^']|'')*'|(\$[A-Za-z_]*\$)[\s\S]*?\1|(?P<end>;[ \t]*(?:\n|$))|[\s\S]",
 )
 _INDEX_NAME = re.compile(
     r"\bINDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+(?:NOT\s+)?EXISTS\s+)?([a-z_][a-z0-9_]*)",
@@ -56,7 +56,7 @@ def statements(text: str) -> list[str]:
     pieces: list[str] = []
     start = 0
     for token in _TOKEN.finditer(text):
-        if token.group().startswith(";"):
+        if token.group("end") is not None:
             pieces.append(text[start : token.start()].strip())
             start = token.end()
     pieces.append(text[start:].strip())
