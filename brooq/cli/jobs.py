@@ -129,6 +129,8 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
         ("updated", _when(record.updated_at, now)),
         ("available at", _when(record.available_at, now)),
     ]
+    if record.group is not None:  # a line only for a job that has one
+        fields.insert(6, ("group", record.group))
     if record.state == "processing" and record.locked_until is not None:
         left = (record.locked_until - now).total_seconds()
         lease = _when(record.locked_until, now)

@@ -315,7 +315,7 @@ def publish(db: Conn, limits: dict[str, Any], missed: int = 0) -> None:
     db.execute(
         "INSERT INTO brooq_master (id, host, pid, version, app, queues, topics, beat_seconds, "
         "started_at, seen_at, limits) VALUES (gen_random_uuid(), 'h', 1, '0', 'a:q', "
-        "'{default}', %s, 1, now(), now() - make_interval(secs => %s), %s::jsonb)",
+        "'{default}', %s, 10, now(), now() - make_interval(secs => 10 * %s), %s::jsonb)",
         (list(limits), missed, json.dumps(limits)),
     )
 
@@ -343,3 +343,57 @@ def test_what_the_limits_hold_back_as_the_operator_reads_it(db: Conn, queue: bro
     assert reads.held_by_topic(db, Q) == {("default", "rt"): (3, 0.0)} | {
         ("default", "tw"): (3, pytest.approx(stats["tw"].oldest_ready_age, abs=1))
     }
+
+
+def test_brooq_queues_and_stats_show_the_limits_and_what_they_hold(dsn: str, db: Conn) -> None:
+    from tests.db.test_cli import as_json, ok
+
+    rated = handler("api.rated", rate_limit="2/m", global_limit=5)
+    publish(db, {"api.rated": {"queue": "default", **rated.limits()}})
+    jobs(db, "api.rated", 4)
+    jobs(db, "plain", 1)
+    assert all(claim(db, rated, f"w{i}")[0]["id"] for i in range(2))
+    lines = ok(dsn, "queues").splitlines()
+    limits = lines[lines.index("") + 1 :]
+    assert limits[0].split() == [
+        "TOPIC", "QUEUE", "GLOBAL", "LIMIT", "RATE", "LIMIT", "GROUP", "LIMIT", "GROUP",
+        "RATE", "LIMIT", "HOLDING", "BACK",
+    ]  # fmt: skip
+    assert limits[1].split() == [
+        "api.rated", "default", "5", "2/m", "-", "-", "all", "ready", "jobs", "(rate_limit)"
+    ]  # fmt: skip
+    [default] = as_json(dsn, "queues")
+    assert default["limits"] == {
+        "api.rated": {
+            "global_limit": 5,
+            "rate_limit": "2/m",
+            "group_limit": None,
+            "group_rate_limit": None,
+            "held_by": "rate_limit",
+            "groups_held": 0,
+        }
+    }
+    stats = {t["topic"]: t for t in as_json(dsn, "stats")["topics"]}
+    assert (stats["api.rated"]["ready"], stats["api.rated"]["held"]) == (2, 2)
+    assert (stats["plain"]["ready"], stats["plain"]["held"]) == (1, 0)
+    row = next(line for line in ok(dsn, "stats").splitlines() if "api.rated" in line)
+    assert row.split()[2:5] == ["2", "2", "2"] and row.split()[-1] == "-"  # none unheld
+
+
+def test_the_status_page_shows_the_limits_and_a_held_topic_as_held(db: Conn) -> None:
+    from tests.db.test_page import get, text
+
+    rated, grouped = handler("api.rated", rate_limit="1/m"), handler("tw", group_limit=1)
+    publish(db, {"api.rated": {"queue": "default", **rated.limits()}})
+    publish(db, {"tw": {"queue": "default", **grouped.limits()}})
+    jobs(db, "api.rated", 3)
+    jobs(db, "tw", 3, "A")
+    assert claim(db, rated)[0]["id"] and claim(db, grouped)[0]["id"]
+    body = text(get(db, "/"))
+    rated_row = body[body.index("<td>api.rated</td>") :].split("</tr>")[0]
+    assert "held back (rate_limit)" in rated_row and "rate_limit 1/m" in rated_row
+    assert "holding back all ready jobs (rate_limit)" in rated_row
+    grouped_row = body[body.index("<td>tw</td>") :].split("</tr>")[0]
+    assert "group_limit 1" in grouped_row and "holding back 1 group" in grouped_row
+    assert "held back (" not in grouped_row  # some groups only: its age is shown
+    assert "<th>limits</th>" in body and "waiting its turn, not stuck" in body
