@@ -92,6 +92,9 @@ class Pacing:
         self.due: dict[str, float] = {}
         # claim id -> by when (this child's clock) its handler must start.
         self.start_by: dict[uuid.UUID, float] = {}
+        # Round trips in a row that claimed nothing: until every turn has had one, an
+        # idle child does not sleep (another topic's jobs may be waiting).
+        self.dry = 0
 
     def next_turn(self) -> Turn:
         """This round's turn: a topic whose window had room again by now, the earliest
@@ -123,9 +126,16 @@ class Pacing:
             kept.append(row)
         return kept
 
+    def claimed(self, anything: bool) -> None:
+        """What a round trip claimed: something, or nothing (another dry round)."""
+        self.dry = 0 if anything else self.dry + 1
+
     def idle_wait(self, poll_interval: float) -> float:
-        """How long an idle child sleeps: poll_interval, or less when a window has room
-        sooner (a millisecond at least: never a spin)."""
+        """How long an idle child sleeps: nothing until every turn has come round with
+        nothing, then poll_interval, or less when a window has room sooner (a
+        millisecond at least: never a spin)."""
+        if self.dry < len(self.turns):
+            return 0.0
         if not self.due:
             return poll_interval
         soonest = min(self.due.values()) - self.clock()

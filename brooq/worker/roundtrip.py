@@ -326,8 +326,10 @@ class RoundTrips:
             (r for r in rows if r.claimed),
             key=lambda r: (rank.get(r.queue, 0), -r.priority, r.available_at, r.id),
         )
-        if self.start_by:  # a claim under a rate starts first: its deadline is near
-            claimed.sort(key=lambda r: r.id not in self.start_by)
+        if self.pacing is not None:
+            self.pacing.claimed(bool(claimed))
+            if self.start_by:  # a claim under a rate starts first: its deadline is near
+                claimed.sort(key=lambda r: r.id not in self.start_by)
         return [r.claim() for r in claimed]
 
     def idle_wait(self) -> float:

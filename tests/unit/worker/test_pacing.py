@@ -65,12 +65,17 @@ def test_the_turns_go_round_and_a_window_with_room_again_goes_first() -> None:
     rated = pacing.turns[1]
     held = Row(True, None, "b.rated", NOW, NOW + timedelta(seconds=0.3))  # type: ignore[arg-type]
     assert pacing.sift([held], rated, sent_at=0.0) == []
+    for _ in pacing.turns:  # an idle child sleeps once every turn came back with nothing
+        assert pacing.idle_wait(1.0) == 0.0
+        pacing.claimed(False)
     assert pacing.idle_wait(1.0) == 0.3  # not poll_interval: the window has room sooner
     assert pacing.next_turn().topic == "b.rated"  # in order (its room is not yet there)
     clock[0] = 0.31
     assert pacing.idle_wait(1.0) == 0.001  # due: a millisecond, never a spin
     assert pacing.next_turn().topic == "b.rated"  # due first, out of order
     assert pacing.sift([], rated, sent_at=0.31) == [] and pacing.idle_wait(1.0) == 1.0
+    pacing.claimed(True)  # a claim: the turns come round again before any sleep
+    assert pacing.idle_wait(1.0) == 0.0
 
 
 def test_a_claim_under_a_rate_must_start_within_its_allowance() -> None:
