@@ -49,7 +49,7 @@ WITH finished AS (
 -- _coordinated: a topic under a rate_limit, a group_limit or a group_rate_limit goes
 -- through brooq_claim_coordinated (migration 0012) instead, under the same lock; instead
 -- of a job it may answer a row without an id (held back by a rate: when its window has
--- room). The statements of the other shapes are not changed by a byte.
+-- room). The statements of topics without limits (one queue, _queues) are not changed.
 --#end
 limited AS MATERIALIZED (
     SELECT c.id, c.topic, c.payload, c.attempts, c.locked_by, c.locked_until,
@@ -85,6 +85,12 @@ next AS MATERIALIZED (
           AND job.state IN ('pending', 'failed')
           AND job.available_at <= now()
           AND job.topic = ANY(%(topics)b::text[])
+--#if limited
+          -- A master whose topics are all limited claims no other: a one-time filter
+          -- then skips the scan, which in a generic plan would walk every ready row of
+          -- the queue (13.6 ms with 20,000 of the limited topic's, under its lock).
+          AND cardinality(%(topics)b::text[]) > 0
+--#end
         ORDER BY job.priority DESC, job.available_at, job.id
         LIMIT %(limit)s
 --#else
@@ -135,6 +141,9 @@ next AS MATERIALIZED (
                   AND job.state IN ('pending', 'failed')
                   AND job.available_at <= now()
                   AND job.topic = ANY(%(topics)b::text[])
+--#if limited
+                  AND cardinality(%(topics)b::text[]) > 0
+--#end
                 ORDER BY job.priority DESC, job.available_at, job.id
                 LIMIT %(limit)s * %(children)s
             ) AS r

@@ -231,7 +231,9 @@ class RoundTrips:
         }
         self._turn = None
         if self.pacing is not None:  # one topic claimed apart per round, in turn
-            turn = self._turn = self.pacing.next_turn()
+            # A trip that only writes takes no turn (and tells nothing of a window).
+            turn = self.pacing.next_turn() if limit else self.pacing.turns[0]
+            self._turn = turn if limit else None
             shape = turn.shape
             params.update(turn.params)
             params["queues"] = queues
@@ -327,7 +329,8 @@ class RoundTrips:
             key=lambda r: (rank.get(r.queue, 0), -r.priority, r.available_at, r.id),
         )
         if self.pacing is not None:
-            self.pacing.claimed(bool(claimed))
+            if turn is not None:  # a claim, not a trip that only wrote
+                self.pacing.claimed(bool(claimed))
             if self.start_by:  # a claim under a rate starts first: its deadline is near
                 claimed.sort(key=lambda r: r.id not in self.start_by)
         return [r.claim() for r in claimed]

@@ -5,6 +5,7 @@ writes (topic, job id, start, end, master pid) into the table stamp of the test 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -40,4 +41,11 @@ def rated(claim: brooq.Claim) -> None:
 def tenant_work(claim: brooq.Claim) -> None:
     started = time.time_ns()
     time.sleep(float(os.environ.get("BROOQ_JOB_SLEEP", "0.01")))
+    record(claim, started)
+
+
+@queue.handler("api.rated.async", rate_limit=os.environ.get("BROOQ_RATE", "20/s"))
+async def rated_async(claim: brooq.Claim) -> None:
+    started = time.time_ns()
+    await asyncio.sleep(float(os.environ.get("BROOQ_JOB_SLEEP", "0.01")))
     record(claim, started)
