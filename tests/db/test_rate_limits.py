@@ -129,6 +129,31 @@ def test_a_claim_rolled_back_leaves_the_window_as_it_was(dsn: str) -> None:
         assert claim(conn, h)[0]["id"] is None
 
 
+def test_under_a_rate_a_taken_lock_is_not_waited_for(dsn: str, db: Conn) -> None:
+    """Another claim of the topic holds its lock: a rated claim answers at once, held
+    back for a millisecond or two, instead of waiting in line (a wait would eat the
+    allowance); a claim under group_limit alone waits, as global_limit's does."""
+    rated = handler("rt", rate_limit="5/s")
+    jobs(db, "rt", 2)
+    with psycopg.connect(dsn) as other:
+        other.execute("SELECT pg_advisory_xact_lock(1651666799, hashtext('rt'))")
+        started = time.perf_counter()
+        [held] = claim(db, rated)
+        assert time.perf_counter() - started < 1.0
+        assert held["id"] is None
+        wait = (held["available_at"] - held["locked_until"]).total_seconds()
+        assert 0.001 <= wait <= 0.003
+    assert claim(db, rated)[0]["id"] is not None  # the lock free again: a start
+    grouped = handler("tw", group_limit=1)
+    jobs(db, "tw", 1, "A")
+    with psycopg.connect(dsn) as other:
+        other.execute("SELECT pg_advisory_xact_lock(1651666799, hashtext('tw'))")
+        db.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            claim(db, grouped)
+        db.execute("RESET lock_timeout")
+
+
 def test_racing_claimers_never_start_more_than_the_rate_in_any_window(dsn: str) -> None:
     """Eight connections claim a topic of Rate(5, per=0.5 s) for about 2.5 s, each sleeping
     what a held-back answer says. Every start (the stamp each slot takes, logged by a

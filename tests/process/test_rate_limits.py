@@ -158,3 +158,35 @@ def test_the_rate_holds_for_async_children_too(
     achieved = sustained(starts, rate)
     print(f"async: sustained {achieved:.1f}/s")
     assert achieved >= 0.8 * rate, f"{achieved:.1f} starts/s"
+
+
+def test_a_held_back_topic_is_counted_held_and_not_stuck_in_the_gauges(
+    queue: brooq.Queue,
+    db: psycopg.Connection[Any],
+    start_master: StartMaster,
+    stamp_table: None,
+) -> None:
+    """1/m, 5 jobs waiting: after the first start, the master's gauges count the 4 held back
+    and the oldest ready age without them (0), where it used to grow as for a stuck
+    topic; `brooq stats` says the same."""
+    from tests.process.test_operations import get, ops_addr, sample
+
+    queue.enqueue_many([brooq.Job("api.rated") for _ in range(5)])
+    m = start_master(app=APP, workers=1, env={"BROOQ_RATE": "1/m", "QUEUE_STATS_PERIOD": "200ms"})
+    addr = ops_addr(m)
+    wait_for(lambda: count(db, "state = 'done'") == 1, what="the first start")
+
+    def scrape() -> tuple[float, float, float] | None:
+        """(held, pending, oldest ready age) of one scrape once every pending job is
+        held back (4, or 5 if the first start was given back late), else None."""
+        text = get(addr, "/metrics")[1]
+        held = sample(text, "brooq_jobs_held", topic="api.rated")
+        pending = sample(text, "brooq_jobs", topic="api.rated", state="pending")
+        oldest = sample(text, "brooq_ready_oldest_age_seconds", topic="api.rated")
+        return (held, pending, oldest) if held >= 4 and held == pending else None
+
+    _, _, oldest = wait_for(scrape, what="the waiting jobs held back in the gauges")
+    assert oldest == 0  # every ready job held back: none waits as if stuck
+    [stats] = [s for s in queue.stats() if s.topic == "api.rated"]
+    assert stats.ready == stats.held >= 4 and stats.oldest_ready_age == 0.0
+    stop([m])
