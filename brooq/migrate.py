@@ -281,6 +281,7 @@ JOB_COLUMNS = (
     "result",  # 0006
     "errors",  # 0006
     "waited",  # 0006
+    "group_key",  # 0012
 )
 
 
