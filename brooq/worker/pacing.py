@@ -126,9 +126,13 @@ class Pacing:
             kept.append(row)
         return kept
 
-    def claimed(self, anything: bool) -> None:
-        """What a round trip claimed: something, or nothing (another dry round)."""
-        self.dry = 0 if anything else self.dry + 1
+    def claimed(self, anything: bool, every_turn: bool = False) -> None:
+        """What a round trip claimed: something, or nothing (another dry round;
+        ``every_turn``: nothing could be claimed at all, as if every turn had come)."""
+        if anything:
+            self.dry = 0
+        else:
+            self.dry = len(self.turns) if every_turn else self.dry + 1
 
     def idle_wait(self, poll_interval: float) -> float:
         """How long an idle child sleeps: nothing until every turn has come round with

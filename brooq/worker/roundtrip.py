@@ -216,7 +216,10 @@ class RoundTrips:
         the guard makes that harmless; claims it may have made come back through the
         reaper). Only the database here: an async child runs it in its DB thread while
         jobs run (brooq.worker.aio)."""
+        self._turn = None  # set below when this trip claims a topic in its turn
         queues = self._claimable_queues() if limit else []
+        if limit and not queues and self.pacing is not None:
+            self.pacing.claimed(False, every_turn=True)  # every queue paused: sleep
         if not queues:  # nothing to claim from: only write what finished
             if not finished:
                 return [], [], None
@@ -229,7 +232,6 @@ class RoundTrips:
             "worker": self.identity,
             "lease": self.settings.lease,
         }
-        self._turn = None
         if self.pacing is not None:  # one topic claimed apart per round, in turn
             # A trip that only writes takes no turn (and tells nothing of a window).
             turn = self.pacing.next_turn() if limit else self.pacing.turns[0]
@@ -250,7 +252,8 @@ class RoundTrips:
             params["results"] = [f[2] for f in finished]
         try:
             conn = self.db.get()
-            self._sent_at = time.monotonic()
+            if self._turn is not None:  # a rated claim's start deadline counts from here
+                self._sent_at = time.monotonic()
             cur = conn.cursor(row_factory=claim_row)
             if self.db.local is None:
                 rows = cur.execute(statement, params, prepare=True).fetchall()

@@ -99,3 +99,12 @@ def test_a_claim_under_a_rate_must_start_within_its_allowance() -> None:
     assert pacing.late(mine)
     pacing.sift(rows[:1], capped, sent_at=20.0)  # a cap alone: no deadline
     assert pacing.start_by == {}
+
+
+def test_nothing_to_claim_from_sleeps_at_once() -> None:
+    """Every worked queue paused: no turn is tried, and the child sleeps its
+    poll_interval rather than going round the turns."""
+    pacing = Pacing(turns(handlers()), clock=lambda: 0.0)
+    assert pacing.idle_wait(1.0) == 0.0
+    pacing.claimed(False, every_turn=True)
+    assert pacing.idle_wait(1.0) == 1.0
