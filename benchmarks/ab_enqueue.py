@@ -66,7 +66,7 @@ pg = psycopg.connect(dsn, autocommit=True).pgconn
 pg.prepare(b"s", statement, enqueue_line._TYPES)
 def one(i):
     params = [uuid7_int().to_bytes(16, "big"), b"bench.noop", b'{"i":%d}' % i, None, None,
-              b"default", b"\\x00\\x00"]
+              b"default", b"\\x00\\x00", None]
     if pg.exec_prepared(b"s", params, enqueue_line._FORMATS, 1).status != 2:
         raise SystemExit(pg.error_message)
 for i in range(20):

@@ -183,9 +183,10 @@ def run(admin_dsn: str, clients: list[int], jobs: int, reps: int, batch: int = 1
 # brooq's NOTIFY trigger (the migrations ran), one client. The id is the server's
 # gen_random_uuid() where brooq's producer sends a UUIDv7 as a parameter.
 INSERT_ONE = """\
-INSERT INTO job (id, topic, payload, idempotency_key, available_at, queue, priority) \
+INSERT INTO job (id, topic, payload, idempotency_key, available_at, queue, priority, \
+group_key) \
 VALUES (gen_random_uuid(), 'bench.noop', '{"i": 1}'::jsonb, NULL, \
-coalesce(NULL::timestamptz, now()), 'default', 0) \
+coalesce(NULL::timestamptz, now()), 'default', 0, NULL) \
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
 RETURNING id;
 """

@@ -1,11 +1,12 @@
 """The locks a migration (0003, queues, by default; `--migration 6` for 0006, handlers;
-`--migration 11` for 0011, unique keys and tags) takes on a live table, through the real
-migrator.
+`--migration 11` for 0011, unique keys and tags; `--migration 12` for 0012, rate limits
+and groups) takes on a live table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
 
     .venv/bin/python benchmarks/migration_locks.py [--dsn ADMIN_DSN] [--rows 1000000]
     .venv/bin/python benchmarks/migration_locks.py --migration 6
+    .venv/bin/python benchmarks/migration_locks.py --migration 12
 
 In a scratch database of its own (dropped at the end): `brooq.migrate.up(dsn, N - 1)`, then
 ROWS jobs (90 % `done`, 10 % pending over three topics, one INSERT ... SELECT
@@ -15,8 +16,9 @@ generate_series), ANALYZE. Then, while
 - a claim probe runs the claim of the release before migration N (job_finish_and_claim,
   limit 1, rolled back: the rows stay ready) every 20 ms -- that statement, because during
   the deploy only masters of the previous release run (a newer master refuses to start on
-  a schema it does not know): for 0003 the statement of 8a67732, for 0006 and 0011 today's
-  (neither changes the claim the previous release sends),
+  a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011 and 0012
+  today's (none changes the statement the previous release sends for a topic without
+  limits),
 - a sampler reads pg_locks of the migrating backend every 5 ms (the lock modes it holds
   or waits for on job),
 
@@ -127,7 +129,12 @@ CLAIM_PARAMS = {
     "queue": "default",  # unused by CLAIM_BEFORE_0003
 }
 # The migrations this measures: version -> the claim the release before it sends.
-CLAIM_BEFORE = {3: CLAIM_BEFORE_0003, 6: Q.job_finish_and_claim, 11: Q.job_finish_and_claim}
+CLAIM_BEFORE = {
+    3: CLAIM_BEFORE_0003,
+    6: Q.job_finish_and_claim,
+    11: Q.job_finish_and_claim,
+    12: Q.job_finish_and_claim,
+}
 MIGRATION = 3  # set by --migration
 
 LOAD = """

@@ -21,6 +21,8 @@ WORKLOAD_TITLES = {
     "hung": "hung",
     "priority": "priority",
     "limited": "global_limit",
+    "rated": "rate_limit",
+    "grouped": "group_limit",
     "io": "I/O sleep",
     "io_http": "I/O HTTP",
     "durability": "durability",
@@ -342,7 +344,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def brooq_features(result: dict[str, Any]) -> list[str]:
-    """The priority and limited workloads (brooq only), when the run had them."""
+    """The priority, limited, rated and grouped workloads (brooq only), when the run had
+    them."""
     lines: list[str] = []
     sizes = result["sizes"]
     e = _s(result, "brooq", "priority")
@@ -383,6 +386,43 @@ def brooq_features(result: dict[str, Any]) -> list[str]:
             f"| {fmt(e, 'max_concurrency')} | {fmt(e, 'over_cap_ms', 1)} "
             f"| {fmt(e, 'jobs_per_s')} | {fmt(e, 'jobs_per_s_middle')} "
             f"| {fmt(e, 'share_of_ideal_pct')} % | {fmt(e, 'job_ms_median', 1)} "
+            f"| {fmt(e, 'processes_seen')} / {fmt(e, 'masters_seen')} |",
+        ]
+    e = _s(result, "brooq", "rated")
+    if e:
+        lines += [
+            "",
+            f"## rate_limit (brooq): {sizes.get('rated', 0):,} jobs of 1 ms, "
+            '`rate_limit="200/s"`, 2 masters x 8 children',
+            "",
+            "From the handlers' own start records. The most starts in any second must be at "
+            "most 200; sustained: 200 per the median time from a start to the 200th before it "
+            "(a start holds its place for the second plus a 50 ms allowance: 190.5/s at "
+            "most).",
+            "",
+            "| most starts in 1 s | starts/s sustained | share of 200/s | drain (s) "
+            "| children / masters that ran jobs |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+            f"| {fmt(e, 'max_starts_in_1s')} | {fmt(e, 'starts_per_s')} "
+            f"| {fmt(e, 'share_of_rate_pct')} % | {fmt(e, 'drain_s', 2)} "
+            f"| {fmt(e, 'processes_seen')} / {fmt(e, 'masters_seen')} |",
+        ]
+    e = _s(result, "brooq", "grouped")
+    if e:
+        lines += [
+            "",
+            f"## group_limit (brooq): {sizes.get('grouped', 0):,} jobs of 20 ms in 20 groups, "
+            "`group_limit=1`, 2 masters x 8 children",
+            "",
+            "From the handlers' own (start, end) records. At most one job of a group at "
+            "once; the ideal is the 16 children's 16 ÷ 0.020 s = 800 jobs/s (one claim of "
+            "the topic at a time fleet-wide, under its lock, bounds it too).",
+            "",
+            "| most at once in a group | most at once | jobs/s | share of 800/s "
+            "| children / masters that ran jobs |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+            f"| {fmt(e, 'max_in_a_group')} | {fmt(e, 'max_concurrency')} "
+            f"| {fmt(e, 'jobs_per_s')} | {fmt(e, 'share_of_ideal_pct')} % "
             f"| {fmt(e, 'processes_seen')} / {fmt(e, 'masters_seen')} |",
         ]
     return lines

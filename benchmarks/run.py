@@ -16,6 +16,12 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
   limited         brooq only: 1,000 jobs of 20 ms on a global_limit=4 topic, 2 masters x 8
                   children: the most running at once (from the handlers' own start/end
                   records) and jobs/s against 4 / 0.020 s = 200
+  rated           brooq only: 1,000 jobs of 1 ms on a rate_limit="200/s" topic, 2 masters
+                  x 8 children: the most starts in any second (handlers' own records)
+                  and starts/s past the first burst, against the 200/s asked
+  grouped         brooq only: 1,000 jobs of 20 ms on a group_limit=1 topic, 20 groups of
+                  50, 2 masters x 8 children: the most running at once in a group, and
+                  jobs/s against 16 children / 0.020 s = 800
   io              2,000 ready jobs that each wait 50 ms (async handlers:
                   asyncio.sleep; brooq's sync variants: time.sleep), jobs/s from the
                   first handler start to the last handler end, and its share of the
@@ -38,6 +44,7 @@ import platform
 import random
 import re
 import socket
+import statistics
 import sys
 import time
 import traceback
@@ -81,13 +88,15 @@ WORKLOADS = [
     "hung",
     "priority",
     "limited",
+    "rated",
+    "grouped",
     "io",
     "io_http",
     "durability",
 ]
 # Features the peers are not compared on here: run only by systems naming them in
 # System.extra_workloads.
-BROOQ_ONLY = {"priority", "limited", "durability"}
+BROOQ_ONLY = {"priority", "limited", "rated", "grouped", "durability"}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
 # The I/O-bound workloads run brooq once per variant: "N" is
 # `brooq-master --workers N` with the sync handlers of apps/bench_brooq_app.py; "async"
@@ -111,6 +120,10 @@ PRIO_HIGH_AFTER = 1_000  # the high ones are enqueued once this many low ones ha
 # As in apps/bench_brooq_limited_app.py:
 LIMITED_CAP = 4
 LIMITED_JOB_S = 0.020
+# As in apps/bench_brooq_rated_app.py and apps/bench_brooq_grouped_app.py:
+RATED_RATE = 200
+GROUPS = 20
+GROUPED_JOB_S = 0.020
 
 
 class Sizes:
@@ -123,6 +136,8 @@ class Sizes:
         self.priority_low = 10_000
         self.priority_high = 100
         self.limited = 1_000
+        self.rated = 1_000
+        self.grouped = 1_000
         self.io = 200 if quick else 2_000
         self.durability = 20_000 if quick else 100_000  # 100,000 no-op jobs
         self.reps = 1 if quick else 3
@@ -401,6 +416,93 @@ def w_priority(system: System, dsn: str, n_low: int, n_high: int) -> dict[str, A
     }
 
 
+def _drain_spans(system: System, dsn: str, kind: str, items: list[dict[str, Any]]) -> list[Any]:
+    """Enqueue ``items`` of ``kind``, run the masters until none is left, and return the
+    handlers' own (key, start, end, pid, ppid) records."""
+    system.prepare(dsn)
+    system.enqueue_bulk(kind, items)
+    system.analyze()
+    workers = start_all(system, kind, "")
+    try:
+        wait_until(
+            lambda: check_alive(workers) or system.remaining() == 0,
+            timeout=600,
+            interval=POLL,
+            what=f"{len(items)} {kind} jobs",
+        )
+    finally:
+        stop_all(workers)
+    spans = span_events(dsn)
+    if len(spans) < len(items):
+        raise RuntimeError(f"recorded {len(spans)} of {len(items)} {kind} jobs")
+    return spans
+
+
+def most_in_window(starts: list[int], window_ns: int) -> int:
+    """The most starts in any half-open window [t, t + window)."""
+    most = first = 0
+    for last, at in enumerate(starts):
+        while at - starts[first] >= window_ns:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def w_rated(system: System, dsn: str, n: int) -> dict[str, Any]:
+    """N ready 1 ms jobs of a topic with rate_limit="200/s", then the masters (2 x 8
+    children). From the handlers' own start records: the most starts in any 1 s window
+    (at most 200), and the rate sustained (200 per the median time from a start to the
+    200th before it) against 200 (the window is the second plus a 50 ms allowance:
+    190.5/s at best)."""
+    spans = _drain_spans(system, dsn, "rated", [{"k": f"r{i}"} for i in range(n)])
+    starts = sorted(s for _, s, *_ in spans)
+    # N per the median time from a start to the one N before it: right for starts spread
+    # out and in bursts a window apart alike, whatever the first window and the last.
+    gaps = [starts[i] - starts[i - RATED_RATE] for i in range(RATED_RATE, len(starts))]
+    per_s = RATED_RATE / (statistics.median(gaps) / 1e9)
+    return {
+        "jobs": n,
+        "executions": len(spans),
+        "rate": RATED_RATE,
+        "max_starts_in_1s": most_in_window(starts, 1_000_000_000),
+        "starts_per_s": per_s,
+        "share_of_rate_pct": 100 * per_s / RATED_RATE,
+        "drain_s": (starts[-1] - starts[0]) / 1e9,
+        "processes_seen": len({span[3] for span in spans}),
+        "masters_seen": len({span[4] for span in spans}),
+    }
+
+
+def w_grouped(system: System, dsn: str, n: int) -> dict[str, Any]:
+    """N ready 20 ms jobs of a topic with group_limit=1, GROUPS groups in turn, then the
+    masters (2 x 8 children). From the handlers' own (start, end) records: the most
+    running at once in one group (at most 1) and overall, and jobs/s against the 16
+    children's 800/s."""
+    items = [{"k": f"g{i % GROUPS}-{i}", "g": f"tenant-{i % GROUPS}"} for i in range(n)]
+    spans = _drain_spans(system, dsn, "grouped", items)
+    by_group: dict[str, list[tuple[int, int]]] = {}
+    for key, s, e, *_ in spans:
+        by_group.setdefault(key.split("-")[0], []).append((s, e))
+    per_group = max(concurrency(group, 1)[0] for group in by_group.values())
+    most, _ = concurrency([(s, e) for _, s, e, *_ in spans], n)
+    starts = sorted(s for _, s, *_ in spans)
+    first, last = starts[0], max(e for _, _, e, *_ in spans)
+    ideal = system.slots("grouped") / GROUPED_JOB_S
+    per_s = n / ((last - first) / 1e9)
+    return {
+        "jobs": n,
+        "groups": GROUPS,
+        "executions": len(spans),
+        "max_in_a_group": per_group,
+        "max_concurrency": most,
+        "jobs_per_s": per_s,
+        "ideal_jobs_per_s": ideal,
+        "share_of_ideal_pct": 100 * per_s / ideal,
+        "processes_seen": len({span[3] for span in spans}),
+        "masters_seen": len({span[4] for span in spans}),
+    }
+
+
 def w_limited(system: System, dsn: str, n: int) -> dict[str, Any]:
     """N ready 20 ms jobs of a topic with global_limit=4, then the masters (2 x 8
     children) start. From the handlers' own (start, end) records (time.time_ns(), one
@@ -643,6 +745,10 @@ def run_plan(
                             m = w_priority(s, dsn, sizes.priority_low, sizes.priority_high)
                         elif wl == "limited":
                             m = w_limited(s, dsn, sizes.limited)
+                        elif wl == "rated":
+                            m = w_rated(s, dsn, sizes.rated)
+                        elif wl == "grouped":
+                            m = w_grouped(s, dsn, sizes.grouped)
                         elif wl in IO_WORKLOADS:
                             m = w_io(s, dsn, sizes.io, wl, variant)
                         elif wl == "durability":

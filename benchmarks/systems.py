@@ -10,8 +10,8 @@ Every driver offers the same verbs, used by the workloads in run.py:
   remaining()                  jobs not yet finished, as the database (or Redis) says
   job_states(keys)             the state each job of the given keys ended in
   settings(workload)           the configuration, written next to the figures
-Kinds: noop, cpu, pickup, probe, hung, prio, limited, io, io_http. Items are dicts like
-{"k": key, "n": iterations}.
+Kinds: noop, cpu, pickup, probe, hung, prio, limited, rated, grouped, io, io_http. Items are
+dicts like {"k": key, "n": iterations} (a grouped item also names its group: "g").
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class System:
 
 class Brooq(System):
     name = "brooq"
-    extra_workloads = ("priority", "limited", "durability")
+    extra_workloads = ("priority", "limited", "rated", "grouped", "durability")
     TOPIC = {
         "noop": "bench.noop",
         "cpu": "bench.cpu",
@@ -124,6 +124,8 @@ class Brooq(System):
         "hung": "bench.hung",
         "prio": "bench.prio",
         "limited": "api.limited",
+        "rated": "api.rated",
+        "grouped": "tenant.work",
         "io": "bench.io",
         "io_http": "bench.io_http",
     }
@@ -152,7 +154,8 @@ class Brooq(System):
     def _job(self, kind: str, item: dict[str, Any], priority: int = 0) -> Any:
         import brooq
 
-        return brooq.Job(self.TOPIC[kind], item, priority=priority)
+        group = item.get("g") if kind == "grouped" else None
+        return brooq.Job(self.TOPIC[kind], item, priority=priority, group=group)
 
     def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
         for item in items:
@@ -170,8 +173,8 @@ class Brooq(System):
         # A master with a global_limit topic claims through another statement: only the
         # limited workload loads that application. The async variants load one whose
         # handlers are all async (so are its children).
-        if workload == "limited":
-            return "bench_brooq_limited_app:queue"
+        if workload in ("limited", "rated", "grouped"):
+            return f"bench_brooq_{workload}_app:queue"
         if variant in self.ASYNC_VARIANTS:
             return "bench_brooq_async_app:queue"
         return "bench_brooq_app:queue"
@@ -180,7 +183,7 @@ class Brooq(System):
         """(masters, children per master). The variant of the drain and sync I/O
         workloads is the number of children (run.py's BROOQ_DRAIN_WORKERS,
         BROOQ_IO_VARIANTS); an async variant has ASYNC_WORKERS."""
-        if workload == "limited":
+        if workload in ("limited", "rated", "grouped"):
             return self.LIMITED_MASTERS, self.LIMITED_WORKERS
         if workload == "durability":  # the variant is the children's synchronous_commit
             return 1, 2
@@ -250,6 +253,12 @@ class Brooq(System):
             s["jobs"] = "bench.prio, ~1 ms (time.sleep(0.001)); low ones priority 0, high 10"
         if workload == "limited":
             s["jobs"] = "api.limited, @queue.handler(global_limit=4), time.sleep(0.02)"
+        if workload == "rated":
+            s["jobs"] = 'api.rated, @queue.handler(rate_limit="200/s"), time.sleep(0.001)'
+        if workload == "grouped":
+            s["jobs"] = (
+                "tenant.work, @queue.handler(group_limit=1), 20 groups of 50 jobs, time.sleep(0.02)"
+            )
         if workload == "durability":
             s["settings"] += f"; QUEUE_WORKER_SYNCHRONOUS_COMMIT={variant}"
         if variant in self.ASYNC_VARIANTS:

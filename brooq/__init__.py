@@ -38,6 +38,7 @@ module that defines a name, never from this package.
 - `produce_options`: the insert steps of a job with a unique_key, debounce or tags
 - `produce_steps`: what an insert asks its driver to run, the rows it answers, a job's queue
 - `queue`: brooq.Queue, the application object: its face, delegating to the modules here
+- `rates`: rates (at most N starts per period): Rate, the forms the options accept, the allowance
 - `registry`: what an application declares: handlers, middleware, schedules, settings
 - `rules`: what master and children both read: backoff, error text, timing, worked queues
 - `settings`: the settings: defaults, QUEUE_* environment, validation
@@ -56,6 +57,7 @@ from brooq.errors import (
     DatabaseUnavailable,
     InvalidDebounce,
     InvalidDsn,
+    InvalidGroup,
     InvalidIdempotencyKey,
     InvalidJob,
     InvalidJobId,
@@ -88,9 +90,17 @@ from brooq.job import (
     LeaseLost,
     PreserveAttempt,
 )
-from brooq.operator.records import BulkResult, HolderStats, InFlight, QueueStats, TopicStats
+from brooq.operator.records import (
+    BulkResult,
+    HolderStats,
+    InFlight,
+    QueueStats,
+    TopicLimits,
+    TopicStats,
+)
 from brooq.produce import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from brooq.queue import Queue
+from brooq.rates import Rate
 from brooq.stacks import JobStack
 
 __version__ = "0.1.0"
@@ -107,6 +117,7 @@ __all__ = [
     "InFlight",
     "InvalidDebounce",
     "InvalidDsn",
+    "InvalidGroup",
     "InvalidIdempotencyKey",
     "InvalidJob",
     "InvalidJobId",
@@ -131,9 +142,11 @@ __all__ = [
     "PreserveAttempt",
     "Queue",
     "QueueStats",
+    "Rate",
     "ReadOnlyDatabase",
     "SchemaMissing",
     "StackUnavailable",
+    "TopicLimits",
     "TopicStats",
     "WaitTimeout",
     "__version__",

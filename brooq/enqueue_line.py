@@ -58,11 +58,11 @@ from brooq.standby import read_only, refuse_standby
 STATEMENT = b"brooq_job_insert_one"
 # Parameter types and formats, in job_insert_one's order: id uuid (binary), topic,
 # payload, key (text), available_at timestamptz (binary), queue (text), priority int2
-# (binary). available_at goes in binary because its text form would be Python's
+# (binary), group (text). available_at goes in binary because its text form would be Python's
 # isoformat, which PostgreSQL refuses for UTC offsets Python allows and it does not
 # (-23:59, a fraction of a second: found by tests/db/test_enqueue_properties.py).
-_TYPES = [2950, 25, 25, 25, 1184, 25, 21]
-_FORMATS = [1, 0, 0, 0, 1, 0, 1]
+_TYPES = [2950, 25, 25, 25, 1184, 25, 21, 25]
+_FORMATS = [1, 0, 0, 0, 1, 0, 1, 0]
 _INT2 = struct.Struct("!h")
 _INT8 = struct.Struct("!q")
 _EPOCH_2000 = datetime(2000, 1, 1, tzinfo=timezone.utc)  # PostgreSQL's timestamp zero
@@ -103,7 +103,7 @@ class EnqueueLine:
             pgconn = self._ready()
             enc = self._encoding
             job_id = uuid7_int()
-            key, at = job.idempotency_key, job.available_at
+            key, at, group = job.idempotency_key, job.available_at, job.group
             params = [
                 job_id.to_bytes(16, "big"),
                 job.topic.encode(enc),
@@ -112,6 +112,7 @@ class EnqueueLine:
                 None if at is None else _INT8.pack(_micros_since_2000(at)),
                 queue.encode(enc),
                 _INT2.pack(job.priority),
+                None if group is None else group.encode(enc),
             ]
             try:
                 if self._prepare:

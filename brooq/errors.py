@@ -19,6 +19,10 @@ class InvalidQueue(InvalidJob):
     """The queue name does not match the queue format (the topic's)."""
 
 
+class InvalidGroup(InvalidJob):
+    """A job's group is not None or 1 to 128 printable characters."""
+
+
 class InvalidPriority(InvalidJob):
     """The priority is not an integer from -32768 to 32767."""
 

@@ -1,8 +1,10 @@
 """Handler registration and per-topic policy (attempts, timeouts, backoff).
 
 Owns: what ``@queue.handler(topic, ...)`` accepts and refuses (all problems reported
-together, each prefixed with the topic), and the Policy a topic runs under once the
-queue's settings fill the options left unset (brooq.limits orders and caps the limits).
+together, each prefixed with the topic), the Policy a topic runs under once the
+queue's settings fill the options left unset (brooq.limits orders and caps the limits),
+and a topic's fleet-wide limits as the master publishes them (``Handler.limits``; what a
+rate is and accepts is brooq.rates').
 Must never: do I/O, run a handler, or word the limits' ordering itself (brooq.limits does,
 for settings too).
 """
@@ -20,6 +22,7 @@ from brooq.errors import InvalidJob, InvalidSettings
 from brooq.job import DEFAULT_QUEUE, validate_queue, validate_topic
 from brooq.limits import NAMES, ordering_problems, resolve
 from brooq.payloads import Codec, codec_for
+from brooq.rates import Rate, parse_rate
 
 if TYPE_CHECKING:
     from brooq.job import Claim
@@ -31,7 +34,7 @@ Middleware = Callable[["Claim[Any]", HandlerFn], Any]
 # fn(attempt, exc) -> the delay before the next attempt, or None: no more attempts.
 RetryPolicy = Callable[[int, BaseException], "timedelta | None"]
 MAX_ATTEMPTS = 2**31 - 1  # the job's attempts column is a PostgreSQL integer
-MAX_GLOBAL_LIMIT = 2**31 - 1  # bound as a PostgreSQL integer
+MAX_GLOBAL_LIMIT = 2**31 - 1  # bound as a PostgreSQL integer (global_limit, group_limit)
 _LIMITS = NAMES  # attempt_timeout, max_execution_timeout, backoff_base, backoff_max
 
 
@@ -66,6 +69,34 @@ class Handler:
     retry: RetryPolicy | None = None
     # An `async def` handler: it runs in an async child, many at once (docs/async.md).
     is_async: bool = False
+    # At most so many starts per window fleet-wide; at most so many processing per group
+    # (Job(group=...)); at most so many starts per window per group
+    # (docs/how-to/rate-limits.md).
+    rate_limit: Rate | None = None
+    group_limit: int | None = None
+    group_rate_limit: Rate | None = None
+
+    @property
+    def coordinated(self) -> bool:
+        """Claimed through brooq_claim_coordinated: a rate, or a limit per group."""
+        return (
+            self.rate_limit is not None
+            or self.group_limit is not None
+            or self.group_rate_limit is not None
+        )
+
+    def limits(self) -> dict[str, object]:
+        """The fleet-wide limits given, as published in brooq_master.limits (empty: none)."""
+        given: dict[str, object] = {}
+        if self.global_limit is not None:
+            given["global_limit"] = self.global_limit
+        if self.rate_limit is not None:
+            given["rate_limit"] = self.rate_limit.to_dict()
+        if self.group_limit is not None:
+            given["group_limit"] = self.group_limit
+        if self.group_rate_limit is not None:
+            given["group_rate_limit"] = self.group_rate_limit.to_dict()
+        return given
 
     def policy(self, settings: Settings) -> Policy:
         """The options given at registration, the queue's settings for the others (a
@@ -102,6 +133,9 @@ def build(
     payload: object = None,
     middleware: Sequence[Middleware] | None = None,
     retry: RetryPolicy | None = None,
+    rate_limit: Rate | str | None = None,
+    group_limit: int | None = None,
+    group_rate_limit: Rate | str | None = None,
 ) -> Handler:
     """Validate what was given at registration and return the Handler."""
     validate_topic(topic)
@@ -130,15 +164,17 @@ def build(
         validate_queue(queue)
     except InvalidJob as exc:
         problems.append(f"{topic}: {exc}")
-    if global_limit is not None:
-        if isinstance(global_limit, bool) or not isinstance(global_limit, int):
-            problems.append(f"{topic}: global_limit must be an integer, got {global_limit!r}")
-        elif not 1 <= global_limit <= MAX_GLOBAL_LIMIT:
-            problems.append(
-                f"{topic}: global_limit must be from 1 to {MAX_GLOBAL_LIMIT}, got {global_limit}"
-                if global_limit < 1
-                else f"{topic}: global_limit must be at most {MAX_GLOBAL_LIMIT}"
-            )
+    for name, cap in (("global_limit", global_limit), ("group_limit", group_limit)):
+        problem = cap_problem(name, cap)
+        if problem:
+            problems.append(f"{topic}: {problem}")
+    rates: dict[str, Rate | None] = {}
+    for name, given in (("rate_limit", rate_limit), ("group_rate_limit", group_rate_limit)):
+        try:
+            rates[name] = None if given is None else parse_rate(given, name)
+        except ValueError as exc:
+            problems.append(f"{topic}: {exc}")
+            rates[name] = None
     seconds: dict[str, float | None] = {}
     for name, value in (
         ("attempt_timeout", attempt_timeout),
@@ -183,8 +219,25 @@ def build(
         middleware=layers,
         retry=retry,
         is_async=is_async,
+        rate_limit=rates["rate_limit"],
+        group_limit=group_limit,
+        group_rate_limit=rates["group_rate_limit"],
         **seconds,
     )
+
+
+def cap_problem(name: str, cap: object) -> str | None:
+    """Why ``cap`` is refused as global_limit or group_limit (a whole number from 1), or
+    None."""
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, int):
+        return f"{name} must be an integer from 1 to {MAX_GLOBAL_LIMIT}, got {cap!r}"
+    if cap < 1:
+        return f"{name} must be from 1 to {MAX_GLOBAL_LIMIT}, got {cap}"
+    if cap > MAX_GLOBAL_LIMIT:
+        return f"{name} must be at most {MAX_GLOBAL_LIMIT}"
+    return None
 
 
 def is_async_callable(fn: object) -> bool:

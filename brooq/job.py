@@ -5,8 +5,8 @@ Owns: the job's states and the rule of operator transitions (CANCELABLE_STATES,
 RETRYABLE_STATES, transition_refusal: the SQL binds these, Queue, the CLI and the master's
 admin HTTP word their refusals with them; BULK_FROM_STATES and bulk_state_refusal for the
 bulk forms, Queue.cancel_many and Queue.retry_many), what a valid job is (topic, payload, key,
-available_at; its payload is encoded by brooq.encoding, its unique_key, debounce and tags
-checked by brooq.job_options), JobRecord and Claim.
+available_at, group; its payload is encoded by brooq.encoding, its unique_key, debounce
+and tags checked by brooq.job_options), JobRecord and Claim.
 Must never: do I/O (no database, no files, no clock beyond validating what it is given),
 or spell a state's name outside the constants below.
 """
@@ -30,7 +30,13 @@ from brooq.errors import (
     InvalidTopic,
     NaiveDatetime,
 )
-from brooq.job_options import check_combination, check_debounce, check_tags, check_unique_key
+from brooq.job_options import (
+    check_combination,
+    check_debounce,
+    check_tags,
+    check_unique_key,
+    validate_group,
+)
 from brooq.payloads import JSON_TYPES, to_json
 
 if TYPE_CHECKING:
@@ -251,6 +257,7 @@ class Job:
     __slots__ = (
         "available_at",
         "debounce",
+        "group",
         "idempotency_key",
         "payload",
         "payload_json",
@@ -273,6 +280,7 @@ class Job:
         unique_key: str | None = None,
         debounce: timedelta | float | str | None = None,
         tags: Iterable[str] | None = None,
+        group: str | None = None,
     ) -> None:
         # The common case (a known topic, no queue, key, time or option, priority 0) skips
         # the validators' calls: a web request builds one Job per enqueue.
@@ -301,6 +309,8 @@ class Job:
             check_combination(
                 self.unique_key, self.debounce, self.idempotency_key, available_at is not None
             )
+        # The group the topic's group_limit and group_rate_limit count it in; None: none.
+        self.group = None if group is None else validate_group(group)
 
     def __repr__(self) -> str:
         options = "".join(
@@ -309,6 +319,7 @@ class Job:
                 ("unique_key", self.unique_key),
                 ("debounce", self.debounce),
                 ("tags", self.tags),
+                ("group", self.group),
             )
             if value is not None
         )
@@ -347,6 +358,8 @@ class JobRecord:
     # A debounced job waiting for the running job of its key: the earliest start it takes
     # once that job ends (its available_at is 9999-01-01 meanwhile); None otherwise.
     start_after: datetime | None = None
+    # The job's group (Job(group=...)), None when it has none.
+    group: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: UUID and datetimes as strings."""

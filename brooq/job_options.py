@@ -1,7 +1,8 @@
 """A Job's coordination options: ``unique_key`` (at most one active job per topic and
-key), ``debounce`` (a burst of enqueues becomes one run) and ``tags`` (labels to list,
-cancel and retry by). Their checks, made when a Job is built, and the words of their
-refusals, each naming the option and the forms it takes.
+key), ``debounce`` (a burst of enqueues becomes one run), ``tags`` (labels to list,
+cancel and retry by) and ``group`` (what group_limit and group_rate_limit count by).
+Their checks, made when a Job is built, and the words of their refusals, each naming the
+option and the forms it takes.
 
 What they promise, and how the table keeps it, is docs/how-to/unique-and-debounce.md and
 docs/explanation/unique-keys.md; the statements are brooq/sql/producer.sql's job_unique_*
@@ -9,7 +10,8 @@ and job_debounce.
 
 Owns: the limits (TAGS_MAX, TAG_MAX_LENGTH, TAG_PATTERN, DEBOUNCE_MAX_SECONDS, the key's
 lengths), ``check_unique_key``, ``check_debounce``, ``check_tags``, ``check_combination``
-and ``key_taken`` (the refusal of a retry whose key another job holds).
+``validate_group`` and ``key_taken`` (the refusal of a retry whose key another job
+holds).
 Must never: do I/O, or accept a value the database's CHECKs (migration 0011) refuse.
 """
 
@@ -20,7 +22,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from brooq.durations import to_seconds
-from brooq.errors import InvalidDebounce, InvalidTags, InvalidUniqueKey
+from brooq.errors import InvalidDebounce, InvalidGroup, InvalidTags, InvalidUniqueKey
 
 # The key is indexed with the topic (job_unique_key_idx), as idempotency_key is: a btree
 # entry holds at most 2,704 bytes.
@@ -140,3 +142,23 @@ def key_taken(job_id: object, key: str, holder: object, holder_state: str) -> st
         f"cannot retry job {job_id}: its unique_key {key!r} is taken by job {holder} "
         f"({holder_state}); retry it once that job is done, dead or canceled"
     )
+
+
+# A job's group (group_limit, group_rate_limit): the job_group_key_check of migration 0012.
+GROUP_MAX_LENGTH: Final = 128
+
+
+def validate_group(group: object) -> str | None:
+    """A job's group: None (no group) or 1 to GROUP_MAX_LENGTH characters without a
+    control character; "" is taken as None, as for idempotency_key."""
+    if group is None or group == "":
+        return None
+    if not isinstance(group, str):
+        raise InvalidGroup(f"group must be a string or None, not {type(group).__name__}")
+    if len(group) > GROUP_MAX_LENGTH:
+        raise InvalidGroup(
+            f"group is {len(group)} characters long; the limit is {GROUP_MAX_LENGTH}"
+        )
+    if not group.isprintable():
+        raise InvalidGroup(f"group {group!r} holds a control character")
+    return group

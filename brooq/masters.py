@@ -13,8 +13,9 @@ A master runs the jobs of every topic it has a handler for that sit in a queue i
 misspelt by a producer, a queue nobody works, the one master of a topic gone.
 
 Owns: MISSED_BEATS, the row as read (MasterRow, Child), the pairs the live masters handle
-and which ready pairs none does (pure), and reading the live rows (``live``, the
-fleet_live statement on a connection it is given).
+and which ready pairs none does (pure), the topics' limits the live masters publish
+(``topic_limits``, pure), and reading the live rows (``live``, the fleet_live statement
+on a connection it is given).
 Must never: write the table, hold a connection of its own, or import brooq.supervisor
 (the status page's process and the command line read it too).
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -75,6 +76,9 @@ class MasterRow:
     started_at: datetime
     seen_at: datetime
     seen_seconds_ago: float
+    # Per topic, the limits of the fleet its handler declares here (global_limit,
+    # rate_limit, group_limit, group_rate_limit; the rates as {limit, per_seconds, text}).
+    limits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> MasterRow:
@@ -82,6 +86,9 @@ class MasterRow:
         children = row["children"]
         if isinstance(children, str):
             children = json.loads(children)
+        limits = row.get("limits") or {}
+        if isinstance(limits, str):
+            limits = json.loads(limits)
         return cls(
             id=row["id"],
             host=row["host"],
@@ -95,6 +102,7 @@ class MasterRow:
             started_at=row["started_at"],
             seen_at=row["seen_at"],
             seen_seconds_ago=max(float(row["seen_seconds_ago"]), 0.0),
+            limits={t: v for t, v in limits.items() if isinstance(v, dict)},
         )
 
     def handles(self) -> set[Pair]:
@@ -114,6 +122,7 @@ class MasterRow:
             "started_at": self.started_at.isoformat(),
             "seen_at": self.seen_at.isoformat(),
             "seen_seconds_ago": round(self.seen_seconds_ago, 3),
+            "limits": {topic: dict(given) for topic, given in self.limits.items()},
         }
 
 
@@ -154,6 +163,15 @@ def unhandled(rows: Iterable[Mapping[str, Any]], live: frozenset[Pair]) -> dict[
             key = (row["queue"], row["topic"])
             found[key] = found.get(key, 0) + ready
     return found
+
+
+def topic_limits(masters: Iterable[MasterRow]) -> dict[str, Mapping[str, Any]]:
+    """Per topic, its limits as the most recently seen live master that declares any
+    gives them (masters of one fleet should agree: docs/how-to/rate-limits.md)."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for m in sorted(masters, key=lambda m: m.seen_at):
+        found.update(m.limits)
+    return dict(sorted(found.items()))
 
 
 def live(

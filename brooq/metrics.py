@@ -151,7 +151,18 @@ class Metrics:
         )
         self.oldest_ready = Gauge(
             "brooq_ready_oldest_age_seconds",
-            "Age of the oldest ready job by topic and queue (0 when none)",
+            "Age of the oldest ready job not held back by a limit, by topic and queue "
+            "(0 when none)",
+            ["topic", "queue"],
+            multiprocess_mode="mostrecent",
+        )
+        # Ready jobs a topic's limits hold back now (its global_limit or rate_limit, or
+        # their group's group_limit or group_rate_limit): waiting their turn, not stuck;
+        # brooq_ready_oldest_age_seconds leaves them out.
+        self.held = Gauge(
+            "brooq_jobs_held",
+            "Ready jobs held back by their topic's limits now (rate, group or global), "
+            "by topic and queue",
             ["topic", "queue"],
             multiprocess_mode="mostrecent",
         )

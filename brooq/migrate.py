@@ -15,10 +15,10 @@ included) until its end, blocking producers and claims on a big table. Each stat
 then runs under ``lock_timeout`` (LOCK_TIMEOUT) and is retried when it times out, so
 a long transaction holding the table never queues every producer behind the migration.
 Such a file must be idempotent (it is re-run from the top after a failure; its version
-is recorded after its last statement), may not hold a ``$$`` body (the split at ``;``
-ending a line is then exact) and, before it runs and after any failure, the invalid
-indexes it names (left by a failed concurrent build, and skipped silently by ``CREATE
-INDEX CONCURRENTLY IF NOT EXISTS``) are dropped.
+is recorded after its last statement; brooq.migration_files splits it at each ``;`` ending
+a line outside quotes, so a ``$$`` body stays whole) and, before it runs and after any
+failure, the invalid indexes it names (left by a failed concurrent build, and skipped
+silently by ``CREATE INDEX CONCURRENTLY IF NOT EXISTS``) are dropped.
 
 Owns: applying and reverting the files brooq.migration_files reads (the no-transaction
 run included), the version bookkeeping (its statements are those of brooq/sql/migrate.sql),
@@ -284,6 +284,7 @@ JOB_COLUMNS = (
     "unique_key",  # 0011
     "start_after",  # 0011
     "tags",  # 0011
+    "group_key",  # 0012
 )
 
 

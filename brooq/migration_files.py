@@ -3,8 +3,9 @@ splitting a no-transaction part into its statements.
 
 A file is ``NNNN_name.sql`` with one ``-- migrate:up`` part then one ``-- migrate:down``
 part, both non-empty; ``-- migrate:no-transaction`` before the up part marks a file run
-statement by statement (brooq.migrate says why and how), which may then hold no ``$$``
-body. Versions run 1, 2, 3, ... without gaps.
+statement by statement (brooq.migrate says why and how): it is split at each ``;`` that
+ends a line outside a quoted or dollar-quoted text and outside a comment, so a function's
+``$$`` body stays whole. Versions run 1, 2, 3, ... without gaps.
 
 Owns: ``Migration`` (one file, read), ``load``, ``migrations_dir`` and ``statements``.
 Must never: touch a database (brooq.migrate applies what this reads).
@@ -22,8 +23,13 @@ _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _UP = "-- migrate:up"
 _DOWN = "-- migrate:down"
 _NO_TRANSACTION = "-- migrate:no-transaction"
-# A statement of a no-transaction file ends with ";" at the end of a line.
-_STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
+# What the splitter steps over whole: a comment to its line's end, a quoted text ('' is a
+# quote inside it), a dollar-quoted text ($$...$$ or $tag$...$tag$), or any other
+# character; and a ";" that ends its line (spaces and tabs may follow), which ends a
+# statement.
+_TOKEN = re.compile(
+    r"--[^\n]*|'(?:[^']|'')*'|(\$[A-Za-z_]*\$)[\s\S]*?\1|(?P<end>;[ \t]*(?:\n|$))|[\s\S]",
+)
 _INDEX_NAME = re.compile(
     r"\bINDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+(?:NOT\s+)?EXISTS\s+)?([a-z_][a-z0-9_]*)",
     re.IGNORECASE,
@@ -45,8 +51,15 @@ class Migration:
 
 
 def statements(text: str) -> list[str]:
-    """A no-transaction part, split at every ``;`` ending a line; comment-only pieces go."""
-    pieces = (piece.strip() for piece in _STATEMENT_END.split(text))
+    """A no-transaction part, split at every ``;`` ending a line outside quotes, dollar
+    quotes and comments; comment-only pieces go."""
+    pieces: list[str] = []
+    start = 0
+    for token in _TOKEN.finditer(text):
+        if token.group("end") is not None:
+            pieces.append(text[start : token.start()].strip())
+            start = token.end()
+    pieces.append(text[start:].strip())
     return [
         piece
         for piece in pieces
@@ -78,11 +91,6 @@ def load(directory: Path | None = None) -> list[Migration]:
         if not up or not down:
             raise MigrationError(f"{path.name}: the up and the down part must not be empty")
         transactional = _NO_TRANSACTION not in text[: text.index(_UP)]
-        if not transactional and "$$" in text:
-            raise MigrationError(
-                f"{path.name}: a '{_NO_TRANSACTION}' file may not hold a $$ body (its "
-                "statements are split at ';'); put functions in a transactional file"
-            )
         found.append(Migration(int(match.group(1)), match.group(2), up, down, transactional))
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):

@@ -287,12 +287,12 @@ def _insert_many(
         return results
     ids = uuid7_many(len(checked))
     if all(job.idempotency_key is None and job.unique_key is None for job in checked):
-        tagged = any(job.tags is not None for job in checked)
-        ready, scheduled = _copy_rows(checked, ids, handlers, tagged)
+        wide = any(job.tags is not None or job.group is not None for job in checked)
+        ready, scheduled = _copy_rows(checked, ids, handlers, wide)
         if ready:
-            yield Copy(q.job_copy_ready_tagged if tagged else q.job_copy_ready, ready)
+            yield Copy(q.job_copy_ready_options if wide else q.job_copy_ready, ready)
         if scheduled:
-            yield Copy(q.job_copy_scheduled_tagged if tagged else q.job_copy_scheduled, scheduled)
+            yield Copy(q.job_copy_scheduled_options if wide else q.job_copy_scheduled, scheduled)
         return [(job_id, True) for job_id in ids]
     params = _many_params(checked, ids, handlers)
     if all(job.unique_key is None and job.tags is None for job in checked):
@@ -325,26 +325,27 @@ def _params(job: Job, job_id: uuid.UUID, handlers: Handlers) -> dict[str, Any]:
         "available_at": job.available_at,
         "queue": queue_of(job, handlers),
         "priority": job.priority,
+        "group": job.group,
     }
 
 
 def _copy_rows(
-    checked: list[Job], ids: list[uuid.UUID], handlers: Handlers, tagged: bool
+    checked: list[Job], ids: list[uuid.UUID], handlers: Handlers, wide: bool = False
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The COPY rows of jobs without keys, ready ones and scheduled ones apart, so that
-    "ready now" is the server's now(), never the client's clock; ``tagged``: each row
-    ends with its tags (the _tagged statements)."""
+    "ready now" is the server's now(), never the client's clock; ``wide``: each row ends
+    with its tags and its group (the _options statements)."""
     ready: list[tuple[Any, ...]] = []
     scheduled: list[tuple[Any, ...]] = []
     for job_id, job in zip(ids, checked, strict=True):
         queue = queue_of(job, handlers)
         if job.available_at is None:
             row: tuple[Any, ...] = (job_id, job.topic, job.payload_json, queue, job.priority)
-            ready.append((*row, tags_literal(job.tags)) if tagged else row)
+            ready.append((*row, tags_literal(job.tags), job.group) if wide else row)
         else:
             at = job.available_at
             row = (job_id, job.topic, job.payload_json, at, queue, job.priority)
-            scheduled.append((*row, tags_literal(job.tags)) if tagged else row)
+            scheduled.append((*row, tags_literal(job.tags), job.group) if wide else row)
     return ready, scheduled
 
 
@@ -357,4 +358,5 @@ def _many_params(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -
         "available_ats": [j.available_at for j in checked],
         "queues": [queue_of(j, handlers) for j in checked],
         "priorities": [j.priority for j in checked],
+        "groups": [j.group for j in checked],
     }

@@ -30,7 +30,14 @@ from brooq.job import Job, JobRecord, Transition, parse_job_id, validate_queue
 from brooq.job_wait import Waits
 from brooq.operator import changes, reads
 from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk
-from brooq.operator.records import BulkResult, HolderStats, InFlight, QueueStats, TopicStats
+from brooq.operator.records import (
+    BulkResult,
+    HolderStats,
+    InFlight,
+    QueueStats,
+    TopicLimits,
+    TopicStats,
+)
 from brooq.pools import Pools
 from brooq.produce import (
     check_job,
@@ -267,10 +274,16 @@ class Queue(Registry):
         return self._on(reads.list_jobs, **filters)
 
     def stats(self) -> list[TopicStats]:
-        """Per queue and topic (by queue, then topic), in one snapshot: jobs in each active
-        state and dead, how many are ready and busy, and the age of the oldest ready job.
-        Topics holding only done or canceled jobs are left out."""
+        """Per queue and topic (by queue, then topic): jobs in each active state and dead,
+        how many are ready, busy and held back by a limit (``held``), and the age of the
+        oldest ready job not held back. Topics holding only done or canceled jobs are
+        left out."""
         return self._on(reads.stats)
+
+    def limits(self) -> list[TopicLimits]:
+        """Every topic the live masters publish limits for (global_limit, rate_limit,
+        group_limit, group_rate_limit), by topic, with what they hold back now."""
+        return self._on(reads.topic_limits)
 
     def in_flight(self, limit: int = 100) -> list[InFlight]:
         """Jobs in state processing, longest running first; at most ``limit`` (1,000)."""

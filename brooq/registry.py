@@ -20,6 +20,7 @@ from brooq.handlers import Handler, HandlerFn, Middleware, RetryPolicy, build, c
 from brooq.job import DEFAULT_QUEUE
 from brooq.periodic import JobSpec, Schedule, build_schedule
 from brooq.pooler import need_direct
+from brooq.rates import Rate
 from brooq.settings import FIELDS, Settings, load
 from brooq.sql import Queries, queries
 
@@ -98,6 +99,9 @@ class Registry:
         payload: type | None = None,
         middleware: Sequence[Middleware] | None = None,
         retry: RetryPolicy | None = None,
+        rate_limit: Rate | str | None = None,
+        group_limit: int | None = None,
+        group_rate_limit: Rate | str | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(claim)`` for ``topic``. Unset options take the queue's settings
         (QUEUE_MAX_ATTEMPTS etc.; defaults 5, 1m, 5m, 1s, 1m). ``queue``: where jobs of
@@ -108,7 +112,11 @@ class Registry:
         ``middleware``: this topic's, inside the Queue's (``@queue.middleware``).
         ``retry``: ``fn(attempt, exc) -> timedelta | None`` after a failed attempt (None:
         no more attempts); without it, exponential backoff. What ``fn`` returns, if not
-        None, is stored with ``done`` (``queue.get(id).result``)."""
+        None, is stored with ``done`` (``queue.get(id).result``). ``rate_limit``: at most
+        N starts in any window of a period across every master (``"N/s"``, ``"N/m"``,
+        ``"N/h"`` or ``brooq.Rate(N, per=timedelta(...))``); ``group_limit``: at most N
+        jobs processing per group (``Job(group=...)``); ``group_rate_limit``: a rate per
+        group (docs/how-to/rate-limits.md)."""
 
         def register(fn: HandlerFn) -> HandlerFn:
             if topic in self.handlers:
@@ -126,6 +134,9 @@ class Registry:
                 payload=payload,
                 middleware=middleware,
                 retry=retry,
+                rate_limit=rate_limit,
+                group_limit=group_limit,
+                group_rate_limit=group_rate_limit,
             )
             return fn
 

@@ -24,6 +24,7 @@ from brooq.durations import parse_duration_string
 from brooq.encoding import MAX_PAYLOAD_DEPTH
 from brooq.errors import (
     InvalidDebounce,
+    InvalidGroup,
     InvalidIdempotencyKey,
     InvalidJob,
     InvalidPayload,
@@ -141,6 +142,8 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
         return "--debounce"
     if isinstance(exc, InvalidTags):
         return "--tag"
+    if isinstance(exc, InvalidGroup):
+        return "--group"
     return time_hint  # available_at out of range
 
 
@@ -189,6 +192,14 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
     show_default=True,
     help=f"From {PRIORITY_MIN} to {PRIORITY_MAX}; higher runs first within its queue.",
 )
+@click.option(
+    "--group",
+    "group",
+    metavar="GROUP",
+    default=None,
+    help="The job's group, for its topic's group_limit and group_rate_limit (1 to 128 "
+    "characters).  [default: none]",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def enqueue(
@@ -204,6 +215,7 @@ def enqueue(
     unique_key: str | None,
     debounce: str | None,
     tags: tuple[str, ...],
+    group: str | None,
     as_json: bool,
 ) -> None:
     """Put one job on the queue. Prints "enqueued ID", or "exists ID" when a job with
@@ -253,6 +265,7 @@ def enqueue(
             unique_key=unique_key,
             debounce=debounce_seconds,
             tags=list(tags) or None,
+            group=group,
         )
     except InvalidJob as exc:
         hint = _job_error_hint(exc, payload_hint, "--at" if at else "--in")

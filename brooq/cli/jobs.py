@@ -154,6 +154,8 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
         fields[-1] = ("available at", waits)
     if record.tags:
         fields.insert(6, ("tags", ", ".join(record.tags)))
+    if record.group is not None:  # a line only for a job that has one
+        fields.insert(6, ("group", record.group))
     if record.state == "processing" and record.locked_until is not None:
         left = (record.locked_until - now).total_seconds()
         lease = _when(record.locked_until, now)

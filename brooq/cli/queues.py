@@ -1,15 +1,18 @@
 """`brooq queues`, `brooq queues pause NAME`, `brooq queues resume NAME`: the queues, and
 stopping one during an incident without stopping the workers.
 
-Owns: those commands, the table of queues (``queues_lines``, a pure function) and the
-words of a pause and a resume.
+Owns: those commands, the table of queues and the table of the topics' limits
+(``queues_lines``, ``limits_lines``: pure functions) and the words of a pause and a resume.
 The list reads on the read target when one is set (brooq.cli.common.open_reads); pause
 and resume, and the figures they print after, on the database itself.
-Must never: read or write the database but through Queue.queues, Queue.pause and
-Queue.resume, or write anything for a malformed name (it is refused before any I/O).
+Must never: read or write the database but through Queue.queues, Queue.limits,
+Queue.pause and Queue.resume, or write anything for a malformed name (it is refused
+before any I/O).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
@@ -46,6 +49,46 @@ def queues_lines(rows: list[brooq.QueueStats]) -> list[str]:
     return table(headers, body, right={2, 3, 4, 5, 6})
 
 
+def limits_lines(limits: list[brooq.TopicLimits]) -> list[str]:
+    """The topics' limits as the live masters publish them, and what they hold back now
+    (nothing when no topic has a limit)."""
+    if not limits:
+        return []
+    headers = ["TOPIC", "QUEUE", "GLOBAL LIMIT", "RATE LIMIT", "GROUP LIMIT",
+               "GROUP RATE LIMIT", "HOLDING BACK"]  # fmt: skip
+
+    def shown(value: object) -> str:
+        return "-" if value is None else str(value)
+
+    body = [
+        [
+            t.topic,
+            t.queue,
+            shown(t.global_limit),
+            shown(t.rate_limit),
+            shown(t.group_limit),
+            shown(t.group_rate_limit),
+            t.holding() or "-",
+        ]
+        for t in limits
+    ]
+    return table(headers, body, right={2, 3, 4, 5})
+
+
+def _with_limits(
+    rows: list[brooq.QueueStats], limits: list[brooq.TopicLimits]
+) -> list[dict[str, Any]]:
+    """The queues as JSON, each with the limits of the topics whose handler declares it;
+    a queue known only that way is listed with zeros."""
+    found: dict[str, dict[str, Any]] = {r.name: r.to_dict() for r in rows}
+    by_queue: dict[str, dict[str, Any]] = {}
+    for t in limits:
+        found.setdefault(t.queue, brooq.QueueStats(name=t.queue).to_dict())
+        entry = {k: v for k, v in t.to_dict().items() if k not in ("topic", "queue")}
+        by_queue.setdefault(t.queue, {})[t.topic] = entry
+    return [{**found[name], "limits": by_queue.get(name, {})} for name in sorted(found)]
+
+
 def _checked_name(name: str) -> str:
     """The queue name, or a usage error naming NAME (before the database is opened)."""
     try:
@@ -65,22 +108,32 @@ def _one(queue: brooq.Queue, name: str) -> brooq.QueueStats:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a list).")
 @click.pass_context
 def queues(ctx: click.Context, as_json: bool) -> None:
-    """The queues: paused or not, and their jobs; pause or resume one.
+    """The queues: paused or not, and their jobs; the topics' limits; pause or resume one.
 
     Per queue: paused, ready (due now), scheduled (due later), processing, failed
     (waiting for a retry, counted in ready or scheduled too), dead, and the age of the
     oldest ready job. Every queue holding such jobs is shown, and every queue paused or
-    resumed, even one that never had a job."""
+    resumed, even one that never had a job. Then each topic's limits of the fleet, as the
+    live masters publish them (global_limit, rate_limit, group_limit, group_rate_limit),
+    and what they hold back now: every ready job of the topic (at its global_limit, or
+    its rate's window full) or some groups. With --json, each queue lists the limits of
+    the topics whose handler declares it."""
     if ctx.invoked_subcommand is not None:
         if as_json:
             raise click.UsageError("give --json without pause or resume: it lists the queues")
         return
-    rows = open_reads(ctx).queues()
+    queue = open_reads(ctx)
+    rows = queue.queues()
+    limits = queue.limits()
     if as_json:
-        emit_json([r.to_dict() for r in rows])
+        emit_json(_with_limits(rows, limits))
         return
     for line in queues_lines(rows):
         click.echo(line)
+    if limits:
+        click.echo("")
+        for line in limits_lines(limits):
+            click.echo(line)
 
 
 @queues.command("pause")

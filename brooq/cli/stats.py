@@ -35,6 +35,7 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
         "TOPIC",
         "PENDING",
         "READY",
+        "HELD",
         "FAILED",
         "PROCESSING",
         "BUSY",
@@ -43,8 +44,8 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
     ]
 
     def cells(r: brooq.TopicStats) -> list[str]:
-        numbers = (r.pending, r.ready, r.failed, r.processing, r.busy, r.dead)
-        oldest = format_age(r.oldest_ready_age) if r.ready else "-"
+        numbers = (r.pending, r.ready, r.held, r.failed, r.processing, r.busy, r.dead)
+        oldest = format_age(r.oldest_ready_age) if r.ready > r.held else "-"
         return [r.queue, r.topic, *map(str, numbers), oldest]
 
     body = [cells(r) for r in rows]
@@ -59,9 +60,10 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
             busy=sum(r.busy for r in rows),
             dead=sum(r.dead for r in rows),
             oldest_ready_age=max(r.oldest_ready_age for r in rows),
+            held=sum(r.held for r in rows),
         )
         body.append(cells(total))
-    lines = table(headers, body, right={2, 3, 4, 5, 6, 7})
+    lines = table(headers, body, right={2, 3, 4, 5, 6, 7, 8})
     for i, r in enumerate(rows, start=1):
         if (r.queue, r.topic) in unhandled:
             lines[i] += f"  {NO_HANDLER}"
@@ -84,10 +86,12 @@ def _live_pairs(queue: brooq.Queue) -> frozenset[Pair] | None:
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Jobs per queue, topic and state, busy children, oldest ready age.
 
-    Per queue and topic: pending, ready (due now), failed (waiting for a retry), processing, busy
-    (processing under a live lease: a child working on it), dead, and the age of the
-    oldest ready job. "no handler": ready jobs that no live master handles (no master has
-    a handler for the topic, or none works the queue; see `brooq fleet`).
+    Per queue and topic: pending, ready (due now), held (ready, but held back by the
+    topic's limits now: its rate_limit or global_limit, their group's group_limit or
+    group_rate_limit), failed (waiting for a retry), processing, busy (processing under a
+    live lease: a child working on it), dead, and the age of the oldest ready job not
+    held back. "no handler": ready jobs that no live master handles (no master has a
+    handler for the topic, or none works the queue; see `brooq fleet`).
 
     With a read target (--read-database-url), the figures are read there, and a last
     line ("read_from" in JSON) says how far behind its primary it is."""

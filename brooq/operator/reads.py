@@ -1,6 +1,6 @@
 """The operator's reads, each a function of the caller's connection: a job's row, the
-newest jobs, the counts per topic and per queue, the jobs in flight and their holders,
-and the jobs finished lately.
+newest jobs, the counts per topic and per queue, what the topics' limits hold back, the
+jobs in flight and their holders, and the jobs finished lately.
 
 Owns: the limits of the listings (LIST_LIMIT_MAX, IN_FLIGHT_LIMIT_MAX), the checks of
 their arguments (``check_*``: run before any statement, by these functions and by
@@ -12,6 +12,7 @@ Must never: write, commit, or read a row by position.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -20,7 +21,13 @@ from psycopg.rows import class_row, dict_row
 from brooq.errors import BrooqError
 from brooq.job import STATES, JobRecord, parse_job_id, validate_queue, validate_topic
 from brooq.job_options import check_tag
-from brooq.operator.records import HolderStats, InFlight, QueueStats, TopicStats
+from brooq.operator.records import (
+    HolderStats,
+    InFlight,
+    QueueStats,
+    TopicLimits,
+    TopicStats,
+)
 from brooq.sql import Q, Queries
 
 Connection = psycopg.Connection[Any]
@@ -76,11 +83,41 @@ def list_jobs(
 
 
 def stats(conn: Connection, q: Queries = Q) -> list[TopicStats]:
-    """Per queue and topic (by queue, then topic), in one snapshot: jobs in each active
-    state and dead, how many are ready and busy, and the age of the oldest ready job.
-    Topics holding only done or canceled jobs are left out."""
+    """Per queue and topic (by queue, then topic): jobs in each active state and dead,
+    how many are ready, busy and held back by a limit, and the age of the oldest ready
+    job not held back. Topics holding only done or canceled jobs are left out."""
     cur = conn.cursor(row_factory=class_row(TopicStats))
-    return cur.execute(q.job_stats_by_topic).fetchall()
+    rows = cur.execute(q.job_stats_by_topic).fetchall()
+    held = held_by_topic(conn, q)
+    return [
+        replace(r, held=held[key][0], oldest_ready_age=held[key][1])
+        if (key := (r.queue, r.topic)) in held
+        else r
+        for r in rows
+    ]
+
+
+def held_by_topic(conn: Connection, q: Queries = Q) -> dict[tuple[str, str], tuple[int, float]]:
+    """Per (queue, topic) of a topic with limits and ready jobs: the ready jobs its limits
+    hold back now, and the age of the oldest ready job they do not. Empty on a schema
+    without the limits (an older brooq's: nothing is marked)."""
+    try:
+        with conn.transaction():
+            rows = conn.cursor(row_factory=dict_row).execute(q.job_held_by_topic).fetchall()
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+        return {}
+    return {(r["queue"], r["topic"]): (int(r["held"]), float(r["oldest_unheld_age"])) for r in rows}
+
+
+def topic_limits(conn: Connection, q: Queries = Q) -> list[TopicLimits]:
+    """Every topic a live master publishes limits for, by topic: the limits, and what
+    they hold back now. Empty on a schema without them (an older brooq's)."""
+    try:
+        with conn.transaction():
+            rows = conn.cursor(row_factory=dict_row).execute(q.topic_limits_held).fetchall()
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+        return []
+    return [TopicLimits.from_row(r) for r in rows]
 
 
 def check_limit(limit: int) -> None:

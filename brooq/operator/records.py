@@ -43,7 +43,11 @@ class BulkResult:
 class TopicStats:
     """One topic's jobs in one queue, by state. ``ready``: pending or failed and due now.
     ``busy``: processing under an unexpired lease, i.e. the children working on this
-    topic. A topic whose jobs sit in two queues has a row in each."""
+    topic. ``held``: ready jobs a limit of the topic holds back now (its global_limit or
+    rate_limit, their group's group_limit or group_rate_limit: docs/how-to/rate-limits.md);
+    ``oldest_ready_age`` is then the age of the oldest ready job not held back, so a topic
+    that waits its turn does not look stuck. A topic whose jobs sit in two queues has a
+    row in each."""
 
     topic: str
     pending: int = 0
@@ -53,7 +57,8 @@ class TopicStats:
     oldest_ready_age: float = 0.0
     ready: int = 0
     busy: int = 0
-    queue: str = DEFAULT_QUEUE  # last: positional and keyword construction keep working
+    queue: str = DEFAULT_QUEUE  # after the others: positional construction keeps working
+    held: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,12 +66,86 @@ class TopicStats:
             "topic": self.topic,
             "pending": self.pending,
             "ready": self.ready,
+            "held": self.held,
             "processing": self.processing,
             "busy": self.busy,
             "failed": self.failed,
             "dead": self.dead,
             "oldest_ready_age_seconds": round(self.oldest_ready_age, 3),
         }
+
+
+# A topic's limits as a master publishes them (brooq.handlers.Handler.limits), and their
+# names in the order shown.
+LIMIT_NAMES = ("global_limit", "rate_limit", "group_limit", "group_rate_limit")
+
+
+@dataclass(frozen=True)
+class TopicLimits:
+    """A topic's limits of the fleet, as the live masters publish them, and what they
+    hold back now: ``held_by`` names the limit holding every ready job of the topic back
+    (global_limit or rate_limit; None: none does), ``groups_held`` counts the groups at
+    their group_limit or with a full group_rate_limit window. ``queue``: the queue its
+    handler declares."""
+
+    topic: str
+    queue: str = DEFAULT_QUEUE
+    global_limit: int | None = None
+    rate_limit: str | None = None  # "50/s", as brooq.Rate writes it
+    group_limit: int | None = None
+    group_rate_limit: str | None = None
+    held_by: str | None = None
+    groups_held: int = 0
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> TopicLimits:
+        """A row of topic_limits_held: topic, limits (JSON), held_by, groups_held."""
+        given = row.get("limits") or {}
+
+        def rate(name: str) -> str | None:
+            value = given.get(name)
+            return str(value.get("text")) if isinstance(value, dict) else None
+
+        def cap(name: str) -> int | None:
+            value = given.get(name)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        return cls(
+            topic=row["topic"],
+            queue=str(given.get("queue") or DEFAULT_QUEUE),
+            global_limit=cap("global_limit"),
+            rate_limit=rate("rate_limit"),
+            group_limit=cap("group_limit"),
+            group_rate_limit=rate("group_rate_limit"),
+            held_by=row.get("held_by"),
+            groups_held=int(row.get("groups_held") or 0),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "queue": self.queue,
+            "global_limit": self.global_limit,
+            "rate_limit": self.rate_limit,
+            "group_limit": self.group_limit,
+            "group_rate_limit": self.group_rate_limit,
+            "held_by": self.held_by,
+            "groups_held": self.groups_held,
+        }
+
+    def summary(self) -> str:
+        """The limits in a few words: "rate_limit 50/s, group_limit 1"."""
+        return ", ".join(
+            f"{name} {value}" for name in LIMIT_NAMES if (value := getattr(self, name)) is not None
+        )
+
+    def holding(self) -> str:
+        """What it holds back now, in a few words ("" when nothing)."""
+        if self.held_by:
+            return f"all ready jobs ({self.held_by})"
+        if self.groups_held:
+            return f"{self.groups_held} group{'s' if self.groups_held != 1 else ''}"
+        return ""
 
 
 @dataclass(frozen=True)

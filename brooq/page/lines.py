@@ -1,5 +1,5 @@
 """The one-line notes of the pages: where they read (a replica, and how far behind), the
-fleet's line and the oldest snapshot's line of the overview.
+fleet's line, the oldest snapshot's line and the topics' limits of the overview.
 
 Owns: the words and the markup of those lines. Must never read the database (the data
 comes in).
@@ -8,11 +8,19 @@ comes in).
 from __future__ import annotations
 
 from brooq.masters import MasterRow
+from brooq.operator.records import TopicLimits
 from brooq.operator.replica import ReplicaLag
 from brooq.operator.snapshots import Holder
 from brooq.page.render import age, e, link
 
-__all__ = ["SNAPSHOT_NOTE_AFTER", "fleet_line", "replica_note", "snapshot_line"]
+__all__ = [
+    "LIMITS_NOTE",
+    "SNAPSHOT_NOTE_AFTER",
+    "fleet_line",
+    "limits_cell",
+    "replica_note",
+    "snapshot_line",
+]
 
 # The oldest snapshot is shown as a note (not muted) once it is this old: brooq's own
 # statements hold one for milliseconds, a job count for seconds.
@@ -64,3 +72,21 @@ def snapshot_line(h: Holder | None, unseen: bool = False) -> str:
     )
     old = h.seconds is not None and h.seconds >= SNAPSHOT_NOTE_AFTER
     return f'<p class="{"note" if old else "muted"}">{e(text)}</p>'
+
+
+LIMITS_NOTE = (
+    '<p class="muted">limits: each topic\'s limits of the fleet, as the live masters publish '
+    "them. A topic at its global_limit, or whose rate_limit window is full, holds every "
+    'ready job back (its oldest ready job then reads "held back": waiting its turn, not '
+    "stuck); a group at its group_limit, or whose group_rate_limit window is full, holds "
+    "back that group's. <code>brooq stats</code> counts the jobs held back.</p>"
+)
+
+
+def limits_cell(limits: TopicLimits | None) -> str:
+    """A topic's limits and what they hold back now, for the overview's row."""
+    if limits is None:
+        return ""
+    holding = limits.holding()
+    held = f"; <strong>holding back {e(holding)}</strong>" if holding else ""
+    return e(limits.summary()) + held

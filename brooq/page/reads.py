@@ -1,6 +1,7 @@
 """What the status page reads: one function per page, each running its named statements
-(brooq/sql/page.sql, the web_ statements, brooq.masters' fleet_live and
-brooq.operator.snapshots' snapshot_holders) on a given psycopg connection.
+(brooq/sql/page.sql, the web_ statements, brooq.masters' fleet_live, the topics' limits,
+topic_limits_held, and brooq.operator.snapshots' snapshot_holders) on a given psycopg
+connection.
 
 Each read is one read-only REPEATABLE READ transaction (one snapshot, so a page's
 figures agree) under a transaction-local statement_timeout: a slow page fails with
@@ -29,6 +30,7 @@ from psycopg.rows import dict_row
 from brooq import masters as masters_mod
 from brooq.masters import MasterRow
 from brooq.operator import replica, snapshots
+from brooq.operator.records import TopicLimits
 from brooq.operator.replica import ReplicaLag
 from brooq.sql import Q, Queries
 
@@ -164,6 +166,9 @@ def overview(
         recovery = cur.execute(q.web_in_recovery).fetchone()
         on_standby = bool(recovery and recovery["standby"])
         held = [] if on_standby else snapshots.holders(cur.connection, q, limit=1)
+        # The topics' limits and what they hold back (the processing rows and the rates'
+        # windows only), when a live master publishes any.
+        limits = cur.execute(q.topic_limits_held).fetchall() if any(m.limits for m in fleet) else []
     keys = sorted(set().union(*by_state.values()))
     groups = [
         _group(key, by_state, estimated, clock["now"], key[0] in exact_queues)
@@ -194,6 +199,7 @@ def overview(
         "masters": fleet,
         "oldest_snapshot": held[0] if held else None,
         "snapshots_unseen": on_standby,
+        "limits": {row["topic"]: TopicLimits.from_row(row) for row in limits},
     }
 
 

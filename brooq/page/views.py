@@ -17,7 +17,7 @@ import psycopg
 from brooq.job_options import TAG_FORM, TAG_PATTERN
 from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
 from brooq.page import reads
-from brooq.page.lines import fleet_line, snapshot_line
+from brooq.page.lines import LIMITS_NOTE, fleet_line, limits_cell, snapshot_line
 from brooq.page.reads import Page, Row
 from brooq.page.render import (
     age,
@@ -64,6 +64,7 @@ def overview_page(
     data = reads.overview(conn, timeout, q)
     paused = {row["name"] for row in data["paused"]}
     live = handled(data["masters"])
+    limits = data["limits"]
     rows = []
     buttoned: set[str] = set()  # a queue's button on its first row only
     for g in data["groups"]:
@@ -80,6 +81,9 @@ def overview_page(
         oldest = age(g["oldest_ready_seconds"])
         if "oldest_ready" in g["estimated"] and g["oldest_ready_seconds"] is not None:
             oldest = f"≥ {oldest}"
+        topic_limits = limits.get(g["topic"])
+        if topic_limits is not None and topic_limits.held_by and g["ready"]:
+            oldest = f"held back ({topic_limits.held_by})"  # waiting its turn, not stuck
         rows.append(
             (
                 queue,
@@ -90,16 +94,19 @@ def overview_page(
                 figure("failed"),
                 figure("dead"),
                 e(oldest),
+                limits_cell(topic_limits),
                 NO_HANDLER if no_handler(name, g["topic"], g["ready"], live) else "",
             )
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
-               "oldest ready", "")  # fmt: skip
+               "oldest ready", "limits", "")  # fmt: skip
     parts = [
         fleet_line(data["masters"]),
         snapshot_line(data["oldest_snapshot"], data.get("snapshots_unseen", False)),
+        table(headers, rows, numeric={2, 3, 4, 5, 6, 7}),
     ]
-    parts.append(table(headers, rows, numeric={2, 3, 4, 5, 6, 7}))
+    if limits:
+        parts.append(LIMITS_NOTE)
     if data["groups_cut"]:
         parts.append(f'<p class="muted">only the first {reads.MAX_GROUPS} shown</p>')
     if data["estimate"] is not None:

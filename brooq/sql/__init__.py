@@ -85,6 +85,9 @@ RELATIONS = (
     "brooq_claim_limited",
     "brooq_master",
     "brooq_job_promote",
+    "brooq_claim_coordinated",
+    "brooq_rate_slot",
+    "brooq_window_sweep",
 )
 _MARK = re.compile(r"\{(" + "|".join(RELATIONS) + r")(:name)?\}")
 # The schema names QUEUE_SCHEMA takes: PostgreSQL's unquoted lower-case identifiers, so

@@ -239,6 +239,12 @@ WITH answered AS (
 )
 SELECT count(*) FROM (SELECT pg_notify('brooq_stack_answer', %(job_id)s::text) FROM answered) AS n
 
+-- name: rate_windows_sweep
+-- The rates' windows whose every slot is free again (brooq_window_sweep, migration 0012):
+-- deleted whole, under their topic's lock if it is free, at most `windows` of them; a
+-- window with every slot free holds what an absent one does. Run by the retention duty.
+SELECT {brooq_window_sweep}(%(windows)s) AS deleted
+
 -- name: stack_requests_expire
 -- Requests older than an hour (their command died before taking them).
 DELETE FROM {brooq_stack_request} WHERE requested_at < now() - interval '1 hour'
@@ -257,15 +263,17 @@ DELETE FROM {brooq_stack_request} WHERE requested_at < now() - interval '1 hour'
 -- in the queues it works) read back. One statement, sent off the loop with libpq's $n
 -- placeholders in text: $1 id, $2 host, $3 pid, $4 version, $5 app, $6 queues and $7
 -- topics (JSON arrays of text), $8 children (a JSON array), $9 beat_seconds, $10
--- started_at, $11 missed, $12 sweep. The SELECT reads the snapshot from before the
--- statement's own writes, so the master adds its own pairs itself.
+-- started_at, $11 missed, $12 sweep, $13 limits (a JSON object: per topic, its
+-- global_limit, rate_limit, group_limit and group_rate_limit as given). The SELECT
+-- reads the snapshot from before the statement's own writes, so the master adds its own
+-- pairs itself.
 WITH me AS (
     INSERT INTO {brooq_master} (id, host, pid, version, app, queues, topics, children,
-                                beat_seconds, started_at, seen_at)
+                                beat_seconds, started_at, seen_at, limits)
     VALUES ($1::uuid, $2, $3::int4, $4, $5,
             ARRAY(SELECT jsonb_array_elements_text($6::jsonb)),
             ARRAY(SELECT jsonb_array_elements_text($7::jsonb)),
-            $8::jsonb, $9::float8, $10::timestamptz, now())
+            $8::jsonb, $9::float8, $10::timestamptz, now(), $13::jsonb)
     ON CONFLICT (id) DO UPDATE
     SET children = EXCLUDED.children, beat_seconds = EXCLUDED.beat_seconds, seen_at = now()
     RETURNING id

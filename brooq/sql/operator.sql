@@ -7,7 +7,7 @@
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
-       coalesce(tags, '{}') AS tags, start_after
+       coalesce(tags, '{}') AS tags, start_after, group_key AS "group"
 FROM {job} WHERE id = %(id)s
 
 -- name: job_cancel
@@ -170,6 +170,86 @@ WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
 GROUP BY queue, topic
 ORDER BY queue, topic
 
+-- template: limits_held
+-- variant: topic_limits_held
+-- variant: job_held_by_topic: exact
+-- What the topics' limits hold back now (docs/how-to/rate-limits.md). The limits are
+-- those the live masters publish (brooq_master.limits; for a topic, the row seen last; a
+-- row counts while within 3 of its own beats: brooq.masters.MISSED_BEATS, which a unit
+-- test holds equal). Every ready job of a topic is held back while the topic is at its
+-- global_limit or its rate_limit's window is full (N slots in use: brooq_rate_slot,
+-- migration 0012); the ready jobs of a group while the group is at its group_limit or
+-- its group_rate_limit's window is full. topic_limits_held: per topic with limits, the
+-- limits, what holds all its ready jobs back (NULL: nothing) and how many groups are
+-- held back; it reads the processing rows and the windows only (the status page,
+-- `brooq queues`). job_held_by_topic: per queue and topic, the ready jobs held back and
+-- the age of the oldest ready job that is not; it reads the limited topics' ready rows
+-- as job_stats_by_topic reads every topic's (`brooq stats`, the master's gauges).
+WITH lim AS (
+    SELECT DISTINCT ON (l.key) l.key AS topic, l.value AS limits,
+           (l.value->>'global_limit')::int AS cap,
+           (l.value->'rate_limit'->>'limit')::int AS rate,
+           (l.value->>'group_limit')::int AS group_cap,
+           (l.value->'group_rate_limit'->>'limit')::int AS group_rate
+    FROM {brooq_master} AS m, jsonb_each(m.limits) AS l
+    WHERE m.limits IS NOT NULL AND jsonb_typeof(l.value) = 'object'
+      AND m.seen_at >= now() - make_interval(secs => m.beat_seconds * 3)
+    ORDER BY l.key, m.seen_at DESC
+), topic_held AS (
+    SELECT lim.topic,
+           CASE
+               WHEN lim.cap IS NOT NULL AND (
+                   SELECT count(*) FROM {job} AS j
+                   WHERE j.state = 'processing' AND j.topic = lim.topic) >= lim.cap
+               THEN 'global_limit'
+               WHEN lim.rate IS NOT NULL AND (
+                   SELECT count(*) FROM {brooq_rate_slot} AS s
+                   WHERE s.topic = lim.topic AND s.group_key = '' AND s.slot <= lim.rate
+                     AND s.free_at > now()) >= lim.rate
+               THEN 'rate_limit'
+           END AS held_by
+    FROM lim
+), group_held AS (
+    SELECT lim.topic, j.group_key
+    FROM lim
+    JOIN {job} AS j
+      ON j.topic = lim.topic AND j.state = 'processing' AND j.group_key IS NOT NULL
+    WHERE lim.group_cap IS NOT NULL
+    GROUP BY lim.topic, j.group_key, lim.group_cap
+    HAVING count(*) >= lim.group_cap
+    UNION
+    SELECT lim.topic, s.group_key
+    FROM lim
+    JOIN {brooq_rate_slot} AS s
+      ON s.topic = lim.topic AND s.group_key <> '' AND s.slot <= lim.group_rate
+         AND s.free_at > now()
+    WHERE lim.group_rate IS NOT NULL
+    GROUP BY lim.topic, s.group_key, lim.group_rate
+    HAVING count(*) >= lim.group_rate
+)
+--#if exact
+SELECT r.queue, r.topic,
+       count(*) FILTER (WHERE r.held) AS held,
+       coalesce(extract(epoch FROM now() - min(r.available_at) FILTER (WHERE NOT r.held)),
+                0)::float8 AS oldest_unheld_age
+FROM (
+    SELECT j.queue, j.topic, j.available_at,
+           th.held_by IS NOT NULL OR gh.group_key IS NOT NULL AS held
+    FROM {job} AS j
+    JOIN topic_held AS th ON th.topic = j.topic
+    LEFT JOIN group_held AS gh ON gh.topic = j.topic AND gh.group_key = j.group_key
+    WHERE j.state IN ('pending', 'failed') AND j.available_at <= now()
+) AS r
+GROUP BY r.queue, r.topic
+ORDER BY r.queue, r.topic
+--#else
+SELECT lim.topic, lim.limits, th.held_by,
+       (SELECT count(*) FROM group_held AS gh WHERE gh.topic = lim.topic) AS groups_held
+FROM lim
+JOIN topic_held AS th ON th.topic = lim.topic
+ORDER BY lim.topic
+--#end
+
 -- name: job_queue_stats
 -- Per queue, in one snapshot: every queue holding active or dead jobs, and every queue
 -- with a brooq_queue row (paused or resumed by an operator, perhaps before any job came),
@@ -218,7 +298,7 @@ ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
-       coalesce(tags, '{}') AS tags, start_after
+       coalesce(tags, '{}') AS tags, start_after, group_key AS "group"
 FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -282,7 +362,7 @@ ORDER BY queue
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
-       coalesce(tags, '{}') AS tags, start_after
+       coalesce(tags, '{}') AS tags, start_after, group_key AS "group"
 FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -311,7 +391,8 @@ DELETE FROM {brooq_stack_request} WHERE id = %(id)s RETURNING answered_at, worke
 -- The live masters (`brooq fleet`, the status page's /fleet, the "no handler" marks):
 -- the rows written within `missed` of their own beats. A tiny table: one row per master.
 SELECT id, host, pid, version, app, queues, topics, children, beat_seconds, started_at,
-       seen_at, extract(epoch FROM now() - seen_at)::float8 AS seen_seconds_ago
+       seen_at, extract(epoch FROM now() - seen_at)::float8 AS seen_seconds_ago,
+       coalesce(limits, '{}'::jsonb) AS limits
 FROM {brooq_master}
 WHERE seen_at >= now() - make_interval(secs => beat_seconds * %(missed)s::int4)
 ORDER BY host, pid, id

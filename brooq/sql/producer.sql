@@ -3,9 +3,10 @@
 
 -- name: job_insert
 -- One job. ON CONFLICT covers only keyed rows (the unique index is partial).
-INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
+                   group_key)
 VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
-        %(queue)s, %(priority)s)
+        %(queue)s, %(priority)s, %(group)s)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
@@ -14,8 +15,9 @@ RETURNING id
 -- name on the connection brooq.enqueue_line keeps for it and sent straight through
 -- libpq (id, available_at and priority in binary). Its parameter types are in
 -- enqueue_line._TYPES.
-INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
-VALUES ($1, $2, $3::jsonb, $4, coalesce($5, now()), $6, $7)
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
+                   group_key)
+VALUES ($1, $2, $3::jsonb, $4, coalesce($5, now()), $6, $7, $8)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
@@ -23,12 +25,15 @@ RETURNING id
 -- Many jobs in one statement (one round trip, one NOTIFY). Ids are made by the client,
 -- so the caller knows every id before the answer; rows skipped by a key conflict are
 -- missing from RETURNING.
-INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority)
+INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
+                   group_key)
 SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
-       i.priority
+       i.priority, i.group_key
 FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
-            %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[])
-     WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, ord)
+            %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[],
+            %(groups)b::text[])
+     WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, group_key,
+                          ord)
 ORDER BY i.ord
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
@@ -57,9 +62,9 @@ JOIN {job} ON job.topic = k.topic AND job.idempotency_key = k.key
 -- job_unique_key_idx (one active job per topic and unique_key, migration 0011), and
 -- either means "already there".
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
-                   unique_key, tags)
+                   unique_key, tags, group_key)
 VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
-        %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[])
+        %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[], %(group)s)
 ON CONFLICT DO NOTHING
 RETURNING id
 
@@ -78,7 +83,7 @@ LIMIT 1
 -- name: job_debounce
 -- One debounced job (unique_key, debounce seconds): the first of these that applies.
 --   1. The key has a waiting job (created while the key's job ran): it takes this
---      enqueue (payload, queue, priority, tags) and asks to start `debounce` from now
+--      enqueue (payload, queue, priority, tags, group) and asks to start `debounce` from now
 --      once the key's job ends (start_after).
 --   2. The key's job has not started (pending): it takes this enqueue and starts
 --      `debounce` from now.
@@ -98,7 +103,8 @@ LIMIT 1
 WITH waiting AS (
     UPDATE {job}
     SET payload = %(payload)s::jsonb, queue = %(queue)s, priority = %(priority)s,
-        tags = %(tags)s::text[], start_after = now() + make_interval(secs => %(debounce)s),
+        tags = %(tags)s::text[], group_key = %(group)s,
+        start_after = now() + make_interval(secs => %(debounce)s),
         updated_at = now()
     WHERE topic = %(topic)s AND unique_key = %(unique_key)s
       AND start_after IS NOT NULL AND state = 'pending'
@@ -106,7 +112,8 @@ WITH waiting AS (
 ), unstarted AS (
     UPDATE {job}
     SET payload = %(payload)s::jsonb, queue = %(queue)s, priority = %(priority)s,
-        tags = %(tags)s::text[], available_at = now() + make_interval(secs => %(debounce)s),
+        tags = %(tags)s::text[], group_key = %(group)s,
+        available_at = now() + make_interval(secs => %(debounce)s),
         updated_at = now()
     WHERE topic = %(topic)s AND unique_key = %(unique_key)s
       AND start_after IS NULL AND state = 'pending'
@@ -120,11 +127,11 @@ WITH waiting AS (
     ) AS running
 ), inserted AS (
     INSERT INTO {job} (id, topic, payload, available_at, queue, priority, unique_key, tags,
-                       start_after)
+                       group_key, start_after)
     SELECT %(id)s, %(topic)s, %(payload)s::jsonb,
            CASE WHEN started.running THEN '9999-01-01 00:00:00+00'::timestamptz
                 ELSE now() + make_interval(secs => %(debounce)s) END,
-           %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[],
+           %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[], %(group)s,
            CASE WHEN started.running THEN now() + make_interval(secs => %(debounce)s) END
     FROM started
     WHERE NOT EXISTS (SELECT FROM waiting) AND NOT EXISTS (SELECT FROM unstarted)
@@ -139,27 +146,28 @@ SELECT id FROM inserted
 
 -- name: job_insert_many_options
 -- job_insert_many for a batch holding unique keys or tags (brooq.produce_options): the
--- same arrays, and two more; `tags` holds each job's tags as a text[] literal (NULL: none).
+-- same arrays (the groups among them), and two more; `tags` holds each job's tags as a text[] literal (NULL: none).
 -- No conflict target, as job_insert_options.
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
-                   unique_key, tags)
+                   unique_key, tags, group_key)
 SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
-       i.priority, i.unique_key, i.tags::text[]
+       i.priority, i.unique_key, i.tags::text[], i.group_key
 FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
             %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[],
-            %(unique_keys)b::text[], %(tags)b::text[])
+            %(unique_keys)b::text[], %(tags)b::text[], %(groups)b::text[])
      WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, unique_key,
-                          tags, ord)
+                          tags, group_key, ord)
 ORDER BY i.ord
 ON CONFLICT DO NOTHING
 RETURNING id
 
--- name: job_copy_ready_tagged
--- job_copy_ready for a batch in which some jobs have tags (a text[] literal, or NULL).
-COPY {job} (id, topic, payload, queue, priority, tags) FROM STDIN
+-- name: job_copy_ready_options
+-- job_copy_ready for a batch in which some jobs have tags (a text[] literal, or NULL) or
+-- a group (Job(group=...)): a batch with neither keeps the narrower COPY.
+COPY {job} (id, topic, payload, queue, priority, tags, group_key) FROM STDIN
 
--- name: job_copy_scheduled_tagged
-COPY {job} (id, topic, payload, available_at, queue, priority, tags) FROM STDIN
+-- name: job_copy_scheduled_options
+COPY {job} (id, topic, payload, available_at, queue, priority, tags, group_key) FROM STDIN
 
 -- name: job_get_ids_by_unique_keys
 -- The active jobs holding these unique keys, each key's waiting job first (as

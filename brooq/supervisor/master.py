@@ -152,6 +152,7 @@ class Master:
             settings,
             self.metrics,
             dsn=self.listen_dsn,
+            limited=any(h.limits() for h in queue.handlers.values()),
         )
         # This master's row in brooq_master, and the ready jobs no live master handles.
         self.beat = Beat(

@@ -11,6 +11,7 @@ parts, the round trip, the attempt) and answer the control thread through one pr
 - `tasks`: one async job as a task: its slot, its soft limit, its cancellation with a reason.
 - `process`: `ChildProcess`, what every child is whatever its loop: its parts, set up after fork.
 - `roundtrip`: one claim round trip (`done` written, next claims), the held list, releases.
+- `pacing`: the topics claimed apart in turn (limits of the fleet), their windows, start deadlines.
 - `attempt`: one attempt's bookkeeping around its handler: board, payload, outcome, metering.
 - `control`: `LoopControl`, what the control thread asks of whichever loop runs.
 - `traces`: a running job's stack as text: a thread's frames, a task's await chain.

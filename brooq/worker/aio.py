@@ -159,7 +159,7 @@ class AsyncLoop:
             if self.to_release:
                 await self._give_back()
                 continue
-            await self._wait(None if stopping else self.settings.poll_interval)
+            await self._wait(None if stopping else child.trips.idle_wait())
             shallow = False  # a completion, a wake-up or poll_interval: claim again
 
     async def _wait(self, timeout: float | None) -> None:
@@ -239,6 +239,20 @@ class AsyncLoop:
         child = self.child
         claim = slot.claim
         policy = child.policies[claim.topic]
+        if child.trips.start_by and child.trips.late(claim.id):
+            # Under a rate, and not started within its allowance (brooq.worker.pacing).
+            log.info(
+                "event=job_returned job=%s topic=%s attempt_refunded=1 because=late_start",
+                claim.id,
+                claim.topic,
+            )
+            with contextlib.suppress(Stop, psycopg.Error):  # else the reaper returns it
+                await asyncio.get_running_loop().run_in_executor(
+                    self.db, child.trips.release, [claim.id]
+                )
+            slot.settled = True
+            self._tell_held()
+            return
         slot.started = time.monotonic()
         refused = child.attempts.begin(claim, policy, slot.started, slot.index)
         error: BaseException | None = refused

@@ -66,7 +66,7 @@ class Child(ChildProcess):
             while not self.state.stopping:
                 claims = self._flush_and_claim(self.batch)
                 if not claims:
-                    self.state.sleep(self.settings.poll_interval)
+                    self.state.sleep(self.trips.idle_wait())
                     continue
                 if self._run_batch(claims):
                     break
@@ -94,10 +94,14 @@ class Child(ChildProcess):
     def _run_batch(self, claims: list[Claim]) -> bool:
         """Run claimed jobs in order; True when the child must retire."""
         elapsed = 0.0
+        start_by = self.trips.start_by  # claims under a rate: a start deadline each
         for i, claim in enumerate(claims):
             if self.state.stopping:
                 self._release([c.id for c in claims[i:]])
                 return False
+            if start_by and self.trips.late(claim.id):
+                self._give_back_late(claim)
+                continue
             duration = self._run_one(claim, claims, i + 1)
             elapsed += duration
             rest = claims[i + 1 :]
@@ -136,6 +140,16 @@ class Child(ChildProcess):
         self.trips.hold([c.id for c in claims])
         self.meter.claimed(claims)
         return claims
+
+    def _give_back_late(self, claim: Claim) -> None:
+        """A claim under a rate that could not start within its allowance: started now,
+        it could break the rate the handlers see (brooq.worker.pacing)."""
+        log.info(
+            "event=job_returned job=%s topic=%s attempt_refunded=1 because=late_start",
+            claim.id,
+            claim.topic,
+        )
+        self._release([claim.id])
 
     def _release(self, ids: list[uuid.UUID]) -> None:
         if not ids:

@@ -28,6 +28,7 @@ from brooq.worker.connection import ChildConnection
 from brooq.worker.link import MasterLink
 from brooq.worker.meter import Meter, resident_mib
 from brooq.worker.outcome import OutcomeWriter
+from brooq.worker.pacing import turns
 from brooq.worker.roundtrip import RoundTrips
 from brooq.worker.state import ChildState
 from brooq.worker.weights import RoundOrder
@@ -87,8 +88,8 @@ class ChildProcess:
             self.db,
             self.outcomes,
             self.policies,
-            sorted(t for t, h in mine.items() if h.global_limit is None),
-            sorted((t, h.global_limit) for t, h in mine.items() if h.global_limit is not None),
+            sorted(t for t, h in mine.items() if h.global_limit is None and not h.coordinated),
+            turns(mine),
             RoundOrder(worked_queues(self.settings.queues, self.handlers)),
             self.config.children or max(1, self.settings.workers),
             self.link.tell,

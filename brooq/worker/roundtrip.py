@@ -1,10 +1,11 @@
 """One claim round trip: the `done` of the jobs finished since the last, and the next
 claims, in one statement; then what came back settled, and the master told what is held.
 
-Owns the claim statement's shapes (one queue, several, a limited topic in turn), the
-paused queues' reading, the jobs finished with a plain `done` waiting for the next trip
-(`RoundTrips.keep_done`), their write one by one when the database refuses the batch for
-what a result holds, the order of the claims (the queues as tried, then priority, then
+Owns the claim statement's shapes (one queue, several, a topic claimed apart in its
+turn: brooq.worker.pacing says which and with what), the paused queues' reading, the
+jobs finished with a plain `done` waiting for the next trip (`RoundTrips.keep_done`),
+their write one by one when the database refuses the batch for what a result holds, the
+order of the claims (a claim under a rate first, then the queues as tried, priority and
 FIFO), the held list the master renews, and the release of claims given back. The sync
 loop (brooq.worker.child) runs a trip whole (`exchange`); the async one
 (brooq.worker.aio) takes the finished jobs, runs the statement in its DB thread and
@@ -34,6 +35,7 @@ from brooq.sql import Queries
 from brooq.worker import execute
 from brooq.worker.connection import ChildConnection
 from brooq.worker.outcome import OutcomeWriter
+from brooq.worker.pacing import Pacing, Turn
 from brooq.worker.weights import RoundOrder
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ class ClaimRow(NamedTuple):
     carries only its id: the other columns are NULL."""
 
     claimed: bool
-    id: uuid.UUID
+    id: uuid.UUID  # None in the held-back answer of a coordinated claim (brooq.worker.pacing)
     topic: str
     payload: Any
     attempts: int
@@ -98,11 +100,16 @@ Apart = dict[uuid.UUID, tuple[str | None, execute.Outcome]]
 Trip = tuple[list[ClaimRow], list[str], Apart | None]
 
 # The claim statement of a round trip: (without results, with results), by the shape of
-# the round (one queue, several, a limited topic); looked up once in the schema's texts.
+# the round (one queue, several, a topic under global_limit, one under a rate or a limit
+# per group); looked up once in the schema's texts.
 _STATEMENTS = {
     "one": ("job_finish_and_claim", "job_finish_and_claim_results"),
     "queues": ("job_finish_and_claim_queues", "job_finish_and_claim_queues_results"),
     "limited": ("job_finish_and_claim_limited", "job_finish_and_claim_limited_results"),
+    "coordinated": (
+        "job_finish_and_claim_coordinated",
+        "job_finish_and_claim_coordinated_results",
+    ),
 }
 
 
@@ -118,7 +125,7 @@ class RoundTrips:
         outcomes: OutcomeWriter,
         policies: dict[str, Policy],
         topics: list[str],
-        limited: list[tuple[str, int]],
+        turns: list[Turn],
         order: RoundOrder,
         children: int,
         tell: Callable[[dict[str, Any]], None],
@@ -134,9 +141,13 @@ class RoundTrips:
         self.db = db
         self.outcomes = outcomes
         self.policies = policies
-        self.topics = topics  # the topics claimed without a global_limit
-        self.limited = limited  # (topic, global_limit), tried in turn
-        self._limited_turn = 0
+        self.topics = topics  # the topics claimed without a limit of the fleet
+        # The others, one per round in turn (None: there are none).
+        self.pacing = Pacing(turns) if turns else None
+        # The claims whose handler must start by a deadline (the pacing's, shared).
+        self.start_by: dict[uuid.UUID, float] = self.pacing.start_by if self.pacing else {}
+        self._turn: Turn | None = None  # the last round's turn
+        self._sent_at = 0.0  # when its statement was sent (time.monotonic)
         self.order = order
         self.children = children
         self._tell = tell
@@ -205,7 +216,10 @@ class RoundTrips:
         the guard makes that harmless; claims it may have made come back through the
         reaper). Only the database here: an async child runs it in its DB thread while
         jobs run (brooq.worker.aio)."""
+        self._turn = None  # set below when this trip claims a topic in its turn
         queues = self._claimable_queues() if limit else []
+        if limit and not queues and self.pacing is not None:
+            self.pacing.claimed(False, every_turn=True)  # every queue paused: sleep
         if not queues:  # nothing to claim from: only write what finished
             if not finished:
                 return [], [], None
@@ -218,10 +232,12 @@ class RoundTrips:
             "worker": self.identity,
             "lease": self.settings.lease,
         }
-        if self.limited:  # one limited topic per round, in turn
-            shape = "limited"
-            self._limited_turn = (self._limited_turn + 1) % len(self.limited)
-            params["limited"], params["cap"] = self.limited[self._limited_turn]
+        if self.pacing is not None:  # one topic claimed apart per round, in turn
+            # A trip that only writes takes no turn (and tells nothing of a window).
+            turn = self.pacing.next_turn() if limit else self.pacing.turns[0]
+            self._turn = turn if limit else None
+            shape = turn.shape
+            params.update(turn.params)
             params["queues"] = queues
         elif len(queues) == 1:
             shape = "one"
@@ -236,6 +252,8 @@ class RoundTrips:
             params["results"] = [f[2] for f in finished]
         try:
             conn = self.db.get()
+            if self._turn is not None:  # a rated claim's start deadline counts from here
+                self._sent_at = time.monotonic()
             cur = conn.cursor(row_factory=claim_row)
             if self.db.local is None:
                 rows = cur.execute(statement, params, prepare=True).fetchall()
@@ -299,6 +317,10 @@ class RoundTrips:
                 state, outcome = apart[claim.id]
                 self.outcomes.settled(claim, state, duration, outcome)
             return []
+        turn = self._turn
+        if turn is not None and turn.shape == "coordinated":
+            assert self.pacing is not None
+            rows = self.pacing.sift(rows, turn, self._sent_at)
         written = {r.id for r in rows if not r.claimed}
         with logs.batch(log):  # the round trip's job_done lines in one write
             for claim, duration, _ in finished:
@@ -309,7 +331,24 @@ class RoundTrips:
             (r for r in rows if r.claimed),
             key=lambda r: (rank.get(r.queue, 0), -r.priority, r.available_at, r.id),
         )
+        if self.pacing is not None:
+            if turn is not None:  # a claim, not a trip that only wrote
+                self.pacing.claimed(bool(claimed))
+            if self.start_by:  # a claim under a rate starts first: its deadline is near
+                claimed.sort(key=lambda r: r.id not in self.start_by)
         return [r.claim() for r in claimed]
+
+    def idle_wait(self) -> float:
+        """How long an idle child sleeps before its next claim: poll_interval, or until
+        a topic's window has room again if sooner."""
+        if self.pacing is None:
+            return self.settings.poll_interval
+        return self.pacing.idle_wait(self.settings.poll_interval)
+
+    def late(self, job_id: uuid.UUID) -> bool:
+        """Whether a claim under a rate is past its start deadline: it must be given
+        back unstarted (brooq.worker.pacing). Asked right before its start."""
+        return self.pacing is not None and self.pacing.late(job_id)
 
     def _claimable_queues(self) -> list[str]:
         """This round's queues in order, without the paused ones. The pauses are read
@@ -351,5 +390,8 @@ class RoundTrips:
     def release(self, ids: list[uuid.UUID]) -> None:
         """Give back claims not started (pending, attempt refunded). Only the database:
         the caller says what it holds after."""
+        if self.start_by:
+            for job_id in ids:
+                self.start_by.pop(job_id, None)
         conn = self.db.get()
         conn.execute(self.q.job_release_ids, {"ids": ids, "worker": self.identity})

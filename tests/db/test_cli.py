@@ -168,6 +168,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "topic": "mail",
             "pending": 2,
             "ready": 2,
+            "held": 0,
             "processing": 2,
             "busy": 1,
             "failed": 1,
@@ -179,6 +180,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "topic": "report",
             "pending": 1,
             "ready": 1,
+            "held": 0,
             "processing": 1,
             "busy": 1,
             "failed": 0,
@@ -197,6 +199,7 @@ def test_stats_plain(dsn: str, world: Jobs) -> None:
         "TOPIC",
         "PENDING",
         "READY",
+        "HELD",
         "FAILED",
         "PROCESSING",
         "BUSY",
@@ -205,11 +208,11 @@ def test_stats_plain(dsn: str, world: Jobs) -> None:
         "READY",
     ]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[1:-1]}
-    assert rows[("default", "mail")][:6] == ["2", "2", "1", "2", "1", "1"]
-    assert rows[("default", "mail")][6].endswith("m")  # 90 s and more shows as 1.5m
-    assert rows[("reports", "report")][:6] == ["1", "1", "0", "1", "1", "0"]
+    assert rows[("default", "mail")][:7] == ["2", "2", "0", "1", "2", "1", "1"]
+    assert rows[("default", "mail")][7].endswith("m")  # 90 s and more shows as 1.5m
+    assert rows[("reports", "report")][:7] == ["1", "1", "0", "0", "1", "1", "0"]
     total = lines[-1].split()
-    assert total[0] == "(total)" and total[1:7] == ["3", "3", "1", "3", "2", "1"]
+    assert total[0] == "(total)" and total[1:8] == ["3", "3", "0", "1", "3", "2", "1"]
 
 
 def test_stats_of_an_empty_queue(dsn: str) -> None:
@@ -282,6 +285,7 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
         "unique_key": None,
         "tags": [],
         "start_after": None,
+        "group": None,
     }
     datetime.fromisoformat(dead["updated_at"])
 
@@ -620,6 +624,7 @@ def test_queues_json(dsn: str, world: Jobs) -> None:
             "processing": 2,
             "failed": 1,
             "dead": 1,
+            "limits": {},
         },
         {
             "name": "reports",
@@ -629,6 +634,7 @@ def test_queues_json(dsn: str, world: Jobs) -> None:
             "processing": 1,
             "failed": 0,
             "dead": 0,
+            "limits": {},
         },
     ]
     assert 90 <= ages[0] < 120 and 10 <= ages[1] < 40
@@ -681,6 +687,7 @@ def test_pause_a_queue_before_any_job_then_resume_it(dsn: str, db: psycopg.Conne
         "failed": 0,
         "dead": 0,
         "oldest_ready_seconds": 0.0,
+        "limits": {},
     }
     assert as_json(dsn, "queues") == [idle]
     assert ok(dsn, "queues").splitlines()[1].split() == [

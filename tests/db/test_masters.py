@@ -31,6 +31,8 @@ def test_master_beat_writes_its_row_reads_the_others_and_sweeps_when_asked(
         params = [
             str(me), "h2", "3", "0.1.0", "app:queue", '["default"]', '["mine"]', children,
             "2.0", T0.isoformat(), "3", "true" if sweep else "false",
+            '{"mine": {"queue": "default", "rate_limit": {"limit": 5, "per_seconds": 1.0, '
+            '"text": "5/s"}}}',
         ]  # fmt: skip
         result = db.pgconn.exec_params(Q.master_beat.encode(), [p.encode() for p in params])
         assert result.status == psycopg.pq.ExecStatus.TUPLES_OK, result.error_message
@@ -49,5 +51,8 @@ def test_master_beat_writes_its_row_reads_the_others_and_sweeps_when_asked(
     mine = rows[me]
     assert (mine.queues, mine.topics, mine.started_at) == (("default",), ("mine",), T0)
     assert [c.pid for c in mine.children] == [9] and mine.beat_seconds == 2.0
+    assert mine.limits == {"mine": {"queue": "default", "rate_limit": {
+        "limit": 5, "per_seconds": 1.0, "text": "5/s"}}}  # fmt: skip
+    assert rows[other].limits == {}  # a row without (an older master's): none
     db.execute(Q.master_leave, {"id": me})
     assert [m.id for m in masters.live(db)] == [other]

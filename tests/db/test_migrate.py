@@ -90,6 +90,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "unique_key",
         "start_after",
         "tags",
+        "group_key",
     ]
     nullable = {c[0] for c in columns if c[2] == "YES"}
     assert nullable == {
@@ -103,6 +104,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "unique_key",
         "start_after",
         "tags",
+        "group_key",
     }
     assert {
         "job_pkey",
@@ -114,6 +116,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "job_failed_dead_idx",
         "job_unique_key_idx",
         "job_unique_key_waiting_idx",
+        "job_ready_group_idx",
     } <= indexes
     assert options is not None
     assert set(options[0]) >= {
@@ -221,7 +224,9 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
-    assert out.returncode == 0 and out.stdout == "reverted 0011_unique_keys\n", out.stdout
+    assert out.returncode == 0 and out.stdout == "reverted 0012_rate_limits_groups\n", out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout.startswith("reverted 0011_"), out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0010_masters\n", out.stdout
     out = cli("down")
@@ -523,6 +528,68 @@ def test_unique_keys_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (502,)
     migrate.up(empty_dsn, 11)
+    assert schema() == after
+
+
+def test_rate_limits_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0012 adds job.group_key (nullable, no default: the rows keep theirs), its CHECK
+    (validated), job_ready_group_idx built concurrently, brooq_rate_slot, brooq_group_turn,
+    brooq_master.limits and the coordinated claim's functions, on a table that holds jobs
+    while a producer's transaction is open; down gives back exactly 0011's schema, rows
+    included, and up again the same as the first time."""
+    from brooq.sql import Q
+
+    def schema() -> tuple[list[tuple[object, ...]], list[str]]:
+        return job_shape(empty_dsn), brooq_objects(empty_dsn)
+
+    migrate.up(empty_dsn, 11)
+    before = schema()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 2000)")
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 12)] == [
+        ("rate_limits_groups", False)
+    ]
+    after = schema()
+    added = sorted(set(after[1]) - set(before[1]))
+    assert [a for a in added if not a.startswith("type ")] == [
+        "function brooq_claim_coordinated",
+        "function brooq_window_room",
+        "function brooq_window_sweep",
+        "function brooq_window_take",
+        "relation brooq_group_turn",
+        "relation brooq_group_turn_pkey",
+        "relation brooq_rate_slot",
+        "relation brooq_rate_slot_free_idx",
+        "relation brooq_rate_slot_pkey",
+        "relation job_ready_group_idx",
+    ]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*), count(group_key) FROM job").fetchone() == (2000, 0)
+        assert conn.execute(
+            "SELECT convalidated FROM pg_constraint WHERE conname = 'job_group_key_check'"
+        ).fetchone() == (True,)
+        assert conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'job_ready_group_idx'::regclass"
+        ).fetchone() == (True,)
+        for bad in ("''", "repeat('x', 129)"):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(f"INSERT INTO job (topic, group_key) VALUES ('t', {bad})")
+        # The functions find brooq's tables whatever the caller's search_path.
+        conn.execute("SET search_path = pg_catalog")
+        assert conn.execute(
+            "SELECT count(*) FROM public.brooq_claim_coordinated('t', NULL, 1, 1.0, 1, NULL, "
+            "NULL, '{default}', '{}', 'w', 30, 1)"
+        ).fetchone() == (1,)
+        assert conn.execute("SELECT public.brooq_window_sweep(10)").fetchone() == (0,)
+        conn.execute("RESET search_path")
+        assert conn.execute("SELECT count(*) FROM brooq_rate_slot").fetchone() == (1,)
+        conn.execute("UPDATE brooq_master SET limits = '{}'")  # the column is there
+        assert conn.execute(Q.topic_limits_held).fetchall() == []
+    assert [m.name for m in migrate.down(empty_dsn)] == ["rate_limits_groups"]
+    assert schema() == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
+    migrate.up(empty_dsn, 12)
     assert schema() == after
 
 

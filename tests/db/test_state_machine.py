@@ -130,6 +130,7 @@ class QueueMachine(RuleBasedStateMachine):
                 "available_ats": [j.available_at for j in jobs],
                 "queues": ["default" for _ in jobs],
                 "priorities": [j.priority for j in jobs],
+                "groups": [j.group for j in jobs],
             },
         ).fetchall()
         assert sorted(row["id"] for row in rows) == sorted(ids)

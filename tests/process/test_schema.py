@@ -102,6 +102,11 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
         pinned = conn.execute(
             "SELECT proconfig FROM pg_proc WHERE proname = 'brooq_claim_limited'"
         ).fetchone()
+        # The coordinated claim and its helpers (0012) too.
+        pinned_0012 = conn.execute(
+            "SELECT DISTINCT proconfig FROM pg_proc WHERE proname IN ('brooq_claim_coordinated', "
+            "'brooq_window_room', 'brooq_window_take', 'brooq_window_sweep')"
+        ).fetchall()
     assert ("public", "job") in tables
     assert {t for s, t in tables if s == SCHEMA} == {
         "job",
@@ -110,8 +115,11 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
         "brooq_stack_request",
         "brooq_master",
         "brooq_migration",
+        "brooq_rate_slot",
+        "brooq_group_turn",
     }
     assert pinned == ([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)
+    assert pinned_0012 == [([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)]
     assert app_job_rows(dsn) == [(1, "invoice"), (2, "refund")]
     # status honours the schema; without it, nothing of brooq's is on the search_path
     out = cli(dsn, "--schema", SCHEMA, "migrate", "status")
@@ -125,8 +133,10 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
     out = cli(dsn, "migrate", "up", env={"QUEUE_SCHEMA": "Bad-Name"})
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "QUEUE_SCHEMA" in out.stderr
     # every down step, in the schema; the application's table is left alone
-    out = cli(dsn, "--schema", SCHEMA, "migrate", "down", "--steps", str(len(MIGRATIONS)))
-    assert out.returncode == 0 and out.stdout.startswith(f"reverted {NEWEST}"), out.stderr
+    newest = migration_files.load()[-1]
+    out = cli(dsn, "--schema", SCHEMA, "migrate", "down", "--steps", str(newest.version))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"reverted {newest.version:04d}_{newest.name}"), out.stdout
     with psycopg.connect(dsn) as conn:
         left = conn.execute(
             "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "

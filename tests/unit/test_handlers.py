@@ -202,6 +202,13 @@ def test_registration_refuses_a_payload_type_it_cannot_check() -> None:
         ({"global_limit": 2.5}, "global_limit must be an integer"),
         ({"global_limit": True}, "global_limit must be an integer"),
         ({"global_limit": 2**31}, "global_limit must be at most"),
+        ({"group_limit": 0}, "t: group_limit must be from 1"),
+        ({"group_limit": "2"}, "t: group_limit must be an integer from 1"),
+        ({"rate_limit": "50/x"}, r"t: rate_limit must be 'N/s', 'N/m', 'N/h'"),
+        ({"rate_limit": 50}, r"t: rate_limit must be 'N/s'.* got 50"),
+        ({"rate_limit": "0/s"}, "t: rate_limit: a rate's limit must be from 1"),
+        ({"group_rate_limit": "5 per second"}, r"t: group_rate_limit must be 'N/s'"),
+        ({"group_rate_limit": "-1/m"}, r"t: group_rate_limit must be 'N/s'"),
         ({"queue": "Not ok"}, "t: queue 'Not ok' does not match"),
     ],
 )

@@ -305,3 +305,30 @@ def test_the_bounds_themselves_are_accepted() -> None:
     assert brooq.Job("t", priority=32767).priority == 32767
     assert brooq.Job("t", priority=-32768).priority == -32768
     assert brooq.Job("t", queue="a.b-c_d").queue == "a.b-c_d"
+
+
+# -- a job's group ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group", ["tenant-42", "A", "Acme Corp", "é" * 128, "a/b:c"])
+def test_a_group_is_one_to_128_printable_characters(group: str) -> None:
+    assert Job("t", group=group).group == group
+
+
+def test_no_group() -> None:
+    assert Job("t").group is None and Job("t", group="").group is None  # "" is no group
+
+
+@pytest.mark.parametrize(
+    ("group", "text"),
+    [
+        ("x" * 129, "group is 129 characters long; the limit is 128"),
+        ("a\nb", "group 'a\\\\nb' holds a control character"),
+        ("a\x00", "holds a control character"),
+        (42, "group must be a string or None, not int"),
+        (b"a", "group must be a string or None, not bytes"),
+    ],
+)
+def test_a_bad_group_is_refused_naming_it(group: Any, text: str) -> None:
+    with pytest.raises(brooq.InvalidGroup, match=text):
+        Job("t", group=group)

@@ -72,3 +72,27 @@ def test_a_row_as_read_and_as_json() -> None:
 
 
 # -- the watch ---------------------------------------------------------------------------------
+
+
+# -- the limits the masters publish ---------------------------------------------------------
+
+
+def test_a_row_reads_its_limits_and_the_latest_master_gives_a_topics() -> None:
+    from dataclasses import replace
+
+    from brooq.masters import MISSED_BEATS, topic_limits
+    from brooq.sql import Q
+
+    old = replace(row(1, ["default"], ["a"]), limits={"a": {"rate_limit": {"text": "5/s"}}})
+    raw = {**old.to_dict(), "limits": json.dumps({"a": {"global_limit": 2}, "bad": 3})}
+    for key in ("id", "started_at", "seen_at"):
+        raw[key] = getattr(old, key)
+    raw["seen_at"] = old.seen_at + timedelta(seconds=5)
+    new = MasterRow.from_row(raw)
+    assert new.limits == {"a": {"global_limit": 2}}  # what is not an object is left out
+    assert row(2, ["default"], ["a"]).limits == {}  # an older brooq's row: none
+    assert topic_limits([new, old]) == {"a": {"global_limit": 2}}
+    assert new.to_dict()["limits"] == {"a": {"global_limit": 2}}
+    # The statements of what the limits hold back count a row live as brooq.masters does.
+    for statement in (Q.topic_limits_held, Q.job_held_by_topic):
+        assert f"m.beat_seconds * {MISSED_BEATS})" in statement

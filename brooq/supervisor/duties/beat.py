@@ -3,11 +3,12 @@ soon after its children changed) and a source of the master's select (the beat's
 answer, read when it arrives).
 
 Owns: writing the row (host, pid, version, application, the queues it works and its
-topics, its children, its beat, when it started) with master_beat, sent off the loop
-(brooq.supervisor.offloop) on a connection of its own; sweeping the rows of vanished
-masters every SWEEP_EVERY beats (the same statement); the (queue, topic) pairs the live
-fleet handles as the last answer said (``live_pairs``, for the unhandled-topic watch:
-brooq.supervisor.unhandled); deleting the row when the master stops (``leave``).
+topics, their limits of the fleet, its children, its beat, when it started) with
+master_beat, sent off the loop (brooq.supervisor.offloop) on a connection of its own;
+sweeping the rows of vanished masters every SWEEP_EVERY beats (the same statement); the
+(queue, topic) pairs the live fleet handles as the last answer said (``live_pairs``, for
+the unhandled-topic watch: brooq.supervisor.unhandled); deleting the row when the master
+stops (``leave``).
 Must never wait on the beat in the loop: a database out of reach skips a beat, one in
 flight is never sent twice, and only ``leave``, at the master's end, waits (a bounded
 moment) for the answer of a beat in flight, so that it cannot write the row again after
@@ -99,6 +100,14 @@ class Beat(Source):
             json.dumps(topics).encode(),
         ]
         self._started = started.encode()
+        # Each topic's limits (global_limit, the rates, the limits per group), for the
+        # readers that show them and what they hold back (brooq.masters).
+        limits = {
+            topic: {"queue": h.queue, **h.limits()}
+            for topic, h in sorted(handlers.items())
+            if h.limits()
+        }
+        self._limits = json.dumps(limits).encode()
         self._born: dict[int, str] = {}  # child pid -> when it started, as written
         self.beats = 0  # beats sent
         self.answers = 0  # beats answered
@@ -157,6 +166,7 @@ class Beat(Source):
             self._started,
             str(MISSED_BEATS).encode(),
             b"true" if sweep else b"false",
+            self._limits,
         ]
         if not line.send(self.conns.q.master_beat, params):
             return {}

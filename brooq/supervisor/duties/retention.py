@@ -2,8 +2,10 @@
 again RETENTION_BEHIND_PAUSE later while a backlog is left.
 
 Owns: deleting terminal jobs older than retention_ttl in bounded passes
-(brooq.supervisor.maintenance.delete_expired), expiring stack requests left behind, and
-saying when it is behind. Must never hold the loop for more than one pass.
+(brooq.supervisor.maintenance.delete_expired), expiring stack requests left behind,
+deleting the rates' windows no start needs any more (once per period, not between the
+passes of a backlog), and saying when it is behind. Must never hold the loop for more
+than one pass.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ RETENTION = "retention"
 # Retention while behind: the pause between two passes, and how often it says so.
 RETENTION_BEHIND_PAUSE = 0.01
 RETENTION_LOG_EVERY = 10.0
+# The rates' idle windows deleted per period, at most (one index probe each, under a
+# topic lock that is only tried, never waited for).
+RATE_WINDOWS_PER_PASS = 1000
 
 
 class Retention:
@@ -54,6 +59,13 @@ class Retention:
         self.conns.with_db(
             "stack_requests", lambda conn: conn.execute(self.conns.q.stack_requests_expire)
         )
+        if self.again_after is None:  # a period's run, not a backlog's next pass
+            self.conns.with_db(
+                "rate_windows",
+                lambda conn: conn.execute(
+                    self.conns.q.rate_windows_sweep, {"windows": RATE_WINDOWS_PER_PASS}
+                ),
+            )
         if self.ttl <= 0:
             return {}
         result = self.conns.with_db(

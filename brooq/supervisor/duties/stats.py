@@ -2,15 +2,18 @@
 the master's select (the count's answer, read when it arrives).
 
 Owns: counting the jobs by queue, topic and state off the loop
-(brooq.supervisor.offloop), pacing the count by its duration, writing the gauges, and
-handing each count to the unhandled-topic watch (brooq.supervisor.unhandled).
+(brooq.supervisor.offloop), and, on a master with limited topics, the ready jobs their
+limits hold back (job_held_by_topic, in the same round trip); pacing the count by its
+duration, writing the gauges (the oldest ready age leaves out the jobs held back: a topic
+waiting its turn is not stuck), and handing each count to the unhandled-topic watch
+(brooq.supervisor.unhandled).
 Must never wait on the count in the loop.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from brooq.metrics import Metrics
@@ -62,8 +65,11 @@ class Stats(Source):
         settings: Settings,
         metrics: Metrics | None,
         dsn: str | None = None,
+        limited: bool = False,
     ) -> None:
         self.conns = conns
+        # A topic of this master's has limits of the fleet: count what they hold back.
+        self.limited = limited
         self.handled = {(queue, topic) for topic, queue in topics.items()}
         self.configured = self.period = settings.stats_period
         self.metrics = metrics
@@ -106,7 +112,10 @@ class Stats(Source):
         # the next run a configured period on: that run waits for the paced one.
         if self.sent_at is not None and now - self.sent_at < self.period:
             return {}
-        if not self.line.send(self.conns.q.job_stats_by_topic):
+        statement = self.conns.q.job_stats_by_topic
+        if self.limited:  # two statements, two results, one round trip
+            statement = f"{statement};\n{self.conns.q.job_held_by_topic}"
+        if not self.line.send(statement):
             return {}
         self.sent_at = now
         return {"sent": 1}
@@ -127,22 +136,31 @@ class Stats(Source):
         if answer.error:
             log.warning("event=stats_failed seconds=%.2f error=%r", answer.seconds, answer.error)
             return
-        self.apply(stats_rows(answer.results[0]) if answer.results else [])
+        results = answer.results
+        self.apply(
+            stats_rows(results[0]) if results else [],
+            stats_rows(results[1]) if len(results) > 1 else [],
+        )
 
     def close(self) -> None:
         if self.line is not None:
             self.line.close()
 
-    def apply(self, rows: list[dict[str, Any]]) -> Counts:
-        """The gauges from one count's rows (job_stats_by_topic)."""
+    def apply(self, rows: list[dict[str, Any]], held: Sequence[dict[str, Any]] = ()) -> Counts:
+        """The gauges from one count's rows (job_stats_by_topic) and what the limits hold
+        back (job_held_by_topic: the held jobs, and the oldest ready age without them)."""
         assert self.metrics is not None
         by_key = {(r["queue"], r["topic"]): r for r in rows}
+        holds = {(h["queue"], h["topic"]): h for h in held}
         for queue, topic in self.handled | self.shown | set(by_key):
             r = by_key.get((queue, topic), {})
             for state in ("pending", "processing", "failed", "dead"):
                 self.metrics.jobs.labels(topic=topic, state=state, queue=queue).set(r.get(state, 0))
-            self.metrics.oldest_ready.labels(topic=topic, queue=queue).set(
-                float(r.get("oldest_ready_age", 0.0))
+            h = holds.get((queue, topic))
+            oldest = r.get("oldest_ready_age", 0.0) if h is None else h["oldest_unheld_age"]
+            self.metrics.oldest_ready.labels(topic=topic, queue=queue).set(float(oldest))
+            self.metrics.held.labels(topic=topic, queue=queue).set(
+                float(h["held"]) if h is not None else 0.0
             )
         self.shown = set(by_key)
         if self.unhandled is not None:

@@ -1,5 +1,5 @@
 """The statement loader of brooq/sql: templates expanded into their variants, a name
-defined twice refused, and the claim template's six variants held to what each is for.
+defined twice refused, and the claim template's eight variants held to what each is for.
 No database."""
 
 from __future__ import annotations
@@ -82,7 +82,12 @@ def test_a_name_defined_twice_is_refused_naming_both_files(tmp_path: Path) -> No
 SQL_DIR = Path(__file__).parents[3] / "brooq" / "sql"
 FINISHED = re.compile(r"WITH finished AS \(.*? RETURNING id \), ")
 LOCK = re.compile(r"FOR NO KEY UPDATE (OF job )?SKIP LOCKED")
-BASES = ("job_finish_and_claim", "job_finish_and_claim_queues", "job_finish_and_claim_limited")
+BASES = (
+    "job_finish_and_claim",
+    "job_finish_and_claim_queues",
+    "job_finish_and_claim_limited",
+    "job_finish_and_claim_coordinated",
+)
 
 
 def _sql(text: str) -> str:
@@ -117,10 +122,26 @@ def test_each_claim_variant_locks_once_and_reads_its_queues(base: str) -> None:
     assert locks == ["" if one_queue else "OF job "]
     assert ("%(queue)s" in statement, "%(queues)b" in statement) == (one_queue, not one_queue)
     limited = base.endswith("_limited")
+    coordinated = base.endswith("_coordinated")
     assert ("{brooq_claim_limited}" in getattr(Q, base)) is False  # marks are rendered
     assert ("brooq_claim_limited(" in statement) == limited
-    assert ("FROM limited UNION ALL" in statement) == limited
+    assert ("brooq_claim_coordinated(" in statement) == coordinated
+    assert ("FROM limited UNION ALL" in statement) == (limited or coordinated)
     assert ("LIMIT least(%(limit)s - (SELECT count(*) FROM limited)" in statement) == limited
+    assert ("LIMIT least(%(limit)s - (SELECT count(id) FROM limited)" in statement) == coordinated
+
+
+def test_the_coordinated_variant_is_the_limited_one_with_its_own_function() -> None:
+    """Only the function called and the count of what it claimed (its held-back answer
+    has no id) differ."""
+    limited, coordinated = (
+        _sql(Q.job_finish_and_claim_limited),
+        _sql(Q.job_finish_and_claim_coordinated),
+    )
+    call = re.compile(r"FROM brooq_claim_(limited|coordinated)\(.*?\) AS c \)")
+    assert call.sub("CALL", limited).replace("count(*) FROM limited", "N") == call.sub(
+        "CALL", coordinated
+    ).replace("count(id) FROM limited", "N")
 
 
 def test_the_queues_variant_is_the_limited_one_without_the_limited_topic() -> None:
@@ -130,6 +151,7 @@ def test_the_queues_variant_is_the_limited_one_without_the_limited_topic() -> No
     head = "SELECT true, id, topic, payload, attempts, locked_by, locked_until, available_at, "
     without = (
         limited.replace(cte.group(), "")
+        .replace(" AND cardinality(%(topics)b::text[]) > 0", "")
         .replace(" - (SELECT count(*) FROM limited)", "")
         .replace("FROM limited UNION ALL " + head + "queue, priority ", "")
     )

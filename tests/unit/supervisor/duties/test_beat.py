@@ -74,10 +74,12 @@ def handler(queue: str = "default") -> Handler:
     return q.handlers["t"]
 
 
-def beat(clock: list[float]) -> tuple[Beat, FakeConns, FakeLine, SimpleNamespace]:
+def beat(
+    clock: list[float], handlers: dict[str, Handler] | None = None
+) -> tuple[Beat, FakeConns, FakeLine, SimpleNamespace]:
     conns, line = FakeConns(), FakeLine()
     fleet = SimpleNamespace(children={})
-    handlers = {"b.one": handler(), "a.two": handler("bulk")}
+    handlers = handlers or {"b.one": handler(), "a.two": handler("bulk")}
     duty = Beat(
         conns,  # type: ignore[arg-type]
         fleet,  # type: ignore[arg-type]
@@ -90,6 +92,22 @@ def beat(clock: list[float]) -> tuple[Beat, FakeConns, FakeLine, SimpleNamespace
     )
     duty.line = line  # type: ignore[assignment]
     return duty, conns, line, fleet
+
+
+def test_the_beat_publishes_each_topics_limits() -> None:
+    q = brooq.Queue(dsn="postgresql://x@127.0.0.1:1/x")
+    q.handler("api.rated", rate_limit="50/s", queue="bulk")(lambda claim: None)
+    q.handler("tenant.work", group_limit=2, global_limit=9)(lambda claim: None)
+    q.handler("plain")(lambda claim: None)
+    duty, _, line, _ = beat([0.0], dict(q.handlers))
+    assert duty.run_once(0.0)["sent"] == 1
+    assert json.loads(line.sent[0][1][12]) == {  # type: ignore[arg-type]
+        "api.rated": {
+            "queue": "bulk",
+            "rate_limit": {"limit": 50, "per_seconds": 1.0, "text": "50/s"},
+        },
+        "tenant.work": {"queue": "default", "global_limit": 9, "group_limit": 2},
+    }
 
 
 def test_the_beat_writes_the_row_sweeps_now_and_then_and_never_waits() -> None:
@@ -109,7 +127,7 @@ def test_the_beat_writes_the_row_sweeps_now_and_then_and_never_waits() -> None:
         (11, "sync", 0),
         (12, "async", 1),
     ]
-    assert params[8:] == [b"2.0", params[9], b"3", b"true"]
+    assert params[8:] == [b"2.0", params[9], b"3", b"true", b"{}"]  # no topic has limits
     # A beat in flight is never sent twice; a change of the children asks again soon.
     line.busy = True
     assert duty.run_once(2.0) == {} and duty.again_after is None

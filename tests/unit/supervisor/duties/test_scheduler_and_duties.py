@@ -184,6 +184,7 @@ class FakeMetrics:
     def __init__(self) -> None:
         self.jobs = FakeGauge()
         self.oldest_ready = FakeGauge()
+        self.held = FakeGauge()
         self.dead_tuples = PlainGauge()
         self.xid_age = PlainGauge()
 
@@ -250,6 +251,16 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
     metrics.jobs.written.clear()
     duty.apply([stats_row("bulk", "mail", 2)])  # written as zero once, then forgotten
     assert {dict(key)["queue"] for key in metrics.jobs.written} == {"bulk", "default"}
+
+    # A topic whose limits hold jobs back: the held gauge, and the oldest ready age of
+    # the jobs not held back (a topic waiting its turn is not stuck).
+    held = [{"queue": "bulk", "topic": "mail", "held": 2, "oldest_unheld_age": 0.5}]
+    duty.apply([stats_row("bulk", "mail", 3, 600.0)], held)
+    assert metrics.held.values[(("queue", "bulk"), ("topic", "mail"))] == 2
+    assert metrics.oldest_ready.values[(("queue", "bulk"), ("topic", "mail"))] == 0.5
+    duty.apply([stats_row("bulk", "mail", 3, 600.0)])  # held no more: the whole age again
+    assert metrics.held.values[(("queue", "bulk"), ("topic", "mail"))] == 0
+    assert metrics.oldest_ready.values[(("queue", "bulk"), ("topic", "mail"))] == 600.0
 
     # A handled topic without rows shows as zero in its handler's queue.
     listed = Stats(conns, {"mail": "default"}, Settings(), metrics)  # type: ignore[arg-type]
@@ -339,3 +350,26 @@ def test_renewal_does_not_take_an_old_answer_for_a_new_claim_of_the_job() -> Non
     finally:
         for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
             os.close(fd)
+
+
+def test_retention_sweeps_the_idle_rate_windows_once_per_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The windows no start needs are deleted on a period's run, not on the passes that
+    follow each other while a backlog of old jobs is deleted."""
+    from types import SimpleNamespace
+
+    from brooq.supervisor import maintenance
+
+    ran: list[str] = []
+    q = SimpleNamespace(stack_requests_expire="expire", rate_windows_sweep="sweep")
+    conn = SimpleNamespace(execute=lambda statement, *args: ran.append(statement))
+    conns: Any = SimpleNamespace(q=q, with_db=lambda what, fn: fn(conn))
+    more = [True, False]
+    monkeypatch.setattr(maintenance, "delete_expired", lambda *a, **k: ({"t": 1}, more.pop(0)))
+    duty = Retention(conns, Settings(retention_ttl=3600), None)
+    duty.run_once(0.0)  # a period's run: behind after it
+    assert ran == ["expire", "sweep"] and duty.again_after is not None
+    ran.clear()
+    duty.run_once(0.01)  # the backlog's next pass
+    assert ran == ["expire"] and duty.again_after is None

@@ -1,0 +1,110 @@
+"""The topics a child claims apart (brooq.worker.pacing): their turns and parameters, which
+turn a round takes, what a held-back answer makes the child do, and the start deadline
+of a claim under a rate."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import NamedTuple
+
+import brooq
+from brooq.worker.pacing import Pacing, turns
+
+NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+
+class Row(NamedTuple):
+    claimed: bool
+    id: uuid.UUID
+    topic: str
+    locked_until: datetime
+    available_at: datetime
+
+
+def handlers() -> dict[str, brooq.handlers.Handler]:
+    q = brooq.Queue("postgresql://unused")
+    q.handler("a.capped", global_limit=2)(print)
+    q.handler("b.rated", rate_limit="20/s", global_limit=3)(print)
+    q.handler("c.grouped", group_limit=1, group_rate_limit="1/m")(print)
+    q.handler("d.free")(print)
+    return q.handlers
+
+
+def test_each_limited_topic_has_a_turn_with_its_parameters() -> None:
+    found = {t.topic: t for t in turns(handlers())}
+    assert sorted(found) == ["a.capped", "b.rated", "c.grouped"]
+    assert found["a.capped"].shape == "limited"
+    assert found["a.capped"].params == {"limited": "a.capped", "cap": 2}
+    assert found["a.capped"].allowance is None
+    assert found["b.rated"].shape == "coordinated"
+    assert found["b.rated"].params == {
+        "limited": "b.rated",
+        "cap": 3,
+        "rate": 20,
+        "window": 1.05,
+        "group_cap": None,
+        "group_rate": None,
+        "group_window": None,
+    }
+    assert found["b.rated"].allowance == 0.05
+    grouped = found["c.grouped"]
+    assert (grouped.params["group_cap"], grouped.params["group_rate"]) == (1, 1)
+    assert grouped.params["group_window"] == 60.25 and grouped.allowance == 0.25
+
+
+def test_the_turns_go_round_and_a_window_with_room_again_goes_first() -> None:
+    clock = [0.0]
+    pacing = Pacing(turns(handlers()), clock=lambda: clock[0])
+    assert [pacing.next_turn().topic for _ in range(4)] == [
+        "a.capped",
+        "b.rated",
+        "c.grouped",
+        "a.capped",
+    ]
+    rated = pacing.turns[1]
+    held = Row(True, None, "b.rated", NOW, NOW + timedelta(seconds=0.3))  # type: ignore[arg-type]
+    assert pacing.sift([held], rated, sent_at=0.0) == []
+    for _ in pacing.turns:  # an idle child sleeps once every turn came back with nothing
+        assert pacing.idle_wait(1.0) == 0.0
+        pacing.claimed(False)
+    assert pacing.idle_wait(1.0) == 0.3  # not poll_interval: the window has room sooner
+    assert pacing.next_turn().topic == "b.rated"  # in order (its room is not yet there)
+    clock[0] = 0.31
+    assert pacing.idle_wait(1.0) == 0.001  # due: a millisecond, never a spin
+    assert pacing.next_turn().topic == "b.rated"  # due first, out of order
+    assert pacing.sift([], rated, sent_at=0.31) == [] and pacing.idle_wait(1.0) == 1.0
+    pacing.claimed(True)  # a claim: the turns come round again before any sleep
+    assert pacing.idle_wait(1.0) == 0.0
+
+
+def test_a_claim_under_a_rate_must_start_within_its_allowance() -> None:
+    clock = [10.0]
+    pacing = Pacing(turns(handlers()), clock=lambda: clock[0])
+    rated, capped = pacing.turns[1], pacing.turns[0]
+    mine, other, finished = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    rows = [
+        Row(True, mine, "b.rated", NOW, NOW),
+        Row(True, other, "d.free", NOW, NOW),
+        Row(False, finished, None, None, None),  # type: ignore[arg-type]
+    ]
+    assert pacing.sift(rows, rated, sent_at=10.0) == rows
+    assert pacing.start_by == {mine: 10.05}
+    assert not pacing.late(other)  # no deadline
+    clock[0] = 10.049
+    assert not pacing.late(mine)
+    assert pacing.start_by == {}  # asked once
+    pacing.sift(rows[:1], rated, sent_at=10.0)
+    clock[0] = 10.051
+    assert pacing.late(mine)
+    pacing.sift(rows[:1], capped, sent_at=20.0)  # a cap alone: no deadline
+    assert pacing.start_by == {}
+
+
+def test_nothing_to_claim_from_sleeps_at_once() -> None:
+    """Every worked queue paused: no turn is tried, and the child sleeps its
+    poll_interval rather than going round the turns."""
+    pacing = Pacing(turns(handlers()), clock=lambda: 0.0)
+    assert pacing.idle_wait(1.0) == 0.0
+    pacing.claimed(False, every_turn=True)
+    assert pacing.idle_wait(1.0) == 1.0
