@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import snapshot_stats as stats
 from common import (  # the benchmark's own modules, next to this file
+    APPS_DIR,
+    ROOT,
     Worker,
     base_env,
     choose_admin_dsn,
@@ -64,7 +68,8 @@ READY_INDEX = "job_ready_queue_idx"  # the index the one-queue claim walks
 SAMPLE = """
 SELECT pg_relation_size('job') AS heap_bytes, pg_indexes_size('job') AS index_bytes,
        pg_relation_size(%(ready)s::regclass) AS ready_index_bytes,
-       s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.vacuum_count,
+       s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.vacuum_count, s.autoanalyze_count,
+       s.seq_scan, s.seq_tup_read,
        i.idx_scan AS ready_idx_scan, i.idx_tup_read AS ready_idx_tup_read,
        i.idx_tup_fetch AS ready_idx_tup_fetch,
        io.heap_blks_hit + io.heap_blks_read AS heap_blks, io.idx_blks_hit + io.idx_blks_read
@@ -78,6 +83,7 @@ WHERE s.relname = 'job'
 """
 
 MASTER_ENV: dict[str, str] = {}  # --master-env: settings for every master of the run
+TREE: Path = ROOT  # --tree: the checkout of brooq the masters run (an A/B of two trees)
 
 
 def log(msg: str) -> None:
@@ -114,10 +120,13 @@ class Sampler(threading.Thread):
 
 
 class Producers:
-    """THREADS threads, each with a Queue of its own, enqueuing job k at t0 + k / rate."""
+    """THREADS threads, each with a Queue of its own, enqueuing job k at t0 + k / rate,
+    until t0 + the duration: a thread that falls behind sends at once, and what is still
+    unsent at the end is not offered (the achieved rate is reported beside the target)."""
 
-    def __init__(self, dsn: str, rate: float, threads: int, total: int) -> None:
-        self.dsn, self.rate, self.threads, self.total = dsn, rate, threads, total
+    def __init__(self, dsn: str, rate: float, threads: int, duration: float) -> None:
+        self.dsn, self.rate, self.threads, self.duration = dsn, rate, threads, duration
+        self.total = int(rate * duration)
         self.records: list[dict[str, float]] = [{} for _ in range(threads)]
         self.late_s = [0.0] * threads  # the most a thread ran behind its schedule
         self.errors: list[str] = []
@@ -142,6 +151,8 @@ class Producers:
                 due = self.t0 + k / self.rate
                 wait = due - time.monotonic()
                 if wait > 0 and self.stopped.wait(wait):
+                    return
+                if time.monotonic() >= self.t0 + self.duration:
                     return
                 self.late_s[i] = max(self.late_s[i], -wait)
                 job_id, _ = queue.enqueue(brooq.Job(TOPIC, {"k": k}))
@@ -178,6 +189,7 @@ def count_starts(dsn: str) -> int:
 
 def start_master(dsn: str, workers: int) -> Worker:
     env = base_env(dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0", **MASTER_ENV})
+    env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(TREE)])
     argv = [venv_bin("brooq-master"), "--app", "bench_brooq_app:queue", "--workers", str(workers)]
     return Worker(argv, env, f"brooq-snapshot-{workers}").start()
 
@@ -210,6 +222,7 @@ PARAM_TYPES = {
     "limit": "int8",
     "children": "int8",
     "lease": "float8",
+    "floor": "timestamptz",
 }
 
 
@@ -229,7 +242,7 @@ def as_prepared(text: str) -> tuple[str, list[str]]:
 def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of the one-queue claim as a child runs it (prepared,
     generic plan, no bitmap scans), for ``limit`` jobs, in a transaction rolled back."""
-    from brooq.sql import Q
+    from brooq.sql import load, render
 
     values: dict[str, Any] = {
         "done": [],
@@ -239,8 +252,10 @@ def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
         "worker": "bench-explain",
         "lease": 30.0,
         "queue": "default",
+        "floor": datetime.min.replace(tzinfo=timezone.utc),  # a whole read
     }
-    body, names = as_prepared(Q.job_finish_and_claim)
+    claim = render(load(TREE / "brooq" / "sql")["job_finish_and_claim"], None)
+    body, names = as_prepared(claim)
     types = sql.SQL(", ").join(sql.SQL(PARAM_TYPES[n]) for n in names)
     options = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off"
     with psycopg.connect(dsn, options=options) as conn:
@@ -281,8 +296,7 @@ def one_run(admin: str, label: str, held: bool, args: argparse.Namespace) -> dic
                 holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                 holder.execute("SELECT 1")
                 result["holder_pid"] = holder.info.backend_pid
-            total = int(args.rate * args.duration)
-            producers = Producers(dsn, args.rate, args.producers, total)
+            producers = Producers(dsn, args.rate, args.producers, args.duration)
             count = int(-(-args.duration // args.every))
             t0 = time.monotonic() + 0.5
             t0_wall = time.time() + (t0 - time.monotonic())
@@ -295,7 +309,7 @@ def one_run(admin: str, label: str, held: bool, args: argparse.Namespace) -> dic
                 time.sleep(0.2)
             result["explain"] = explain_claim(dsn, args.workers)
             enqueued = producers.join()
-            offered_s = time.monotonic() - t0
+            offered_s = args.duration
             while time.monotonic() < t0 + count * args.every + 0.5 and sampler.is_alive():
                 time.sleep(0.2)  # the last sample
             result["backlog_at_end"] = len(enqueued) - count_starts(dsn) + 5
@@ -389,7 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="60 s, samples every 10 s")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--master-env", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--tree", type=Path, help="the brooq checkout the masters run (default: this)")
     args = ap.parse_args(argv)
+    if args.tree is not None:
+        if not (args.tree / "brooq" / "sql").is_dir():
+            ap.error(f"--tree {args.tree}: no brooq checkout there")
+        global TREE
+        TREE = args.tree.resolve()
     for item in args.master_env:
         name, sep, value = item.partition("=")
         if not sep:
@@ -414,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "explain_at": args.explain_at,
         "master_env": MASTER_ENV,
-        "brooq_file": __import__("brooq").__file__,
+        "tree": str(TREE),
         "runs": {},
     }
     for label in runs:
