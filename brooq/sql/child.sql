@@ -33,7 +33,13 @@ WITH finished AS (
 --#else
     UPDATE {job} SET state = 'done', updated_at = now()
 --#end
-    WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    -- `(state = 'processing') IS TRUE`, not `state = 'processing'`: the plain form lets the
+    -- planner read job_processing_lease_idx whole instead of the primary key (a generic
+    -- plan estimates a short partial index cheaper than ten key look-ups), and under a
+    -- held snapshot that index keeps an entry for every job that ever ran: each `done`
+    -- walked them all (docs/explanation/held-snapshots.md). The same guard, by key.
+    WHERE id = ANY(%(done)b::uuid[]) AND (state = 'processing') IS TRUE
+      AND locked_by = %(worker)s
     RETURNING id
 ),
 --#if limited
@@ -81,8 +87,11 @@ next AS MATERIALIZED (
     ORDER BY priority DESC, available_at, id
     -- At most a fair share of what is ready, so that at the end of a burst one child
     -- does not take the last jobs as a batch while its siblings find none. The count
-    -- stops at what could matter (limit x children rows) and locks nothing.
-    LIMIT least(%(limit)s, (
+    -- stops at what could matter (limit x children rows) and locks nothing. A claim of
+    -- one job skips it (its share is that job or none, which the scan finds anyway): the
+    -- count walks the front of the ready index a second time, and under a held snapshot
+    -- that front holds every job claimed since.
+    LIMIT CASE WHEN %(limit)s <= 1 THEN %(limit)s ELSE least(%(limit)s, (
         SELECT (count(*) + %(children)s - 1) / %(children)s
         FROM (
             SELECT 1 FROM {job}
@@ -93,17 +102,18 @@ next AS MATERIALIZED (
             ORDER BY priority DESC, available_at, id  -- the ready index, only as far as needed
             LIMIT %(limit)s * %(children)s
         ) AS ready
-    ))
+    )) END
 --#end
     -- The lock: the last clause of `next` for one queue, of the lateral subquery for several.
     FOR NO KEY UPDATE{if queues: OF job} SKIP LOCKED
 --#if queues
     ) AS j
-    -- At most a fair share of what is ready, as for one queue, the count over the queues.
+    -- At most a fair share of what is ready, as for one queue, the count over the queues
+    -- (skipped for a claim of one job, as for one queue).
 --#if limited
     LIMIT least(%(limit)s - (SELECT count(*) FROM limited), (
 --#else
-    LIMIT least(%(limit)s, (
+    LIMIT CASE WHEN %(limit)s <= 1 THEN %(limit)s ELSE least(%(limit)s, (
 --#end
         SELECT (count(*) + %(children)s - 1) / %(children)s
         FROM (
@@ -119,7 +129,7 @@ next AS MATERIALIZED (
             ) AS r
             LIMIT %(limit)s * %(children)s
         ) AS ready
-    ))
+    )){if not limited: END}
 --#end
 ),
 claimed AS (
@@ -162,14 +172,14 @@ SELECT name FROM {brooq_queue} WHERE paused AND name = ANY(%(queues)s::text[])
 UPDATE {job}
 SET state = 'pending', attempts = greatest(attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
-WHERE id = ANY(%(ids)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+WHERE id = ANY(%(ids)b::uuid[]) AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 RETURNING id
 
 -- name: job_set_done
 -- `done` with chained jobs or on_success hooks, in their transaction; `result` is what
 -- the handler returned as JSON text, or NULL.
 UPDATE {job} SET state = 'done', result = %(result)s::jsonb, updated_at = now()
-WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 
 -- name: session_planner_defaults
 -- The children's connections run without bitmap or sequential scans and with generic
@@ -201,9 +211,9 @@ SET state = CASE
                                   'worker', %(worker)s::text),
         '$[last - 19 to last]'),
     updated_at = now()
-WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 RETURNING state
 
 -- name: job_set_canceled
 UPDATE {job} SET state = 'canceled', last_error = %(error)s, updated_at = now()
-WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s

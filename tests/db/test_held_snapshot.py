@@ -1,0 +1,146 @@
+"""The claim and the outcome writes while another session holds a snapshot open: no
+VACUUM can remove the entries claimed jobs leave in the indexes, so what a statement
+walks past is what it pays. The plans are the generic ones the children run (PREPARE,
+force_generic_plan, neither bitmap nor sequential scans), read with EXPLAIN."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from brooq.sql import Q
+
+Conn = psycopg.Connection[Any]
+
+# The parameters' types as a child binds them.
+TYPES = {
+    "done": "uuid[]",
+    "ids": "uuid[]",
+    "id": "uuid",
+    "results": "text[]",
+    "result": "text",
+    "worker": "text",
+    "queue": "text",
+    "topics": "text[]",
+    "limit": "int8",
+    "children": "int8",
+    "lease": "float8",
+    "refund": "bool",
+    "max_attempts": "int4",
+    "delay": "float8",
+    "error": "text",
+    "history_error": "text",
+}
+CHILD = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
+
+
+@pytest.fixture
+def db(connect: Callable[..., Conn]) -> Conn:
+    """An autocommit connection for setting up and checking (dict rows)."""
+    return connect()
+
+
+@pytest.fixture
+def child(dsn: str) -> Iterator[Conn]:
+    """A connection with a child's planner settings."""
+    with psycopg.connect(dsn, autocommit=True, options=CHILD) as conn:
+        yield conn
+
+
+def explain(conn: Conn, statement: str, values: dict[str, Any], analyze: bool = False) -> str:
+    """EXPLAIN of ``statement``'s generic plan (PREPAREd with the child's types), run and
+    rolled back when ``analyze``."""
+    names: list[str] = []
+
+    def number(found: re.Match[str]) -> str:
+        if found.group(1) not in names:
+            names.append(found.group(1))
+        return f"${names.index(found.group(1)) + 1}"
+
+    body = re.sub(r"%\((\w+)\)[sb]", number, statement).replace("%%", "%")
+    types = sql.SQL(", ").join(sql.SQL(TYPES[n]) for n in names)  # type: ignore[arg-type]
+    name = f"p_{uuid.uuid4().hex[:8]}"
+    conn.execute(
+        sql.SQL("PREPARE {} ({}) AS {}").format(sql.Identifier(name), types, sql.SQL(body))  # type: ignore[arg-type]
+    )
+    args = sql.SQL(", ").join(sql.Literal(values[n]) for n in names)
+    options = "ANALYZE, BUFFERS" if analyze else "COSTS OFF"
+    with conn.transaction(force_rollback=True):
+        rows = conn.execute(
+            sql.SQL("EXPLAIN ({}) EXECUTE {}({})").format(
+                sql.SQL(options),  # type: ignore[arg-type]
+                sql.Identifier(name),
+                args,
+            )
+        ).fetchall()
+    return "\n".join(str(r[0]) for r in rows)
+
+
+def claim_values(limit: int = 1) -> dict[str, Any]:
+    return {
+        "done": [],
+        "topics": ["t"],
+        "limit": limit,
+        "children": 2,
+        "worker": "w1",
+        "lease": 30.0,
+        "queue": "default",
+    }
+
+
+def shared_hits(plan: str) -> int:
+    """The statement's buffers (its first Buffers line is the top node's, the total)."""
+    found = re.search(r"Buffers: shared hit=(\d+)", plan)
+    assert found is not None, plan
+    return int(found.group(1))
+
+
+@pytest.fixture
+def held(connect: Callable[..., Conn]) -> Iterator[Conn]:
+    """A session idle in a REPEATABLE READ transaction whose snapshot is taken."""
+    holder = connect()
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT 1")
+    yield holder
+    holder.execute("ROLLBACK")
+
+
+def test_the_outcome_writes_find_their_row_by_key(db: Conn, child: Conn) -> None:
+    """With few jobs processing, a generic plan would rather read the whole (small)
+    processing index than look ten ids up by key; under a held snapshot that index keeps
+    an entry for every job that ever ran. Each guarded write goes through the key."""
+    db.execute("INSERT INTO job (topic, state) SELECT 't', 'done' FROM generate_series(1, 5000)")
+    db.execute("ANALYZE job")
+    one = uuid.uuid4()
+    cases = {
+        "claim": (Q.job_finish_and_claim, {**claim_values(), "done": [one]}),
+        "claim with results": (
+            Q.job_finish_and_claim_results,
+            {**claim_values(), "done": [one], "results": [None]},
+        ),
+        "done": (Q.job_set_done, {"id": one, "worker": "w1", "result": None}),
+        "canceled": (Q.job_set_canceled, {"id": one, "worker": "w1", "error": "x"}),
+        "release": (Q.job_release_ids, {"ids": [one], "worker": "w1"}),
+        "failed": (
+            Q.job_set_failed,
+            {
+                "id": one,
+                "worker": "w1",
+                "refund": False,
+                "max_attempts": 3,
+                "delay": 1.0,
+                "error": "x",
+                "history_error": "x",
+            },
+        ),
+    }
+    for what, (statement, values) in cases.items():
+        plan = explain(child, statement, values)
+        assert "job_processing_lease_idx" not in plan, f"{what}:\n{plan}"
+        assert "Index Scan using job_pkey on job" in plan, f"{what}:\n{plan}"
