@@ -83,6 +83,9 @@ next AS MATERIALIZED (
     WHERE queue = %(queue)s
       AND state IN ('pending', 'failed')
       AND available_at <= now()
+      -- The child's floor (brooq.worker.floors): entries older than it are passed in the
+      -- index, their rows never visited; the earliest timestamp when it reads it whole.
+      AND available_at >= %(floor)s
       AND topic = ANY(%(topics)b::text[])
     ORDER BY priority DESC, available_at, id
     -- At most a fair share of what is ready, so that at the end of a burst one child
@@ -98,6 +101,7 @@ next AS MATERIALIZED (
             WHERE queue = %(queue)s
               AND state IN ('pending', 'failed')
               AND available_at <= now()
+              AND available_at >= %(floor)s
               AND topic = ANY(%(topics)b::text[])
             ORDER BY priority DESC, available_at, id  -- the ready index, only as far as needed
             LIMIT %(limit)s * %(children)s

@@ -33,6 +33,7 @@ from brooq.settings import Settings
 from brooq.sql import Queries
 from brooq.worker import execute
 from brooq.worker.connection import ChildConnection
+from brooq.worker.floors import WHOLE, Floors
 from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.weights import RoundOrder
 
@@ -147,6 +148,7 @@ class RoundTrips:
         self._unwritten: list[Finished] = []  # finished with `done`, written next trip
         self._results_unwritten = False  # one of them has a result to store
         self.claims_failing = False  # the master was told the last claim failed
+        self.floors = Floors()  # where the one-queue claim starts in the ready index
 
     # -- the finished jobs waiting for a trip ------------------------------------------
 
@@ -226,6 +228,8 @@ class RoundTrips:
         elif len(queues) == 1:
             shape = "one"
             params["queue"] = queues[0]
+            # A claim's floor (a write-only trip's too: the statement needs one).
+            params["floor"] = self.floors.start(queues[0], time.monotonic()) if limit else WHOLE
         else:
             shape = "queues"
             params["queues"] = queues
@@ -234,6 +238,7 @@ class RoundTrips:
         if with_results:
             statement = with_results_statement
             params["results"] = [f[2] for f in finished]
+        started = time.monotonic()
         try:
             conn = self.db.get()
             cur = conn.cursor(row_factory=claim_row)
@@ -245,6 +250,8 @@ class RoundTrips:
         except psycopg.OperationalError as exc:
             self.db.failed("claim", exc)
             self._claims_fail(exc)
+            if shape == "one" and limit:
+                self.floors.forget(queues[0])
             return None
         except (
             psycopg.errors.InvalidSqlStatementName,
@@ -263,6 +270,9 @@ class RoundTrips:
                 execute.describe(exc),
             )
             return [], queues, self._write_apart(finished)
+        if shape == "one" and limit:
+            claimed = [r.available_at for r in rows if r.claimed]
+            self.floors.end(queues[0], min(claimed, default=None), started, time.monotonic())
         if self.claims_failing:
             self.claims_failing = False
             self._tell({"claims": "ok"})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -15,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from brooq.sql import Q
+from brooq.worker.floors import SLACK, WHOLE
 
 Conn = psycopg.Connection[Any]
 
@@ -31,6 +33,7 @@ TYPES = {
     "limit": "int8",
     "children": "int8",
     "lease": "float8",
+    "floor": "timestamptz",
     "refund": "bool",
     "max_attempts": "int4",
     "delay": "float8",
@@ -82,7 +85,7 @@ def explain(conn: Conn, statement: str, values: dict[str, Any], analyze: bool = 
     return "\n".join(str(r[0]) for r in rows)
 
 
-def claim_values(limit: int = 1) -> dict[str, Any]:
+def claim_values(floor: datetime, limit: int = 1) -> dict[str, Any]:
     return {
         "done": [],
         "topics": ["t"],
@@ -91,6 +94,7 @@ def claim_values(limit: int = 1) -> dict[str, Any]:
         "worker": "w1",
         "lease": 30.0,
         "queue": "default",
+        "floor": floor,
     }
 
 
@@ -119,10 +123,10 @@ def test_the_outcome_writes_find_their_row_by_key(db: Conn, child: Conn) -> None
     db.execute("ANALYZE job")
     one = uuid.uuid4()
     cases = {
-        "claim": (Q.job_finish_and_claim, {**claim_values(), "done": [one]}),
+        "claim": (Q.job_finish_and_claim, {**claim_values(WHOLE), "done": [one]}),
         "claim with results": (
             Q.job_finish_and_claim_results,
-            {**claim_values(), "done": [one], "results": [None]},
+            {**claim_values(WHOLE), "done": [one], "results": [None]},
         ),
         "done": (Q.job_set_done, {"id": one, "worker": "w1", "result": None}),
         "canceled": (Q.job_set_canceled, {"id": one, "worker": "w1", "error": "x"}),
@@ -144,3 +148,53 @@ def test_the_outcome_writes_find_their_row_by_key(db: Conn, child: Conn) -> None
         plan = explain(child, statement, values)
         assert "job_processing_lease_idx" not in plan, f"{what}:\n{plan}"
         assert "Index Scan using job_pkey on job" in plan, f"{what}:\n{plan}"
+
+
+def test_a_claim_with_a_floor_passes_the_claimed_entries_without_visiting_them(
+    db: Conn, child: Conn, held: Conn
+) -> None:
+    """3,000 jobs claimed and done while a snapshot is held (their heap rows in an order
+    unlike the index's, as concurrent producers leave them), then a fresh one: a whole
+    read visits a row for each claimed entry; a read from the floor (the fresh job's
+    available_at less the slack) passes them in the index. Both claim the fresh job."""
+    db.execute(
+        "INSERT INTO job (topic, available_at) "
+        "SELECT 't', now() - interval '1 hour' + g * interval '1 ms' "
+        "FROM generate_series(1, 3000) AS g ORDER BY random()"
+    )
+    db.execute("ANALYZE job")
+    db.execute(
+        "UPDATE job SET state = 'processing', locked_by = 'w0', locked_until = now(), "
+        "attempts = 1 WHERE state = 'pending'"
+    )
+    db.execute("UPDATE job SET state = 'done' WHERE state = 'processing'")
+    fresh = db.execute("INSERT INTO job (topic) VALUES ('t') RETURNING id, available_at")
+    row = fresh.fetchone()
+    assert row is not None
+    fresh_id, fresh_at = row["id"], row["available_at"]
+
+    whole = explain(child, Q.job_finish_and_claim, claim_values(WHOLE), analyze=True)
+    floored = explain(child, Q.job_finish_and_claim, claim_values(fresh_at - SLACK), analyze=True)
+    assert "rows=1 loops=1" in whole.splitlines()[0] and "rows=1" in floored.splitlines()[0]
+    assert shared_hits(whole) > 1000, whole
+    assert shared_hits(floored) < 100, floored
+
+    # And the claims themselves: the fresh job either way.
+    for floor in (WHOLE, fresh_at - SLACK):
+        with child.transaction(force_rollback=True):
+            got = child.execute(Q.job_finish_and_claim, claim_values(floor)).fetchall()
+        assert [r[1] for r in got] == [fresh_id]
+
+
+def test_a_job_below_the_floor_waits_for_a_whole_read(db: Conn, child: Conn) -> None:
+    """A job that became ready with an old available_at (an enqueue that committed late,
+    a release) is not seen from a later floor; a whole read claims it."""
+    late = db.execute(
+        "INSERT INTO job (topic, available_at) VALUES ('t', now() - interval '10 s') "
+        "RETURNING id, available_at"
+    ).fetchone()
+    assert late is not None
+    floor = late["available_at"] + timedelta(seconds=5)
+    assert child.execute(Q.job_finish_and_claim, claim_values(floor)).fetchall() == []
+    got = child.execute(Q.job_finish_and_claim, claim_values(WHOLE)).fetchall()
+    assert [r[1] for r in got] == [late["id"]]

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 
 import brooq
 from brooq.sql import Q
+from brooq.worker.floors import WHOLE
 
 Conn = psycopg.Connection[Any]
 LEASE = 30.0
@@ -56,6 +57,7 @@ def params(
         "children": children,
         "worker": worker,
         "lease": LEASE,
+        "floor": WHOLE,
     }
 
 
