@@ -226,8 +226,8 @@ def samples_table(run: Mapping[str, Any]) -> list[str]:
     lines = [
         "| t (s) | offered/s | completed/s | pickup p50 / p99 (ms) | dead tuples | live "
         "tuples | heap MB | indexes MB | ready index MB | entries read per ready-index scan "
-        "| autovacuums |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| buffers per job | autovacuums |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for w in run["windows"]:
         s = by_k.get(w["k"] + 1, {})
@@ -236,6 +236,21 @@ def samples_table(run: Mapping[str, Any]) -> list[str]:
             f"{_num(w['p50_ms'], 1)} / {_num(w['p99_ms'], 1)} | {_num(s.get('n_dead_tup'))} | "
             f"{_num(s.get('n_live_tup'))} | {_mb(s.get('heap_bytes'))} | "
             f"{_mb(s.get('index_bytes'))} | {_mb(s.get('ready_index_bytes'))} | "
-            f"{_num(s.get('entries_per_scan'), 1)} | {_num(s.get('autovacuum_count'))} |"
+            f"{_num(s.get('entries_per_scan'), 1)} | "
+            f"{_num(buffers_per_job(by_k.get(w['k']), s, w['completed']))} | "
+            f"{_num(s.get('autovacuum_count'))} |"
         )
     return lines
+
+
+def buffers_per_job(
+    before: Mapping[str, Any] | None, after: Mapping[str, Any], completed: int
+) -> float | None:
+    """The job table's heap and index buffers read (hit or not) between two samples, per
+    job completed meanwhile: what the claims, outcomes and inserts of the window cost."""
+    if before is None or not after or completed <= 0:
+        return None
+    read = (int(after["heap_blks"]) + int(after["idx_blks"])) - (
+        int(before["heap_blks"]) + int(before["idx_blks"])
+    )
+    return round(read / completed, 1)
