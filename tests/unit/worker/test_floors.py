@@ -25,7 +25,7 @@ def test_the_floor_is_the_oldest_job_returned_less_the_slack() -> None:
     floors.end("q", T, 0.0, 0.5)  # a whole read of 0.5 s: the next is due at 0.5 + 10
     assert floors.start("q", 1.0) == T - SLACK
     floors.end("q", T + timedelta(seconds=5), 1.0, 1.001)
-    assert floors.start("q", 2.0) == T + timedelta(seconds=4)
+    assert floors.start("q", 2.0) == T + timedelta(seconds=5) - SLACK
 
 
 def test_the_floor_never_moves_back() -> None:
