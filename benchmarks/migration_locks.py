@@ -59,7 +59,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 import psycopg
 from brooq import migrate
 from brooq.sql import Q
-from brooq.worker.floors import WHOLE
 from psycopg import conninfo, sql
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -125,7 +124,6 @@ CLAIM_PARAMS = {
     "children": 2,
     "lease": 30.0,
     "queue": "default",  # unused by CLAIM_BEFORE_0003
-    "floor": WHOLE,  # the same
 }
 # The migrations this measures: version -> the claim the release before it sends.
 CLAIM_BEFORE = {3: CLAIM_BEFORE_0003, 6: Q.job_finish_and_claim}

@@ -39,7 +39,6 @@ import re
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +221,6 @@ PARAM_TYPES = {
     "limit": "int8",
     "children": "int8",
     "lease": "float8",
-    "floor": "timestamptz",
 }
 
 
@@ -252,7 +250,6 @@ def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
         "worker": "bench-explain",
         "lease": 30.0,
         "queue": "default",
-        "floor": datetime.min.replace(tzinfo=timezone.utc),  # a whole read
     }
     claim = render(load(TREE / "brooq" / "sql")["job_finish_and_claim"], None)
     body, names = as_prepared(claim)

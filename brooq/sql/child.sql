@@ -1,4 +1,4 @@
--- What a worker child runs: the claim round trip (one template, six variants), the
+-- What a worker child runs: the claim round trip (one template, eight variants), the
 -- outcomes it writes and the jobs it gives back.
 
 -- template: job_finish_and_claim
@@ -8,6 +8,8 @@
 -- variant: job_finish_and_claim_results: results
 -- variant: job_finish_and_claim_queues_results: queues, results
 -- variant: job_finish_and_claim_limited_results: queues, limited, results
+-- variant: job_finish_and_claim_floored: queues, floored
+-- variant: job_finish_and_claim_floored_results: queues, floored, results
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
 -- up to `limit` ready jobs of the given topics, higher priority first, then FIFO by
 -- (available_at, id), and no more than a fair share among `children` workers.
@@ -22,7 +24,9 @@
 -- 2 percent of the statement, for a table that changes a few times a year.
 -- job_finish_and_claim works one queue (every deployment that names no queues); the
 -- variants: _queues several queues in a chosen order, _limited a topic under
--- global_limit besides, _results stores what the handlers returned.
+-- global_limit besides, _floored the queues' ranges of priorities each from a floor
+-- (brooq.worker.floors: under a held snapshot), _results stores what the handlers
+-- returned.
 WITH finished AS (
 --#if results
     -- `results` holds, for each id of `done`, its result as JSON text or NULL. Only
@@ -67,11 +71,24 @@ next AS MATERIALIZED (
     -- returned. The inner LIMIT is required: without it the generic plan sorted every
     -- ready row (docs/decisions.md).
     SELECT j.id
+--#if floored
+    -- _floored: each row of the arrays is a queue's range of priorities [lo, hi], read from
+    -- `floor` on (brooq.worker.floors), the ranges in claim order (a queue's from the
+    -- highest priority down). For a range of one priority the index is entered at
+    -- (queue, priority, floor): the entries of older jobs, which a held snapshot keeps
+    -- from VACUUM, are never read; the other ranges are read whole.
+    FROM unnest(%(queues)b::text[], %(lows)b::int2[], %(highs)b::int2[],
+                %(floors)b::timestamptz[]) AS q(name, lo, hi, floor)
+--#else
     FROM unnest(%(queues)b::text[]) AS q(name)
+--#end
     CROSS JOIN LATERAL (
         SELECT job.id
         FROM {job}
         WHERE job.queue = q.name
+--#if floored
+          AND job.priority <= q.hi AND job.priority >= q.lo AND job.available_at >= q.floor
+--#end
           AND job.state IN ('pending', 'failed')
           AND job.available_at <= now()
           AND job.topic = ANY(%(topics)b::text[])
@@ -83,9 +100,6 @@ next AS MATERIALIZED (
     WHERE queue = %(queue)s
       AND state IN ('pending', 'failed')
       AND available_at <= now()
-      -- The child's floor (brooq.worker.floors): entries older than it are passed in the
-      -- index, their rows never visited; the earliest timestamp when it reads it whole.
-      AND available_at >= %(floor)s
       AND topic = ANY(%(topics)b::text[])
     ORDER BY priority DESC, available_at, id
     -- At most a fair share of what is ready, so that at the end of a burst one child
@@ -101,7 +115,6 @@ next AS MATERIALIZED (
             WHERE queue = %(queue)s
               AND state IN ('pending', 'failed')
               AND available_at <= now()
-              AND available_at >= %(floor)s
               AND topic = ANY(%(topics)b::text[])
             ORDER BY priority DESC, available_at, id  -- the ready index, only as far as needed
             LIMIT %(limit)s * %(children)s
@@ -121,10 +134,19 @@ next AS MATERIALIZED (
 --#end
         SELECT (count(*) + %(children)s - 1) / %(children)s
         FROM (
+--#if floored
+            SELECT FROM unnest(%(queues)b::text[], %(lows)b::int2[], %(highs)b::int2[],
+                               %(floors)b::timestamptz[]) AS q(name, lo, hi, floor)
+--#else
             SELECT FROM unnest(%(queues)b::text[]) AS q(name)
+--#end
             CROSS JOIN LATERAL (
                 SELECT FROM {job}
                 WHERE job.queue = q.name
+--#if floored
+                  AND job.priority <= q.hi AND job.priority >= q.lo
+                  AND job.available_at >= q.floor
+--#end
                   AND job.state IN ('pending', 'failed')
                   AND job.available_at <= now()
                   AND job.topic = ANY(%(topics)b::text[])

@@ -33,7 +33,7 @@ from brooq.settings import Settings
 from brooq.sql import Queries
 from brooq.worker import execute
 from brooq.worker.connection import ChildConnection
-from brooq.worker.floors import WHOLE, Floors
+from brooq.worker.floors import Floors
 from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.weights import RoundOrder
 
@@ -104,6 +104,7 @@ _STATEMENTS = {
     "one": ("job_finish_and_claim", "job_finish_and_claim_results"),
     "queues": ("job_finish_and_claim_queues", "job_finish_and_claim_queues_results"),
     "limited": ("job_finish_and_claim_limited", "job_finish_and_claim_limited_results"),
+    "floored": ("job_finish_and_claim_floored", "job_finish_and_claim_floored_results"),
 }
 
 
@@ -148,7 +149,7 @@ class RoundTrips:
         self._unwritten: list[Finished] = []  # finished with `done`, written next trip
         self._results_unwritten = False  # one of them has a result to store
         self.claims_failing = False  # the master was told the last claim failed
-        self.floors = Floors()  # where the one-queue claim starts in the ready index
+        self.floors = Floors()  # where the claims enter the ready index
 
     # -- the finished jobs waiting for a trip ------------------------------------------
 
@@ -225,11 +226,15 @@ class RoundTrips:
             self._limited_turn = (self._limited_turn + 1) % len(self.limited)
             params["limited"], params["cap"] = self.limited[self._limited_turn]
             params["queues"] = queues
+        elif limit and (ranges := self.floors.start(queues, time.monotonic())) is not None:
+            shape = "floored"  # reading the whole ready index has become expensive
+            params["queues"] = [r[0] for r in ranges]
+            params["lows"] = [r[1] for r in ranges]
+            params["highs"] = [r[2] for r in ranges]
+            params["floors"] = [r[3] for r in ranges]
         elif len(queues) == 1:
             shape = "one"
             params["queue"] = queues[0]
-            # A claim's floor (a write-only trip's too: the statement needs one).
-            params["floor"] = self.floors.start(queues[0], time.monotonic()) if limit else WHOLE
         else:
             shape = "queues"
             params["queues"] = queues
@@ -250,8 +255,7 @@ class RoundTrips:
         except psycopg.OperationalError as exc:
             self.db.failed("claim", exc)
             self._claims_fail(exc)
-            if shape == "one" and limit:
-                self.floors.forget(queues[0])
+            self.floors.forget()
             return None
         except (
             psycopg.errors.InvalidSqlStatementName,
@@ -270,9 +274,9 @@ class RoundTrips:
                 execute.describe(exc),
             )
             return [], queues, self._write_apart(finished)
-        if shape == "one" and limit:
-            claimed = [r.available_at for r in rows if r.claimed]
-            self.floors.end(queues[0], min(claimed, default=None), started, time.monotonic())
+        if limit and not self.limited:
+            claimed = [(r.queue, r.priority, r.available_at) for r in rows if r.claimed]
+            self.floors.end(claimed, started, time.monotonic())
         if self.claims_failing:
             self.claims_failing = False
             self._tell({"claims": "ok"})

@@ -13,7 +13,6 @@ import brooq
 from brooq.handlers import Policy
 from brooq.sql import Q
 from brooq.supervisor import maintenance
-from brooq.worker.floors import WHOLE
 
 
 def claim(db: psycopg.Connection[Any], worker: str, lease: float = 30.0) -> uuid.UUID:
@@ -27,7 +26,6 @@ def claim(db: psycopg.Connection[Any], worker: str, lease: float = 30.0) -> uuid
             "worker": worker,
             "lease": lease,
             "queue": "default",
-            "floor": WHOLE,
         },
     ).fetchall()
     assert len(rows) == 1, rows

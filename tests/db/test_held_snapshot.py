@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 
 from brooq.sql import Q
-from brooq.worker.floors import SLACK, WHOLE
+from brooq.worker.floors import SLACK, Floors
 
 Conn = psycopg.Connection[Any]
 
@@ -33,7 +33,10 @@ TYPES = {
     "limit": "int8",
     "children": "int8",
     "lease": "float8",
-    "floor": "timestamptz",
+    "queues": "text[]",
+    "lows": "int2[]",
+    "highs": "int2[]",
+    "floors": "timestamptz[]",
     "refund": "bool",
     "max_attempts": "int4",
     "delay": "float8",
@@ -85,7 +88,8 @@ def explain(conn: Conn, statement: str, values: dict[str, Any], analyze: bool = 
     return "\n".join(str(r[0]) for r in rows)
 
 
-def claim_values(floor: datetime, limit: int = 1) -> dict[str, Any]:
+def claim_values(limit: int = 1) -> dict[str, Any]:
+    """The one-queue claim's values: the plain statement, reading the index whole."""
     return {
         "done": [],
         "topics": ["t"],
@@ -94,7 +98,21 @@ def claim_values(floor: datetime, limit: int = 1) -> dict[str, Any]:
         "worker": "w1",
         "lease": 30.0,
         "queue": "default",
-        "floor": floor,
+    }
+
+
+def floored_values(floor: datetime, limit: int = 1) -> dict[str, Any]:
+    """The floored claim's values for queue default with jobs of priority 0 seen: its
+    ranges as brooq.worker.floors makes them."""
+    floors = Floors()
+    floors.end([("default", 0, floor + SLACK)], 0.0, 0.0)
+    ranges = floors.ranges("default")
+    return {
+        **claim_values(limit),
+        "queues": [r[0] for r in ranges],
+        "lows": [r[1] for r in ranges],
+        "highs": [r[2] for r in ranges],
+        "floors": [r[3] for r in ranges],
     }
 
 
@@ -123,10 +141,10 @@ def test_the_outcome_writes_find_their_row_by_key(db: Conn, child: Conn) -> None
     db.execute("ANALYZE job")
     one = uuid.uuid4()
     cases = {
-        "claim": (Q.job_finish_and_claim, {**claim_values(WHOLE), "done": [one]}),
+        "claim": (Q.job_finish_and_claim, {**claim_values(), "done": [one]}),
         "claim with results": (
             Q.job_finish_and_claim_results,
-            {**claim_values(WHOLE), "done": [one], "results": [None]},
+            {**claim_values(), "done": [one], "results": [None]},
         ),
         "done": (Q.job_set_done, {"id": one, "worker": "w1", "result": None}),
         "canceled": (Q.job_set_canceled, {"id": one, "worker": "w1", "error": "x"}),
@@ -155,8 +173,8 @@ def test_a_claim_with_a_floor_passes_the_claimed_entries_without_visiting_them(
 ) -> None:
     """3,000 jobs claimed and done while a snapshot is held (their heap rows in an order
     unlike the index's, as concurrent producers leave them), then a fresh one: a whole
-    read visits a row for each claimed entry; a read from the floor (the fresh job's
-    available_at less the slack) passes them in the index. Both claim the fresh job."""
+    read visits a row for each claimed entry; the floored claim (entering at the fresh
+    job's available_at less the slack) reads none of them. Both claim the fresh job."""
     db.execute(
         "INSERT INTO job (topic, available_at) "
         "SELECT 't', now() - interval '1 hour' + g * interval '1 ms' "
@@ -173,29 +191,42 @@ def test_a_claim_with_a_floor_passes_the_claimed_entries_without_visiting_them(
     assert row is not None
     fresh_id, fresh_at = row["id"], row["available_at"]
 
-    whole = explain(child, Q.job_finish_and_claim, claim_values(WHOLE), analyze=True)
-    floored = explain(child, Q.job_finish_and_claim, claim_values(fresh_at - SLACK), analyze=True)
+    whole = explain(child, Q.job_finish_and_claim, claim_values(), analyze=True)
+    floored = explain(
+        child, Q.job_finish_and_claim_floored, floored_values(fresh_at - SLACK), analyze=True
+    )
     one_row = re.compile(r"actual time=\S+ rows=1(\.00)? loops=1")  # PostgreSQL 18: 1.00
     assert one_row.search(whole.splitlines()[0]) and one_row.search(floored.splitlines()[0])
     assert shared_hits(whole) > 1000, whole
     assert shared_hits(floored) < 100, floored
 
     # And the claims themselves: the fresh job either way.
-    for floor in (WHOLE, fresh_at - SLACK):
+    for statement, values in (
+        (Q.job_finish_and_claim, claim_values()),
+        (Q.job_finish_and_claim_floored, floored_values(fresh_at - SLACK)),
+    ):
         with child.transaction(force_rollback=True):
-            got = child.execute(Q.job_finish_and_claim, claim_values(floor)).fetchall()
+            got = child.execute(statement, values).fetchall()
         assert [r[1] for r in got] == [fresh_id]
 
 
 def test_a_job_below_the_floor_waits_for_a_whole_read(db: Conn, child: Conn) -> None:
     """A job that became ready with an old available_at (an enqueue that committed late,
-    a release) is not seen from a later floor; a whole read claims it."""
+    a release) is not seen from a later floor; a whole read claims it. A job of a
+    priority no claim has seen yet is read whole, floor or not."""
     late = db.execute(
         "INSERT INTO job (topic, available_at) VALUES ('t', now() - interval '10 s') "
         "RETURNING id, available_at"
     ).fetchone()
     assert late is not None
-    floor = late["available_at"] + timedelta(seconds=5)
-    assert child.execute(Q.job_finish_and_claim, claim_values(floor)).fetchall() == []
-    got = child.execute(Q.job_finish_and_claim, claim_values(WHOLE)).fetchall()
+    values = floored_values(late["available_at"] + timedelta(seconds=5), limit=4)
+    assert child.execute(Q.job_finish_and_claim_floored, values).fetchall() == []
+    urgent = db.execute(
+        "INSERT INTO job (topic, priority, available_at) "
+        "VALUES ('t', 7, now() - interval '10 s') RETURNING id"
+    ).fetchone()
+    assert urgent is not None
+    got = child.execute(Q.job_finish_and_claim_floored, values).fetchall()
+    assert [r[1] for r in got] == [urgent["id"]]
+    got = child.execute(Q.job_finish_and_claim, claim_values()).fetchall()
     assert [r[1] for r in got] == [late["id"]]

@@ -18,7 +18,6 @@ import pytest
 
 from brooq.operator.changes import transition_params
 from brooq.sql import Q
-from brooq.worker.floors import WHOLE
 
 Conn = psycopg.Connection[Any]
 Row = dict[str, Any]
@@ -76,7 +75,6 @@ def claim(
             "worker": worker,
             "lease": lease,
             "queue": "default",
-            "floor": WHOLE,
         },
     ).fetchall()
     return sorted((r for r in rows if r["claimed"]), key=lambda r: (r["available_at"], r["id"]))
@@ -823,7 +821,6 @@ def test_the_claim_uses_the_ready_index(db: Conn) -> None:
             "worker": "w1",
             "lease": 30.0,
             "queue": "default",
-            "floor": WHOLE,
         }
         row = db.execute("EXPLAIN (FORMAT JSON) " + Q.job_finish_and_claim, params).fetchone()
         assert row is not None

@@ -37,7 +37,6 @@ from psycopg.rows import dict_row
 import brooq
 from brooq.operator.changes import transition_params
 from brooq.sql import Q
-from brooq.worker.floors import WHOLE
 
 Conn = psycopg.Connection[Any]
 Row = dict[str, Any]
@@ -181,7 +180,6 @@ class QueueMachine(RuleBasedStateMachine):
                     "worker": worker,
                     "lease": LEASE,
                     "queue": "default",
-                    "floor": WHOLE,
                 },
             )
             .fetchall()

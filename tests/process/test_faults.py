@@ -27,7 +27,6 @@ import brooq
 from brooq.operator.changes import transition_params
 from brooq.produce import enqueue_many
 from brooq.sql import Q
-from brooq.worker.floors import WHOLE
 from tests import audit
 from tests.harness import (
     FAST,
@@ -777,7 +776,6 @@ def test_retention_under_load_deletes_no_active_row(
                 "worker": "gone-host:1:dead00",
                 "lease": 0.2,
                 "queue": "default",
-                "floor": WHOLE,
             },
         ).fetchall()
         ghosts.update(r[1] for r in rows if r[0])

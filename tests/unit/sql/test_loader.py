@@ -82,7 +82,12 @@ def test_a_name_defined_twice_is_refused_naming_both_files(tmp_path: Path) -> No
 SQL_DIR = Path(__file__).parents[3] / "brooq" / "sql"
 FINISHED = re.compile(r"WITH finished AS \(.*? RETURNING id \), ")
 LOCK = re.compile(r"FOR NO KEY UPDATE (OF job )?SKIP LOCKED")
-BASES = ("job_finish_and_claim", "job_finish_and_claim_queues", "job_finish_and_claim_limited")
+BASES = (
+    "job_finish_and_claim",
+    "job_finish_and_claim_queues",
+    "job_finish_and_claim_limited",
+    "job_finish_and_claim_floored",
+)
 
 
 def _sql(text: str) -> str:
@@ -140,3 +145,17 @@ def test_the_queues_variant_is_the_limited_one_without_the_limited_topic() -> No
         ") AS ready )) END ), claimed", ") AS ready )) ), claimed"
     )
     assert without == queues
+
+
+def test_the_floored_variant_is_the_queues_one_with_ranges_from_floors() -> None:
+    """_floored reads each row of its arrays (a queue, its priorities lo..hi, a floor) as
+    _queues reads a queue, and differs in nothing else."""
+    queues, floored = _sql(Q.job_finish_and_claim_queues), _sql(Q.job_finish_and_claim_floored)
+    unnest = (
+        "unnest(%(queues)b::text[], %(lows)b::int2[], %(highs)b::int2[], "
+        "%(floors)b::timestamptz[]) AS q(name, lo, hi, floor)"
+    )
+    ranges = "AND job.priority <= q.hi AND job.priority >= q.lo AND job.available_at >= q.floor "
+    assert floored.count(unnest) == 2 and floored.count(ranges) == 2
+    plain = floored.replace(unnest, "unnest(%(queues)b::text[]) AS q(name)").replace(ranges, "")
+    assert plain == queues
