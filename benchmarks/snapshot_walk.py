@@ -8,9 +8,11 @@ snapshot; N jobs are enqueued as four producers leave them (the heap holds each
 producer's rows together, the ready index interleaves them), then claimed and finished
 (two UPDATEs, as the children's claim and `done`); one fresh job is enqueued. Then, as a
 child runs them (PREPAREd, generic plan, no bitmap or sequential scans), EXPLAIN
-(ANALYZE, BUFFERS) of the claim (job_finish_and_claim of the checkout running this)
-and of the guarded `done` with the guard written as before and as now, each the median
-of five runs rolled back. VACUUM (VERBOSE) at the end says what it could not remove.
+(ANALYZE, BUFFERS) of the claim (job_finish_and_claim of the checkout running this,
+reading the index whole, for one job and for two; job_finish_and_claim_floored, from the
+floors a child would have) and of the guarded `done` with the guard written as before
+and as now, each the median of five runs rolled back. VACUUM (VERBOSE) at the end says
+what it could not remove.
 
 Variants (what brooq could change, measured apart):
   base        the schema as migrated
@@ -27,7 +29,7 @@ import re
 import statistics
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,10 @@ TYPES = {
     "limit": "int8",
     "children": "int8",
     "lease": "float8",
-    "floor": "timestamptz",
+    "queues": "text[]",
+    "lows": "int2[]",
+    "highs": "int2[]",
+    "floors": "timestamptz[]",
     "id": "uuid",
     "result": "text",
 }
@@ -143,6 +148,7 @@ def build(dsn: str, n: int, variant: str) -> tuple[psycopg.Connection[Any], date
 
 def one(admin: str, n: int, variant: str) -> dict[str, Any]:
     from brooq.sql import Q
+    from brooq.worker.floors import Floors
 
     with fresh_database(admin, f"walk_{variant}_{n}") as dsn:
         t0 = time.monotonic()
@@ -168,11 +174,24 @@ def one(admin: str, n: int, variant: str) -> dict[str, Any]:
                 out["claim_2_whole"] = explain(
                     conn, "claim", claim, {**base, "limit": 2, "floor": WHOLE}
                 )
+                # The claim from floors, with the ranges a child makes after claiming
+                # jobs of priority 0 up to the fresh one.
+                floors = Floors()
+                floors.end([("default", 0, fresh_at)], 0.0, 0.0)
+                ranges = floors.ranges("default")
+                floored = prepare(conn, "floored", Q.job_finish_and_claim_floored)
                 out["claim_1_floor"] = explain(
                     conn,
-                    "claim",
-                    claim,
-                    {**base, "limit": 1, "floor": fresh_at - timedelta(seconds=1)},
+                    "floored",
+                    floored,
+                    {
+                        **base,
+                        "limit": 1,
+                        "queues": [r[0] for r in ranges],
+                        "lows": [r[1] for r in ranges],
+                        "highs": [r[2] for r in ranges],
+                        "floors": [r[3] for r in ranges],
+                    },
                 )
                 done_values = {"id": in_flight[0], "worker": "w1", "result": None}
                 before = prepare(conn, "done_before", DONE_BEFORE)
