@@ -254,7 +254,10 @@ def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
     claim = render(load(TREE / "brooq" / "sql")["job_finish_and_claim"], None)
     body, names = as_prepared(claim)
     types = sql.SQL(", ").join(sql.SQL(PARAM_TYPES[n]) for n in names)
-    options = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off"
+    options = (
+        "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
+        " -c enable_sort=off"
+    )
     with psycopg.connect(dsn, options=options) as conn:
         conn.execute(sql.SQL("PREPARE bench_claim ({}) AS {}").format(types, sql.SQL(body)))
         args = sql.SQL(", ").join(sql.Literal(values[n]) for n in names)

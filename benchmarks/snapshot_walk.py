@@ -40,7 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import choose_admin_dsn, fresh_database
 
-CHILD = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
+CHILD = (
+    "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
+    " -c enable_sort=off"
+)
 TYPES = {
     "done": "uuid[]",
     "worker": "text",
@@ -84,7 +87,8 @@ def prepare(conn: psycopg.Connection[Any], name: str, statement: str) -> list[st
 def explain(
     conn: psycopg.Connection[Any], name: str, names: list[str], values: dict[str, Any]
 ) -> dict[str, Any]:
-    """Median execution time and buffers of five EXPLAIN ANALYZE runs, rolled back."""
+    """Median execution time and buffers (hit or read) of five EXPLAIN ANALYZE runs,
+    rolled back."""
     args = sql.SQL(", ").join(sql.Literal(values[n]) for n in names)
     ms, hits, text = [], [], ""
     for _ in range(5):
@@ -96,14 +100,20 @@ def explain(
             ).fetchall()
         text = "\n".join(str(r[0]) for r in rows)
         found = re.search(r"Execution Time: ([\d.]+) ms", text)
-        hit = re.search(r"Buffers: shared hit=(\d+)", text)
         ms.append(float(found.group(1)) if found else float("nan"))
-        hits.append(int(hit.group(1)) if hit else 0)
+        hits.append(buffers(text))
     return {
         "ms": round(statistics.median(ms), 3),
         "buffers": int(statistics.median(hits)),
         "plan": text,
     }
+
+
+def buffers(plan: str) -> int:
+    """The statement's shared buffers, found in shared_buffers or read (its first
+    Buffers line is the top node's, the total)."""
+    line = next((x for x in plan.splitlines() if "Buffers: shared" in x), "")
+    return sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", line))
 
 
 def build(dsn: str, n: int, variant: str) -> tuple[psycopg.Connection[Any], datetime]:

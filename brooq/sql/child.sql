@@ -208,11 +208,11 @@ UPDATE {job} SET state = 'done', result = %(result)s::jsonb, updated_at = now()
 WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 
 -- name: session_planner_defaults
--- The children's connections run without bitmap or sequential scans and with generic
--- plans (brooq/worker/connection.py says why); the application's on_success writes, in
--- the same transaction, get the planner's defaults back.
+-- The children's connections run without bitmap or sequential scans or sorts and with
+-- generic plans (brooq/worker/connection.py says why); the application's on_success
+-- writes, in the same transaction, get the planner's defaults back.
 SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_seqscan', 'on', true),
-       set_config('plan_cache_mode', 'auto', true)
+       set_config('enable_sort', 'on', true), set_config('plan_cache_mode', 'auto', true)
 
 -- name: job_set_failed
 -- A failed attempt: dead when the attempts are used up, else failed until the backoff

@@ -43,7 +43,10 @@ TYPES = {
     "error": "text",
     "history_error": "text",
 }
-CHILD = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
+CHILD = (
+    "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
+    " -c enable_sort=off"
+)
 
 
 @pytest.fixture
@@ -59,9 +62,8 @@ def child(dsn: str) -> Iterator[Conn]:
         yield conn
 
 
-def explain(conn: Conn, statement: str, values: dict[str, Any], analyze: bool = False) -> str:
-    """EXPLAIN of ``statement``'s generic plan (PREPAREd with the child's types), run and
-    rolled back when ``analyze``."""
+def prepare(conn: Conn, statement: str) -> tuple[str, list[str]]:
+    """``statement`` PREPAREd with the child's types: its name and its parameters."""
     names: list[str] = []
 
     def number(found: re.Match[str]) -> str:
@@ -75,6 +77,15 @@ def explain(conn: Conn, statement: str, values: dict[str, Any], analyze: bool = 
     conn.execute(
         sql.SQL("PREPARE {} ({}) AS {}").format(sql.Identifier(name), types, sql.SQL(body))  # type: ignore[arg-type]
     )
+    return name, names
+
+
+def explain_prepared(
+    conn: Conn, prepared: tuple[str, list[str]], values: dict[str, Any], analyze: bool = False
+) -> str:
+    """EXPLAIN of a prepared statement's generic plan, run and rolled back when
+    ``analyze``."""
+    name, names = prepared
     args = sql.SQL(", ").join(sql.Literal(values[n]) for n in names)
     options = "ANALYZE, BUFFERS" if analyze else "COSTS OFF"
     with conn.transaction(force_rollback=True):
@@ -86,6 +97,12 @@ def explain(conn: Conn, statement: str, values: dict[str, Any], analyze: bool = 
             )
         ).fetchall()
     return "\n".join(str(r[0]) for r in rows)
+
+
+def explain(conn: Conn, statement: str, values: dict[str, Any], analyze: bool = False) -> str:
+    """EXPLAIN of ``statement``'s generic plan (PREPAREd with the child's types), run and
+    rolled back when ``analyze``."""
+    return explain_prepared(conn, prepare(conn, statement), values, analyze)
 
 
 def claim_values(limit: int = 1) -> dict[str, Any]:
@@ -230,3 +247,51 @@ def test_a_job_below_the_floor_waits_for_a_whole_read(db: Conn, child: Conn) -> 
     assert [r[1] for r in got] == [urgent["id"]]
     got = child.execute(Q.job_finish_and_claim, claim_values()).fetchall()
     assert [r[1] for r in got] == [late["id"]]
+
+
+def test_the_claims_read_the_ready_index_in_order_on_a_table_analyzed_nearly_empty(
+    db: Conn, child: Conn, held: Conn
+) -> None:
+    """Statistics taken when the table held a few finished jobs (a fresh deployment), the
+    plans made while it is still small, then a held snapshot's worth of claimed jobs: with
+    sorts allowed, those generic plans read job_ready_idx (available_at, id) and sorted by
+    priority, so each range of the floored claim read whole walked every claimed job, and
+    so did every plain claim. The children's settings leave them the ready index, in its
+    order."""
+    db.execute("INSERT INTO job (topic, state) SELECT 't', 'done' FROM generate_series(1, 5)")
+    db.execute("ANALYZE job")
+
+    def claimed_jobs(n: int) -> None:
+        db.execute(
+            "INSERT INTO job (topic, available_at) "
+            "SELECT 't', now() - interval '1 hour' + g * interval '1 ms' "
+            "FROM generate_series(1, %s) AS g ORDER BY g %% 4, g",
+            (n,),
+        )
+        db.execute(
+            "UPDATE job SET state = 'processing', locked_by = 'w0', locked_until = now(), "
+            "attempts = 1 WHERE state = 'pending'"
+        )
+        db.execute("UPDATE job SET state = 'done' WHERE state = 'processing'")
+
+    claimed_jobs(200)
+    now = db.execute("SELECT now() AS t").fetchone()
+    assert now is not None
+    plain = prepare(child, Q.job_finish_and_claim)
+    floored = prepare(child, Q.job_finish_and_claim_floored)
+    for limit in (1, 8):  # the generic plans are made now, and kept (no ANALYZE comes)
+        explain_prepared(child, plain, claim_values(limit))
+        explain_prepared(child, floored, floored_values(now["t"], limit))
+    claimed_jobs(20_000)
+    fresh = db.execute("INSERT INTO job (topic) VALUES ('t') RETURNING available_at").fetchone()
+    assert fresh is not None
+    for limit in (1, 8):
+        for prepared, values in (
+            (plain, claim_values(limit)),
+            (floored, floored_values(fresh["available_at"], limit)),
+        ):
+            plan = explain_prepared(child, prepared, values, analyze=True)
+            assert "job_ready_idx" not in plan and "Sort" not in plan, plan
+            assert "job_ready_queue_idx" in plan, plan
+            if prepared is floored:
+                assert shared_hits(plan) < 100, plan
