@@ -15,6 +15,7 @@ from benchwork import (
     record,
     record_cpu,
     record_span,
+    record_start,
     spin,
 )
 
@@ -47,6 +48,13 @@ def cpu(claim: brooq.Claim) -> None:
 @queue.handler("bench.pickup")
 def pickup(claim: brooq.Claim) -> None:
     record(claim.payload["k"], "start", time.time())
+
+
+# The held-snapshot workload (benchmarks/snapshot.py): a no-op that notes its start.
+@queue.handler("bench.steady")
+def steady(claim: brooq.Claim) -> None:
+    started = time.time()
+    record_start(str(claim.id), started)
 
 
 # The hung-handler workload: a 2 s limit, and one attempt, so the job ends dead.

@@ -1,4 +1,4 @@
--- What a worker child runs: the claim round trip (one template, eight variants), the
+-- What a worker child runs: the claim round trip (one template, ten variants), the
 -- outcomes it writes and the jobs it gives back.
 
 -- template: job_finish_and_claim
@@ -10,6 +10,8 @@
 -- variant: job_finish_and_claim_limited_results: queues, limited, results
 -- variant: job_finish_and_claim_coordinated: queues, limited, coordinated
 -- variant: job_finish_and_claim_coordinated_results: queues, limited, coordinated, results
+-- variant: job_finish_and_claim_floored: queues, floored
+-- variant: job_finish_and_claim_floored_results: queues, floored, results
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
 -- up to `limit` ready jobs of the given topics, higher priority first, then FIFO by
 -- (available_at, id), and no more than a fair share among `children` workers.
@@ -24,7 +26,9 @@
 -- 2 percent of the statement, for a table that changes a few times a year.
 -- job_finish_and_claim works one queue (every deployment that names no queues); the
 -- variants: _queues several queues in a chosen order, _limited a topic under
--- global_limit besides, _results stores what the handlers returned.
+-- global_limit besides, _floored the queues' ranges of priorities each from a floor
+-- (brooq.worker.floors: under a held snapshot), _results stores what the handlers
+-- returned.
 WITH finished AS (
 --#if results
     -- `results` holds, for each id of `done`, its result as JSON text or NULL. Only
@@ -35,7 +39,13 @@ WITH finished AS (
 --#else
     UPDATE {job} SET state = 'done', updated_at = now()
 --#end
-    WHERE id = ANY(%(done)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+    -- `(state = 'processing') IS TRUE`, not `state = 'processing'`: the plain form lets the
+    -- planner read job_processing_lease_idx whole instead of the primary key (a generic
+    -- plan estimates a short partial index cheaper than ten key look-ups), and under a
+    -- held snapshot that index keeps an entry for every job that ever ran: each `done`
+    -- walked them all (docs/explanation/held-snapshots.md). The same guard, by key.
+    WHERE id = ANY(%(done)b::uuid[]) AND (state = 'processing') IS TRUE
+      AND locked_by = %(worker)s
     RETURNING id
 ),
 --#if limited
@@ -77,11 +87,24 @@ next AS MATERIALIZED (
     -- returned. The inner LIMIT is required: without it the generic plan sorted every
     -- ready row (docs/decisions.md).
     SELECT j.id
+--#if floored
+    -- _floored: each row of the arrays is a queue's range of priorities [lo, hi], read from
+    -- `floor` on (brooq.worker.floors), the ranges in claim order (a queue's from the
+    -- highest priority down). For a range of one priority the index is entered at
+    -- (queue, priority, floor): the entries of older jobs, which a held snapshot keeps
+    -- from VACUUM, are never read; the other ranges are read whole.
+    FROM unnest(%(queues)b::text[], %(lows)b::int2[], %(highs)b::int2[],
+                %(floors)b::timestamptz[]) AS q(name, lo, hi, floor)
+--#else
     FROM unnest(%(queues)b::text[]) AS q(name)
+--#end
     CROSS JOIN LATERAL (
         SELECT job.id
         FROM {job}
         WHERE job.queue = q.name
+--#if floored
+          AND job.priority <= q.hi AND job.priority >= q.lo AND job.available_at >= q.floor
+--#end
           AND job.state IN ('pending', 'failed')
           AND job.available_at <= now()
           AND job.topic = ANY(%(topics)b::text[])
@@ -103,8 +126,11 @@ next AS MATERIALIZED (
     ORDER BY priority DESC, available_at, id
     -- At most a fair share of what is ready, so that at the end of a burst one child
     -- does not take the last jobs as a batch while its siblings find none. The count
-    -- stops at what could matter (limit x children rows) and locks nothing.
-    LIMIT least(%(limit)s, (
+    -- stops at what could matter (limit x children rows) and locks nothing. A claim of
+    -- one job skips it (its share is that job or none, which the scan finds anyway): the
+    -- count walks the front of the ready index a second time, and under a held snapshot
+    -- that front holds every job claimed since.
+    LIMIT CASE WHEN %(limit)s <= 1 THEN %(limit)s ELSE least(%(limit)s, (
         SELECT (count(*) + %(children)s - 1) / %(children)s
         FROM (
             SELECT 1 FROM {job}
@@ -115,13 +141,14 @@ next AS MATERIALIZED (
             ORDER BY priority DESC, available_at, id  -- the ready index, only as far as needed
             LIMIT %(limit)s * %(children)s
         ) AS ready
-    ))
+    )) END
 --#end
     -- The lock: the last clause of `next` for one queue, of the lateral subquery for several.
     FOR NO KEY UPDATE{if queues: OF job} SKIP LOCKED
 --#if queues
     ) AS j
-    -- At most a fair share of what is ready, as for one queue, the count over the queues.
+    -- At most a fair share of what is ready, as for one queue, the count over the queues
+    -- (skipped for a claim of one job, as for one queue).
 --#if coordinated
     -- count(id): the held-back answer (a row without an id) is no claim.
     LIMIT least(%(limit)s - (SELECT count(id) FROM limited), (
@@ -129,15 +156,24 @@ next AS MATERIALIZED (
 --#if limited
     LIMIT least(%(limit)s - (SELECT count(*) FROM limited), (
 --#else
-    LIMIT least(%(limit)s, (
+    LIMIT CASE WHEN %(limit)s <= 1 THEN %(limit)s ELSE least(%(limit)s, (
 --#end
 --#end
         SELECT (count(*) + %(children)s - 1) / %(children)s
         FROM (
+--#if floored
+            SELECT FROM unnest(%(queues)b::text[], %(lows)b::int2[], %(highs)b::int2[],
+                               %(floors)b::timestamptz[]) AS q(name, lo, hi, floor)
+--#else
             SELECT FROM unnest(%(queues)b::text[]) AS q(name)
+--#end
             CROSS JOIN LATERAL (
                 SELECT FROM {job}
                 WHERE job.queue = q.name
+--#if floored
+                  AND job.priority <= q.hi AND job.priority >= q.lo
+                  AND job.available_at >= q.floor
+--#end
                   AND job.state IN ('pending', 'failed')
                   AND job.available_at <= now()
                   AND job.topic = ANY(%(topics)b::text[])
@@ -149,7 +185,7 @@ next AS MATERIALIZED (
             ) AS r
             LIMIT %(limit)s * %(children)s
         ) AS ready
-    ))
+    )){if not limited: END}
 --#end
 ),
 claimed AS (
@@ -192,20 +228,21 @@ SELECT name FROM {brooq_queue} WHERE paused AND name = ANY(%(queues)s::text[])
 UPDATE {job}
 SET state = 'pending', attempts = greatest(attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
-WHERE id = ANY(%(ids)b::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
+WHERE id = ANY(%(ids)b::uuid[]) AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 RETURNING id
 
 -- name: job_set_done
 -- `done` with chained jobs or on_success hooks, in their transaction; `result` is what
 -- the handler returned as JSON text, or NULL.
 UPDATE {job} SET state = 'done', result = %(result)s::jsonb, updated_at = now()
-WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 
 -- name: session_planner_defaults
--- The children's connections run without bitmap scans and with generic plans
--- (brooq/worker/connection.py says why); the application's on_success writes, in the
--- same transaction, get the planner's defaults back.
-SELECT set_config('enable_bitmapscan', 'on', true), set_config('plan_cache_mode', 'auto', true)
+-- The children's connections run without bitmap or sequential scans or sorts and with
+-- generic plans (brooq/worker/connection.py says why); the application's on_success
+-- writes, in the same transaction, get the planner's defaults back.
+SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_seqscan', 'on', true),
+       set_config('enable_sort', 'on', true), set_config('plan_cache_mode', 'auto', true)
 
 -- name: job_set_failed
 -- A failed attempt: dead when the attempts are used up, else failed until the backoff
@@ -230,9 +267,9 @@ SET state = CASE
                                   'worker', %(worker)s::text),
         '$[last - 19 to last]'),
     updated_at = now()
-WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 RETURNING state
 
 -- name: job_set_canceled
 UPDATE {job} SET state = 'canceled', last_error = %(error)s, updated_at = now()
-WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s

@@ -20,6 +20,7 @@ parts, the round trip, the attempt) and answer the control thread through one pr
 - `interrupts`: the signal table, and the handler call with its interruptions armed.
 - `execute`: what a handler did -> the outcome to write (pure).
 - `weights`: the order a child tries its worked queues in, round after round.
+- `floors`: where a claim starts in the ready index, and when it reads the index whole.
 - `chain`: a topic's middleware composed around its handler.
 - `outcome`: writing an outcome, and the log line and count of what was written.
 - `link`: the pipes to the master (the control thread, the non-blocking writer), the title.

@@ -34,6 +34,7 @@ from brooq.settings import Settings
 from brooq.sql import Queries
 from brooq.worker import execute
 from brooq.worker.connection import ChildConnection
+from brooq.worker.floors import Floors
 from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.pacing import Pacing, Turn
 from brooq.worker.weights import RoundOrder
@@ -110,6 +111,7 @@ _STATEMENTS = {
         "job_finish_and_claim_coordinated",
         "job_finish_and_claim_coordinated_results",
     ),
+    "floored": ("job_finish_and_claim_floored", "job_finish_and_claim_floored_results"),
 }
 
 
@@ -158,6 +160,7 @@ class RoundTrips:
         self._unwritten: list[Finished] = []  # finished with `done`, written next trip
         self._results_unwritten = False  # one of them has a result to store
         self.claims_failing = False  # the master was told the last claim failed
+        self.floors = Floors()  # where the claims enter the ready index
 
     # -- the finished jobs waiting for a trip ------------------------------------------
 
@@ -239,6 +242,12 @@ class RoundTrips:
             shape = turn.shape
             params.update(turn.params)
             params["queues"] = queues
+        elif limit and (ranges := self.floors.start(queues, time.monotonic())) is not None:
+            shape = "floored"  # reading the whole ready index has become expensive
+            params["queues"] = [r[0] for r in ranges]
+            params["lows"] = [r[1] for r in ranges]
+            params["highs"] = [r[2] for r in ranges]
+            params["floors"] = [r[3] for r in ranges]
         elif len(queues) == 1:
             shape = "one"
             params["queue"] = queues[0]
@@ -250,6 +259,7 @@ class RoundTrips:
         if with_results:
             statement = with_results_statement
             params["results"] = [f[2] for f in finished]
+        started = time.monotonic()
         try:
             conn = self.db.get()
             if self._turn is not None:  # a rated claim's start deadline counts from here
@@ -263,6 +273,7 @@ class RoundTrips:
         except psycopg.OperationalError as exc:
             self.db.failed("claim", exc)
             self._claims_fail(exc)
+            self.floors.forget()
             return None
         except (
             psycopg.errors.InvalidSqlStatementName,
@@ -281,6 +292,9 @@ class RoundTrips:
                 execute.describe(exc),
             )
             return [], queues, self._write_apart(finished)
+        if limit and self.pacing is None:
+            claimed = [(r.queue, r.priority, r.available_at) for r in rows if r.claimed]
+            self.floors.end(claimed, started, time.monotonic())
         if self.claims_failing:
             self.claims_failing = False
             self._tell({"claims": "ok"})

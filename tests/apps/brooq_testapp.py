@@ -79,12 +79,14 @@ def chain(claim: brooq.Claim) -> None:
     record(claim)
     claim.chain(brooq.Job("t.ok", {"parent": str(claim.id)}))
     # planner: enable_bitmapscan in the hook / the connection's own default, then the
-    # same for plan_cache_mode
+    # same for enable_seqscan, enable_sort and plan_cache_mode
     claim.on_success(
         lambda conn: conn.execute(
             "INSERT INTO side_effect (job_id, planner) SELECT %s, "
             "string_agg(setting || '/' || reset_val, ' ' ORDER BY name) "
-            "FROM pg_settings WHERE name IN ('enable_bitmapscan', 'plan_cache_mode')",
+            "FROM pg_settings "
+            "WHERE name IN ('enable_bitmapscan', 'enable_seqscan', 'enable_sort', "
+            "'plan_cache_mode')",
             (claim.id,),
         )
     )

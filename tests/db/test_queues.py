@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -19,6 +20,7 @@ from psycopg.rows import dict_row
 
 import brooq
 from brooq.sql import Q
+from brooq.worker.floors import WHOLE
 
 Conn = psycopg.Connection[Any]
 LEASE = 30.0
@@ -281,6 +283,9 @@ def big(db: Conn) -> Conn:
     return db
 
 
+AN_HOUR_AGO = datetime.now(timezone.utc) - timedelta(hours=1)
+
+
 def _explain(db: Conn, name: str, statement: str, values: dict[str, Any]) -> list[Any]:
     """The plans of ``statement`` as the child runs it (prepared: a generic plan after a few
     executions), forced generic and custom, with bitmap scans on and off."""
@@ -311,6 +316,19 @@ def test_the_claims_are_index_driven_on_a_big_table(big: Conn) -> None:
         ("plain", Q.job_finish_and_claim, {"queue": "default"}),
         ("prioritised", Q.job_finish_and_claim, {"queue": "urgent"}),
         ("queues", Q.job_finish_and_claim_queues, {"queues": ["urgent", "default", "bulk"]}),
+        (
+            # The claim from floors (brooq.worker.floors): urgent's priorities 20 and 0
+            # seen, each from a floor an hour back, the ranges around them whole; default
+            # read whole.
+            "floored",
+            Q.job_finish_and_claim_floored,
+            {
+                "queues": ["urgent"] * 5 + ["default"],
+                "lows": [21, 20, 1, 0, -32768, -32768],
+                "highs": [32767, 20, 19, 0, -1, 32767],
+                "floors": [WHOLE, AN_HOUR_AGO, WHOLE, AN_HOUR_AGO, WHOLE, WHOLE],
+            },
+        ),
         (
             "limited",
             Q.job_finish_and_claim_limited,

@@ -323,12 +323,13 @@ def test_child_settings_hold_for_its_transaction_only(bouncer: Bouncer, dsn: str
     conn = child.get()
     probe = (
         "SELECT current_setting('enable_bitmapscan'), current_setting('plan_cache_mode'),"
-        " current_setting('synchronous_commit')"
+        " current_setting('synchronous_commit'), current_setting('enable_seqscan'),"
+        " current_setting('enable_sort')"
     )
     with child.scoped(conn):
         cur = conn.execute(probe)
-    assert cur.fetchone() == ("off", "force_generic_plan", "off")
-    assert conn.execute(probe).fetchone() == ("on", "auto", "on")
+    assert cur.fetchone() == ("off", "force_generic_plan", "off", "off", "off")
+    assert conn.execute(probe).fetchone() == ("on", "auto", "on", "on", "on")
     child.drop()
     _assert_servers_clean(bouncer, dsn)
 

@@ -84,9 +84,9 @@ def test_every_outcome_path(
     assert [c[0] for c in children] == [str(ids["chain"])]
     effects = db.execute("SELECT job_id, planner FROM side_effect").fetchall()
     assert [e[0] for e in effects] == [ids["chain"]]
-    # brooq's own statements run without bitmap scans and with generic plans; the
-    # application's hook has the defaults back.
-    assert effects[0][1] == "on/off auto/force_generic_plan"
+    # brooq's own statements run without bitmap or sequential scans or sorts and with
+    # generic plans; the application's hook has the defaults back.
+    assert effects[0][1] == "on/off on/off on/off auto/force_generic_plan"
     assert state_of(db, ids["chain_fail"]) in ("failed", "dead")
     # A failing on_success rolls back the outcome and the chain: the attempt failed.
     state, attempts, error, _ = job_row(db, ids["hookfail"])

@@ -41,14 +41,16 @@ USER_OPTIONS = (
 OBSERVER = """
 CREATE TABLE brooq.observed (
     app text, old_state text, new_state text, search_path text, marker text,
-    statement_timeout text, lock_timeout text, synchronous_commit text, bitmapscan text);
+    statement_timeout text, lock_timeout text, synchronous_commit text, bitmapscan text,
+    seqscan text, sort text);
 CREATE FUNCTION brooq.observe() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO brooq.observed VALUES (
         current_setting('application_name'), OLD.state, NEW.state,
         current_setting('search_path'), current_setting('brooq_test.marker', true),
         current_setting('statement_timeout'), current_setting('lock_timeout'),
-        current_setting('synchronous_commit'), current_setting('enable_bitmapscan'));
+        current_setting('synchronous_commit'), current_setting('enable_bitmapscan'),
+        current_setting('enable_seqscan'), current_setting('enable_sort'));
     RETURN NEW;
 END;
 $$;
@@ -119,7 +121,7 @@ def test_the_dsn_options_are_kept_by_the_master_and_the_children(
 
         sessions = db.execute(
             "SELECT DISTINCT split_part(app, ' ', 1), search_path, marker, statement_timeout, "
-            "lock_timeout, synchronous_commit, bitmapscan FROM brooq.observed "
+            "lock_timeout, synchronous_commit, bitmapscan, seqscan, sort FROM brooq.observed "
             "WHERE old_state = 'processing' AND new_state = 'processing' OR "
             "new_state = 'processing' AND old_state <> 'processing'"
         ).fetchall()
@@ -130,10 +132,12 @@ def test_the_dsn_options_are_kept_by_the_master_and_the_children(
     masters = {s[:5] for s in sessions if s[0] == "brooq-master"}
     assert masters == {("brooq-master", "brooq", "kept here", "10s", "2s")}, sessions
     # The children claimed with the user's settings (statement_timeout included: they set
-    # none of their own) and brooq's two: synchronous_commit off by default, even where the
-    # user's options turn it on (on measured at 13-16 % of a drain: kept off).
+    # none of their own) and brooq's three: synchronous_commit off by default, even where
+    # the user's options turn it on (on measured at 13-16 % of a drain: kept off), and
+    # neither bitmap nor sequential scans nor sorts.
     children = {(*s[:4], *s[5:]) for s in sessions if s[0] == "brooq-child"}
-    assert children == {("brooq-child", "brooq", "kept here", "1234ms", "off", "off")}, sessions
+    expected = ("brooq-child", "brooq", "kept here", "1234ms", "off", "off", "off", "off")
+    assert children == {expected}, sessions
     assert {s[0] for s in sessions} == {"brooq-master", "brooq-child"}
 
 

@@ -15,6 +15,14 @@ when autovacuum or another master is already at it, the statement returns at onc
 INDEX_CLEANUP ON: the default (AUTO) skips the indexes when few heap pages hold dead
 tuples, and the ready index is what needs the cleaning.
 
+A VACUUM cannot remove what a session's snapshot may still see: while one is held (an
+idle transaction, a long report), the dead tuples stay over the threshold after each
+VACUUM, and a VACUUM every period would read the whole table for nothing (measured:
+docs/explanation/held-snapshots.md). So the threshold counts from what the last VACUUM
+left (read at the first look after it, lowered whenever a look finds fewer, as after
+autovacuum's run once the snapshot is gone): the next VACUUM waits for THRESHOLD new
+dead tuples.
+
 Owns: the decision, and the VACUUM's OffLoop. Must never wait on the server, hold a
 lock, or touch a child.
 """
@@ -62,6 +70,8 @@ class Vacuum(Source):
         self.line = OffLoop(dsn, VACUUM, {"statement_timeout": "0"}, clock)
         self.dead_at_start = 0.0
         self.runs = 0  # VACUUMs finished (their answer read), for tests and logs
+        self.left = 0.0  # dead tuples the last VACUUM could not remove (as last seen)
+        self._look_after = False  # the next look reads what the last VACUUM left
 
     @property
     def q(self) -> Queries:
@@ -81,7 +91,10 @@ class Vacuum(Source):
         if row is None:
             return {}
         dead = float(row[0])
-        if dead < self.threshold:
+        if self._look_after:
+            self.left, self._look_after = dead, False
+        self.left = min(self.left, dead)
+        if dead - self.left < self.threshold:
             return {}
         if not self.line.send(self.q.job_vacuum):
             return {}
@@ -103,6 +116,7 @@ class Vacuum(Source):
         if answer is None:
             return
         self.runs += 1
+        self._look_after = not answer.error
         if answer.error:
             log.warning("event=vacuum_failed seconds=%.2f error=%r", answer.seconds, answer.error)
         else:

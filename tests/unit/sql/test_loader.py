@@ -87,6 +87,7 @@ BASES = (
     "job_finish_and_claim_queues",
     "job_finish_and_claim_limited",
     "job_finish_and_claim_coordinated",
+    "job_finish_and_claim_floored",
 )
 
 
@@ -155,4 +156,24 @@ def test_the_queues_variant_is_the_limited_one_without_the_limited_topic() -> No
         .replace(" - (SELECT count(*) FROM limited)", "")
         .replace("FROM limited UNION ALL " + head + "queue, priority ", "")
     )
+    # Without a limited topic, a claim of one job skips the fair-share count.
+    skip = "CASE WHEN %(limit)s <= 1 THEN %(limit)s ELSE "
+    assert queues.count(skip) == 1 and queues.count(") AS ready )) END ), claimed") == 1
+    queues = queues.replace(skip, "").replace(
+        ") AS ready )) END ), claimed", ") AS ready )) ), claimed"
+    )
     assert without == queues
+
+
+def test_the_floored_variant_is_the_queues_one_with_ranges_from_floors() -> None:
+    """_floored reads each row of its arrays (a queue, its priorities lo..hi, a floor) as
+    _queues reads a queue, and differs in nothing else."""
+    queues, floored = _sql(Q.job_finish_and_claim_queues), _sql(Q.job_finish_and_claim_floored)
+    unnest = (
+        "unnest(%(queues)b::text[], %(lows)b::int2[], %(highs)b::int2[], "
+        "%(floors)b::timestamptz[]) AS q(name, lo, hi, floor)"
+    )
+    ranges = "AND job.priority <= q.hi AND job.priority >= q.lo AND job.available_at >= q.floor "
+    assert floored.count(unnest) == 2 and floored.count(ranges) == 2
+    plain = floored.replace(unnest, "unnest(%(queues)b::text[]) AS q(name)").replace(ranges, "")
+    assert plain == queues

@@ -1,0 +1,458 @@
+"""The held-snapshot workload: a steady flow of jobs, first alone, then while another
+session holds a REPEATABLE READ snapshot open for the whole run.
+
+    python benchmarks/snapshot.py [--dsn ADMIN_DSN] [--duration 300] [--rate 1000]
+                                  [--every 30] [--runs alone,held] [--quick]
+                                  [--out results/NAME.json]
+
+Each run, in a fresh database: `brooq-master --workers 2` with the benchmark's no-op
+handler (apps/bench_brooq_app.py `bench.steady`, which appends its job's id and start
+time to a file of its process: no database write per job); PRODUCERS threads enqueue
+one job per `Queue.enqueue`, together RATE a second on a fixed schedule (a thread that
+falls behind sends at once), for DURATION seconds. In the held run a session runs
+`BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;` before the offering starts and stays
+idle in that transaction until the run ends: its snapshot keeps every row version the
+queue leaves behind from being removed, in the heap and in the indexes.
+
+Measured (benchmarks/snapshot_stats.py does the arithmetic):
+- completed jobs/s: jobs whose handler started during the offering, over its length;
+- pickup p50/p99: handler start minus the return of the producer's enqueue (the commit),
+  as run.py's pickup workload; jobs offered but not started when the run ends count as
+  lower bounds (marked ≥);
+- every EVERY seconds: pg_stat_user_tables' dead and live tuples and autovacuum count,
+  pg_relation_size of the table and of the ready index, pg_indexes_size, and the ready
+  index's idx_scan/idx_tup_read (the entries read per scan: the dead ones the claims
+  walk);
+- once, at EXPLAIN_AT of the offering, EXPLAIN (ANALYZE, BUFFERS) of the claim
+  (job_finish_and_claim, prepared with the children's planner settings, rolled back);
+- once, when the offering ends, VACUUM (VERBOSE) of the table: what it could not remove.
+
+Writes OUT (JSON) and OUT with .md (the tables), and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import snapshot_stats as stats
+from common import (  # the benchmark's own modules, next to this file
+    APPS_DIR,
+    ROOT,
+    Worker,
+    base_env,
+    choose_admin_dsn,
+    events_dir,
+    fresh_database,
+    server_facts,
+    venv_bin,
+)
+
+TOPIC = "bench.steady"
+READY_INDEX = "job_ready_queue_idx"  # the index the one-queue claim walks
+
+SAMPLE = """
+SELECT pg_relation_size('job') AS heap_bytes, pg_indexes_size('job') AS index_bytes,
+       pg_relation_size(%(ready)s::regclass) AS ready_index_bytes,
+       s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.vacuum_count, s.autoanalyze_count,
+       s.seq_scan, s.seq_tup_read,
+       i.idx_scan AS ready_idx_scan, i.idx_tup_read AS ready_idx_tup_read,
+       i.idx_tup_fetch AS ready_idx_tup_fetch,
+       io.heap_blks_hit + io.heap_blks_read AS heap_blks, io.idx_blks_hit + io.idx_blks_read
+           AS idx_blks,
+       (SELECT max(age(backend_xmin)) FROM pg_stat_activity
+        WHERE datname = current_database()) AS oldest_xmin_age
+FROM pg_stat_user_tables s
+JOIN pg_statio_user_tables io ON io.relid = s.relid
+JOIN pg_stat_user_indexes i ON i.relid = s.relid AND i.indexrelid = %(ready)s::regclass
+WHERE s.relname = 'job'
+"""
+
+MASTER_ENV: dict[str, str] = {}  # --master-env: settings for every master of the run
+TREE: Path = ROOT  # --tree: the checkout of brooq the masters run (an A/B of two trees)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Sampler(threading.Thread):
+    """The database samples at t0 + k * every, k = 0 .. count."""
+
+    def __init__(self, dsn: str, t0: float, every: float, count: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.t0, self.every, self.count = dsn, t0, every, count
+        self.samples: list[dict[str, Any]] = []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            for k in range(self.count + 1):
+                if self.stopped.wait(max(0.0, self.t0 + k * self.every - time.monotonic())):
+                    return
+                row = cur.execute(SAMPLE, {"ready": READY_INDEX}).fetchone()
+                if row:
+                    row = {"k": k, "t": round(time.monotonic() - self.t0, 1), **row}
+                    row["entries_per_scan"] = stats.per_scan(
+                        self.samples[-1] if self.samples else None, row
+                    )
+                    self.samples.append(row)
+
+    def stop(self) -> list[dict[str, Any]]:
+        self.stopped.set()
+        self.join(30)
+        return self.samples
+
+
+class Producers:
+    """THREADS threads, each with a Queue of its own, enqueuing job k at t0 + k / rate,
+    until t0 + the duration: a thread that falls behind sends at once, and what is still
+    unsent at the end is not offered (the achieved rate is reported beside the target)."""
+
+    def __init__(self, dsn: str, rate: float, threads: int, duration: float) -> None:
+        self.dsn, self.rate, self.threads, self.duration = dsn, rate, threads, duration
+        self.total = int(rate * duration)
+        self.records: list[dict[str, float]] = [{} for _ in range(threads)]
+        self.late_s = [0.0] * threads  # the most a thread ran behind its schedule
+        self.errors: list[str] = []
+        self.stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.t0 = 0.0
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        for i in range(self.threads):
+            t = threading.Thread(target=self._run, args=(i,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _run(self, i: int) -> None:
+        import brooq
+
+        queue = brooq.Queue(self.dsn)
+        rec = self.records[i]
+        try:
+            for k in range(i, self.total, self.threads):
+                due = self.t0 + k / self.rate
+                wait = due - time.monotonic()
+                if wait > 0 and self.stopped.wait(wait):
+                    return
+                if time.monotonic() >= self.t0 + self.duration:
+                    return
+                self.late_s[i] = max(self.late_s[i], -wait)
+                job_id, _ = queue.enqueue(brooq.Job(TOPIC, {"k": k}))
+                rec[str(job_id)] = time.time()
+        except Exception as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            queue.close()
+
+    def join(self) -> dict[str, float]:
+        for t in self._threads:
+            t.join()
+        merged: dict[str, float] = {}
+        for rec in self.records:
+            merged.update(rec)
+        return merged
+
+
+def read_starts(dsn: str) -> dict[str, float]:
+    """job id -> handler start, from every child's .starts file (whole lines only; a job
+    run twice keeps its first start)."""
+    out: dict[str, float] = {}
+    for f in events_dir(dsn).glob("*.starts"):
+        for line in f.read_text().split("\n")[:-1]:
+            job, t = line.split(",")
+            if job not in out or float(t) < out[job]:
+                out[job] = float(t)
+    return out
+
+
+def count_starts(dsn: str) -> int:
+    return sum(f.read_bytes().count(b"\n") for f in events_dir(dsn).glob("*.starts"))
+
+
+def start_master(dsn: str, workers: int) -> Worker:
+    env = base_env(dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0", **MASTER_ENV})
+    env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(TREE)])
+    argv = [venv_bin("brooq-master"), "--app", "bench_brooq_app:queue", "--workers", str(workers)]
+    return Worker(argv, env, f"brooq-snapshot-{workers}").start()
+
+
+def warm_up(dsn: str, master: Worker) -> None:
+    """A few jobs through, so that the children are up and idle when the offering starts."""
+    import brooq
+
+    queue = brooq.Queue(dsn)
+    try:
+        for _ in range(5):
+            queue.enqueue(brooq.Job(TOPIC, {"k": -1}))
+    finally:
+        queue.close()
+    deadline = time.monotonic() + 60
+    while count_starts(dsn) < 5:
+        if not master.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the master took no job:\n{master.log_tail()}")
+        time.sleep(0.1)
+    time.sleep(1.0)
+
+
+# The claim's parameters as psycopg binds them from a child (brooq.worker.roundtrip).
+PARAM_TYPES = {
+    "done": "uuid[]",
+    "results": "text[]",
+    "worker": "text",
+    "queue": "text",
+    "topics": "text[]",
+    "limit": "int8",
+    "children": "int8",
+    "lease": "float8",
+}
+
+
+def as_prepared(text: str) -> tuple[str, list[str]]:
+    """A statement with psycopg's named placeholders as PostgreSQL's $n, and the names in
+    their order: for PREPARE, whose EXECUTE then runs the generic plan a child runs."""
+    names: list[str] = []
+
+    def number(found: re.Match[str]) -> str:
+        if found.group(1) not in names:
+            names.append(found.group(1))
+        return f"${names.index(found.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)[sb]", number, text).replace("%%", "%"), names
+
+
+def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of the one-queue claim as a child runs it (prepared,
+    generic plan, no bitmap scans), for ``limit`` jobs, in a transaction rolled back."""
+    from brooq.sql import load, render
+
+    values: dict[str, Any] = {
+        "done": [],
+        "topics": [TOPIC],
+        "limit": limit,
+        "children": workers,
+        "worker": "bench-explain",
+        "lease": 30.0,
+        "queue": "default",
+    }
+    claim = render(load(TREE / "brooq" / "sql")["job_finish_and_claim"], None)
+    body, names = as_prepared(claim)
+    types = sql.SQL(", ").join(sql.SQL(PARAM_TYPES[n]) for n in names)
+    options = (
+        "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
+        " -c enable_sort=off"
+    )
+    with psycopg.connect(dsn, options=options) as conn:
+        conn.execute(sql.SQL("PREPARE bench_claim ({}) AS {}").format(types, sql.SQL(body)))
+        args = sql.SQL(", ").join(sql.Literal(values[n]) for n in names)
+        rows = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim({})").format(args)
+        ).fetchall()
+        conn.rollback()
+    return "\n".join(str(r[0]) for r in rows)
+
+
+def vacuum_verbose(dsn: str) -> str:
+    """VACUUM (VERBOSE) job: its report (what it removed, and what it could not)."""
+    notes: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+        t = time.monotonic()
+        conn.execute("VACUUM (VERBOSE) job")
+        notes.append(f"(took {time.monotonic() - t:.2f} s)")
+    return "\n".join(notes)
+
+
+def one_run(admin: str, label: str, held: bool, args: argparse.Namespace) -> dict[str, Any]:
+    from brooq import migrate
+
+    with fresh_database(admin, f"snapshot_{label}") as dsn:
+        migrate.up(dsn)
+        master = start_master(dsn, args.workers)
+        holder: psycopg.Connection[Any] | None = None
+        result: dict[str, Any] = {"label": label, "held": held}
+        try:
+            warm_up(dsn, master)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("ANALYZE job")
+            if held:
+                holder = psycopg.connect(dsn, autocommit=True, application_name="bench-holder")
+                holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                holder.execute("SELECT 1")
+                result["holder_pid"] = holder.info.backend_pid
+            producers = Producers(dsn, args.rate, args.producers, args.duration)
+            count = int(-(-args.duration // args.every))
+            t0 = time.monotonic() + 0.5
+            t0_wall = time.time() + (t0 - time.monotonic())
+            sampler = Sampler(dsn, t0, args.every, count)
+            sampler.start()
+            producers.start(t0)
+            log(f"{label}: offering {args.rate:g} jobs/s for {args.duration:g} s")
+            explain_at = t0 + args.duration * args.explain_at
+            while time.monotonic() < explain_at:
+                time.sleep(0.2)
+            result["explain"] = explain_claim(dsn, args.workers)
+            enqueued = producers.join()
+            offered_s = args.duration
+            while time.monotonic() < t0 + count * args.every + 0.5 and sampler.is_alive():
+                time.sleep(0.2)  # the last sample
+            result["backlog_at_end"] = len(enqueued) - count_starts(dsn) + 5
+            result["vacuum_verbose"] = vacuum_verbose(dsn)
+            deadline = time.monotonic() + args.drain_timeout
+            while count_starts(dsn) - 5 < len(enqueued) and time.monotonic() < deadline:
+                if not master.alive():
+                    raise RuntimeError(f"master exited:\n{master.log_tail()}")
+                time.sleep(0.5)
+            cutoff = time.time()
+            samples = sampler.stop()
+        finally:
+            master.stop()
+            if holder is not None:
+                holder.close()
+        vacuums = master.log_tail(10**9).count("event=vacuum_done")
+        started = read_starts(dsn)
+    pickup_ms, censored = stats.pickups(enqueued, started, cutoff)
+    in_window = sum(1 for j in enqueued if t0_wall <= started.get(j, -1) < t0_wall + offered_s)
+    result.update(
+        {
+            "enqueued": len(enqueued),
+            "producer_errors": producers.errors,
+            "producers_most_behind_s": round(max(producers.late_s), 3),
+            "offered_s": round(offered_s, 2),
+            "offered_per_s": round(len(enqueued) / offered_s, 1),
+            "completed_per_s": round(in_window / offered_s, 1),
+            "pickup": stats.latency_summary(list(pickup_ms.values()), censored),
+            "windows": stats.windows(
+                enqueued, started, pickup_ms, t0_wall, args.duration, args.every
+            ),
+            "samples": samples,
+            "master_vacuums": vacuums,
+        }
+    )
+    result["max_dead_tuples"] = max((s["n_dead_tup"] for s in samples), default=None)
+    result["heap_bytes"] = [samples[0]["heap_bytes"], samples[-1]["heap_bytes"]]
+    result["index_bytes"] = [samples[0]["index_bytes"], samples[-1]["index_bytes"]]
+    result["last_entries_per_scan"] = samples[-1]["entries_per_scan"]
+    return result
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Held snapshot: {report['rate']:,} jobs/s offered for {report['duration']:g} s",
+        "",
+        f"{report['date']}, PostgreSQL {report['server']['server_version']} "
+        f"({report['where']}), `brooq-master --workers {report['workers']}`, "
+        f"{report['producers']} producer threads (`Queue.enqueue`, one job per call); "
+        f"master settings {report['master_env'] or 'default'}.",
+        "",
+    ]
+    runs = report["runs"]
+    if "alone" in runs and "held" in runs:
+        lines += [*stats.side_by_side(runs["alone"], runs["held"]), ""]
+    for label, run in runs.items():
+        lines += [f"## {label}, every {report['every']:g} s", ""]
+        lines += [*stats.samples_table(run), ""]
+        lines += [
+            f"Master's own VACUUMs: {run['master_vacuums']}; producers at most "
+            f"{run['producers_most_behind_s']} s behind their schedule.",
+            "",
+            f"EXPLAIN (ANALYZE, BUFFERS) of the claim at {100 * report['explain_at']:.0f} % "
+            "of the offering:",
+            "",
+            "```",
+            run["explain"],
+            "```",
+            "",
+            "VACUUM (VERBOSE) when the offering ended:",
+            "",
+            "```",
+            run["vacuum_verbose"],
+            "```",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--dsn", help="an admin DSN (default: 127.0.0.1:5432, else embedded)")
+    ap.add_argument("--duration", type=float, default=300.0, help="seconds of offering")
+    ap.add_argument("--rate", type=float, default=1000.0, help="jobs offered a second")
+    ap.add_argument("--producers", type=int, default=4, help="producer threads")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--every", type=float, default=30.0, help="seconds between samples")
+    ap.add_argument("--explain-at", type=float, default=0.5, help="share of the offering")
+    ap.add_argument("--drain-timeout", type=float, default=120.0)
+    ap.add_argument("--runs", default="alone,held", help="which runs, in order")
+    ap.add_argument("--quick", action="store_true", help="60 s, samples every 10 s")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--master-env", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--tree", type=Path, help="the brooq checkout the masters run (default: this)")
+    args = ap.parse_args(argv)
+    if args.tree is not None:
+        if not (args.tree / "brooq" / "sql").is_dir():
+            ap.error(f"--tree {args.tree}: no brooq checkout there")
+        global TREE
+        TREE = args.tree.resolve()
+    for item in args.master_env:
+        name, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--master-env wants NAME=VALUE, got {item!r}")
+        MASTER_ENV[name] = value
+    if args.quick:
+        args.duration, args.every = 60.0, 10.0
+    runs = args.runs.split(",")
+    if unknown := set(runs) - {"alone", "held"}:
+        ap.error(f"--runs takes alone and held, got {sorted(unknown)}")
+    if args.duration <= 0 or args.every <= 0 or args.rate <= 0 or args.producers < 1:
+        ap.error("--duration, --every and --rate must be positive, --producers at least 1")
+    admin, where = choose_admin_dsn(args.dsn)
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "where": where,
+        "server": server_facts(admin),
+        "rate": int(args.rate),
+        "duration": args.duration,
+        "every": args.every,
+        "producers": args.producers,
+        "workers": args.workers,
+        "explain_at": args.explain_at,
+        "master_env": MASTER_ENV,
+        "tree": str(TREE),
+        "runs": {},
+    }
+    for label in runs:
+        report["runs"][label] = one_run(admin, label, label == "held", args)
+        run = report["runs"][label]
+        log(
+            f"{label}: {run['completed_per_s']:,} jobs/s, pickup p50 {run['pickup']['p50_ms']} "
+            f"ms p99 {run['pickup']['p99_ms']} ms, most dead tuples {run['max_dead_tuples']}"
+        )
+    if {"alone", "held"} <= set(runs):
+        report["targets"] = stats.targets(report["runs"]["alone"], report["runs"]["held"])
+    text = markdown(report)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        args.out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
