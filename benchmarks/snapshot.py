@@ -39,6 +39,7 @@ import re
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,10 @@ PARAM_TYPES = {
     "limit": "int8",
     "children": "int8",
     "lease": "float8",
+    "queues": "text[]",
+    "lows": "int2[]",
+    "highs": "int2[]",
+    "floors": "timestamptz[]",
 }
 
 
@@ -238,8 +243,8 @@ def as_prepared(text: str) -> tuple[str, list[str]]:
 
 
 def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
-    """EXPLAIN (ANALYZE, BUFFERS) of the one-queue claim as a child runs it (prepared,
-    generic plan, no bitmap scans), for ``limit`` jobs, in a transaction rolled back."""
+    """EXPLAIN (ANALYZE, BUFFERS) of the one-queue claim reading the ready index whole, as
+    a child runs it (prepared, generic plan), for ``limit`` jobs, rolled back."""
     from brooq.sql import load, render
 
     values: dict[str, Any] = {
@@ -252,7 +257,13 @@ def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
         "queue": "default",
     }
     claim = render(load(TREE / "brooq" / "sql")["job_finish_and_claim"], None)
-    body, names = as_prepared(claim)
+    return explain_prepared(dsn, claim, values)
+
+
+def explain_prepared(dsn: str, statement: str, values: dict[str, Any]) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of ``statement`` PREPAREd with the child's parameter
+    types and planner settings (a generic plan), in a transaction rolled back."""
+    body, names = as_prepared(statement)
     types = sql.SQL(", ").join(sql.SQL(PARAM_TYPES[n]) for n in names)
     options = (
         "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
@@ -266,6 +277,35 @@ def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
         ).fetchall()
         conn.rollback()
     return "\n".join(str(r[0]) for r in rows)
+
+
+def explain_floored(dsn: str, workers: int) -> str | None:
+    """EXPLAIN (ANALYZE, BUFFERS) of the claim from floors (job_finish_and_claim_floored,
+    when the tree has it) with the ranges of a child whose last claim returned a job of
+    priority 0 made available a second ago; None for a tree without it."""
+    from brooq.sql import load, render
+
+    texts = load(TREE / "brooq" / "sql")
+    if "job_finish_and_claim_floored" not in texts:
+        return None
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT now() - interval '1 s'").fetchone()
+        assert row is not None
+    floor = row[0] - timedelta(milliseconds=100)  # brooq.worker.floors.SLACK
+    whole = datetime.min.replace(tzinfo=timezone.utc)
+    values: dict[str, Any] = {
+        "done": [],
+        "topics": [TOPIC],
+        "limit": 1,
+        "children": workers,
+        "worker": "bench-explain",
+        "lease": 30.0,
+        "queues": ["default"] * 3,
+        "lows": [1, 0, -32768],
+        "highs": [32767, 0, -1],
+        "floors": [whole, floor, whole],
+    }
+    return explain_prepared(dsn, render(texts["job_finish_and_claim_floored"], None), values)
 
 
 def vacuum_verbose(dsn: str) -> str:
@@ -308,6 +348,7 @@ def one_run(admin: str, label: str, held: bool, args: argparse.Namespace) -> dic
             while time.monotonic() < explain_at:
                 time.sleep(0.2)
             result["explain"] = explain_claim(dsn, args.workers)
+            result["explain_floored"] = explain_floored(dsn, args.workers)
             enqueued = producers.join()
             offered_s = args.duration
             while time.monotonic() < t0 + count * args.every + 0.5 and sampler.is_alive():
@@ -373,12 +414,25 @@ def markdown(report: dict[str, Any]) -> str:
             f"{run['producers_most_behind_s']} s behind their schedule.",
             "",
             f"EXPLAIN (ANALYZE, BUFFERS) of the claim at {100 * report['explain_at']:.0f} % "
-            "of the offering:",
+            "of the offering, reading the ready index whole:",
             "",
             "```",
             run["explain"],
             "```",
             "",
+            *(
+                [
+                    "And of the claim from floors (the ranges of a child whose last claim "
+                    "returned a job of priority 0 made available a second before):",
+                    "",
+                    "```",
+                    run["explain_floored"],
+                    "```",
+                    "",
+                ]
+                if run.get("explain_floored")
+                else []
+            ),
             "VACUUM (VERBOSE) when the offering ended:",
             "",
             "```",

@@ -77,9 +77,9 @@ def prepare(conn: psycopg.Connection[Any], name: str, statement: str) -> list[st
         return f"${names.index(found.group(1)) + 1}"
 
     body = re.sub(r"%\((\w+)\)[sb]", number, statement).replace("%%", "%")
-    types = sql.SQL(", ").join(sql.SQL(TYPES[n]) for n in names)  # type: ignore[arg-type]
+    types = sql.SQL(", ").join(sql.SQL(TYPES[n]) for n in names)
     conn.execute(
-        sql.SQL("PREPARE {} ({}) AS {}").format(sql.Identifier(name), types, sql.SQL(body))  # type: ignore[arg-type]
+        sql.SQL("PREPARE {} ({}) AS {}").format(sql.Identifier(name), types, sql.SQL(body))
     )
     return names
 

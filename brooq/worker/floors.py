@@ -20,16 +20,19 @@ A queue is read whole (the plain claim statement) while a whole read of it costs
 than WORTH, so on a table that VACUUM keeps clean nothing changes. Past WORTH the claims
 use the floors (job_finish_and_claim_floored: the priorities seen, each from its floor,
 and the ranges between them whole), and a whole read comes again once the time since
-the last one is FACTOR times what it took (whole reads then cost at most about
-1/FACTOR of the child's time), at the latest MAX_APART after it.
+the last one is FACTOR times what it took, stretched by up to half as much again at
+random so that sibling children, started together, do not read whole at the same
+moment (whole reads then cost at most about 1/FACTOR of the child's time), and at the
+latest MAX_APART after it.
 
 Owns: the floors, the ranges a floored claim reads, the choice of a whole read. Must
-never do I/O or read the clock (the times are passed in).
+never do I/O or read the clock (the times are passed in, the randomness too).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import random
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 
 __all__ = ["FACTOR", "MAX_APART", "SLACK", "WHOLE", "WORTH", "Floors", "Range"]
@@ -52,7 +55,8 @@ Range = tuple[str, int, int, datetime]
 class Floors:
     """One child's floors; ``start`` before a claim, ``end`` after it."""
 
-    def __init__(self) -> None:
+    def __init__(self, spread: Callable[[], float] = random.random) -> None:
+        self._spread = spread  # a number in [0, 1): how far to stretch the next wait
         self._floors: dict[str, dict[int, datetime]] = {}  # queue -> priority -> floor
         self._whole_took: dict[str, float] = {}  # queue -> seconds of its last whole read
         self._whole_due: dict[str, float] = {}  # queue -> monotonic time of the next one
@@ -102,7 +106,8 @@ class Floors:
         took = max(0.0, ended - started)
         for queue in self._reading_whole:
             self._whole_took[queue] = took
-            self._whole_due[queue] = ended + min(MAX_APART, FACTOR * took)
+            wait = FACTOR * took * (1.0 + self._spread() / 2)
+            self._whole_due[queue] = ended + min(MAX_APART, wait)
         self._reading_whole = []
         oldest: dict[tuple[str, int], datetime] = {}
         for queue, priority, available_at in claimed:

@@ -72,10 +72,10 @@ def prepare(conn: Conn, statement: str) -> tuple[str, list[str]]:
         return f"${names.index(found.group(1)) + 1}"
 
     body = re.sub(r"%\((\w+)\)[sb]", number, statement).replace("%%", "%")
-    types = sql.SQL(", ").join(sql.SQL(TYPES[n]) for n in names)  # type: ignore[arg-type]
+    types = sql.SQL(", ").join(sql.SQL(TYPES[n]) for n in names)
     name = f"p_{uuid.uuid4().hex[:8]}"
     conn.execute(
-        sql.SQL("PREPARE {} ({}) AS {}").format(sql.Identifier(name), types, sql.SQL(body))  # type: ignore[arg-type]
+        sql.SQL("PREPARE {} ({}) AS {}").format(sql.Identifier(name), types, sql.SQL(body))
     )
     return name, names
 
@@ -91,7 +91,7 @@ def explain_prepared(
     with conn.transaction(force_rollback=True):
         rows = conn.execute(
             sql.SQL("EXPLAIN ({}) EXECUTE {}({})").format(
-                sql.SQL(options),  # type: ignore[arg-type]
+                sql.SQL(options),
                 sql.Identifier(name),
                 args,
             )

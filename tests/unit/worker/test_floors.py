@@ -21,7 +21,7 @@ def slow_whole_read(
 
 
 def test_a_queue_is_read_whole_until_a_claim_of_it_returned_a_job() -> None:
-    floors = Floors()
+    floors = Floors(spread=lambda: 0.0)
     assert floors.start(["q"], 0.0) is None
     floors.end([], 0.0, SLOW)  # expensive, but nothing came back: no floor to use
     assert floors.start(["q"], SLOW + 0.001) is None
@@ -30,7 +30,7 @@ def test_a_queue_is_read_whole_until_a_claim_of_it_returned_a_job() -> None:
 def test_cheap_whole_reads_are_always_taken() -> None:
     """On a table VACUUM keeps clean a whole read is cheap: every claim stays the plain
     statement, whatever floors the claims left."""
-    floors = Floors()
+    floors = Floors(spread=lambda: 0.0)
     for i in range(5):
         now = float(i)
         assert floors.start(["q"], now) is None
@@ -38,7 +38,7 @@ def test_cheap_whole_reads_are_always_taken() -> None:
 
 
 def test_past_worth_the_claim_enters_each_priority_at_its_floor() -> None:
-    floors = Floors()
+    floors = Floors(spread=lambda: 0.0)
     end = slow_whole_read(floors, ["q"], [("q", 0, T), ("q", 0, T + timedelta(seconds=3))])
     assert floors.start(["q"], end + 0.001) == [
         ("q", 1, 32767, WHOLE),
@@ -48,7 +48,7 @@ def test_past_worth_the_claim_enters_each_priority_at_its_floor() -> None:
 
 
 def test_the_ranges_cover_every_priority_highest_first() -> None:
-    floors = Floors()
+    floors = Floors(spread=lambda: 0.0)
     rows = [("q", 5, T), ("q", 4, T + timedelta(seconds=1)), ("q", 32767, T), ("q", -32768, T)]
     end = slow_whole_read(floors, ["q"], rows)
     assert floors.start(["q"], end + 0.001) == [
@@ -64,7 +64,7 @@ def test_the_ranges_cover_every_priority_highest_first() -> None:
 def test_the_floor_moves_forward_only() -> None:
     """A claim that returned an older job (one a whole read found below the floor) does
     not lower the floor: that job is claimed now."""
-    floors = Floors()
+    floors = Floors(spread=lambda: 0.0)
     end = slow_whole_read(floors, ["q"], [("q", 0, T)])
     floors.start(["q"], end)
     floors.end([("q", 0, T + timedelta(seconds=5))], end, end + 0.001)
@@ -79,7 +79,7 @@ def test_the_floor_moves_forward_only() -> None:
 
 
 def test_a_whole_read_comes_back_after_factor_times_its_own_duration() -> None:
-    floors = Floors()
+    floors = Floors(spread=lambda: 0.0)
     end = slow_whole_read(floors, ["q"], [("q", 0, T)])
     due = end + FACTOR * SLOW
     assert floors.start(["q"], due - 0.001) is not None
@@ -87,8 +87,18 @@ def test_a_whole_read_comes_back_after_factor_times_its_own_duration() -> None:
     assert floors.start(["q"], due) is None
 
 
+def test_the_wait_for_a_whole_read_is_stretched_by_up_to_a_half_at_random() -> None:
+    """Sibling children start together and their whole reads take as long: each stretches
+    its wait by its own random share, so they do not read whole at the same moment."""
+    floors = Floors(spread=lambda: 0.999)
+    end = slow_whole_read(floors, ["q"], [("q", 0, T)])
+    assert floors.start(["q"], end + FACTOR * SLOW * 1.49) is not None
+    floors.end([], 0.0, 0.0)
+    assert floors.start(["q"], end + FACTOR * SLOW * 1.5) is None
+
+
 def test_whole_reads_are_never_further_apart_than_max_apart() -> None:
-    floors = Floors()
+    floors = Floors(spread=lambda: 0.0)
     assert floors.start(["q"], 0.0) is None
     floors.end([("q", 0, T)], 0.0, 100.0)  # a whole read of 100 s
     assert floors.start(["q"], 100.0 + MAX_APART - 0.001) is not None
@@ -99,7 +109,7 @@ def test_whole_reads_are_never_further_apart_than_max_apart() -> None:
 def test_several_queues_each_whole_or_from_their_floors() -> None:
     """A round of several queues, in its order: a queue whose whole read is due is one
     range read whole, the others their floors' ranges."""
-    floors = Floors()
+    floors = Floors(spread=lambda: 0.0)
     assert floors.start(["a"], 0.0) is None
     floors.end([("a", 0, T)], 0.0, SLOW)  # a's next whole read: SLOW + FACTOR * SLOW
     assert floors.start(["b"], 1.0) is None
@@ -115,7 +125,7 @@ def test_several_queues_each_whole_or_from_their_floors() -> None:
 
 
 def test_after_a_failed_claim_the_next_reads_whole() -> None:
-    floors = Floors()
+    floors = Floors(spread=lambda: 0.0)
     end = slow_whole_read(floors, ["q"], [("q", 0, T)])
     assert floors.start(["q"], end + 0.001) is not None
     floors.forget()
