@@ -11,7 +11,8 @@ notification missed.
 
 A wait rides over a database it cannot reach for a while (a failover: the primary gone,
 a standby promoted; docs/how-to/high-availability.md): once it has read its row, a read
-that fails with DatabaseUnavailable is tried again at the poll interval, for up to
+that fails with DatabaseUnavailable is tried again at the poll interval (within
+WAIT_LOST_RETRY whatever the poll), for up to
 WAIT_OUTAGE seconds in a row and never past its timeout; then that error is raised. A
 first read that fails is raised at once (a wrong DSN is said at once), as is a read-only
 server (ReadOnlyDatabase: a misconfiguration, not an outage).
@@ -61,6 +62,9 @@ WAIT_POLL_MAX = 5.0  # ...to this
 # than a failover takes (Patroni's default ttl is 30 s; managed services document one to
 # two minutes), short enough that a database gone for good is said, not waited for.
 WAIT_OUTAGE = 120.0
+# Seconds at most before a read that could not reach the database is tried again,
+# whatever the poll interval: no wake-up comes for a job that ended meanwhile.
+WAIT_LOST_RETRY = 0.5
 
 # What _wait_steps yields for "clear the wake-up, then read the row" (else: seconds to
 # wait for a wake-up, answered True if it came).
@@ -159,7 +163,10 @@ def _wait_steps(
                 return record
             if sub.error is not None:
                 raise unavailable(owner.listen_dsn, sub.error)
-        if not (yield clock.next_wait(jid)):
+        wait = clock.next_wait(jid)
+        if isinstance(record, Lost):
+            wait = min(wait, WAIT_LOST_RETRY)
+        if not (yield wait):
             clock.polled()
 
 

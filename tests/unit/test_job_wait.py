@@ -81,7 +81,8 @@ def test_a_wait_rides_over_a_lost_database_and_reads_again(
     # Back: the outage is forgotten, and a later one has its whole WAIT_OUTAGE again.
     assert steps.send(_record("processing")) == 8 * job_wait.WAIT_POLL_FIRST
     assert steps.send(True) is job_wait._READ
-    assert steps.send(_lost()) == 8 * job_wait.WAIT_POLL_FIRST
+    # A lost read is tried again within WAIT_LOST_RETRY, however long the poll has grown.
+    assert steps.send(_lost()) == job_wait.WAIT_LOST_RETRY < 8 * job_wait.WAIT_POLL_FIRST
     now[0] += job_wait.WAIT_OUTAGE - 1
     assert steps.send(True) is job_wait._READ
     with pytest.raises(StopIteration) as done:
@@ -117,3 +118,21 @@ def test_a_wait_says_a_database_lost_for_too_long_a_first_read_lost_and_a_deadli
     now[0] += 5.0
     with pytest.raises(DatabaseUnavailable, match="refused"):
         steps.send(_lost())
+
+
+def test_a_lost_read_is_tried_again_soon_whatever_the_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that ended while its read failed sends no wake-up: with polling as good as
+    off, the wait would sit until its deadline."""
+    monkeypatch.setattr(job_wait, "WAIT_POLL_FIRST", 60.0)
+    clock = job_wait.WaitClock(120)
+    steps = job_wait._wait_steps(JOB_ID, clock, _Sub(), _Owner())
+    next(steps)
+    assert steps.send(_record("processing")) == pytest.approx(60.0, abs=0.01)
+    assert steps.send(True) is job_wait._READ
+    assert steps.send(_lost()) == job_wait.WAIT_LOST_RETRY
+    assert steps.send(False) is job_wait._READ
+    with pytest.raises(StopIteration) as done:
+        steps.send(_record("done"))
+    assert done.value.value.state == "done"
