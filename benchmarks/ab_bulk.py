@@ -1,18 +1,25 @@
 """A/B of bulk enqueue: `Queue.enqueue_many` of checkouts of brooq, alternated.
 
-    python benchmarks/ab_bulk.py --dsn ADMIN_DSN [--jobs 100000] [--rounds 5] TREE TREE ...
+    python benchmarks/ab_bulk.py --dsn ADMIN_DSN [--jobs 100000] [--rounds 5] [--own-schema]
+        TREE TREE ...
 
 Each round, every TREE (a checkout's path) enqueues JOBS untyped jobs without keys in one
 `enqueue_many` call (COPY), in a process of its own with that tree first on `sys.path`,
 into a fresh database migrated by the brooq running this script; the figure is jobs/s
-from the call to its return (the pool opened and warmed before). Trees run in an order
+from the call to its return (the pool opened and warmed before), beside the CPU per job
+of the producer process and of the database's backends (read from /proc: same machine),
+which a shared machine disturbs far less than the rate. Trees run in an order
 reversed every other round, so the machine's drift is spread over all of them; the
 medians are what to compare.
+
+`--own-schema`: each tree's database is migrated by that tree's own migrations instead,
+so that what a migration adds to the table (an index, a trigger) is in the comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -25,23 +32,59 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import fresh_database
 
 CHILD = """
-import sys, time
+import os, sys, time
 sys.path.insert(0, sys.argv[1])
-import brooq
+import brooq, psycopg
 dsn, n = sys.argv[2], int(sys.argv[3])
+TICK = os.sysconf("SC_CLK_TCK")
+
+def server_cpu(pids):  # seconds of CPU of the database's backends (same machine)
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / TICK
+
+def backends(conn):
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+    ).fetchall()
+    return {r[0] for r in rows}
+
 q = brooq.Queue(dsn)
 q.enqueue_many([brooq.Job("bench.noop", {"i": i}) for i in range(10)])
 jobs = [brooq.Job("bench.noop", {"i": i}) for i in range(n)]
-t = time.perf_counter()
-q.enqueue_many(jobs)
-print(n / (time.perf_counter() - t))
+with psycopg.connect(dsn, autocommit=True) as watch:
+    pids = backends(watch)
+    server = server_cpu(pids)
+    client = time.process_time()
+    t = time.perf_counter()
+    q.enqueue_many(jobs)
+    wall = time.perf_counter() - t
+    client = time.process_time() - client
+    pids |= backends(watch)
+    server = server_cpu(pids) - server
+print(n / wall, client / n * 1e6, server / n * 1e6)
 q.close()
 """
 
 
-def once(admin: str, tree: str, jobs: int) -> float:
+def once(admin: str, tree: str, jobs: int, own_schema: bool = False) -> tuple[float, ...]:
     with fresh_database(admin, "bulk", prefix="brooq_ab") as dsn:
-        migrate.up(dsn)
+        if own_schema:  # the tree's own brooq.migrate, in a process with it first on the path
+            migrator = "import sys; from brooq import migrate; migrate.up(sys.argv[1])"
+            subprocess.run(
+                [sys.executable, "-c", migrator, dsn],
+                env={**os.environ, "PYTHONPATH": str(Path(tree).resolve())},
+                check=True,
+                cwd="/",
+            )
+        else:
+            migrate.up(dsn)
         out = subprocess.run(
             [sys.executable, "-c", CHILD, str(Path(tree).resolve()), dsn, str(jobs)],
             capture_output=True,
@@ -51,7 +94,7 @@ def once(admin: str, tree: str, jobs: int) -> float:
         )
         if out.returncode != 0:
             raise RuntimeError(f"{tree}: {out.stderr[-2000:]}")
-        return float(out.stdout.strip())
+        return tuple(float(x) for x in out.stdout.split())
 
 
 def main() -> None:
@@ -59,19 +102,30 @@ def main() -> None:
     ap.add_argument("--dsn", required=True, help="admin DSN (CREATE DATABASE)")
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument(
+        "--own-schema", action="store_true", help="migrate each tree's database with its own"
+    )
     ap.add_argument("trees", nargs="+")
     args = ap.parse_args()
-    results: dict[str, list[float]] = {t: [] for t in args.trees}
+    results: dict[str, list[tuple[float, ...]]] = {t: [] for t in args.trees}
     for rnd in range(args.rounds):
         order = args.trees if rnd % 2 == 0 else list(reversed(args.trees))
         for tree in order:
-            rate = once(args.dsn, tree, args.jobs)
-            results[tree].append(rate)
-            print(f"round {rnd} {tree}: {rate:,.0f} jobs/s", flush=True)
-    for tree, rates in results.items():
+            rate, client, server = once(args.dsn, tree, args.jobs, args.own_schema)
+            results[tree].append((rate, client, server))
+            print(
+                f"round {rnd} {tree}: {rate:,.0f} jobs/s, CPU per job {client:.2f} us "
+                f"producer + {server:.2f} us server",
+                flush=True,
+            )
+    for tree, runs in results.items():
+        rates = [r[0] for r in runs]
+        client = statistics.median(r[1] for r in runs)
+        server = statistics.median(r[2] for r in runs)
         print(
             f"{tree}: median {statistics.median(rates):,.0f} jobs/s "
-            f"({min(rates):,.0f}-{max(rates):,.0f})"
+            f"({min(rates):,.0f}-{max(rates):,.0f}); CPU per job {client:.2f} us producer "
+            f"+ {server:.2f} us server = {client + server:.2f} us"
         )
 
 

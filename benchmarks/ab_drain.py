@@ -9,7 +9,8 @@ middleware registered by the benchmark app (the same tree may be given twice). A
 drains JOBS ready no-op jobs with `brooq-master --workers 2` of every tree in turn, each in
 a fresh database (the migrations of the brooq that runs this script, a superset of the
 older trees' schema), and reports the jobs/s from the first finished job to the last and
-the CPU of the master and its children per job (RUSAGE_CHILDREN). Alternating the trees
+the CPU per job of the master and its children (RUSAGE_CHILDREN) and of their database
+sessions (read from /proc at the end: the same machine). Alternating the trees
 spreads the machine's drift over all of them; the medians are what to compare. Every tree
 runs the benchmark application of the checkout running this script (benchmarks/apps), so
 the trees differ in brooq alone. `--async` drains with `async def` no-op handlers
@@ -30,6 +31,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from brooq import migrate
@@ -45,7 +47,7 @@ def drain_once(
     extra_env: dict[str, str],
     command: list[str],
     own_schema: bool = False,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     name = f"brooq_ab_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -90,6 +92,7 @@ def drain_once(
                 if first is None and left < jobs:
                     first = (now, left)
                 if left == 0:
+                    server = _backends_cpu(conn)
                     break
                 time.sleep(0.05)
         end = time.monotonic()
@@ -98,12 +101,30 @@ def drain_once(
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         assert first is not None
-        return first[1] / (end - first[0]), cpu / jobs * 1e6
+        return first[1] / (end - first[0]), cpu / jobs * 1e6, server / jobs * 1e6
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+def _backends_cpu(conn: psycopg.Connection[Any]) -> float:
+    """Seconds of CPU spent so far by the database's other backends (the master's and its
+    children's sessions, opened for this drain), read from /proc: the same machine."""
+    pids = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()"
+    ).fetchall()
+    total = 0
+    for (pid,) in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass  # a backend that ended meanwhile
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -127,17 +148,23 @@ def main() -> None:
         for tree in args.trees:
             path, *assignments = tree.split(",")
             extra = dict(a.split("=", 1) for a in assignments)
-            rate, cpu = drain_once(
+            rate, cpu, server = drain_once(
                 args.dsn, Path(path).resolve(), args.jobs, extra, command, args.own_schema
             )
-            results[tree].append((rate, cpu))
-            print(f"round {rnd} {tree}: {rate:,.0f} jobs/s, {cpu:.1f} us CPU/job", flush=True)
+            results[tree].append((rate, cpu, server))
+            print(
+                f"round {rnd} {tree}: {rate:,.0f} jobs/s, {cpu:.1f} us CPU/job "
+                f"+ {server:.1f} us server",
+                flush=True,
+            )
     for tree, runs in results.items():
-        rates, cpus = [r for r, _ in runs], [c for _, c in runs]
+        rates, cpus = [r[0] for r in runs], [r[1] for r in runs]
+        server = statistics.median(r[2] for r in runs)
         print(
             f"{tree}: median {statistics.median(rates):,.0f} jobs/s "
             f"({min(rates):,.0f}-{max(rates):,.0f}); master+children CPU median "
-            f"{statistics.median(cpus):.1f} us/job ({min(cpus):.1f}-{max(cpus):.1f})"
+            f"{statistics.median(cpus):.1f} us/job ({min(cpus):.1f}-{max(cpus):.1f}); "
+            f"server {server:.1f} us/job"
         )
 
 

@@ -45,12 +45,18 @@ def uuid7_int() -> int:
 def uuid7_many(n: int) -> list[uuid.UUID]:
     """n increasing UUIDv7s: one lock and one read of the random source for all."""
     random = os.urandom(8 * n)
+    make, from_bytes, mask, version_variant = (
+        uuid_from_int,
+        int.from_bytes,
+        _RAND_B_MASK,
+        _VERSION | _VARIANT,
+    )
     out = []
     with _lock:
         for i in range(n):
             ms, sequence = _tick()
-            rand_b = int.from_bytes(random[8 * i : 8 * i + 8], "big") & _RAND_B_MASK
-            out.append(uuid_from_int((ms << 80) | _VERSION | (sequence << 64) | _VARIANT | rand_b))
+            rand_b = from_bytes(random[8 * i : 8 * i + 8], "big") & mask
+            out.append(make((ms << 80) | version_variant | (sequence << 64) | rand_b))
     return out
 
 
@@ -95,12 +101,19 @@ def _construct(value: int) -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+# Read once: an enum member's attribute lookup goes through enum's descriptor, a
+# microsecond per id on Python 3.11.
+_UNKNOWN_SAFETY = uuid.SafeUUID.unknown
+_new = object.__new__
+_set = object.__setattr__
+
+
 def _assemble(value: int) -> uuid.UUID:
     """uuid.UUID(int=value) without the constructor's checks (the value is built above
     and in range): the two slot writes its __init__ ends with."""
-    made = object.__new__(uuid.UUID)
-    object.__setattr__(made, "int", value)
-    object.__setattr__(made, "is_safe", uuid.SafeUUID.unknown)
+    made = _new(uuid.UUID)
+    _set(made, "int", value)
+    _set(made, "is_safe", _UNKNOWN_SAFETY)
     return made
 
 

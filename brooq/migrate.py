@@ -156,7 +156,12 @@ def _run_statement(conn: Conn, m: Migration, statement: str) -> None:
             _run(conn, statement)
             return
         except psycopg.errors.LockNotAvailable:
-            dropped = _drop_invalid_indexes(conn, m)
+            try:
+                dropped = _drop_invalid_indexes(conn, m)
+            except psycopg.errors.LockNotAvailable:
+                # A DROP INDEX CONCURRENTLY that timed out leaves its index invalid, and
+                # dropping that one waits for the same holder: the retry drops it.
+                dropped = []
             holders = conn.execute(Q.migration_lock_holders, {"waited": LOCK_TIMEOUT}).fetchall()
             if attempt == LOCK_RETRIES:
                 raise MigrationError(

@@ -467,3 +467,44 @@ def test_enqueue_many_names_the_refused_job(dsn: str, db: psycopg.Connection[Any
         assert count(db) == 0
     finally:
         small.close()
+
+
+def test_a_big_batch_pauses_the_collector_and_gives_it_back(
+    dsn: str, db: psycopg.Connection
+) -> None:
+    """A batch of 1,000 jobs or more runs with the cyclic collector paused (it would walk
+    every object of the program, several times a batch, for cycles a batch never makes)
+    and on again afterwards, after an error too; a smaller batch leaves it alone, and a
+    caller that turned it off keeps it off."""
+    import gc
+
+    seen: list[bool] = []
+
+    def rows(n: int) -> list[brooq.Job]:
+        return [brooq.Job("t", {"i": i}) for i in range(n)]
+
+    real_copy_rows = produce._copy_rows
+
+    def noting(checked: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(gc.isenabled())
+        return real_copy_rows(checked, *args, **kwargs)
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        produce._copy_rows = noting  # type: ignore[assignment]
+        try:
+            brooq.enqueue_many(conn, rows(1_000))
+            assert gc.isenabled()
+            brooq.enqueue_many(conn, rows(999))
+            with pytest.raises(psycopg.Error), conn.transaction():
+                with pytest.raises(psycopg.errors.DivisionByZero):
+                    conn.execute("SELECT 1 / 0")
+                brooq.enqueue_many(conn, rows(1_000))  # an aborted transaction
+            assert gc.isenabled()
+            gc.disable()
+            brooq.enqueue_many(conn, rows(1_000))
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+            produce._copy_rows = real_copy_rows  # type: ignore[assignment]
+    assert seen == [False, True, False, False]
+    assert count(db) == 2_999

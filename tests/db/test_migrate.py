@@ -109,7 +109,6 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
     assert {
         "job_pkey",
         "job_topic_idempotency_key_key",
-        "job_ready_idx",
         "job_processing_lease_idx",
         "job_terminal_updated_idx",
         "job_ready_queue_idx",
@@ -223,6 +222,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     assert "nothing to apply" in cli("up").stdout
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0013_ready_index_alone\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0012_rate_limits_groups\n", out.stdout
     out = cli("down")
@@ -590,6 +591,59 @@ def test_rate_limits_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
     migrate.up(empty_dsn, 12)
+    assert schema() == after
+
+
+def test_ready_index_alone_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0013 drops job_ready_idx concurrently on a table that holds jobs; every claim of a
+    child still reads job_ready_queue_idx (no sequential scan, no sort); down builds the
+    index again, exactly 0012's schema, rows included, and up again drops it."""
+    from brooq.sql import Q
+
+    def schema() -> tuple[list[tuple[object, ...]], list[str]]:
+        return job_shape(empty_dsn), brooq_objects(empty_dsn)
+
+    migrate.up(empty_dsn, 12)
+    before = schema()
+    assert "relation job_ready_idx" in before[1]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 2000)")
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 13)] == [
+        ("ready_index_alone", False)
+    ]
+    after = schema()
+    assert sorted(set(before[1]) - set(after[1])) == ["relation job_ready_idx"]
+    assert set(after[1]) <= set(before[1])
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE job")
+        conn.execute("SET enable_seqscan = off")  # as the children run
+        conn.execute("SET enable_bitmapscan = off")
+        conn.execute("SET enable_sort = off")
+        params = {"done": [], "topics": ["t"], "limit": 32, "children": 2, "worker": "w",
+                  "lease": 30.0, "queue": "default"}  # fmt: skip
+        plan = " ".join(
+            r[0] for r in conn.execute("EXPLAIN " + Q.job_finish_and_claim, params).fetchall()
+        )
+        assert "job_ready_queue_idx" in plan and "Seq Scan on job" not in plan, plan
+        assert " Sort " not in plan, plan
+    assert [m.name for m in migrate.down(empty_dsn)] == ["ready_index_alone"]
+    assert schema() == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
+        assert conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'job_ready_idx'::regclass"
+        ).fetchone() == (True,)
+    # Behind a transaction that has read the table, the drop times out (lock_timeout),
+    # leaving the index invalid; the migrator retries and the drop completes.
+    reader = psycopg.connect(empty_dsn)
+    reader.execute("SELECT count(*) FROM job")
+    ender = threading.Timer(2.5, reader.rollback)
+    ender.start()
+    try:
+        assert [m.name for m in migrate.up(empty_dsn, 13)] == ["ready_index_alone"]
+    finally:
+        ender.join()
+        reader.close()
     assert schema() == after
 
 

@@ -800,7 +800,7 @@ def _node_types(plan: Any) -> list[tuple[str, str | None]]:
 def test_the_claim_uses_the_ready_index(db: Conn) -> None:
     """A pgqueuer-style plan regression test: a table as it looks after a while (mostly
     finished rows, a backlog of ready ones, some in flight), analysed; the claim must read
-    job_ready_idx rather than scan the table."""
+    job_ready_queue_idx rather than scan the table."""
     db.execute(
         "INSERT INTO job (topic, state, locked_by, locked_until, available_at, updated_at) "
         "SELECT 'topic-' || (g % 7), "
