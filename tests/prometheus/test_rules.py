@@ -79,6 +79,18 @@ def test_every_rule_reads_brooq_series_and_says_what_to_do() -> None:
             assert metric_names(rule["expr"]), rule
 
 
+def test_the_names_an_expression_reads() -> None:
+    expr = (
+        'sum by (le) (rate(brooq_attempt_duration_seconds_bucket{topic="brooq_not_a_name",'
+        'job=~"$job"}[$__rate_interval])) / ignoring(x) brooq:outcomes:rate5m'
+        " + on() label_values(brooq_children_configured, instance)"
+    )
+    assert metric_names(expr) == {
+        "brooq_attempt_duration_seconds_bucket",
+        "brooq_children_configured",
+    }
+
+
 IMPORTANT_PANELS = {
     "Throughput by outcome": {"brooq_outcomes_total"},
     "Queue depth by state": {"brooq_jobs"},
