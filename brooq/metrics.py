@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, get_args
 
-from brooq.ipc.reasons import KilledLabel, RestartReason
+from brooq.ipc.reasons import DRAIN, DRAIN_TIMEOUT, KilledLabel, RestartReason
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -212,7 +212,8 @@ class Metrics:
             self.killed.labels(killed)
         for group in get_args(RestartReason):
             for restart in get_args(group):
-                self.restarts.labels(restart)
+                if restart not in (DRAIN, DRAIN_TIMEOUT):  # never counted: no replacement
+                    self.restarts.labels(restart)
         for returned in RETURNED:
             self.jobs_returned.labels(returned)
         for topic in topics:
