@@ -13,8 +13,11 @@ import bisect
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from brooq.ipc.reasons import DRAIN, DRAIN_TIMEOUT, KilledLabel, RestartReason
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -63,6 +66,10 @@ _BUCKETS_SECONDS = (
     600.0,
     1800.0,
 )
+# The outcomes counted in brooq_outcomes_total, and why jobs are given back.
+OUTCOMES = ("done", "failed", "dead", "canceled")
+RETURNED = ("sibling_killed", "suspect", "returned")
+
 _BUCKETS_BYTES = tuple(float(2**n) * 1024 * 1024 for n in range(4, 15))  # 16 MiB .. 16 GiB
 
 
@@ -193,6 +200,26 @@ class Metrics:
             "Age of the oldest snapshot holding back the job table's cleanup (0 when none)",
             multiprocess_mode="mostrecent",
         )
+
+    def zero(self, topics: Iterable[str]) -> None:
+        """The counters' series whose labels are known in advance, written at 0 by the
+        master at its start: the kill, restart and give-back reasons, the claims and
+        outcomes of each topic it handles. A series first scraped at 1 shows Prometheus
+        no increase until its second change, so without them rate() and increase() (and
+        the alerts on the first kill, crash or dead job of a master) would miss the first
+        event."""
+        for killed in get_args(KilledLabel):
+            self.killed.labels(killed)
+        for group in get_args(RestartReason):
+            for restart in get_args(group):
+                if restart not in (DRAIN, DRAIN_TIMEOUT):  # never counted: no replacement
+                    self.restarts.labels(restart)
+        for returned in RETURNED:
+            self.jobs_returned.labels(returned)
+        for topic in topics:
+            self.claims.labels(topic)
+            for outcome in OUTCOMES:
+                self.outcomes.labels(topic, outcome)
 
 
 def render(path: Path) -> bytes:

@@ -100,6 +100,8 @@ class Master:
         self.notifier = Notifier()
         self.ready_sent = False
         self.metrics = metrics_mod.Metrics() if metrics_dir is not None else None
+        if self.metrics is not None:
+            self.metrics.zero(queue.handlers)
         self.admin_token = admin_token
         # Read again on SIGHUP and when the file changes: a new token signs everyone out.
         self.token_watch = (
