@@ -1,7 +1,7 @@
 """A/B of bulk enqueue: `Queue.enqueue_many` of checkouts of brooq, alternated.
 
     python benchmarks/ab_bulk.py --dsn ADMIN_DSN [--jobs 100000] [--rounds 5] [--own-schema]
-        TREE TREE ...
+        [--chunk 1000] TREE TREE ...
 
 Each round, every TREE (a checkout's path) enqueues JOBS untyped jobs without keys in one
 `enqueue_many` call (COPY), in a process of its own with that tree first on `sys.path`,
@@ -35,7 +35,7 @@ CHILD = """
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
 import brooq, psycopg
-dsn, n = sys.argv[2], int(sys.argv[3])
+dsn, n, chunk = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 TICK = os.sysconf("SC_CLK_TCK")
 
 def server_cpu(pids):  # seconds of CPU of the database's backends (same machine)
@@ -57,13 +57,18 @@ def backends(conn):
 
 q = brooq.Queue(dsn)
 q.enqueue_many([brooq.Job("bench.noop", {"i": i}) for i in range(10)])
-jobs = [brooq.Job("bench.noop", {"i": i}) for i in range(n)]
+items = list(range(n))
+jobs = [brooq.Job("bench.noop", {"i": i}) for i in items] if chunk >= n else None
 with psycopg.connect(dsn, autocommit=True) as watch:
     pids = backends(watch)
     server = server_cpu(pids)
     client = time.process_time()
     t = time.perf_counter()
-    q.enqueue_many(jobs)
+    if jobs is not None:
+        q.enqueue_many(jobs)
+    else:  # as make bench does: the jobs made and sent a chunk at a time
+        for at in range(0, n, chunk):
+            q.enqueue_many([brooq.Job("bench.noop", {"i": i}) for i in items[at : at + chunk]])
     wall = time.perf_counter() - t
     client = time.process_time() - client
     pids |= backends(watch)
@@ -73,7 +78,9 @@ q.close()
 """
 
 
-def once(admin: str, tree: str, jobs: int, own_schema: bool = False) -> tuple[float, ...]:
+def once(
+    admin: str, tree: str, jobs: int, own_schema: bool = False, chunk: int = 0
+) -> tuple[float, ...]:
     with fresh_database(admin, "bulk", prefix="brooq_ab") as dsn:
         if own_schema:  # the tree's own brooq.migrate, in a process with it first on the path
             migrator = "import sys; from brooq import migrate; migrate.up(sys.argv[1])"
@@ -86,7 +93,15 @@ def once(admin: str, tree: str, jobs: int, own_schema: bool = False) -> tuple[fl
         else:
             migrate.up(dsn)
         out = subprocess.run(
-            [sys.executable, "-c", CHILD, str(Path(tree).resolve()), dsn, str(jobs)],
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                str(Path(tree).resolve()),
+                dsn,
+                str(jobs),
+                str(chunk or jobs),
+            ],
             capture_output=True,
             text=True,
             timeout=600,
@@ -105,13 +120,20 @@ def main() -> None:
     ap.add_argument(
         "--own-schema", action="store_true", help="migrate each tree's database with its own"
     )
+    ap.add_argument(
+        "--chunk",
+        type=int,
+        default=0,
+        help="enqueue_many calls of this many jobs, each Job made in the timed loop, as "
+        "make bench's bulk workload does (default: all the jobs in one call, made before)",
+    )
     ap.add_argument("trees", nargs="+")
     args = ap.parse_args()
     results: dict[str, list[tuple[float, ...]]] = {t: [] for t in args.trees}
     for rnd in range(args.rounds):
         order = args.trees if rnd % 2 == 0 else list(reversed(args.trees))
         for tree in order:
-            rate, client, server = once(args.dsn, tree, args.jobs, args.own_schema)
+            rate, client, server = once(args.dsn, tree, args.jobs, args.own_schema, args.chunk)
             results[tree].append((rate, client, server))
             print(
                 f"round {rnd} {tree}: {rate:,.0f} jobs/s, CPU per job {client:.2f} us "

@@ -223,7 +223,7 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
-    assert out.returncode == 0 and out.stdout == "reverted 0013_ready_index_alone\n", out.stdout
+    assert out.returncode == 0 and out.stdout == "reverted 0013_lighter_inserts\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0012_rate_limits_groups\n", out.stdout
     out = cli("down")
@@ -594,10 +594,12 @@ def test_rate_limits_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     assert schema() == after
 
 
-def test_ready_index_alone_up_and_down_on_a_live_table(empty_dsn: str) -> None:
-    """0013 drops job_ready_idx concurrently on a table that holds jobs; every claim of a
-    child still reads job_ready_queue_idx (no sequential scan, no sort); down builds the
-    index again, exactly 0012's schema, rows included, and up again drops it."""
+def test_lighter_inserts_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0013 drops job_ready_idx concurrently on a table that holds jobs, and lets the
+    default queue's rows pass the queue name's CHECK without its regular expression (the
+    CHECK still refuses what it refused); every claim of a child still reads
+    job_ready_queue_idx (no sequential scan, no sort); down gives back exactly 0012's
+    schema, rows included, and up again the same as the first time."""
     from brooq.sql import Q
 
     def schema() -> tuple[list[tuple[object, ...]], list[str]]:
@@ -609,11 +611,23 @@ def test_ready_index_alone_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 2000)")
     assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 13)] == [
-        ("ready_index_alone", False)
+        ("lighter_inserts", False)
     ]
     after = schema()
     assert sorted(set(before[1]) - set(after[1])) == ["relation job_ready_idx"]
     assert set(after[1]) <= set(before[1])
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        check = "SELECT convalidated, pg_get_constraintdef(oid) FROM pg_constraint "
+        check += "WHERE conname = 'job_queue_check'"
+        valid, text = conn.execute(check).fetchone()  # type: ignore[misc]
+        assert valid and "'default'" in text, text
+        for bad in ("'Bad Queue'", "repeat('q', 129)", "'default '"):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(f"INSERT INTO job (topic, queue) VALUES ('t', {bad})")
+        added = conn.execute(
+            "INSERT INTO job (topic, queue) VALUES ('t', 'default'), ('t', 'mail.eu') RETURNING id"
+        ).fetchall()
+        conn.execute("DELETE FROM job WHERE id = ANY(%s)", ([row[0] for row in added],))
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("ANALYZE job")
         conn.execute("SET enable_seqscan = off")  # as the children run
@@ -626,7 +640,7 @@ def test_ready_index_alone_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         )
         assert "job_ready_queue_idx" in plan and "Seq Scan on job" not in plan, plan
         assert " Sort " not in plan, plan
-    assert [m.name for m in migrate.down(empty_dsn)] == ["ready_index_alone"]
+    assert [m.name for m in migrate.down(empty_dsn)] == ["lighter_inserts"]
     assert schema() == before
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
@@ -640,7 +654,7 @@ def test_ready_index_alone_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     ender = threading.Timer(2.5, reader.rollback)
     ender.start()
     try:
-        assert [m.name for m in migrate.up(empty_dsn, 13)] == ["ready_index_alone"]
+        assert [m.name for m in migrate.up(empty_dsn, 13)] == ["lighter_inserts"]
     finally:
         ender.join()
         reader.close()

@@ -1,6 +1,6 @@
-"""brooq's migration 0013 (job_ready_idx dropped: the claim reads job_ready_queue_idx
-alone), after 0007_brooq_12. Not atomic: 0013 drops the index with DROP INDEX
-CONCURRENTLY."""
+"""brooq's migration 0013 (lighter inserts: job_ready_idx dropped, the queue name's CHECK
+short-cut for the default queue), after 0007_brooq_12. Not atomic: 0013 drops the index
+with DROP INDEX CONCURRENTLY."""
 
 from django.db import migrations
 
