@@ -106,6 +106,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     names = systems_in(result)
     skipped = {n: result["systems"][n]["skipped"] for n in names if result["systems"][n]["skipped"]}
+    lines += glance(result)
 
     lines += [
         f"## Enqueue {sizes['enqueue']:,} jobs",
@@ -566,6 +567,114 @@ def durability_section(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def glance(result: dict[str, Any]) -> list[str]:
+    """One row per workload: brooq's best, the best peer's, the ceiling where the run has
+    one, and brooq ÷ the best peer (for a latency, the best peer's ÷ brooq's: above 1 is
+    brooq ahead), so that a regression shows without reading the sections below."""
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    def add(
+        workload: str,
+        mine: tuple[str, float] | None,
+        peer: tuple[str, float] | None,
+        ceiling: tuple[str, float] | None = None,
+        lower_is_better: bool = False,
+    ) -> None:
+        if mine is None:
+            return
+        ratio = "–"
+        if peer is not None and peer[1] and mine[1]:
+            value = peer[1] / mine[1] if lower_is_better else mine[1] / peer[1]
+            ratio = f"{value:.2f}×"
+        rows.append(
+            (
+                workload,
+                f"{_num(mine[1])} ({mine[0]})" if mine[0] else _num(mine[1]),
+                f"{_num(peer[1])} ({peer[0]})" if peer else "–",
+                f"{_num(ceiling[1])} ({ceiling[0]})" if ceiling else "–",
+                ratio,
+            )
+        )
+
+    def brooq_best(workload: str, metric: str, variants: list[str]) -> tuple[str, float] | None:
+        best: tuple[str, float] | None = None
+        for v in variants:
+            value = _med(_s(result, "brooq", workload, v), metric)
+            if value is not None and (best is None or value > best[1]):
+                best = (_variant_label(workload, v), value)
+        return best
+
+    single = brooq_best("enqueue_single", "jobs_per_s", [""])
+    pg = _med(_s(result, "pgbench", "enqueue_single", "prepared"), "jobs_per_s")
+    add(
+        "single enqueue (jobs/s)",
+        single,
+        best_peer(result, "enqueue_single", "jobs_per_s"),
+        ("pgbench -M prepared", pg) if pg else None,
+    )
+    add(
+        "bulk enqueue (jobs/s)",
+        brooq_best("enqueue_bulk", "jobs_per_s", [""]),
+        best_peer(result, "enqueue_bulk", "jobs_per_s"),
+    )
+    batched = (result.get("ceiling_batched") or {}).get("summary", {})
+    drain = brooq_best("drain", "jobs_per_s", ["2", "4", "8"])
+    ceiling = None
+    if drain is not None:
+        clients = drain[0].split()[0]
+        median = batched.get(clients, {}).get("median")
+        ceiling = (f"pgbench, {clients} clients", median) if median else None
+    add("no-op drain (jobs/s)", drain, best_peer(result, "drain", "jobs_per_s"), ceiling)
+    for wl in ("io", "io_http"):
+        mine = brooq_best(wl, "jobs_per_s", io_variants(result, "brooq"))
+        peer = io_best_peer(result, wl)
+        bound = None
+        if mine is not None:
+            for v in io_variants(result, "brooq"):
+                if _variant_label(wl, v) == mine[0]:
+                    slots = io_slots(result, "brooq", v)
+                    bound = ("slots ÷ 50 ms", slots / IO_SECONDS) if slots else None
+        label = "I/O-bound, 50 ms sleeps" if wl == "io" else "I/O-bound, 50 ms HTTP calls"
+        add(f"{label} (jobs/s)", mine, (peer[0], peer[1]) if peer else None, bound)
+    cpu = _med(_s(result, "brooq", "cpu"), "parallelism")
+    if cpu is not None:
+        add(
+            "CPU-bound parallelism, 2 workers",
+            ("", cpu),
+            best_peer(result, "cpu", "parallelism"),
+            ("the CPUs", float(result["machine"]["nproc"])),
+        )
+    p50 = _med(_s(result, "brooq", "pickup"), "p50_ms")
+    if p50 is not None:
+        peer50: tuple[str, float] | None = None
+        for name in systems_in(result):
+            value = _med(_s(result, name, "pickup"), "p50_ms") if name != "brooq" else None
+            if value is not None and (peer50 is None or value < peer50[1]):
+                peer50 = (name, value)
+        add("pickup p50 (ms; lower is better)", ("", p50), peer50, lower_is_better=True)
+    if not rows:
+        return []
+    out = [
+        "## At a glance",
+        "",
+        "brooq's best configuration and the best peer's, per workload; details in the "
+        "sections below.",
+        "",
+        "| workload | brooq | best peer | ceiling | brooq ÷ best peer |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    out += [f"| {w} | {b} | {p} | {c} | {r} |" for w, b, p, c, r in rows]
+    return [*out, ""]
+
+
+def _variant_label(workload: str, variant: str) -> str:
+    if workload == "drain":
+        return f"{variant} children"
+    if workload in ("io", "io_http"):
+        return variant if variant in IO_ASYNC_VARIANTS else f"--workers {variant}"
+    return variant
+
+
 def targets(result: dict[str, Any]) -> list[str]:
     rows = []
 
@@ -688,10 +797,6 @@ def targets(result: dict[str, Any]) -> list[str]:
                 ratio >= IO_TARGET_RATIO,
             )
     return rows
-
-
-def _num(v: float) -> str:
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def _num(v: float) -> str:

@@ -897,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
     report.chart(result, png_path)
     partial.unlink(missing_ok=True)
     log(f"wrote {json_path}, {md_path}, {png_path}")
+    print("\n".join(report.glance(result)), flush=True)  # the terminal gets the summary too
     errors = [r for r in result["runs"] if "error" in r]
     return 1 if errors else 0
 
