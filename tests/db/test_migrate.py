@@ -223,7 +223,7 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
-    assert out.returncode == 0 and out.stdout == "reverted 0013_lighter_inserts\n", out.stdout
+    assert out.returncode == 0 and out.stdout == "reverted 0015_lighter_inserts\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0012_rate_limits_groups\n", out.stdout
     out = cli("down")
@@ -595,22 +595,22 @@ def test_rate_limits_up_and_down_on_a_live_table(empty_dsn: str) -> None:
 
 
 def test_lighter_inserts_up_and_down_on_a_live_table(empty_dsn: str) -> None:
-    """0013 drops job_ready_idx concurrently on a table that holds jobs, and lets the
+    """0015 drops job_ready_idx concurrently on a table that holds jobs, and lets the
     default queue's rows pass the queue name's CHECK without its regular expression (the
     CHECK still refuses what it refused); every claim of a child still reads
-    job_ready_queue_idx (no sequential scan, no sort); down gives back exactly 0012's
+    job_ready_queue_idx (no sequential scan, no sort); down gives back exactly 0014's
     schema, rows included, and up again the same as the first time."""
     from brooq.sql import Q
 
     def schema() -> tuple[list[tuple[object, ...]], list[str]]:
         return job_shape(empty_dsn), brooq_objects(empty_dsn)
 
-    migrate.up(empty_dsn, 12)
+    migrate.up(empty_dsn, 14)
     before = schema()
     assert "relation job_ready_idx" in before[1]
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 2000)")
-    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 13)] == [
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 15)] == [
         ("lighter_inserts", False)
     ]
     after = schema()
@@ -654,7 +654,7 @@ def test_lighter_inserts_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     ender = threading.Timer(2.5, reader.rollback)
     ender.start()
     try:
-        assert [m.name for m in migrate.up(empty_dsn, 13)] == ["lighter_inserts"]
+        assert [m.name for m in migrate.up(empty_dsn, 15)] == ["lighter_inserts"]
     finally:
         ender.join()
         reader.close()
