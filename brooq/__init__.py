@@ -34,6 +34,7 @@ module that defines a name, never from this package.
 - `poolcheck`: the check of a pooled connection before it is handed out
 - `pooler`: running behind a transaction pooler: connect arguments, the direct rule, errors
 - `pools`: a Queue's sync and async connection pools, their fork rules and errors
+- `progress`: a running handler's progress: its checks and where a report goes
 - `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
 - `produce_options`: the insert steps of a job with a unique_key, debounce or tags
 - `produce_steps`: what an insert asks its driver to run, the rows it answers, a job's queue

@@ -188,6 +188,8 @@ class InFlight:
     locked_until: datetime
     running_for: float
     lease_left: float
+    progress: float | None = None  # the handler's last claim.progress(), 0 to 1
+    progress_message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -198,6 +200,8 @@ class InFlight:
             "locked_until": self.locked_until.isoformat(),
             "running_for_seconds": round(self.running_for, 3),
             "lease_left_seconds": round(self.lease_left, 3),
+            "progress": self.progress,
+            "progress_message": self.progress_message,
         }
 
 

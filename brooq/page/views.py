@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from brooq import progress
 from brooq.job_options import TAG_FORM, TAG_PATTERN
 from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
 from brooq.page import reads
@@ -284,6 +285,7 @@ def in_flight_page(
                 e(host),
                 e(age(r["running_for"])),
                 e(lease),
+                e(progress.text(r["progress"], r["progress_message"])),
                 _tags(r["tags"]),
                 stack_form(r["id"], csrf, actions_enabled),
                 *(
@@ -294,7 +296,7 @@ def in_flight_page(
             )
         )
     headers = ["job", "topic", "queue", "attempt", "child pid", "host", "running for",
-               "lease left", "tags", "stack"]  # fmt: skip
+               "lease left", "progress", "tags", "stack"]  # fmt: skip
     if csrf is not None:
         headers.append("action")
     stack_note = (

@@ -13,14 +13,16 @@ parts set up here.
 
 from __future__ import annotations
 
+import uuid
 from typing import IO, Any
 
+from brooq import progress
 from brooq.handlers import HandlerFn, Middleware, Policy, is_async_callable
-from brooq.ipc.board import Board
+from brooq.ipc.board import MESSAGE_MAX_BYTES, Board
 from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
 from brooq.rules.queues import worked_queues
 from brooq.sql import queries
-from brooq.worker import interrupts
+from brooq.worker import execute, interrupts
 from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.config import ChildConfig
@@ -104,9 +106,17 @@ class ChildProcess:
             self.state.lost,
             measure_cpu=not is_async,
         )
+        progress.sink = self._progress
         self.link.start()
         self.link.update_title()
         self.tell({"ready": 1})
+
+    def _progress(self, job_id: uuid.UUID, attempt: int, fraction: float, message: str) -> None:
+        """A handler's claim.progress(), on the board for the master's next renewal; its
+        message as the database can store it (brooq.worker.execute.storable)."""
+        text = execute.storable(message, self.db.codec, progress.MESSAGE_MAX)
+        raw = text.encode()[:MESSAGE_MAX_BYTES]
+        self.board.progress(job_id, attempt, fraction, raw)
 
     def _reload_app(self) -> None:
         from brooq.app import forget_user_modules, load
