@@ -92,6 +92,7 @@ from brooq.job import (
     PreserveAttempt,
 )
 from brooq.operator.records import (
+    AttemptLog,
     BulkResult,
     HolderStats,
     InFlight,
@@ -107,6 +108,7 @@ from brooq.stacks import JobStack
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttemptLog",
     "AttemptTimeout",
     "BrooqError",
     "BulkResult",

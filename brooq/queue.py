@@ -31,6 +31,7 @@ from brooq.job_wait import Waits
 from brooq.operator import changes, reads
 from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk
 from brooq.operator.records import (
+    AttemptLog,
     BulkResult,
     HolderStats,
     InFlight,
@@ -174,6 +175,11 @@ class Queue(Registry):
     def get(self, job_id: uuid.UUID | str) -> JobRecord | None:
         """The job's row, or None when no job has this id."""
         return self._on(reads.get, parse_job_id(job_id))
+
+    def logs(self, job_id: uuid.UUID | str) -> list[AttemptLog]:
+        """The log records a ``keep_logs=True`` handler emitted, per attempt, oldest first
+        ([] when none were kept); JobNotFound for an unknown id."""
+        return self._on(reads.job_logs, parse_job_id(job_id))
 
     def cancel(self, job_id: uuid.UUID | str) -> bool:
         """pending, failed or processing -> canceled. False when the job is unknown or

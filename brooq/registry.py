@@ -102,6 +102,7 @@ class Registry:
         rate_limit: Rate | str | None = None,
         group_limit: int | None = None,
         group_rate_limit: Rate | str | None = None,
+        keep_logs: bool | int = False,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(claim)`` for ``topic``. Unset options take the queue's settings
         (QUEUE_MAX_ATTEMPTS etc.; defaults 5, 1m, 5m, 1s, 1m). ``queue``: where jobs of
@@ -116,7 +117,9 @@ class Registry:
         N starts in any window of a period across every master (``"N/s"``, ``"N/m"``,
         ``"N/h"`` or ``brooq.Rate(N, per=timedelta(...))``); ``group_limit``: at most N
         jobs processing per group (``Job(group=...)``); ``group_rate_limit``: a rate per
-        group (docs/how-to/rate-limits.md)."""
+        group (docs/how-to/rate-limits.md). ``keep_logs``: keep the log records the
+        handler emits during each attempt with the job (True: up to 64 KiB per attempt,
+        or a number of bytes; ``queue.logs(id)``, docs/how-to/job-logs-and-progress.md)."""
 
         def register(fn: HandlerFn) -> HandlerFn:
             if topic in self.handlers:
@@ -137,6 +140,7 @@ class Registry:
                 rate_limit=rate_limit,
                 group_limit=group_limit,
                 group_rate_limit=group_rate_limit,
+                keep_logs=keep_logs,
             )
             return fn
 

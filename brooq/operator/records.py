@@ -221,3 +221,17 @@ class HolderStats:
             "processing": self.processing,
             "oldest_running_seconds": round(self.oldest_running, 3),
         }
+
+
+@dataclass(frozen=True)
+class AttemptLog:
+    """The log records a ``keep_logs`` handler emitted during one attempt (``queue.logs``):
+    key=value lines with their time, oldest first, headed by a line saying how many were
+    dropped when the attempt logged more than its bound."""
+
+    attempt: int
+    at: datetime  # when the attempt's outcome was written
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "at": self.at.isoformat(), "text": self.text}

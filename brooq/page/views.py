@@ -394,7 +394,7 @@ def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str
     columns = "".join(
         f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
         for name, value in row.items()
-        if name not in ("errors",)
+        if name not in ("errors", "logs")
     )
     parts = [f"<table><tbody>{columns}</tbody></table>"]
     if actions_enabled:
@@ -427,6 +427,11 @@ def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str
             )
         )
     parts.append(table(("attempt", "at", "worker", "error"), history, numeric={0}))
+    kept = row.get("logs")  # a keep_logs handler's records, per attempt
+    for item in kept if isinstance(kept, list) else []:
+        if isinstance(item, dict):
+            head = f"Logs of attempt {item.get('attempt', '')}, ended {item.get('at', '')}"
+            parts.append(f"<h2>{e(head)}</h2><pre>{e(item.get('text', ''))}</pre>")
     return layout(
         f"Job {job_id}",
         "".join(parts),

@@ -11,6 +11,11 @@ SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_unti
        progress, progress_message
 FROM {job} WHERE id = %(id)s
 
+-- name: job_logs
+-- A keep_logs job's log per attempt ({"attempt", "at", "text"}, the last 20 attempts,
+-- oldest first): [] when none were kept.
+SELECT coalesce(logs, '[]'::jsonb) AS logs FROM {job} WHERE id = %(id)s
+
 -- name: job_cancel
 -- Operator or producer cancel. A processing row is canceled too: its holder learns it
 -- at the next lease renewal, and its own outcome write then matches no row. from_states

@@ -43,6 +43,7 @@ import psycopg
 from brooq.ipc.board import LOOP_BEAT
 from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim, LeaseLost
+from brooq.worker import joblogs
 from brooq.worker.connection import Stop
 from brooq.worker.process import ChildProcess
 from brooq.worker.tasks import Slot
@@ -257,7 +258,11 @@ class AsyncLoop:
         refused = child.attempts.begin(claim, policy, slot.started, slot.index)
         error: BaseException | None = refused
         value: Any = None
+        kept = None
         if refused is None:
+            if child.keeps and claim.topic in child.keeps:
+                kept = joblogs.Kept(child.keeps[claim.topic])
+                joblogs.current.set(kept)  # this task's own context
             if claim.id in child.state.lost:
                 error = LeaseLost(f"lease of job {claim.id} lost")
             else:
@@ -271,11 +276,12 @@ class AsyncLoop:
         outcome, result, tb, duration = child.attempts.end(
             claim, policy, error, value, refused, slot.started, slot.index
         )
-        if child.trips.keep_done(claim, outcome, duration, result):
+        text = None if kept is None else kept.text()
+        if text is None and child.trips.keep_done(claim, outcome, duration, result):
             return
         try:
             written_state, written = await asyncio.get_running_loop().run_in_executor(
-                self.db, child.outcomes.write, claim, policy, outcome, result
+                self.db, child.outcomes.write, claim, policy, outcome, result, text
             )
         except Stop:
             return  # the lease expires and the reaper returns it

@@ -22,7 +22,7 @@ from brooq.ipc.board import MESSAGE_MAX_BYTES, Board
 from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
 from brooq.rules.queues import worked_queues
 from brooq.sql import queries
-from brooq.worker import execute, interrupts
+from brooq.worker import execute, interrupts, joblogs
 from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.config import ChildConfig
@@ -48,6 +48,7 @@ class ChildProcess:
         self.handlers = config.handlers
         self.middleware: tuple[Middleware, ...] = config.middleware
         self.runners: dict[str, HandlerFn] = {}  # each topic's middleware chain and handler
+        self.keeps: dict[str, int] = {}  # keep_logs: each such topic's bytes per attempt
         self.policies: dict[str, Policy] = {}
         self.state = ChildState()
         self.board = config.board or Board()
@@ -82,6 +83,9 @@ class ChildProcess:
         outer = tuple(m for m in self.middleware if is_async_callable(m) == is_async)
         join = compose_async if is_async else compose
         self.runners = {t: join(h.fn, (*outer, *h.middleware)) for t, h in mine.items()}
+        self.keeps = {t: h.keep_logs for t, h in mine.items() if h.keep_logs}
+        if self.keeps:
+            joblogs.install()
         self.outcomes.handlers = self.handlers
         self.trips = RoundTrips(
             self.config.identity,
