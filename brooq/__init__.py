@@ -49,6 +49,7 @@ module that defines a name, never from this package.
 - `supervisor`: brooq-master: the supervisor that forks, watches and replaces the children
 - `targets`: what a caller's transaction may be: psycopg, Django and SQLAlchemy connections
 - `testing`: running a Queue's jobs in tests, and the pytest plugin
+- `tracing`: OpenTelemetry: is a tracer configured, the producer's span and trace context
 - `wait_listener`: the one LISTEN connection every waiter of a Queue shares in a process
 - `worker`: the child: claiming, running and writing the outcome of jobs
 """

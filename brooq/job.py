@@ -357,11 +357,11 @@ class JobRecord:
     tags: list[str] = field(default_factory=list)
     # A debounced job waiting for its key's running job: its earliest start once that ends.
     start_after: datetime | None = None
-    # The job's group (Job(group=...)), None when it has none.
-    group: str | None = None
+    group: str | None = None  # Job(group=...), None when it has none
     # A running handler's last claim.progress(), as the last lease renewal wrote it.
     progress: float | None = None
     progress_message: str | None = None
+    traceparent: str | None = None  # its enqueue's W3C trace context (brooq.tracing)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: UUID and datetimes as strings."""

@@ -52,6 +52,7 @@ from brooq.produce_steps import queue_of
 from brooq.registry import Registry
 from brooq.settings import Settings
 from brooq.stacks import JobStack, fetch_stack
+from brooq.tracing import tracer
 
 R = TypeVar("R")
 
@@ -121,7 +122,8 @@ class Queue(Registry):
         # Bad input fails before I/O; a typed topic's payload is checked against its type.
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
         # The line's INSERT is the plain job's: a unique_key, debounce or tags take the pool.
-        if checked.unique_key is None and checked.tags is None:
+        # A traced enqueue stores its trace context: the pool's path (brooq.tracing).
+        if checked.unique_key is None and checked.tags is None and tracer() is None:
             line = self._line
             if line is None:
                 line = self._open_line()

@@ -42,6 +42,7 @@ class Registry:
         self.handlers: dict[str, Handler] = {}
         self.middlewares: list[Middleware] = []  # every topic's, outermost first
         self.schedules: dict[str, Schedule] = {}  # queue.periodic(...), by name
+        self.child_start_hooks: list[Callable[[], object]] = []  # @queue.on_child_start
         # Fail early on unknown names and bad values given in code.
         unknown = sorted(set(settings) - FIELDS)
         if unknown:
@@ -157,6 +158,17 @@ class Registry:
         if problem:
             raise InvalidSettings([f"middleware {problem}"])
         self.middlewares.append(fn)
+        return fn
+
+    def on_child_start(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """Register ``fn()``, called in each worker child once it has started (after the
+        fork, before its first claim; again in the children of a reload): set up what
+        must not cross a fork there, such as an OpenTelemetry SDK and its exporter
+        (docs/how-to/tracing.md). An exception from it stops the child from starting."""
+        problem = callable_problem(fn, 0, "fn()")
+        if problem:
+            raise InvalidSettings([f"on_child_start {problem}"])
+        self.child_start_hooks.append(fn)
         return fn
 
     def periodic(

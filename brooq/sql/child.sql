@@ -301,3 +301,10 @@ UPDATE {job} SET state = 'canceled', last_error = %(error)s,
     --#end
     updated_at = now()
 WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
+
+-- name: job_traceparents
+-- The trace context of claimed jobs enqueued under a producer span (brooq.worker.spans):
+-- run once per claim round trip, and only by a child whose application configured a
+-- tracer provider; a job enqueued without tracing is not in the answer.
+SELECT id, traceparent FROM {job}
+WHERE id = ANY(%(ids)b::uuid[]) AND traceparent IS NOT NULL

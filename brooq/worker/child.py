@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from brooq import logs
+from brooq import logs, tracing
 from brooq.ipc.reasons import ASYNC, EXIT_APP_LOAD_ERROR, EXIT_BOOT_ERROR, EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim
 from brooq.rules.timing import LONG_JOB
@@ -139,6 +139,8 @@ class Child(ChildProcess):
         # The master renews what we hold: it must know before any of these jobs runs.
         self.trips.hold([c.id for c in claims])
         self.meter.claimed(claims)
+        if self.spans is not None:
+            self.spans.fetch(claims)
         return claims
 
     def _give_back_late(self, claim: Claim) -> None:
@@ -187,7 +189,13 @@ class Child(ChildProcess):
                 kept = joblogs.Kept(self.keeps[claim.topic])
                 kept_context = joblogs.current.set(kept)
             try:
-                error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
+                if self.spans is None:
+                    error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
+                else:  # the attempt's span is current while the handler runs
+                    with self.spans.attempt(claim) as span:
+                        error, value = interrupts.call(
+                            self.runners[claim.topic], claim, policy, state
+                        )
             finally:
                 logs.current_job.reset(context)
                 if kept is not None:
@@ -196,6 +204,8 @@ class Child(ChildProcess):
             error, value = refused, None
         state.tail = None  # before the duration is taken: see ChildState.tail
         outcome, result, tb, duration = attempts.end(claim, policy, error, value, refused, started)
+        if self.spans is not None and refused is None:
+            self.spans.end(span, error, outcome.kind, outcome.error)
         state.running = None
         self.jobs_done += 1
         text = None if kept is None else kept.text()
@@ -273,6 +283,7 @@ def main(config: ChildConfig) -> None:
     except BaseException:
         log.exception("event=child_crashed")
     finally:
+        tracing.flush()  # the spans a provider still holds: os._exit runs no atexit hook
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

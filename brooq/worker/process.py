@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from typing import IO, Any
 
-from brooq import progress
+from brooq import progress, tracing
 from brooq.handlers import HandlerFn, Middleware, Policy, is_async_callable
 from brooq.ipc.board import MESSAGE_MAX_BYTES, Board
 from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
@@ -32,6 +32,7 @@ from brooq.worker.meter import Meter, resident_mib
 from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.pacing import turns
 from brooq.worker.roundtrip import RoundTrips
+from brooq.worker.spans import Spans
 from brooq.worker.state import ChildState
 from brooq.worker.weights import RoundOrder
 
@@ -47,8 +48,10 @@ class ChildProcess:
         self.q = queries(self.settings.schema)
         self.handlers = config.handlers
         self.middleware: tuple[Middleware, ...] = config.middleware
+        self.child_start = config.child_start
         self.runners: dict[str, HandlerFn] = {}  # each topic's middleware chain and handler
         self.keeps: dict[str, int] = {}  # keep_logs: each such topic's bytes per attempt
+        self.spans: Spans | None = None  # a consumer span per attempt, when traced
         self.policies: dict[str, Policy] = {}
         self.state = ChildState()
         self.board = config.board or Board()
@@ -75,6 +78,8 @@ class ChildProcess:
         )
         if self.config.reload_baseline is not None:
             self._reload_app()
+        for hook in self.child_start:  # the application's set-up after the fork
+            hook()
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
         # A child runs the handlers of its kind only, each wrapped by the Queue's
         # middleware of that kind (docs/async.md: a middleware never wraps the other kind).
@@ -86,6 +91,10 @@ class ChildProcess:
         self.keeps = {t: h.keep_logs for t, h in mine.items() if h.keep_logs}
         if self.keeps:
             joblogs.install()
+        # Decided once the application is imported (it may configure the SDK at import
+        # or in an after-fork hook): brooq.tracing.
+        found = tracing.tracer()
+        self.spans = None if found is None else Spans(found, self.q, self.db)
         self.outcomes.handlers = self.handlers
         self.trips = RoundTrips(
             self.config.identity,
@@ -130,6 +139,7 @@ class ChildProcess:
         queue = load(self.config.app_spec)
         self.handlers = queue.handlers
         self.middleware = tuple(queue.middlewares)
+        self.child_start = tuple(queue.child_start_hooks)
 
     def tell(self, message: dict[str, Any]) -> None:
         self.link.tell(message)
