@@ -1,6 +1,7 @@
-"""An application that configures the OpenTelemetry SDK in its module, as an application
-would: a BatchSpanProcessor (a thread of its own, which the SDK starts again in each
-forked child) exporting to the file BROOQ_TRACE_FILE names, one JSON span per line. For
+"""An application that configures the OpenTelemetry SDK: a BatchSpanProcessor (a thread
+of its own) exporting to the file BROOQ_TRACE_FILE names, one JSON span per line. At
+import, in the master before the fork (the SDK starts its thread again in each child),
+or with BROOQ_TRACE_SETUP=child in each child, through @queue.on_child_start. For
 tests/process/test_tracing.py."""
 
 from __future__ import annotations
@@ -29,14 +30,19 @@ class FileExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-provider = TracerProvider(resource=Resource.create({"service.name": "traceapp-worker"}))
-provider.add_span_processor(
-    BatchSpanProcessor(FileExporter(os.environ["BROOQ_TRACE_FILE"]), schedule_delay_millis=100)
-)
-trace.set_tracer_provider(provider)
-tracer = trace.get_tracer("traceapp")
+def setup_tracing() -> None:
+    provider = TracerProvider(resource=Resource.create({"service.name": "traceapp-worker"}))
+    exporter = FileExporter(os.environ["BROOQ_TRACE_FILE"])
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    trace.set_tracer_provider(provider)
+
 
 queue = brooq.Queue()
+tracer = trace.get_tracer("traceapp")  # a proxy until a provider is set: then the SDK's
+if os.environ.get("BROOQ_TRACE_SETUP") == "child":
+    queue.on_child_start(setup_tracing)
+else:
+    setup_tracing()
 
 
 @queue.handler("t.sync")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.harness import StartMaster, wait_for
 
@@ -47,9 +48,12 @@ def _spans(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.parametrize("setup", ["import", "child"])
 def test_a_jobs_consumer_span_is_in_the_trace_that_enqueued_it(
-    start_master: StartMaster, dsn: str, db: psycopg.Connection[Any], tmp_path: Path
+    start_master: StartMaster, dsn: str, db: psycopg.Connection[Any], tmp_path: Path, setup: str
 ) -> None:
+    """``import``: the SDK configured in the app module, in the master before the fork;
+    ``child``: in each child, by an @queue.on_child_start hook."""
     out = subprocess.run(
         [sys.executable, "-c", PRODUCER, dsn], capture_output=True, text=True, timeout=60
     )
@@ -91,7 +95,8 @@ def test_a_jobs_consumer_span_is_in_the_trace_that_enqueued_it(
         assert int(flags, 16) & 1  # sampled
 
     trace_file = tmp_path / "spans.jsonl"
-    m = start_master(workers=2, app=APP, env={"BROOQ_TRACE_FILE": str(trace_file)})
+    env = {"BROOQ_TRACE_FILE": str(trace_file), "BROOQ_TRACE_SETUP": setup}
+    m = start_master(workers=2, app=APP, env=env)
     done = "SELECT count(*) FROM job WHERE state IN ('done', 'dead')"
     wait_for(lambda: db.execute(done).fetchone() == (5,), what="every job ended")
 
