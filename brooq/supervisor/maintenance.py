@@ -53,9 +53,9 @@ def renew_leases(
     workers = [worker for _, worker in held]
     params: dict[str, Any] = {"ids": ids, "workers": workers, "lease": lease}
     statement = q.job_renew_leases
-    if progress:
+    reports = [progress.get(job_id) for job_id in ids] if progress else []
+    if any(reports):  # a held job reported: the _progress variant writes the reports
         statement = q.job_renew_leases_progress
-        reports = [progress.get(job_id) for job_id in ids]
         params["progress"] = [r[0] if r else None for r in reports]
         params["messages"] = [r[1] if r else None for r in reports]
     rows = conn.cursor(row_factory=dict_row).execute(statement, params).fetchall()
