@@ -37,3 +37,21 @@ def test_on_child_start_takes_a_callable_of_no_arguments() -> None:
     with pytest.raises(InvalidSettings) as refused:
         queue.on_child_start(lambda claim: None)  # type: ignore[arg-type]
     assert refused.value.problems[0].startswith("on_child_start must be callable as fn()")
+
+
+def test_without_the_extra_installed_there_is_no_tracer() -> None:
+    """``opentelemetry`` not importable (brooq without its otel extra): no tracer, and
+    brooq imports and enqueues' decision work all the same."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"  # import opentelemetry fails
+        "import brooq\n"
+        "from brooq import tracing\n"
+        "assert tracing.tracer() is None\n"
+        "tracing.flush()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
