@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 import brooq
+from brooq import progress
 from brooq.cli.common import cli, emit_json, open_queue, open_reads, table, utc
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
@@ -162,6 +163,8 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
         if left <= 0:
             lease += ", expired: the reaper will make the job pending again"
         fields += [("holder", record.locked_by or "-"), ("lease until", lease)]
+        if record.progress is not None:  # claim.progress(), as the last renewal wrote it
+            fields.append(("progress", progress.text(record.progress, record.progress_message)))
     elif record.locked_by:
         fields += [("holder", f"- (last held by {record.locked_by})"), ("lease until", "-")]
     else:

@@ -376,6 +376,15 @@ def test_jobs_show_a_processing_job(dsn: str, world: Jobs) -> None:
     assert shown["last error"] == "-"
     assert json.loads(shown["payload"]) == {"to": "busy@example.org", "n": 3}
     assert len(text.splitlines()) <= 24
+    assert "progress" not in shown  # nothing reported: no line
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE job SET progress = 0.25, progress_message = 'reading' WHERE id = %s",
+            (world.busy,),
+        )
+    text = ok(dsn, "jobs", "show", world.busy)
+    assert fields(text)["progress"] == "25% reading"
+    assert len(text.splitlines()) <= 24
 
 
 def test_jobs_show_an_expired_lease_and_a_dead_job(dsn: str, world: Jobs) -> None:
