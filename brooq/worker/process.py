@@ -1,7 +1,8 @@
 """What every child process is, whichever loop runs its jobs: its parts, set up after fork.
 
-Owns `ChildProcess`: the config the master handed over, the handlers of the child's kind
-composed with their middleware (docs/async.md: a middleware never wraps the other kind),
+Owns `ChildProcess`: the config the master handed over, the application's
+on_child_start hooks (run first), the handlers of the child's kind composed with their
+middleware (docs/async.md: a middleware never wraps the other kind),
 the connection, board, meter and outcome writer, the link to the master, the round trips
 (brooq.worker.roundtrip) and the attempts' bookkeeping (brooq.worker.attempt), and when
 the child retires. The sync loop (brooq.worker.child) and the async one
@@ -91,8 +92,8 @@ class ChildProcess:
         self.keeps = {t: h.keep_logs for t, h in mine.items() if h.keep_logs}
         if self.keeps:
             joblogs.install()
-        # Decided once the application is imported (it may configure the SDK at import
-        # or in an after-fork hook): brooq.tracing.
+        # Decided once the application is imported and its on_child_start hooks ran
+        # (either may configure the OpenTelemetry SDK): brooq.tracing.
         found = tracing.tracer()
         self.spans = None if found is None else Spans(found, self.q, self.db)
         self.outcomes.handlers = self.handlers
