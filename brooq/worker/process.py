@@ -6,8 +6,8 @@ middleware (docs/async.md: a middleware never wraps the other kind),
 the connection, board, meter and outcome writer, the link to the master, the round trips
 (brooq.worker.roundtrip) and the attempts' bookkeeping (brooq.worker.attempt), the sink
 of claim.progress (the board), the keep_logs capture (brooq.worker.joblogs) and the
-consumer spans (brooq.worker.spans, when traced), and when the child retires. The sync loop (brooq.worker.child) and the async one
-(brooq.worker.aio) stand on it.
+consumer spans (brooq.worker.spans, when traced), and when the child retires. The sync
+loop (brooq.worker.child) and the async one (brooq.worker.aio) stand on it.
 
 Must never claim, run a handler or write an outcome itself: the loops do, through the
 parts set up here.
