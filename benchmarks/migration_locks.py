@@ -1,6 +1,7 @@
 """The locks a migration (0003, queues, by default; `--migration 6` for 0006, handlers;
 `--migration 11` for 0011, unique keys and tags; `--migration 12` for 0012, rate limits
-and groups; `--migration 15` for 0015, lighter inserts) takes on a live
+and groups; `--migration 14` for 0014, progress, logs and trace context; `--migration
+15` for 0015, lighter inserts) takes on a live
 table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
@@ -135,6 +136,7 @@ CLAIM_BEFORE = {
     6: Q.job_finish_and_claim,
     11: Q.job_finish_and_claim,
     12: Q.job_finish_and_claim,
+    14: Q.job_finish_and_claim,
     15: Q.job_finish_and_claim,
 }
 MIGRATION = 3  # set by --migration

@@ -34,6 +34,7 @@ module that defines a name, never from this package.
 - `poolcheck`: the check of a pooled connection before it is handed out
 - `pooler`: running behind a transaction pooler: connect arguments, the direct rule, errors
 - `pools`: a Queue's sync and async connection pools, their fork rules and errors
+- `progress`: a running handler's progress: its checks and where a report goes
 - `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
 - `produce_options`: the insert steps of a job with a unique_key, debounce or tags
 - `produce_steps`: what an insert asks its driver to run, the rows it answers, a job's queue
@@ -48,6 +49,7 @@ module that defines a name, never from this package.
 - `supervisor`: brooq-master: the supervisor that forks, watches and replaces the children
 - `targets`: what a caller's transaction may be: psycopg, Django and SQLAlchemy connections
 - `testing`: running a Queue's jobs in tests, and the pytest plugin
+- `tracing`: OpenTelemetry: is a tracer configured, the producer's span and trace context
 - `wait_listener`: the one LISTEN connection every waiter of a Queue shares in a process
 - `worker`: the child: claiming, running and writing the outcome of jobs
 """
@@ -91,6 +93,7 @@ from brooq.job import (
     PreserveAttempt,
 )
 from brooq.operator.records import (
+    AttemptLog,
     BulkResult,
     HolderStats,
     InFlight,
@@ -106,6 +109,7 @@ from brooq.stacks import JobStack
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttemptLog",
     "AttemptTimeout",
     "BrooqError",
     "BulkResult",

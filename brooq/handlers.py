@@ -35,6 +35,7 @@ Middleware = Callable[["Claim[Any]", HandlerFn], Any]
 RetryPolicy = Callable[[int, BaseException], "timedelta | None"]
 MAX_ATTEMPTS = 2**31 - 1  # the job's attempts column is a PostgreSQL integer
 MAX_GLOBAL_LIMIT = 2**31 - 1  # bound as a PostgreSQL integer (global_limit, group_limit)
+KEEP_LOGS_BYTES = 65536  # keep_logs=True: the log text kept per attempt
 _LIMITS = NAMES  # attempt_timeout, max_execution_timeout, backoff_base, backoff_max
 
 
@@ -75,6 +76,8 @@ class Handler:
     rate_limit: Rate | None = None
     group_limit: int | None = None
     group_rate_limit: Rate | None = None
+    # keep_logs: the bytes of log text kept per attempt (0: none kept).
+    keep_logs: int = 0
 
     @property
     def coordinated(self) -> bool:
@@ -136,6 +139,7 @@ def build(
     rate_limit: Rate | str | None = None,
     group_limit: int | None = None,
     group_rate_limit: Rate | str | None = None,
+    keep_logs: bool | int = False,
 ) -> Handler:
     """Validate what was given at registration and return the Handler."""
     validate_topic(topic)
@@ -207,6 +211,15 @@ def build(
         if reason:
             problems.append(f"{topic}: {name}: {reason}")
     problems += ordering_problems(seconds, prefix=f"{topic}: ")
+    kept = KEEP_LOGS_BYTES if keep_logs is True else keep_logs
+    if keep_logs is not False and (
+        isinstance(kept, bool) or not isinstance(kept, int) or not 1024 <= kept <= 1048576
+    ):
+        problems.append(
+            f"{topic}: keep_logs must be True, False or a number of bytes from 1024 to "
+            f"1048576, got {keep_logs!r}"
+        )
+        kept = 0
     if problems:
         raise InvalidSettings(problems)
     return Handler(
@@ -222,6 +235,7 @@ def build(
         rate_limit=rates["rate_limit"],
         group_limit=group_limit,
         group_rate_limit=rates["group_rate_limit"],
+        keep_logs=int(kept),
         **seconds,
     )
 

@@ -38,6 +38,7 @@ from brooq.job_options import (
     validate_group,
 )
 from brooq.payloads import JSON_TYPES, to_json
+from brooq.progress import report
 
 if TYPE_CHECKING:
     # A default, so that a bare `Claim` stays Claim[Any] for mypy --strict (no "missing
@@ -93,8 +94,7 @@ IDEMPOTENCY_KEY_MAX_LENGTH: Final = 1024
 # The key is indexed with the topic, and a btree entry holds at most 2,704 bytes.
 IDEMPOTENCY_KEY_MAX_BYTES: Final = 2048
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
-# An available_at this close to the ends of datetime's range would be stored, but could not
-# be read back (psycopg cannot load year 0 or 10000 once shifted to the session's zone).
+# An available_at this close to datetime's ends could not be read back (year 0 or 10000).
 _EARLIEST: Final = datetime.min.replace(tzinfo=timezone.utc) + timedelta(days=2)
 _LATEST: Final = datetime.max.replace(tzinfo=timezone.utc) - timedelta(days=2)
 
@@ -355,11 +355,13 @@ class JobRecord:
     errors: list[dict[str, Any]] = field(default_factory=list)
     unique_key: str | None = None
     tags: list[str] = field(default_factory=list)
-    # A debounced job waiting for the running job of its key: the earliest start it takes
-    # once that job ends (its available_at is 9999-01-01 meanwhile); None otherwise.
+    # A debounced job waiting for its key's running job: its earliest start once that ends.
     start_after: datetime | None = None
-    # The job's group (Job(group=...)), None when it has none.
-    group: str | None = None
+    group: str | None = None  # Job(group=...), None when it has none
+    # A running handler's last claim.progress(), as the last lease renewal wrote it.
+    progress: float | None = None
+    progress_message: str | None = None
+    traceparent: str | None = None  # its enqueue's W3C trace context (brooq.tracing)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: UUID and datetimes as strings."""
@@ -402,6 +404,8 @@ class Claim(Generic[P]):
         if not callable(fn):
             raise TypeError("on_success() takes a callable fn(conn)")
         self.success_hooks.append(fn)
+
+    progress = report  # claim.progress(fraction, message=""): brooq.progress
 
 
 # Handler signals: raise them (or raise from them) to choose the outcome.

@@ -48,6 +48,7 @@ from brooq.produce_steps import (
 from brooq.sql import Q, Queries, queries
 from brooq.standby import read_only
 from brooq.targets import AnyTarget, AsyncTarget, Target, async_cursor, cursor, resolve_target
+from brooq.tracing import publish, published, tracer
 
 
 def check_job(job: object, max_payload_bytes: int, handlers: Handlers | None = None) -> Job:
@@ -159,15 +160,28 @@ async def enqueue_many_async(
 def insert_checked(
     target: Target, job: Job, handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
 ) -> tuple[uuid.UUID, bool]:
-    """``enqueue`` for a job that check_job has passed."""
-    return _drive(target, _insert_one(job, handlers, q))
+    """``enqueue`` for a job that check_job has passed; under a producer span when a
+    tracer provider is configured (brooq.tracing)."""
+    found = tracer()
+    if found is None:
+        return _drive(target, _insert_one(job, handlers, q))
+    with publish(found, [job.topic], queue_of(job, handlers)) as (span, parent):
+        done = _drive(target, _insert_one(job, handlers, q, parent))
+        published(span, [done])
+        return done
 
 
 async def insert_checked_async(
     target: AsyncTarget, job: Job, handlers: Handlers = _NO_HANDLERS, *, q: Queries = Q
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue_async`` for a job that check_job has passed."""
-    return await _drive_async(target, _insert_one(job, handlers, q))
+    found = tracer()
+    if found is None:
+        return await _drive_async(target, _insert_one(job, handlers, q))
+    with publish(found, [job.topic], queue_of(job, handlers)) as (span, parent):
+        done = await _drive_async(target, _insert_one(job, handlers, q, parent))
+        published(span, [done])
+        return done
 
 
 def insert_many_checked(
@@ -176,8 +190,14 @@ def insert_many_checked(
     """``enqueue_many`` for jobs that check_job has passed."""
     if not checked:
         return []
+    found = tracer()
     with _collector_paused(len(checked)):
-        return _drive(target, _insert_many(checked, handlers, q))
+        if found is None:
+            return _drive(target, _insert_many(checked, handlers, q))
+        with publish(found, [j.topic for j in checked]) as (span, parent):
+            done = _drive(target, _insert_many(checked, handlers, q, parent))
+            published(span, done)
+            return done
 
 
 async def insert_many_checked_async(
@@ -186,8 +206,14 @@ async def insert_many_checked_async(
     """``enqueue_many_async`` for jobs that check_job has passed."""
     if not checked:
         return []
+    found = tracer()
     with _collector_paused(len(checked)):
-        return await _drive_async(target, _insert_many(checked, handlers, q))
+        if found is None:
+            return await _drive_async(target, _insert_many(checked, handlers, q))
+        with publish(found, [j.topic for j in checked]) as (span, parent):
+            done = await _drive_async(target, _insert_many(checked, handlers, q, parent))
+            published(span, done)
+            return done
 
 
 # A batch this big allocates enough (an id, a row and a result per job) to set off the
@@ -279,12 +305,17 @@ async def _drive_async(target: AsyncTarget, steps: Steps[R]) -> R:
 # -- the inserts, without I/O ----------------------------------------------------------------
 
 
-def _insert_one(job: Job, handlers: Handlers, q: Queries) -> Steps[tuple[uuid.UUID, bool]]:
+def _insert_one(
+    job: Job, handlers: Handlers, q: Queries, traceparent: str | None = None
+) -> Steps[tuple[uuid.UUID, bool]]:
     """One job: INSERT; on a key conflict, the id of the job holding the key (tried again
-    if that job vanished meanwhile). A job with a unique_key, debounce or tags takes
-    brooq.produce_options' steps instead."""
-    if job.unique_key is not None or job.tags is not None:
-        return (yield from insert_with_options(job, _params(job, uuid7(), handlers), q))
+    if that job vanished meanwhile). A job with a unique_key, debounce or tags, or a
+    ``traceparent`` to store (brooq.tracing), takes brooq.produce_options' steps instead."""
+    if job.unique_key is not None or job.tags is not None or traceparent is not None:
+        params = _params(job, uuid7(), handlers)
+        if traceparent is not None:
+            params["traceparent"] = traceparent
+        return (yield from insert_with_options(job, params, q))
     for _ in range(KEY_ROUNDS):
         inserted = yield One(q.job_insert, _params(job, uuid7(), handlers))
         if inserted is not None:
@@ -299,18 +330,21 @@ def _insert_one(job: Job, handlers: Handlers, q: Queries) -> Steps[tuple[uuid.UU
 
 
 def _insert_many(
-    checked: list[Job], handlers: Handlers, q: Queries
+    checked: list[Job], handlers: Handlers, q: Queries, traceparent: str | None = None
 ) -> Steps[list[tuple[uuid.UUID, bool]]]:
     """Jobs without keys cannot conflict: COPY them (with their tags, if any has some).
     With keys, one INSERT, then one lookup of the jobs holding the keys that were taken.
-    A batch holding a debounced job goes job by job, in order (brooq.produce_options)."""
+    A batch holding a debounced job goes job by job, in order (brooq.produce_options).
+    A batch with a ``traceparent`` takes the INSERT of job_insert_many_options_traced."""
     if any(job.debounce is not None for job in checked):
         results = []
         for job in checked:
-            results.append((yield from _insert_one(job, handlers, q)))
+            results.append((yield from _insert_one(job, handlers, q, traceparent)))
         return results
     ids = uuid7_many(len(checked))
-    if all(job.idempotency_key is None and job.unique_key is None for job in checked):
+    if traceparent is None and all(
+        job.idempotency_key is None and job.unique_key is None for job in checked
+    ):
         wide = any(job.tags is not None or job.group is not None for job in checked)
         ready, scheduled = _copy_rows(checked, ids, handlers, wide)
         if ready:
@@ -319,7 +353,10 @@ def _insert_many(
             yield Copy(q.job_copy_scheduled_options if wide else q.job_copy_scheduled, scheduled)
         return [(job_id, True) for job_id in ids]
     params = _many_params(checked, ids, handlers)
-    if all(job.unique_key is None and job.tags is None for job in checked):
+    if traceparent is not None:
+        traced = {**many_params(params, checked), "traceparents": [traceparent] * len(ids)}
+        inserted = set((yield All(q.job_insert_many_options_traced, traced)))
+    elif all(job.unique_key is None and job.tags is None for job in checked):
         inserted = set((yield All(q.job_insert_many, params)))
     else:
         inserted = set((yield All(q.job_insert_many_options, many_params(params, checked))))

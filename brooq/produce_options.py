@@ -45,7 +45,10 @@ def insert_with_options(
             "producers of the key kept winning the race; enqueue it again"
         )
     for _ in range(KEY_ROUNDS):
-        inserted = yield One(q.job_insert_options, params)
+        statement = (
+            q.job_insert_options if "traceparent" not in params else q.job_insert_options_traced
+        )
+        inserted = yield One(statement, params)
         if inserted is not None:
             return inserted, True
         if job.idempotency_key is not None:

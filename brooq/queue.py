@@ -31,6 +31,7 @@ from brooq.job_wait import Waits
 from brooq.operator import changes, reads
 from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk
 from brooq.operator.records import (
+    AttemptLog,
     BulkResult,
     HolderStats,
     InFlight,
@@ -51,6 +52,7 @@ from brooq.produce_steps import queue_of
 from brooq.registry import Registry
 from brooq.settings import Settings
 from brooq.stacks import JobStack, fetch_stack
+from brooq.tracing import tracer
 
 R = TypeVar("R")
 
@@ -120,7 +122,8 @@ class Queue(Registry):
         # Bad input fails before I/O; a typed topic's payload is checked against its type.
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
         # The line's INSERT is the plain job's: a unique_key, debounce or tags take the pool.
-        if checked.unique_key is None and checked.tags is None:
+        # A traced enqueue stores its trace context: the pool's path (brooq.tracing).
+        if checked.unique_key is None and checked.tags is None and tracer() is None:
             line = self._line
             if line is None:
                 line = self._open_line()
@@ -174,6 +177,11 @@ class Queue(Registry):
     def get(self, job_id: uuid.UUID | str) -> JobRecord | None:
         """The job's row, or None when no job has this id."""
         return self._on(reads.get, parse_job_id(job_id))
+
+    def logs(self, job_id: uuid.UUID | str) -> list[AttemptLog]:
+        """The log records a ``keep_logs=True`` handler emitted, per attempt, oldest first
+        ([] when none were kept); JobNotFound for an unknown id."""
+        return self._on(reads.job_logs, parse_job_id(job_id))
 
     def cancel(self, job_id: uuid.UUID | str) -> bool:
         """pending, failed or processing -> canceled. False when the job is unknown or

@@ -42,6 +42,7 @@ class Registry:
         self.handlers: dict[str, Handler] = {}
         self.middlewares: list[Middleware] = []  # every topic's, outermost first
         self.schedules: dict[str, Schedule] = {}  # queue.periodic(...), by name
+        self.child_start_hooks: list[Callable[[], object]] = []  # @queue.on_child_start
         # Fail early on unknown names and bad values given in code.
         unknown = sorted(set(settings) - FIELDS)
         if unknown:
@@ -102,6 +103,7 @@ class Registry:
         rate_limit: Rate | str | None = None,
         group_limit: int | None = None,
         group_rate_limit: Rate | str | None = None,
+        keep_logs: bool | int = False,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(claim)`` for ``topic``. Unset options take the queue's settings
         (QUEUE_MAX_ATTEMPTS etc.; defaults 5, 1m, 5m, 1s, 1m). ``queue``: where jobs of
@@ -116,7 +118,9 @@ class Registry:
         N starts in any window of a period across every master (``"N/s"``, ``"N/m"``,
         ``"N/h"`` or ``brooq.Rate(N, per=timedelta(...))``); ``group_limit``: at most N
         jobs processing per group (``Job(group=...)``); ``group_rate_limit``: a rate per
-        group (docs/how-to/rate-limits.md)."""
+        group (docs/how-to/rate-limits.md). ``keep_logs``: keep the log records the
+        handler emits during each attempt with the job (True: up to 64 KiB per attempt,
+        or a number of bytes; ``queue.logs(id)``, docs/how-to/job-logs-and-progress.md)."""
 
         def register(fn: HandlerFn) -> HandlerFn:
             if topic in self.handlers:
@@ -137,6 +141,7 @@ class Registry:
                 rate_limit=rate_limit,
                 group_limit=group_limit,
                 group_rate_limit=group_rate_limit,
+                keep_logs=keep_logs,
             )
             return fn
 
@@ -153,6 +158,17 @@ class Registry:
         if problem:
             raise InvalidSettings([f"middleware {problem}"])
         self.middlewares.append(fn)
+        return fn
+
+    def on_child_start(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """Register ``fn()``, called in each worker child once it has started (after the
+        fork, before its first claim; again in the children of a reload): set up what
+        must not cross a fork there, such as an OpenTelemetry SDK and its exporter
+        (docs/how-to/tracing.md). An exception from it stops the child from starting."""
+        problem = callable_problem(fn, 0, "fn()")
+        if problem:
+            raise InvalidSettings([f"on_child_start {problem}"])
+        self.child_start_hooks.append(fn)
         return fn
 
     def periodic(

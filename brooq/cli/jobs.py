@@ -1,9 +1,9 @@
-"""`brooq jobs list|show|stack`: one job's fate, or a listing of jobs, read; the `jobs`
-group, on which brooq.cli.cancel_retry registers the writes too.
+"""`brooq jobs list|show|logs|stack`: one job's fate or kept logs, or a listing of jobs,
+read; the `jobs` group, on which brooq.cli.cancel_retry registers the writes too.
 
 Owns: the `jobs` group, those commands, the listing's table and ``show_lines``, the
 one-screen view of a job (a pure function of the record and the time).
-`list` and `show` read on the read target when one is set (brooq.cli.common.open_reads);
+`list`, `show` and `logs` read on the read target when one is set (brooq.cli.common.open_reads);
 `stack` asks through the database itself (its request is a write).
 Must never: write a job (brooq.cli.cancel_retry does, through Queue).
 """
@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 import brooq
+from brooq import progress
 from brooq.cli.common import cli, emit_json, open_queue, open_reads, table, utc
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
@@ -162,6 +163,8 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
         if left <= 0:
             lease += ", expired: the reaper will make the job pending again"
         fields += [("holder", record.locked_by or "-"), ("lease until", lease)]
+        if record.progress is not None:  # claim.progress(), as the last renewal wrote it
+            fields.append(("progress", progress.text(record.progress, record.progress_message)))
     elif record.locked_by:
         fields += [("holder", f"- (last held by {record.locked_by})"), ("lease until", "-")]
     else:
@@ -261,6 +264,28 @@ def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
         return
     for line in show_lines(record, datetime.now(timezone.utc)):
         click.echo(line)
+
+
+@jobs.command("logs")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def jobs_logs(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """The log records a keep_logs handler emitted while it ran job ID, per attempt
+    (the last 20 attempts), oldest first. --json: a list of {attempt, at, text}."""
+    jid = brooq.job.parse_job_id(job_id)
+    kept = open_reads(ctx).logs(jid)
+    if as_json:
+        emit_json([entry.to_dict() for entry in kept])
+        return
+    if not kept:
+        click.echo(f"(no logs kept for job {jid}: its handler keeps none, or no attempt logged)")
+        return
+    for i, entry in enumerate(kept):
+        if i:
+            click.echo("")
+        click.echo(f"== attempt {entry.attempt}, ended {utc(entry.at)}")
+        click.echo(entry.text)
 
 
 MAX_STACK_TIMEOUT = 60.0

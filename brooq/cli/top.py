@@ -37,6 +37,7 @@ import click
 import psycopg
 
 from brooq import dsn as dsn_mod
+from brooq import progress
 from brooq.cli.common import cli, dsn, emit_json, open_reads, read_target
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import BrooqError
@@ -169,14 +170,15 @@ def render(
     processing = sum(t.processing for t in snap.topics)
     busy = sum(t.busy for t in snap.topics)
     lines.append(f"IN FLIGHT  {processing} processing, {busy} busy")
-    jobs = [["ID", "TOPIC", "ATTEMPT", "HOLDER", "RUNNING", "LEASE"]]
+    jobs = [["ID", "TOPIC", "ATTEMPT", "HOLDER", "RUNNING", "LEASE", "PROGRESS"]]
     for job in snap.in_flight:
         lease = format_age(job.lease_left)
         if job.lease_left <= 0:
             lease = "expired " + lease
         running = format_age(job.running_for)
-        jobs.append([str(job.id), job.topic, str(job.attempts), job.locked_by, running, lease])
-    job_lines = _columns(jobs, left={0, 1, 3, 5}) if len(jobs) > 1 else []
+        row = [str(job.id), job.topic, str(job.attempts), job.locked_by, running, lease]
+        jobs.append([*row, progress.text(job.progress, job.progress_message)])
+    job_lines = _columns(jobs, left={0, 1, 3, 5, 6}) if len(jobs) > 1 else []
     hidden = max(processing, len(snap.in_flight)) - len(snap.in_flight)
     if height is not None and len(lines) + len(job_lines) + (hidden > 0) > height:
         shown = max(height - len(lines) - 2, 0)  # rows below the header, above "… more"

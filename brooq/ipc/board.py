@@ -35,7 +35,15 @@ _SEQ = struct.Struct("<Q")
 # process of the host), max_execution_timeout, attempt_timeout, attempt, topic length,
 # topic (<= 128).
 _BODY = struct.Struct("<16sdddIH128s")
-_SLOT = 256  # bytes per slot: its seq, then the body
+_SLOT = 1024  # bytes per slot: its seq, the body, then the job's progress
+# A running handler's progress (Claim.progress), under a seqlock of its own at PROGRESS_AT
+# in its slot: the job and attempt it belongs to (a progress left by an earlier job in
+# the slot names another), the fraction, the message's length and its UTF-8 bytes.
+# Written only when a handler reports progress, read only at lease renewal: the
+# per-job post and the watchdog's reads never touch it.
+_PROGRESS = struct.Struct("<16sIdH800s")
+_PROGRESS_AT = 184
+MESSAGE_MAX_BYTES = 800
 _SLOTS_AT = 128
 # Header: the loop's beat (a double, one aligned store), the culprit (seq, id, since).
 _BEAT_AT = 0
@@ -125,6 +133,23 @@ class Board:
     def clear(self, slot: int = 0) -> None:
         self._write(slot, _NO_JOB, 0.0, 0.0, 0.0, 0, 0, b"")
 
+    def progress(self, job_id: uuid.UUID, attempt: int, fraction: float, message: bytes) -> bool:
+        """A running job's progress, in the slot that runs it; False when no slot does."""
+        raw_id = job_id.bytes
+        for slot in range(self.capacity):
+            at = _SLOTS_AT + slot * _SLOT
+            if self._mem[at + _SEQ.size : at + _SEQ.size + 16] != raw_id:
+                continue
+            at += _PROGRESS_AT
+            (seq,) = _SEQ.unpack_from(self._mem, at)
+            _SEQ.pack_into(self._mem, at, seq + 1 | 1)  # odd: being written
+            _PROGRESS.pack_into(
+                self._mem, at + _SEQ.size, raw_id, attempt, fraction, len(message), message
+            )
+            _SEQ.pack_into(self._mem, at, (seq | 1) + 1)  # even: consistent
+            return True
+        return False
+
     def hooks_running(self, running: bool) -> None:
         self._mem[_HOOKS_AT] = 1 if running else 0
 
@@ -195,6 +220,35 @@ class Board:
             max_execution_timeout=float(max_exec),  # type: ignore[arg-type]
             attempt_timeout=float(soft),  # type: ignore[arg-type]
         )
+
+    def progresses(self) -> dict[uuid.UUID, tuple[float, str]]:
+        """The progress of every job on the board that reported one in its current
+        attempt: (fraction, message) by job id."""
+        found: dict[uuid.UUID, tuple[float, str]] = {}
+        for slot in range(self.capacity):
+            job = self._read_slot(slot)
+            if job is None:
+                continue
+            at = _SLOTS_AT + slot * _SLOT + _PROGRESS_AT
+            body: tuple[object, ...] = ()
+            for _ in range(_READ_TRIES):
+                (before,) = _SEQ.unpack_from(self._mem, at)
+                if not before:
+                    break  # never written
+                body = _PROGRESS.unpack_from(self._mem, at + _SEQ.size)
+                (after,) = _SEQ.unpack_from(self._mem, at)
+                if before == after and not before & 1:
+                    break
+            if not body:
+                continue
+            raw_id, attempt, fraction, length, message = body
+            assert isinstance(raw_id, bytes) and isinstance(message, bytes)
+            assert isinstance(length, int)
+            if raw_id != job.id.bytes or attempt != job.attempt:
+                continue  # an earlier job's, or an earlier attempt's
+            text = message[:length].decode(errors="replace")
+            found[job.id] = (float(fraction), text)  # type: ignore[arg-type]
+        return found
 
     def loop_beat(self) -> float:
         """The loop's last beat (monotonic); 0.0 when no loop ever ran."""

@@ -1,6 +1,6 @@
-"""The operator's reads, each a function of the caller's connection: a job's row, the
-newest jobs, the counts per topic and per queue, what the topics' limits hold back, the
-jobs in flight and their holders, and the jobs finished lately.
+"""The operator's reads, each a function of the caller's connection: a job's row and its
+kept logs, the newest jobs, the counts per topic and per queue, what the topics' limits
+hold back, the jobs in flight and their holders, and the jobs finished lately.
 
 Owns: the limits of the listings (LIST_LIMIT_MAX, IN_FLIGHT_LIMIT_MAX), the checks of
 their arguments (``check_*``: run before any statement, by these functions and by
@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from brooq.errors import BrooqError
+from brooq.errors import BrooqError, JobNotFound
 from brooq.job import STATES, JobRecord, parse_job_id, validate_queue, validate_topic
 from brooq.job_options import check_tag
 from brooq.operator.records import (
+    AttemptLog,
     HolderStats,
     InFlight,
     QueueStats,
@@ -41,6 +43,19 @@ def get(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> JobRecord 
     jid = parse_job_id(job_id)
     cur = conn.cursor(row_factory=class_row(JobRecord))
     return cur.execute(q.job_get, {"id": jid}).fetchone()
+
+
+def job_logs(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> list[AttemptLog]:
+    """A keep_logs job's log per attempt, oldest first ([] when none were kept);
+    JobNotFound when no job has this id."""
+    jid = parse_job_id(job_id)
+    row = conn.cursor(row_factory=dict_row).execute(q.job_logs, {"id": jid}).fetchone()
+    if row is None:
+        raise JobNotFound(f"no job {jid}")
+    return [
+        AttemptLog(int(e["attempt"]), datetime.fromisoformat(e["at"]), str(e["text"]))
+        for e in row["logs"]
+    ]
 
 
 def check_listing(

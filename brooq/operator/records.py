@@ -188,6 +188,8 @@ class InFlight:
     locked_until: datetime
     running_for: float
     lease_left: float
+    progress: float | None = None  # the handler's last claim.progress(), 0 to 1
+    progress_message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -198,6 +200,8 @@ class InFlight:
             "locked_until": self.locked_until.isoformat(),
             "running_for_seconds": round(self.running_for, 3),
             "lease_left_seconds": round(self.lease_left, 3),
+            "progress": self.progress,
+            "progress_message": self.progress_message,
         }
 
 
@@ -217,3 +221,17 @@ class HolderStats:
             "processing": self.processing,
             "oldest_running_seconds": round(self.oldest_running, 3),
         }
+
+
+@dataclass(frozen=True)
+class AttemptLog:
+    """The log records a ``keep_logs`` handler emitted during one attempt (``queue.logs``):
+    key=value lines with their time, oldest first, headed by a line saying how many were
+    dropped when the attempt logged more than its bound."""
+
+    attempt: int
+    at: datetime  # when the attempt's outcome was written
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "at": self.at.isoformat(), "text": self.text}

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from brooq import progress
 from brooq.job_options import TAG_FORM, TAG_PATTERN
 from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
 from brooq.page import reads
@@ -284,6 +285,7 @@ def in_flight_page(
                 e(host),
                 e(age(r["running_for"])),
                 e(lease),
+                e(progress.text(r["progress"], r["progress_message"])),
                 _tags(r["tags"]),
                 stack_form(r["id"], csrf, actions_enabled),
                 *(
@@ -294,7 +296,7 @@ def in_flight_page(
             )
         )
     headers = ["job", "topic", "queue", "attempt", "child pid", "host", "running for",
-               "lease left", "tags", "stack"]  # fmt: skip
+               "lease left", "progress", "tags", "stack"]  # fmt: skip
     if csrf is not None:
         headers.append("action")
     stack_note = (
@@ -392,7 +394,7 @@ def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str
     columns = "".join(
         f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
         for name, value in row.items()
-        if name not in ("errors",)
+        if name not in ("errors", "logs")
     )
     parts = [f"<table><tbody>{columns}</tbody></table>"]
     if actions_enabled:
@@ -425,6 +427,11 @@ def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str
             )
         )
     parts.append(table(("attempt", "at", "worker", "error"), history, numeric={0}))
+    kept = row.get("logs")  # a keep_logs handler's records, per attempt
+    for item in kept if isinstance(kept, list) else []:
+        if isinstance(item, dict):
+            head = f"Logs of attempt {item.get('attempt', '')}, ended {item.get('at', '')}"
+            parts.append(f"<h2>{e(head)}</h2><pre>{e(item.get('text', ''))}</pre>")
     return layout(
         f"Job {job_id}",
         "".join(parts),

@@ -231,10 +231,20 @@ SET state = 'pending', attempts = greatest(attempts - 1, 0),
 WHERE id = ANY(%(ids)b::uuid[]) AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 RETURNING id
 
--- name: job_set_done
+-- template: job_set_done
+-- variant: job_set_done
+-- variant: job_set_done_logs: logs
 -- `done` with chained jobs or on_success hooks, in their transaction; `result` is what
--- the handler returned as JSON text, or NULL.
-UPDATE {job} SET state = 'done', result = %(result)s::jsonb, updated_at = now()
+-- the handler returned as JSON text, or NULL. _logs (a keep_logs handler's attempt that
+-- logged): the attempt's log text appended to job.logs, the last 20 attempts kept.
+UPDATE {job} SET state = 'done', result = %(result)s::jsonb,
+    --#if logs
+    logs = jsonb_path_query_array(
+        coalesce(job.logs, '[]'::jsonb)
+            || jsonb_build_object('attempt', job.attempts, 'at', now(), 'text', %(logs)s::text),
+        '$[last - 19 to last]'),
+    --#end
+    updated_at = now()
 WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 
 -- name: session_planner_defaults
@@ -244,14 +254,16 @@ WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_seqscan', 'on', true),
        set_config('enable_sort', 'on', true), set_config('plan_cache_mode', 'auto', true)
 
--- name: job_set_failed
+-- template: job_set_failed
+-- variant: job_set_failed
+-- variant: job_set_failed_logs: logs
 -- A failed attempt: dead when the attempts are used up, else failed until the backoff
 -- has passed. The refund flag gives the attempt back (PreserveAttempt), which never leads to dead.
 -- The error history gets one entry in the same UPDATE: appended, then the last 20 kept
 -- (a lax jsonpath range is clamped, so a shorter history stays whole), oldest first. In
 -- SET, job.attempts is the value before this UPDATE: this attempt's number, charged at
 -- claim (a refunded attempt's number comes again). history_error is the error bounded
--- to 1,000 characters (last_error keeps 2,000).
+-- to 1,000 characters (last_error keeps 2,000). _logs: as job_set_done_logs.
 UPDATE {job}
 SET state = CASE
         WHEN NOT %(refund)s AND attempts >= %(max_attempts)s THEN 'dead'
@@ -266,10 +278,33 @@ SET state = CASE
                                   'error', %(history_error)s::text,
                                   'worker', %(worker)s::text),
         '$[last - 19 to last]'),
+    --#if logs
+    logs = jsonb_path_query_array(
+        coalesce(job.logs, '[]'::jsonb)
+            || jsonb_build_object('attempt', job.attempts, 'at', now(), 'text', %(logs)s::text),
+        '$[last - 19 to last]'),
+    --#end
     updated_at = now()
 WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 RETURNING state
 
--- name: job_set_canceled
-UPDATE {job} SET state = 'canceled', last_error = %(error)s, updated_at = now()
+-- template: job_set_canceled
+-- variant: job_set_canceled
+-- variant: job_set_canceled_logs: logs
+-- _logs: as job_set_done_logs.
+UPDATE {job} SET state = 'canceled', last_error = %(error)s,
+    --#if logs
+    logs = jsonb_path_query_array(
+        coalesce(job.logs, '[]'::jsonb)
+            || jsonb_build_object('attempt', job.attempts, 'at', now(), 'text', %(logs)s::text),
+        '$[last - 19 to last]'),
+    --#end
+    updated_at = now()
 WHERE id = %(id)s AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
+
+-- name: job_traceparents
+-- The trace context of claimed jobs enqueued under a producer span (brooq.worker.spans):
+-- run once per claim round trip, and only by a child whose application configured a
+-- tracer provider; a job enqueued without tracing is not in the answer.
+SELECT id, traceparent FROM {job}
+WHERE id = ANY(%(ids)b::uuid[]) AND traceparent IS NOT NULL

@@ -56,7 +56,9 @@ WHERE job.id = held.id AND job.state = 'processing'
   AND job.locked_by = ANY(%(workers)b::text[])
 RETURNING job.id, job.topic
 
--- name: job_renew_leases
+-- template: job_renew_leases
+-- variant: job_renew_leases
+-- variant: job_renew_leases_progress: progress
 -- One statement renews every in-flight job of this master, each guarded by its own
 -- holder. A job missing from the result has been canceled, reaped or taken over.
 -- A row locked by another transaction is never waited for: most often it is the
@@ -64,6 +66,9 @@ RETURNING job.id, job.topic
 -- would freeze the master's loop and every row this statement had locked already.
 -- Such a row still counts as held when this statement's snapshot says so; it is
 -- renewed, or found lost, on the next pass.
+-- _progress, run only when a running handler reported progress (claim.progress, read
+-- off the children's boards): the same, writing each job's last report (NULL: none,
+-- the row keeps what it has).
 WITH held AS (
     SELECT job.id
     FROM {job}
@@ -71,15 +76,25 @@ WITH held AS (
       ON job.id = h.id AND job.locked_by = h.worker
     WHERE job.state = 'processing'
 ), lockable AS (
-    SELECT job.id
+    SELECT job.id{if progress:, h.progress, h.message}
     FROM {job}
+    --#if progress
+    JOIN unnest(%(ids)b::uuid[], %(workers)b::text[], %(progress)b::float8[],
+                %(messages)b::text[]) AS h(id, worker, progress, message)
+    --#else
     JOIN unnest(%(ids)b::uuid[], %(workers)b::text[]) AS h(id, worker)
+    --#end
       ON job.id = h.id AND job.locked_by = h.worker
     WHERE job.state = 'processing'
     FOR NO KEY UPDATE OF job SKIP LOCKED
 ), renewed AS (
     UPDATE {job}
     SET locked_until = now() + make_interval(secs => %(lease)s)
+    --#if progress
+        , progress = coalesce(lockable.progress, job.progress),
+        progress_message = CASE WHEN lockable.progress IS NULL THEN job.progress_message
+                                ELSE lockable.message END
+    --#end
     FROM lockable
     WHERE job.id = lockable.id
     RETURNING job.id

@@ -7,8 +7,14 @@
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
-       coalesce(tags, '{}') AS tags, start_after, group_key AS "group"
+       coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
+       progress, progress_message, traceparent
 FROM {job} WHERE id = %(id)s
+
+-- name: job_logs
+-- A keep_logs job's log per attempt ({"attempt", "at", "text"}, the last 20 attempts,
+-- oldest first): [] when none were kept.
+SELECT coalesce(logs, '[]'::jsonb) AS logs FROM {job} WHERE id = %(id)s
 
 -- name: job_cancel
 -- Operator or producer cancel. A processing row is canceled too: its holder learns it
@@ -298,7 +304,8 @@ ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
-       coalesce(tags, '{}') AS tags, start_after, group_key AS "group"
+       coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
+       progress, progress_message, traceparent
 FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -310,10 +317,11 @@ LIMIT %(limit)s
 -- name: job_list_processing
 -- Jobs in flight, longest running first. running_for counts from the claim (lease renewal
 -- leaves updated_at alone); a negative lease_left is an expired lease the reaper will
--- give back.
+-- give back. progress: the handler's last claim.progress() a renewal wrote, or NULL.
 SELECT id, topic, attempts, locked_by, locked_until,
        extract(epoch FROM now() - updated_at)::float8 AS running_for,
-       extract(epoch FROM locked_until - now())::float8 AS lease_left
+       extract(epoch FROM locked_until - now())::float8 AS lease_left,
+       progress, progress_message
 FROM {job}
 WHERE state = 'processing'
 ORDER BY updated_at, id
@@ -362,7 +370,8 @@ ORDER BY queue
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
-       coalesce(tags, '{}') AS tags, start_after, group_key AS "group"
+       coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
+       progress, progress_message, traceparent
 FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)

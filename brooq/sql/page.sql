@@ -148,7 +148,7 @@ ORDER BY 1
 SELECT id, topic, queue, attempts, locked_by, updated_at,
        extract(epoch FROM now() - updated_at)::float8 AS running_for,
        extract(epoch FROM locked_until - now())::float8 AS lease_left,
-       coalesce(tags, '{}') AS tags
+       coalesce(tags, '{}') AS tags, progress, progress_message
 FROM {job}
 WHERE state = 'processing'
   AND (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)

@@ -56,15 +56,19 @@ SELECT k.topic, k.key, job.id
 FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
 JOIN {job} ON job.topic = k.topic AND job.idempotency_key = k.key
 
--- name: job_insert_options
+-- template: job_insert_options
+-- variant: job_insert_options
+-- variant: job_insert_options_traced: traced
 -- One job with a unique_key or tags (brooq.produce_options); job_insert stays the plain
 -- job's. No conflict target: the row may collide on the idempotency key's index or on
 -- job_unique_key_idx (one active job per topic and unique_key, migration 0011), and
--- either means "already there".
+-- either means "already there". _traced: a job enqueued under a producer span
+-- (brooq.tracing), with its W3C traceparent; a job without one never takes it.
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
-                   unique_key, tags, group_key)
+                   unique_key, tags, group_key{if traced:, traceparent})
 VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
-        %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[], %(group)s)
+        %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[],
+        %(group)s{if traced:, %(traceparent)s})
 ON CONFLICT DO NOTHING
 RETURNING id
 
@@ -144,19 +148,26 @@ SELECT id FROM unstarted
 UNION ALL
 SELECT id FROM inserted
 
--- name: job_insert_many_options
+-- template: job_insert_many_options
+-- variant: job_insert_many_options
+-- variant: job_insert_many_options_traced: traced
 -- job_insert_many for a batch holding unique keys or tags (brooq.produce_options): the
 -- same arrays (the groups among them), and two more; `tags` holds each job's tags as a text[] literal (NULL: none).
--- No conflict target, as job_insert_options.
+-- No conflict target, as job_insert_options. _traced: a batch enqueued under a producer
+-- span, each job with its traceparent (any batch then takes this statement, never COPY).
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
-                   unique_key, tags, group_key)
+                   unique_key, tags, group_key{if traced:, traceparent})
 SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
-       i.priority, i.unique_key, i.tags::text[], i.group_key
+       i.priority, i.unique_key, i.tags::text[], i.group_key{if traced:, i.traceparent}
 FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
             %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[],
-            %(unique_keys)b::text[], %(tags)b::text[], %(groups)b::text[])
+            %(unique_keys)b::text[], %(tags)b::text[], %(groups)b::text[]
+            --#if traced
+            , %(traceparents)b::text[]
+            --#end
+            )
      WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, unique_key,
-                          tags, group_key, ord)
+                          tags, group_key, {if traced:traceparent, }ord)
 ORDER BY i.ord
 ON CONFLICT DO NOTHING
 RETURNING id

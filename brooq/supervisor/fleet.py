@@ -87,6 +87,7 @@ class ForkSpec:
     baseline: frozenset[str]  # sys.modules before the app: what a reload must not re-import
     metrics: Metrics | None
     middleware: tuple[Middleware, ...] = ()  # the Queue's (a reload takes the new Queue's)
+    child_start: tuple[Callable[[], object], ...] = ()  # @queue.on_child_start, likewise
 
 
 class Fleet(Source):
@@ -256,6 +257,7 @@ class Fleet(Source):
                         metrics=spec.metrics,
                         board=board,
                         middleware=spec.middleware,
+                        child_start=spec.child_start,
                         kind=kind,
                         children=children,
                     )

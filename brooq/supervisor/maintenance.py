@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -42,17 +42,23 @@ def renew_leases(
     held: Sequence[tuple[uuid.UUID, str]],
     lease: float,
     q: Queries = Q,
+    progress: Mapping[uuid.UUID, tuple[float, str]] | None = None,
 ) -> set[uuid.UUID]:
-    """Extend every (job, holder) lease in one statement; the ids still held."""
+    """Extend every (job, holder) lease in one statement; the ids still held. With
+    ``progress`` (the running handlers' last reports, by job id, read off the boards),
+    the statement's _progress variant writes them too."""
     if not held:
         return set()
     ids = [job_id for job_id, _ in held]
     workers = [worker for _, worker in held]
-    rows = (
-        conn.cursor(row_factory=dict_row)
-        .execute(q.job_renew_leases, {"ids": ids, "workers": workers, "lease": lease})
-        .fetchall()
-    )
+    params: dict[str, Any] = {"ids": ids, "workers": workers, "lease": lease}
+    statement = q.job_renew_leases
+    reports = [progress.get(job_id) for job_id in ids] if progress else []
+    if any(reports):  # a held job reported: the _progress variant writes the reports
+        statement = q.job_renew_leases_progress
+        params["progress"] = [r[0] if r else None for r in reports]
+        params["messages"] = [r[1] if r else None for r in reports]
+    rows = conn.cursor(row_factory=dict_row).execute(statement, params).fetchall()
     return {r["id"] for r in rows}
 
 

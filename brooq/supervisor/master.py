@@ -143,6 +143,7 @@ class Master:
             baseline,
             self.metrics,
             tuple(queue.middlewares),
+            tuple(queue.child_start_hooks),
         )
         self.fleet = Fleet(spec, self.accounting, self._own_fds)
         self.enforcer = Enforcer(self.fleet, self.conns, settings, self.metrics)

@@ -55,7 +55,7 @@ from brooq.handlers import Handler, HandlerFn, is_async_callable
 from brooq.ipc.board import Board
 from brooq.job import AttemptTimeout, Claim, JobRecord, validate_topic
 from brooq.queue import Queue
-from brooq.worker import interrupts
+from brooq.worker import interrupts, joblogs
 from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.connection import ChildConnection
@@ -188,6 +188,8 @@ class _Drain:
             measure_cpu=False,
         )
         self.outcomes.handlers = self.handlers
+        if any(h.keep_logs for h in self.handlers.values()):
+            joblogs.install()  # keep_logs handlers' records, as a child keeps them
         # As a child composes them: the Queue's middleware of the handler's kind, then
         # the topic's own (of that kind: registration refuses the other).
         outer_sync = tuple(m for m in queue.middlewares if not is_async_callable(m))
@@ -218,14 +220,21 @@ class _Drain:
             refused = self.attempts.begin(claim, policy, started)
             error: BaseException | None
             value: Any
-            if refused is not None:
-                error, value = refused, None
-            elif self.handlers[claim.topic].is_async:
-                error, value = yield claim
-            else:
-                error, value = self._call(claim)
+            handler = self.handlers[claim.topic]
+            kept = joblogs.Kept(handler.keep_logs) if handler.keep_logs else None
+            context = joblogs.current.set(kept)  # a task made for the handler copies it
+            try:
+                if refused is not None:
+                    error, value = refused, None
+                elif handler.is_async:
+                    error, value = yield claim
+                else:
+                    error, value = self._call(claim)
+            finally:
+                joblogs.current.reset(context)
             outcome, result, _, _ = self.attempts.end(claim, policy, error, value, refused, started)
-            state, written = self.outcomes.write(claim, policy, outcome, result)
+            text = None if kept is None else kept.text()
+            state, written = self.outcomes.write(claim, policy, outcome, result, text)
             if outcome.kind != "abandon":
                 self.outcomes.settled(claim, state, time.monotonic() - started, written)
             if state is not None:

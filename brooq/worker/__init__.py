@@ -22,6 +22,8 @@ parts, the round trip, the attempt) and answer the control thread through one pr
 - `weights`: the order a child tries its worked queues in, round after round.
 - `floors`: where a claim starts in the ready index, and when it reads the index whole.
 - `chain`: a topic's middleware composed around its handler.
+- `joblogs`: a keep_logs handler's records during an attempt, bounded, kept for the outcome.
+- `spans`: a consumer span per attempt, when traced; the claimed jobs' trace context.
 - `outcome`: writing an outcome, and the log line and count of what was written.
 - `link`: the pipes to the master (the control thread, the non-blocking writer), the title.
 - `connection`: the child's database connection, and the payload decoder.

@@ -43,8 +43,10 @@ import psycopg
 from brooq.ipc.board import LOOP_BEAT
 from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim, LeaseLost
+from brooq.worker import joblogs
 from brooq.worker.connection import Stop
 from brooq.worker.process import ChildProcess
+from brooq.worker.spans import Spans
 from brooq.worker.tasks import Slot
 from brooq.worker.traces import await_frames, format_await_chain, format_frames
 
@@ -206,6 +208,8 @@ class AsyncLoop:
         lost.intersection_update(trips.held)
         child.meter.counted(claims)
         self._set_busy()
+        if child.spans is not None and claims:  # their trace context: brooq.worker.spans
+            await loop.run_in_executor(self.db, child.spans.fetch, claims)
         return claims
 
     def _tell_held(self, new: Sequence[Claim[Any]] = ()) -> None:
@@ -257,12 +261,23 @@ class AsyncLoop:
         refused = child.attempts.begin(claim, policy, slot.started, slot.index)
         error: BaseException | None = refused
         value: Any = None
+        kept = span = None
         if refused is None:
+            if child.keeps and claim.topic in child.keeps:
+                kept = joblogs.Kept(child.keeps[claim.topic])
+                joblogs.current.set(kept)  # this task's own context
             if claim.id in child.state.lost:
                 error = LeaseLost(f"lease of job {claim.id} lost")
-            else:
+            elif child.spans is None:
                 error, value = await slot.call(child.runners[claim.topic], policy.attempt_timeout)
+            else:  # the attempt's span is current in this task while the handler runs
+                with child.spans.attempt(claim) as span:
+                    error, value = await slot.call(
+                        child.runners[claim.topic], policy.attempt_timeout
+                    )
         if isinstance(slot.reason, _Shutdown):
+            if span is not None:
+                Spans.end(span, None, "given back", None)
             child.board.clear(slot.index)
             self.to_release.append(claim.id)  # given back by the claimer, attempt refunded
             return
@@ -271,11 +286,14 @@ class AsyncLoop:
         outcome, result, tb, duration = child.attempts.end(
             claim, policy, error, value, refused, slot.started, slot.index
         )
-        if child.trips.keep_done(claim, outcome, duration, result):
+        if span is not None:
+            Spans.end(span, error, outcome.kind, outcome.error)
+        text = None if kept is None else kept.text()
+        if text is None and child.trips.keep_done(claim, outcome, duration, result):
             return
         try:
             written_state, written = await asyncio.get_running_loop().run_in_executor(
-                self.db, child.outcomes.write, claim, policy, outcome, result
+                self.db, child.outcomes.write, claim, policy, outcome, result, text
             )
         except Stop:
             return  # the lease expires and the reaper returns it

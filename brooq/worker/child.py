@@ -28,11 +28,11 @@ from collections.abc import Sequence
 
 import psycopg
 
-from brooq import logs
+from brooq import logs, tracing
 from brooq.ipc.reasons import ASYNC, EXIT_APP_LOAD_ERROR, EXIT_BOOT_ERROR, EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim
 from brooq.rules.timing import LONG_JOB
-from brooq.worker import interrupts
+from brooq.worker import interrupts, joblogs
 from brooq.worker.aio import AsyncLoop
 from brooq.worker.config import BATCH_BUDGET, ChildConfig
 from brooq.worker.connection import Stop
@@ -139,6 +139,8 @@ class Child(ChildProcess):
         # The master renews what we hold: it must know before any of these jobs runs.
         self.trips.hold([c.id for c in claims])
         self.meter.claimed(claims)
+        if self.spans is not None:
+            self.spans.fetch(claims)
         return claims
 
     def _give_back_late(self, claim: Claim) -> None:
@@ -178,22 +180,38 @@ class Child(ChildProcess):
             )
         attempts = self.attempts
         refused = attempts.begin(claim, policy, started)
+        kept = None
         if refused is None:
-            # The handler's own log records name its job (brooq.logs).
+            # The handler's own log records name its job (brooq.logs); a keep_logs
+            # handler's are kept for it too (brooq.worker.joblogs).
             context = logs.current_job.set((claim.id, claim.topic))
+            if self.keeps and claim.topic in self.keeps:
+                kept = joblogs.Kept(self.keeps[claim.topic])
+                kept_context = joblogs.current.set(kept)
             try:
-                error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
+                if self.spans is None:
+                    error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
+                else:  # the attempt's span is current while the handler runs
+                    with self.spans.attempt(claim) as span:
+                        error, value = interrupts.call(
+                            self.runners[claim.topic], claim, policy, state
+                        )
             finally:
                 logs.current_job.reset(context)
+                if kept is not None:
+                    joblogs.current.reset(kept_context)
         else:  # the handler and its middleware run zero times
             error, value = refused, None
         state.tail = None  # before the duration is taken: see ChildState.tail
         outcome, result, tb, duration = attempts.end(claim, policy, error, value, refused, started)
+        if self.spans is not None and refused is None:
+            self.spans.end(span, error, outcome.kind, outcome.error)
         state.running = None
         self.jobs_done += 1
-        if self.trips.keep_done(claim, outcome, duration, result):
+        text = None if kept is None else kept.text()
+        if text is None and self.trips.keep_done(claim, outcome, duration, result):
             return duration  # written with the next claim
-        written_state, written = self.outcomes.write(claim, policy, outcome, result)
+        written_state, written = self.outcomes.write(claim, policy, outcome, result, text)
         if outcome.kind != "abandon":
             self.outcomes.settled(claim, written_state, duration, written, tb)
         # Tell the master at once (outcomes other than a plain done are rare): a renewal
@@ -265,6 +283,7 @@ def main(config: ChildConfig) -> None:
     except BaseException:
         log.exception("event=child_crashed")
     finally:
+        tracing.flush()  # the spans a provider still holds: os._exit runs no atexit hook
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -10,6 +10,7 @@ Must never hold state that changes while the child runs: this is read-only input
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,7 @@ class ChildConfig:
     metrics: Metrics | None = None
     board: Board | None = None  # shared with the master; a private one when alone
     middleware: tuple[Middleware, ...] = ()  # the Queue's, outermost first
+    child_start: tuple[Callable[[], object], ...] = ()  # @queue.on_child_start, in order
     kind: ChildKind = SYNC  # which handlers it runs (docs/async.md)
     children: int = 0  # the master's children of this kind (the claim's fair share); 0: workers
 

@@ -1,11 +1,12 @@
 """Writing one job's outcome, and the log line and count of what was written.
 
 Owns the outcome statements other than the batched `done` of the claim round trip:
-done with chained jobs or on_success hooks (one transaction, the board's hooks flag set
-while the application's hooks run), failed (SQL makes it dead when the attempts are
-used up), canceled; retrying a write over a dropped connection; and `settled`, the one
-place that logs and counts what was written (job_done, job_failed, job_dead,
-outcome_skipped), the batched `done` lines included.
+done with chained jobs, on_success hooks or a keep_logs attempt's log text (one
+transaction, the board's hooks flag set while the application's hooks run), failed (SQL
+makes it dead when the attempts are used up), canceled (each with its _logs variant);
+retrying a write over a dropped connection; and `settled`, the one place that logs and
+counts what was written (job_done, job_failed, job_dead, outcome_skipped), the batched
+`done` lines included.
 
 Must never write unguarded: every statement matches the row only while it is still
 'processing' and locked by this child, so a write after the lease was lost, or a second
@@ -41,6 +42,7 @@ from brooq.worker.state import ChildState
 log = logging.getLogger("brooq.child")
 
 WRITE_TRIES = 5
+LOGS_MAX = 2 * 1048576  # characters: keep_logs' bound is at most 1 MiB of UTF-8
 
 
 class OutcomeWriter:
@@ -69,10 +71,13 @@ class OutcomeWriter:
         policy: Policy,
         outcome: execute.Outcome,
         result: str | None = None,
+        logs: str | None = None,
     ) -> tuple[str | None, execute.Outcome]:
         """Write the outcome: the state written (None when nothing was) and the outcome
         actually written (a failing on_success turns done into failed). ``result``: what
-        the handler returned as JSON text, stored with `done`."""
+        the handler returned as JSON text, stored with `done`; ``logs``: a keep_logs
+        attempt's log text (brooq.worker.joblogs), written by the statements' _logs
+        variants in the same statement."""
         if outcome.kind == "abandon":
             log.info("event=lease_lost job=%s topic=%s: nothing written", claim.id, claim.topic)
             return None, outcome
@@ -80,7 +85,7 @@ class OutcomeWriter:
         # charges this job, not the ones beside it (brooq.supervisor.settlement).
         self.board.settling(claim.id)
         try:
-            return self._write(claim, policy, outcome, result)
+            return self._write(claim, policy, outcome, result, logs)
         finally:
             self.board.settling(None)
 
@@ -90,7 +95,10 @@ class OutcomeWriter:
         policy: Policy,
         outcome: execute.Outcome,
         result: str | None,
+        logs: str | None,
     ) -> tuple[str | None, execute.Outcome]:
+        if logs is not None:  # as the database can store it
+            logs = execute.storable(logs, self.connection.codec, LOGS_MAX)
         if outcome.error is not None:  # the application's text, as the database holds it
             outcome = dataclasses.replace(
                 outcome, error=execute.storable(outcome.error, self.connection.codec)
@@ -100,7 +108,7 @@ class OutcomeWriter:
         # a second write harmless (a committed first one left the row not 'processing').
         for attempt in range(WRITE_TRIES):
             try:
-                return self._write_once(claim, policy, outcome, result)
+                return self._write_once(claim, policy, outcome, result, logs)
             except psycopg.OperationalError as exc:
                 self.connection.failed("outcome", exc)
                 if attempt == WRITE_TRIES - 1 or self.state.master_gone:
@@ -139,11 +147,19 @@ class OutcomeWriter:
         return None, outcome
 
     def _write_once(
-        self, claim: Claim[Any], policy: Policy, outcome: execute.Outcome, result: str | None
+        self,
+        claim: Claim[Any],
+        policy: Policy,
+        outcome: execute.Outcome,
+        result: str | None,
+        logs: str | None,
     ) -> tuple[str | None, execute.Outcome]:
         conn = self.connection.get()
-        who = {"id": claim.id, "worker": self.identity}
-        if outcome.kind == "done":  # with chained jobs or on_success hooks
+        who: dict[str, Any] = {"id": claim.id, "worker": self.identity}
+        q = self.q
+        if logs is not None:
+            who["logs"] = logs
+        if outcome.kind == "done":  # with chained jobs or on_success hooks (or logs)
             try:
                 return self._write_done(conn, claim, who, result), outcome
             except psycopg.OperationalError:
@@ -170,13 +186,14 @@ class OutcomeWriter:
                 )
         if outcome.kind == "canceled":
             with self.connection.scoped(conn):
-                cur = conn.execute(self.q.job_set_canceled, {**who, "error": outcome.error})
+                statement = q.job_set_canceled if logs is None else q.job_set_canceled_logs
+                cur = conn.execute(statement, {**who, "error": outcome.error})
             # After the block: in a pipeline, the count is known once it has synced.
             return ("canceled" if cur.rowcount else None), outcome
         cur = conn.cursor(row_factory=dict_row)  # the failure path: a dict costs nothing here
         with self.connection.scoped(conn):
             row = cur.execute(
-                self.q.job_set_failed,
+                q.job_set_failed if logs is None else q.job_set_failed_logs,
                 {
                     **who,
                     "refund": outcome.refund,
@@ -203,7 +220,10 @@ class OutcomeWriter:
             with conn.transaction():
                 self.connection.apply_local(conn)  # behind a transaction pooler only
                 try:
-                    cur = conn.execute(self.q.job_set_done, {**who, "result": result}, prepare=True)
+                    statement = (
+                        self.q.job_set_done if "logs" not in who else self.q.job_set_done_logs
+                    )
+                    cur = conn.execute(statement, {**who, "result": result}, prepare=True)
                 except psycopg.OperationalError:
                     raise
                 except psycopg.Error as exc:  # the result itself (an encoding lacks it)

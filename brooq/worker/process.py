@@ -1,11 +1,13 @@
 """What every child process is, whichever loop runs its jobs: its parts, set up after fork.
 
-Owns `ChildProcess`: the config the master handed over, the handlers of the child's kind
-composed with their middleware (docs/async.md: a middleware never wraps the other kind),
+Owns `ChildProcess`: the config the master handed over, the application's
+on_child_start hooks (run first), the handlers of the child's kind composed with their
+middleware (docs/async.md: a middleware never wraps the other kind),
 the connection, board, meter and outcome writer, the link to the master, the round trips
-(brooq.worker.roundtrip) and the attempts' bookkeeping (brooq.worker.attempt), and when
-the child retires. The sync loop (brooq.worker.child) and the async one
-(brooq.worker.aio) stand on it.
+(brooq.worker.roundtrip) and the attempts' bookkeeping (brooq.worker.attempt), the sink
+of claim.progress (the board), the keep_logs capture (brooq.worker.joblogs) and the
+consumer spans (brooq.worker.spans, when traced), and when the child retires. The sync
+loop (brooq.worker.child) and the async one (brooq.worker.aio) stand on it.
 
 Must never claim, run a handler or write an outcome itself: the loops do, through the
 parts set up here.
@@ -13,14 +15,16 @@ parts set up here.
 
 from __future__ import annotations
 
+import uuid
 from typing import IO, Any
 
+from brooq import progress, tracing
 from brooq.handlers import HandlerFn, Middleware, Policy, is_async_callable
-from brooq.ipc.board import Board
+from brooq.ipc.board import MESSAGE_MAX_BYTES, Board
 from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
 from brooq.rules.queues import worked_queues
 from brooq.sql import queries
-from brooq.worker import interrupts
+from brooq.worker import execute, interrupts, joblogs
 from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.config import ChildConfig
@@ -30,6 +34,7 @@ from brooq.worker.meter import Meter, resident_mib
 from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.pacing import turns
 from brooq.worker.roundtrip import RoundTrips
+from brooq.worker.spans import Spans
 from brooq.worker.state import ChildState
 from brooq.worker.weights import RoundOrder
 
@@ -45,7 +50,10 @@ class ChildProcess:
         self.q = queries(self.settings.schema)
         self.handlers = config.handlers
         self.middleware: tuple[Middleware, ...] = config.middleware
+        self.child_start = config.child_start
         self.runners: dict[str, HandlerFn] = {}  # each topic's middleware chain and handler
+        self.keeps: dict[str, int] = {}  # keep_logs: each such topic's bytes per attempt
+        self.spans: Spans | None = None  # a consumer span per attempt, when traced
         self.policies: dict[str, Policy] = {}
         self.state = ChildState()
         self.board = config.board or Board()
@@ -72,6 +80,8 @@ class ChildProcess:
         )
         if self.config.reload_baseline is not None:
             self._reload_app()
+        for hook in self.child_start:  # the application's set-up after the fork
+            hook()
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
         # A child runs the handlers of its kind only, each wrapped by the Queue's
         # middleware of that kind (docs/async.md: a middleware never wraps the other kind).
@@ -80,6 +90,13 @@ class ChildProcess:
         outer = tuple(m for m in self.middleware if is_async_callable(m) == is_async)
         join = compose_async if is_async else compose
         self.runners = {t: join(h.fn, (*outer, *h.middleware)) for t, h in mine.items()}
+        self.keeps = {t: h.keep_logs for t, h in mine.items() if h.keep_logs}
+        if self.keeps:
+            joblogs.install()
+        # Decided once the application is imported and its on_child_start hooks ran
+        # (either may configure the OpenTelemetry SDK): brooq.tracing.
+        found = tracing.tracer()
+        self.spans = None if found is None else Spans(found, self.q, self.db)
         self.outcomes.handlers = self.handlers
         self.trips = RoundTrips(
             self.config.identity,
@@ -104,9 +121,17 @@ class ChildProcess:
             self.state.lost,
             measure_cpu=not is_async,
         )
+        progress.sink = self._progress
         self.link.start()
         self.link.update_title()
         self.tell({"ready": 1})
+
+    def _progress(self, job_id: uuid.UUID, attempt: int, fraction: float, message: str) -> None:
+        """A handler's claim.progress(), on the board for the master's next renewal; its
+        message as the database can store it (brooq.worker.execute.storable)."""
+        text = execute.storable(message, self.db.codec, progress.MESSAGE_MAX)
+        raw = text.encode()[:MESSAGE_MAX_BYTES]
+        self.board.progress(job_id, attempt, fraction, raw)
 
     def _reload_app(self) -> None:
         from brooq.app import forget_user_modules, load
@@ -116,6 +141,7 @@ class ChildProcess:
         queue = load(self.config.app_spec)
         self.handlers = queue.handlers
         self.middleware = tuple(queue.middlewares)
+        self.child_start = tuple(queue.child_start_hooks)
 
     def tell(self, message: dict[str, Any]) -> None:
         self.link.tell(message)

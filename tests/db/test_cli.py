@@ -286,6 +286,9 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
         "tags": [],
         "start_after": None,
         "group": None,
+        "progress": None,
+        "progress_message": None,
+        "traceparent": None,
     }
     datetime.fromisoformat(dead["updated_at"])
 
@@ -372,6 +375,15 @@ def test_jobs_show_a_processing_job(dsn: str, world: Jobs) -> None:
     assert shown["created"].startswith("2020-01-01 00:00:03 UTC (")
     assert shown["last error"] == "-"
     assert json.loads(shown["payload"]) == {"to": "busy@example.org", "n": 3}
+    assert len(text.splitlines()) <= 24
+    assert "progress" not in shown  # nothing reported: no line
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE job SET progress = 0.25, progress_message = 'reading' WHERE id = %s",
+            (world.busy,),
+        )
+    text = ok(dsn, "jobs", "show", world.busy)
+    assert fields(text)["progress"] == "25% reading"
     assert len(text.splitlines()) <= 24
 
 
@@ -827,7 +839,21 @@ def test_top_once(dsn: str, world: Jobs) -> None:
         [world.busy, "mail", "2", "web1:100/child-1"],
         [world.report_busy, "report", "1", "web2:7/child-4"],
     ]
-    assert flying[0].split()[-2] == "expired"
+    assert flying[0].split()[-3] == "expired"  # then its age, then PROGRESS
+    assert [line.split()[-1] for line in flying] == ["-", "-", "-"]  # no progress reported
+
+
+def test_top_shows_a_running_jobs_progress(dsn: str, world: Jobs) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE job SET progress = 0.4, progress_message = 'resizing 3 of 8' WHERE id = %s",
+            (world.busy,),
+        )
+    lines = ok(dsn, "top", "--once").splitlines()
+    (row,) = [line for line in lines if line.startswith(str(world.busy))]
+    assert row.endswith("40% resizing 3 of 8")
+    (flying,) = [j for j in as_json(dsn, "top")["in_flight"] if j["id"] == str(world.busy)]
+    assert (flying["progress"], flying["progress_message"]) == (0.4, "resizing 3 of 8")
 
 
 def test_top_json(dsn: str, world: Jobs) -> None:

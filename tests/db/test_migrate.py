@@ -91,6 +91,10 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "start_after",
         "tags",
         "group_key",
+        "progress",
+        "progress_message",
+        "logs",
+        "traceparent",
     ]
     nullable = {c[0] for c in columns if c[2] == "YES"}
     assert nullable == {
@@ -105,6 +109,10 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "start_after",
         "tags",
         "group_key",
+        "progress",
+        "progress_message",
+        "logs",
+        "traceparent",
     }
     assert {
         "job_pkey",
@@ -224,6 +232,10 @@ def test_cli_migrate(empty_dsn: str) -> None:
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0015_lighter_inserts\n", out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0014_observe\n", out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout.startswith("reverted 0013_"), out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0012_rate_limits_groups\n", out.stdout
     out = cli("down")
@@ -659,6 +671,34 @@ def test_lighter_inserts_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         ender.join()
         reader.close()
     assert schema() == after
+
+
+def test_observe_columns_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0014 adds job.progress, progress_message, logs and traceparent (nullable, no
+    default: the rows keep what they have, all NULL); down gives back exactly 0013's
+    schema, rows included, and up again the same as the first time."""
+    migrate.up(empty_dsn, 13)
+    before = job_shape(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 2000)")
+    assert [m.name for m in migrate.up(empty_dsn, 14)] == ["observe"]
+    after = job_shape(empty_dsn)
+    assert sorted(set(after) - set(before)) == [
+        ("column", "logs jsonb "),
+        ("column", "progress double precision "),
+        ("column", "progress_message text "),
+        ("column", "traceparent text "),
+    ]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT count(*), count(progress), count(logs), count(traceparent) FROM job"
+        ).fetchone() == (2000, 0, 0, 0)
+    assert [m.name for m in migrate.down(empty_dsn)] == ["observe"]
+    assert job_shape(empty_dsn) == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
+    migrate.up(empty_dsn, 14)
+    assert job_shape(empty_dsn) == after
 
 
 def test_a_failed_concurrent_build_is_rebuilt(empty_dsn: str) -> None:

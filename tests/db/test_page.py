@@ -8,6 +8,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timezone
 from html import unescape
 from typing import Any
 
@@ -44,7 +45,7 @@ def text(response: Response) -> str:
 def insert(db: Conn, **columns: Any) -> uuid.UUID:
     columns.setdefault("id", uuid.uuid4())
     columns.setdefault("topic", "t")
-    for name in ("payload", "errors", "result"):
+    for name in ("payload", "errors", "result", "logs"):
         if name in columns:
             columns[name] = json.dumps(columns[name])
     names = ", ".join(columns)
@@ -171,6 +172,36 @@ def test_the_job_page(db: Conn) -> None:
     assert "mail.send" in body and "boom 2" in body and "Error history (3)" in body
     assert "&quot;to&quot;: &quot;a@example.org&quot;" in body  # pretty-printed JSON
     assert '"n": [\n' in unescape(body)
+
+
+def test_a_jobs_kept_logs_and_its_progress(db: Conn) -> None:
+    """A keep_logs job's page shows each attempt's log text (escaped), not the raw
+    column; the in-flight list shows a running job's progress."""
+    job_id = insert(
+        db,
+        state="failed",
+        attempts=2,
+        logs=[
+            {"attempt": 1, "at": "2030-01-01T00:00:00+00:00", "text": "level=info <b>one</b>"},
+            {"attempt": 2, "at": "2030-01-01T00:01:00+00:00", "text": "level=info two"},
+        ],
+    )
+    body = text(get(db, f"/jobs/{job_id}"))
+    assert "<th>logs</th>" not in body
+    assert "Logs of attempt 1, ended 2030-01-01T00:00:00+00:00" in body
+    assert "level=info &lt;b&gt;one&lt;/b&gt;" in body and "<b>one" not in body
+    assert body.index("Logs of attempt 1") < body.index("Logs of attempt 2")
+    insert(
+        db,
+        state="processing",
+        locked_by="h:1:x",
+        locked_until=datetime.now(timezone.utc),
+        progress=0.4,
+        progress_message="resizing <3 of 8>",
+    )
+    in_flight = text(get(db, "/in-flight"))
+    assert "<th>progress</th>" in in_flight
+    assert "40% resizing &lt;3 of 8&gt;" in in_flight
 
 
 def test_an_unknown_job_is_404_and_a_malformed_id_400(db: Conn) -> None:

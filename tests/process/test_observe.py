@@ -1,0 +1,126 @@
+"""What a running job says about itself, through a real brooq-master: its progress
+(claim.progress, carried by the master's lease renewal) and its kept logs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import brooq
+from tests.harness import StartMaster, wait_for
+
+APP = "brooq_observeapp:queue"
+
+
+@pytest.mark.parametrize("topic", ["o.progress", "o.progress_async"])
+def test_progress_reaches_the_row_at_the_next_renewal(
+    start_master: StartMaster,
+    queue: brooq.Queue,
+    db: psycopg.Connection[Any],
+    tmp_path: Path,
+    topic: str,
+) -> None:
+    release = tmp_path / "release"
+    job_id, _ = queue.enqueue(brooq.Job(topic, {"release": str(release)}))
+    start_master(workers=1, app=APP)
+    expected = (0.4, "resizing 3 of 8") if topic == "o.progress" else (0.75, "uploading")
+
+    def reported() -> bool:
+        record = queue.get(job_id)
+        assert record is not None
+        return (record.progress, record.progress_message) == expected
+
+    # QUEUE_LEASE is 2s in the harness: a renewal every ~0.7 s carries the report.
+    wait_for(reported, what="the progress in queue.get")
+    record = queue.get(job_id)
+    assert record is not None and record.state == "processing"
+    (flying,) = queue.in_flight()
+    assert (flying.id, flying.progress, flying.progress_message) == (job_id, *expected)
+    assert flying.to_dict()["progress"] == expected[0]
+    release.touch()
+    wait_for(lambda: (r := queue.get(job_id)) is not None and r.state == "done", what="done")
+
+
+def _state(queue: brooq.Queue, job_id: Any) -> str | None:
+    record = queue.get(job_id)
+    return None if record is None else record.state
+
+
+def _brooq(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "brooq", "--database", dsn, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_failed_jobs_log_lines_are_kept_per_attempt(
+    start_master: StartMaster, queue: brooq.Queue, dsn: str
+) -> None:
+    failing, _ = queue.enqueue(brooq.Job("o.logs", {"card": "visa-4242"}))
+    fetched, _ = queue.enqueue(brooq.Job("o.logs_async", {"url": "https://example.org/a"}))
+    chatty, _ = queue.enqueue(brooq.Job("o.logs_many", {}))
+    plain, _ = queue.enqueue(brooq.Job("o.plain", {}))
+    start_master(workers=2, app=APP)
+    for job_id, state in ((failing, "dead"), (fetched, "done"), (chatty, "done"), (plain, "done")):
+        wait_for(lambda j=job_id, s=state: _state(queue, j) == s, what=f"{job_id} {state}")
+
+    kept = queue.logs(failing)
+    assert [entry.attempt for entry in kept] == [1, 2]
+    for entry in kept:
+        lines = entry.text.splitlines()
+        assert len(lines) == 2, lines
+        assert re.match(r"time=\S+ level=info logger=observeapp pid=\d+ ", lines[0]), lines
+        assert lines[0].endswith(f"charging card visa-4242, attempt {entry.attempt}")
+        assert lines[1].endswith("the gateway answered 502") and "level=warning" in lines[1]
+    (entry,) = queue.logs(fetched)
+    assert entry.attempt == 1
+    assert [line.split(" ", 4)[-1] for line in entry.text.splitlines()] == [
+        "fetching https://example.org/a",
+        "stored 1234 bytes",
+    ]
+    assert queue.logs(plain) == []  # a handler without keep_logs keeps nothing
+
+    # 200 lines into 2,048 bytes: the oldest dropped, and the text says so.
+    (entry,) = queue.logs(chatty)
+    lines = entry.text.splitlines()
+    assert re.fullmatch(
+        r"\[brooq: (\d+) earlier lines \(\d+ bytes\) dropped; an attempt keeps its last "
+        r"2048 bytes of log\]",
+        lines[0],
+    ), lines[0]
+    dropped = int(lines[0].split()[1])
+    assert lines[-1].endswith("line 199 of a chatty handler")
+    assert lines[1].endswith(f"line {dropped:03d} of a chatty handler")
+    assert len(entry.text.encode()) - len(lines[0]) - 1 <= 2048
+
+    # The command: the lines per attempt, and --json.
+    out = _brooq(dsn, "jobs", "logs", str(failing))
+    assert out.returncode == 0, out.stderr
+    blocks = out.stdout.split("\n\n")
+    assert len(blocks) == 2
+    for attempt, block in enumerate(blocks, 1):
+        head, *body = block.strip().splitlines()
+        assert head.startswith(f"== attempt {attempt}, ended "), head
+        assert body[0].endswith(f"charging card visa-4242, attempt {attempt}")
+        assert body[1].endswith("the gateway answered 502")
+    out = _brooq(dsn, "jobs", "logs", "--json", str(failing))
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert [(e["attempt"], e["text"]) for e in answer] == [(e.attempt, e.text) for e in kept]
+    out = _brooq(dsn, "jobs", "logs", str(plain))
+    assert out.returncode == 0 and out.stdout.startswith("(no logs kept for job "), out.stdout
+    out = _brooq(dsn, "jobs", "logs", "not-an-id")
+    assert out.returncode == 2 and out.stdout == "", (out.returncode, out.stdout, out.stderr)
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    out = _brooq(dsn, "jobs", "logs", str(uuid.uuid4()))
+    assert out.returncode == 1 and "no job" in out.stderr, (out.returncode, out.stderr)
