@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Sequence
+from copy import copy as shallow_copy
 from typing import Any
 
 import psycopg
@@ -29,6 +30,7 @@ from brooq.encoding import check_payload_size
 from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job
+from brooq.produce_graph import insert_graph
 from brooq.produce_options import insert_with_options, key_holders, many_params
 from brooq.produce_steps import (
     KEY_ROUNDS,
@@ -258,7 +260,9 @@ async def _drive_async(target: AsyncTarget, steps: Steps[R]) -> R:
 def _insert_one(job: Job, handlers: Handlers, q: Queries) -> Steps[tuple[uuid.UUID, bool]]:
     """One job: INSERT; on a key conflict, the id of the job holding the key (tried again
     if that job vanished meanwhile). A job with a unique_key, debounce or tags takes
-    brooq.produce_options' steps instead."""
+    brooq.produce_options' steps instead; a job with after, brooq.produce_graph's."""
+    if job.after is not None:
+        return (yield from _insert_many([job], handlers, q))[0]
     if job.unique_key is not None or job.tags is not None:
         return (yield from insert_with_options(job, _params(job, uuid7(), handlers), q))
     for _ in range(KEY_ROUNDS):
@@ -279,11 +283,23 @@ def _insert_many(
 ) -> Steps[list[tuple[uuid.UUID, bool]]]:
     """Jobs without keys cannot conflict: COPY them (with their tags, if any has some).
     With keys, one INSERT, then one lookup of the jobs holding the keys that were taken.
-    A batch holding a debounced job goes job by job, in order (brooq.produce_options)."""
+    A batch holding a debounced job goes job by job, in order (brooq.produce_options); a
+    batch holding a job with after is inserted so, then its edges (brooq.produce_graph)."""
+    for job in checked:
+        if job.after is not None:
+            return (yield from insert_graph(checked, lambda c: _insert_batch(c, handlers, q), q))
+    return (yield from _insert_batch(checked, handlers, q))
+
+
+def _insert_batch(
+    checked: list[Job], handlers: Handlers, q: Queries
+) -> Steps[list[tuple[uuid.UUID, bool]]]:
+    """``_insert_many`` without the edges."""
     if any(job.debounce is not None for job in checked):
         results = []
         for job in checked:
-            results.append((yield from _insert_one(job, handlers, q)))
+            one = job if job.after is None else _without_after(job)
+            results.append((yield from _insert_one(one, handlers, q)))
         return results
     ids = uuid7_many(len(checked))
     if all(job.idempotency_key is None and job.unique_key is None for job in checked):
@@ -314,6 +330,13 @@ def _insert_many(
             )
         result[i] = (holder, False)
     return result
+
+
+def _without_after(job: Job) -> Job:
+    """``job`` as _insert_one inserts it inside a graph: its edges come after the batch."""
+    plain = shallow_copy(job)
+    plain.after = None
+    return plain
 
 
 def _params(job: Job, job_id: uuid.UUID, handlers: Handlers) -> dict[str, Any]:

@@ -119,8 +119,9 @@ class Queue(Registry):
         takes a pooled connection."""
         # Bad input fails before I/O; a typed topic's payload is checked against its type.
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
-        # The line's INSERT is the plain job's: a unique_key, debounce or tags take the pool.
-        if checked.unique_key is None and checked.tags is None:
+        # The line's INSERT is the plain job's: a unique_key, debounce, tags or after take
+        # the pool.
+        if checked.unique_key is None and checked.tags is None and checked.after is None:
             line = self._line
             if line is None:
                 line = self._open_line()
