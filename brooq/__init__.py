@@ -92,6 +92,7 @@ from brooq.job import (
     JobRecord,
     LeaseLost,
     PreserveAttempt,
+    UpstreamJob,
 )
 from brooq.operator.records import (
     BulkResult,
@@ -152,6 +153,7 @@ __all__ = [
     "StackUnavailable",
     "TopicLimits",
     "TopicStats",
+    "UpstreamJob",
     "WaitTimeout",
     "__version__",
     "enqueue",

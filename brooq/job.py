@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Literal
 
 from brooq.encoding import encode_payload
 from brooq.errors import (
@@ -394,6 +394,17 @@ class JobRecord:
         return out
 
 
+@dataclass(frozen=True)
+class UpstreamJob:
+    """A job another one waited for (``claim.upstream``, ``Queue.upstream``): its id,
+    topic, state and what its handler returned (decoded JSON, None when nothing)."""
+
+    id: uuid.UUID
+    topic: str
+    state: str
+    result: Any = None
+
+
 @dataclass
 class Claim(Generic[P]):
     """A claimed job as a handler sees it. ``Claim[Signup]``: a handler registered with
@@ -410,6 +421,20 @@ class Claim(Generic[P]):
     priority: int = 0
     chained: list[Job] = field(default_factory=list, repr=False)
     success_hooks: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
+    # How ``upstream`` is read: set once per process by what runs handlers (a child once
+    # its application is loaded, brooq.testing.drain while it runs): no cost per claim.
+    reader: ClassVar[Callable[[uuid.UUID], list[UpstreamJob]] | None] = None
+    _upstream: list[UpstreamJob] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def upstream(self) -> list[UpstreamJob]:
+        """The jobs this one waited for (``after``), in the order named, with their
+        states and results; [] for a job that named none. Read at the first use."""
+        if self._upstream is None:
+            if Claim.reader is None:
+                raise RuntimeError("claim.upstream is read in brooq's workers and drain only")
+            self._upstream = Claim.reader(self.id)
+        return self._upstream
 
     def chain(self, job: Job) -> None:
         """Enqueue ``job`` in the transaction that writes ``done`` (only on success)."""

@@ -26,7 +26,7 @@ import psycopg
 from brooq.durations import Duration, to_seconds
 from brooq.enqueue_line import EnqueueLine
 from brooq.errors import BrooqError
-from brooq.job import Job, JobRecord, Transition, parse_job_id, validate_queue
+from brooq.job import Job, JobRecord, Transition, UpstreamJob, parse_job_id, validate_queue
 from brooq.job_wait import Waits
 from brooq.operator import changes, reads
 from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk
@@ -175,6 +175,14 @@ class Queue(Registry):
     def get(self, job_id: uuid.UUID | str) -> JobRecord | None:
         """The job's row, or None when no job has this id."""
         return self._on(reads.get, parse_job_id(job_id))
+
+    def upstream(self, job_id: uuid.UUID | str) -> list[UpstreamJob]:
+        """The jobs ``job_id`` waits or waited for (``after``), in the order named."""
+        return self._on(reads.upstream, parse_job_id(job_id))
+
+    def downstream(self, job_id: uuid.UUID | str, limit: int = 100) -> list[UpstreamJob]:
+        """The jobs that wait or waited for ``job_id``, at most ``limit``, by id."""
+        return self._on(reads.downstream, parse_job_id(job_id), limit)
 
     def cancel(self, job_id: uuid.UUID | str) -> bool:
         """pending, failed or processing -> canceled. False when the job is unknown or

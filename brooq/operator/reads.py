@@ -19,7 +19,14 @@ import psycopg
 from psycopg.rows import class_row, dict_row
 
 from brooq.errors import BrooqError
-from brooq.job import STATES, JobRecord, parse_job_id, validate_queue, validate_topic
+from brooq.job import (
+    STATES,
+    JobRecord,
+    UpstreamJob,
+    parse_job_id,
+    validate_queue,
+    validate_topic,
+)
 from brooq.job_options import check_tag
 from brooq.operator.records import (
     HolderStats,
@@ -41,6 +48,21 @@ def get(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> JobRecord 
     jid = parse_job_id(job_id)
     cur = conn.cursor(row_factory=class_row(JobRecord))
     return cur.execute(q.job_get, {"id": jid}).fetchone()
+
+
+def upstream(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> list[UpstreamJob]:
+    """The jobs ``job_id`` waits or waited for, in the order named."""
+    cur = conn.cursor(row_factory=class_row(UpstreamJob))
+    return cur.execute(q.job_upstream, {"id": parse_job_id(job_id)}).fetchall()
+
+
+def downstream(
+    conn: Connection, job_id: uuid.UUID | str, limit: int = 100, q: Queries = Q
+) -> list[UpstreamJob]:
+    """The jobs that wait or waited for ``job_id`` (at most ``limit``), by id."""
+    check_limit(limit)
+    cur = conn.cursor(row_factory=class_row(UpstreamJob))
+    return cur.execute(q.job_downstream, {"id": parse_job_id(job_id), "limit": limit}).fetchall()
 
 
 def check_listing(

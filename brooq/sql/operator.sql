@@ -467,3 +467,20 @@ SELECT pg_is_in_recovery() AS standby,
        pg_last_xact_replay_timestamp() AS replayed_at,
        extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8
            AS since_replay
+
+-- name: job_upstream
+-- The jobs a job waits for or waited for (after=[...]), in the order it named them:
+-- claim.upstream, `brooq jobs show`, the job page. A job retention deleted is left out
+-- (retention keeps those of a job not yet ended).
+SELECT u.id, u.topic, u.state, u.result
+FROM {brooq_job_edge} AS e JOIN {job} AS u ON u.id = e.upstream_id
+WHERE e.downstream_id = %(id)s
+ORDER BY e.position
+
+-- name: job_downstream
+-- The jobs that wait or waited for a job, by id (enqueue order), at most `limit`.
+SELECT d.id, d.topic, d.state, d.result
+FROM {brooq_job_edge} AS e JOIN {job} AS d ON d.id = e.downstream_id
+WHERE e.upstream_id = %(id)s
+ORDER BY d.id
+LIMIT %(limit)s

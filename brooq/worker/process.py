@@ -18,6 +18,7 @@ from typing import IO, Any
 from brooq.handlers import HandlerFn, Middleware, Policy, is_async_callable
 from brooq.ipc.board import Board
 from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
+from brooq.job import Claim
 from brooq.rules.queues import worked_queues
 from brooq.sql import queries
 from brooq.worker import interrupts
@@ -31,6 +32,7 @@ from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.pacing import turns
 from brooq.worker.roundtrip import RoundTrips
 from brooq.worker.state import ChildState
+from brooq.worker.upstream import UpstreamReader
 from brooq.worker.weights import RoundOrder
 
 __all__ = ["ChildProcess"]
@@ -73,6 +75,7 @@ class ChildProcess:
         if self.config.reload_baseline is not None:
             self._reload_app()
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
+        Claim.reader = UpstreamReader(self.config.dsn, self.settings.schema)
         # A child runs the handlers of its kind only, each wrapped by the Queue's
         # middleware of that kind (docs/async.md: a middleware never wraps the other kind).
         is_async = self.config.kind == ASYNC

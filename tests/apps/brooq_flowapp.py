@@ -52,3 +52,14 @@ def kill(claim: brooq.Claim) -> None:
 @queue.handler("flow.noop")
 def noop(claim: brooq.Claim) -> None:
     pass
+
+
+@queue.handler("flow.merge")
+def merge(claim: brooq.Claim) -> Any:
+    record(claim, "start")
+    up = [
+        {"id": str(u.id), "topic": u.topic, "state": u.state, "result": u.result}
+        for u in claim.upstream
+    ]
+    record(claim, "end")
+    return up

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 
 import brooq
 from brooq.sql import Q
+from brooq.testing import drain
 from tests.harness import terminate_backend
 
 Conn = psycopg.Connection[Any]
@@ -247,9 +248,7 @@ def test_the_reaper_dead_end_cancels_downstream(queue: brooq.Queue, db: Conn) ->
     assert state(db, down)[0] == "canceled"
 
 
-def test_concurrent_last_upstream_jobs_release_exactly_once(
-    queue: brooq.Queue, db: Conn
-) -> None:
+def test_concurrent_last_upstream_jobs_release_exactly_once(queue: brooq.Queue, db: Conn) -> None:
     """Many upstream jobs of several shared downstream jobs, each done in a transaction
     of its own on 4 racing connections: every downstream job ends pending, its counter 0,
     and nobody deadlocks (the downstream rows are locked in id order)."""
@@ -265,7 +264,7 @@ def test_concurrent_last_upstream_jobs_release_exactly_once(
             with psycopg.connect(db.info.dsn, autocommit=True) as conn:
                 for job_id in part:
                     finish(conn, [job_id])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(claimed[n::4],)) for n in range(4)]
@@ -356,3 +355,33 @@ def test_stats_and_cancel_many_know_the_waiting_state(queue: brooq.Queue, db: Co
     }
     changed = queue.cancel_many(topic="d", state="waiting")
     assert changed.changed == 3
+
+
+def test_drain_runs_a_graph_and_claim_upstream_reads_it(queue: brooq.Queue, db: Conn) -> None:
+    seen: dict[str, list[brooq.UpstreamJob]] = {}
+    order: list[str] = []
+
+    @queue.handler("fetch")
+    def fetch(claim: brooq.Claim) -> Any:
+        order.append(f"fetch {claim.payload}")
+        assert claim.upstream == []
+        return {"page": claim.payload}
+
+    @queue.handler("bind")
+    def bind(claim: brooq.Claim) -> Any:
+        order.append("bind")
+        seen["bind"] = claim.upstream
+        return len(claim.upstream)
+
+    pages = [brooq.Job("fetch", n) for n in (2, 0, 1)]
+    (bind_id, _) = queue.enqueue_many([*pages, brooq.Job("bind", after=pages)])[-1]
+    assert drain(queue) == {"done": 4}
+    assert order == ["fetch 2", "fetch 0", "fetch 1", "bind"]
+    assert [(u.topic, u.state, u.result) for u in seen["bind"]] == [
+        ("fetch", "done", {"page": 2}),
+        ("fetch", "done", {"page": 0}),
+        ("fetch", "done", {"page": 1}),
+    ]
+    assert queue.upstream(bind_id) == seen["bind"]
+    assert [d.id for d in queue.downstream(seen["bind"][0].id)] == [bind_id]
+    assert state(db, bind_id)[0] == "done"

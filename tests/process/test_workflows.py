@@ -38,7 +38,7 @@ def test_a_three_level_graph_runs_in_dependency_order(
         brooq.Job("flow.step", {"m": 0}, after=top[:2]),
         brooq.Job("flow.step", {"m": 1}, after=top[2:]),
     ]
-    bottom = brooq.Job("flow.step", {"bind": True}, after=middle)
+    bottom = brooq.Job("flow.merge", {"bind": True}, after=middle)
     ids = [i for i, _ in queue.enqueue_many([*top, *middle, bottom])]
     wait_for(lambda: states(db, ids) == ["done"] * 7, what="the graph done")
     seen = notes(db)
@@ -47,8 +47,12 @@ def test_a_three_level_graph_runs_in_dependency_order(
     assert len(started) == 7 and len(ended) == 7
     for down, ups in ((ids[4], ids[0:2]), (ids[5], ids[2:4]), (ids[6], ids[4:6])):
         assert started[down] > max(ended[u] for u in ups)
+    # claim.upstream: the records of the jobs it waited for, in the order named.
     record = queue.get(ids[6])
-    assert record is not None and record.result == {"step": {"bind": True}}
+    assert record is not None and record.result == [
+        {"id": str(ids[4]), "topic": "flow.step", "state": "done", "result": {"step": {"m": 0}}},
+        {"id": str(ids[5]), "topic": "flow.step", "state": "done", "result": {"step": {"m": 1}}},
+    ]
 
 
 def test_a_dead_upstream_job_cancels_descendants_and_runs_callbacks(
@@ -99,9 +103,7 @@ def test_a_fan_in_of_ten_thousand_releases_its_callback_once(
     callback = brooq.Job("flow.step", {"cb": "fan-in"}, after=ups)
     ids = [i for i, _ in queue.enqueue_many([*ups, callback])]
     wait_for(lambda: states(db, ids[-1:]) == ["done"], timeout=120, what="the callback done")
-    (last_up,) = db.execute(
-        "SELECT max(updated_at) FROM job WHERE topic = 'flow.noop'"
-    ).fetchone()  # type: ignore[misc]
+    (last_up,) = db.execute("SELECT max(updated_at) FROM job WHERE topic = 'flow.noop'").fetchone()  # type: ignore[misc]
     runs = [at for j, note, at in notes(db) if j == ids[-1] and note == "start"]
     assert len(runs) == 1
     assert (runs[0] - last_up).total_seconds() < 1.0
