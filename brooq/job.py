@@ -75,7 +75,7 @@ TERMINAL_STATES: Final = (DONE, DEAD, CANCELED)
 # disagree with the refusals below. Cancel also takes a processing job: its holder learns
 # at the next lease renewal (LeaseLost), and its own outcome write then matches no row.
 Transition = Literal["cancel", "retry"]
-CANCELABLE_STATES: Final = (WAITING, PENDING, FAILED, PROCESSING)
+CANCELABLE_STATES: Final = (PENDING, FAILED, PROCESSING, WAITING)
 RETRYABLE_STATES: Final = (DEAD, CANCELED)
 FROM_STATES: Final[dict[Transition, tuple[str, ...]]] = {
     "cancel": CANCELABLE_STATES,
@@ -113,12 +113,12 @@ def _either(words: tuple[str, ...]) -> str:
 
 
 def transition_rule(action: Transition) -> str:
-    """The rule in words: "only pending, failed or processing jobs can be canceled"."""
+    """The rule in words: "only pending, failed, processing or waiting jobs can be canceled"."""
     return f"only {_either(FROM_STATES[action])} jobs can be {_DONE_WORD[action]}"
 
 
 def bulk_rule(action: Transition) -> str:
-    """The bulk rule in words: "only pending or failed jobs can be canceled in bulk"."""
+    """The bulk rule in words: "only pending, failed or waiting jobs can be canceled in bulk"."""
     return f"only {_either(BULK_FROM_STATES[action])} jobs can be {_DONE_WORD[action]} in bulk"
 
 

@@ -185,9 +185,10 @@ class Queue(Registry):
         return self._on(reads.downstream, parse_job_id(job_id), limit)
 
     def cancel(self, job_id: uuid.UUID | str) -> bool:
-        """pending, failed or processing -> canceled. False when the job is unknown or
-        already finished (terminal rows are never touched). A running handler is
-        interrupted with brooq.LeaseLost at the master's next lease renewal."""
+        """pending, failed, processing or waiting -> canceled (the jobs waiting on it
+        follow, docs/how-to/workflows.md). False when the job is unknown or already
+        finished (terminal rows are never touched). A running handler is interrupted
+        with brooq.LeaseLost at the master's next lease renewal."""
         return self._on(changes.cancel, parse_job_id(job_id))
 
     def retry(self, job_id: uuid.UUID | str) -> bool:

@@ -508,7 +508,7 @@ def test_cancel_refused(dsn: str, world: Jobs, db: psycopg.Connection[Any], name
     line = refused(dsn, "cancel", job_id, code=1)
     assert line == (
         f"error: cannot cancel job {job_id}: it is {before[0]}; "
-        "only pending, failed or processing jobs can be canceled"
+        "only pending, failed, processing or waiting jobs can be canceled"
     )
     assert state_of(db, job_id) == before
 

@@ -327,7 +327,7 @@ def test_admin_endpoints_need_the_token(
     assert status == 200 and json.loads(body)["ok"] is True
     assert states(db) == {"canceled": 1}
     status, body = get(addr, path, token=token, method="POST")
-    assert status == 409 and "only pending, failed or processing" in body
+    assert status == 409 and "only pending, failed, processing or waiting" in body
     status, body = get(addr, f"/admin/jobs/{job_id}/retry", token=token, method="POST")
     assert status == 200 and states(db) == {"pending": 1}
     unknown = "00000000-0000-4000-8000-000000000000"
