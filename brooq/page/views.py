@@ -93,17 +93,18 @@ def overview_page(
                 figure("processing"),
                 figure("failed"),
                 figure("dead"),
+                figure("waiting"),
                 e(oldest),
                 limits_cell(topic_limits),
                 NO_HANDLER if no_handler(name, g["topic"], g["ready"], live) else "",
             )
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
-               "oldest ready", "limits", "")  # fmt: skip
+               "waiting", "oldest ready", "limits", "")  # fmt: skip
     parts = [
         fleet_line(data["masters"]),
         snapshot_line(data["oldest_snapshot"], data.get("snapshots_unseen", False)),
-        table(headers, rows, numeric={2, 3, 4, 5, 6, 7}),
+        table(headers, rows, numeric={2, 3, 4, 5, 6, 7, 8}),
     ]
     if limits:
         parts.append(LIMITS_NOTE)
@@ -387,14 +388,27 @@ def _cell(name: str, value: Any) -> str:
     return e(value)
 
 
+def graph_tables(row: Row) -> str:
+    """The jobs this one waits or waited for, and those that wait or waited for it
+    (docs/how-to/workflows.md), each with its state; nothing for a job outside a graph."""
+    parts = []
+    for key, title in (("upstream", "Waits for (upstream)"), ("downstream", "Waited for by")):
+        jobs = row.get(key) or []
+        if jobs:
+            cells = [(job_link(j["id"]), e(j["topic"]), e(j["state"])) for j in jobs]
+            parts.append(f"<h2>{e(title)} ({_n(len(jobs))})</h2>")
+            parts.append(table(("job", "topic", "state"), cells, numeric=set()))
+    return "".join(parts)
+
+
 def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str = "") -> bytes:
     job_id = row["id"]
     columns = "".join(
         f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
         for name, value in row.items()
-        if name not in ("errors",)
+        if name not in ("errors", "upstream", "downstream")
     )
-    parts = [f"<table><tbody>{columns}</tbody></table>"]
+    parts = [f"<table><tbody>{columns}</tbody></table>", graph_tables(row)]
     if actions_enabled:
         parts.append(f"<p>{link('/actions', 'Cancel or retry this job', job=str(job_id))}</p>")
     state = row.get("state")

@@ -628,6 +628,7 @@ def test_workflows_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         "relation brooq_job_edge",
         "relation brooq_job_edge_pkey",
         "relation brooq_job_edge_upstream_idx",
+        "relation job_waiting_idx",
         "trigger job_upstream_ended",
     ]
     with psycopg.connect(empty_dsn, autocommit=True) as conn:

@@ -18,8 +18,11 @@ import pytest
 from psycopg.rows import dict_row
 
 import brooq
+from brooq.page import reads as page_reads
 from brooq.sql import Q
 from brooq.testing import drain
+from tests.db.test_cli import as_json, ok
+from tests.db.test_page import get, text
 from tests.harness import terminate_backend
 
 Conn = psycopg.Connection[Any]
@@ -385,3 +388,27 @@ def test_drain_runs_a_graph_and_claim_upstream_reads_it(queue: brooq.Queue, db: 
     assert queue.upstream(bind_id) == seen["bind"]
     assert [d.id for d in queue.downstream(seen["bind"][0].id)] == [bind_id]
     assert state(db, bind_id)[0] == "done"
+
+
+def test_jobs_show_and_the_page_list_the_graph(queue: brooq.Queue, db: Conn, dsn: str) -> None:
+    ups = [brooq.Job("t", 1), brooq.Job("t", 2)]
+    ids = [i for i, _ in queue.enqueue_many([*ups, brooq.Job("merge", after=ups)])]
+    shown = ok(dsn, "jobs", "show", str(ids[2]))
+    assert f"upstream:\n  {ids[0]}  pending    t\n  {ids[1]}  pending    t\n" in shown
+    assert "downstream" not in shown
+    assert f"downstream:\n  {ids[2]}  waiting    merge\n" in ok(dsn, "jobs", "show", str(ids[0]))
+    record = as_json(dsn, "jobs", "show", str(ids[2]))
+    assert record["state"] == "waiting"
+    assert [u["id"] for u in record["upstream"]] == [str(ids[0]), str(ids[1])]
+    plain, _ = queue.enqueue(brooq.Job("t"))
+    assert "upstream" not in as_json(dsn, "jobs", "show", str(plain))
+    # The status page: the job page lists both sides, the overview counts the waiting.
+    body = text(get(db, f"/jobs/{ids[2]}"))
+    assert "Waits for (upstream) (2)" in body and f"/jobs/{ids[0]}" in body
+    body = text(get(db, f"/jobs/{ids[1]}"))
+    assert "Waited for by (1)" in body and "waiting" in body
+    by_topic = {g["topic"]: g for g in page_reads.overview(db)["groups"]}
+    assert by_topic["merge"]["waiting"] == 1
+    # brooq stats.
+    stats = {t["topic"]: t for t in as_json(dsn, "stats")["topics"]}
+    assert stats["merge"]["waiting"] == 1 and stats["t"]["waiting"] == 0
