@@ -70,18 +70,22 @@ DECLARE
     failed boolean := NEW.state <> 'done';
     ready boolean;
 BEGIN
-    -- The downstream rows in id order: two upstream jobs ending at once wait for each
-    -- other here rather than deadlock.
-    PERFORM 1 FROM job d
-    WHERE d.id IN (SELECT e.downstream_id FROM brooq_job_edge e
-                   WHERE e.upstream_id = NEW.id AND NOT e.ended)
-      AND d.state = 'waiting'
-    ORDER BY d.id
-    FOR NO KEY UPDATE;
+    -- One statement (a trigger's statements are its cost per upstream job): the edges
+    -- ended (each counts once: a job that ends again, retried by an operator, finds its
+    -- edges ended), the waiting downstream rows locked in id order (LockRows above the
+    -- sort: two upstream jobs ending at once wait for each other rather than deadlock),
+    -- then their counters.
     WITH ended AS (
         UPDATE brooq_job_edge e SET ended = true
         WHERE e.upstream_id = NEW.id AND NOT e.ended
         RETURNING e.downstream_id
+    ), locked AS (
+        -- By primary key whatever the planner guesses (a child's session plans without
+        -- sequential scans or sorts, generic plans: a join here read the whole table).
+        SELECT d.id FROM job d
+        WHERE d.id = ANY(ARRAY(SELECT ended.downstream_id FROM ended)) AND d.state = 'waiting'
+        ORDER BY d.id
+        FOR NO KEY UPDATE
     ), moved AS (
         UPDATE job d
         SET upstream_open = d.upstream_open - 1,
@@ -97,9 +101,15 @@ BEGIN
                 THEN format('upstream job %s ended %s', NEW.id, NEW.state)
                 ELSE d.last_error
             END,
-            updated_at = now()
-        FROM ended
-        WHERE d.id = ended.downstream_id AND d.state = 'waiting'
+            -- Only with a change of state: updated_at is indexed (retention's index), and
+            -- a row whose indexed columns keep their values is updated in place (HOT):
+            -- a fan-in's counter writes no index entry per upstream job.
+            updated_at = CASE
+                WHEN failed AND d.on_upstream_failure = 'cancel' THEN now()
+                WHEN d.upstream_open <= 1 THEN now()
+                ELSE d.updated_at
+            END
+        WHERE d.id = ANY(ARRAY(SELECT locked.id FROM locked)) AND d.state = 'waiting'
         RETURNING d.state, d.available_at
     )
     SELECT bool_or(m.state = 'pending' AND m.available_at <= now()) INTO ready FROM moved m;
