@@ -1,6 +1,7 @@
 """The locks a migration (0003, queues, by default; `--migration 6` for 0006, handlers;
 `--migration 11` for 0011, unique keys and tags; `--migration 12` for 0012, rate limits
-and groups) takes on a live table, through the real migrator.
+and groups; `--migration 13` for 0013, workflows) takes on a live table, through the real
+migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
 
@@ -16,8 +17,8 @@ generate_series), ANALYZE. Then, while
 - a claim probe runs the claim of the release before migration N (job_finish_and_claim,
   limit 1, rolled back: the rows stay ready) every 20 ms -- that statement, because during
   the deploy only masters of the previous release run (a newer master refuses to start on
-  a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011 and 0012
-  today's (none changes the statement the previous release sends for a topic without
+  a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011, 0012 and
+  0013 today's (none changes the statement the previous release sends for a topic without
   limits),
 - a sampler reads pg_locks of the migrating backend every 5 ms (the lock modes it holds
   or waits for on job),
@@ -134,6 +135,7 @@ CLAIM_BEFORE = {
     6: Q.job_finish_and_claim,
     11: Q.job_finish_and_claim,
     12: Q.job_finish_and_claim,
+    13: Q.job_finish_and_claim,
 }
 MIGRATION = 3  # set by --migration
 
