@@ -280,15 +280,17 @@ def test_concurrent_last_upstream_jobs_release_exactly_once(queue: brooq.Queue, 
     assert db.execute("SELECT count(*) FROM brooq_job_edge WHERE NOT ended").fetchone() == (0,)
 
 
+@pytest.mark.parametrize(
+    "rounds", [pytest.param(50, id="50"), pytest.param(500, id="500", marks=pytest.mark.slow)]
+)
 def test_a_backend_killed_writing_the_last_outcome_loses_and_doubles_nothing(
-    queue: brooq.Queue, db: Conn, request: pytest.FixtureRequest
+    queue: brooq.Queue, db: Conn, rounds: int
 ) -> None:
     """The transaction writing the last upstream outcome is cut by the end of its backend
-    (what a SIGKILLed child leaves) at random points: before its done, after it (the
-    release written, not committed) or after the commit. In every round the downstream
-    job is released once and only with its upstream done: waiting with a count of 1
-    while the upstream is not done, pending with 0 once it is, never 0 twice."""
-    rounds = 200 if request.config.getoption("-m", default="") == "slow" else 50
+    (what a SIGKILLed child leaves) at three points in turn: before its done, after it
+    (the release written, not committed) or after the commit. In every round the
+    downstream job is released once and only with its upstream done: waiting with a
+    count of 1 while the upstream is not done, pending with 0 once it is, never 0 twice."""
     with psycopg.connect(db.info.dsn, autocommit=True) as admin:
         for n in range(rounds):
             ups = [brooq.Job("t", n), brooq.Job("t", n)]

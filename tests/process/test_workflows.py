@@ -75,14 +75,16 @@ def test_a_dead_upstream_job_cancels_descendants_and_runs_callbacks(
     assert merged is not None and merged.last_error == f"upstream job {ids[1]} ended dead"
 
 
+@pytest.mark.parametrize(
+    "rounds", [pytest.param(5, id="5"), pytest.param(50, id="50", marks=pytest.mark.slow)]
+)
 def test_a_child_killed_writing_the_last_upstream_outcome(
-    queue: brooq.Queue, db: Conn, start_master: StartMaster, request: pytest.FixtureRequest
+    queue: brooq.Queue, db: Conn, start_master: StartMaster, rounds: int
 ) -> None:
     """The last upstream job's child is SIGKILLed inside the transaction that writes its
     `done` (and the release): the master charges that attempt, the job runs again and
     the callback is released once, by that second write."""
     start_master(workers=2, app=APP)
-    rounds = 20 if "slow" in (request.config.getoption("-m") or "") else 5
     for _ in range(rounds):
         first = brooq.Job("flow.step", {"first": 1})
         last = brooq.Job("flow.kill", {})
