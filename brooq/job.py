@@ -424,7 +424,9 @@ class Claim(Generic[P]):
     # How ``upstream`` is read: set once per process by what runs handlers (a child once
     # its application is loaded, brooq.testing.drain while it runs): no cost per claim.
     reader: ClassVar[Callable[[uuid.UUID], list[UpstreamJob]] | None] = None
-    _upstream: list[UpstreamJob] | None = field(default=None, repr=False, compare=False)
+    _upstream: list[UpstreamJob] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def upstream(self) -> list[UpstreamJob]:

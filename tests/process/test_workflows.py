@@ -1,11 +1,14 @@
 """Workflows with real brooq-masters: a three-level graph runs in dependency order, a
 dead upstream job cancels its descendants while a "run" callback runs, a child SIGKILLed
 inside the transaction of the last upstream outcome neither loses nor doubles the
-release, and a fan-in of 10,000 jobs releases its callback once, soon after the last.
+release, nor does a host lost mid-job (its lease reaped by another master), and a
+fan-in of 10,000 jobs releases its callback once, soon after the last.
 The application is tests/apps/brooq_flowapp.py."""
 
 from __future__ import annotations
 
+import os
+import signal
 from datetime import datetime
 from typing import Any
 
@@ -112,3 +115,27 @@ def test_a_fan_in_of_ten_thousand_releases_its_callback_once(
     assert db.execute(
         "SELECT count(*) FROM job WHERE topic = 'flow.noop' AND state = 'done'"
     ).fetchone() == (10_000,)
+
+
+def test_a_host_lost_mid_upstream_job_releases_once_after_the_reaper(
+    queue: brooq.Queue, db: Conn, start_master: StartMaster
+) -> None:
+    """The master and its children SIGKILLed (a host lost) while the upstream job runs:
+    its lease expires, another master's reaper returns it, it runs again, and its `done`
+    releases the waiting job once; nothing ran the waiting job before."""
+    lost = start_master(workers=1, app=APP, new_session=True)
+    lost.wait_ready(1)
+    up = brooq.Job("flow.step", {"sleep": 1.5})
+    down = brooq.Job("flow.step", {"after": "up"}, after=[up])
+    up_id, down_id = (i for i, _ in queue.enqueue_many([up, down]))
+    wait_for(lambda: any(j == up_id for j, _, _ in notes(db)), what="the upstream job running")
+    os.killpg(lost.pid, signal.SIGKILL)
+    lost.wait()
+    assert states(db, [up_id, down_id]) == ["processing", "waiting"]
+    start_master(workers=1, app=APP)
+    wait_for(lambda: states(db, [up_id, down_id]) == ["done", "done"], what="both done")
+    seen = notes(db)
+    assert [n for j, n, _ in seen if j == up_id] == ["start", "start", "end"]
+    assert [n for j, n, _ in seen if j == down_id] == ["start", "end"]
+    up_end = next(at for j, n, at in seen if j == up_id and n == "end")
+    assert next(at for j, n, at in seen if j == down_id) > up_end
