@@ -421,12 +421,9 @@ class Claim(Generic[P]):
     priority: int = 0
     chained: list[Job] = field(default_factory=list, repr=False)
     success_hooks: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
-    # How ``upstream`` is read: set once per process by what runs handlers (a child once
-    # its application is loaded, brooq.testing.drain while it runs): no cost per claim.
+    # How ``upstream`` is read, set once per process (brooq.worker.upstream, drain).
     reader: ClassVar[Callable[[uuid.UUID], list[UpstreamJob]] | None] = None
-    _upstream: list[UpstreamJob] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
+    _upstream: list[UpstreamJob] | None = field(default=None, init=False, repr=False)
 
     @property
     def upstream(self) -> list[UpstreamJob]:
