@@ -182,11 +182,14 @@ WITH gone AS (
         FOR UPDATE OF t SKIP LOCKED
     )
     RETURNING id, topic, has_downstream, upstream_open
-), edges AS (
+), edges_in AS (
+    -- By index, whatever the planner guesses: the edges' key for a deleted downstream
+    -- job, brooq_job_edge_upstream_idx for a deleted upstream one.
     DELETE FROM {brooq_job_edge} AS e
-    USING gone
-    WHERE (gone.upstream_open IS NOT NULL AND e.downstream_id = gone.id)
-       OR (gone.has_downstream AND e.upstream_id = gone.id)
+    WHERE e.downstream_id = ANY(ARRAY(SELECT id FROM gone WHERE upstream_open IS NOT NULL))
+), edges_out AS (
+    DELETE FROM {brooq_job_edge} AS e
+    WHERE e.upstream_id = ANY(ARRAY(SELECT id FROM gone WHERE has_downstream))
 )
 SELECT topic FROM gone
 
