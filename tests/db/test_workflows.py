@@ -8,6 +8,7 @@ The transitions run on connections of the test's own, with brooq/sql's statement
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import uuid
@@ -414,3 +415,15 @@ def test_jobs_show_and_the_page_list_the_graph(queue: brooq.Queue, db: Conn, dsn
     # brooq stats.
     stats = {t["topic"]: t for t in as_json(dsn, "stats")["topics"]}
     assert stats["merge"]["waiting"] == 1 and stats["t"]["waiting"] == 0
+
+
+def test_an_async_producer_creates_a_graph(queue: brooq.Queue, db: Conn) -> None:
+    async def produce() -> list[uuid.UUID]:
+        up = brooq.Job("t")
+        pairs = await queue.enqueue_many_async([up, brooq.Job("d", after=[up])])
+        return [i for i, _ in pairs]
+
+    up_id, down_id = asyncio.run(produce())
+    assert state(db, down_id)[:2] == ("waiting", 1)
+    assert [u.id for u in queue.upstream(down_id)] == [up_id]
+    queue.close()
