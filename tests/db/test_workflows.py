@@ -22,7 +22,7 @@ import brooq
 from brooq.page import reads as page_reads
 from brooq.sql import Q
 from brooq.testing import drain
-from tests.db.test_cli import as_json, ok
+from tests.db.test_cli import as_json, ok, refused
 from tests.db.test_page import get, text
 from tests.harness import terminate_backend
 
@@ -427,3 +427,18 @@ def test_an_async_producer_creates_a_graph(queue: brooq.Queue, db: Conn) -> None
     assert state(db, down_id)[:2] == ("waiting", 1)
     assert [u.id for u in queue.upstream(down_id)] == [up_id]
     queue.close()
+
+
+def test_brooq_enqueue_after(queue: brooq.Queue, db: Conn, dsn: str) -> None:
+    up, _ = queue.enqueue(brooq.Job("t"))
+    out = ok(dsn, "enqueue", "d", "--after", str(up), "--on-upstream-failure", "run")
+    down = uuid.UUID(out.split()[1])
+    assert state(db, down)[:2] == ("waiting", 1)
+    row = db.execute("SELECT on_upstream_failure FROM job WHERE id = %s", (down,)).fetchone()
+    assert row == ("run",)
+    missing = uuid.UUID(int=5)
+    line = refused(dsn, "enqueue", "d", "--after", str(missing), code=2)
+    assert f"after names job {missing}, which does not exist" in line and "--after" in line
+    line = refused(dsn, "enqueue", "d", "--after", "nope", code=2)
+    assert "after names 'nope', which is not a job id" in line
+    assert db.execute("SELECT count(*) FROM job").fetchone() == (2,)
