@@ -24,7 +24,7 @@ from brooq.sql import Q
 from brooq.testing import drain
 from tests.db.test_cli import as_json, ok, refused
 from tests.db.test_page import get, text
-from tests.harness import terminate_backend
+from tests.harness import terminate_backend, wait_for
 
 Conn = psycopg.Connection[Any]
 
@@ -442,3 +442,41 @@ def test_brooq_enqueue_after(queue: brooq.Queue, db: Conn, dsn: str) -> None:
     line = refused(dsn, "enqueue", "d", "--after", "nope", code=2)
     assert "after names 'nope', which is not a job id" in line
     assert db.execute("SELECT count(*) FROM job").fetchone() == (2,)
+
+
+def test_queue_wait_sees_a_waiting_job_end_down_the_graph(queue: brooq.Queue) -> None:
+    up, _ = queue.enqueue(brooq.Job("t"))
+    down, _ = queue.enqueue(brooq.Job("d", after=[up]))
+    seen: list[brooq.JobRecord] = []
+    waiter = threading.Thread(target=lambda: seen.append(queue.wait(down, timeout=30)))
+    waiter.start()
+    with psycopg.connect(queue.dsn, autocommit=True) as conn:
+        # Registered first (the flag set), so the cancel cannot fall before the LISTEN.
+        wait_for(
+            lambda: (
+                conn.execute("SELECT waited FROM job WHERE id = %s", (down,)).fetchone() == (True,)
+            ),
+            what="the waiter registered",
+        )
+    assert queue.cancel(up) is True
+    waiter.join(30)
+    assert [(r.id, r.state) for r in seen] == [(down, "canceled")]
+
+
+def test_an_idempotency_key_names_the_existing_job(queue: brooq.Queue, db: Conn) -> None:
+    """A Job of the batch that already exists (its idempotency key) is waited for as that
+    job; a downstream job that already exists keeps its own edges (none written)."""
+    first, _ = queue.enqueue(brooq.Job("t", idempotency_key="import-1"))
+    claim(db, "t")
+    again, other = brooq.Job("t", idempotency_key="import-1"), brooq.Job("t")
+    report = brooq.Job("r", after=[again, other], idempotency_key="report-1")
+    (got, created), (other_id, _), (report_id, _) = queue.enqueue_many([again, other, report])
+    assert (got, created) == (first, False)
+    assert [u.id for u in queue.upstream(report_id)] == [first, other_id]
+    assert state(db, report_id)[:2] == ("waiting", 2)
+    repeat = brooq.Job("r", after=[brooq.Job("t")], idempotency_key="report-1")
+    (_, _), (same, created) = queue.enqueue_many([*repeat.after, repeat])
+    assert (same, created) == (report_id, False)
+    assert state(db, report_id)[:2] == ("waiting", 2)  # unchanged
+    finish(db, [first])
+    assert state(db, report_id)[:2] == ("waiting", 1)
