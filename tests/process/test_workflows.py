@@ -139,3 +139,34 @@ def test_a_host_lost_mid_upstream_job_releases_once_after_the_reaper(
     assert [n for j, n, _ in seen if j == down_id] == ["start", "end"]
     up_end = next(at for j, n, at in seen if j == up_id and n == "end")
     assert next(at for j, n, at in seen if j == down_id) > up_end
+
+
+def test_many_graphs_at_once_each_job_once_and_in_order(
+    queue: brooq.Queue, db: Conn, start_master: StartMaster
+) -> None:
+    """300 diamonds (two jobs, then one after both, then one after that) drained by two
+    masters of two children: every job runs once, each after the ends of the jobs it
+    names."""
+    for _ in range(2):
+        start_master(workers=2, app=APP)
+    graphs = []
+    for n in range(300):
+        a, b = brooq.Job("flow.step", {"n": n}), brooq.Job("flow.step", {"n": n})
+        c = brooq.Job("flow.step", {"n": n}, after=[a, b])
+        graphs.append([a, b, c, brooq.Job("flow.step", {"n": n}, after=[c])])
+    ids = [i for i, _ in queue.enqueue_many([job for g in graphs for job in g])]
+    wait_for(
+        lambda: (
+            db.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone() == (len(ids),)
+        ),
+        timeout=120,
+        what="every job done",
+    )
+    seen = notes(db)
+    starts = [j for j, note, _ in seen if note == "start"]
+    assert sorted(starts) == sorted(ids)  # each once
+    started = {j: at for j, note, at in seen if note == "start"}
+    ended = {j: at for j, note, at in seen if note == "end"}
+    for k in range(0, len(ids), 4):
+        a, b, c, d = ids[k : k + 4]
+        assert started[c] > max(ended[a], ended[b]) and started[d] > ended[c]
