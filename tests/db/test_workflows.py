@@ -480,3 +480,56 @@ def test_an_idempotency_key_names_the_existing_job(queue: brooq.Queue, db: Conn)
     assert state(db, report_id)[:2] == ("waiting", 2)  # unchanged
     finish(db, [first])
     assert state(db, report_id)[:2] == ("waiting", 1)
+
+
+def test_a_deadlock_between_two_outcomes_loses_and_doubles_nothing(
+    queue: brooq.Queue, db: Conn
+) -> None:
+    """Two transactions each ending two upstream jobs of the same two downstream jobs, in
+    opposite orders (as two children's batched `done` may): PostgreSQL aborts one; the
+    other commits; the aborted one's jobs are still processing, and their outcomes
+    written again count once."""
+    a, b, c, d = (brooq.Job("t", n) for n in range(4))
+    d1 = brooq.Job("d", 1, after=[a, d])
+    d2 = brooq.Job("d", 2, after=[b, c])
+    ids = [i for i, _ in queue.enqueue_many([a, b, c, d, d1, d2])]
+    claim(db, "t")
+    one = psycopg.connect(db.info.dsn)
+    two = psycopg.connect(db.info.dsn)
+    try:
+        finish(one, [ids[0]])  # locks d1
+        finish(two, [ids[2]])  # locks d2
+        failed: list[BaseException] = []
+
+        def second_half(conn: Conn, job_id: uuid.UUID) -> None:
+            try:
+                finish(conn, [job_id])
+                conn.commit()
+            except psycopg.errors.DeadlockDetected as exc:
+                failed.append(exc)
+                conn.rollback()
+
+        t1 = threading.Thread(target=second_half, args=(one, ids[1]))  # wants d2
+        t1.start()
+        wait_for(
+            lambda: (
+                db.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                ).fetchone()
+                == (1,)
+            ),
+            what="the first transaction waiting",
+        )
+        second_half(two, ids[3])  # wants d1: one of the two is aborted
+        t1.join(30)
+        assert len(failed) == 1
+    finally:
+        one.close()
+        two.close()
+    rows = db.execute(
+        "SELECT id, state FROM job WHERE topic = 't' AND state = 'processing'"
+    ).fetchall()
+    assert len(rows) == 2  # the aborted transaction's two jobs
+    finish(db, [r[0] for r in rows])  # written again, as the child's next pass does
+    assert [state(db, i)[:2] for i in ids[4:]] == [("pending", 0), ("pending", 0)]
