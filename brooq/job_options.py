@@ -10,10 +10,11 @@ docs/explanation/unique-keys.md; the statements are brooq/sql/producer.sql's job
 and job_debounce.
 
 Owns: the limits (TAGS_MAX, TAG_MAX_LENGTH, TAG_PATTERN, DEBOUNCE_MAX_SECONDS, the key's
-lengths), ``check_unique_key``, ``check_debounce``, ``check_tags``, ``check_combination``
-``validate_group``, ``check_after`` and ``key_taken`` (the refusal of a retry whose key another job
-holds).
-Must never: do I/O, or accept a value the database's CHECKs (migration 0011) refuse.
+lengths, UPSTREAM_POLICIES), ``check_unique_key``, ``check_debounce``, ``check_tags``,
+``check_combination``, ``validate_group``, ``check_after`` and ``key_taken`` (the refusal
+of a retry whose key another job holds).
+Must never: do I/O, or accept a value the database's CHECKs (migrations 0011 to 0013)
+refuse.
 """
 
 from __future__ import annotations
