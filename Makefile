@@ -72,9 +72,9 @@ migrate-up: $(RUN_STAMP)
 run: $(RUN_STAMP)
 	@$(PY) -m brooq.devdb run -- $(PY) examples/run_demo.py
 
-## make bench: brooq and its peers on the same PostgreSQL (~20 min), then the scale and
-## held-snapshot workloads (~15 and ~13 min); BENCH_ARGS=--quick for a short run. The
-## peers live in their own virtualenv, $(BENCH_VENV).
+## make bench: brooq and its peers on the same PostgreSQL (~20 min), then the scale,
+## held-snapshot and fan-in workloads (~15, ~13 and ~1 min); BENCH_ARGS=--quick for a
+## short run. The peers live in their own virtualenv, $(BENCH_VENV).
 BENCH_VENV  ?= .bench-venv
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_ARGS  ?=
@@ -90,6 +90,7 @@ bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/run.py $(BENCH_ARGS)
 	$(BENCH_VENV)/bin/python benchmarks/scale.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick) --out benchmarks/results/scale-latest.json
 	$(BENCH_VENV)/bin/python benchmarks/snapshot.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick) --out benchmarks/results/snapshot-latest.json
+	$(BENCH_VENV)/bin/python benchmarks/fan_in.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick) --out benchmarks/results/fan-in-latest.json
 
 ## make bench-scale: only the scale workload (10,000,000 finished rows, 1,000,000 ready;
 ## about 15 min); SCALE_ARGS=--quick for 1,000,000 and 100,000.

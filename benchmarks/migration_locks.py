@@ -1,7 +1,7 @@
 """The locks a migration (0003, queues, by default; `--migration 6` for 0006, handlers;
 `--migration 11` for 0011, unique keys and tags; `--migration 12` for 0012, rate limits
-and groups; `--migration 14` for 0014, progress, logs and trace context; `--migration
-15` for 0015, lighter inserts) takes on a live
+and groups; `--migration 13` for 0013, workflows; `--migration 14` for 0014, progress,
+logs and trace context; `--migration 15` for 0015, lighter inserts) takes on a live
 table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
@@ -19,8 +19,8 @@ generate_series), ANALYZE. Then, while
   limit 1, rolled back: the rows stay ready) every 20 ms -- that statement, because during
   the deploy only masters of the previous release run (a newer master refuses to start on
   a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011, 0012 and
-  0015 today's (none changes the statement the previous release sends for a topic without
-  limits),
+  0013 to 0015 today's (none changes the statement the previous release sends for a topic
+  without limits),
 - a sampler reads pg_locks of the migrating backend every 5 ms (the lock modes it holds
   or waits for on job),
 
@@ -136,6 +136,7 @@ CLAIM_BEFORE = {
     6: Q.job_finish_and_claim,
     11: Q.job_finish_and_claim,
     12: Q.job_finish_and_claim,
+    13: Q.job_finish_and_claim,
     14: Q.job_finish_and_claim,
     15: Q.job_finish_and_claim,
 }

@@ -16,7 +16,7 @@ module that defines a name, never from this package.
 - `ids`: UUIDv7 job ids
 - `ipc`: the master and its children talking: the board, the channel, the protocol
 - `job`: the vocabulary: Job, JobRecord, Claim, the states and the operator's transition rules
-- `job_options`: a Job's unique_key, debounce and tags: their checks and the words of refusals
+- `job_options`: a Job's unique_key, debounce, tags, group and after: their checks and refusals
 - `job_wait`: waiting for a job's end: the wait clock, one wait loop, its sync and async drivers
 - `limits`: the time limits' ordering and caps, for settings and handler options
 - `logs`: brooq's log lines and their formats
@@ -36,6 +36,7 @@ module that defines a name, never from this package.
 - `pools`: a Queue's sync and async connection pools, their fork rules and errors
 - `progress`: a running handler's progress: its checks and where a report goes
 - `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
+- `produce_graph`: the insert steps of a batch with jobs that wait (after): names, then edges
 - `produce_options`: the insert steps of a job with a unique_key, debounce or tags
 - `produce_steps`: what an insert asks its driver to run, the rows it answers, a job's queue
 - `queue`: brooq.Queue, the application object: its face, delegating to the modules here
@@ -43,6 +44,7 @@ module that defines a name, never from this package.
 - `registry`: what an application declares: handlers, middleware, schedules, settings
 - `rules`: what master and children both read: backoff, error text, timing, worked queues
 - `settings`: the settings: defaults, QUEUE_* environment, validation
+- `signals`: the signals a handler raises (Delay, CancelJob, ...) and brooq's interruptions
 - `sql`: brooq's SQL as named statements, rendered per schema
 - `stacks`: a running job's Python stack, asked and answered through PostgreSQL
 - `standby`: a server that refuses writes: telling a standby from a primary, and saying so
@@ -57,6 +59,7 @@ module that defines a name, never from this package.
 from brooq.errors import (
     BrooqError,
     DatabaseUnavailable,
+    InvalidAfter,
     InvalidDebounce,
     InvalidDsn,
     InvalidGroup,
@@ -91,6 +94,7 @@ from brooq.job import (
     JobRecord,
     LeaseLost,
     PreserveAttempt,
+    UpstreamJob,
 )
 from brooq.operator.records import (
     AttemptLog,
@@ -119,6 +123,7 @@ __all__ = [
     "Delay",
     "HolderStats",
     "InFlight",
+    "InvalidAfter",
     "InvalidDebounce",
     "InvalidDsn",
     "InvalidGroup",
@@ -152,6 +157,7 @@ __all__ = [
     "StackUnavailable",
     "TopicLimits",
     "TopicStats",
+    "UpstreamJob",
     "WaitTimeout",
     "__version__",
     "enqueue",

@@ -23,6 +23,11 @@ class InvalidGroup(InvalidJob):
     """A job's group is not None or 1 to 128 printable characters."""
 
 
+class InvalidAfter(InvalidJob):
+    """A job's ``after`` names something that is not a job id or a Job of its batch, or
+    its ``on_upstream_failure`` is neither "cancel" nor "run"."""
+
+
 class InvalidPriority(InvalidJob):
     """The priority is not an integer from -32768 to 32767."""
 

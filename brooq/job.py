@@ -1,5 +1,5 @@
 """The vocabulary: jobs, claims, states, which states an operator may move a job out of,
-and the signals a handler can raise.
+and the signals a handler can raise (brooq.signals, named here too).
 
 Owns: the job's states and the rule of operator transitions (CANCELABLE_STATES,
 RETRYABLE_STATES, transition_refusal: the SQL binds these, Queue, the CLI and the master's
@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Literal
 
 from brooq.encoding import encode_payload
 from brooq.errors import (
@@ -31,6 +31,7 @@ from brooq.errors import (
     NaiveDatetime,
 )
 from brooq.job_options import (
+    check_after,
     check_combination,
     check_debounce,
     check_tags,
@@ -39,6 +40,13 @@ from brooq.job_options import (
 )
 from brooq.payloads import JSON_TYPES, to_json
 from brooq.progress import report
+from brooq.signals import AttemptTimeout as AttemptTimeout
+from brooq.signals import CancelJob as CancelJob
+from brooq.signals import Delay as Delay
+from brooq.signals import HandlerSignal as HandlerSignal
+from brooq.signals import Interruption as Interruption
+from brooq.signals import LeaseLost as LeaseLost
+from brooq.signals import PreserveAttempt as PreserveAttempt
 
 if TYPE_CHECKING:
     # A default, so that a bare `Claim` stays Claim[Any] for mypy --strict (no "missing
@@ -51,6 +59,7 @@ else:
 
     P = TypeVar("P")
 
+WAITING: Final = "waiting"  # for the jobs named in after (brooq.job_options.check_after)
 PENDING: Final = "pending"
 PROCESSING: Final = "processing"
 FAILED: Final = "failed"
@@ -58,7 +67,7 @@ DONE: Final = "done"
 DEAD: Final = "dead"
 CANCELED: Final = "canceled"
 
-STATES: Final = (PENDING, PROCESSING, FAILED, DONE, DEAD, CANCELED)
+STATES: Final = (WAITING, PENDING, PROCESSING, FAILED, DONE, DEAD, CANCELED)
 ACTIVE_STATES: Final = (PENDING, PROCESSING, FAILED)
 TERMINAL_STATES: Final = (DONE, DEAD, CANCELED)
 
@@ -67,7 +76,7 @@ TERMINAL_STATES: Final = (DONE, DEAD, CANCELED)
 # disagree with the refusals below. Cancel also takes a processing job: its holder learns
 # at the next lease renewal (LeaseLost), and its own outcome write then matches no row.
 Transition = Literal["cancel", "retry"]
-CANCELABLE_STATES: Final = (PENDING, FAILED, PROCESSING)
+CANCELABLE_STATES: Final = (PENDING, FAILED, PROCESSING, WAITING)
 RETRYABLE_STATES: Final = (DEAD, CANCELED)
 FROM_STATES: Final[dict[Transition, tuple[str, ...]]] = {
     "cancel": CANCELABLE_STATES,
@@ -104,12 +113,12 @@ def _either(words: tuple[str, ...]) -> str:
 
 
 def transition_rule(action: Transition) -> str:
-    """The rule in words: "only pending, failed or processing jobs can be canceled"."""
+    """The rule in words: "only pending, failed, processing or waiting jobs can be canceled"."""
     return f"only {_either(FROM_STATES[action])} jobs can be {_DONE_WORD[action]}"
 
 
 def bulk_rule(action: Transition) -> str:
-    """The bulk rule in words: "only pending or failed jobs can be canceled in bulk"."""
+    """The bulk rule in words: "only pending, failed or waiting jobs can be canceled in bulk"."""
     return f"only {_either(BULK_FROM_STATES[action])} jobs can be {_DONE_WORD[action]} in bulk"
 
 
@@ -252,13 +261,16 @@ class Job:
     ``idempotency_key``: one job per (topic, key) while its row lives. ``unique_key``: one
     pending, failed or processing job per (topic, key). ``debounce`` (with it): a burst
     folds into one run, the last payload. ``tags``: up to 8 labels to list, cancel and
-    retry by (docs/how-to/unique-and-debounce.md)."""
+    retry by (docs/how-to/unique-and-debounce.md). ``after``: the job ids or Jobs of the
+    same batch it waits for, ``on_upstream_failure`` (docs/how-to/workflows.md)."""
 
     __slots__ = (
+        "after",
         "available_at",
         "debounce",
         "group",
         "idempotency_key",
+        "on_upstream_failure",
         "payload",
         "payload_json",
         "priority",
@@ -281,6 +293,8 @@ class Job:
         debounce: timedelta | float | str | None = None,
         tags: Iterable[str] | None = None,
         group: str | None = None,
+        after: Iterable[Any] | None = None,
+        on_upstream_failure: Literal["cancel", "run"] = "cancel",
     ) -> None:
         # The common case (a known topic, no queue, key, time or option, priority 0) skips
         # the validators' calls: a web request builds one Job per enqueue.
@@ -311,6 +325,11 @@ class Job:
             )
         # The group the topic's group_limit and group_rate_limit count it in; None: none.
         self.group = None if group is None else validate_group(group)
+        # The jobs it waits for (brooq.job_options.check_after); None: none.
+        self.on_upstream_failure = on_upstream_failure
+        self.after = None
+        if after is not None or on_upstream_failure != "cancel":
+            self.after = check_after(after, on_upstream_failure, Job)
 
     def __repr__(self) -> str:
         options = "".join(
@@ -320,6 +339,7 @@ class Job:
                 ("debounce", self.debounce),
                 ("tags", self.tags),
                 ("group", self.group),
+                ("after", self.after),
             )
             if value is not None
         )
@@ -376,11 +396,21 @@ class JobRecord:
         return out
 
 
+@dataclass(frozen=True)
+class UpstreamJob:
+    """A job another one waited for (``claim.upstream``, ``Queue.upstream``): its id,
+    topic, state and what its handler returned (decoded JSON, None when nothing)."""
+
+    id: uuid.UUID
+    topic: str
+    state: str
+    result: Any = None
+
+
 @dataclass
 class Claim(Generic[P]):
     """A claimed job as a handler sees it. ``Claim[Signup]``: a handler registered with
-    ``payload=Signup`` gets its payload decoded to a Signup (typing only: no runtime
-    cost, a bare Claim is Claim[Any])."""
+    ``payload=Signup`` gets a Signup (typing only; a bare Claim is Claim[Any])."""
 
     id: uuid.UUID
     topic: str
@@ -392,6 +422,18 @@ class Claim(Generic[P]):
     priority: int = 0
     chained: list[Job] = field(default_factory=list, repr=False)
     success_hooks: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
+    # How ``upstream`` is read, set once per process (brooq.worker.upstream, drain).
+    reader: ClassVar[Callable[[uuid.UUID], list[UpstreamJob]] | None] = None
+    _upstream: list[UpstreamJob] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def upstream(self) -> list[UpstreamJob]:
+        """The jobs this one waited for (``after``), in the order named; [] for none."""
+        if self._upstream is None:
+            if Claim.reader is None:
+                raise RuntimeError("claim.upstream is read in brooq's workers and drain only")
+            self._upstream = Claim.reader(self.id)
+        return self._upstream
 
     def chain(self, job: Job) -> None:
         """Enqueue ``job`` in the transaction that writes ``done`` (only on success)."""
@@ -406,45 +448,3 @@ class Claim(Generic[P]):
         self.success_hooks.append(fn)
 
     progress = report  # claim.progress(fraction, message=""): brooq.progress
-
-
-# Handler signals: raise them (or raise from them) to choose the outcome.
-
-
-class HandlerSignal(Exception):
-    """Base of the exceptions a handler raises to choose its outcome."""
-
-
-class Delay(HandlerSignal):
-    """Retry after ``seconds`` (clamped to backoff_max). The attempt stays spent."""
-
-    def __init__(self, seconds: float) -> None:
-        seconds = float(seconds)
-        if not seconds >= 0:
-            raise ValueError(f"Delay needs a non-negative number of seconds, got {seconds!r}")
-        self.seconds = seconds
-        super().__init__(f"delay {seconds:g}s")
-
-
-class PreserveAttempt(HandlerSignal):
-    """Retry later without spending this attempt; never leads to dead."""
-
-
-class CancelJob(HandlerSignal):
-    """The job is no longer relevant: canceled, whatever attempts remain."""
-
-
-# Raised into handlers by brooq.
-
-
-class Interruption(BaseException):
-    """Raised into a running handler by brooq. A BaseException, so ``except Exception``
-    in user code does not swallow it by accident."""
-
-
-class AttemptTimeout(Interruption):
-    """The handler ran past its attempt_timeout; the attempt counts as failed."""
-
-
-class LeaseLost(Interruption):
-    """The job is no longer ours (canceled, reaped): stop, nothing will be written."""

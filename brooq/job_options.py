@@ -1,6 +1,7 @@
 """A Job's coordination options: ``unique_key`` (at most one active job per topic and
 key), ``debounce`` (a burst of enqueues becomes one run), ``tags`` (labels to list,
-cancel and retry by) and ``group`` (what group_limit and group_rate_limit count by).
+cancel and retry by), ``group`` (what group_limit and group_rate_limit count by) and
+``after`` with ``on_upstream_failure`` (the jobs it waits for, docs/how-to/workflows.md).
 Their checks, made when a Job is built, and the words of their refusals, each naming the
 option and the forms it takes.
 
@@ -9,20 +10,28 @@ docs/explanation/unique-keys.md; the statements are brooq/sql/producer.sql's job
 and job_debounce.
 
 Owns: the limits (TAGS_MAX, TAG_MAX_LENGTH, TAG_PATTERN, DEBOUNCE_MAX_SECONDS, the key's
-lengths), ``check_unique_key``, ``check_debounce``, ``check_tags``, ``check_combination``
-``validate_group`` and ``key_taken`` (the refusal of a retry whose key another job
-holds).
-Must never: do I/O, or accept a value the database's CHECKs (migration 0011) refuse.
+lengths, UPSTREAM_POLICIES), ``check_unique_key``, ``check_debounce``, ``check_tags``,
+``check_combination``, ``validate_group``, ``check_after`` and ``key_taken`` (the refusal
+of a retry whose key another job holds).
+Must never: do I/O, or accept a value the database's CHECKs (migrations 0011 to 0013)
+refuse.
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 from brooq.durations import to_seconds
-from brooq.errors import InvalidDebounce, InvalidGroup, InvalidTags, InvalidUniqueKey
+from brooq.errors import (
+    InvalidAfter,
+    InvalidDebounce,
+    InvalidGroup,
+    InvalidTags,
+    InvalidUniqueKey,
+)
 
 # The key is indexed with the topic (job_unique_key_idx), as idempotency_key is: a btree
 # entry holds at most 2,704 bytes.
@@ -162,3 +171,51 @@ def validate_group(group: object) -> str | None:
     if not group.isprintable():
         raise InvalidGroup(f"group {group!r} holds a control character")
     return group
+
+
+# What happens to a job when a job it waits for ends dead or canceled (migration 0013's
+# job_on_upstream_failure_check): canceled with it, or run once every one has ended.
+UPSTREAM_POLICIES: Final = ("cancel", "run")
+
+
+def check_after(after: object, policy: object, job_type: type) -> tuple[Any, ...]:
+    """The jobs ``after`` names, each once, in the order named: a UUID (a job id, also
+    as text) or a ``job_type`` instance (a Job of the same enqueue_many call);
+    InvalidAfter naming what is neither, or a ``policy`` other than UPSTREAM_POLICIES."""
+    if policy not in UPSTREAM_POLICIES:
+        raise InvalidAfter(f"on_upstream_failure must be 'cancel' or 'run', not {policy!r}")
+    if after is None:
+        raise InvalidAfter("on_upstream_failure is given without after: name the jobs")
+    if isinstance(after, (str, bytes)) or not isinstance(after, Iterable):
+        raise InvalidAfter(f"after must be a list of job ids or Jobs, not {type(after).__name__}")
+    named: dict[Any, None] = {}
+    for item in after:
+        if isinstance(item, job_type):
+            named[_Identity(item)] = None
+        elif isinstance(item, uuid.UUID):
+            named[item] = None
+        elif isinstance(item, str):
+            try:
+                named[uuid.UUID(item.strip())] = None
+            except ValueError:
+                raise InvalidAfter(f"after names {item!r}, which is not a job id") from None
+        else:
+            raise InvalidAfter(f"after names a {type(item).__name__}; it takes job ids and Jobs")
+    if not named:
+        raise InvalidAfter("after is empty: name at least one job, or leave it out")
+    return tuple(k.job if isinstance(k, _Identity) else k for k in named)
+
+
+class _Identity:
+    """A Job as a dict key by identity: two equal Jobs are two jobs."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: object) -> None:
+        self.job = job
+
+    def __hash__(self) -> int:
+        return id(self.job)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.job is self.job

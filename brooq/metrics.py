@@ -152,7 +152,7 @@ class Metrics:
         # topics at most, 5 series per pair. A pair whose jobs are gone reads 0.
         self.jobs = Gauge(
             "brooq_jobs",
-            "Jobs by topic, state (active states and dead) and queue, from the table",
+            "Jobs by topic, state (waiting, the active states and dead) and queue, from the table",
             ["topic", "state", "queue"],
             multiprocess_mode="mostrecent",
         )

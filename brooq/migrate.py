@@ -290,6 +290,10 @@ JOB_COLUMNS = (
     "start_after",  # 0011
     "tags",  # 0011
     "group_key",  # 0012
+    "upstream_open",  # 0013
+    "upstream_failed",  # 0013
+    "on_upstream_failure",  # 0013
+    "has_downstream",  # 0013
 )
 
 

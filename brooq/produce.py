@@ -21,6 +21,7 @@ import json
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from copy import copy as shallow_copy
 from typing import Any
 
 import psycopg
@@ -31,6 +32,7 @@ from brooq.encoding import check_payload_size
 from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job
+from brooq.produce_graph import insert_graph
 from brooq.produce_options import insert_with_options, key_holders, many_params
 from brooq.produce_steps import (
     KEY_ROUNDS,
@@ -216,11 +218,9 @@ async def insert_many_checked_async(
             return done
 
 
-# A batch this big allocates enough (an id, a row and a result per job) to set off the
-# cyclic garbage collector's full collections, each walking every object the program
-# holds (the caller's Job list included), though a batch makes no cycles: 100,000 jobs
-# met 4 of them, 190 ms, 40 % of the producer's CPU. Paused for the call, and enabled
-# again only by whoever paused it (another thread's pause is left alone).
+# A batch this big sets off the cyclic collector's full collections (each walks every
+# object of the program, the caller's Jobs too), for cycles a batch never makes: 100,000
+# jobs met 4, 40 % of the producer's CPU. Paused for the call; only its pauser resumes it.
 _PAUSE_COLLECTOR_FROM = 1_000
 
 
@@ -310,7 +310,10 @@ def _insert_one(
 ) -> Steps[tuple[uuid.UUID, bool]]:
     """One job: INSERT; on a key conflict, the id of the job holding the key (tried again
     if that job vanished meanwhile). A job with a unique_key, debounce or tags, or a
-    ``traceparent`` to store (brooq.tracing), takes brooq.produce_options' steps instead."""
+    ``traceparent`` to store (brooq.tracing), takes brooq.produce_options' steps instead;
+    a job with after, brooq.produce_graph's."""
+    if job.after is not None:
+        return (yield from _insert_many([job], handlers, q, traceparent))[0]
     if job.unique_key is not None or job.tags is not None or traceparent is not None:
         params = _params(job, uuid7(), handlers)
         if traceparent is not None:
@@ -334,12 +337,28 @@ def _insert_many(
 ) -> Steps[list[tuple[uuid.UUID, bool]]]:
     """Jobs without keys cannot conflict: COPY them (with their tags, if any has some).
     With keys, one INSERT, then one lookup of the jobs holding the keys that were taken.
-    A batch holding a debounced job goes job by job, in order (brooq.produce_options).
+    A batch holding a debounced job goes job by job, in order (brooq.produce_options); a
+    batch holding a job with after is inserted so, then its edges (brooq.produce_graph).
     A batch with a ``traceparent`` takes the INSERT of job_insert_many_options_traced."""
+    for job in checked:
+        if job.after is not None:
+            return (
+                yield from insert_graph(
+                    checked, lambda c: _insert_batch(c, handlers, q, traceparent), q
+                )
+            )
+    return (yield from _insert_batch(checked, handlers, q, traceparent))
+
+
+def _insert_batch(
+    checked: list[Job], handlers: Handlers, q: Queries, traceparent: str | None = None
+) -> Steps[list[tuple[uuid.UUID, bool]]]:
+    """``_insert_many`` without the edges."""
     if any(job.debounce is not None for job in checked):
         results = []
         for job in checked:
-            results.append((yield from _insert_one(job, handlers, q, traceparent)))
+            one = job if job.after is None else _without_after(job)
+            results.append((yield from _insert_one(one, handlers, q, traceparent)))
         return results
     ids = uuid7_many(len(checked))
     if traceparent is None and all(
@@ -375,6 +394,13 @@ def _insert_many(
             )
         result[i] = (holder, False)
     return result
+
+
+def _without_after(job: Job) -> Job:
+    """``job`` as _insert_one inserts it inside a graph: its edges come after the batch."""
+    plain = shallow_copy(job)
+    plain.after = None
+    return plain
 
 
 def _params(job: Job, job_id: uuid.UUID, handlers: Handlers) -> dict[str, Any]:

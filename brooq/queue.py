@@ -26,7 +26,7 @@ import psycopg
 from brooq.durations import Duration, to_seconds
 from brooq.enqueue_line import EnqueueLine
 from brooq.errors import BrooqError
-from brooq.job import Job, JobRecord, Transition, parse_job_id, validate_queue
+from brooq.job import Job, JobRecord, Transition, UpstreamJob, parse_job_id, validate_queue
 from brooq.job_wait import Waits
 from brooq.operator import changes, reads
 from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk
@@ -121,9 +121,14 @@ class Queue(Registry):
         takes a pooled connection."""
         # Bad input fails before I/O; a typed topic's payload is checked against its type.
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
-        # The line's INSERT is the plain job's: a unique_key, debounce or tags take the pool.
-        # A traced enqueue stores its trace context: the pool's path (brooq.tracing).
-        if checked.unique_key is None and checked.tags is None and tracer() is None:
+        # The line's INSERT is the plain job's: a unique_key, debounce, tags or after take
+        # the pool; so does a traced enqueue, which stores its trace context (brooq.tracing).
+        if (
+            checked.unique_key is None
+            and checked.tags is None
+            and checked.after is None
+            and tracer() is None
+        ):
             line = self._line
             if line is None:
                 line = self._open_line()
@@ -183,10 +188,19 @@ class Queue(Registry):
         ([] when none were kept); JobNotFound for an unknown id."""
         return self._on(reads.job_logs, parse_job_id(job_id))
 
+    def upstream(self, job_id: uuid.UUID | str) -> list[UpstreamJob]:
+        """The jobs ``job_id`` waits or waited for (``after``), in the order named."""
+        return self._on(reads.upstream, parse_job_id(job_id))
+
+    def downstream(self, job_id: uuid.UUID | str, limit: int = 100) -> list[UpstreamJob]:
+        """The jobs that wait or waited for ``job_id``, at most ``limit``, by id."""
+        return self._on(reads.downstream, parse_job_id(job_id), limit)
+
     def cancel(self, job_id: uuid.UUID | str) -> bool:
-        """pending, failed or processing -> canceled. False when the job is unknown or
-        already finished (terminal rows are never touched). A running handler is
-        interrupted with brooq.LeaseLost at the master's next lease renewal."""
+        """pending, failed, processing or waiting -> canceled (the jobs waiting on it
+        follow, docs/how-to/workflows.md). False when the job is unknown or already
+        finished (terminal rows are never touched). A running handler is interrupted
+        with brooq.LeaseLost at the master's next lease renewal."""
         return self._on(changes.cancel, parse_job_id(job_id))
 
     def retry(self, job_id: uuid.UUID | str) -> bool:

@@ -226,8 +226,9 @@ def cancel(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Cancel a job: pending, failed or processing -> canceled. A running handler gets
-    brooq.LeaseLost at the next lease renewal.
+    """Cancel a job: pending, failed, processing or waiting -> canceled (and what waits
+    on it, unless it runs on an upstream failure). A running handler gets brooq.LeaseLost
+    at the next lease renewal.
 
     Bulk: --topic T --state S instead of JOB_ID (narrowed by --queue Q, --tag TAG)
     cancels every such job, in batches; it prints how many match and asks first, unless

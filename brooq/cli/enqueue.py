@@ -14,7 +14,7 @@ import json
 import re
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -23,6 +23,7 @@ from brooq.cli.common import cli, emit_json, open_queue
 from brooq.durations import parse_duration_string
 from brooq.encoding import MAX_PAYLOAD_DEPTH
 from brooq.errors import (
+    InvalidAfter,
     InvalidDebounce,
     InvalidGroup,
     InvalidIdempotencyKey,
@@ -144,6 +145,8 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
         return "--tag"
     if isinstance(exc, InvalidGroup):
         return "--group"
+    if isinstance(exc, InvalidAfter):
+        return "--after"
     return time_hint  # available_at out of range
 
 
@@ -200,6 +203,22 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
     help="The job's group, for its topic's group_limit and group_rate_limit (1 to 128 "
     "characters).  [default: none]",
 )
+@click.option(
+    "--after",
+    "after",
+    metavar="ID",
+    multiple=True,
+    help="Wait for this job to end done (repeat for more): the job is created waiting "
+    "(docs/how-to/workflows.md).",
+)
+@click.option(
+    "--on-upstream-failure",
+    type=click.Choice(["cancel", "run"]),
+    default="cancel",
+    show_default=True,
+    help="When a job of --after ends dead or canceled: cancel this one, or run it once "
+    "they have all ended.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def enqueue(
@@ -216,6 +235,8 @@ def enqueue(
     debounce: str | None,
     tags: tuple[str, ...],
     group: str | None,
+    after: tuple[str, ...],
+    on_upstream_failure: Literal["cancel", "run"],
     as_json: bool,
 ) -> None:
     """Put one job on the queue. Prints "enqueued ID", or "exists ID" when a job with
@@ -266,6 +287,8 @@ def enqueue(
             debounce=debounce_seconds,
             tags=list(tags) or None,
             group=group,
+            after=list(after) or None,
+            on_upstream_failure=on_upstream_failure if after else "cancel",
         )
     except InvalidJob as exc:
         hint = _job_error_hint(exc, payload_hint, "--at" if at else "--in")
@@ -275,6 +298,8 @@ def enqueue(
         job_id, created = queue.enqueue(job)
     except InvalidPayload as exc:  # larger than max_payload_bytes
         raise click.BadParameter(str(exc), param_hint=payload_hint) from None
+    except InvalidAfter as exc:  # an id that is no job's
+        raise click.BadParameter(str(exc), param_hint="--after") from None
     if as_json:
         emit_json({"id": str(job_id), "created": created})
     else:

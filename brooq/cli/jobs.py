@@ -247,23 +247,40 @@ def _share(needs: list[int], room: int) -> list[int]:
     return given
 
 
+GRAPH_LIMIT = 100  # the downstream jobs `jobs show` lists
+
+
 @jobs.command("show")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """A job's fate on one screen: state, attempts, times, holder and lease, result,
-    error history (attempt, time, worker, first line of each error), last error, payload.
-    --json: every field whole."""
+    error history (attempt, time, worker, first line of each error), last error, payload;
+    for a job of a workflow, the jobs it waits for and those waiting on it, with their
+    states. --json: every field whole."""
     jid = brooq.job.parse_job_id(job_id)
-    record = open_reads(ctx).get(jid)
+    reads = open_reads(ctx)
+    record = reads.get(jid)
     if record is None:
         raise JobNotFound(f"no job with id {jid}")
+    # A job of a graph (docs/how-to/workflows.md): what it waits for and what waits on it.
+    graph = {"upstream": reads.upstream(jid), "downstream": reads.downstream(jid, GRAPH_LIMIT)}
     if as_json:
-        emit_json(record.to_dict())
+        out = record.to_dict()
+        for name, jobs in graph.items():
+            if jobs:
+                out[name] = [{"id": str(j.id), "topic": j.topic, "state": j.state} for j in jobs]
+        emit_json(out)
         return
     for line in show_lines(record, datetime.now(timezone.utc)):
         click.echo(line)
+    for name, jobs in graph.items():
+        if jobs:
+            more = " (the first 100)" if len(jobs) == GRAPH_LIMIT else ""
+            click.echo(f"{name}{more}:")
+            for j in jobs:
+                click.echo(f"  {j.id}  {j.state:<10} {j.topic}")
 
 
 @jobs.command("logs")

@@ -29,10 +29,11 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
     """`brooq stats` as text (one row per queue and topic, a total row when there are
     several); a row whose (queue, topic) is in ``unhandled`` ends with "no handler"."""
     if not rows:
-        return ["(no pending, processing, failed or dead jobs)"]
+        return ["(no waiting, pending, processing, failed or dead jobs)"]
     headers = [
         "QUEUE",
         "TOPIC",
+        "WAITING",
         "PENDING",
         "READY",
         "HELD",
@@ -44,7 +45,7 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
     ]
 
     def cells(r: brooq.TopicStats) -> list[str]:
-        numbers = (r.pending, r.ready, r.held, r.failed, r.processing, r.busy, r.dead)
+        numbers = (r.waiting, r.pending, r.ready, r.held, r.failed, r.processing, r.busy, r.dead)
         oldest = format_age(r.oldest_ready_age) if r.ready > r.held else "-"
         return [r.queue, r.topic, *map(str, numbers), oldest]
 
@@ -53,6 +54,7 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
         total = brooq.TopicStats(
             queue="(total)",
             topic="",
+            waiting=sum(r.waiting for r in rows),
             pending=sum(r.pending for r in rows),
             ready=sum(r.ready for r in rows),
             failed=sum(r.failed for r in rows),
@@ -63,7 +65,7 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
             held=sum(r.held for r in rows),
         )
         body.append(cells(total))
-    lines = table(headers, body, right={2, 3, 4, 5, 6, 7, 8})
+    lines = table(headers, body, right={2, 3, 4, 5, 6, 7, 8, 9})
     for i, r in enumerate(rows, start=1):
         if (r.queue, r.topic) in unhandled:
             lines[i] += f"  {NO_HANDLER}"
@@ -86,12 +88,13 @@ def _live_pairs(queue: brooq.Queue) -> frozenset[Pair] | None:
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Jobs per queue, topic and state, busy children, oldest ready age.
 
-    Per queue and topic: pending, ready (due now), held (ready, but held back by the
-    topic's limits now: its rate_limit or global_limit, their group's group_limit or
-    group_rate_limit), failed (waiting for a retry), processing, busy (processing under a
-    live lease: a child working on it), dead, and the age of the oldest ready job not
-    held back. "no handler": ready jobs that no live master handles (no master has a
-    handler for the topic, or none works the queue; see `brooq fleet`).
+    Per queue and topic: waiting (for the jobs named in their after), pending, ready (due
+    now), held (ready, but held back by the topic's limits now: its rate_limit or
+    global_limit, their group's group_limit or group_rate_limit), failed (waiting for a
+    retry), processing, busy (processing under a live lease: a child working on it),
+    dead, and the age of the oldest ready job not held back. "no handler": ready jobs
+    that no live master handles (no master has a handler for the topic, or none works
+    the queue; see `brooq fleet`).
 
     With a read target (--read-database-url), the figures are read there, and a last
     line ("read_from" in JSON) says how far behind its primary it is."""

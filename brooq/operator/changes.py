@@ -82,7 +82,7 @@ def transition(conn: Connection, action: Transition, job_id: uuid.UUID, q: Queri
 
 
 def cancel(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> bool:
-    """pending, failed or processing -> canceled. False when the job is unknown or
+    """pending, failed, processing or waiting -> canceled. False when the job is unknown or
     already finished (terminal rows are never touched). A running handler is
     interrupted with brooq.LeaseLost at the master's next lease renewal."""
     return transition(conn, "cancel", parse_job_id(job_id), q)
@@ -155,7 +155,7 @@ def change_many(
     tag: str | None = None,
     q: Queries = Q,
 ) -> BulkResult:
-    """Cancel (pending or failed: brooq.job.BULK_FROM_STATES says why not processing) or
+    """Cancel (pending, failed or waiting: brooq.job.BULK_FROM_STATES says why not processing) or
     retry (dead or canceled) every job of ``topic`` in ``state``, only in ``queue`` and
     with ``tag`` if given; ``dry_run``: count them, change nothing. The count commits,
     then each batch of ``batch_size`` rows commits on its own on ``conn``

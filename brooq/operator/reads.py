@@ -20,7 +20,14 @@ import psycopg
 from psycopg.rows import class_row, dict_row
 
 from brooq.errors import BrooqError, JobNotFound
-from brooq.job import STATES, JobRecord, parse_job_id, validate_queue, validate_topic
+from brooq.job import (
+    STATES,
+    JobRecord,
+    UpstreamJob,
+    parse_job_id,
+    validate_queue,
+    validate_topic,
+)
 from brooq.job_options import check_tag
 from brooq.operator.records import (
     AttemptLog,
@@ -56,6 +63,21 @@ def job_logs(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> list[
         AttemptLog(int(e["attempt"]), datetime.fromisoformat(e["at"]), str(e["text"]))
         for e in row["logs"]
     ]
+
+
+def upstream(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> list[UpstreamJob]:
+    """The jobs ``job_id`` waits or waited for, in the order named."""
+    cur = conn.cursor(row_factory=class_row(UpstreamJob))
+    return cur.execute(q.job_upstream, {"id": parse_job_id(job_id)}).fetchall()
+
+
+def downstream(
+    conn: Connection, job_id: uuid.UUID | str, limit: int = 100, q: Queries = Q
+) -> list[UpstreamJob]:
+    """The jobs that wait or waited for ``job_id`` (at most ``limit``), by id."""
+    check_limit(limit)
+    cur = conn.cursor(row_factory=class_row(UpstreamJob))
+    return cur.execute(q.job_downstream, {"id": parse_job_id(job_id), "limit": limit}).fetchall()
 
 
 def check_listing(

@@ -59,11 +59,14 @@ class TopicStats:
     busy: int = 0
     queue: str = DEFAULT_QUEUE  # after the others: positional construction keeps working
     held: int = 0
+    # Waiting for the jobs named in their after (docs/how-to/workflows.md).
+    waiting: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "queue": self.queue,
             "topic": self.topic,
+            "waiting": self.waiting,
             "pending": self.pending,
             "ready": self.ready,
             "held": self.held,

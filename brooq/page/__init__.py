@@ -32,6 +32,7 @@ without escaping it.
 - `actions`: sign-in, cancel, retry, pause, resume and the bulk actions, answered
 - `routes`: a read-only page's method and target in, a Response out; the error pages
 - `views`: each page's HTML assembled from its reads and render's pieces
+- `jobview`: one job's page: its columns, outcome, errors, kept logs and graph
 - `lines`: the pages' one-line notes: the replica's lag, the fleet, the oldest snapshot
 - `reads`: the pages' read-only reads under a statement timeout, and the keyset cursors
 - `render`: pure functions from values to escaped HTML, the layout and the one stylesheet

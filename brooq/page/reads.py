@@ -52,7 +52,7 @@ SAMPLE_PAGES = 500
 # keeps its size, so a refresh does not move an estimate by chance alone, and the pages
 # it reads stay in the cache (a new seed per render read cold pages: 357 ms on 8,000,000).
 SAMPLE_SEED = 1.0
-STATES = ("pending", "failed", "processing", "dead")
+STATES = ("pending", "failed", "processing", "dead", "waiting")
 ERROR_CHARS = 300  # of last_error in a list; the job page shows it whole
 
 # The first page's cursors: before (or after) every row, so each list is one statement
@@ -312,13 +312,13 @@ def _group(
     contributes to estimates, and the oldest ready age a lower bound (the sample may have
     missed an older job). ``exact_queue``: its queue's pending and failed jobs were
     counted exactly, whatever the state's estimate elsewhere."""
-    pending, failed, processing, dead = (by_state[s].get(key, _EMPTY) for s in STATES)
+    pending, failed, processing, dead, waits = (by_state[s].get(key, _EMPTY) for s in STATES)
     waiting = (pending, failed)
     oldest = [r["oldest_ready_at"] for r in waiting if r["oldest_ready_at"] is not None]
     marks = set()
     if ("pending" in estimated or "failed" in estimated) and not exact_queue:
         marks |= {"ready", "scheduled", "oldest_ready"}
-    marks |= {s for s in ("processing", "dead") if s in estimated}
+    marks |= {s for s in ("processing", "dead", "waiting") if s in estimated}
     if "failed" in estimated and not exact_queue:
         marks.add("failed")
     return {
@@ -329,6 +329,7 @@ def _group(
         "processing": int(processing["jobs"]),
         "failed": int(failed["jobs"]),
         "dead": int(dead["jobs"]),
+        "waiting": int(waits["jobs"]),
         "oldest_ready_seconds": (now - min(oldest)).total_seconds() if oldest else None,
         "estimated": marks,
     }
@@ -384,14 +385,26 @@ def finished_badly(
         return _page(cur.execute(q.web_finished_badly, params).fetchall(), size)
 
 
+# The downstream jobs a job's page lists (a fan-out may hold many more).
+GRAPH_LIMIT = 100
+
+
 def job(
     conn: psycopg.Connection[Any],
     job_id: uuid.UUID,
     timeout: float = STATEMENT_TIMEOUT,
     q: Queries = Q,
 ) -> Row | None:
+    """The job's row, with the jobs it waits or waited for (``upstream``, in the order
+    named) and the first GRAPH_LIMIT that wait or waited for it (``downstream``)."""
     with read_only(conn, timeout, q) as cur:
-        return cur.execute(q.web_job_get, {"id": job_id}).fetchone()
+        row = cur.execute(q.web_job_get, {"id": job_id}).fetchone()
+        if row is not None:
+            row["upstream"] = cur.execute(q.job_upstream, {"id": job_id}).fetchall()
+            row["downstream"] = cur.execute(
+                q.job_downstream, {"id": job_id, "limit": GRAPH_LIMIT}
+            ).fetchall()
+        return row
 
 
 def fleet(

@@ -26,16 +26,11 @@ import psycopg
 from brooq.job_options import TAG_FORM, TAG_PATTERN
 from brooq.page import reads
 from brooq.page.headers import security_headers
+from brooq.page.jobview import job_page
 from brooq.page.lines import replica_note
 from brooq.page.reads import Cursor
 from brooq.page.render import e, layout, link
-from brooq.page.views import (
-    finished_badly_page,
-    fleet_page,
-    in_flight_page,
-    job_page,
-    overview_page,
-)
+from brooq.page.views import finished_badly_page, fleet_page, in_flight_page, overview_page
 from brooq.sql import Q, Queries
 
 log = logging.getLogger("brooq.pages")

@@ -1,6 +1,6 @@
 """The status page's pages: each one's HTML assembled from its reads' rows (brooq.page.reads)
 and render's pieces (brooq.page.render): the overview, the in-flight list, the failed and
-dead lists, one job, the fleet.
+dead lists, the fleet (one job's page: brooq.page.jobview).
 
 Owns: what each page shows and in which order, the one-click buttons of the lists, the
 notes that say what an estimate means. Must never: write to the database, or let a value
@@ -29,7 +29,6 @@ from brooq.page.render import (
     job_link,
     layout,
     link,
-    pretty_json,
     table,
     when,
 )
@@ -94,17 +93,18 @@ def overview_page(
                 figure("processing"),
                 figure("failed"),
                 figure("dead"),
+                figure("waiting"),
                 e(oldest),
                 limits_cell(topic_limits),
                 NO_HANDLER if no_handler(name, g["topic"], g["ready"], live) else "",
             )
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
-               "oldest ready", "limits", "")  # fmt: skip
+               "waiting", "oldest ready", "limits", "")  # fmt: skip
     parts = [
         fleet_line(data["masters"]),
         snapshot_line(data["oldest_snapshot"], data.get("snapshots_unseen", False)),
-        table(headers, rows, numeric={2, 3, 4, 5, 6, 7}),
+        table(headers, rows, numeric={2, 3, 4, 5, 6, 7, 8}),
     ]
     if limits:
         parts.append(LIMITS_NOTE)
@@ -372,70 +372,4 @@ def finished_badly_page(
     )
     return layout(
         title, body, actions_enabled=actions_enabled, signed_in=csrf is not None, note=note
-    )
-
-
-def _cell(name: str, value: Any) -> str:
-    if value is None:
-        return '<span class="muted">NULL</span>'
-    if name in ("payload", "result", "errors"):
-        return pretty_json(value)
-    if isinstance(value, datetime):
-        return e(when(value))
-    if name == "last_error":
-        return f"<pre>{e(value)}</pre>"
-    if name == "tags" and isinstance(value, list):
-        return e(", ".join(map(str, value)))
-    return e(value)
-
-
-def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str = "") -> bytes:
-    job_id = row["id"]
-    columns = "".join(
-        f"<tr><th>{e(name)}</th><td>{_cell(name, value)}</td></tr>"
-        for name, value in row.items()
-        if name not in ("errors", "logs")
-    )
-    parts = [f"<table><tbody>{columns}</tbody></table>"]
-    if actions_enabled:
-        parts.append(f"<p>{link('/actions', 'Cancel or retry this job', job=str(job_id))}</p>")
-    state = row.get("state")
-    if state == "done":
-        parts.append("<h2>Outcome</h2><p>done; the handler returned:</p>")
-        parts.append(pretty_json(row.get("result")))
-    elif state in ("dead", "canceled", "failed"):
-        parts.append(f"<h2>Outcome</h2><p>{e(state)}</p>")
-    if state == "processing":
-        host, pid = holder(row.get("locked_by"))
-        parts.append(
-            f"<h2>Running</h2><p>on host {e(host)}, child pid {e(pid)}</p>"
-            f"{stack_form(job_id, csrf, actions_enabled)}"
-            '<p class="muted">The Python stack of the running handler, '
-            "as <code>brooq jobs stack ID</code> prints it.</p>"
-        )
-    errors = row.get("errors") or []
-    parts.append(f"<h2>Error history ({_n(len(errors))})</h2>")
-    history = []
-    for entry in errors if isinstance(errors, list) else []:
-        item = entry if isinstance(entry, dict) else {"error": entry}
-        history.append(
-            (
-                e(item.get("attempt", "")),
-                e(item.get("at", "")),
-                e(item.get("worker", "")),
-                f"<pre>{e(item.get('error', ''))}</pre>",
-            )
-        )
-    parts.append(table(("attempt", "at", "worker", "error"), history, numeric={0}))
-    kept = row.get("logs")  # a keep_logs handler's records, per attempt
-    for item in kept if isinstance(kept, list) else []:
-        if isinstance(item, dict):
-            head = f"Logs of attempt {item.get('attempt', '')}, ended {item.get('at', '')}"
-            parts.append(f"<h2>{e(head)}</h2><pre>{e(item.get('text', ''))}</pre>")
-    return layout(
-        f"Job {job_id}",
-        "".join(parts),
-        actions_enabled=actions_enabled,
-        signed_in=csrf is not None,
-        note=note,
     )

@@ -88,6 +88,8 @@ RELATIONS = (
     "brooq_claim_coordinated",
     "brooq_rate_slot",
     "brooq_window_sweep",
+    "brooq_job_edge",
+    "brooq_job_after",
 )
 _MARK = re.compile(r"\{(" + "|".join(RELATIONS) + r")(:name)?\}")
 # The schema names QUEUE_SCHEMA takes: PostgreSQL's unquoted lower-case identifiers, so

@@ -177,17 +177,36 @@ FROM (
 
 -- name: job_delete_expired
 -- Retention: one batch of terminal rows older than the TTL, oldest first. SKIP LOCKED
--- lets several masters delete different rows instead of waiting for each other.
-DELETE FROM {job}
-WHERE id IN (
-    SELECT id FROM {job}
-    WHERE state IN ('done', 'dead', 'canceled')
-      AND updated_at < now() - make_interval(secs => %(ttl)s)
-    ORDER BY updated_at
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
+-- lets several masters delete different rows instead of waiting for each other. A job
+-- that a job not yet ended waits for or reads (has_downstream, and an edge to a row in
+-- waiting, pending, failed or processing: claim.upstream reads it) stays; the edges of
+-- the deleted rows go with them, in the same statement. Jobs outside graphs pay the
+-- test of has_downstream.
+WITH gone AS (
+    DELETE FROM {job}
+    WHERE id IN (
+        SELECT t.id FROM {job} AS t
+        WHERE t.state IN ('done', 'dead', 'canceled')
+          AND t.updated_at < now() - make_interval(secs => %(ttl)s)
+          AND (t.has_downstream IS NOT TRUE OR NOT EXISTS (
+              SELECT FROM {brooq_job_edge} AS e JOIN {job} AS d ON d.id = e.downstream_id
+              WHERE e.upstream_id = t.id
+                AND d.state IN ('waiting', 'pending', 'failed', 'processing')))
+        ORDER BY t.updated_at
+        LIMIT %(batch)s
+        FOR UPDATE OF t SKIP LOCKED
+    )
+    RETURNING id, topic, has_downstream, upstream_open
+), edges_in AS (
+    -- By index, whatever the planner guesses: the edges' key for a deleted downstream
+    -- job, brooq_job_edge_upstream_idx for a deleted upstream one.
+    DELETE FROM {brooq_job_edge} AS e
+    WHERE e.downstream_id = ANY(ARRAY(SELECT id FROM gone WHERE upstream_open IS NOT NULL))
+), edges_out AS (
+    DELETE FROM {brooq_job_edge} AS e
+    WHERE e.upstream_id = ANY(ARRAY(SELECT id FROM gone WHERE has_downstream))
 )
-RETURNING topic
+SELECT topic FROM gone
 
 -- name: job_table_health
 -- The job table's upkeep, for the master's gauges: dead tuples (the statistics

@@ -162,6 +162,7 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 -- scanned the whole table every stats period (1,000,000 jobs, 94 % done: 137 ms a run
 -- before, 44 ms after; docs/status-page.md). Its cost still follows the backlog.
 SELECT queue, topic,
+       count(*) FILTER (WHERE state = 'waiting') AS waiting,
        count(*) FILTER (WHERE state = 'pending') AS pending,
        count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now()) AS ready,
        count(*) FILTER (WHERE state = 'processing') AS processing,
@@ -173,6 +174,7 @@ SELECT queue, topic,
            AS oldest_ready_age
 FROM {job}
 WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
+   OR state = 'waiting'
 GROUP BY queue, topic
 ORDER BY queue, topic
 
@@ -476,3 +478,20 @@ SELECT pg_is_in_recovery() AS standby,
        pg_last_xact_replay_timestamp() AS replayed_at,
        extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8
            AS since_replay
+
+-- name: job_upstream
+-- The jobs a job waits for or waited for (after=[...]), in the order it named them:
+-- claim.upstream, `brooq jobs show`, the job page. A job retention deleted is left out
+-- (retention keeps those of a job not yet ended).
+SELECT u.id, u.topic, u.state, u.result
+FROM {brooq_job_edge} AS e JOIN {job} AS u ON u.id = e.upstream_id
+WHERE e.downstream_id = %(id)s
+ORDER BY e.position
+
+-- name: job_downstream
+-- The jobs that wait or waited for a job, by id (enqueue order), at most `limit`.
+SELECT d.id, d.topic, d.state, d.result
+FROM {brooq_job_edge} AS e JOIN {job} AS d ON d.id = e.downstream_id
+WHERE e.upstream_id = %(id)s
+ORDER BY d.id
+LIMIT %(limit)s

@@ -33,7 +33,7 @@ SELECT state, queue, topic, count(*) AS jobs,
            WHERE state IN ('pending', 'failed') AND available_at <= now()) AS oldest_ready_at
 FROM {job}
 WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid
-  AND state IN ('pending', 'failed', 'processing', 'dead')
+  AND state IN ('pending', 'failed', 'processing', 'dead', 'waiting')
 GROUP BY state, queue, topic
 
 -- name: web_ready_queue_names
@@ -69,10 +69,11 @@ GROUP BY state, queue, topic
 -- The overview's exact figures, per state, queue and topic, of the states asked for (a
 -- false flag: that state is not read at all, a one-time filter). Each state's rows come
 -- through its partial index (job_ready_queue_idx or job_ready_idx for pending and failed,
--- job_processing_lease_idx, job_failed_dead_idx of migration 0008), never the done and
+-- job_processing_lease_idx, job_failed_dead_idx of migration 0008, job_waiting_idx of
+-- 0013), never the done and
 -- canceled history, and at most `cap` + 1 of them: `state_jobs` above `cap` means that
 -- state was cut short and its figures are not to be shown (the sample's stand instead),
--- so this statement reads at most four times `cap` rows however large the backlog.
+-- so this statement reads at most five times `cap` rows however large the backlog.
 -- jobs = the group's rows in that state; ready = those due now (pending and failed); the
 -- first `groups` groups of each state (by queue, topic), state_jobs counting them all.
 WITH pending AS (
@@ -87,6 +88,9 @@ WITH pending AS (
 ), dead AS (
     SELECT queue, topic FROM {job}
     WHERE state = 'dead' AND %(dead)s LIMIT %(cap)s + 1
+), waiting AS (
+    SELECT queue, topic FROM {job}
+    WHERE state = 'waiting' AND %(waiting)s LIMIT %(cap)s + 1
 )
 (SELECT 'pending' AS state, queue, topic, count(*) AS jobs,
         count(*) FILTER (WHERE available_at <= now()) AS ready,
@@ -103,6 +107,9 @@ UNION ALL
 UNION ALL
 (SELECT 'dead', queue, topic, count(*), 0, NULL, sum(count(*)) OVER ()
  FROM dead GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
+UNION ALL
+(SELECT 'waiting', queue, topic, count(*), 0, NULL, sum(count(*)) OVER ()
+ FROM waiting GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
 
 -- name: web_now
 -- The snapshot's clock, for the chart's minutes and the ages shown.

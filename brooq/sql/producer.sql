@@ -203,7 +203,21 @@ ORDER BY rank
 -- first is seen by the job_get that follows). A terminal, unknown or already flagged
 -- row is not written; updated_at stays (the flag is no change of the job's fate).
 UPDATE {job} SET waited = true
-WHERE id = %(id)s AND state IN ('pending', 'processing', 'failed') AND waited IS NOT TRUE
+WHERE id = %(id)s AND state IN ('waiting', 'pending', 'processing', 'failed')
+  AND waited IS NOT TRUE
 
 -- name: listen_outcomes
 LISTEN brooq_outcome
+
+-- name: job_ids_present
+-- Which of the ids `after` names are jobs: read before a graph's insert, so that a name
+-- that is no job is refused with nothing written.
+SELECT id FROM {job} WHERE id = ANY(%(ids)b::uuid[])
+
+-- name: job_after
+-- A graph's edges, after its jobs were inserted pending in this transaction: each job of
+-- `jobs` waits for the ids of `ups` paired with it in `downs` (migration 0013's
+-- brooq_job_after), and becomes waiting, or stays pending when every job it names has
+-- ended done, or is canceled when one ended dead or canceled.
+SELECT {brooq_job_after}(%(jobs)b::uuid[], %(policies)b::text[], %(downs)b::uuid[],
+                         %(ups)b::uuid[]) AS waiting

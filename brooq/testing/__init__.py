@@ -71,8 +71,9 @@ def drain(
     queue: Queue, *, topics: Collection[str] | None = None, max_jobs: int | None = None
 ) -> dict[str, int]:
     """Run every job that is ready now, and those that become ready by running them
-    (chained jobs, retries without delay), one at a time in this process; the counts of
-    what was written, by state: ``{"done": 3, "failed": 1}`` (also "dead", "canceled").
+    (chained jobs, retries without delay, jobs whose ``after`` jobs ended), one at a time
+    in this process; the counts of what was written, by state: ``{"done": 3,
+    "failed": 1}`` (also "dead", "canceled").
     ``topics``: only these (of the Queue's handlers); ``max_jobs``: stop after that many.
     Jobs scheduled for later, of paused queues, or of topics without a handler stay.
 
@@ -204,6 +205,8 @@ class _Drain:
         }
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
         self.loop: asyncio.AbstractEventLoop | None = None
+        # claim.upstream, read through the Queue while the drain runs.
+        self.reader, Claim.reader = Claim.reader, queue.upstream
 
     def steps(self, max_jobs: int | None) -> _Steps:
         """The drain, sans the await: it claims, begins and ends each attempt and writes
@@ -333,6 +336,7 @@ class _Drain:
         return task.result()
 
     def close(self) -> None:
+        Claim.reader = self.reader
         if self.loop is not None:
             _close_loop(self.loop)
         conn = self.db.conn

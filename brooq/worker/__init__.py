@@ -27,5 +27,6 @@ parts, the round trip, the attempt) and answer the control thread through one pr
 - `outcome`: writing an outcome, and the log line and count of what was written.
 - `link`: the pipes to the master (the control thread, the non-blocking writer), the title.
 - `connection`: the child's database connection, and the payload decoder.
+- `upstream`: `claim.upstream` read on a connection of its own, opened at the first read.
 - `meter`: the child's metrics, and its resident memory.
 """

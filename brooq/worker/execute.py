@@ -53,7 +53,7 @@ def describe(exc: BaseException) -> str:
     whose ``str()`` fails (or returns something else than a str) is named with that."""
     name = type(exc).__qualname__
     module = type(exc).__module__
-    if module not in ("builtins", "brooq.job", "brooq.errors"):  # brooq's own: short
+    if module not in ("builtins", "brooq.job", "brooq.signals", "brooq.errors"):  # brooq's own
         name = f"{module}.{name}"
     try:
         message = str(exc)

@@ -22,6 +22,7 @@ from brooq import progress, tracing
 from brooq.handlers import HandlerFn, Middleware, Policy, is_async_callable
 from brooq.ipc.board import MESSAGE_MAX_BYTES, Board
 from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
+from brooq.job import Claim
 from brooq.rules.queues import worked_queues
 from brooq.sql import queries
 from brooq.worker import execute, interrupts, joblogs
@@ -36,6 +37,7 @@ from brooq.worker.pacing import turns
 from brooq.worker.roundtrip import RoundTrips
 from brooq.worker.spans import Spans
 from brooq.worker.state import ChildState
+from brooq.worker.upstream import UpstreamReader
 from brooq.worker.weights import RoundOrder
 
 __all__ = ["ChildProcess"]
@@ -83,6 +85,7 @@ class ChildProcess:
         for hook in self.child_start:  # the application's set-up after the fork
             hook()
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
+        Claim.reader = UpstreamReader(self.config.dsn, self.settings.schema)
         # A child runs the handlers of its kind only, each wrapped by the Queue's
         # middleware of that kind (docs/async.md: a middleware never wraps the other kind).
         is_async = self.config.kind == ASYNC

@@ -166,6 +166,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
         {
             "queue": "default",
             "topic": "mail",
+            "waiting": 0,
             "pending": 2,
             "ready": 2,
             "held": 0,
@@ -178,6 +179,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
         {
             "queue": "reports",
             "topic": "report",
+            "waiting": 0,
             "pending": 1,
             "ready": 1,
             "held": 0,
@@ -197,6 +199,7 @@ def test_stats_plain(dsn: str, world: Jobs) -> None:
     assert lines[0].split() == [
         "QUEUE",
         "TOPIC",
+        "WAITING",
         "PENDING",
         "READY",
         "HELD",
@@ -208,16 +211,16 @@ def test_stats_plain(dsn: str, world: Jobs) -> None:
         "READY",
     ]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[1:-1]}
-    assert rows[("default", "mail")][:7] == ["2", "2", "0", "1", "2", "1", "1"]
-    assert rows[("default", "mail")][7].endswith("m")  # 90 s and more shows as 1.5m
-    assert rows[("reports", "report")][:7] == ["1", "1", "0", "0", "1", "1", "0"]
+    assert rows[("default", "mail")][:8] == ["0", "2", "2", "0", "1", "2", "1", "1"]
+    assert rows[("default", "mail")][8].endswith("m")  # 90 s and more shows as 1.5m
+    assert rows[("reports", "report")][:8] == ["0", "1", "1", "0", "0", "1", "1", "0"]
     total = lines[-1].split()
-    assert total[0] == "(total)" and total[1:8] == ["3", "3", "0", "1", "3", "2", "1"]
+    assert total[0] == "(total)" and total[1:9] == ["0", "3", "3", "0", "1", "3", "2", "1"]
 
 
 def test_stats_of_an_empty_queue(dsn: str) -> None:
     assert as_json(dsn, "stats") == {"topics": []}
-    assert ok(dsn, "stats").strip() == "(no pending, processing, failed or dead jobs)"
+    assert ok(dsn, "stats").strip() == "(no waiting, pending, processing, failed or dead jobs)"
 
 
 def test_queue_stats_in_flight_and_throughput(queue: brooq.Queue, world: Jobs) -> None:
@@ -520,7 +523,7 @@ def test_cancel_refused(dsn: str, world: Jobs, db: psycopg.Connection[Any], name
     line = refused(dsn, "cancel", job_id, code=1)
     assert line == (
         f"error: cannot cancel job {job_id}: it is {before[0]}; "
-        "only pending, failed or processing jobs can be canceled"
+        "only pending, failed, processing or waiting jobs can be canceled"
     )
     assert state_of(db, job_id) == before
 

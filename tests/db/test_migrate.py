@@ -91,6 +91,10 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "start_after",
         "tags",
         "group_key",
+        "upstream_open",
+        "upstream_failed",
+        "on_upstream_failure",
+        "has_downstream",
         "progress",
         "progress_message",
         "logs",
@@ -109,6 +113,10 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "start_after",
         "tags",
         "group_key",
+        "upstream_open",
+        "upstream_failed",
+        "on_upstream_failure",
+        "has_downstream",
         "progress",
         "progress_message",
         "logs",
@@ -235,7 +243,7 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0014_observe\n", out.stdout
     out = cli("down")
-    assert out.returncode == 0 and out.stdout.startswith("reverted 0013_"), out.stdout
+    assert out.returncode == 0 and out.stdout == "reverted 0013_workflows\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0012_rate_limits_groups\n", out.stdout
     out = cli("down")
@@ -699,6 +707,65 @@ def test_observe_columns_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
     migrate.up(empty_dsn, 14)
     assert job_shape(empty_dsn) == after
+
+
+def test_workflows_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0013 adds the waiting state to job_state_check (validated), four nullable columns
+    (the rows keep theirs), brooq_job_edge, the trigger and the producer's function, on a
+    table that holds jobs; down refuses while a job waits, then gives back exactly
+    0012's schema, rows included, and up again the same as the first time."""
+    import brooq
+
+    def schema() -> tuple[list[tuple[object, ...]], list[str]]:
+        return job_shape(empty_dsn), brooq_objects(empty_dsn)
+
+    migrate.up(empty_dsn, 12)
+    before = schema()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO job (topic) SELECT 't' FROM generate_series(1, 2000)")
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("INSERT INTO job (topic, state) VALUES ('t', 'waiting')")
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 13)] == [("workflows", False)]
+    after = schema()
+    added = sorted(set(after[1]) - set(before[1]))
+    assert [a for a in added if not a.startswith("type ")] == [
+        "function brooq_job_after",
+        "function brooq_job_upstream_ended",
+        "relation brooq_job_edge",
+        "relation brooq_job_edge_pkey",
+        "relation brooq_job_edge_upstream_idx",
+        "relation job_waiting_idx",
+        "trigger job_upstream_ended",
+    ]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT count(*), count(upstream_open), count(has_downstream) FROM job"
+        ).fetchone() == (2000, 0, 0)
+        assert conn.execute(
+            "SELECT conname, convalidated FROM pg_constraint "
+            "WHERE conname IN ('job_state_check', 'job_on_upstream_failure_check') ORDER BY 1"
+        ).fetchall() == [("job_on_upstream_failure_check", True), ("job_state_check", True)]
+        (up, _), (down, _) = brooq.enqueue_many(
+            conn, [up_job := brooq.Job("t"), brooq.Job("t", after=[up_job])]
+        )
+        # The functions find brooq's tables whatever the caller's search_path.
+        conn.execute("SET search_path = pg_catalog")
+        conn.execute("UPDATE public.job SET state = 'done' WHERE id = %s", (up,))
+        conn.execute("RESET search_path")
+        assert conn.execute("SELECT state FROM job WHERE id = %s", (down,)).fetchone() == (
+            "pending",
+        )
+        conn.execute("UPDATE job SET state = 'waiting' WHERE id = %s", (down,))
+    with pytest.raises(psycopg.Error, match="jobs are waiting for other jobs"):
+        migrate.down(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM job WHERE id IN (%s, %s)", (up, down))
+    assert [m.name for m in migrate.down(empty_dsn)] == ["workflows"]
+    assert schema() == before
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
+    migrate.up(empty_dsn, 13)
+    assert schema() == after
 
 
 def test_a_failed_concurrent_build_is_rebuilt(empty_dsn: str) -> None:

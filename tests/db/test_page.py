@@ -274,7 +274,7 @@ def test_the_overview_counts_what_the_table_holds(db: Conn) -> None:
     row = re.search(r"<tr><td>default</td><td>a</td>(.*?)</tr>", body)
     assert row is not None
     cells = re.findall(r'<td class="n">([^<]*)</td>', row.group(1))
-    assert cells[:5] == ["5", "5", "6", "2", "7"] and cells[5].startswith("5m ")
+    assert cells[:6] == ["5", "5", "6", "2", "7", "0"] and cells[6].startswith("5m ")
     assert "low <strong>(paused)</strong>" in body
     assert "14 done in the last hour" in body and "<svg" in body
 
@@ -336,8 +336,8 @@ def test_a_large_state_is_estimated_from_a_sample_and_a_small_one_counted(
     row = re.search(r"<tr><td>default</td><td>a</td>(.*?)</tr>", body)
     assert row is not None
     cells = re.findall(r'<td class="n">([^<]*)</td>', row.group(1))
-    assert cells[0].startswith("≈ ") and cells[2:5] == ["3", "5", "40"], cells
-    assert cells[5].startswith("≥ 1h ")
+    assert cells[0].startswith("≈ ") and cells[2:6] == ["3", "5", "40", "0"], cells
+    assert cells[6].startswith("≥ 1h ")
     assert "≈: estimated. pending (≈ " in body and "brooq queues" in body
     assert "done in the last hour: more than 1,000, so estimated" in body
 

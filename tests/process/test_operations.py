@@ -145,7 +145,8 @@ def test_jobs_gauges_carry_the_queue_and_drop_to_zero_when_it_empties(
 ) -> None:
     # A topic without a handler in this app: its jobs stay where they are put.
     queue.enqueue_many([brooq.Job("nobody.handles", queue="bulk") for _ in range(3)])
-    queue.enqueue(brooq.Job("nobody.handles"))
+    first, _ = queue.enqueue(brooq.Job("nobody.handles"))
+    queue.enqueue(brooq.Job("nobody.waits", after=[first]))  # a workflow's waiting job
     m = start_master(workers=1, env=FAST_STATS)
     addr = ops_addr(m)
 
@@ -156,6 +157,8 @@ def test_jobs_gauges_carry_the_queue_and_drop_to_zero_when_it_empties(
     wait_for(lambda: jobs("bulk") == 3, what="bulk counted")
     assert jobs("default") == 1
     _, text = get(addr, "/metrics")
+    assert sample(text, "brooq_jobs", topic="nobody.waits", state="waiting") == 1
+    assert sample(text, "brooq_jobs", topic="nobody.handles", state="waiting") == 0
     assert 'brooq_jobs{queue="bulk",state="pending",topic="nobody.handles"} 3.0' in text
     assert sample(text, "brooq_ready_oldest_age_seconds", topic="nobody.handles", queue="bulk") > 0
     # The label set of a queue whose jobs are gone reads 0, not its last count.
@@ -327,7 +330,7 @@ def test_admin_endpoints_need_the_token(
     assert status == 200 and json.loads(body)["ok"] is True
     assert states(db) == {"canceled": 1}
     status, body = get(addr, path, token=token, method="POST")
-    assert status == 409 and "only pending, failed or processing" in body
+    assert status == 409 and "only pending, failed, processing or waiting" in body
     status, body = get(addr, f"/admin/jobs/{job_id}/retry", token=token, method="POST")
     assert status == 200 and states(db) == {"pending": 1}
     unknown = "00000000-0000-4000-8000-000000000000"

@@ -107,6 +107,11 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
             "SELECT DISTINCT proconfig FROM pg_proc WHERE proname IN ('brooq_claim_coordinated', "
             "'brooq_window_room', 'brooq_window_take', 'brooq_window_sweep')"
         ).fetchall()
+        # The workflows' trigger and producer's function (0013): the migration's own path.
+        pinned_0013 = conn.execute(
+            "SELECT DISTINCT proconfig FROM pg_proc WHERE proname IN ("
+            "'brooq_job_upstream_ended', 'brooq_job_after')"
+        ).fetchall()
     assert ("public", "job") in tables
     assert {t for s, t in tables if s == SCHEMA} == {
         "job",
@@ -117,9 +122,12 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
         "brooq_migration",
         "brooq_rate_slot",
         "brooq_group_turn",
+        "brooq_job_edge",
     }
     assert pinned == ([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)
     assert pinned_0012 == [([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)]
+    assert len(pinned_0013) == 1 and pinned_0013[0][0][0].startswith("search_path=")
+    assert SCHEMA in pinned_0013[0][0][0]
     assert app_job_rows(dsn) == [(1, "invoice"), (2, "refund")]
     # status honours the schema; without it, nothing of brooq's is on the search_path
     out = cli(dsn, "--schema", SCHEMA, "migrate", "status")

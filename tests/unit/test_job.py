@@ -148,7 +148,7 @@ JOB = uuid.UUID("7d4c5e0a-3f41-4c77-9d3e-2b1f6a0c9e51")
 
 
 def test_the_transitions_are_the_documented_ones() -> None:
-    assert CANCELABLE_STATES == ("pending", "failed", "processing")
+    assert CANCELABLE_STATES == ("pending", "failed", "processing", "waiting")
     assert RETRYABLE_STATES == ("dead", "canceled")
     assert FROM_STATES == {"cancel": CANCELABLE_STATES, "retry": RETRYABLE_STATES}
     assert set(CANCELABLE_STATES) | set(RETRYABLE_STATES) <= set(STATES)
@@ -157,7 +157,10 @@ def test_the_transitions_are_the_documented_ones() -> None:
 
 
 def test_the_rule_in_words() -> None:
-    assert transition_rule("cancel") == "only pending, failed or processing jobs can be canceled"
+    assert (
+        transition_rule("cancel")
+        == "only pending, failed, processing or waiting jobs can be canceled"
+    )
     assert transition_rule("retry") == "only dead or canceled jobs can be retried"
 
 
@@ -168,7 +171,7 @@ def test_the_rule_in_words() -> None:
             "cancel",
             "done",
             f"cannot cancel job {JOB}: it is done; "
-            "only pending, failed or processing jobs can be canceled",
+            "only pending, failed, processing or waiting jobs can be canceled",
         ),
         (
             "retry",
@@ -195,7 +198,7 @@ def test_the_refusal_an_operator_reads(action: Transition, state: str, expected:
 def test_the_refusal_of_the_admin_http() -> None:
     """The 409 of POST /admin/jobs/<id>/cancel|retry, as the master words it."""
     assert transition_refusal("cancel", "canceled") == (
-        "job is canceled; only pending, failed or processing jobs can be canceled"
+        "job is canceled; only pending, failed, processing or waiting jobs can be canceled"
     )
     assert (
         transition_refusal("retry", "done")
@@ -233,10 +236,13 @@ def test_the_sql_takes_the_states_as_a_parameter() -> None:
 
 def test_the_bulk_forms_take_a_subset_of_the_transitions() -> None:
     """Bulk cancel leaves processing out (a running handler is canceled by id only)."""
-    assert BULK_FROM_STATES == {"cancel": ("pending", "failed"), "retry": RETRYABLE_STATES}
+    assert BULK_FROM_STATES == {
+        "cancel": ("pending", "failed", "waiting"),
+        "retry": RETRYABLE_STATES,
+    }
     for action in ("cancel", "retry"):
         assert set(BULK_FROM_STATES[action]) <= set(FROM_STATES[action])  # type: ignore[index]
-    assert bulk_rule("cancel") == "only pending or failed jobs can be canceled in bulk"
+    assert bulk_rule("cancel") == "only pending, failed or waiting jobs can be canceled in bulk"
     assert bulk_rule("retry") == "only dead or canceled jobs can be retried in bulk"
 
 
@@ -271,7 +277,7 @@ def test_the_cli_help_spells_the_same_rule() -> None:
     the constants' states."""
     cancel_help = cli_cancel_retry.cancel.help or ""
     retry_help = cli_cancel_retry.retry.help or ""
-    assert "pending, failed or processing -> canceled" in cancel_help
+    assert "pending, failed, processing or waiting -> canceled" in cancel_help
     assert "dead or canceled -> pending" in retry_help
     for state in CANCELABLE_STATES:
         assert state in cancel_help.split("->")[0]

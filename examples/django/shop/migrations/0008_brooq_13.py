@@ -1,5 +1,6 @@
-"""Stands in for the workflows migration of the same name, which replaces this file when
-the branches meet (brooq's migration 0013), after 0007_brooq_12."""
+"""brooq's migration 0013 (workflows: the waiting state, job.upstream_open and its kin,
+the edges' table, the trigger that releases a waiting job and the producer's function),
+after 0007_brooq_12. Not atomic: 0013 is a no-transaction file."""
 
 from django.db import migrations
 
