@@ -234,7 +234,10 @@ class _Drain:
                 else:
                     error, value = self._call(claim)
             finally:
-                joblogs.current.reset(context)
+                try:
+                    joblogs.current.reset(context)
+                except ValueError:  # closed in another context: a cancelled async drain
+                    joblogs.current.set(None)
             outcome, result, _, _ = self.attempts.end(claim, policy, error, value, refused, started)
             text = None if kept is None else kept.text()
             state, written = self.outcomes.write(claim, policy, outcome, result, text)
