@@ -7,7 +7,8 @@ runs every 3 s, once per tick however many masters run (queue.periodic). Quotes 
 typed payload (a dataclass) and return a result the demo waits for (queue.wait); one
 middleware wraps every sync job and logs the slow ones, its async twin the async ones.
 Fetches are I/O-bound: an `async def` handler, run many at once in the async child
-(`--concurrency`), while renders keep the sync children's cores busy."""
+(`--concurrency`), while renders keep the sync children's cores busy and report their
+progress. Each round's report waits for its four renders (a workflow's fan-in)."""
 
 from __future__ import annotations
 
@@ -75,14 +76,25 @@ queue.periodic("heartbeat", every="3s", job=brooq.Job("demo.notify", {"heartbeat
 
 
 @queue.handler("demo.render", queue="bulk", max_execution_timeout="30s")
-def render(claim: brooq.Claim) -> None:
-    """CPU-heavy: pure-Python hashing, so each child keeps a core busy."""
+def render(claim: brooq.Claim) -> dict[str, Any]:
+    """CPU-heavy: pure-Python hashing, so each child keeps a core busy. Its progress shows
+    in `brooq top` and on the status page (written at the master's next lease renewal)."""
     data = str(claim.payload).encode()
-    for _ in range(int(claim.payload.get("rounds", 20_000))):
+    rounds = int(claim.payload.get("rounds", 20_000))
+    for i in range(rounds):
         data = hashlib.sha256(data).digest()
-    claim.chain(
-        brooq.Job("demo.notify", {"rendered": claim.payload["n"], "digest": data.hex()[:12]})
-    )
+        if i % 5_000 == 0:
+            claim.progress(i / rounds, "hashing")  # a memory write, no round trip
+    digest = data.hex()[:12]
+    claim.chain(brooq.Job("demo.notify", {"rendered": claim.payload["n"], "digest": digest}))
+    return {"digest": digest}
+
+
+@queue.handler("demo.report")
+def report(claim: brooq.Claim) -> dict[str, Any]:
+    """A fan-in: created `waiting` with the round's renders (Job(after=...)), released
+    by the last of them to finish; their results come in claim.upstream."""
+    return {"round": claim.payload["round"], "digests": [u.result for u in claim.upstream]}
 
 
 @queue.handler("demo.flaky", max_attempts=5, backoff_base="200ms", backoff_max="2s", global_limit=1)

@@ -38,7 +38,12 @@ def feed(queue: brooq.Queue, round_no: int) -> Any:
     rounds in every ten (main resumes it on the way out)."""
     from demo_app import Quote  # the app's payload type (main put examples/ on the path)
 
-    jobs = [brooq.Job("demo.render", {"n": round_no * 10 + i, "rounds": 30_000}) for i in range(4)]
+    renders = [
+        brooq.Job("demo.render", {"n": round_no * 10 + i, "rounds": 30_000}) for i in range(4)
+    ]
+    jobs = list(renders)
+    # Waits for the four renders (created `waiting`, in the same transaction).
+    jobs.append(brooq.Job("demo.report", {"round": round_no}, after=renders))
     jobs += [brooq.Job("demo.flaky", {"n": round_no * 10 + i}) for i in range(3)]
     jobs.append(brooq.Job("demo.notify", {"urgent": round_no}, priority=10))
     jobs += [

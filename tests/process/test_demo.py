@@ -75,6 +75,21 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
         {"sku": "sku-0", "total": 9.99},
     )
     assert "[demo] quote done: result={'sku': 'sku-0', 'total': 9.99} (queue.wait)" in out.stdout
+    # Each round's report waited for its four renders: released exactly when all were done.
+    import brooq
+
+    reader = brooq.Queue(empty_dsn)
+    try:
+        with psycopg.connect(empty_dsn) as conn:
+            reports = conn.execute("SELECT id, state FROM job WHERE topic = 'demo.report'")
+            reports_by_id = dict(reports.fetchall())
+        assert len(reports_by_id) >= 1
+        for job_id, state in reports_by_id.items():
+            upstream = reader.upstream(job_id)
+            assert [u.topic for u in upstream] == ["demo.render"] * 4
+            assert (state == "waiting") == any(u.state != "done" for u in upstream), state
+    finally:
+        reader.close()
 
 
 def test_ctrl_c_in_a_pause_stops_feeding_and_leaves_no_queue_paused(empty_dsn: str) -> None:
