@@ -159,6 +159,7 @@ class AsyncLoop:
             if self.to_release:
                 await self._give_back()
                 continue
+            self._set_busy()  # once per pass, not per completion
             await self._wait(None if stopping else child.trips.idle_wait())
             shallow = False  # a completion, a wake-up or poll_interval: claim again
 
@@ -205,7 +206,6 @@ class AsyncLoop:
         self._tell_held(claims)
         lost.intersection_update(trips.held)
         child.meter.counted(claims)
-        self._set_busy()
         return claims
 
     def _tell_held(self, new: Sequence[Claim[Any]] = ()) -> None:
@@ -226,10 +226,12 @@ class AsyncLoop:
     # -- running jobs -------------------------------------------------------------------
 
     def _start(self, claims: list[Claim[Any]]) -> None:
+        loop = self._loop
+        assert loop is not None
         for claim in claims:
             slot = Slot(self.free.pop(), claim)
             self.in_flight[claim.id] = slot
-            task = asyncio.ensure_future(self._run_one(slot))
+            task = loop.create_task(self._run_one(slot))
             slot.task = task
             self.by_task[task] = slot
             task.add_done_callback(self._done)
@@ -303,7 +305,6 @@ class AsyncLoop:
         self.child.jobs_done += 1
         if not self.retiring and self.child.should_retire():
             self.retiring = True
-        self._set_busy()
         self._poke()
 
     # -- interruptions --------------------------------------------------------------------
