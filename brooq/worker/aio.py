@@ -45,7 +45,7 @@ from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim, LeaseLost
 from brooq.worker.connection import Stop
 from brooq.worker.process import ChildProcess
-from brooq.worker.tasks import Slot
+from brooq.worker.tasks import Slot, SoftLimits
 from brooq.worker.traces import await_frames, format_await_chain, format_frames
 
 log = logging.getLogger("brooq.child")
@@ -78,6 +78,7 @@ class AsyncLoop:
         self.to_release: list[uuid.UUID] = []
         self._waiter: asyncio.Future[None] | None = None  # the claimer's, while it waits
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.limits: SoftLimits | None = None  # the loop's soft-limit timers
         self._culprit: uuid.UUID | None = None
         self._culprit_logged_for = 0.0
 
@@ -97,6 +98,7 @@ class AsyncLoop:
     async def _main(self) -> int:
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self.limits = SoftLimits(loop)
         state = self.child.state
         # SIGTERM keeps the child's own handler (brooq.worker.interrupts: it sets
         # state.stopping, and Python's wakeup fd writes to the wake pipe, read here), not
@@ -229,7 +231,7 @@ class AsyncLoop:
         loop = self._loop
         assert loop is not None
         for claim in claims:
-            slot = Slot(self.free.pop(), claim)
+            slot = Slot(self.free.pop(), claim, limits=self.limits)
             self.in_flight[claim.id] = slot
             task = loop.create_task(self._run_one(slot))
             slot.task = task
