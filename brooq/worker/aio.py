@@ -6,9 +6,11 @@ child's sync connection (brooq.worker.connection, brooq.worker.outcome unchanged
 loop never waits on the network for them while jobs run; an idle child (nothing in
 flight) runs its round trip on the loop, since nothing would wait behind it. One
 coroutine, the claimer, makes one round trip at a time: the `done` of the jobs finished
-meanwhile and a claim of up to the free slots, in the one statement of the sync child
-(brooq.worker.roundtrip); again at once while claims come back non-empty, else on a
-completion, a wake from the master or poll_interval. Each attempt's bookkeeping around
+meanwhile and a claim of up to the free slots and a quarter more, in the one statement of
+the sync child (brooq.worker.roundtrip); again at once while claims come back non-empty,
+else on a completion, a wake from the master or poll_interval. The claims beyond the free
+slots start as slots free, without waiting for a trip (brooq.worker.tasks.Ahead); while
+at least half of them wait, the claimer waits too. Each attempt's bookkeeping around
 its task is the sync child's too (brooq.worker.attempt); what the control thread asks
 (brooq.worker.control) is posted into the loop.
 
@@ -45,7 +47,7 @@ from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim, LeaseLost
 from brooq.worker.connection import Stop
 from brooq.worker.process import ChildProcess
-from brooq.worker.tasks import Slot, SoftLimits
+from brooq.worker.tasks import Ahead, Slot, SoftLimits
 from brooq.worker.traces import await_frames, format_await_chain, format_frames
 
 log = logging.getLogger("brooq.child")
@@ -76,6 +78,7 @@ class AsyncLoop:
         self.retiring = False
         self.crashed: BaseException | None = None
         self.to_release: list[uuid.UUID] = []
+        self.ahead = Ahead(self.capacity, child.trips.pacing is not None)
         self._waiter: asyncio.Future[None] | None = None  # the claimer's, while it waits
         self._loop: asyncio.AbstractEventLoop | None = None
         self.limits: SoftLimits | None = None  # the loop's soft-limit timers
@@ -134,6 +137,8 @@ class AsyncLoop:
         assert self._loop is not None
         self.child.board.beat(time.monotonic())
         self._loop.call_later(LOOP_BEAT, self._beat)
+        if self.ahead.claims:
+            self._poke()  # the claimer looks at how long they have waited
 
     # -- claiming -----------------------------------------------------------------------
 
@@ -142,9 +147,18 @@ class AsyncLoop:
         shallow = False
         while self.crashed is None:
             stopping = state.stopping or self.retiring
-            limit = 0 if stopping else len(self.free)  # a slot frees when its task is done
+            if self.ahead.claims and (state.stopping or self.ahead.stale(time.monotonic())):
+                self.ahead.on = False  # no slot freed in time, or a stop: given back
+                self.to_release += self.ahead.take_all()
+                await self._give_back("drain" if state.stopping else "no_slot_freed")
+                continue
+            # A slot frees when its task is done; claims ahead wait for one (tasks.Ahead).
+            limit = 0 if stopping else len(self.free) + self.ahead.room()
             want = limit > 0 and not shallow
             if want or child.trips.owed:
+                if self.ahead.full_enough() and not self.free and not stopping:
+                    await self._wait(None)  # the next trip once half is used (or _beat)
+                    continue
                 claims = await self._round_trip(limit if want else 0)
                 if claims is None:  # the database failed: back off a little
                     shallow = True
@@ -156,7 +170,7 @@ class AsyncLoop:
                     shallow = not claims
                 self._start(claims)
                 continue
-            if stopping and not self.in_flight and not self.to_release:
+            if stopping and not self.in_flight and not self.to_release and not self.ahead.claims:
                 return
             if self.to_release:
                 await self._give_back()
@@ -218,6 +232,7 @@ class AsyncLoop:
             *(i for i, s in self.in_flight.items() if not s.settled),
             *trips.unwritten_ids(),
             *(c.id for c in new),
+            *self.ahead.ids(),
             *self.to_release,
         ]
         trips.hold(list(dict.fromkeys(held)))
@@ -230,7 +245,11 @@ class AsyncLoop:
     def _start(self, claims: list[Claim[Any]]) -> None:
         loop = self._loop
         assert loop is not None
+        now = time.monotonic()
         for claim in claims:
+            if not self.free:  # claimed ahead: started when a slot frees (_done)
+                self.ahead.claims.append((claim, now))
+                continue
             slot = Slot(self.free.pop(), claim, limits=self.limits)
             self.in_flight[claim.id] = slot
             task = loop.create_task(self._run_one(slot))
@@ -307,7 +326,11 @@ class AsyncLoop:
         self.child.jobs_done += 1
         if not self.retiring and self.child.should_retire():
             self.retiring = True
-        self._poke()
+        self.ahead.on = True
+        if self.ahead.claims and not (self.crashed or self.child.state.stopping):
+            self._start([self.ahead.claims.popleft()[0]])  # the slot waits for no trip
+        if not self.ahead.full_enough():  # else the claimer has nothing to do yet
+            self._poke()
 
     # -- interruptions --------------------------------------------------------------------
 
@@ -335,14 +358,14 @@ class AsyncLoop:
         for slot in list(self.in_flight.values()):
             slot.interrupt(_Shutdown("brooq: shutting down"))
 
-    async def _give_back(self) -> None:
+    async def _give_back(self, because: str = "drain") -> None:
         ids, self.to_release = self.to_release, []
         child = self.child
         loop = asyncio.get_running_loop()
         with contextlib.suppress(Stop, psycopg.Error):  # else the reaper returns them
             await loop.run_in_executor(self.db, child.trips.release, ids)
         for job_id in ids:
-            log.warning("event=job_returned job=%s attempt_refunded=1 because=drain", job_id)
+            log.warning("event=job_returned job=%s attempt_refunded=1 because=%s", job_id, because)
         self._tell_held()
 
     async def _finish_up(self) -> None:
@@ -356,6 +379,7 @@ class AsyncLoop:
             await asyncio.wait(tasks, timeout=1.0)
         if self.child.trips.owed:
             await self._round_trip(0)
+        self.to_release += self.ahead.take_all()
         if self.to_release:
             await self._give_back()
 

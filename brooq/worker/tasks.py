@@ -1,4 +1,5 @@
-"""One job of an async child as a task: its slot, its soft limit, its cancellation.
+"""One job of an async child as a task: its slot, its soft limit, its cancellation, and
+the claims waiting for a slot.
 
 Owns `Slot` (what the loop knows of a job in flight: its board slot, task, soft limit, and
 why brooq cancelled it), the handler's call awaited with its soft limit armed (`Slot.call`),
@@ -6,7 +7,7 @@ why brooq cancelled it), the handler's call awaited with its soft limit armed (`
 the same LIMIT_GRAIN), and `Slot.interrupt`, the one way brooq cancels a task: with a
 reason, which then becomes the attempt's exception (AttemptTimeout) or writes nothing
 (LeaseLost), while the task's siblings go on. A limit that fires late because the loop was
-blocked re-arms once.
+blocked re-arms once. `Ahead` keeps the claims made beyond the free slots, oldest first.
 
 Must never cancel a task outside its handler (the outcome write after it is brooq's),
 and never be called from another thread (the control thread posts into the loop).
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +27,15 @@ from brooq.errors import InvalidResult
 from brooq.handlers import HandlerFn
 from brooq.job import AttemptTimeout, Claim
 
-__all__ = ["LATE_TIMER", "LIMIT_GRAIN", "Slot", "SoftLimits"]
+__all__ = [
+    "AHEAD_PATIENCE",
+    "CLAIM_AHEAD",
+    "LATE_TIMER",
+    "LIMIT_GRAIN",
+    "Ahead",
+    "Slot",
+    "SoftLimits",
+]
 
 # A timer that fires this late (the loop was blocked by a sibling) re-arms once for its
 # lateness: a job is never charged the seconds another job took from it.
@@ -34,6 +45,43 @@ LATE_TIMER = 1.0
 # and cancelled per job cost ~4 us (the loop's heap keeps a cancelled one until it sweeps
 # it); adding the job to its grain's set and taking it out cost ~0.6 us, measured.
 LIMIT_GRAIN = 0.01
+
+
+# Claims beyond the free slots, one per CLAIM_AHEAD slots, wait in the child and start
+# the moment a slot frees, so that a freed slot waits for no round trip; the next trip
+# (the finished jobs' `done` with it) goes once half of them have started. Kept no longer
+# than AHEAD_PATIENCE while no slot frees (every slot on a long job): then given back
+# (attempt refunded), and none claimed ahead again until a slot frees.
+CLAIM_AHEAD = 4
+AHEAD_PATIENCE = 1.0
+
+
+class Ahead:
+    """The claims waiting for a slot, oldest first, with when each came."""
+
+    def __init__(self, capacity: int, paced: bool) -> None:
+        # None with a topic under a rate or a limit: a start deadline counts from the claim.
+        self.most = 0 if paced else capacity // CLAIM_AHEAD
+        self.claims: deque[tuple[Claim[Any], float]] = deque()
+        self.on = True  # off after a give-back for patience, until a slot frees
+
+    def room(self) -> int:
+        return (self.most if self.on else 0) - len(self.claims)
+
+    def full_enough(self) -> bool:
+        """Claims ahead still wait, at least half as many as it keeps: no trip yet."""
+        return bool(self.claims) and 2 * len(self.claims) >= self.most
+
+    def ids(self) -> list[uuid.UUID]:
+        return [c.id for c, _ in self.claims]
+
+    def stale(self, now: float) -> bool:
+        return bool(self.claims) and now - self.claims[0][1] > AHEAD_PATIENCE
+
+    def take_all(self) -> list[uuid.UUID]:
+        ids = self.ids()
+        self.claims.clear()
+        return ids
 
 
 class SoftLimits:
