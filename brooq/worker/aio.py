@@ -47,7 +47,7 @@ from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim, LeaseLost
 from brooq.worker.connection import Stop
 from brooq.worker.process import ChildProcess
-from brooq.worker.tasks import Ahead, Slot, SoftLimits
+from brooq.worker.tasks import AHEAD_SLOW, Ahead, Slot, SoftLimits
 from brooq.worker.traces import await_frames, format_await_chain, format_frames
 
 log = logging.getLogger("brooq.child")
@@ -294,6 +294,7 @@ class AsyncLoop:
         outcome, result, tb, duration = child.attempts.end(
             claim, policy, error, value, refused, slot.started, slot.index
         )
+        self.ahead.slow = duration >= AHEAD_SLOW
         if child.trips.keep_done(claim, outcome, duration, result):
             return
         try:

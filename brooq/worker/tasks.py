@@ -29,6 +29,7 @@ from brooq.job import AttemptTimeout, Claim
 
 __all__ = [
     "AHEAD_PATIENCE",
+    "AHEAD_SLOW",
     "CLAIM_AHEAD",
     "LATE_TIMER",
     "LIMIT_GRAIN",
@@ -54,6 +55,9 @@ LIMIT_GRAIN = 0.01
 # (attempt refunded), and none claimed ahead again until a slot frees.
 CLAIM_AHEAD = 4
 AHEAD_PATIENCE = 1.0
+# Only while the last job ran this long: shorter jobs free their slots within a round trip
+# anyway, and their claims ahead cost CPU per job (measured on the no-op async drain).
+AHEAD_SLOW = 0.005
 
 
 class Ahead:
@@ -64,9 +68,10 @@ class Ahead:
         self.most = 0 if paced else capacity // CLAIM_AHEAD
         self.claims: deque[tuple[Claim[Any], float]] = deque()
         self.on = True  # off after a give-back for patience, until a slot frees
+        self.slow = False  # the last job ran AHEAD_SLOW or longer
 
     def room(self) -> int:
-        return (self.most if self.on else 0) - len(self.claims)
+        return (self.most if self.on and self.slow else 0) - len(self.claims)
 
     def full_enough(self) -> bool:
         """Claims ahead still wait, at least half as many as it keeps: no trip yet."""
