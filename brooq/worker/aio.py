@@ -6,7 +6,7 @@ child's sync connection (brooq.worker.connection, brooq.worker.outcome unchanged
 loop never waits on the network for them while jobs run; an idle child (nothing in
 flight) runs its round trip on the loop, since nothing would wait behind it. One
 coroutine, the claimer, makes one round trip at a time: the `done` of the jobs finished
-meanwhile and a claim of up to the free slots and a quarter more, in the one statement of
+meanwhile and a claim of up to the free slots and half as many more, in the one statement of
 the sync child (brooq.worker.roundtrip); again at once while claims come back non-empty,
 else on a completion, a wake from the master or poll_interval. The claims beyond the free
 slots start as slots free, without waiting for a trip (brooq.worker.tasks.Ahead); while

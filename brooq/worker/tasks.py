@@ -53,7 +53,7 @@ LIMIT_GRAIN = 0.01
 # (the finished jobs' `done` with it) goes once half of them have started. Kept no longer
 # than AHEAD_PATIENCE while no slot frees (every slot on a long job): then given back
 # (attempt refunded), and none claimed ahead again until a slot frees.
-CLAIM_AHEAD = 4
+CLAIM_AHEAD = 2
 AHEAD_PATIENCE = 1.0
 # Only while the last job ran this long: shorter jobs free their slots within a round trip
 # anyway, and their claims ahead cost CPU per job (measured on the no-op async drain).
