@@ -25,6 +25,7 @@ WORKLOAD_TITLES = {
     "grouped": "group_limit",
     "io": "I/O sleep",
     "io_http": "I/O HTTP",
+    "io_best": "I/O steady",
     "durability": "durability",
 }
 # Targets: a single Queue.enqueue ahead of every peer and at this share of pgbench's
@@ -39,6 +40,10 @@ LIMITED_TARGET_SHARE = 0.9  # of cap / job time
 # concurrency, "async200" at 200); a run without them judges the sync `--workers 2`.
 IO_TARGET_RATIO = 1.5
 IO_ASYNC_VARIANTS = ("async", "async200")
+# io_best (run.py): brooq's best against pgqueuer's best, and brooq's share of its bound
+# at the slots pgqueuer is capped to in io (2 x 100, the "async" variant).
+IO_BEST_SHARE = 90.0
+IO_EQUAL_SLOTS_VARIANT = "async"
 IO_SECONDS = 0.05  # each I/O-bound job's wait: a configuration's bound is slots / this
 
 
@@ -248,6 +253,7 @@ def markdown(result: dict[str, Any]) -> str:
 
     lines += brooq_features(result)
     lines += io_section(result)
+    lines += io_best_section(result)
 
     lines += ["", "## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
     lines += targets(result)
@@ -529,6 +535,55 @@ def io_section(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def io_best_of(result: dict[str, Any], system: str) -> tuple[str, float] | None:
+    """(variant, median jobs/s) of a system's fastest io_best configuration."""
+    best: tuple[str, float] | None = None
+    for v in variants_run(result, system, ("io_best",)):
+        med = _med(_s(result, system, "io_best", v), "jobs_per_s")
+        if med is not None and (best is None or med > best[1]):
+            best = (v, med)
+    return best
+
+
+def io_best_command(result: dict[str, Any], system: str, variant: str) -> str:
+    st = result["systems"][system]["settings"].get("io_best", {}).get(variant or "-", {})
+    return f"`{st['command']}`" if st.get("command") else variant
+
+
+def io_best_section(result: dict[str, Any]) -> list[str]:
+    """io_best: the io jobs in a steady state, each system at equal slots and at its best."""
+    names = [n for n in systems_in(result) if variants_run(result, n, ("io_best",))]
+    if not names:
+        return []
+    n_jobs = result["sizes"].get("io_best", 0)
+    lines = [
+        "",
+        f"## I/O-bound, steady state: {n_jobs:,} ready jobs that each wait 50 ms",
+        "",
+        "The `io` jobs (`await asyncio.sleep(0.05)`), enough of them that the run is mostly "
+        "steady state rather than ramp-up, at each system's best configuration on this "
+        "machine (brooq's async children at 2 × 500 and 2 × 1,000 slots; pgqueuer without "
+        "`max_concurrent_tasks`) and at equal slots (2 × 100 for both). Timed as `io`.",
+        "",
+        "| system | configuration | slots | bound (jobs/s) | jobs/s | ÷ bound (%) "
+        "| most at once | job p50 / p95 (ms) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for n in names:
+        for v in variants_run(result, n, ("io_best",)):
+            e = _s(result, n, "io_best", v)
+            slots = _med(e, "slots")
+            lines.append(
+                f"| {n} | {io_best_command(result, n, v)} "
+                f"| {f'{slots:,.0f}' if slots else 'no cap'} "
+                f"| {f'{slots / IO_SECONDS:,.0f}' if slots else '–'} | {fmt(e, 'jobs_per_s')} "
+                f"| {fmt(e, 'share_of_ideal_pct') if slots else '–'} "
+                f"| {fmt(e, 'max_concurrency')} "
+                f"| {fmt(e, 'job_ms_p50', 1)} / {fmt(e, 'job_ms_p95', 1)} |"
+            )
+    return lines
+
+
 def durability_cost(result: dict[str, Any]) -> tuple[float, float, float] | None:
     """(jobs/s with on, with off, cost of on as a share of off), from the medians."""
     on = _med(_s(result, "brooq", "durability", "on"), "jobs_per_s")
@@ -636,6 +691,13 @@ def glance(result: dict[str, Any]) -> list[str]:
                     bound = ("slots ÷ 50 ms", slots / IO_SECONDS) if slots else None
         label = "I/O-bound, 50 ms sleeps" if wl == "io" else "I/O-bound, 50 ms HTTP calls"
         add(f"{label} (jobs/s)", mine, (peer[0], peer[1]) if peer else None, bound)
+    mine_best, peer_best = io_best_of(result, "brooq"), io_best_of(result, "pgqueuer")
+    if mine_best is not None:
+        add(
+            "I/O-bound, steady state, best configurations (jobs/s)",
+            (_variant_label("io", mine_best[0]), mine_best[1]),
+            ("pgqueuer", peer_best[1]) if peer_best else None,
+        )
     cpu = _med(_s(result, "brooq", "cpu"), "parallelism")
     if cpu is not None:
         add(
@@ -671,7 +733,7 @@ def _variant_label(workload: str, variant: str) -> str:
     if workload == "drain":
         return f"{variant} children"
     if workload in ("io", "io_http"):
-        return variant if variant in IO_ASYNC_VARIANTS else f"--workers {variant}"
+        return variant if variant.startswith("async") else f"--workers {variant}"
     return variant
 
 
@@ -796,6 +858,27 @@ def targets(result: dict[str, Any]) -> list[str]:
                 f"= {ratio:.2f}×",
                 ratio >= IO_TARGET_RATIO,
             )
+    mine_best, peer_best = io_best_of(result, "brooq"), io_best_of(result, "pgqueuer")
+    if mine_best and peer_best:
+        ratio = mine_best[1] / peer_best[1]
+        row(
+            f"io_best: brooq's best ≥ {IO_TARGET_RATIO:g}× pgqueuer's best",
+            f"brooq {mine_best[1]:,.0f} jobs/s ({mine_best[0]}) vs pgqueuer "
+            f"{peer_best[1]:,.0f} ({peer_best[0] or 'capped'}) = {ratio:.2f}×",
+            ratio >= IO_TARGET_RATIO,
+        )
+    e = _s(result, "brooq", "io_best", IO_EQUAL_SLOTS_VARIANT)
+    share = _med(e, "share_of_ideal_pct")
+    if share is not None:
+        peer = _s(result, "pgqueuer", "io_best", "")
+        theirs = _med(peer, "share_of_ideal_pct")
+        against = f"; pgqueuer at its 2 × 100: {theirs:.0f} %" if theirs is not None else ""
+        row(
+            f"io_best at equal slots ({_med(e, 'slots') or 0:,.0f}): brooq ≥ "
+            f"{IO_BEST_SHARE:g} % of slots ÷ 50 ms",
+            f"{share:.0f} % ({_med(e, 'jobs_per_s') or 0:,.0f} jobs/s){against}",
+            share >= IO_BEST_SHARE,
+        )
     return rows
 
 

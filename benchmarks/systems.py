@@ -135,7 +135,12 @@ class Brooq(System):
     # The async variants (run.py's BROOQ_IO_VARIANTS, BROOQ_PICKUP_VARIANTS):
     # variant -> the --concurrency on the command line (None: brooq's default, 100), each
     # with ASYNC_WORKERS children of apps/bench_brooq_async_app.py, all of them async.
-    ASYNC_VARIANTS: dict[str, int | None] = {"async": None, "async200": 200}
+    ASYNC_VARIANTS: dict[str, int | None] = {
+        "async": None,
+        "async200": 200,
+        "async500": 500,  # run.py's io_best: brooq's best configurations here
+        "async1000": 1000,
+    }
     ASYNC_WORKERS = 2
 
     def prepare(self, dsn: str) -> None:
@@ -461,14 +466,15 @@ class PgQueuer(System):
         self.loop.run_until_complete(self.queries.enqueue(kind, self._payload(item)))
         return time.time()
 
-    def _args(self, workload: str) -> list[str]:
+    def _args(self, workload: str, variant: str = "") -> list[str]:
         if workload in ("cpu", "hung"):
             # Long, blocking jobs: the performance guide's "decrease batch_size when jobs
             # are long-running", with the smallest cap it allows (2 x batch_size).
             args = ["--batch-size", "1", "--max-concurrent-tasks", "2"]
         elif workload in IO_WORKLOADS:
             args = ["--batch-size", str(self.BATCH_SIZE)]
-            args += ["--max-concurrent-tasks", str(self.IO_MAX_CONCURRENT)]
+            if variant != "unlimited":  # run.py's io_best: its best is without a cap
+                args += ["--max-concurrent-tasks", str(self.IO_MAX_CONCURRENT)]
         else:
             args = ["--batch-size", str(self.BATCH_SIZE)]
         if workload == "hung":
@@ -477,12 +483,13 @@ class PgQueuer(System):
 
     def workers(self, workload: str, variant: str = "") -> list[Worker]:
         env = base_env(self.dsn, self._io_env())
-        argv = [venv_bin("pgq"), "run", "bench_pgqueuer_app:main", *self._args(workload)]
+        argv = [venv_bin("pgq"), "run", "bench_pgqueuer_app:main", *self._args(workload, variant)]
         return [Worker(argv, env, f"pgqueuer-{workload}-{i}") for i in range(PEER_PROCESSES)]
 
     def slots(self, workload: str, variant: str = "") -> int:
         if workload in IO_WORKLOADS:
-            return PEER_PROCESSES * self.IO_MAX_CONCURRENT
+            # Without a cap, as many as are ready: no bound to compare with (0).
+            return 0 if variant == "unlimited" else PEER_PROCESSES * self.IO_MAX_CONCURRENT
         return PEER_PROCESSES * (2 if workload in ("cpu", "hung") else self.BATCH_SIZE)
 
     def remaining(self) -> int:
@@ -503,7 +510,7 @@ class PgQueuer(System):
     def settings(self, workload: str, variant: str = "") -> dict[str, Any]:
         s: dict[str, Any] = {
             "command": f"{PEER_PROCESSES} x pgq run bench_pgqueuer_app:main "
-            + " ".join(self._args(workload)),
+            + " ".join(self._args(workload, variant)),
             "settings": "AsyncpgDriver on one asyncpg connection per QueueManager; durability "
             "durable (default); `pgq autovac` applied; dequeue_timeout 30s (default)",
             "tasks": "async entrypoints (io, io_http await on the event loop); cpu and hung "

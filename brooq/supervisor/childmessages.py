@@ -36,7 +36,9 @@ def read_messages(c: ChildProc, now: float) -> list[StackAnswer]:
             log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
             continue
         if "held" in msg:
-            held = [uuid.UUID(h) for h in msg["held"]]
+            known = c.held_text
+            c.held_text = {h: known.get(h) or uuid.UUID(h) for h in msg["held"]}
+            held = list(c.held_text.values())
             if c.held:  # what it no longer holds, for Renewal (ChildProc.dropped)
                 c.dropped.update(set(c.held).difference(held))
             c.held = held

@@ -39,6 +39,9 @@ class ChildProc:
     kind: ChildKind = SYNC  # which handlers it runs (docs/async.md)
     jobs: tuple[Running, ...] = ()  # the board as last read (Fleet.read_boards)
     held: list[uuid.UUID] = field(default_factory=list)  # every job it holds, jobs included
+    # The last held list's ids by their text: the next list repeats most of them, and
+    # parsing a UUID costs more than looking it up (an async child's list is long).
+    held_text: dict[str, uuid.UUID] = field(default_factory=dict)
     # Jobs that left `held` since Renewal last looked: one back in `held` was claimed
     # again (canceled, then retried), and a renewal answer older than that claim must
     # not be taken for the new claim's.

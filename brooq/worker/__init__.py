@@ -8,7 +8,9 @@ parts, the round trip, the attempt) and answer the control thread through one pr
 
 - `child`: `Child`, the sync loop with its adaptive batches; `main`, the entry point after fork.
 - `aio`: `AsyncLoop`, an async child's event loop running up to `concurrency` jobs.
-- `tasks`: one async job as a task: its slot, its soft limit, its cancellation with a reason.
+- `culprit`: an async child seen from its control thread: the job blocking its loop, its title.
+- `tasks`: one async job as a task: its slot, its soft limit, its cancellation with a reason;
+  the claims waiting for a slot.
 - `process`: `ChildProcess`, what every child is whatever its loop: its parts, set up after fork.
 - `roundtrip`: one claim round trip (`done` written, next claims), the held list, releases.
 - `pacing`: the topics claimed apart in turn (limits of the fleet), their windows, start deadlines.

@@ -6,9 +6,11 @@ child's sync connection (brooq.worker.connection, brooq.worker.outcome unchanged
 loop never waits on the network for them while jobs run; an idle child (nothing in
 flight) runs its round trip on the loop, since nothing would wait behind it. One
 coroutine, the claimer, makes one round trip at a time: the `done` of the jobs finished
-meanwhile and a claim of up to the free slots, in the one statement of the sync child
-(brooq.worker.roundtrip); again at once while claims come back non-empty, else on a
-completion, a wake from the master or poll_interval. Each attempt's bookkeeping around
+meanwhile and a claim of up to the free slots and half as many more, in the one statement of
+the sync child (brooq.worker.roundtrip); again at once while claims come back non-empty,
+else on a completion, a wake from the master or poll_interval. The claims beyond the free
+slots start as slots free, without waiting for a trip (brooq.worker.tasks.Ahead); while
+at least half of them wait, the claimer waits too. Each attempt's bookkeeping around
 its task is the sync child's too (brooq.worker.attempt); what the control thread asks
 (brooq.worker.control) is posted into the loop.
 
@@ -45,15 +47,14 @@ from brooq.ipc.reasons import EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim, LeaseLost
 from brooq.worker import joblogs
 from brooq.worker.connection import Stop
+from brooq.worker.culprit import Culprit, title
 from brooq.worker.process import ChildProcess
 from brooq.worker.spans import Spans
-from brooq.worker.tasks import Slot
+from brooq.worker.tasks import AHEAD_SLOW, Ahead, Slot, SoftLimits
 from brooq.worker.traces import await_frames, format_await_chain, format_frames
 
 log = logging.getLogger("brooq.child")
 
-# The control thread names the job blocking the loop once the beat is this old.
-CULPRIT_AFTER = 0.5
 # On a drain, what still runs this long before graceful_timeout is cancelled and given
 # back by the child itself, so the jobs that finished are written (the master's kill at
 # the deadline would return them too).
@@ -78,10 +79,11 @@ class AsyncLoop:
         self.retiring = False
         self.crashed: BaseException | None = None
         self.to_release: list[uuid.UUID] = []
+        self.ahead = Ahead(self.capacity, child.trips.pacing is not None)
         self._waiter: asyncio.Future[None] | None = None  # the claimer's, while it waits
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._culprit: uuid.UUID | None = None
-        self._culprit_logged_for = 0.0
+        self.limits: SoftLimits | None = None  # the loop's soft-limit timers
+        self.culprit = Culprit()  # the control thread's: who blocks the loop
 
     # -- the process --------------------------------------------------------------------
 
@@ -99,6 +101,7 @@ class AsyncLoop:
     async def _main(self) -> int:
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self.limits = SoftLimits(loop)
         state = self.child.state
         # SIGTERM keeps the child's own handler (brooq.worker.interrupts: it sets
         # state.stopping, and Python's wakeup fd writes to the wake pipe, read here), not
@@ -134,6 +137,8 @@ class AsyncLoop:
         assert self._loop is not None
         self.child.board.beat(time.monotonic())
         self._loop.call_later(LOOP_BEAT, self._beat)
+        if self.ahead.claims:
+            self._poke()  # the claimer looks at how long they have waited
 
     # -- claiming -----------------------------------------------------------------------
 
@@ -142,9 +147,18 @@ class AsyncLoop:
         shallow = False
         while self.crashed is None:
             stopping = state.stopping or self.retiring
-            limit = 0 if stopping else len(self.free)  # a slot frees when its task is done
+            if self.ahead.claims and (state.stopping or self.ahead.stale(time.monotonic())):
+                self.ahead.on = False  # no slot freed in time, or a stop: given back
+                self.to_release += self.ahead.take_all()
+                await self._give_back("drain" if state.stopping else "no_slot_freed")
+                continue
+            # A slot frees when its task is done; claims ahead wait for one (tasks.Ahead).
+            limit = 0 if stopping else len(self.free) + self.ahead.room()
             want = limit > 0 and not shallow
             if want or child.trips.owed:
+                if self.ahead.full_enough() and not self.free and not stopping:
+                    await self._wait(None)  # the next trip once half is used (or _beat)
+                    continue
                 claims = await self._round_trip(limit if want else 0)
                 if claims is None:  # the database failed: back off a little
                     shallow = True
@@ -156,11 +170,12 @@ class AsyncLoop:
                     shallow = not claims
                 self._start(claims)
                 continue
-            if stopping and not self.in_flight and not self.to_release:
+            if stopping and not self.in_flight and not self.to_release and not self.ahead.claims:
                 return
             if self.to_release:
                 await self._give_back()
                 continue
+            self._set_busy()  # once per pass, not per completion
             await self._wait(None if stopping else child.trips.idle_wait())
             shallow = False  # a completion, a wake-up or poll_interval: claim again
 
@@ -207,7 +222,6 @@ class AsyncLoop:
         self._tell_held(claims)
         lost.intersection_update(trips.held)
         child.meter.counted(claims)
-        self._set_busy()
         if child.spans is not None and claims:  # their trace context: brooq.worker.spans
             await loop.run_in_executor(self.db, child.spans.fetch, claims)
         return claims
@@ -220,6 +234,7 @@ class AsyncLoop:
             *(i for i, s in self.in_flight.items() if not s.settled),
             *trips.unwritten_ids(),
             *(c.id for c in new),
+            *self.ahead.ids(),
             *self.to_release,
         ]
         trips.hold(list(dict.fromkeys(held)))
@@ -230,10 +245,16 @@ class AsyncLoop:
     # -- running jobs -------------------------------------------------------------------
 
     def _start(self, claims: list[Claim[Any]]) -> None:
+        loop = self._loop
+        assert loop is not None
+        now = time.monotonic()
         for claim in claims:
-            slot = Slot(self.free.pop(), claim)
+            if not self.free:  # claimed ahead: started when a slot frees (_done)
+                self.ahead.claims.append((claim, now))
+                continue
+            slot = Slot(self.free.pop(), claim, limits=self.limits)
             self.in_flight[claim.id] = slot
-            task = asyncio.ensure_future(self._run_one(slot))
+            task = loop.create_task(self._run_one(slot))
             slot.task = task
             self.by_task[task] = slot
             task.add_done_callback(self._done)
@@ -288,6 +309,7 @@ class AsyncLoop:
         )
         if span is not None:
             Spans.end(span, error, outcome.kind, outcome.error)
+        self.ahead.slow = duration >= AHEAD_SLOW
         text = None if kept is None else kept.text()
         if text is None and child.trips.keep_done(claim, outcome, duration, result):
             return
@@ -321,8 +343,11 @@ class AsyncLoop:
         self.child.jobs_done += 1
         if not self.retiring and self.child.should_retire():
             self.retiring = True
-        self._set_busy()
-        self._poke()
+        self.ahead.on = True
+        if self.ahead.claims and not (self.crashed or self.child.state.stopping):
+            self._start([self.ahead.claims.popleft()[0]])  # the slot waits for no trip
+        if not self.ahead.full_enough():  # else the claimer has nothing to do yet
+            self._poke()
 
     # -- interruptions --------------------------------------------------------------------
 
@@ -350,14 +375,14 @@ class AsyncLoop:
         for slot in list(self.in_flight.values()):
             slot.interrupt(_Shutdown("brooq: shutting down"))
 
-    async def _give_back(self) -> None:
+    async def _give_back(self, because: str = "drain") -> None:
         ids, self.to_release = self.to_release, []
         child = self.child
         loop = asyncio.get_running_loop()
         with contextlib.suppress(Stop, psycopg.Error):  # else the reaper returns them
             await loop.run_in_executor(self.db, child.trips.release, ids)
         for job_id in ids:
-            log.warning("event=job_returned job=%s attempt_refunded=1 because=drain", job_id)
+            log.warning("event=job_returned job=%s attempt_refunded=1 because=%s", job_id, because)
         self._tell_held()
 
     async def _finish_up(self) -> None:
@@ -371,39 +396,15 @@ class AsyncLoop:
             await asyncio.wait(tasks, timeout=1.0)
         if self.child.trips.owed:
             await self._round_trip(0)
+        self.to_release += self.ahead.take_all()
         if self.to_release:
             await self._give_back()
 
     # -- the control thread's view ----------------------------------------------------------
 
     def watch(self, now: float) -> None:
-        """Called by the control thread every TITLE_TICK: a loop silent for CULPRIT_AFTER
-        is blocked by the task running now; name its job on the board for the master."""
-        board = self.child.board
-        beat = board.loop_beat()
-        loop = self._loop
-        if loop is None or not beat:
-            return
-        if now - beat < CULPRIT_AFTER:
-            if self._culprit is not None:
-                self._culprit = None
-                board.set_culprit(None, 0.0)
-            return
-        task = asyncio.current_task(loop)
-        slot = self.by_task.get(task) if task is not None else None
-        culprit = slot.claim.id if slot is not None else None
-        if culprit != self._culprit:
-            self._culprit = culprit
-            board.set_culprit(culprit, beat)
-        if culprit is not None and slot is not None and self._culprit_logged_for != beat:
-            self._culprit_logged_for = beat
-            log.warning(
-                "event=loop_blocked job=%s topic=%s blocked=%.1fs: a coroutine that does "
-                "not yield (time.sleep, CPU work, a blocking client) holds the event loop",
-                culprit,
-                slot.claim.topic,
-                now - beat,
-            )
+        """Called by the control thread every TITLE_TICK (brooq.worker.culprit)."""
+        self.culprit.watch(self.child.board, self._loop, self.by_task, now)
 
     def await_chain(self, job_id: uuid.UUID) -> str:
         """The await chain of a job's task, outermost first, as a traceback reads (the
@@ -425,15 +426,4 @@ class AsyncLoop:
 
     def title(self) -> str:
         """The jobs in flight, per topic, and the oldest's age."""
-        slots = list(self.in_flight.values())
-        if not slots:
-            return f"brooq-child: async idle 0/{self.capacity}"
-        topics: dict[str, int] = {}
-        for s in slots:
-            topics[s.claim.topic] = topics.get(s.claim.topic, 0) + 1
-        oldest = min((s.started for s in slots if s.started), default=0.0)
-        age = (time.monotonic() - oldest) if oldest else 0.0
-        per_topic = ", ".join(f"{t} {n}" for t, n in sorted(topics.items()))
-        return (
-            f"brooq-child: async {len(slots)}/{self.capacity} jobs ({per_topic}) oldest {age:.1f}s"
-        )
+        return title(list(self.in_flight.values()), self.capacity)

@@ -51,6 +51,8 @@ class MasterLink:
         self.title = ""
         self._to_master = _ToMaster(to_master)  # never blocks, see there
         self._told_held: list[uuid.UUID] = []  # what the master was last told we hold
+        # Their text: the next list repeats most of them (an async child's is long).
+        self._held_text: dict[uuid.UUID, str] = {}
         os.set_blocking(from_master, True)
 
     def start(self) -> None:
@@ -63,7 +65,10 @@ class MasterLink:
     def tell_held(self, held: list[uuid.UUID]) -> None:
         """Tell the master what we hold (it renews those leases), if that changed."""
         if held != self._told_held:
-            self.tell({"held": [str(i) for i in held]})
+            known = self._held_text
+            text = [known.get(i) or str(i) for i in held]
+            self._held_text = dict(zip(held, text, strict=True))
+            self.tell({"held": text})
             self._told_held = list(held)
 
     # -- the control thread ------------------------------------------------------------

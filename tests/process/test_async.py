@@ -262,3 +262,26 @@ def test_recycling_waits_for_every_job_of_the_child(
     ).fetchone() == (60,)
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
+
+
+def test_claims_ahead_start_as_slots_free_and_go_back_when_none_frees(
+    queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    # 4 slots claim one more ahead once a job has run long (the first 4 of 1.5 s); the
+    # next 4 sleep 1.5 s too, so no slot frees within the second a claim ahead may wait:
+    # it goes back unstarted, attempt refunded, and runs once a slot frees.
+    long = enqueue(queue, [brooq.Job("a.sleep", {"s": 1.5}) for _ in range(10)])
+    m = start_master(workers=1, app=APP, args=("--concurrency", "4"))
+    wait_for(lambda: count(db, long, "done") == 10, timeout=30, what="10 done")
+    log = m.log()
+    returned = re.findall(r"event=job_returned job=(\S+) attempt_refunded=1 because=(\S+)", log)
+    assert returned and {b for _, b in returned} == {"no_slot_freed"}, returned
+    assert {uuid.UUID(j) for j, _ in returned} <= set(long)
+    # Given back unstarted and refunded: every job ran once, on its first attempt.
+    assert {r[1] for r in rows(db, long).values()} == {1}
+    assert db.execute(
+        "SELECT count(*) FROM execution WHERE job_id = ANY(%s) AND note = 'start'", (long,)
+    ).fetchone() == (10,)
+    assert most_at_once(db, long) == 4
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
