@@ -99,6 +99,8 @@ def drain_once(
                 if left == 0:
                     end = (now, 0, _tree_cpu(master.pid), _backends_cpu(conn))
                     break
+                if master.poll() is not None:  # a schema it refuses, say: never wait for ever
+                    raise RuntimeError(f"{tree}: brooq-master exited {master.returncode}")
                 time.sleep(0.05)
         master.send_signal(signal.SIGTERM)
         master.wait(30)
