@@ -61,13 +61,15 @@ class Floors:
         self._whole_took: dict[str, float] = {}  # queue -> seconds of its last whole read
         self._whole_due: dict[str, float] = {}  # queue -> monotonic time of the next one
         self._reading_whole: list[str] = []  # the queues the claim under way reads whole
+        self._floored = False  # whether the claim under way enters some queue at floors
 
     def start(self, queues: list[str], now: float) -> list[Range] | None:
         """The ranges of a floored claim of ``queues`` (in claim order), or None when the
         claim reads every queue whole (the plain statement)."""
         whole = [q for q in queues if self._whole(q, now)]
         self._reading_whole = whole
-        if len(whole) == len(queues):
+        self._floored = len(whole) < len(queues)
+        if not self._floored:
             return None
         ranges: list[Range] = []
         for queue in queues:
@@ -98,6 +100,13 @@ class Floors:
             out.append((queue, LOWEST, top, WHOLE))
         return out
 
+    def tracks(self, took: float) -> bool:
+        """Whether the claim under way, ``took`` seconds long, moves the floors: not a
+        cheap whole read (the common case, a table VACUUM keeps clean), whose floors
+        would never be used; the first claim past WORTH sets them. Asked before ``end``,
+        so that the caller lists the claimed jobs only when they count."""
+        return self._floored or took >= WORTH
+
     def end(
         self, claimed: Iterable[tuple[str, int, datetime]], started: float, ended: float
     ) -> None:
@@ -124,3 +133,4 @@ class Floors:
         """The next claim reads every queue whole (a claim failed, say)."""
         self._whole_due.clear()
         self._reading_whole = []
+        self._floored = False

@@ -293,8 +293,13 @@ class RoundTrips:
             )
             return [], queues, self._write_apart(finished)
         if limit and self.pacing is None:
-            claimed = [(r.queue, r.priority, r.available_at) for r in rows if r.claimed]
-            self.floors.end(claimed, started, time.monotonic())
+            ended = time.monotonic()
+            claimed = (
+                [(r.queue, r.priority, r.available_at) for r in rows if r.claimed]
+                if self.floors.tracks(ended - started)
+                else []
+            )
+            self.floors.end(claimed, started, ended)
         if self.claims_failing:
             self.claims_failing = False
             self._tell({"claims": "ok"})

@@ -37,6 +37,20 @@ def test_cheap_whole_reads_are_always_taken() -> None:
         floors.end([("q", 0, T + timedelta(seconds=i))], now, now + WORTH / 2)
 
 
+def test_only_claims_past_worth_or_from_floors_move_the_floors() -> None:
+    """A cheap whole read's jobs are not listed (its floors would never be used); the
+    first whole read past WORTH, and every floored claim, are."""
+    floors = Floors(spread=lambda: 0.0)
+    assert floors.start(["q"], 0.0) is None
+    assert not floors.tracks(WORTH / 2)
+    assert floors.tracks(WORTH)
+    end = slow_whole_read(floors, ["q"], [("q", 0, T)])
+    assert floors.start(["q"], end + 0.001) is not None
+    assert floors.tracks(0.0)  # a floored claim, however quick
+    floors.forget()
+    assert floors.start(["q"], end + 0.002) is None and not floors.tracks(0.0)
+
+
 def test_past_worth_the_claim_enters_each_priority_at_its_floor() -> None:
     floors = Floors(spread=lambda: 0.0)
     end = slow_whole_read(floors, ["q"], [("q", 0, T), ("q", 0, T + timedelta(seconds=3))])
