@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from brooq.plans import CHILD_OPTIONS, prepare
 from psycopg import sql
 from psycopg.rows import dict_row
 
@@ -212,36 +212,6 @@ def warm_up(dsn: str, master: Worker) -> None:
     time.sleep(1.0)
 
 
-# The claim's parameters as psycopg binds them from a child (brooq.worker.roundtrip).
-PARAM_TYPES = {
-    "done": "uuid[]",
-    "results": "text[]",
-    "worker": "text",
-    "queue": "text",
-    "topics": "text[]",
-    "limit": "int8",
-    "children": "int8",
-    "lease": "float8",
-    "queues": "text[]",
-    "lows": "int2[]",
-    "highs": "int2[]",
-    "floors": "timestamptz[]",
-}
-
-
-def as_prepared(text: str) -> tuple[str, list[str]]:
-    """A statement with psycopg's named placeholders as PostgreSQL's $n, and the names in
-    their order: for PREPARE, whose EXECUTE then runs the generic plan a child runs."""
-    names: list[str] = []
-
-    def number(found: re.Match[str]) -> str:
-        if found.group(1) not in names:
-            names.append(found.group(1))
-        return f"${names.index(found.group(1)) + 1}"
-
-    return re.sub(r"%\((\w+)\)[sb]", number, text).replace("%%", "%"), names
-
-
 def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of the one-queue claim reading the ready index whole, as
     a child runs it (prepared, generic plan), for ``limit`` jobs, rolled back."""
@@ -263,14 +233,8 @@ def explain_claim(dsn: str, workers: int, limit: int = 1) -> str:
 def explain_prepared(dsn: str, statement: str, values: dict[str, Any]) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of ``statement`` PREPAREd with the child's parameter
     types and planner settings (a generic plan), in a transaction rolled back."""
-    body, names = as_prepared(statement)
-    types = sql.SQL(", ").join(sql.SQL(PARAM_TYPES[n]) for n in names)
-    options = (
-        "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
-        " -c enable_sort=off"
-    )
-    with psycopg.connect(dsn, options=options) as conn:
-        conn.execute(sql.SQL("PREPARE bench_claim ({}) AS {}").format(types, sql.SQL(body)))
+    with psycopg.connect(dsn, options=CHILD_OPTIONS) as conn:
+        names = prepare(conn, "bench_claim", statement)
         args = sql.SQL(", ").join(sql.Literal(values[n]) for n in names)
         rows = conn.execute(
             sql.SQL("EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim({})").format(args)

@@ -34,31 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from brooq.plans import CHILD_OPTIONS, prepare
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import choose_admin_dsn, fresh_database
 
-CHILD = (
-    "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
-    " -c enable_sort=off"
-)
-TYPES = {
-    "done": "uuid[]",
-    "worker": "text",
-    "queue": "text",
-    "topics": "text[]",
-    "limit": "int8",
-    "children": "int8",
-    "lease": "float8",
-    "queues": "text[]",
-    "lows": "int2[]",
-    "highs": "int2[]",
-    "floors": "timestamptz[]",
-    "id": "uuid",
-    "result": "text",
-}
 WHOLE = datetime.min.replace(tzinfo=timezone.utc)
 # job_set_done as it was written before the guard went through the key.
 DONE_BEFORE = (
@@ -66,22 +48,6 @@ DONE_BEFORE = (
     "WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s"
 )
 VARIANTS = ("base", "payload1k", "fillfactor", "moved")
-
-
-def prepare(conn: psycopg.Connection[Any], name: str, statement: str) -> list[str]:
-    names: list[str] = []
-
-    def number(found: re.Match[str]) -> str:
-        if found.group(1) not in names:
-            names.append(found.group(1))
-        return f"${names.index(found.group(1)) + 1}"
-
-    body = re.sub(r"%\((\w+)\)[sb]", number, statement).replace("%%", "%")
-    types = sql.SQL(", ").join(sql.SQL(TYPES[n]) for n in names)
-    conn.execute(
-        sql.SQL("PREPARE {} ({}) AS {}").format(sql.Identifier(name), types, sql.SQL(body))
-    )
-    return names
 
 
 def explain(
@@ -166,7 +132,7 @@ def one(admin: str, n: int, variant: str) -> dict[str, Any]:
         out: dict[str, Any] = {"jobs": n, "variant": variant}
         out["build_s"] = round(time.monotonic() - t0, 1)
         try:
-            with psycopg.connect(dsn, autocommit=True, options=CHILD) as conn:
+            with psycopg.connect(dsn, autocommit=True, options=CHILD_OPTIONS) as conn:
                 in_flight = conn.execute("SELECT id FROM job WHERE state = 'processing'").fetchone()
                 assert in_flight is not None
                 claim = prepare(conn, "claim", Q.job_finish_and_claim)

@@ -46,6 +46,7 @@ module that defines a name, never from this package.
 - `settings`: the settings: defaults, QUEUE_* environment, validation
 - `signals`: the signals a handler raises (Delay, CancelJob, ...) and brooq's interruptions
 - `sql`: brooq's SQL as named statements, rendered per schema
+- `plans`: a statement PREPAREd as a worker child plans it, for the EXPLAIN tools
 - `stacks`: a running job's Python stack, asked and answered through PostgreSQL
 - `standby`: a server that refuses writes: telling a standby from a primary, and saying so
 - `supervisor`: brooq-master: the supervisor that forks, watches and replaces the children

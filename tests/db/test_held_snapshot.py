@@ -15,38 +15,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from brooq.plans import CHILD_OPTIONS, prepare
 from brooq.sql import Q
 from brooq.worker.floors import SLACK, Floors
 
 Conn = psycopg.Connection[Any]
-
-# The parameters' types as a child binds them.
-TYPES = {
-    "done": "uuid[]",
-    "ids": "uuid[]",
-    "id": "uuid",
-    "results": "text[]",
-    "result": "text",
-    "worker": "text",
-    "queue": "text",
-    "topics": "text[]",
-    "limit": "int8",
-    "children": "int8",
-    "lease": "float8",
-    "queues": "text[]",
-    "lows": "int2[]",
-    "highs": "int2[]",
-    "floors": "timestamptz[]",
-    "refund": "bool",
-    "max_attempts": "int4",
-    "delay": "float8",
-    "error": "text",
-    "history_error": "text",
-}
-CHILD = (
-    "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c enable_seqscan=off"
-    " -c enable_sort=off"
-)
 
 
 @pytest.fixture
@@ -58,26 +31,14 @@ def db(connect: Callable[..., Conn]) -> Conn:
 @pytest.fixture
 def child(dsn: str) -> Iterator[Conn]:
     """A connection with a child's planner settings."""
-    with psycopg.connect(dsn, autocommit=True, options=CHILD) as conn:
+    with psycopg.connect(dsn, autocommit=True, options=CHILD_OPTIONS) as conn:
         yield conn
 
 
-def prepare(conn: Conn, statement: str) -> tuple[str, list[str]]:
+def prepare_as_child(conn: Conn, statement: str) -> tuple[str, list[str]]:
     """``statement`` PREPAREd with the child's types: its name and its parameters."""
-    names: list[str] = []
-
-    def number(found: re.Match[str]) -> str:
-        if found.group(1) not in names:
-            names.append(found.group(1))
-        return f"${names.index(found.group(1)) + 1}"
-
-    body = re.sub(r"%\((\w+)\)[sb]", number, statement).replace("%%", "%")
-    types = sql.SQL(", ").join(sql.SQL(TYPES[n]) for n in names)
     name = f"p_{uuid.uuid4().hex[:8]}"
-    conn.execute(
-        sql.SQL("PREPARE {} ({}) AS {}").format(sql.Identifier(name), types, sql.SQL(body))
-    )
-    return name, names
+    return name, prepare(conn, name, statement)
 
 
 def explain_prepared(
@@ -102,7 +63,7 @@ def explain_prepared(
 def explain(conn: Conn, statement: str, values: dict[str, Any], analyze: bool = False) -> str:
     """EXPLAIN of ``statement``'s generic plan (PREPAREd with the child's types), run and
     rolled back when ``analyze``."""
-    return explain_prepared(conn, prepare(conn, statement), values, analyze)
+    return explain_prepared(conn, prepare_as_child(conn, statement), values, analyze)
 
 
 def claim_values(limit: int = 1) -> dict[str, Any]:
@@ -277,8 +238,8 @@ def test_the_claims_read_the_ready_index_in_order_on_a_table_analyzed_nearly_emp
     claimed_jobs(200)
     now = db.execute("SELECT now() AS t").fetchone()
     assert now is not None
-    plain = prepare(child, Q.job_finish_and_claim)
-    floored = prepare(child, Q.job_finish_and_claim_floored)
+    plain = prepare_as_child(child, Q.job_finish_and_claim)
+    floored = prepare_as_child(child, Q.job_finish_and_claim_floored)
     for limit in (1, 8):  # the generic plans are made now, and kept (no ANALYZE comes)
         explain_prepared(child, plain, claim_values(limit))
         explain_prepared(child, floored, floored_values(now["t"], limit))
