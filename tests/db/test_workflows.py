@@ -24,6 +24,7 @@ from brooq.sql import Q
 from brooq.testing import drain
 from tests.db.test_cli import as_json, ok, refused
 from tests.db.test_page import get, text
+from tests.db.test_unique import finish
 from tests.harness import terminate_backend, wait_for
 
 Conn = psycopg.Connection[Any]
@@ -44,22 +45,6 @@ def claim(db: Conn, topic: str, limit: int = 100, worker: str = "w") -> list[uui
         },
     ).fetchall()
     return [row[1] for row in rows if row[0]]
-
-
-def finish(db: Conn, ids: list[uuid.UUID], worker: str = "w") -> None:
-    """The child's batched `done` of ``ids`` (the same statement, claiming nothing)."""
-    db.execute(
-        Q.job_finish_and_claim,
-        {
-            "done": ids,
-            "worker": worker,
-            "queue": "default",
-            "topics": ["t"],
-            "limit": 0,
-            "children": 1,
-            "lease": 30.0,
-        },
-    ).fetchall()
 
 
 def fail(db: Conn, job_id: uuid.UUID, *, final: bool, worker: str = "w") -> str:
