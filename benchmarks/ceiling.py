@@ -9,7 +9,8 @@ Batched (BATCH jobs per claim, synchronous_commit = off, as brooq's children run
 QUEUE_WORKER_SYNCHRONOUS_COMMIT=off, their default): each script run claims
 a batch, then writes `done` for the whole batch with one guarded update -- the statements
 of job_finish_and_claim without the fair-share count, taken apart so that the script can
-carry the ids from one to the other.
+carry the ids from one to the other. Both read the ready index in its order (queue, priority
+DESC, available_at, id), as brooq's claim does.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from brooq.settings import Settings
 from psycopg import conninfo
 
 from common import fresh_database, summary
 
 CLAIM = """\
-WITH next AS (SELECT id FROM job WHERE state IN ('pending', 'failed') \
+WITH next AS (SELECT id FROM job WHERE queue = 'default' AND state IN ('pending', 'failed') \
 AND available_at <= now() AND topic = ANY(ARRAY['bench.noop']::text[]) \
-ORDER BY available_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) \
+ORDER BY priority DESC, available_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) \
 UPDATE job SET state = 'processing', attempts = job.attempts + 1, locked_by = :worker, \
 locked_until = now() + make_interval(secs => 30), updated_at = now() \
 FROM next WHERE job.id = next.id \
@@ -40,12 +42,14 @@ WHERE id = :jid AND state = 'processing' AND locked_by = :worker;
 """
 
 
-BATCH = 32
+# As brooq's children claim short jobs (QUEUE_CLAIM_BATCH_MAX's default).
+BATCH = Settings.claim_batch_max
 
 CLAIM_BATCH = f"""\
-WITH next AS MATERIALIZED (SELECT id FROM job WHERE state IN ('pending', 'failed') \
-AND available_at <= now() AND topic = ANY(ARRAY['bench.noop']::text[]) \
-ORDER BY available_at, id LIMIT {BATCH} FOR NO KEY UPDATE SKIP LOCKED), \
+WITH next AS MATERIALIZED (SELECT id FROM job WHERE queue = 'default' \
+AND state IN ('pending', 'failed') AND available_at <= now() \
+AND topic = ANY(ARRAY['bench.noop']::text[]) \
+ORDER BY priority DESC, available_at, id LIMIT {BATCH} FOR NO KEY UPDATE SKIP LOCKED), \
 claimed AS (UPDATE job SET state = 'processing', attempts = job.attempts + 1, \
 locked_by = :worker, locked_until = now() + make_interval(secs => 30), updated_at = now() \
 WHERE job.id = ANY(ARRAY(SELECT id FROM next)) RETURNING job.id) \

@@ -114,7 +114,11 @@ def markdown(result: dict[str, Any]) -> str:
     lines += glance(result)
 
     lines += [
-        f"## Enqueue {sizes['enqueue']:,} jobs",
+        "## Enqueue",
+        "",
+        f"One by one: {sizes['enqueue']:,} jobs. Bulk: "
+        # A result file without a bulk size enqueued the one-by-one count in bulk too.
+        f"{sizes.get('bulk', sizes['enqueue']):,} jobs in one call of the bulk API.",
         "",
         "| system | one by one (jobs/s) | bulk API (jobs/s) |",
         "| --- | ---: | ---: |",

@@ -4,9 +4,9 @@ workloads, one run. Writes results/<date>.json (raw), results/<date>.md and <dat
     python benchmarks/run.py [--quick] [--dsn DSN] [--systems brooq,celery] [--workloads ...]
 
 Workloads (each in a fresh database, three repetitions, median and min-max reported):
-  enqueue_single  N jobs, one API call each          (jobs/s)
-  enqueue_bulk    N jobs through the bulk API        (jobs/s)
-  drain           N ready no-op jobs drained         (jobs/s)
+  enqueue_single  20,000 jobs, one API call each     (jobs/s)
+  enqueue_bulk    100,000 jobs in one bulk API call  (jobs/s)
+  drain           100,000 ready no-op jobs drained   (jobs/s)
   cpu             200 jobs of ~25 ms pure Python     (wall s, parallelism = CPU s / wall s)
   pickup          200 single jobs on an idle queue   (commit -> handler start, ms);
                   brooq also with its async children (variant "async")
@@ -138,7 +138,12 @@ GROUPED_JOB_S = 0.020
 class Sizes:
     def __init__(self, quick: bool) -> None:
         self.enqueue = 2_000 if quick else 20_000
-        self.drain = 2_000 if quick else 20_000
+        # The bulk API's job: one call of many jobs (as a backfill or a fan-out makes).
+        self.bulk = 10_000 if quick else 100_000
+        # Enough jobs that the workers' start and the first claims weigh little.
+        self.drain = 5_000 if quick else 100_000
+        # The one-job-per-claim ceiling flushes a commit per job: 100,000 would take minutes.
+        self.ceiling_one = min(self.drain, 20_000)
         self.cpu = 40 if quick else 200
         self.pickup = 30 if quick else 200
         # The workloads' sizes, --quick or not (each run takes seconds).
@@ -165,7 +170,7 @@ def w_enqueue(system: System, dsn: str, n: int, bulk: bool) -> dict[str, Any]:
     items = [{"i": i} for i in range(n)]
     t0 = time.perf_counter()
     if bulk:
-        system.enqueue_bulk("noop", items)
+        system.enqueue_bulk("noop", items, chunk=n)
     else:
         system.enqueue_single("noop", items)
     seconds = time.perf_counter() - t0
@@ -750,7 +755,7 @@ def run_plan(
                         if wl == "enqueue_single":
                             m = w_enqueue(s, dsn, sizes.enqueue, bulk=False)
                         elif wl == "enqueue_bulk":
-                            m = w_enqueue(s, dsn, sizes.enqueue, bulk=True)
+                            m = w_enqueue(s, dsn, sizes.bulk, bulk=True)
                         elif wl == "drain":
                             m = w_drain(s, dsn, sizes.drain, variant)
                         elif wl == "cpu":
@@ -899,8 +904,9 @@ def main(argv: list[str] | None = None) -> int:
         for key, batch in (("ceiling", 1), ("ceiling_batched", ceiling.BATCH)):
             log(f"pgbench ceiling, {batch} job(s) per claim")
             try:
+                jobs = sizes.ceiling_one if batch == 1 else sizes.drain
                 result[key] = ceiling.run(
-                    admin_dsn, [int(c) for c in BROOQ_DRAIN_WORKERS], sizes.drain, reps, batch
+                    admin_dsn, [int(c) for c in BROOQ_DRAIN_WORKERS], jobs, reps, batch
                 )
                 log(f"   {result[key]['summary']}")
             except Exception as exc:

@@ -4,7 +4,9 @@ from the outside how many jobs are left.
 Every driver offers the same verbs, used by the workloads in run.py:
   prepare(dsn)                 install the schema in a fresh database
   enqueue_single(kind, items)  one API call (and one transaction or message) per job
-  enqueue_bulk(kind, items)    the system's bulk API, CHUNK jobs per call
+  enqueue_bulk(kind, items, chunk)
+                               the system's bulk API, chunk jobs per call (CHUNK unless
+                               told; the enqueue_bulk workload passes them all at once)
   enqueue_one(kind, item)      one job; returns time.time() once it is committed
   workers(workload)            the worker processes to start, not yet started
   remaining()                  jobs not yet finished, as the database (or Redis) says
@@ -62,7 +64,7 @@ class System:
     def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
         raise NotImplementedError
 
-    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]], chunk: int = CHUNK) -> None:
         raise NotImplementedError
 
     def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
@@ -166,9 +168,11 @@ class Brooq(System):
         for item in items:
             self.queue.enqueue(self._job(kind, item))
 
-    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]], priority: int = 0) -> None:
-        for i in range(0, len(items), CHUNK):
-            self.queue.enqueue_many([self._job(kind, it, priority) for it in items[i : i + CHUNK]])
+    def enqueue_bulk(
+        self, kind: str, items: Sequence[dict[str, Any]], chunk: int = CHUNK, priority: int = 0
+    ) -> None:
+        for i in range(0, len(items), chunk):
+            self.queue.enqueue_many([self._job(kind, it, priority) for it in items[i : i + chunk]])
 
     def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
         self.queue.enqueue(self._job(kind, item))
@@ -249,8 +253,8 @@ class Brooq(System):
             + "brooq-master "
             + " ".join(self._argv(workload, variant)),
             "settings": "defaults (poll_interval 1s, lease 30s, log level INFO)",
-            "enqueue": "Queue.enqueue (one transaction per job); "
-            f"Queue.enqueue_many in chunks of {CHUNK} (one statement per chunk)",
+            "enqueue": "Queue.enqueue (one transaction per job); bulk: one "
+            f"Queue.enqueue_many of all the jobs (other workloads' set-up: chunks of {CHUNK})",
         }
         if workload == "hung":
             s["timeout"] = "handler max_execution_timeout=2s, attempt_timeout=2s, max_attempts=1"
@@ -334,10 +338,10 @@ class Procrastinate(System):
         for item in items:
             task.defer(**self._args(kind, item))
 
-    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]], chunk: int = CHUNK) -> None:
         task = self._get(kind)
-        for i in range(0, len(items), CHUNK):
-            task.batch_defer(*[self._args(kind, it) for it in items[i : i + CHUNK]])
+        for i in range(0, len(items), chunk):
+            task.batch_defer(*[self._args(kind, it) for it in items[i : i + chunk]])
 
     def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
         self._get(kind).defer(**self._args(kind, item))
@@ -388,7 +392,8 @@ class Procrastinate(System):
             "(defaults); PsycopgConnector",
             "tasks": "no-op, pickup and I/O-bound (io, io_http) tasks are async; cpu and hung "
             "tasks are sync (run in a thread by procrastinate), hence concurrency 1 for them",
-            "enqueue": f"task.defer() per job; task.batch_defer() in chunks of {CHUNK}",
+            "enqueue": "task.defer() per job; bulk: one task.batch_defer() of all the jobs "
+            f"(other workloads' set-up: chunks of {CHUNK})",
         }
         if workload == "hung":
             s["timeout"] = (
@@ -452,10 +457,10 @@ class PgQueuer(System):
 
         self.loop.run_until_complete(go())
 
-    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]], chunk: int = CHUNK) -> None:
         async def go() -> None:
-            for i in range(0, len(items), CHUNK):
-                part = items[i : i + CHUNK]
+            for i in range(0, len(items), chunk):
+                part = items[i : i + chunk]
                 await self.queries.enqueue(
                     [kind] * len(part), [self._payload(it) for it in part], [0] * len(part)
                 )
@@ -515,8 +520,8 @@ class PgQueuer(System):
             "durable (default); `pgq autovac` applied; dequeue_timeout 30s (default)",
             "tasks": "async entrypoints (io, io_http await on the event loop); cpu and hung "
             "work in asyncio.to_thread",
-            "enqueue": f"Queries.enqueue(name, payload) per job; Queries.enqueue(lists) in "
-            f"chunks of {CHUNK}",
+            "enqueue": "Queries.enqueue(name, payload) per job; bulk: one Queries.enqueue(lists) "
+            f"of all the jobs (other workloads' set-up: chunks of {CHUNK})",
         }
         if workload == "hung":
             s["timeout"] = (
@@ -601,12 +606,12 @@ class Celery(System):
         for item in items:
             self._sig(kind, item).apply_async(queue=self.queue)
 
-    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
+    def enqueue_bulk(self, kind: str, items: Sequence[dict[str, Any]], chunk: int = CHUNK) -> None:
         from celery import group
 
         self.expected += len(items)
-        for i in range(0, len(items), CHUNK):
-            group(self._sig(kind, it) for it in items[i : i + CHUNK]).apply_async(queue=self.queue)
+        for i in range(0, len(items), chunk):
+            group(self._sig(kind, it) for it in items[i : i + chunk]).apply_async(queue=self.queue)
 
     def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
         self.expected += 1
@@ -671,8 +676,9 @@ class Celery(System):
             "settings": f"broker Redis {REDIS_URL}; task_acks_late={self.acks_late}; "
             f"worker_prefetch_multiplier={self.PREFETCH}; task_ignore_result=True; "
             "json serializer; -O default (prefetch into the pool processes)",
-            "enqueue": "task.apply_async() per job; group(...).apply_async() in chunks of "
-            f"{CHUNK} (Celery has no batch publish: a group sends one message per task)",
+            "enqueue": "task.apply_async() per job; bulk: one group(...).apply_async() of all "
+            "the jobs (Celery has no batch publish: a group sends one message per task; other "
+            f"workloads' set-up: chunks of {CHUNK})",
         }
         if not self.acks_late:
             s["measure"] = (

@@ -38,7 +38,8 @@ module that defines a name, never from this package.
 - `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
 - `produce_graph`: the insert steps of a batch with jobs that wait (after): names, then edges
 - `produce_options`: the insert steps of a job with a unique_key, debounce or tags
-- `produce_steps`: what an insert asks its driver to run, the rows it answers, a job's queue
+- `produce_steps`: what an insert asks its driver to run, the rows it answers, a job's queue,
+  the COPY rows of a batch without keys
 - `queue`: brooq.Queue, the application object: its face, delegating to the modules here
 - `rates`: rates (at most N starts per period): Rate, the forms the options accept, the allowance
 - `registry`: what an application declares: handlers, middleware, schedules, settings

@@ -44,8 +44,8 @@ from brooq.produce_steps import (
     One,
     R,
     Steps,
+    copy_rows,
     queue_of,
-    tags_literal,
 )
 from brooq.sql import Q, Queries, queries
 from brooq.standby import read_only
@@ -254,8 +254,11 @@ def _drive(target: Target, steps: Steps[R]) -> R:
                     answer = cur.execute(step.statement, step.params).fetchone()
                 elif isinstance(step, Copy):
                     with cur.copy(step.statement) as copy:
-                        for row in step.rows:
-                            copy.write_row(row)
+                        if isinstance(step.rows, str):
+                            copy.write(step.rows)
+                        else:
+                            for row in step.rows:
+                                copy.write_row(row)
                     answer = None
                 elif isinstance(step, Keyed):
                     with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
@@ -285,8 +288,11 @@ async def _drive_async(target: AsyncTarget, steps: Steps[R]) -> R:
                     answer = await cur.fetchone()
                 elif isinstance(step, Copy):
                     async with cur.copy(step.statement) as copy:
-                        for row in step.rows:
-                            await copy.write_row(row)
+                        if isinstance(step.rows, str):
+                            await copy.write(step.rows)
+                        else:
+                            for row in step.rows:
+                                await copy.write_row(row)
                     answer = None
                 elif isinstance(step, Keyed):
                     async with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
@@ -365,7 +371,7 @@ def _insert_batch(
         job.idempotency_key is None and job.unique_key is None for job in checked
     ):
         wide = any(job.tags is not None or job.group is not None for job in checked)
-        ready, scheduled = _copy_rows(checked, ids, handlers, wide)
+        ready, scheduled = copy_rows(checked, ids, handlers, wide)
         if ready:
             yield Copy(q.job_copy_ready_options if wide else q.job_copy_ready, ready)
         if scheduled:
@@ -414,26 +420,6 @@ def _params(job: Job, job_id: uuid.UUID, handlers: Handlers) -> dict[str, Any]:
         "priority": job.priority,
         "group": job.group,
     }
-
-
-def _copy_rows(
-    checked: list[Job], ids: list[uuid.UUID], handlers: Handlers, wide: bool = False
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """The COPY rows of jobs without keys, ready ones and scheduled ones apart, so that
-    "ready now" is the server's now(), never the client's clock; ``wide``: each row ends
-    with its tags and its group (the _options statements)."""
-    ready: list[tuple[Any, ...]] = []
-    scheduled: list[tuple[Any, ...]] = []
-    for job_id, job in zip(ids, checked, strict=True):
-        queue = queue_of(job, handlers)
-        if job.available_at is None:
-            row: tuple[Any, ...] = (job_id, job.topic, job.payload_json, queue, job.priority)
-            ready.append((*row, tags_literal(job.tags), job.group) if wide else row)
-        else:
-            at = job.available_at
-            row = (job_id, job.topic, job.payload_json, at, queue, job.priority)
-            scheduled.append((*row, tags_literal(job.tags), job.group) if wide else row)
-    return ready, scheduled
 
 
 def _many_params(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -> dict[str, Any]:

@@ -64,7 +64,10 @@ class Settings:
     # How often a master writes its row in brooq_master (brooq.masters): a master that
     # missed MISSED_BEATS of them is taken for gone.
     fleet_beat: float = 10.0
-    claim_batch_max: int = 32  # 1: always one job per claim
+    # 1: always one job per claim. Each claim walks the front of the ready index, which
+    # holds the entries of every job claimed since the last VACUUM (killed, still read):
+    # fewer, larger claims of short jobs walk it less often (docs/decisions.md).
+    claim_batch_max: int = 256
     # The workers' own claim and outcome commits. "off" risks only a re-run after a crash
     # of PostgreSQL (at least once allows it); enqueue is never affected. "on"
     # was measured at 13-16 % of a no-op drain, so the default stays "off"

@@ -67,6 +67,37 @@ def test_enqueue_many_in_one_statement(queue: brooq.Queue, db: psycopg.Connectio
     assert queue.enqueue_many([]) == []
 
 
+def test_a_ready_batch_keeps_text_that_copy_must_escape(
+    queue: brooq.Queue, db: psycopg.Connection
+) -> None:
+    # A batch of ready jobs without keys or options goes to COPY as text brooq writes
+    # itself, sync and async: what COPY reads as special (backslash, \N, \., tab, new
+    # line) must come back as it went in, in each of the columns it writes.
+    awkward = {"s": "tab\there\nnew line \\ backslash \\N \\. é ✓ 'q' \"dq\"", "\\": [1.5]}
+    jobs = [brooq.Job("mixed", {"i": i, **awkward}, priority=i - 2) for i in range(5)]
+    jobs.append(brooq.Job("mixed", "\\", queue="other-queue"))
+
+    async def enqueue_async() -> list[tuple[uuid.UUID, bool]]:
+        try:
+            return await queue.enqueue_many_async(jobs)
+        finally:
+            await queue.close_async()
+
+    result = queue.enqueue_many(jobs) + asyncio.run(enqueue_async())
+    assert all(created for _, created in result)
+    stored = {
+        r[0]: r[1:]
+        for r in db.execute("SELECT id, payload, topic, queue, priority, state FROM job")
+    }
+    assert len(stored) == 12
+    for n, (job_id, _) in enumerate(result):
+        i = n % 6
+        if i < 5:
+            assert stored[job_id] == ({"i": i, **awkward}, "mixed", "default", i - 2, "pending")
+        else:
+            assert stored[job_id] == ("\\", "mixed", "other-queue", 0, "pending")
+
+
 def test_enqueue_many_without_keys_keeps_every_field(
     queue: brooq.Queue, db: psycopg.Connection, dsn: str
 ) -> None:
@@ -483,14 +514,14 @@ def test_a_big_batch_pauses_the_collector_and_gives_it_back(
     def rows(n: int) -> list[brooq.Job]:
         return [brooq.Job("t", {"i": i}) for i in range(n)]
 
-    real_copy_rows = produce._copy_rows
+    real_copy_rows = produce.copy_rows
 
     def noting(checked: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append(gc.isenabled())
         return real_copy_rows(checked, *args, **kwargs)
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        produce._copy_rows = noting  # type: ignore[assignment]
+        produce.copy_rows = noting  # type: ignore[assignment]
         try:
             brooq.enqueue_many(conn, rows(1_000))
             assert gc.isenabled()
@@ -505,6 +536,6 @@ def test_a_big_batch_pauses_the_collector_and_gives_it_back(
             assert not gc.isenabled()
         finally:
             gc.enable()
-            produce._copy_rows = real_copy_rows  # type: ignore[assignment]
+            produce.copy_rows = real_copy_rows  # type: ignore[assignment]
     assert seen == [False, True, False, False]
     assert count(db) == 2_999

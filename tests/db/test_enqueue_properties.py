@@ -236,6 +236,7 @@ def test_payload_is_validated_exactly(payload: Any) -> None:
 @example(payload=1e23, path="queue")
 @example(payload=[1e300, {"a": -1.7976931348623157e308}], path="conn")
 @example(payload="x" * LIMIT, path="many")
+@example(payload={"\\N": "\\.\t\n\\\\ \\u0000 é"}, path="many")
 def test_payload_round_trips_through_the_database_or_nothing_is_written(
     small_queue: brooq.Queue,
     conn: psycopg.Connection[Any],

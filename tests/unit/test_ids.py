@@ -45,6 +45,24 @@ def test_more_than_the_counter_holds_in_one_millisecond_borrows_the_next(
     assert _ms(made[-1]) == first + 1  # 4096 - the random start fit in the first ms
 
 
+def test_a_batch_larger_than_the_counter_borrows_milliseconds_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    frozen = (time.time_ns() // 1_000_000 + 100) * 1_000_000  # ahead of every id so far
+    monkeypatch.setattr(time, "time_ns", lambda: frozen)
+    made = ids.uuid7_many(10_000)
+    assert made == sorted(made) and len(set(made)) == 10_000
+    assert all(v.version == 7 and v.variant == uuid.RFC_4122 for v in made)
+    first = frozen // 1_000_000
+    spans = [_ms(v) for v in made]
+    # Each millisecond's run counts its 12 bits up to 4095 before the next one is borrowed.
+    assert spans[0] == first and spans[-1] == first + 2
+    per_ms = {ms: spans.count(ms) for ms in set(spans)}
+    assert per_ms[first + 1] == 4096
+    after = ids.uuid7()  # a single id goes on from the batch's last
+    assert after > made[-1] and _ms(after) == spans[-1]
+
+
 def test_ids_are_uuids_like_the_constructor_makes() -> None:
     value = ids.uuid7_int()
     made = ids.uuid_from_int(value)
