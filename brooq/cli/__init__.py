@@ -19,6 +19,7 @@ brooq.cli.common:
 - `queues`: `brooq queues [pause|resume NAME]`, the queues and pausing one
 - `periodic`: `brooq periodic --app MODULE:ATTR`, the schedules an application registers
 - `fleet`: `brooq fleet`, the live masters and their children
+- `sql`: `brooq sql list|show`, brooq's SQL statements and each as it runs
 
 Owns: ``main``, the entry point of ``brooq`` and ``python -m brooq``: turning every
 error into one line on stderr and its exit code, and hiding --database and
@@ -46,6 +47,7 @@ from brooq.cli import (  # noqa: F401  (they register)
     migrate,
     periodic,
     queues,
+    sql,
     stats,
     top,
 )

@@ -46,9 +46,12 @@ in the variants it holds for, and nothing in the others. A flag no variant decla
 ``--#if`` left open, any other ``--#`` line, or a directive in a ``-- name:`` statement
 is refused when the files are loaded.
 
+``catalog()`` says where each statement comes from (its file, its template and flags),
+for ``brooq sql`` and the reference page.
+
 Owns: loading the ``*.sql`` files, expanding their templates, the marks and their
-rendering, the check of a schema name (``validate_schema``) and handing out the
-statements by name.
+rendering, the catalog of the statements, the check of a schema name
+(``validate_schema``) and handing out the statements by name.
 Must never: compose a schema into SQL other than through psycopg.sql, render a statement
 per call, or hold a statement that is defined twice.
 """
@@ -59,7 +62,7 @@ import re
 import threading
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from psycopg import sql
 
@@ -145,11 +148,7 @@ def expand(template: str, body: str, source: str = "<text>") -> dict[str, str]:
     """Each variant of the template ``template`` (its text after the heading): the lines
     its flags keep, the inline ``{if ...}`` of its flags written in."""
     lines = body.strip().split("\n")
-    variants: dict[str, frozenset[str]] = {}
-    while lines and (declared := _VARIANT.match(lines[0])):
-        flags = declared.group(2) or ""
-        variants[declared.group(1)] = frozenset(f.strip() for f in flags.split(",") if f.strip())
-        lines.pop(0)
+    variants = _variants(lines)
     where = f"{source}: template {template!r}"
     if not variants:
         raise ValueError(f"{where} declares no variant")
@@ -188,6 +187,42 @@ def expand(template: str, body: str, source: str = "<text>") -> dict[str, str]:
             raise ValueError(f"{where}: an --#if without its --#end")
         expanded[variant] = "\n".join(kept).strip()
     return expanded
+
+
+def _variants(lines: list[str]) -> dict[str, frozenset[str]]:
+    """The variants declared at the head of a template's ``lines`` (taken off them):
+    each one's flags by statement name."""
+    variants: dict[str, frozenset[str]] = {}
+    while lines and (declared := _VARIANT.match(lines[0])):
+        flags = declared.group(2) or ""
+        variants[declared.group(1)] = frozenset(f.strip() for f in flags.split(",") if f.strip())
+        lines.pop(0)
+    return variants
+
+
+class Statement(NamedTuple):
+    """Where a statement comes from: its file (``child.sql``), and for a template's
+    variant the template's name and the variant's flags (None and no flags otherwise)."""
+
+    name: str
+    file: str
+    template: str | None
+    flags: frozenset[str]
+
+
+def catalog(directory: Path | None = None) -> list[Statement]:
+    """Every statement of the ``*.sql`` files of ``directory`` (default: brooq's), in
+    the order ``load`` reads them: file by file, as written. Their text is ``load``'s."""
+    found: list[Statement] = []
+    for path in sorted((directory or Path(__file__).parent).glob("*.sql")):
+        parts = _HEADING.split(path.read_text(encoding="utf-8"))
+        for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+            if kind == "name":
+                found.append(Statement(name, path.name, None, frozenset()))
+                continue
+            for variant, flags in _variants(body.strip().split("\n")).items():
+                found.append(Statement(variant, path.name, name, flags))
+    return found
 
 
 def load(directory: Path) -> dict[str, str]:
