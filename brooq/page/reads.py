@@ -385,8 +385,16 @@ def finished_badly(
         return _page(cur.execute(q.web_finished_badly, params).fetchall(), size)
 
 
-# The downstream jobs a job's page lists (a fan-out may hold many more).
+# The upstream and downstream jobs a job's page lists (a fan-out may hold many more),
+# and how far their count goes (more: "10,000+").
 GRAPH_LIMIT = 100
+GRAPH_COUNT_CAP = 10_000
+# A job page's kept logs: the last LOG_ATTEMPTS attempts (brooq keeps 20), each cut to
+# its last LOG_TAIL_CHARS characters (`brooq jobs logs ID` prints them whole). At most
+# 20 x 8,192 characters: under 1 MB of page even escaped, whatever the handlers kept
+# (up to 1 MiB per attempt).
+LOG_ATTEMPTS = 20
+LOG_TAIL_CHARS = 8192
 
 
 def job(
@@ -395,15 +403,26 @@ def job(
     timeout: float = STATEMENT_TIMEOUT,
     q: Queries = Q,
 ) -> Row | None:
-    """The job's row, with the jobs it waits or waited for (``upstream``, in the order
-    named) and the first GRAPH_LIMIT that wait or waited for it (``downstream``)."""
+    """The job's row, bounded (web_job_get: no logs, a traceparent of its W3C size),
+    with the tails of its kept logs (``logs``: oldest first, each with ``text_bytes``,
+    ``shown_bytes`` and ``entries``, the attempts kept in all), the jobs it waits or
+    waited for (``upstream``, in the order named) and those that wait or waited for it
+    (``downstream``), the first GRAPH_LIMIT of each, with ``upstream_total`` and
+    ``downstream_total`` counting them all up to GRAPH_COUNT_CAP + 1."""
     with read_only(conn, timeout, q) as cur:
         row = cur.execute(q.web_job_get, {"id": job_id}).fetchone()
-        if row is not None:
-            row["upstream"] = cur.execute(q.job_upstream, {"id": job_id}).fetchall()
-            row["downstream"] = cur.execute(
-                q.job_downstream, {"id": job_id, "limit": GRAPH_LIMIT}
-            ).fetchall()
+        if row is None:
+            return None
+        logs = {"id": job_id, "chars": LOG_TAIL_CHARS, "attempts": LOG_ATTEMPTS}
+        row["logs"] = cur.execute(q.web_job_logs, logs).fetchall()[::-1]
+        graph = {"id": job_id, "limit": GRAPH_LIMIT, "cap": GRAPH_COUNT_CAP}
+        for side, statement in (
+            ("upstream", q.web_job_upstream),
+            ("downstream", q.web_job_downstream),
+        ):
+            jobs = cur.execute(statement, graph).fetchall()
+            row[side] = jobs
+            row[f"{side}_total"] = int(jobs[0]["total"]) if jobs else 0
         return row
 
 

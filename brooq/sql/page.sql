@@ -183,8 +183,61 @@ ORDER BY updated_at DESC, id DESC
 LIMIT %(limit)s
 
 -- name: web_job_get
--- One job, every column whatever migrations added (the page lists them in table order).
-SELECT * FROM {job} WHERE id = %(id)s
+-- One job, every column whatever migrations added (the page lists them in table order),
+-- bounded: the kept logs are not in it (web_job_logs reads their tails), and traceparent
+-- is given only in the W3C form of version 00 (55 characters; NULL otherwise, its
+-- length in traceparent_chars), so a page never carries megabytes of a column. The row
+-- is the table's own, two of its fields replaced (jsonb_populate_record).
+SELECT r.*, length(j.traceparent) AS traceparent_chars
+FROM {job} AS j,
+     LATERAL jsonb_populate_record(j, jsonb_build_object(
+         'logs', NULL,
+         'traceparent',
+         CASE WHEN j.traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+              THEN j.traceparent END)) AS r
+WHERE j.id = %(id)s
+
+-- name: web_job_logs
+-- The kept logs of a job (job.logs, one entry per attempt), the last `attempts` entries
+-- (newest first), each cut to its last `chars` characters: `text_bytes` is the whole
+-- text's size in bytes, `shown_bytes` what is shown of it. A page of 20 attempts of
+-- 1 MiB each carries 20 tails; `brooq jobs logs ID` prints them whole.
+SELECT l.position, l.entry->>'attempt' AS attempt, l.entry->>'at' AS at,
+       right(l.entry->>'text', %(chars)s) AS text,
+       coalesce(octet_length(l.entry->>'text'), 0) AS text_bytes,
+       coalesce(octet_length(right(l.entry->>'text', %(chars)s)), 0) AS shown_bytes,
+       jsonb_array_length(j.logs) AS entries
+FROM {job} AS j,
+     LATERAL jsonb_array_elements(
+         CASE WHEN jsonb_typeof(j.logs) = 'array' THEN j.logs ELSE '[]'::jsonb END
+     ) WITH ORDINALITY AS l(entry, position)
+WHERE j.id = %(id)s
+ORDER BY l.position DESC
+LIMIT %(attempts)s
+
+-- name: web_job_upstream
+-- The jobs a job waits or waited for, in the order it named them, at most `limit` (no
+-- result: the page shows id, topic and state); `total` counts them all, up to `cap` + 1.
+SELECT u.id, u.topic, u.state,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM {brooq_job_edge} AS x JOIN {job} AS y ON y.id = x.upstream_id
+            WHERE x.downstream_id = %(id)s LIMIT %(cap)s + 1) AS c) AS total
+FROM {brooq_job_edge} AS e JOIN {job} AS u ON u.id = e.upstream_id
+WHERE e.downstream_id = %(id)s
+ORDER BY e.position
+LIMIT %(limit)s
+
+-- name: web_job_downstream
+-- The jobs that wait or waited for a job, by id (enqueue order), at most `limit`;
+-- `total` counts them all, up to `cap` + 1 (a fan-out may hold many more than a page).
+SELECT d.id, d.topic, d.state,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM {brooq_job_edge} AS x JOIN {job} AS y ON y.id = x.downstream_id
+            WHERE x.upstream_id = %(id)s LIMIT %(cap)s + 1) AS c) AS total
+FROM {brooq_job_edge} AS e JOIN {job} AS d ON d.id = e.downstream_id
+WHERE e.upstream_id = %(id)s
+ORDER BY d.id
+LIMIT %(limit)s
 
 -- name: web_in_recovery
 -- Whether the page reads a standby (QUEUE_READ_DATABASE_URL): its sessions are not the
