@@ -333,7 +333,8 @@ def check_schema(dsn: str, schema: str | None = None) -> bool:
     answers but the schema is not there (or is older than this brooq): children forked now
     would crash on their first claim, over and over; ReadOnlyDatabase when the server is a
     standby (they could claim nothing there). An unreachable database is not an
-    error here (False): the master retries its connection and checks once connected.
+    error here (False): the master retries its connection and checks once connected; a
+    server that answers without the database named is (DatabaseMissing).
     ``schema`` (QUEUE_SCHEMA): the tables checked are that schema's."""
     import psycopg
 
@@ -344,6 +345,7 @@ def check_schema(dsn: str, schema: str | None = None) -> bool:
         MASTER_CONNECT_TIMEOUT,
         check_options,
         master_options,
+        missing_database,
     )
 
     try:
@@ -357,6 +359,8 @@ def check_schema(dsn: str, schema: str | None = None) -> bool:
     except DatabaseUnavailable as exc:
         if pooler.REFUSED in str(exc):  # a pooler, not an outage: retrying cannot help
             raise PoolerMismatch(str(exc)) from None
+        if (missing := missing_database(dsn, exc)) is not None:  # nor a database not there
+            raise missing from None
         return False
     try:
         refuse_standby(conn)
@@ -378,7 +382,7 @@ def check_children_dsn(dsn: str) -> None:
     from brooq.dsn import session_options
     from brooq.sql import Q
     from brooq.standby import refuse_standby
-    from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT
+    from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT, missing_database
 
     try:
         conn = connect(
@@ -391,6 +395,8 @@ def check_children_dsn(dsn: str) -> None:
     except DatabaseUnavailable as exc:
         if pooler.REFUSED in str(exc):
             raise PoolerMismatch(str(exc)) from None
+        if (missing := missing_database(dsn, exc)) is not None:
+            raise missing from None
         return
     refuse_standby(conn)
     try:

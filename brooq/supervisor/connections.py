@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
@@ -28,7 +29,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from brooq import migrate, pooler
-from brooq.dsn import CLIENT_ENCODING, session_options
+from brooq.dsn import CLIENT_ENCODING, describe, session_options
 from brooq.errors import PoolerMismatch, ReadOnlyDatabase, SchemaMissing
 from brooq.ipc.channel import STACK_CHANNEL
 from brooq.sql import Q, Queries, queries
@@ -50,6 +51,29 @@ RETRY_FIRST = 0.5
 # masters reconnect 10 s after the promotion (tests/ha/test_failover.py), their LISTEN,
 # renewals and reaper missing meanwhile; two connects every 5 s cost a server nothing.
 RETRY_MAX = 5.0
+
+
+# libpq's text for a server that answered and has no database of that name (no SQLSTATE
+# comes with a failed connect); in a server speaking another language it is not found,
+# and the master retries as for any failed connect.
+_NO_DATABASE = re.compile(r'FATAL:\s+database "(.*)" does not exist')
+
+
+class DatabaseMissing(SchemaMissing):
+    """The server answered, and the database the connection string names is not there."""
+
+
+def missing_database(dsn: str, exc: BaseException) -> DatabaseMissing | None:
+    """DatabaseMissing, naming the database, when ``exc`` (a failed connect) says the
+    server has no such database; None for any other failure (an outage: retried)."""
+    found = _NO_DATABASE.search(str(exc))
+    if found is None:
+        return None
+    return DatabaseMissing(
+        f'the database "{found.group(1)}" does not exist on the server '
+        f"({describe(dsn)}): create it and run `brooq migrate up`, or correct the "
+        "connection string"
+    )
 
 
 def master_options(dsn: str) -> str:
@@ -177,6 +201,12 @@ class Connections(Source):
             self.close()
             return False
         except (psycopg.Error, ReadOnlyDatabase) as exc:
+            if not self.schema_verified and (missing := missing_database(self.dsn, exc)):
+                # Down when brooq-master checked, up now without the database: as fatal
+                # as a missing schema. Once verified, a database gone is retried.
+                self.fatal = str(missing)
+                self.close()
+                return False
             self.failed("connect", exc)
             return False
         self.ok = True
