@@ -117,7 +117,8 @@ def sent_text(text: str) -> str:
 
 
 def _near(word: str, candidates: list[str]) -> str:
-    """ ", near matches: a, b" (names holding ``word`` first), or "" when none is."""
+    """The near matches of ``word`` among ``candidates`` (those holding it first) as the
+    end of an error ("; near matches: a, b"); "" when there are none."""
     holding = [c for c in candidates if word and word in c]
     close = difflib.get_close_matches(word, candidates, n=5, cutoff=0.6)
     near = list(dict.fromkeys(holding + close))[:6]
@@ -131,7 +132,8 @@ def _flags_text(flags: frozenset[str] | list[str]) -> str:
 def chosen(name: str, flags: list[str], all_variants: bool) -> list[Statement]:
     """The statements ``brooq sql show`` prints. ``name`` is a statement or a template;
     with flags or ``all_variants`` a variant's name stands for its template. A template
-    alone is its variant with no flag (what a plain master runs). click.UsageError (exit
+    alone is its variant with no flag (the claim's: what a child working one queue with no
+    limits sends). click.UsageError (exit
     2, one line) for an unknown name or flag, or flags no variant has together."""
     by_name = {s.name: s for s in catalog()}
     variants = templates()
@@ -153,9 +155,10 @@ def chosen(name: str, flags: list[str], all_variants: bool) -> list[Statement]:
         return found
     known = sorted(frozenset().union(*(s.flags for s in found)))
     wanted = frozenset(f.strip() for given in flags for f in given.split(",") if f.strip())
-    for flag in sorted(wanted - set(known)):
+    unknown = sorted(wanted - set(known))
+    if unknown:
         raise click.UsageError(
-            f"template {template} has no flag {flag!r}; its flags: {', '.join(known)}"
+            f"template {template} has no flag {unknown[0]!r}; its flags: {', '.join(known)}"
         )
     for s in found:
         if s.flags == wanted:
@@ -289,9 +292,12 @@ def show_command(
     """A statement as it runs: its template expanded, brooq's relations qualified by
     --schema or QUEUE_SCHEMA (unset: unqualified, as the search_path finds them).
 
-    NAME is a statement or a template; a template alone is its variant with no flag,
-    the one a master with one queue and no limits runs. Placeholders are psycopg's
-    (%(name)s, %(name)b bound in binary) unless --as-sent."""
+    NAME is a statement or a template (`brooq sql list`); a template alone is its variant
+    with no flag: for the claim, job_finish_and_claim, what a child working one queue with
+    no limits sends. With --flag or --all-variants, a variant's name stands for its
+    template. Placeholders are psycopg's (%(name)s; %(name)b is bound in binary) unless
+    --as-sent. The three statements of migrate.sql holding {} are composed further by
+    brooq.migrate (a schema's or an index's name) when it runs them."""
     found = chosen(name, list(flags), all_variants)
     held = queries(schema(ctx))
     texts = [getattr(held, s.name) for s in found]
