@@ -325,3 +325,32 @@ WHERE m.id <> $1::uuid
 -- name: master_leave
 -- A master stopping (drained, SIGQUIT, fatal) deletes its row: it drops out at once.
 DELETE FROM {brooq_master} WHERE id = %(id)s
+
+-- name: child_session_end
+-- A dead child's database sessions (brooq/supervisor/leftovers.py), found by the
+-- application_name the child connects with, on this database: each one still there is
+-- ended (a claim it runs is rolled back, or has committed). No rows: none is left.
+SELECT pid, pg_terminate_backend(pid) AS ended
+FROM pg_stat_activity
+WHERE application_name = %(name)s AND datname = current_database()
+  AND pid <> pg_backend_pid()
+
+-- name: child_session_find
+-- The same sessions, only looked for (a role that may not end them).
+SELECT pid FROM pg_stat_activity
+WHERE application_name = %(name)s AND datname = current_database()
+  AND pid <> pg_backend_pid()
+
+-- name: job_release_dead_worker
+-- The jobs a dead child still holds once none of its sessions is left: a claim that
+-- committed after the child died (after the release at its death, which skipped the
+-- rows the claim had locked). They never started: pending at once, attempt refunded.
+-- No SKIP LOCKED: the child's sessions are gone, and the master's lock_timeout bounds a
+-- wait on anyone else. The jobs it was running at its death (``running``) are not
+-- touched: their failed attempt is the death's settlement, or the reaper's.
+UPDATE {job}
+SET state = 'pending', attempts = greatest(job.attempts - 1, 0),
+    locked_by = NULL, locked_until = NULL, updated_at = now()
+WHERE state = 'processing' AND locked_by = %(worker)s
+  AND NOT (id = ANY(%(running)b::uuid[]))
+RETURNING id, topic

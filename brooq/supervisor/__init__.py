@@ -16,6 +16,7 @@ one list of sources (brooq.supervisor.source) in one select.
 - `childmessages`: what a child says on its pipe, applied to its ChildProc
 - `settlement`: how a child ended -> what happens to its jobs (pure)
 - `accounting`: writing what dead children owe the table
+- `leftovers`: a dead child's sessions ended; what a claim committed after its death, given back
 - `watchdog`: kill decisions (pure)
 - `enforce`: carrying out the watchdog's decisions
 - `duties`: the periodic duties, one module each, and the one scheduler that runs them

@@ -37,6 +37,7 @@ import psycopg
 from setproctitle import setproctitle
 
 from brooq import metrics as metrics_mod
+from brooq import pooler
 from brooq.handlers import Policy
 from brooq.ipc.reasons import ASYNC, DRAIN_TIMEOUT, FATAL, SYNC
 from brooq.opsport.hosts import HostRule
@@ -45,6 +46,7 @@ from brooq.settings import Settings
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.admin import Admin, start_ops
 from brooq.supervisor.admintoken import TokenWatch
+from brooq.supervisor.childproc import ChildProc
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.beat import BEAT, Beat
 from brooq.supervisor.duties.periodic import Periodic
@@ -59,6 +61,7 @@ from brooq.supervisor.duties.stats import Stats
 from brooq.supervisor.duties.vacuum import Vacuum
 from brooq.supervisor.enforce import Enforcer
 from brooq.supervisor.fleet import MASTER_SIGNALS, Fleet, ForkSpec
+from brooq.supervisor.leftovers import Leftovers
 from brooq.supervisor.ops import OpsServer
 from brooq.supervisor.pagekeeper import PageKeeper
 from brooq.supervisor.sdnotify import Notifier
@@ -162,6 +165,16 @@ class Master:
             self.conns, self.fleet, app_spec, queue.handlers, settings, self.listen_dsn
         )
         self.fleet.changed = self._children_changed
+        # What a dead child's claim committed after its death (brooq.supervisor.leftovers).
+        self.leftovers = Leftovers(
+            self.conns,
+            self.accounting,
+            settings.lease,
+            self.metrics,
+            time.monotonic,
+            follow=settings.pooler == pooler.NONE,
+        )
+        self._known: dict[int, ChildProc] = {}  # the children at the last change
         self.stats.unhandled = Unhandled(self.beat.live_pairs, self.metrics)
         duties: list[Duty] = [SdWatchdog(self.notifier)] if self.notifier.watchdog_period else []
         duties += [
@@ -223,7 +236,7 @@ class Master:
         self.sources = [self.signals, self.fleet, self.conns]
         self.sources += [s for s in (self.ops, self.pages) if s is not None]
         # The duties whose statements run off the loop (brooq.supervisor.offloop).
-        self.sources += [self.vacuum, self.stats, self.beat]
+        self.sources += [self.vacuum, self.stats, self.beat, self.leftovers]
         self._set_configured()
         self.conns.connect()
         try:
@@ -291,6 +304,11 @@ class Master:
             duty.run_once(now)
 
     def _children_changed(self) -> None:
+        children = self.fleet.children
+        for pid, c in self._known.items():
+            if pid not in children:  # reaped, its death settled (or queued)
+                self.leftovers.died(c)
+        self._known = dict(children)
         self.beat.children_changed()
         self.scheduler.due_now(BEAT)
 
