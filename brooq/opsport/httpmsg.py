@@ -5,7 +5,8 @@ answers it with the same plain answers.
 
 Requests are HTTP/1.0 or 1.1, one per connection (answered with Connection: close),
 headers at most MAX_HEADER_BYTES, a body (Content-Length only, no chunked) at most
-MAX_BODY_BYTES.
+MAX_BODY_BYTES. Host and Content-Length come at most once each: a repeated one is a 400,
+whether its values differ (RFC 9112 section 6.3) or not.
 
 Owns: parsing, the limits, the answer's bytes. Pure: no socket, no clock but the Date
 header's. Must never raise on what a client sends but BadRequest.
@@ -24,6 +25,7 @@ MAX_HEADERS = 100
 MAX_BODY_BYTES = 16 * 1024  # no endpoint reads a body; a small one is tolerated
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _VERSION = re.compile(r"HTTP/1\.[0-9]")
+_SINGLE = {"host": "Host", "content-length": "Content-Length"}  # at most once each
 
 
 @dataclass
@@ -68,9 +70,13 @@ def parse(data: bytes | bytearray) -> Request | None:
         name, colon, value = line.partition(":")
         if not colon or not name or name != name.strip():
             raise BadRequest(400, f"bad header line {line[:100]!r}")
-        if name.lower() == "host" and "host" in headers:  # which one would a proxy read?
-            raise BadRequest(400, "more than one Host header")
-        headers[name.lower()] = value.strip()
+        lowered = name.lower()
+        # Which one would a proxy read? A second Host or Content-Length, even one
+        # repeating the first, is refused (RFC 9112 6.3 allows that for equal values and
+        # requires it for different ones): two parsers can never frame the request apart.
+        if lowered in _SINGLE and lowered in headers:
+            raise BadRequest(400, f"more than one {_SINGLE[lowered]} header")
+        headers[lowered] = value.strip()
     if "transfer-encoding" in headers:
         raise BadRequest(501, "Transfer-Encoding is not supported; send Content-Length")
     length_text = headers.get("content-length", "0")
