@@ -11,4 +11,5 @@ brooq.page.
 - `httpmsg`: HTTP/1.x requests parsed from the bytes read, and plain answers, with their limits
 - `hosts`: which Host names the ops port answers: the defence against DNS rebinding
 - `handover`: the messages between the master and the page process over their socket
+- `budget`: the wrong admin tokens' budget, per source and over every source
 """

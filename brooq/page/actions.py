@@ -13,8 +13,9 @@ Every POST but /sign-in (the stack button's included: brooq.page.dispatch asks
 refusal()) needs a valid session, the form's CSRF token and a request from this site
 (Sec-Fetch-Site, Origin): 403 without. Signing out revokes the session here and in the
 master (which gives the revoked sessions to the next page process it forks); a new admin
-token (set_token) ends every session. Wrong tokens are budgeted per client address
-(brooq.page.signin.SignInBudget): a few cost nothing, then the address waits.
+token (set_token) ends every session. Wrong tokens are budgeted per source and over
+every source (brooq.opsport.budget): a few cost nothing, then the source waits (429,
+Retry-After; one log line per wait).
 Without an admin token configured every action answers 403 and the pages say how to
 enable them. The writes are brooq.operator's functions (the guarded statements, the bulk
 batches), each action on a connection of its own (brooq.operator.connect); a refusal is
@@ -153,13 +154,23 @@ class Actions:
             return self._page(403, "Actions are off", "<p>No admin token is configured.</p>", None)
         if not _same_origin(request.headers):
             return self._page(403, "Refused", "<p>A form from another site.</p>", None)
-        wait = self.budget.wait(peer, now)
-        if wait > 0:
+        self.budget.for_token(token)
+        if self.budget.wait(peer, now) > 0:
+            retry = self.budget.retry_after(peer, now)
+            source = self.budget.refused(peer, now)
+            if source is not None:  # one line per wait, naming the source
+                log.warning(
+                    "event=page_sign_in_refused source=%r peer=%s retry_after=%ds",
+                    source,
+                    peer,
+                    retry,
+                )
             return self._page(
                 429,
                 "Sign in",
-                f"<p>Too many wrong tokens from this address: try again in {wait:.0f} s.</p>",
+                f"<p>Too many wrong tokens: try again in {retry} s.</p>",
                 None,
+                [("Retry-After", str(retry))],
             )
         if not signin.token_matches(token, form.get("token", "")):
             failures = self.budget.failed(peer, time.time())
@@ -269,7 +280,14 @@ class Actions:
 
     # -- pages -----------------------------------------------------------------------------
 
-    def _page(self, status: int, title: str, body: str, session: signin.Session | None) -> bytes:
+    def _page(
+        self,
+        status: int,
+        title: str,
+        body: str,
+        session: signin.Session | None,
+        more: list[tuple[str, str]] | None = None,
+    ) -> bytes:
         from brooq.page.headers import security_headers
         from brooq.page.render import layout
 
@@ -277,7 +295,7 @@ class Actions:
             title, body, actions_enabled=self.token is not None, signed_in=session is not None
         )
         extra = [(k, v) for k, v in security_headers() if k.lower() != "cache-control"]
-        return plain_response(status, html, HTML, extra)
+        return plain_response(status, html, HTML, extra + (more or []))
 
     def _sign_in_form(self) -> str:
         if self.token is None:

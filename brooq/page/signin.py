@@ -14,10 +14,13 @@ from then on. The page process signs in and out; the master keeps the revoked no
 too (brooq.supervisor.pagekeeper), for the page processes it forks later. Nothing here ever holds
 the token in a page, a log line or a URL.
 
-Wrong tokens are budgeted per client address (SignInBudget): FREE_FAILURES wrong tokens
-in a row cost nothing, so a mistyped token never keeps anyone out; past them the address
-waits 1 s before its next try, doubling with each further wrong token up to
-MAX_BACKOFF. A right token resets its address.
+Wrong tokens are budgeted per source and over every source (SignInBudget, the ops port's
+brooq.opsport.budget.AuthBudget): FREE_FAILURES wrong tokens in a row from a source (an
+address; every loopback address is one source, an IPv6 address counts by its /64) cost
+nothing, so a mistyped token never keeps anyone out; past them the source waits 1 s
+before its next try, doubling with each further wrong token up to MAX_BACKOFF; past
+GLOBAL_FREE_FAILURES from every source together, everyone waits so. A right token
+resets its source.
 
 Pure functions of their arguments and a clock given to them: no I/O.
 """
@@ -28,15 +31,18 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Container
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from brooq.opsport.budget import FORGET_AFTER as FORGET_AFTER
+from brooq.opsport.budget import FREE_FAILURES as FREE_FAILURES
+from brooq.opsport.budget import MAX_BACKOFF as MAX_BACKOFF
+from brooq.opsport.budget import AuthBudget
 
 COOKIE = "brooq_session"
 SESSION_SECONDS = 8 * 3600
 NONCE_CHARS = 32
-FREE_FAILURES = 5  # wrong tokens in a row from one address before it has to wait
-MAX_BACKOFF = 30.0  # seconds
-FORGET_AFTER = 600.0  # an address without a wrong token this long starts afresh
-MAX_ADDRESSES = 10_000  # bounded: the oldest half is forgotten beyond this
+# The wrong tokens' budget is the ops port's (brooq.opsport.budget), the page process's own.
+SignInBudget = AuthBudget
 MAX_REVOKED = 10_000  # signed-out sessions remembered (each until it would have expired)
 
 
@@ -103,44 +109,6 @@ def session_of(
 
 def csrf_ok(token: bytes, session: Session | None, given: str) -> bool:
     return session is not None and hmac.compare_digest(given, session.csrf(token))
-
-
-@dataclass
-class _Failures:
-    count: int = 0
-    last: float = float("-inf")
-    wait_until: float = float("-inf")
-
-
-@dataclass
-class SignInBudget:
-    """Wrong tokens per client address (see the module docstring)."""
-
-    addresses: dict[str, _Failures] = field(default_factory=dict)
-
-    def wait(self, address: str, now: float) -> float:
-        """Seconds ``address`` must still wait before its token is compared; 0: now."""
-        failures = self.addresses.get(address)
-        return 0.0 if failures is None else max(0.0, failures.wait_until - now)
-
-    def failed(self, address: str, now: float) -> int:
-        """Count a wrong token; the address's wrong tokens in a row."""
-        failures = self.addresses.get(address)
-        if failures is None or now - failures.last > FORGET_AFTER:
-            failures = self.addresses[address] = _Failures()
-        failures.count += 1
-        failures.last = now
-        if failures.count > FREE_FAILURES:
-            backoff = min(2.0 ** (failures.count - FREE_FAILURES - 1), MAX_BACKOFF)
-            failures.wait_until = now + backoff
-        if len(self.addresses) > MAX_ADDRESSES:
-            by_age = sorted(self.addresses, key=lambda a: self.addresses[a].last)
-            for old in by_age[: MAX_ADDRESSES // 2]:
-                del self.addresses[old]
-        return failures.count
-
-    def succeeded(self, address: str) -> None:
-        self.addresses.pop(address, None)
 
 
 def revoke(revoked: dict[str, int], nonce: str, expires: int, now: float) -> None:

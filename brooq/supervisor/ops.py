@@ -4,8 +4,8 @@ endpoints to cancel or retry a job. Binds 127.0.0.1 by default.
     GET  /healthz                   200 while the master loop runs
     GET  /readyz                    200, or 503 with the reason (draining, database down)
     GET  /metrics                   the whole fleet, Prometheus text format
-    POST /admin/jobs/<id>/cancel    bearer token required
-    POST /admin/jobs/<id>/retry     bearer token required
+    POST /admin/jobs/<id>/cancel    bearer token required (wrong ones budgeted:
+    POST /admin/jobs/<id>/retry     brooq.opsport.budget, 429 with Retry-After past it)
     GET  /, /in-flight, /failed, /dead, /jobs/<id>; POST /jobs/<id>/stack
     GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
          /queues/<name>/{pause,resume}, /bulk/{retry,cancel}
@@ -46,6 +46,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from brooq.opsport.budget import AuthBudget
 from brooq.opsport.hosts import REFUSAL_STATUS, HostRule
 from brooq.opsport.httpmsg import BadRequest, Request, parse, plain_response
 from brooq.supervisor.source import Source
@@ -82,6 +83,8 @@ class OpsHooks:
     page: Callable[[socket.socket, bytes], bool] | None = None
     # The Host names answered (brooq.opsport.hosts): DNS rebinding gets a 421.
     hosts: HostRule = field(default_factory=HostRule)
+    # Wrong bearer tokens per source and over every source (brooq.opsport.budget).
+    budget: AuthBudget = field(default_factory=AuthBudget)
 
 
 @dataclass(eq=False)
@@ -92,6 +95,7 @@ class _Conn:
     inbox: bytearray = field(default_factory=bytearray)
     outbox: bytes = b""
     local: str = ""  # the address the client dialled (a Host may name it)
+    peer: str = ""  # the client's address (the wrong tokens' budget counts by it)
 
 
 def is_page(request: Request) -> bool:
@@ -103,7 +107,7 @@ def _json(status: int, payload: dict[str, Any], extra: Collection[tuple[str, str
     return plain_response(status, json.dumps(payload).encode() + b"\n", "application/json", extra)
 
 
-def answer(hooks: OpsHooks, request: Request) -> bytes:
+def answer(hooks: OpsHooks, request: Request, peer: str = "") -> bytes:
     """The whole HTTP response to one request (hooks run here, in the master's loop)."""
     if request.method == "GET":
         if request.path == "/healthz":
@@ -121,16 +125,30 @@ def answer(hooks: OpsHooks, request: Request) -> bytes:
         return plain_response(404, b"not found\n")
     if hooks.token is None:
         return _json(403, {"error": "admin endpoints are off: no admin token configured"})
+    budget, now = hooks.budget, time.monotonic()
+    budget.for_token(hooks.token)
+    if budget.wait(peer, now) > 0:  # not compared: 429 until the wait is over
+        retry = budget.retry_after(peer, now)
+        source = budget.refused(peer, now)
+        if source is not None:  # one line per wait, naming the source, never the token
+            log.warning(
+                "event=ops_bearer_refused source=%r peer=%s retry_after=%ds", source, peer, retry
+            )
+        message = f"too many wrong bearer tokens; try again in {retry} s"
+        return _json(429, {"error": message}, [("Retry-After", str(retry))])
     given = request.headers.get("authorization", "")
     scheme, _, value = given.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(
         value.strip().encode("latin-1"), hooks.token
     ):
+        failures = budget.failed(peer, now)
+        log.warning("event=ops_bearer_failed peer=%s failures=%d", peer, failures)
         return _json(
             401,
             {"error": "missing or wrong bearer token"},
             [("WWW-Authenticate", 'Bearer realm="brooq"')],
         )
+    budget.succeeded(peer)
     status, payload = hooks.admin(match.group(2), match.group(1))
     return _json(status, payload)
 
@@ -236,10 +254,10 @@ class OpsServer(Source):
                 self._drop(self._victim())
             now = time.monotonic()
             try:
-                local = str(sock.getsockname()[0])
+                local, peer = str(sock.getsockname()[0]), str(sock.getpeername()[0])
             except OSError:
-                local = ""
-            c = _Conn(sock, now + REQUEST_TIMEOUT, local=local)
+                local, peer = "", "?"
+            c = _Conn(sock, now + REQUEST_TIMEOUT, local=local, peer=peer)
             self.conns[sock.fileno()] = c
             self._read(c)  # a probe's request is usually there already: answer it now
 
@@ -279,7 +297,7 @@ class OpsServer(Source):
                     return
                 response = plain_response(503, b"the status page is busy; try again\n")
             else:
-                response = answer(self._pass_hooks, request)
+                response = answer(self._pass_hooks, request, c.peer)
         except BadRequest as exc:
             response = plain_response(exc.status, f"{exc}\n".encode())
         except Exception:  # nothing a client sends may break the master's loop
