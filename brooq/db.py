@@ -1,6 +1,8 @@
 """Connections: opened late, named without passwords, errors made readable.
 
-Owns: the connect timeout, opening a plain connection for a command or a check, and
+Owns: opening a plain connection for a command, a check or a listener (the connect
+timeout the user gave, else brooq's: brooq.dsn.timeout_kwargs; the host that answered
+last tried first: brooq.dsn.preferred), and
 turning libpq's and the server's failures into brooq's errors (DatabaseUnavailable naming
 the database without its password, SchemaMissing saying to run `brooq migrate up`,
 PoolerMismatch for prepared statements lost to a pooler, ReadOnlyDatabase for a write
@@ -17,12 +19,20 @@ from typing import Any
 
 import psycopg
 
-from brooq.dsn import CLIENT_ENCODING, describe
+from brooq.dsn import (
+    CLIENT_ENCODING,
+    DEFAULT_CONNECT_TIMEOUT,
+    answered,
+    describe,
+    preferred,
+    timeout_kwargs,
+)
 from brooq.errors import DatabaseUnavailable, SchemaMissing
 from brooq.pooler import prepared_mismatch, refused_hint
 from brooq.standby import read_only
 
-CONNECT_TIMEOUT = 5
+# brooq's connect timeout per host when the DSN and PGCONNECT_TIMEOUT set none.
+CONNECT_TIMEOUT = DEFAULT_CONNECT_TIMEOUT
 
 
 def unavailable(dsn: str, exc: BaseException) -> DatabaseUnavailable:
@@ -47,11 +57,22 @@ def lost_connection(exc: psycopg.OperationalError) -> bool:
     return state is None or state.startswith("08") or state in _SESSION_ENDED
 
 
-def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[tuple[Any, ...]]:
-    kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT)
+def open_connection(dsn: str, **kwargs: Any) -> psycopg.Connection[tuple[Any, ...]]:
+    """psycopg.connect on ``dsn``: its hosts in order, but the one that answered last in
+    this process first; the DSN's connect_timeout (or PGCONNECT_TIMEOUT) per host, else
+    brooq's; UTF-8. psycopg's errors as they are."""
+    for key, value in timeout_kwargs(dsn).items():
+        kwargs.setdefault(key, value)
     kwargs.setdefault("client_encoding", CLIENT_ENCODING)
+    conn = psycopg.connect(preferred(dsn), **kwargs)
+    answered(dsn, conn)
+    return conn
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[tuple[Any, ...]]:
+    """``open_connection``, DatabaseUnavailable when ``dsn`` cannot be reached."""
     try:
-        return psycopg.connect(dsn, **kwargs)
+        return open_connection(dsn, **kwargs)
     except psycopg.OperationalError as exc:
         raise unavailable(dsn, exc) from None
 

@@ -194,3 +194,127 @@ def session_options(
             raise ValueError(f"not a setting name: {name!r}")
         parts.append(f"-c {name}={_escape_option(str(value))}")
     return " ".join(parts)
+
+
+# -- connect timeouts and the host that answers -------------------------------------------
+
+# brooq's connect timeout, in seconds per host, when neither the DSN's ``connect_timeout``
+# nor PGCONNECT_TIMEOUT sets one.
+DEFAULT_CONNECT_TIMEOUT = 5
+# What psycopg waits for a host when the timeout is 0 or less ("none"), and its floor.
+_NO_TIMEOUT_S = 130
+_MIN_TIMEOUT_S = 2
+
+
+def _params(dsn: str) -> dict[str, Any]:
+    try:
+        return conninfo.conninfo_to_dict(dsn)
+    except Exception:
+        raise InvalidDsn("the database connection string cannot be parsed") from None
+
+
+def _given_timeout(dsn: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The DSN's ``connect_timeout``, else PGCONNECT_TIMEOUT; None when neither is set."""
+    env = os.environ if environ is None else environ
+    value = _params(dsn).get("connect_timeout")
+    if value is None or not str(value).strip():
+        value = env.get("PGCONNECT_TIMEOUT", "").strip() or None
+    return None if value is None else str(value).strip()
+
+
+def timeout_kwargs(dsn: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """psycopg.connect's ``connect_timeout`` for one of brooq's connections on ``dsn``:
+    none (the DSN's or PGCONNECT_TIMEOUT's then applies, as libpq reads them) when the
+    user set one, else brooq's DEFAULT_CONNECT_TIMEOUT. A keyword argument replaces the
+    DSN's value, so brooq passes one only when the user gave none."""
+    if _given_timeout(dsn, environ) is not None:
+        return {}
+    return {"connect_timeout": DEFAULT_CONNECT_TIMEOUT}
+
+
+def _split(value: Any) -> list[str]:
+    return str(value).split(",") if value is not None and str(value) != "" else []
+
+
+def host_timeout(dsn: str, environ: Mapping[str, str] | None = None) -> int:
+    """Seconds one host of ``dsn`` may take to answer, as psycopg counts them: the
+    timeout in force (``timeout_kwargs``), 2 at least, 130 for 0 or less (no timeout)."""
+    given = _given_timeout(dsn, environ)
+    try:
+        seconds = int(float(given)) if given is not None else DEFAULT_CONNECT_TIMEOUT
+    except ValueError:
+        raise InvalidDsn(f"connect_timeout is not a number of seconds: {given!r}") from None
+    if seconds <= 0:
+        return _NO_TIMEOUT_S
+    return max(seconds, _MIN_TIMEOUT_S)
+
+
+def attempt_timeout(dsn: str, environ: Mapping[str, str] | None = None) -> int:
+    """Seconds one connection attempt on ``dsn`` may take before its last host's answer:
+    ``host_timeout`` for each host it lists (psycopg tries them in turn, each with the
+    whole timeout)."""
+    params = _params(dsn)
+    hosts = max(len(_split(params.get("host"))), len(_split(params.get("hostaddr"))), 1)
+    return host_timeout(dsn, environ) * hosts
+
+
+# The host of each multi-host DSN that answered last in this process (its index in the
+# DSN's list). A process tries it first from then on: a first host that never answers
+# costs its connect timeout once, not on every connection (a pool's, a command's check
+# and then its pool, a waiter's LISTEN). A hint only: every other host stays listed, in
+# order, after it; a fork's child inherits it.
+_answered: dict[str, int] = {}
+
+
+def _hosts(params: Mapping[str, Any]) -> tuple[list[str], list[str], list[str]] | None:
+    """The DSN's host, hostaddr and port lists, or None when it does not list several
+    hosts of its own, or asks libpq to pick them at random (load_balance_hosts)."""
+    hosts, addrs, ports = (_split(params.get(k)) for k in ("host", "hostaddr", "port"))
+    count = max(len(hosts), len(addrs))
+    if count < 2 or (hosts and addrs and len(hosts) != len(addrs)) or 1 < len(ports) != count:
+        return None
+    balance = params.get("load_balance_hosts") or os.environ.get("PGLOADBALANCEHOSTS")
+    if balance == "random":
+        return None
+    return hosts, addrs, ports
+
+
+def preferred(dsn: str) -> str:
+    """``dsn``, with the host that answered last in this process listed first (the
+    others after it, in their order); ``dsn`` itself when none did or it lists one."""
+    first = _answered.get(dsn, 0)
+    if not first:
+        return dsn
+    params = _params(dsn)
+    lists = _hosts(params)
+    if lists is None:
+        return dsn
+    for key, values in zip(("host", "hostaddr", "port"), lists, strict=True):
+        if len(values) > first:
+            params[key] = ",".join([values[first], *values[:first], *values[first + 1 :]])
+    return conninfo.make_conninfo("", **params)
+
+
+def answered(dsn: str, conn: Any) -> None:
+    """Remember which of ``dsn``'s hosts the new connection ``conn`` is on."""
+    try:
+        params = _params(dsn)
+    except InvalidDsn:
+        return
+    lists = _hosts(params)
+    if lists is None:
+        return
+    hosts, addrs, ports = lists
+    info = conn.info
+    default_port = os.environ.get("PGPORT") or "5432"
+    count = max(len(hosts), len(addrs))
+    found = [
+        i
+        for i in range(count)
+        if (hosts and hosts[i] == info.host) or (not hosts and addrs[i] == info.hostaddr)
+    ]
+    if len(found) > 1 and ports:
+        port = str(info.port)
+        found = [i for i in found if (ports[i if len(ports) > 1 else 0] or default_port) == port]
+    if len(found) == 1:
+        _answered[dsn] = found[0]

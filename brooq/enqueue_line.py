@@ -47,6 +47,7 @@ from typing import Any
 import psycopg
 from psycopg import errors, pq
 
+from brooq.db import open_connection
 from brooq.ids import uuid7_int, uuid_from_int
 from brooq.job import Job
 from brooq.poolcheck import suspect
@@ -151,7 +152,7 @@ class EnqueueLine:
                 self._drop()
                 conn = None
         if conn is None:
-            conn = psycopg.connect(self._dsn, autocommit=True, **self._kwargs)
+            conn = open_connection(self._dsn, autocommit=True, **self._kwargs)
             try:
                 # A standby (a DSN without target_session_attrs=read-write that landed on
                 # one) is said at once, with what to change: brooq.standby.

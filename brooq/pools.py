@@ -7,8 +7,16 @@ to the parent), so no connection ever crosses a fork; the lock that guards openi
 replaced in a fork's child (one held by a parent's thread at the fork would never be
 released there).
 
-Owns: the pools' options (size, connect timeout, how long a series of reconnection
-attempts lasts, the pooler mode's connect arguments: brooq.pooler), opening them
+A pool is opened without waiting, and kept: a caller waits for its first connection up
+to ``wait_timeout`` (the DSN's connect timeout for each host it lists), and one that
+gives up (DatabaseUnavailable) leaves the pool trying, so the next caller waits on the
+same attempt rather than starting one over. Its connections go first to the host that
+answered last in the process (brooq.dsn.preferred): a first host that never answers
+costs one connect timeout, once.
+
+Owns: the pools' options (size, connect timeout, how long a caller waits, how long a
+series of reconnection attempts lasts, the pooler mode's connect arguments:
+brooq.pooler), the host each connection tries first, opening them
 (DatabaseUnavailable when the database cannot be reached), their fork and event-loop
 rules, the pooled connection and transaction a Queue hands out, and brooq's errors for
 their failures (brooq.db.database_error, the pool's timeout, a read-only server:
@@ -30,7 +38,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from brooq.db import CONNECT_TIMEOUT, database_error, unavailable
+from brooq.db import database_error, unavailable
+from brooq.dsn import answered, attempt_timeout, preferred, timeout_kwargs
 from brooq.errors import BrooqError
 from brooq.poolcheck import check_connection, check_connection_async
 from brooq.pooler import connect_kwargs
@@ -74,18 +83,30 @@ class Pools:
         self._apool_lock: tuple[tuple[int, object], Any] = ((0, None), None)
         # Opening the sync pool, and the Queue's other connections (its enqueue line).
         self.lock = threading.Lock()
+        # What the pools' connection attempts found (the last failure's reason).
+        self.attempts = Attempts(owner)
         _POOLS.add(self)
 
     # -- options and errors ---------------------------------------------------------------
 
     def connect_kwargs(self) -> dict[str, Any]:
-        """psycopg.connect's arguments for the Queue's connections on its dsn: behind a
-        transaction pooler, no prepared statements (brooq.pooler)."""
+        """psycopg.connect's arguments for the Queue's connections on its dsn: the DSN's
+        connect timeout, else brooq's (brooq.dsn.timeout_kwargs); behind a transaction
+        pooler, no prepared statements (brooq.pooler)."""
         owner = self._owner
         return {
-            "connect_timeout": CONNECT_TIMEOUT,
+            **timeout_kwargs(owner.dsn),
             **connect_kwargs(owner.settings.pooler, owner.dsn, {}),
         }
+
+    def wait_timeout(self) -> float:
+        """How long a caller waits for a pooled connection: long enough for one attempt
+        over every host the DSN lists, each given its connect timeout."""
+        return float(attempt_timeout(self._owner.dsn))
+
+    def _conninfo(self) -> str:
+        """The connection string of the pool's next connection (read at each one)."""
+        return preferred(self._owner.dsn)
 
     def _options(self) -> dict[str, Any]:
         """What the sync and the async pool share: opened by the caller, its size."""
@@ -93,20 +114,21 @@ class Pools:
             "min_size": 1,
             "max_size": max(1, self._owner.pool_size),
             "open": False,
-            "timeout": CONNECT_TIMEOUT,
+            "timeout": self.wait_timeout(),
             "reconnect_timeout": RECONNECT_SERIES,
             "kwargs": self.connect_kwargs(),
         }
 
     def unavailable(self) -> BrooqError:
         """DatabaseUnavailable for a pool that could not hand out a connection, with
-        libpq's reason when a direct connect fails too."""
+        the reason its last connection attempt failed (no new attempt: a host that does
+        not answer would cost its timeout again)."""
         dsn = self._owner.dsn
-        try:
-            psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT).close()
-        except psycopg.Error as exc:
-            return unavailable(dsn, exc)
-        return unavailable(dsn, TimeoutError("timed out waiting for a pooled connection"))
+        failure = self.attempts.failure
+        if failure is not None:
+            return unavailable(dsn, failure)
+        seconds = f"{self.wait_timeout():g}"
+        return unavailable(dsn, TimeoutError(f"no connection within {seconds} s"))
 
     def error(self, exc: psycopg.Error) -> Exception:
         """brooq.db.database_error on this Queue's dsn."""
@@ -140,14 +162,21 @@ class Pools:
             self._pool = None
         if self._pool is None:
             pool: ConnectionPool[Any] = ConnectionPool(
-                self._owner.dsn, check=check_connection, name="brooq", **self._options()
+                self._conninfo,
+                connection_class=self.attempts.sync_class,
+                check=check_connection,
+                name="brooq",
+                **self._options(),
             )
-            try:
-                pool.open(wait=True, timeout=CONNECT_TIMEOUT)
-            except PoolTimeout:
-                pool.close(timeout=0)
-                raise self.unavailable() from None
+            tried = self.attempts.expect()
+            pool.open(wait=False)
             self._pool, self._pool_pid = pool, os.getpid()
+            # The pool's first attempt is waited for here (not by the pool's own wait,
+            # which closes the pool when it times out): a caller asking meanwhile would
+            # make the pool start another one, on the same dead host. A caller that gives
+            # up leaves the pool trying.
+            if not tried.wait(self.wait_timeout()):
+                raise self.unavailable()
         return self._pool
 
     @contextmanager
@@ -197,17 +226,19 @@ class Pools:
             self._apool = None
         if self._apool is None:
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                self._owner.dsn,
+                self._conninfo,
+                connection_class=self.attempts.async_class,
                 check=check_connection_async,
                 name="brooq-async",
                 **self._options(),
             )
-            try:
-                await pool.open(wait=True, timeout=CONNECT_TIMEOUT)
-            except PoolTimeout:
-                await pool.close(timeout=0)
-                raise self.unavailable() from None
+            tried = self.attempts.expect_async()
+            await pool.open(wait=False)
             self._apool, self._apool_owner = pool, owner
+            try:  # as the sync pool's first attempt
+                await asyncio.wait_for(tried.wait(), self.wait_timeout())
+            except asyncio.TimeoutError:
+                raise self.unavailable() from None
         return self._apool
 
     @contextlib.asynccontextmanager
@@ -239,6 +270,76 @@ class Pools:
         if self._apool is not None and self._apool_owner == owner:
             await self._apool.close()
         self._apool = None
+
+
+class Attempts:
+    """The connection classes of a Queue's pools: each connection they open is
+    remembered as on the host that answered (brooq.dsn.answered), each failure's reason
+    kept for the error a caller who gave up gets."""
+
+    def __init__(self, owner: Owner) -> None:
+        self.failure: BaseException | None = None
+        # Set when the pending attempt of the sync (the async) pool ends.
+        self._tried: threading.Event | None = None
+        self._tried_async: asyncio.Event | None = None
+        attempts = self
+
+        class SyncConnection(psycopg.Connection[Any]):
+            @classmethod
+            def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+                try:
+                    conn = super().connect(conninfo, **kwargs)
+                except BaseException as exc:
+                    attempts.failed(exc)
+                    attempts.ended()
+                    raise
+                attempts.connected(owner.dsn, conn)  # before a waiting caller goes on
+                attempts.ended()
+                return conn
+
+        class AsyncConnection(psycopg.AsyncConnection[Any]):
+            @classmethod
+            async def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+                try:
+                    conn = await super().connect(conninfo, **kwargs)
+                except BaseException as exc:
+                    attempts.failed(exc)
+                    attempts.ended_async()
+                    raise
+                attempts.connected(owner.dsn, conn)  # before a waiting caller goes on
+                attempts.ended_async()
+                return conn
+
+        self.sync_class: type[psycopg.Connection[Any]] = SyncConnection
+        self.async_class: type[psycopg.AsyncConnection[Any]] = AsyncConnection
+
+    def expect(self) -> threading.Event:
+        """An event set when the next attempt of a sync pool ends, either way."""
+        tried = self._tried = threading.Event()
+        return tried
+
+    def expect_async(self) -> asyncio.Event:
+        """``expect`` for the async pool (set by its tasks, in the running loop)."""
+        tried = self._tried_async = asyncio.Event()
+        return tried
+
+    def connected(self, dsn: str, conn: Any) -> None:
+        self.failure = None
+        answered(dsn, conn)
+
+    def failed(self, exc: BaseException) -> None:
+        if isinstance(exc, psycopg.Error):
+            self.failure = exc
+
+    def ended(self) -> None:
+        tried, self._tried = self._tried, None
+        if tried is not None:
+            tried.set()
+
+    def ended_async(self) -> None:
+        tried, self._tried_async = self._tried_async, None
+        if tried is not None:
+            tried.set()
 
 
 # Every Pools of this process: a fork's child gives each a fresh lock.

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from brooq.db import CONNECT_TIMEOUT
-from brooq.dsn import CLIENT_ENCODING
+from brooq.db import open_connection
+from brooq.dsn import attempt_timeout
 
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
@@ -141,7 +141,7 @@ class OutcomeListener:
                     sub.wake()
         self._kick.set()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(TICK + CONNECT_TIMEOUT)
+            thread.join(TICK + attempt_timeout(self._dsn))
 
     @property
     def listening(self) -> bool:
@@ -159,12 +159,10 @@ class OutcomeListener:
         delay = RECONNECT_FIRST
         while not self._retire():
             try:
-                conn = psycopg.connect(
-                    self._dsn,
-                    autocommit=True,
-                    connect_timeout=CONNECT_TIMEOUT,
-                    client_encoding=CLIENT_ENCODING,
-                    application_name=APPLICATION_NAME,
+                # The DSN's connect timeout (else brooq's), the host that answered
+                # last in the process first: brooq.db.open_connection.
+                conn = open_connection(
+                    self._dsn, autocommit=True, application_name=APPLICATION_NAME
                 )
             except psycopg.Error as exc:
                 self._failed(exc)
