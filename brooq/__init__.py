@@ -36,6 +36,7 @@ module that defines a name, never from this package.
 - `pools`: a Queue's sync and async connection pools, their fork rules and errors
 - `progress`: a running handler's progress: its checks and where a report goes
 - `produce`: putting jobs into the job table: enqueue and enqueue_many, sync and async, one logic
+- `produce_drive`: the drivers of the insert steps; a graph's steps in one transaction
 - `produce_graph`: the insert steps of a batch with jobs that wait (after): names, then edges
 - `produce_options`: the insert steps of a job with a unique_key, debounce or tags
 - `produce_steps`: what an insert asks its driver to run, the rows it answers, a job's queue,

@@ -134,3 +134,11 @@ class AppLoadError(BrooqError):
 class PoolerMismatch(BrooqError):
     """The connection goes through a transaction pooler that brooq was not told about
     (QUEUE_POOLER), or LISTEN was configured through one (docs/poolers.md)."""
+
+
+class EnqueueDeadlock(BrooqError):
+    """Jobs with ``after`` could not be enqueued: PostgreSQL broke a deadlock between the
+    enqueue, which locks the jobs named, and workers writing those jobs' outcomes. In a
+    transaction of brooq's own (Queue's enqueues, a connection in autocommit) it is raised
+    once every try deadlocked; in the caller's transaction at once, the transaction
+    aborted: roll it back and run it again. ``__cause__`` is psycopg's DeadlockDetected."""

@@ -197,7 +197,7 @@ def validate_priority(priority: object) -> int:
             f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first), "
             f"got {priority}"
         )
-    return priority
+    return int(priority)  # an IntEnum's member, say, as the int every door stores
 
 
 def normalise_key(key: object) -> str | None:

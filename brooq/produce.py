@@ -1,12 +1,14 @@
 """The producer side: put jobs into the job table, alone or inside the caller's transaction.
 
 Every function here takes a connection or cursor that the caller owns (brooq.targets says
-which); nothing is committed here. Queue wraps these in a pooled connection and a
+which); nothing is committed here but a graph's transaction on a connection in autocommit
+(brooq.produce_drive). Queue wraps these in a pooled connection and a
 transaction. The sync and the async forms share one logic: each insert is a generator
 (``_insert_one``, ``_insert_many``) that yields the statements it needs run (a Step of
-brooq.produce_steps) and is sent their answers, driven by ``_drive`` on a psycopg Cursor
-or ``_drive_async`` on an AsyncCursor; the drivers only do I/O. A job with a unique_key,
-debounce or tags takes brooq.produce_options' steps; a plain job never does.
+brooq.produce_steps) and is sent their answers, driven by brooq.produce_drive on a
+psycopg Cursor or an AsyncCursor; the drivers only do I/O, and run a graph's steps (jobs
+with after) in one transaction. A job with a unique_key, debounce or tags takes
+brooq.produce_options' steps; a plain job never does.
 
 Owns: the insert path (job_insert, job_insert_many, job_copy_*, the COPY of tagged jobs),
 the idempotency-key lookups after a conflict, and the checks a job passes before any I/O.
@@ -22,16 +24,16 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from copy import copy as shallow_copy
+from functools import partial
 from typing import Any
 
 import psycopg
-from psycopg.rows import class_row
 
-from brooq.db import schema_missing
 from brooq.encoding import check_payload_size
 from brooq.errors import BrooqError, InvalidJob
 from brooq.ids import uuid7, uuid7_many
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job
+from brooq.produce_drive import drive, drive_async, drive_graph, drive_graph_async
 from brooq.produce_graph import insert_graph
 from brooq.produce_options import insert_with_options, key_holders, many_params
 from brooq.produce_steps import (
@@ -39,17 +41,13 @@ from brooq.produce_steps import (
     All,
     Copy,
     Handlers,
-    Keyed,
-    KeyedId,
     One,
-    R,
     Steps,
     copy_rows,
     queue_of,
 )
 from brooq.sql import Q, Queries, queries
-from brooq.standby import read_only
-from brooq.targets import AnyTarget, AsyncTarget, Target, async_cursor, cursor, resolve_target
+from brooq.targets import AnyTarget, AsyncTarget, Target, resolve_target
 from brooq.tracing import publish, published, tracer
 
 
@@ -166,9 +164,11 @@ def insert_checked(
     tracer provider is configured (brooq.tracing)."""
     found = tracer()
     if found is None:
-        return _drive(target, _insert_one(job, handlers, q))
+        if job.after is None:
+            return drive(target, _insert_one(job, handlers, q))
+        return drive_graph(target, lambda: _insert_one(job, handlers, q))
     with publish(found, [job.topic], queue_of(job, handlers)) as (span, parent):
-        done = _drive(target, _insert_one(job, handlers, q, parent))
+        done = drive_graph(target, lambda: _insert_one(job, handlers, q, parent))
         published(span, [done])
         return done
 
@@ -179,9 +179,11 @@ async def insert_checked_async(
     """``enqueue_async`` for a job that check_job has passed."""
     found = tracer()
     if found is None:
-        return await _drive_async(target, _insert_one(job, handlers, q))
+        if job.after is None:
+            return await drive_async(target, _insert_one(job, handlers, q))
+        return await drive_graph_async(target, lambda: _insert_one(job, handlers, q))
     with publish(found, [job.topic], queue_of(job, handlers)) as (span, parent):
-        done = await _drive_async(target, _insert_one(job, handlers, q, parent))
+        done = await drive_graph_async(target, lambda: _insert_one(job, handlers, q, parent))
         published(span, [done])
         return done
 
@@ -195,9 +197,11 @@ def insert_many_checked(
     found = tracer()
     with _collector_paused(len(checked)):
         if found is None:
-            return _drive(target, _insert_many(checked, handlers, q))
+            if not _graph(checked):
+                return drive(target, _insert_many(checked, handlers, q))
+            return drive_graph(target, lambda: _insert_many(checked, handlers, q))
         with publish(found, [j.topic for j in checked]) as (span, parent):
-            done = _drive(target, _insert_many(checked, handlers, q, parent))
+            done = drive_graph(target, lambda: _insert_many(checked, handlers, q, parent))
             published(span, done)
             return done
 
@@ -211,11 +215,21 @@ async def insert_many_checked_async(
     found = tracer()
     with _collector_paused(len(checked)):
         if found is None:
-            return await _drive_async(target, _insert_many(checked, handlers, q))
+            if not _graph(checked):
+                return await drive_async(target, _insert_many(checked, handlers, q))
+            return await drive_graph_async(target, lambda: _insert_many(checked, handlers, q))
         with publish(found, [j.topic for j in checked]) as (span, parent):
-            done = await _drive_async(target, _insert_many(checked, handlers, q, parent))
+            done = await drive_graph_async(
+                target, lambda: _insert_many(checked, handlers, q, parent)
+            )
             published(span, done)
             return done
+
+
+def _graph(checked: list[Job]) -> bool:
+    """Whether a batch holds a job with after: its rows and edges then commit together
+    (brooq.produce_drive.drive_graph), in a transaction of brooq's own if need be."""
+    return any(job.after is not None for job in checked)
 
 
 # A batch this big sets off the cyclic collector's full collections (each walks every
@@ -234,78 +248,6 @@ def _collector_paused(size: int) -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-# -- the drivers: the I/O, and nothing else ------------------------------------------------
-
-
-def _drive(target: Target, steps: Steps[R]) -> R:
-    """Run ``steps`` on a cursor of the caller's connection."""
-    try:
-        with cursor(target) as cur:
-            answer: Any = None
-            while True:
-                try:
-                    step = steps.send(answer)
-                except StopIteration as done:
-                    result: R = done.value
-                    return result
-                if isinstance(step, One):  # first: a single enqueue's only kind
-                    answer = cur.execute(step.statement, step.params).fetchone()
-                elif isinstance(step, Copy):
-                    with cur.copy(step.statement) as copy:
-                        if isinstance(step.rows, str):
-                            copy.write(step.rows)
-                        else:
-                            for row in step.rows:
-                                copy.write_row(row)
-                    answer = None
-                elif isinstance(step, Keyed):
-                    with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
-                        answer = by_key.execute(step.statement, step.params).fetchall()
-                else:
-                    answer = cur.execute(step.statement, step.params).fetchall()
-    except psycopg.errors.UndefinedTable as exc:
-        raise schema_missing(exc) from None
-    except psycopg.errors.ReadOnlySqlTransaction:  # a standby: say which, and what to do
-        conn = target if isinstance(target, psycopg.Connection) else target.connection
-        raise read_only(conn) from None
-
-
-async def _drive_async(target: AsyncTarget, steps: Steps[R]) -> R:
-    """``_drive`` on an AsyncCursor: the same steps, awaited."""
-    try:
-        async with async_cursor(target) as cur:
-            answer: Any = None
-            while True:
-                try:
-                    step = steps.send(answer)
-                except StopIteration as done:
-                    result: R = done.value
-                    return result
-                if isinstance(step, One):
-                    await cur.execute(step.statement, step.params)
-                    answer = await cur.fetchone()
-                elif isinstance(step, Copy):
-                    async with cur.copy(step.statement) as copy:
-                        if isinstance(step.rows, str):
-                            await copy.write(step.rows)
-                        else:
-                            for row in step.rows:
-                                await copy.write_row(row)
-                    answer = None
-                elif isinstance(step, Keyed):
-                    async with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
-                        await by_key.execute(step.statement, step.params)
-                        answer = await by_key.fetchall()
-                else:
-                    await cur.execute(step.statement, step.params)
-                    answer = await cur.fetchall()
-    except psycopg.errors.UndefinedTable as exc:
-        raise schema_missing(exc) from None
-    except psycopg.errors.ReadOnlySqlTransaction:
-        conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
-        raise read_only(conn) from None
 
 
 # -- the inserts, without I/O ----------------------------------------------------------------
@@ -346,13 +288,9 @@ def _insert_many(
     A batch holding a debounced job goes job by job, in order (brooq.produce_options); a
     batch holding a job with after is inserted so, then its edges (brooq.produce_graph).
     A batch with a ``traceparent`` takes the INSERT of job_insert_many_options_traced."""
-    for job in checked:
-        if job.after is not None:
-            return (
-                yield from insert_graph(
-                    checked, lambda c: _insert_batch(c, handlers, q, traceparent), q
-                )
-            )
+    if _graph(checked):
+        batch = partial(_insert_batch, handlers=handlers, q=q, traceparent=traceparent)
+        return (yield from insert_graph(checked, batch, q))
     return (yield from _insert_batch(checked, handlers, q, traceparent))
 
 

@@ -141,7 +141,7 @@ class Queue(Registry):
             if done is not None:
                 return done
         # Another thread holds the line, the job's key is taken, or it has options: the
-        # pool's path.
+        # pool's path (a job with after: its row and edges in one transaction there).
         with self._pools.autocommit() as conn:
             return insert_checked(conn, checked, self.handlers, q=self._q)
 
@@ -156,6 +156,11 @@ class Queue(Registry):
         [(id, created), ...] in the order given. A refused job is named by its index
         ("job 3: ..."), and nothing is inserted."""
         checked = check_jobs(jobs, self.settings.max_payload_bytes, self.handlers)
+        if any(job.after is not None for job in checked):
+            # A graph: brooq.produce_drive opens the transaction, and runs it again after
+            # a deadlock with the workers ending the jobs named.
+            with self._pools.autocommit() as conn:
+                return insert_many_checked(conn, checked, self.handlers, q=self._q)
         with self.transaction() as conn:
             return insert_many_checked(conn, checked, self.handlers, q=self._q)
 
@@ -163,13 +168,15 @@ class Queue(Registry):
         """``enqueue`` from asyncio code, on this Queue's async pool (opened on first use
         in the running loop, never before a fork); (id, created)."""
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
-        async with self._pools.async_connection(autocommit=True) as conn:  # one statement
+        # One statement; a job with after, one transaction (brooq.produce_drive).
+        async with self._pools.async_connection(autocommit=True) as conn:
             return await insert_checked_async(conn, checked, self.handlers, q=self._q)
 
     async def enqueue_many_async(self, jobs: Sequence[Job]) -> list[tuple[uuid.UUID, bool]]:
         """``enqueue_many`` from asyncio code, in one transaction on the async pool."""
         checked = check_jobs(jobs, self.settings.max_payload_bytes, self.handlers)
-        async with self._pools.async_connection() as conn:
+        graph = any(job.after is not None for job in checked)  # as enqueue_many
+        async with self._pools.async_connection(autocommit=graph) as conn:
             return await insert_many_checked_async(conn, checked, self.handlers, q=self._q)
 
     # -- reading and operating (brooq.operator) --------------------------------------------

@@ -221,3 +221,21 @@ SELECT id FROM {job} WHERE id = ANY(%(ids)b::uuid[])
 -- ended done, or is canceled when one ended dead or canceled.
 SELECT {brooq_job_after}(%(jobs)b::uuid[], %(policies)b::text[], %(downs)b::uuid[],
                          %(ups)b::uuid[]) AS waiting
+
+-- name: job_after_release
+-- A graph's jobs, once job_after wrote their edges: inserted held (available_at
+-- 9999-01-01, brooq.produce_graph.HELD, so that the insert's trigger sent no NOTIFY for
+-- a job that is to wait), each gets its own available_at (NULL: now). When one of them
+-- stayed pending and is ready now (every job it names had ended), the children are woken
+-- as the insert's trigger would have woken them: one NOTIFY naming the table's schema
+-- (the same payload as brooq_job_notify's TG_TABLE_SCHEMA), sent at commit.
+WITH released AS (
+    UPDATE {job} j SET available_at = coalesce(a.at, now())
+    FROM unnest(%(ids)b::uuid[], %(available_ats)b::timestamptz[]) AS a(id, at)
+    WHERE j.id = a.id
+    RETURNING j.tableoid, j.state = 'pending' AND j.available_at <= now() AS ready
+)
+SELECT pg_notify('brooq_job', n.nspname)
+FROM (SELECT r.tableoid FROM released r WHERE r.ready LIMIT 1) AS woken
+JOIN pg_class c ON c.oid = woken.tableoid
+JOIN pg_namespace n ON n.oid = c.relnamespace
