@@ -25,6 +25,8 @@ module that defines a name, never from this package.
 - `metrics`: the Prometheus metrics the master and its children write and serve
 - `migrate`: applying and reverting the schema's migrations, and the version check
 - `migration_files`: the migration files: found, read, checked, split into statements
+- `migration_check`: the version records and the schema checked against them
+- `migration_script`: the migrations' SQL for another tool (`brooq migrate sql`, Django)
 - `operator`: the operator's reads and writes as functions of a connection
 - `opsport`: what the ops port's two processes share: HTTP messages, Host rule, hand-over
 - `page`: the status page's own process: its loop, sign-in, actions, reads and rendering

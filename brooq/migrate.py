@@ -14,18 +14,28 @@ transaction, and one transaction would keep every lock it took (an ACCESS EXCLUS
 included) until its end, blocking producers and claims on a big table. Each statement
 then runs under ``lock_timeout`` (LOCK_TIMEOUT) and is retried when it times out, so
 a long transaction holding the table never queues every producer behind the migration.
-Such a file must be idempotent (it is re-run from the top after a failure; its version
-is recorded after its last statement; brooq.migration_files splits it at each ``;`` ending
-a line outside quotes, so a ``$$`` body stays whole) and, before it runs and after any
-failure, the invalid indexes it names (left by a failed concurrent build, and skipped
-silently by ``CREATE INDEX CONCURRENTLY IF NOT EXISTS``) are dropped.
+Such a file must be idempotent, its up part and its down part (either is re-run from the
+top after a failure; brooq.migration_files splits it at each ``;`` ending a line outside
+quotes, so a ``$$`` body stays whole) and, before it runs and after any failure, the
+invalid indexes it names (left by a failed concurrent build, and skipped silently by
+``CREATE INDEX CONCURRENTLY IF NOT EXISTS``) are dropped.
+
+The record never says more than what is there. A transactional file runs with its
+record in one transaction. In a no-transaction file, each statement that can run in a
+transaction does, with the record: the first to change the schema records the version
+as 'applying' (up) or 'reverting' (down), the last as 'applied' (or forgets it); a
+``CONCURRENTLY`` statement runs alone, and the record follows it (after a failure, only
+when it left its index changed). A statement that fails changes nothing of the record,
+so a step that stops part-way is recorded as such, and one that stops at its first
+statement is recorded as it was: the error says which. A down part that must see every
+row (a guard) or must go whole puts its statements in one ``DO`` block that first takes
+the lock that waits for writers in flight (0013's).
 
 Owns: applying and reverting the files brooq.migration_files reads (the no-transaction
-run included), the version bookkeeping (its statements are those of brooq/sql/migrate.sql),
-``script`` (the files as one SQL text, for `brooq migrate sql`) and ``verify``, the check
-the master and the CLI make that the schema on the search_path (QUEUE_SCHEMA's when set:
-the files then run with it alone on the search_path, and it is created first) is brooq's
-and up to date.
+run included), writing the version records (brooq.migration_check reads them, checks the
+schema against them and holds ``verify``, re-exported here, as ``script`` and
+``script_parts`` of brooq.migration_script are), ``status`` and ``repair``. With
+QUEUE_SCHEMA the files run with that schema alone on the search_path (created first).
 Must never: run at start-up on its own (migrating is a deployment step), compose SQL with
 string formatting, or run SQL other than brooq/sql's and the migration files' own text.
 """
@@ -34,22 +44,49 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import class_row, scalar_row
+from psycopg.rows import scalar_row
 
-from brooq.errors import MigrationError, SchemaMissing
-from brooq.migration_files import Migration, load, migrations_dir, statements
-from brooq.sql import Q, Queries, queries, validate_schema
+from brooq.errors import MigrationError
+from brooq.migration_check import (
+    APPLIED,
+    APPLYING,
+    JOB_COLUMNS,
+    REVERTING,
+    damaged,
+    records,
+    trouble,
+    verify,
+)
+from brooq.migration_files import Migration, load, migrations_dir, needs_autocommit, statements
+from brooq.migration_script import script, script_parts
+from brooq.migration_script import use_schema as _use_schema
+from brooq.sql import Q, Queries, queries
 
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
+
+__all__ = [
+    "JOB_COLUMNS",
+    "MigrationError",
+    "Status",
+    "down",
+    "load",
+    "repair",
+    "script",
+    "script_parts",
+    "status",
+    "up",
+    "verify",
+]
 
 # "brooq" as a number: the key of the session advisory lock held while migrating.
 LOCK_KEY = 0x62726F6F71
@@ -69,47 +106,15 @@ log = logging.getLogger("brooq.migrate")
 class Status:
     version: int
     name: str
-    applied_at: datetime | None
+    applied_at: datetime | None  # None unless applied whole (state "applied")
+    # "applied", "pending", "applying" or "reverting" (stopped part-way), "damaged"
+    # (recorded as applied, ``missing`` lacking: brooq.migration_check.damaged).
+    state: str = "pending"
+    missing: tuple[str, ...] = ()
+    advice: str = ""  # for a version not "applied" nor "pending": what is wrong, what to run
 
 
 Conn = psycopg.Connection[Any]
-
-
-class _Applied(NamedTuple):
-    """A row of migration_versions."""
-
-    version: int
-    applied_at: datetime
-
-
-class _SchemaCheck(NamedTuple):
-    """The row of schema_check."""
-
-    job_schema: str | None
-    job_columns: list[str]
-    has_versions: bool
-    search_path: str
-
-
-def _table_exists(conn: Conn, q: Queries = Q) -> bool:
-    return bool(conn.cursor(row_factory=scalar_row).execute(q.migration_table_exists).fetchone())
-
-
-def _versions(conn: Conn, q: Queries = Q) -> dict[int, datetime]:
-    """Applied version -> when; the version table must exist."""
-    rows = conn.cursor(row_factory=class_row(_Applied)).execute(q.migration_versions)
-    return {row.version: row.applied_at for row in rows}
-
-
-def _applied(conn: Conn, q: Queries = Q) -> dict[int, datetime]:
-    return _versions(conn, q) if _table_exists(conn, q) else {}
-
-
-def _use_schema(schema: str) -> sql.Composed:
-    """migration_use_schema for ``schema``: the migration files' bare names land there."""
-    return sql.SQL(Q.migration_use_schema).format(
-        sql.Literal(sql.Identifier(schema).as_string(None))
-    )
 
 
 @contextmanager
@@ -141,35 +146,45 @@ def _run(conn: Conn, script: str) -> None:
 def _drop_invalid_indexes(conn: Conn, m: Migration) -> list[str]:
     """Drop the invalid indexes among those ``m`` names (a failed concurrent build leaves
     one behind, and ``IF NOT EXISTS`` would then skip building it); returns their names.
-    Only the file's own names: another invalid index may be a build running right now."""
+    Only the file's own names: another invalid index may be a build running right now.
+    A drop that waits too long for its lock is left to the next run."""
     rows = conn.execute(Q.migration_invalid_indexes, {"names": m.indexes()}).fetchall()
+    dropped: list[str] = []
     for schema, name in rows:
         log.warning("dropping the invalid index %s.%s left by a failed build", schema, name)
-        conn.execute(sql.SQL(Q.migration_drop_index).format(sql.Identifier(schema, name)))
-    return [f"{schema}.{name}" for schema, name in rows]
+        try:
+            conn.execute(sql.SQL(Q.migration_drop_index).format(sql.Identifier(schema, name)))
+        except psycopg.errors.LockNotAvailable:
+            # A DROP INDEX CONCURRENTLY that timed out leaves its index invalid, and
+            # dropping that one waits for the same holder: the next run drops it.
+            continue
+        dropped.append(f"{schema}.{name}")
+    return dropped
 
 
-def _run_statement(conn: Conn, m: Migration, statement: str) -> None:
-    """One statement of a no-transaction file, retried when it waits too long for a lock."""
+def _run_statement(
+    conn: Conn, m: Migration, statement: str, record: Callable[[], None] | None
+) -> None:
+    """One statement of a no-transaction file, retried when it waits too long for a lock;
+    with ``record``, in one transaction with it."""
     for attempt in range(1, LOCK_RETRIES + 1):
         try:
-            _run(conn, statement)
+            if record is None:
+                _run(conn, statement)
+            else:
+                with conn.transaction():
+                    _run(conn, statement)
+                    record()
             return
         except psycopg.errors.LockNotAvailable:
-            try:
-                dropped = _drop_invalid_indexes(conn, m)
-            except psycopg.errors.LockNotAvailable:
-                # A DROP INDEX CONCURRENTLY that timed out leaves its index invalid, and
-                # dropping that one waits for the same holder: the retry drops it.
-                dropped = []
+            dropped = _drop_invalid_indexes(conn, m)
             holders = conn.execute(Q.migration_lock_holders, {"waited": LOCK_TIMEOUT}).fetchall()
             if attempt == LOCK_RETRIES:
                 raise MigrationError(
-                    f"{m.version:04d}_{m.name}: gave up after {attempt} waits of "
-                    f"{LOCK_TIMEOUT} for a lock on job; held by "
+                    f"gave up after {attempt} waits of {LOCK_TIMEOUT} for a lock on job; "
+                    "held by "
                     + (", ".join(f"pid {pid} ({what})" for pid, what in holders) or "nobody now")
                     + (f"; dropped the invalid index {', '.join(dropped)}" if dropped else "")
-                    + "; run `brooq migrate up` again when they are done"
                 ) from None
             pause = LOCK_RETRY_PAUSE * attempt
             log.warning(
@@ -186,68 +201,159 @@ def _run_statement(conn: Conn, m: Migration, statement: str) -> None:
             raise
 
 
-def _apply(conn: Conn, m: Migration, body: str) -> None:
-    """Run ``body`` (m's up or down part) the way its file asks."""
-    if m.transactional:
-        _run(conn, body)
-        return
-    _drop_invalid_indexes(conn, m)
-    conn.execute(Q.migration_set_lock_timeout, {"timeout": LOCK_TIMEOUT})
+def _index_states(conn: Conn, statement: str) -> list[tuple[str, bool | None]]:
+    names = Migration(0, "", statement, "").indexes()
+    return conn.execute(Q.migration_index_states, {"names": names}).fetchall()
+
+
+def _step(conn: Conn, m: Migration, direction: str, q: Queries) -> None:
+    """Run m's up or down part and record it, so that the record never says more than
+    what is there (the module's docstring says how); a failure raises MigrationError
+    saying what is recorded and what to run."""
+    between = APPLYING if direction == "up" else REVERTING
+
+    def record(state: str | None) -> None:
+        if state is None:
+            _forget(conn, m.version, q)
+        else:
+            conn.execute(q.migration_record, {"version": m.version, "name": m.name, "state": state})
+
+    done = APPLIED if direction == "up" else None
+    marked = False  # whether the record says ``between`` (or done) by now
     try:
-        for statement in statements(body):
-            _run_statement(conn, m, statement)
-    finally:
-        conn.execute(Q.migration_reset_lock_timeout)
+        if m.transactional:
+            with conn.transaction():
+                _run(conn, m.up if direction == "up" else m.down)
+                record(done)
+            return
+        pieces = statements(m.up if direction == "up" else m.down)
+        _drop_invalid_indexes(conn, m)
+        conn.execute(Q.migration_set_lock_timeout, {"timeout": LOCK_TIMEOUT})
+        try:
+            for n, statement in enumerate(pieces, 1):
+                last = n == len(pieces)
+                if needs_autocommit(statement):
+                    before = _index_states(conn, statement)
+                    try:
+                        _run_statement(conn, m, statement, None)
+                    except (psycopg.Error, MigrationError):
+                        if not marked and _index_states(conn, statement) != before:
+                            record(between)
+                            marked = True
+                        raise
+                    if last or not marked:
+                        record(done if last else between)
+                else:
+                    then = partial(record, done if last else between)
+                    _run_statement(conn, m, statement, then if last or not marked else None)
+                marked = True
+            if not pieces:
+                record(done)
+        finally:
+            conn.execute(Q.migration_reset_lock_timeout)
+    except (psycopg.Error, MigrationError) as exc:
+        raise MigrationError(_stopped(m, direction, marked, exc)) from exc
+
+
+def _stopped(m: Migration, direction: str, marked: bool, exc: Exception) -> str:
+    label = f"{m.version:04d}_{m.name}"
+    cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if marked:
+        return f"{cause}; " + trouble(m, APPLYING if direction == "up" else REVERTING)
+    if direction == "up":
+        return (
+            f"{label}: {cause}; nothing was applied, it is still pending: run "
+            "`brooq migrate up` again once that is resolved"
+        )
+    return (
+        f"{label}: {cause}; nothing was reverted, it is still applied: run "
+        "`brooq migrate down` again once that is resolved"
+    )
+
+
+def _prepare(conn: Conn, q: Queries) -> None:
+    """The version table as this brooq writes it (created, or given its state column)."""
+    with conn.transaction():
+        conn.execute(q.migration_create_table)
+        conn.execute(q.migration_add_state)
+
+
+def _troubles(conn: Conn, migrations: list[Migration], q: Queries) -> list[tuple[Migration, str]]:
+    """The versions stopped part-way while reverting, and those damaged, with what to say."""
+    recs = records(conn, q)
+    broken = damaged(conn, migrations, recs)
+    found: list[tuple[Migration, str]] = []
+    for m in migrations:
+        if m.version in broken:
+            found.append((m, trouble(m, "damaged", broken[m.version])))
+        elif m.version in recs and recs[m.version].state == REVERTING:
+            found.append((m, trouble(m, REVERTING)))
+    return found
 
 
 def up(dsn: str, target: int | None = None, *, schema: str | None = None) -> list[Migration]:
-    """Apply every migration not yet applied (up to ``target``); returns what was applied.
-    ``schema`` (QUEUE_SCHEMA): everything goes into that schema, created if missing."""
+    """Apply every migration not yet applied (up to ``target``; one stopped part-way
+    while applying is finished); returns what was applied. Refuses (MigrationError) while
+    a version is partly reverted or damaged: ``repair`` mends those. ``schema``
+    (QUEUE_SCHEMA): everything goes into that schema, created if missing."""
     migrations = load()
     applied_now: list[Migration] = []
     q = queries(schema)
     with _locked(dsn, schema, create=True) as conn:
-        done = _applied(conn, q)
+        _prepare(conn, q)
+        if found := _troubles(conn, migrations, q):
+            raise MigrationError("; ".join(text for _, text in found))
+        recs = records(conn, q)
         for m in migrations:
-            if m.version in done or (target is not None and m.version > target):
+            if target is not None and m.version > target:
                 continue
-            if m.transactional:
-                with conn.transaction():
-                    conn.execute(q.migration_create_table)
-                    _apply(conn, m, m.up)
-                    conn.execute(q.migration_insert, {"version": m.version, "name": m.name})
-            else:  # recorded after its last statement: a failure leaves it to re-run
-                _apply(conn, m, m.up)
-                with conn.transaction():
-                    conn.execute(q.migration_create_table)
-                    conn.execute(q.migration_insert, {"version": m.version, "name": m.name})
+            if m.version in recs and recs[m.version].state == APPLIED:
+                continue
+            _step(conn, m, "up", q)
             applied_now.append(m)
     return applied_now
 
 
-def down(dsn: str, steps: int = 1, *, schema: str | None = None) -> list[Migration]:
-    """Undo the last ``steps`` applied migrations. Undoing the first one also drops the
-    version table, so nothing of brooq's is left (a schema made by ``up`` stays: it may
-    hold more than brooq's)."""
+def repair(dsn: str, *, schema: str | None = None) -> list[Migration]:
+    """Run the up part again of every no-transaction migration partly reverted or
+    damaged (each is idempotent); returns them. A damaged transactional one is refused:
+    only a change made outside ``brooq migrate`` can have damaged it."""
+    migrations = load()
+    repaired: list[Migration] = []
+    q = queries(schema)
+    with _locked(dsn, schema, create=True) as conn:
+        _prepare(conn, q)
+        found = _troubles(conn, migrations, q)
+        if refused := [text for m, text in found if m.transactional]:
+            raise MigrationError("; ".join(refused))
+        for m, _ in found:
+            _step(conn, m, "up", q)
+            repaired.append(m)
+    return repaired
+
+
+def down(
+    dsn: str, steps: int = 1, *, schema: str | None = None, to: int | None = None
+) -> list[Migration]:
+    """Undo the last ``steps`` recorded migrations (with ``to``: every one above version
+    ``to``), one stopped part-way included. Undoing the first one also drops the version
+    table, so nothing of brooq's is left (a schema made by ``up`` stays: it may hold more
+    than brooq's)."""
     by_version = {m.version: m for m in load()}
     undone: list[Migration] = []
     q = queries(schema)
     with _locked(dsn, schema) as conn:
-        applied = sorted(_applied(conn, q), reverse=True)
-        for version in applied[:steps]:
+        recs = records(conn, q)
+        if recs:
+            _prepare(conn, q)
+        versions = sorted(recs, reverse=True)
+        for version in versions[:steps] if to is None else [v for v in versions if v > to]:
             m = by_version.get(version)
             if m is None:
                 raise MigrationError(
                     f"version {version} is applied but has no file in {migrations_dir()}"
                 )
-            if m.transactional:
-                with conn.transaction():
-                    _apply(conn, m, m.down)
-                    _forget(conn, version, q)
-            else:  # forgotten after its last statement, as up records it
-                _apply(conn, m, m.down)
-                with conn.transaction():
-                    _forget(conn, version, q)
+            _step(conn, m, "down", q)
             undone.append(m)
     return undone
 
@@ -260,153 +366,26 @@ def _forget(conn: Conn, version: int, q: Queries = Q) -> None:
 
 
 def status(dsn: str, *, schema: str | None = None) -> list[Status]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        done = _applied(conn, queries(schema))
-    return [Status(m.version, m.name, done.get(m.version)) for m in load()]
-
-
-# The columns brooq's statements use: a table named job without them is someone else's
-# (an application's own job table found first on the search_path).
-JOB_COLUMNS = (
-    "id",
-    "topic",
-    "payload",
-    "state",
-    "attempts",
-    "available_at",
-    "locked_by",
-    "locked_until",
-    "last_error",
-    "idempotency_key",
-    "created_at",
-    "updated_at",
-    "lease_expiries",  # 0002: the reaper counts expiries (a `migrate sql` schema too)
-    "queue",  # 0003
-    "priority",  # 0003
-    "result",  # 0006
-    "errors",  # 0006
-    "waited",  # 0006
-    "unique_key",  # 0011
-    "start_after",  # 0011
-    "tags",  # 0011
-    "group_key",  # 0012
-    "upstream_open",  # 0013
-    "upstream_failed",  # 0013
-    "on_upstream_failure",  # 0013
-    "has_downstream",  # 0013
-)
-
-
-def verify(conn: Conn, schema: str | None = None) -> str:
-    """Raise SchemaMissing unless the ``job`` table the connection's search_path finds
-    (with ``schema``, QUEUE_SCHEMA: the one in that schema) is brooq's and, when the
-    bookkeeping of ``brooq migrate`` is there, every migration this brooq ships is
-    applied. A schema applied with one's own tool (``brooq migrate sql``) has no
-    bookkeeping; its table is then checked alone. Returns the schema the table is in."""
+    """Each migration this brooq ships: applied (and checked against the schema),
+    pending, or stopped part-way, with what to run."""
     q = queries(schema)
-    found = conn.cursor(row_factory=class_row(_SchemaCheck)).execute(q.schema_check).fetchone()
-    assert found is not None  # one row, whatever exists
-    search_path = found.search_path
-    where = f"schema {schema} (QUEUE_SCHEMA)" if schema else f"the search_path {search_path}"
-    if found.job_schema is None:
-        raise SchemaMissing(
-            f"the brooq schema is not installed (no table job in {where}): run "
-            "`brooq migrate up` first" + (f" with QUEUE_SCHEMA={schema}" if schema else "")
-        )
-    schema = found.job_schema
-    if found.has_versions:  # first: an older brooq schema lacks the newer columns too
-        applied = set(_versions(conn, q))
-        expected = [m.version for m in load()]
-        missing = [v for v in expected if v not in applied]
-        if missing:
-            at = max(applied, default=0)
-            raise SchemaMissing(
-                f"the brooq schema in {schema} is at version {at} but this brooq needs "
-                f"version {expected[-1]} (missing: {', '.join(map(str, missing))}): run "
-                "`brooq migrate up`"
-            )
-    lacking = [c for c in JOB_COLUMNS if c not in found.job_columns]
-    if lacking:
-        raise SchemaMissing(
-            f"the table {schema}.job is not brooq's (it lacks the columns "
-            f"{', '.join(lacking)}; {where}): run `brooq migrate up` against the schema "
-            "brooq should use and give brooq that schema (QUEUE_SCHEMA, or a search_path "
-            "in the DSN's options)"
-        )
-    return schema
-
-
-def _chosen(direction: str, first: int, last: int | None) -> list[Migration]:
-    if direction not in ("up", "down"):
-        raise MigrationError(f"direction must be 'up' or 'down', not {direction!r}")
-    every = load()
-    newest = every[-1].version if every else 0
-    if not 1 <= first <= (last if last is not None else newest) <= newest:
-        raise MigrationError(
-            f"no brooq migrations {first} to {last}: this brooq ships 1 to {newest}"
-        )
-    chosen = [m for m in every if first <= m.version <= (last or newest)]
-    return chosen if direction == "up" else chosen[::-1]
-
-
-def _schema_parts(schema: str, direction: str) -> tuple[list[str], list[str]]:
-    """What runs before and after the migrations' SQL for ``schema``: create it (up),
-    put it alone on the search_path, and give the session its former path back."""
-    validate_schema(schema)
-    before = [_use_schema(schema).as_string(None)]
-    if direction == "up":
-        create = sql.SQL(Q.migration_create_schema).format(sql.Identifier(schema))
-        before.insert(0, create.as_string(None))
-    return before, [Q.migration_restore_search_path]
-
-
-def script(
-    direction: str = "up",
-    *,
-    first: int = 1,
-    last: int | None = None,
-    schema: str | None = None,
-) -> str:
-    """The SQL of every migration (of versions ``first`` to ``last``, both included; ``last``
-    None: the newest), for teams that apply schema with their own tool. A migration to
-    run outside a transaction says so in its heading comment. ``schema`` (QUEUE_SCHEMA):
-    the script first creates it (up) and makes it the session's search_path."""
-    parts: list[str] = []
-    before, after = _schema_parts(schema, direction) if schema else ([], [])
-    if before:
-        parts.append(f"-- brooq's schema: {schema}\n" + "".join(s + ";\n" for s in before))
-    for m in _chosen(direction, first, last):
-        body = m.up if direction == "up" else m.down
-        how = "" if m.transactional else "; run outside a transaction, statement by statement"
-        parts.append(f"-- brooq migration {m.version:04d}_{m.name} ({direction}{how})\n{body}\n")
-    parts.extend(s + ";\n" for s in after)
-    return "\n".join(parts)
-
-
-def script_parts(
-    direction: str = "up",
-    *,
-    first: int = 1,
-    last: int | None = None,
-    schema: str | None = None,
-) -> list[str]:
-    """``script``'s SQL as pieces to run one after another on an autocommit connection, as
-    ``migrations.RunSQL(sql=[...])`` in a Django migration with ``atomic = False`` does: a
-    transactional migration is one piece (PostgreSQL runs a query of many statements in
-    one implicit transaction, so it applies whole or not at all), a ``no-transaction`` one
-    is a piece per statement (``CREATE INDEX CONCURRENTLY`` cannot run in a transaction).
-    Unlike ``up``, nothing retries a statement that waits for a lock: on a big, busy
-    ``job`` table use ``brooq migrate up``. ``schema`` (QUEUE_SCHEMA): the first pieces
-    create it (up) and put it alone on the session's search_path, the last one gives the
-    session its former search_path back (a failure in between leaves the schema on it:
-    the connection is then best closed)."""
-    before, after = _schema_parts(schema, direction) if schema else ([], [])
-    parts: list[str] = list(before)
-    for m in _chosen(direction, first, last):
-        body = m.up if direction == "up" else m.down
-        heading = f"-- brooq migration {m.version:04d}_{m.name} ({direction})"
-        if m.transactional:
-            parts.append(f"{heading}\n{body}\n")
+    migrations = load()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if schema is not None:
+            conn.execute(_use_schema(schema))
+        recs = records(conn, q)
+        broken = damaged(conn, migrations, recs)
+    found: list[Status] = []
+    for m in migrations:
+        rec = recs.get(m.version)
+        if rec is None:
+            found.append(Status(m.version, m.name, None))
+        elif m.version in broken:
+            missing = broken[m.version]
+            text = trouble(m, "damaged", missing)
+            found.append(Status(m.version, m.name, rec.applied_at, "damaged", tuple(missing), text))
+        elif rec.state == APPLIED:
+            found.append(Status(m.version, m.name, rec.applied_at, APPLIED))
         else:
-            parts.extend(f"{heading}\n{statement}\n" for statement in statements(body))
-    return parts + after
+            found.append(Status(m.version, m.name, None, rec.state, (), trouble(m, rec.state)))
+    return found

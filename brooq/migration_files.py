@@ -7,7 +7,16 @@ statement by statement (brooq.migrate says why and how): it is split at each ``;
 ends a line outside a quoted or dollar-quoted text and outside a comment, so a function's
 ``$$`` body stays whole. Versions run 1, 2, 3, ... without gaps.
 
-Owns: ``Migration`` (one file, read), ``load``, ``migrations_dir`` and ``statements``.
+A statement that names ``CONCURRENTLY`` (or is a ``VACUUM``) cannot run in a transaction
+block (``needs_autocommit``); every other one runs in a transaction of its own with the
+version's record (brooq.migrate). ``leaves`` reads the up parts for what each leaves in
+the schema (its tables, indexes, functions, triggers, added columns and constraints,
+less what a later up part drops): what ``brooq migrate up`` checks is there for every
+version recorded as applied. Text inside quotes, dollar quotes (a ``DO`` block, a
+function's body) and comments is not read.
+
+Owns: ``Migration`` (one file, read), ``load``, ``migrations_dir``, ``statements``,
+``needs_autocommit`` and ``leaves``.
 Must never: touch a database (brooq.migrate applies what this reads).
 """
 
@@ -36,6 +45,20 @@ _INDEX_NAME = re.compile(
 )
 
 
+# What leaves or takes an object, in the up parts' words (read on text without comments,
+# quotes or dollar-quoted bodies).
+_OBJECT = re.compile(
+    r"\b(?P<verb>CREATE(?:\s+OR\s+REPLACE)?(?:\s+UNIQUE|\s+CONSTRAINT(?=\s+TRIGGER))?|DROP|ADD)\s+"
+    r"(?P<kind>TABLE|INDEX|FUNCTION|TRIGGER|COLUMN|CONSTRAINT)\s+"
+    r"(?:CONCURRENTLY\s+)?(?:IF\s+(?:NOT\s+)?EXISTS\s+)?(?P<name>[a-z_][a-z0-9_]*)",
+    re.IGNORECASE,
+)
+_ALTERED = re.compile(
+    r"^\s*ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:ONLY\s+)?([a-z_][a-z0-9_]*)", re.IGNORECASE
+)
+_AUTOCOMMIT = re.compile(r"\bCONCURRENTLY\b|^\s*VACUUM\b", re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -48,6 +71,47 @@ class Migration:
     def indexes(self) -> list[str]:
         """The index names the file's statements create or drop."""
         return sorted(set(_INDEX_NAME.findall(self.up + "\n" + self.down)))
+
+
+def _bare(text: str) -> str:
+    """``text`` without its comments, quoted texts and dollar-quoted bodies."""
+    return "".join(
+        " " if token.group(0)[:1] in ("'", "$") or token.group(0).startswith("--") else token[0]
+        for token in _TOKEN.finditer(text)
+    )
+
+
+def needs_autocommit(statement: str) -> bool:
+    """Whether ``statement`` cannot run inside a transaction block."""
+    return bool(_AUTOCOMMIT.search(_bare(statement)))
+
+
+def leaves(migrations: list[Migration]) -> dict[int, list[str]]:
+    """For each of ``migrations`` (applied in this order), the objects its up part leaves
+    that no later one of them drops: "table NAME", "index NAME", "function NAME",
+    "trigger NAME", "constraint NAME", "column TABLE.NAME"."""
+    owner: dict[str, int] = {}
+    for m in migrations:
+        for statement in statements(m.up):
+            bare = _bare(statement)
+            altered = _ALTERED.match(bare)
+            for found in _OBJECT.finditer(bare):
+                kind, name = found["kind"].lower(), found["name"]
+                if kind == "column":
+                    if altered is None:
+                        continue
+                    name = f"{altered.group(1)}.{name}"
+                what = f"{kind} {name}"
+                if found["verb"].upper() == "DROP":
+                    owner.pop(what, None)
+                    if kind == "table":  # a table's indexes and columns go with it
+                        owner.pop(f"index {name}", None)
+                else:
+                    owner[what] = m.version
+    left: dict[int, list[str]] = {m.version: [] for m in migrations}
+    for what, version in owner.items():
+        left[version].append(what)
+    return left
 
 
 def statements(text: str) -> list[str]:

@@ -188,34 +188,33 @@ END;
 $$;
 
 -- migrate:down
+-- One transaction, all or nothing: ACCESS EXCLUSIVE on job first (under the migrator's
+-- lock_timeout, retried), which waits for every transaction that wrote to job, a
+-- producer's enqueue not yet committed included, so the check sees its waiting job;
+-- then everything the check guards, catalog changes only (the state CHECK swapped NOT
+-- VALID: no job can wait any more). Then the validation, under SHARE UPDATE EXCLUSIVE
+-- (a stop before it is recorded as partly reverted; the down part runs again whole).
 DO $$
 BEGIN
+    LOCK TABLE job IN ACCESS EXCLUSIVE MODE;
     IF EXISTS (SELECT 1 FROM job WHERE state = 'waiting') THEN
         RAISE EXCEPTION 'jobs are waiting for other jobs: cancel them first '
                         '(brooq jobs cancel --state waiting --topic ...)';
     END IF;
+    DROP TRIGGER IF EXISTS job_upstream_ended ON job;
+    DROP FUNCTION IF EXISTS brooq_job_after(uuid[], text[], uuid[], uuid[]);
+    DROP FUNCTION IF EXISTS brooq_job_upstream_ended();
+    DROP TABLE IF EXISTS brooq_job_edge;
+    DROP INDEX IF EXISTS job_waiting_idx;
+    ALTER TABLE job DROP CONSTRAINT IF EXISTS job_state_check,
+                    ADD CONSTRAINT job_state_check CHECK (state IN ('pending', 'processing',
+                        'failed', 'done', 'dead', 'canceled')) NOT VALID;
+    ALTER TABLE job DROP CONSTRAINT IF EXISTS job_on_upstream_failure_check;
+    ALTER TABLE job DROP COLUMN IF EXISTS has_downstream,
+                    DROP COLUMN IF EXISTS on_upstream_failure,
+                    DROP COLUMN IF EXISTS upstream_failed,
+                    DROP COLUMN IF EXISTS upstream_open;
 END;
 $$;
 
-DROP TRIGGER IF EXISTS job_upstream_ended ON job;
-
-DROP FUNCTION IF EXISTS brooq_job_after(uuid[], text[], uuid[], uuid[]);
-
-DROP FUNCTION IF EXISTS brooq_job_upstream_ended();
-
-DROP TABLE IF EXISTS brooq_job_edge;
-
-DROP INDEX CONCURRENTLY IF EXISTS job_waiting_idx;
-
-ALTER TABLE job DROP CONSTRAINT IF EXISTS job_state_check,
-                ADD CONSTRAINT job_state_check CHECK (state IN ('pending', 'processing',
-                    'failed', 'done', 'dead', 'canceled')) NOT VALID;
-
 ALTER TABLE job VALIDATE CONSTRAINT job_state_check;
-
-ALTER TABLE job DROP CONSTRAINT IF EXISTS job_on_upstream_failure_check;
-
-ALTER TABLE job DROP COLUMN IF EXISTS has_downstream,
-                DROP COLUMN IF EXISTS on_upstream_failure,
-                DROP COLUMN IF EXISTS upstream_failed,
-                DROP COLUMN IF EXISTS upstream_open;

@@ -23,11 +23,14 @@ ALTER TABLE job DROP CONSTRAINT IF EXISTS job_queue_check,
 ALTER TABLE job VALIDATE CONSTRAINT job_queue_check;
 
 -- migrate:down
+-- The index first: its concurrent build waits for every older snapshot, and a build that
+-- gives up (its invalid index dropped) has changed nothing, so the version stays applied.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS job_ready_idx
+    ON job (available_at, id) WHERE state IN ('pending', 'failed');
+
 ALTER TABLE job DROP CONSTRAINT IF EXISTS job_queue_check,
                 ADD CONSTRAINT job_queue_check
                     CHECK (length(queue) <= 128 AND queue ~ '^[a-z0-9]+([._-][a-z0-9]+)*$')
                     NOT VALID;
-ALTER TABLE job VALIDATE CONSTRAINT job_queue_check;
 
-CREATE INDEX CONCURRENTLY IF NOT EXISTS job_ready_idx
-    ON job (available_at, id) WHERE state IN ('pending', 'failed');
+ALTER TABLE job VALIDATE CONSTRAINT job_queue_check;

@@ -21,22 +21,38 @@ def migrate() -> None:
 
 @migrate.command("up")
 @click.option("--to", "target", type=int, help="Stop at this version.")
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="First run again the up part of every migration partly reverted or damaged "
+    "(`brooq migrate status` names them).",
+)
 @click.pass_context
-def migrate_up(ctx: click.Context, target: int | None) -> None:
+def migrate_up(ctx: click.Context, target: int | None, repair: bool) -> None:
     """Apply every migration not yet applied."""
-    applied = migrate_mod.up(direct_dsn(ctx), target, schema=schema(ctx))
+    dsn, found = direct_dsn(ctx), schema(ctx)
+    repaired = migrate_mod.repair(dsn, schema=found) if repair else []
+    for m in repaired:
+        click.echo(f"repaired {m.version:04d}_{m.name}")
+    applied = migrate_mod.up(dsn, target, schema=found)
     for m in applied:
         click.echo(f"applied {m.version:04d}_{m.name}")
-    if not applied:
+    if not applied and not repaired:
         click.echo("nothing to apply: the schema is up to date")
 
 
 @migrate.command("down")
 @click.option("--steps", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--to",
+    "target",
+    type=click.IntRange(min=0),
+    help="Revert every migration above this version (instead of --steps).",
+)
 @click.pass_context
-def migrate_down(ctx: click.Context, steps: int) -> None:
-    """Revert the last applied migration (or --steps of them)."""
-    undone = migrate_mod.down(direct_dsn(ctx), steps, schema=schema(ctx))
+def migrate_down(ctx: click.Context, steps: int, target: int | None) -> None:
+    """Revert the last applied migration (or --steps of them, or those above --to)."""
+    undone = migrate_mod.down(direct_dsn(ctx), steps, schema=schema(ctx), to=target)
     for m in undone:
         click.echo(f"reverted {m.version:04d}_{m.name}")
     if not undone:
@@ -56,14 +72,23 @@ def migrate_status(ctx: click.Context, as_json: bool) -> None:
                     "version": s.version,
                     "name": s.name,
                     "applied_at": s.applied_at.isoformat() if s.applied_at else None,
+                    "state": s.state,
+                    "missing": list(s.missing),
                 }
                 for s in statuses
             ]
         )
-        return
-    for s in statuses:
-        when = s.applied_at.isoformat(timespec="seconds") if s.applied_at else "pending"
-        click.echo(f"{s.version:04d}_{s.name:<30} {when}")
+    else:
+        for s in statuses:
+            when = s.applied_at.isoformat(timespec="seconds") if s.applied_at else "pending"
+            label = {"applying": "partly applied", "reverting": "partly reverted"}
+            shown = when if s.state in ("applied", "pending") else label.get(s.state, s.state)
+            click.echo(f"{s.version:04d}_{s.name:<30} {shown}")
+        for s in statuses:
+            if s.advice:
+                click.echo(f"\n{s.advice}")
+    if any(s.advice for s in statuses):
+        ctx.exit(1)  # the schema is not what is recorded, or a step stopped part-way
 
 
 @migrate.command("sql")

@@ -15,9 +15,14 @@ LEFT JOIN pg_class c ON c.oid = j.oid
 LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
 
 -- name: migration_versions
--- The versions applied by `brooq migrate up` (run only once schema_check or
--- migration_table_exists found the table).
-SELECT version, applied_at FROM {brooq_migration} ORDER BY version
+-- The versions recorded by `brooq migrate` (run only once schema_check or
+-- migration_table_exists found the table), each with its state: 'applied', or, for a
+-- no-transaction file stopped part-way, 'applying' or 'reverting'. A table of an older
+-- brooq has no state column: its rows read as 'applied' (to_jsonb reads whatever
+-- columns the row has).
+SELECT v.version, v.applied_at, coalesce(to_jsonb(v) ->> 'state', 'applied') AS state
+FROM {brooq_migration} AS v
+ORDER BY v.version
 
 -- The migrator's own bookkeeping (brooq/migrate.py). The version table's name is fixed
 -- (brooq.migrate.VERSION_TABLE); the migration files' own text is the one SQL run from
@@ -57,11 +62,67 @@ SELECT to_regclass({brooq_migration:name}) IS NOT NULL AS present
 CREATE TABLE IF NOT EXISTS {brooq_migration} (
     version integer PRIMARY KEY,
     name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    state text NOT NULL DEFAULT 'applied' CHECK (state IN ('applied', 'applying', 'reverting'))
 )
 
--- name: migration_insert
-INSERT INTO {brooq_migration} (version, name) VALUES (%(version)s, %(name)s)
+-- name: migration_add_state
+-- The state column, on a version table an older brooq made (a catalog change).
+ALTER TABLE {brooq_migration}
+    ADD COLUMN IF NOT EXISTS state text NOT NULL DEFAULT 'applied'
+        CHECK (state IN ('applied', 'applying', 'reverting'))
+
+-- name: migration_record
+-- A version's state: 'applied', or 'applying' / 'reverting' while a no-transaction file's
+-- statements run (written in the transaction of the statement that changes the schema).
+INSERT INTO {brooq_migration} (version, name, state)
+VALUES (%(version)s, %(name)s, %(state)s)
+ON CONFLICT (version) DO UPDATE SET state = excluded.state, applied_at = now()
+
+-- name: migration_missing
+-- Which of the objects (as brooq.migration_files.leaves names them: "table x",
+-- "index x", "function x", "trigger x", "constraint x", "column t.c") are not in the
+-- schema the migrator's search_path creates in, in the order given. An invalid index
+-- (a failed concurrent build) and a constraint not validated count as missing.
+SELECT o.what
+FROM unnest(%(objects)s::text[]) WITH ORDINALITY AS o(what, n)
+CROSS JOIN LATERAL (
+    SELECT split_part(o.what, ' ', 1) AS kind, split_part(o.what, ' ', 2) AS name,
+           (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AS ns
+) AS x
+WHERE NOT CASE x.kind
+    WHEN 'table' THEN EXISTS (
+        SELECT FROM pg_class c WHERE c.relname = x.name AND c.relnamespace = x.ns)
+    WHEN 'index' THEN EXISTS (
+        SELECT FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+        WHERE c.relname = x.name AND c.relnamespace = x.ns AND i.indisvalid)
+    WHEN 'function' THEN EXISTS (
+        SELECT FROM pg_proc p WHERE p.proname = x.name AND p.pronamespace = x.ns)
+    WHEN 'trigger' THEN EXISTS (
+        SELECT FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        WHERE t.tgname = x.name AND c.relnamespace = x.ns)
+    WHEN 'constraint' THEN EXISTS (
+        SELECT FROM pg_constraint k
+        WHERE k.conname = x.name AND k.connamespace = x.ns AND k.convalidated)
+    WHEN 'column' THEN EXISTS (
+        SELECT FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+        WHERE c.relname = split_part(x.name, '.', 1) AND c.relnamespace = x.ns
+          AND a.attname = split_part(x.name, '.', 2) AND a.attnum > 0 AND NOT a.attisdropped)
+    ELSE true
+END
+ORDER BY o.n
+
+-- name: migration_index_states
+-- Each named index of the migrator's schema: valid, invalid, or absent (NULL); compared
+-- before and after a concurrent statement that failed, to know whether it changed
+-- anything.
+SELECT n.name::text,
+       (SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+        WHERE c.relname = n.name
+          AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()))
+           AS valid
+FROM unnest(%(names)s::text[]) AS n(name)
+ORDER BY 1
 
 -- name: migration_delete
 DELETE FROM {brooq_migration} WHERE version = %(version)s
@@ -74,7 +135,8 @@ SELECT count(*) AS applied FROM {brooq_migration}
 DROP TABLE {brooq_migration}
 
 -- name: migration_set_lock_timeout
--- For the no-transaction migrations (brooq/migrate.py says why they exist). Session-wide on the migrator's own connection, reset after the file.
+-- For the no-transaction migrations (brooq/migrate.py says why they exist).
+-- Session-wide on the migrator's own connection, reset after the file.
 SELECT set_config('lock_timeout', %(timeout)s, false)
 
 -- name: migration_reset_lock_timeout
