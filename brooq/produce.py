@@ -106,6 +106,10 @@ def enqueue(
     exists; the id is then that job's id. Rollback leaves no job; commit makes it
     visible to workers (and wakes them once per transaction).
 
+    A job with ``after`` commits with its edges: on a connection in autocommit outside
+    a transaction, in one transaction brooq opens (and runs again after a deadlock with
+    the workers ending the jobs named); in the caller's, EnqueueDeadlock then.
+
     ``schema``: brooq's schema (QUEUE_SCHEMA of the masters); None: the ``job`` table the
     connection's search_path finds.
     """

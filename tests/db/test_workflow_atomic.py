@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -91,6 +93,57 @@ def _enqueue_many_async_autocommit(dsn: str, queue: brooq.Queue, job: brooq.Job)
     return asyncio.run(go())
 
 
+def _sqlalchemy_autocommit(dsn: str, queue: brooq.Queue, job: brooq.Job) -> uuid.UUID:
+    """A SQLAlchemy Connection on an engine in AUTOCOMMIT (its driver connection too)."""
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    engine = sqlalchemy.create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: psycopg.connect(dsn),
+        isolation_level="AUTOCOMMIT",
+        poolclass=sqlalchemy.pool.NullPool,
+    )
+    try:
+        with engine.connect() as conn:
+            return brooq.enqueue(conn, job)[0]
+    finally:
+        engine.dispose()
+
+
+_DJANGO = """
+import sys, uuid
+import django
+from django.conf import settings
+from psycopg.conninfo import conninfo_to_dict
+import brooq
+
+info = conninfo_to_dict(sys.argv[1])
+settings.configure(DATABASES={"default": {
+    "ENGINE": "django.db.backends.postgresql", "NAME": info["dbname"],
+    "USER": info.get("user", ""), "HOST": info.get("host", ""),
+    "PORT": str(info.get("port", "")),
+}})
+django.setup()
+from django.db import connection
+
+job = brooq.Job(sys.argv[2], after=[uuid.UUID(u) for u in sys.argv[4:]],
+                on_upstream_failure=sys.argv[3])
+print(brooq.enqueue(connection, job)[0])  # outside atomic(): Django's autocommit
+"""
+
+
+def _django_autocommit(dsn: str, queue: brooq.Queue, job: brooq.Job) -> uuid.UUID:
+    """``django.db.connection`` outside ``atomic()``, in a process of its own."""
+    pytest.importorskip("django")
+    assert job.after is not None
+    args = [job.topic, job.on_upstream_failure, *(str(up) for up in job.after)]
+    out = subprocess.run(
+        [sys.executable, "-c", _DJANGO, dsn, *args], capture_output=True, text=True, timeout=60
+    )
+    if out.returncode != 0:
+        raise brooq.BrooqError(out.stderr.strip().splitlines()[-1])
+    return uuid.UUID(out.stdout.strip())
+
+
 def _cli(dsn: str, queue: brooq.Queue, job: brooq.Job) -> uuid.UUID:
     assert job.after is not None
     args = [f"--after={up}" for up in job.after]
@@ -114,6 +167,8 @@ DOORS: dict[str, Door] = {
     "brooq.enqueue_many(autocommit)": _enqueue_many_autocommit,
     "brooq.enqueue_async(autocommit)": _enqueue_async_autocommit,
     "brooq.enqueue_many_async(autocommit)": _enqueue_many_async_autocommit,
+    "SQLAlchemy Connection(AUTOCOMMIT)": _sqlalchemy_autocommit,
+    "django.db.connection(autocommit)": _django_autocommit,
     "brooq enqueue --after": _cli,
 }
 
