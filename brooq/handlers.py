@@ -286,3 +286,26 @@ def callable_problem(fn: object, arity: int, shape: str) -> str | None:
     except ValueError:
         return None
     return None
+
+
+POLICY_FIELDS = ("max_attempts", *_LIMITS)  # a Policy's, in the order ``described`` lists
+
+
+def described(handlers: dict[str, Handler], settings: Settings) -> dict[str, Any]:
+    """What a child tells its master of the handlers it imported (the master never
+    imports the application again: after a reload it learns the new options this way,
+    brooq.supervisor.options): each topic's policy, queue and limits of the fleet, as
+    JSON."""
+    return {
+        topic: {
+            "policy": [getattr(h.policy(settings), name) for name in POLICY_FIELDS],
+            "queue": h.queue,
+            "limits": h.limits(),
+        }
+        for topic, h in handlers.items()
+    }
+
+
+def described_policy(values: Sequence[Any]) -> Policy:
+    """The Policy of one topic of ``described``."""
+    return Policy(**dict(zip(POLICY_FIELDS, values, strict=True)))

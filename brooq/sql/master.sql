@@ -309,7 +309,8 @@ WITH me AS (
             ARRAY(SELECT jsonb_array_elements_text($7::jsonb)),
             $8::jsonb, $9::float8, $10::timestamptz, now(), $13::jsonb)
     ON CONFLICT (id) DO UPDATE
-    SET children = EXCLUDED.children, beat_seconds = EXCLUDED.beat_seconds, seen_at = now()
+    SET children = EXCLUDED.children, beat_seconds = EXCLUDED.beat_seconds, seen_at = now(),
+        queues = EXCLUDED.queues, topics = EXCLUDED.topics, limits = EXCLUDED.limits
     RETURNING id
 ), gone AS (
     DELETE FROM {brooq_master}

@@ -23,6 +23,7 @@ one list of sources (brooq.supervisor.source) in one select.
 - `maintenance`: the statements the duties run
 - `offloop`: a statement sent on a connection of its own, its answer read when readable
 - `connections`: the maintenance and LISTEN connections, with backoff; LISTEN's source
+- `options`: the handler options it acts on; after a reload, the new children's
 - `respawn`: the crash streak's backoff (pure)
 - `unhandled`: ready jobs no live master handles: said once per pair, and gauged
 - `admin`: what the ops HTTP surface answers: readiness, metrics, the bearer endpoints

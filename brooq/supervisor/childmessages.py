@@ -2,7 +2,8 @@
 master knows of it (brooq.supervisor.childproc.ChildProc).
 
 A child says which jobs it holds, whether its claims work, which batchmates it gives
-back, the stack it was asked for, that it is ready, and that it retires. Each message
+back, the stack it was asked for, that it is ready (with the options of the handlers it
+imported), and that it retires. Each message
 updates the ChildProc's fields; a stack is returned to the caller, which writes it
 (the master's loop, on its maintenance connection).
 
@@ -61,6 +62,8 @@ def read_messages(c: ChildProc, now: float) -> list[StackAnswer]:
             stacks.append((c.identity, job_id, str(msg.get("text", ""))))
         elif "ready" in msg:
             c.ready = True
+            if isinstance(msg.get("handlers"), dict):
+                c.handlers = msg["handlers"]
             c.progress_at = now
         elif "retire" in msg:
             reason = retire_reason(msg["retire"])

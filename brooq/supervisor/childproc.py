@@ -18,6 +18,7 @@ import signal
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from brooq.ipc import protocol
 from brooq.ipc.board import Board, Running
@@ -35,6 +36,9 @@ class ChildProc:
     stack_file: str
     born: float
     ready: bool = False
+    # The handlers it imported, as it said when ready (brooq.handlers.described): after a
+    # reload, the master's options come from here (brooq.supervisor.options).
+    handlers: dict[str, Any] | None = None
     board: Board = field(default_factory=Board)  # what it runs now, shared memory
     kind: ChildKind = SYNC  # which handlers it runs (docs/async.md)
     jobs: tuple[Running, ...] = ()  # the board as last read (Fleet.read_boards)

@@ -79,6 +79,14 @@ class Leftovers(Source):
         self.metrics = metrics
         self.clock = clock
         self.dead: list[_Dead] = []
+        self._known: dict[int, ChildProc] = {}  # the children at the last change
+
+    def children_changed(self, children: dict[int, ChildProc]) -> None:
+        """A child was forked or reaped: the ones gone since the last change died."""
+        for pid, c in self._known.items():
+            if pid not in children:  # reaped, its death settled (or queued)
+                self.died(c)
+        self._known = dict(children)
 
     def died(self, c: ChildProc) -> None:
         """A child was reaped (its death settled or queued for the accounting)."""

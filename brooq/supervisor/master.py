@@ -46,7 +46,6 @@ from brooq.settings import Settings
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.admin import Admin, start_ops
 from brooq.supervisor.admintoken import TokenWatch
-from brooq.supervisor.childproc import ChildProc
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.beat import BEAT, Beat
 from brooq.supervisor.duties.periodic import Periodic
@@ -63,6 +62,7 @@ from brooq.supervisor.enforce import Enforcer
 from brooq.supervisor.fleet import MASTER_SIGNALS, Fleet, ForkSpec
 from brooq.supervisor.leftovers import Leftovers
 from brooq.supervisor.ops import OpsServer
+from brooq.supervisor.options import HandlerOptions
 from brooq.supervisor.pagekeeper import PageKeeper
 from brooq.supervisor.sdnotify import Notifier
 from brooq.supervisor.signalpipe import SignalPipe
@@ -165,6 +165,10 @@ class Master:
             self.conns, self.fleet, app_spec, queue.handlers, settings, self.listen_dsn
         )
         self.fleet.changed = self._children_changed
+        # Its handler options, from the children after a reload (brooq.supervisor.options).
+        self.options = HandlerOptions(
+            self.fleet, self.accounting, self.beat, self.stats, settings, queue.handlers
+        )
         # What a dead child's claim committed after its death (brooq.supervisor.leftovers).
         self.leftovers = Leftovers(
             self.conns,
@@ -174,7 +178,6 @@ class Master:
             time.monotonic,
             follow=settings.pooler == pooler.NONE,
         )
-        self._known: dict[int, ChildProc] = {}  # the children at the last change
         self.stats.unhandled = Unhandled(self.beat.live_pairs, self.metrics)
         duties: list[Duty] = [SdWatchdog(self.notifier)] if self.notifier.watchdog_period else []
         duties += [
@@ -264,6 +267,7 @@ class Master:
                 source.service(ready_r, ready_w)
             if fleet.stack_answers:
                 self._answer_stacks()
+            self.options.check()  # before a death's settlement is written (reap)
             fleet.reap()
             self._run_due(time.monotonic())
             fleet.read_boards()
@@ -304,11 +308,7 @@ class Master:
             duty.run_once(now)
 
     def _children_changed(self) -> None:
-        children = self.fleet.children
-        for pid, c in self._known.items():
-            if pid not in children:  # reaped, its death settled (or queued)
-                self.leftovers.died(c)
-        self._known = dict(children)
+        self.leftovers.children_changed(self.fleet.children)
         self.beat.children_changed()
         self.scheduler.due_now(BEAT)
 

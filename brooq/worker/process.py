@@ -19,7 +19,7 @@ import uuid
 from typing import IO, Any
 
 from brooq import progress, tracing
-from brooq.handlers import HandlerFn, Middleware, Policy, is_async_callable
+from brooq.handlers import HandlerFn, Middleware, Policy, described, is_async_callable
 from brooq.ipc.board import MESSAGE_MAX_BYTES, Board
 from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
 from brooq.job import Claim
@@ -127,7 +127,10 @@ class ChildProcess:
         progress.sink = self._progress
         self.link.start()
         self.link.update_title()
-        self.tell({"ready": 1})
+        ready: dict[str, Any] = {"ready": 1}
+        if self.config.reload_baseline is not None:  # re-imported: the master's are stale
+            ready["handlers"] = described(self.handlers, self.settings)
+        self.tell(ready)
 
     def _progress(self, job_id: uuid.UUID, attempt: int, fraction: float, message: str) -> None:
         """A handler's claim.progress(), on the board for the master's next renewal; its

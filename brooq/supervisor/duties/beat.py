@@ -128,6 +128,13 @@ class Beat(Source):
             else None
         )
 
+    def handlers_changed(self, queues: list[str], topics: list[str], limits: object) -> None:
+        """After a reload: the queues, topics and limits the next beat writes."""
+        self.own = frozenset(pairs(queues, topics))
+        self._fixed[5:7] = [json.dumps(queues).encode(), json.dumps(topics).encode()]
+        self._limits = json.dumps(limits).encode()
+        self.changed = True
+
     def children_changed(self) -> None:
         """A child was forked or reaped: the next beat says so (the master makes it due)."""
         self.changed = True
