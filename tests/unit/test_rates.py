@@ -65,7 +65,7 @@ def test_a_rate_out_of_bounds_is_refused(args: tuple[object, ...], text: str) ->
 def test_the_allowance_is_a_twentieth_of_the_period_at_most_a_quarter_second() -> None:
     assert Rate(20).allowance == pytest.approx(0.05)
     assert Rate(20).window == pytest.approx(1.05)
-    assert Rate(1, 0.1).allowance == pytest.approx(0.005)
+    assert Rate(1, 0.1).allowance == pytest.approx(0.02)  # ALLOWANCE_MIN
     assert Rate(10, timedelta(hours=1)).allowance == ALLOWANCE_MAX == 0.25
 
 
