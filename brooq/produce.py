@@ -202,7 +202,7 @@ def insert_many_checked(
     with _collector_paused(len(checked)):
         if found is None:
             if not _graph(checked):
-                return drive(target, _insert_many(checked, handlers, q))
+                return drive(target, _insert_batch(checked, handlers, q))
             return drive_graph(target, lambda: _insert_many(checked, handlers, q))
         with publish(found, [j.topic for j in checked]) as (span, parent):
             done = drive_graph(target, lambda: _insert_many(checked, handlers, q, parent))
@@ -220,7 +220,7 @@ async def insert_many_checked_async(
     with _collector_paused(len(checked)):
         if found is None:
             if not _graph(checked):
-                return await drive_async(target, _insert_many(checked, handlers, q))
+                return await drive_async(target, _insert_batch(checked, handlers, q))
             return await drive_graph_async(target, lambda: _insert_many(checked, handlers, q))
         with publish(found, [j.topic for j in checked]) as (span, parent):
             done = await drive_graph_async(

@@ -164,6 +164,19 @@ def reads_from(ctx: click.Context, queue: brooq.Queue) -> tuple[str, ReplicaLag]
         return dsn_mod.describe(target), lag(conn, queries(queue.schema))
 
 
+def standby_note(ctx: click.Context, queue: brooq.Queue) -> str:
+    """What to add to "nothing found" when ``queue`` (``open_reads``'s) read a standby:
+    ``; read from ops@db2:5432/app, a standby, 30s behind its primary: what its primary
+    wrote since is not there yet``; "" when it read a primary."""
+    with queue.connection() as conn:
+        standing = lag(conn, queries(queue.schema))
+    if not standing.standby:
+        return ""
+    target = read_target(ctx)
+    database = dsn_mod.describe(target if target is not None else queue.dsn)
+    return f"; {reads_line(database, standing)}: what its primary wrote since is not there yet"
+
+
 def reads_line(database: str, standing: ReplicaLag) -> str:
     """The line saying where a command read, and how far behind its primary that is:
     ``read from ops@db2:5432/app, a standby, 0.3s behind its primary``."""

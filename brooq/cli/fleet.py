@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from brooq.cli.common import cli, emit_json, open_reads, table, utc
+from brooq.cli.common import cli, emit_json, open_reads, reads_from, reads_line, table, utc
 from brooq.durations import format_age
 from brooq.masters import MISSED_BEATS, MasterRow, live
 from brooq.sql import queries
@@ -71,3 +71,6 @@ def fleet(ctx: click.Context, as_json: bool) -> None:
         return
     for line in fleet_lines(masters):
         click.echo(line)
+    if (standing := reads_from(ctx, queue)) is not None:  # rows as of a standby's replay
+        click.echo("")
+        click.echo(reads_line(*standing))

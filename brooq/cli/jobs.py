@@ -19,7 +19,7 @@ import click
 
 import brooq
 from brooq import progress
-from brooq.cli.common import cli, emit_json, open_queue, open_reads, table, utc
+from brooq.cli.common import cli, emit_json, open_queue, open_reads, standby_note, table, utc
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
 from brooq.job import JobRecord
@@ -262,8 +262,8 @@ def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     jid = brooq.job.parse_job_id(job_id)
     reads = open_reads(ctx)
     record = reads.get(jid)
-    if record is None:
-        raise JobNotFound(f"no job with id {jid}")
+    if record is None:  # on a standby behind its primary: not there yet, maybe
+        raise JobNotFound(f"no job with id {jid}{standby_note(ctx, reads)}")
     # A job of a graph (docs/how-to/workflows.md): what it waits for and what waits on it.
     graph = {"upstream": reads.upstream(jid), "downstream": reads.downstream(jid, GRAPH_LIMIT)}
     if as_json:
@@ -291,12 +291,19 @@ def jobs_logs(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """The log records a keep_logs handler emitted while it ran job ID, per attempt
     (the last 20 attempts), oldest first. --json: a list of {attempt, at, text}."""
     jid = brooq.job.parse_job_id(job_id)
-    kept = open_reads(ctx).logs(jid)
+    reads = open_reads(ctx)
+    try:
+        kept = reads.logs(jid)
+    except JobNotFound as exc:  # on a standby behind its primary: not there yet, maybe
+        raise JobNotFound(f"{exc}{standby_note(ctx, reads)}") from None
     if as_json:
         emit_json([entry.to_dict() for entry in kept])
         return
     if not kept:
-        click.echo(f"(no logs kept for job {jid}: its handler keeps none, or no attempt logged)")
+        note = standby_note(ctx, reads)
+        click.echo(
+            f"(no logs kept for job {jid}: its handler keeps none, or no attempt logged{note})"
+        )
         return
     for i, entry in enumerate(kept):
         if i:

@@ -401,11 +401,25 @@ DELETE FROM {brooq_stack_request} WHERE id = %(id)s RETURNING answered_at, worke
 -- name: fleet_live
 -- The live masters (`brooq fleet`, the status page's /fleet, the "no handler" marks):
 -- the rows written within `missed` of their own beats. A tiny table: one row per master.
+-- Counted from the moment the database's rows are as of: now() on a primary and on a
+-- standby streaming with all it received replayed; on a standby behind (replay lagging,
+-- or not streaming), when the last transaction it replayed committed on the primary,
+-- as replica_lag counts its lag. Counted from now(), a standby 30 s behind showed no
+-- master alive.
+WITH as_of AS (
+    SELECT CASE
+             WHEN pg_is_in_recovery()
+                  AND (NOT EXISTS (SELECT FROM pg_stat_wal_receiver)
+                       OR pg_last_wal_receive_lsn() IS DISTINCT FROM pg_last_wal_replay_lsn())
+               THEN least(now(), coalesce(pg_last_xact_replay_timestamp(), now()))
+             ELSE now()
+           END AS at
+)
 SELECT id, host, pid, version, app, queues, topics, children, beat_seconds, started_at,
-       seen_at, extract(epoch FROM now() - seen_at)::float8 AS seen_seconds_ago,
+       seen_at, extract(epoch FROM as_of.at - seen_at)::float8 AS seen_seconds_ago,
        coalesce(limits, '{}'::jsonb) AS limits
-FROM {brooq_master}
-WHERE seen_at >= now() - make_interval(secs => beat_seconds * %(missed)s::int4)
+FROM {brooq_master}, as_of
+WHERE seen_at >= as_of.at - make_interval(secs => beat_seconds * %(missed)s::int4)
 ORDER BY host, pid, id
 LIMIT %(limit)s
 
