@@ -42,7 +42,14 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS job_ready_queue_idx
     WHERE state IN ('pending', 'failed');
 
 -- migrate:down
-DROP INDEX CONCURRENTLY IF EXISTS job_ready_queue_idx;
-DROP TABLE IF EXISTS brooq_queue;
-ALTER TABLE job DROP CONSTRAINT IF EXISTS job_queue_check;
-ALTER TABLE job DROP COLUMN IF EXISTS priority, DROP COLUMN IF EXISTS queue;
+-- One transaction, all or nothing (catalog changes only): ACCESS EXCLUSIVE on job first,
+-- under the migrator's lock_timeout and retried, so no lock is taken twice.
+DO $$
+BEGIN
+    LOCK TABLE job IN ACCESS EXCLUSIVE MODE;
+    DROP INDEX IF EXISTS job_ready_queue_idx;
+    DROP TABLE IF EXISTS brooq_queue;
+    ALTER TABLE job DROP CONSTRAINT IF EXISTS job_queue_check;
+    ALTER TABLE job DROP COLUMN IF EXISTS priority, DROP COLUMN IF EXISTS queue;
+END;
+$$;

@@ -27,10 +27,15 @@ CREATE TRIGGER job_waited_notify AFTER UPDATE OF state ON job FOR EACH ROW
     EXECUTE FUNCTION brooq_job_waited_notify();
 
 -- migrate:down
-DROP TRIGGER IF EXISTS job_waited_notify ON job;
-
-DROP FUNCTION IF EXISTS brooq_job_waited_notify();
-
-ALTER TABLE job DROP COLUMN IF EXISTS waited,
-                DROP COLUMN IF EXISTS errors,
-                DROP COLUMN IF EXISTS result;
+-- One transaction, all or nothing (catalog changes only): ACCESS EXCLUSIVE on job first,
+-- under the migrator's lock_timeout and retried, so no lock is taken twice.
+DO $$
+BEGIN
+    LOCK TABLE job IN ACCESS EXCLUSIVE MODE;
+    DROP TRIGGER IF EXISTS job_waited_notify ON job;
+    DROP FUNCTION IF EXISTS brooq_job_waited_notify();
+    ALTER TABLE job DROP COLUMN IF EXISTS waited,
+                    DROP COLUMN IF EXISTS errors,
+                    DROP COLUMN IF EXISTS result;
+END;
+$$;

@@ -117,23 +117,22 @@ CREATE CONSTRAINT TRIGGER job_unique_key_waiting AFTER INSERT OR UPDATE OF start
     EXECUTE FUNCTION brooq_job_unique_key_waiting();
 
 -- migrate:down
-DROP TRIGGER IF EXISTS job_unique_key_waiting ON job;
-
-DROP TRIGGER IF EXISTS job_unique_key_freed ON job;
-
-DROP FUNCTION IF EXISTS brooq_job_unique_key_waiting();
-
-DROP FUNCTION IF EXISTS brooq_job_unique_key_freed();
-
-DROP FUNCTION IF EXISTS brooq_job_promote(uuid, boolean);
-
-DROP INDEX CONCURRENTLY IF EXISTS job_unique_key_waiting_idx;
-
-DROP INDEX CONCURRENTLY IF EXISTS job_unique_key_idx;
-
-ALTER TABLE job DROP CONSTRAINT IF EXISTS job_tags_check,
-                DROP CONSTRAINT IF EXISTS job_unique_key_check;
-
-ALTER TABLE job DROP COLUMN IF EXISTS tags,
-                DROP COLUMN IF EXISTS start_after,
-                DROP COLUMN IF EXISTS unique_key;
+-- One transaction, all or nothing (catalog changes only): ACCESS EXCLUSIVE on job first,
+-- under the migrator's lock_timeout and retried, so no lock is taken twice.
+DO $$
+BEGIN
+    LOCK TABLE job IN ACCESS EXCLUSIVE MODE;
+    DROP TRIGGER IF EXISTS job_unique_key_waiting ON job;
+    DROP TRIGGER IF EXISTS job_unique_key_freed ON job;
+    DROP FUNCTION IF EXISTS brooq_job_unique_key_waiting();
+    DROP FUNCTION IF EXISTS brooq_job_unique_key_freed();
+    DROP FUNCTION IF EXISTS brooq_job_promote(uuid, boolean);
+    DROP INDEX IF EXISTS job_unique_key_waiting_idx;
+    DROP INDEX IF EXISTS job_unique_key_idx;
+    ALTER TABLE job DROP CONSTRAINT IF EXISTS job_tags_check,
+                    DROP CONSTRAINT IF EXISTS job_unique_key_check;
+    ALTER TABLE job DROP COLUMN IF EXISTS tags,
+                    DROP COLUMN IF EXISTS start_after,
+                    DROP COLUMN IF EXISTS unique_key;
+END;
+$$;

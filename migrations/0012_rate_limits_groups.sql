@@ -373,23 +373,21 @@ END;
 $$;
 
 -- migrate:down
-DROP FUNCTION IF EXISTS brooq_claim_coordinated(text, integer, integer, float8, integer,
-    integer, float8, text[], uuid[], text, float8, integer);
-
-DROP FUNCTION IF EXISTS brooq_window_sweep(integer);
-
-DROP FUNCTION IF EXISTS brooq_window_take(text, text, integer, timestamptz, float8);
-
-DROP FUNCTION IF EXISTS brooq_window_room(text, text, integer);
-
-ALTER TABLE brooq_master DROP COLUMN IF EXISTS limits;
-
-DROP TABLE IF EXISTS brooq_group_turn;
-
-DROP TABLE IF EXISTS brooq_rate_slot;
-
-DROP INDEX CONCURRENTLY IF EXISTS job_ready_group_idx;
-
-ALTER TABLE job DROP CONSTRAINT IF EXISTS job_group_key_check;
-
-ALTER TABLE job DROP COLUMN IF EXISTS group_key;
+-- One transaction, all or nothing (catalog changes only): ACCESS EXCLUSIVE on job first,
+-- under the migrator's lock_timeout and retried, so no lock is taken twice.
+DO $$
+BEGIN
+    LOCK TABLE job IN ACCESS EXCLUSIVE MODE;
+    DROP FUNCTION IF EXISTS brooq_claim_coordinated(text, integer, integer, float8, integer,
+        integer, float8, text[], uuid[], text, float8, integer);
+    DROP FUNCTION IF EXISTS brooq_window_sweep(integer);
+    DROP FUNCTION IF EXISTS brooq_window_take(text, text, integer, timestamptz, float8);
+    DROP FUNCTION IF EXISTS brooq_window_room(text, text, integer);
+    ALTER TABLE brooq_master DROP COLUMN IF EXISTS limits;
+    DROP TABLE IF EXISTS brooq_group_turn;
+    DROP TABLE IF EXISTS brooq_rate_slot;
+    DROP INDEX IF EXISTS job_ready_group_idx;
+    ALTER TABLE job DROP CONSTRAINT IF EXISTS job_group_key_check;
+    ALTER TABLE job DROP COLUMN IF EXISTS group_key;
+END;
+$$;

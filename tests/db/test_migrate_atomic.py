@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import migrate, migration_files
+from brooq import migrate, migration_check, migration_files
 from brooq.errors import SchemaMissing
 
 
@@ -282,6 +282,7 @@ def test_a_stopped_step_is_recorded_as_part_way(
     )
     every = with_extra(tmp_path, down)
     monkeypatch.setattr(migrate, "load", lambda: every)
+    monkeypatch.setattr(migration_check, "load", lambda: every)
     extra = every[-1].version
     migrate.up(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
