@@ -19,6 +19,7 @@ brooq.cli.common:
 - `queues`: `brooq queues [pause|resume NAME]`, the queues and pausing one
 - `periodic`: `brooq periodic --app MODULE:ATTR`, the schedules an application registers
 - `fleet`: `brooq fleet`, the live masters and their children
+- `terminal`: what every command prints for a person, made harmless on a terminal
 - `sql`: `brooq sql list|show`, brooq's SQL statements and each as it runs
 
 Owns: ``main``, the entry point of ``brooq`` and ``python -m brooq``: turning every
@@ -54,6 +55,7 @@ from brooq.cli import (  # noqa: F401  (they register)
 from brooq.cli.common import cli
 from brooq.cli.jobs import show_lines
 from brooq.cli.stats import stats_lines
+from brooq.cli.terminal import one_line, say
 from brooq.errors import (
     BrooqError,
     InvalidDsn,
@@ -109,7 +111,7 @@ def _unbullet(line: str) -> str:
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"error: {_one_line(message)}", err=True)
+    say(f"error: {one_line(_one_line(message))}", err=True)
     sys.exit(code)
 
 

@@ -20,6 +20,7 @@ import click
 import brooq
 from brooq.cli.common import cli, emit_json, open_queue
 from brooq.cli.jobs import jobs
+from brooq.cli.terminal import say
 from brooq.job import BULK_FROM_STATES, Transition, bulk_rule, bulk_state_refusal
 from brooq.job_options import check_tag
 
@@ -146,7 +147,7 @@ def _one(ctx: click.Context, action: Transition, job_id: str) -> None:
     moved = queue.cancel(jid) if action == "cancel" else queue.retry(jid)
     if not moved:
         raise queue.explain_refusal(jid, action)
-    click.echo(f"{_DONE[action]} {jid}{_AFTER[action]}")
+    say(f"{_DONE[action]} {jid}{_AFTER[action]}")
 
 
 def can_ask() -> bool:
@@ -184,7 +185,7 @@ def _bulk(
                 f"{matched} {jobs_word} ({where}); stdin is not a terminal, so nothing was "
                 f"{_DONE[action]}: pass --yes to {action} them"
             )
-        click.echo(f"{matched} {jobs_word} ({where})")
+        say(f"{matched} {jobs_word} ({where})")
         if matched == 0:
             return
         if not click.confirm(f"{action.capitalize()} them?", default=False):
@@ -195,23 +196,23 @@ def _bulk(
         return
     if yes:
         jobs_word = "job matches" if result.matched == 1 else "jobs match"
-        click.echo(f"{result.matched} {jobs_word} ({where})")
+        say(f"{result.matched} {jobs_word} ({where})")
     if result.matched == 0:
         return
     line = f"{_DONE[action]} {result.changed} of {result.matched}{_AFTER[action]}"
     left = result.matched - result.changed - result.key_taken
     if left > 0:
         line += f" ({left} changed state meanwhile and were left alone)"
-    click.echo(line)
+    say(line)
     if result.key_taken:
-        click.echo(
+        say(
             f"{result.key_taken} not retried: another active job holds their unique_key "
             "(retry them once that job is done, dead or canceled):"
         )
         for job_id, holder in result.taken:
-            click.echo(f"  {job_id}: its key is held by job {holder}")
+            say(f"  {job_id}: its key is held by job {holder}")
         if result.key_taken > len(result.taken):
-            click.echo(f"  … and {result.key_taken - len(result.taken)} more")
+            say(f"  … and {result.key_taken - len(result.taken)} more")
 
 
 @click.command("cancel")

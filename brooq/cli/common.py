@@ -26,6 +26,7 @@ import click
 import brooq
 from brooq import dsn as dsn_mod
 from brooq import settings as settings_mod
+from brooq.cli.terminal import one_line
 from brooq.db import connect
 from brooq.errors import DatabaseUnavailable
 from brooq.operator.replica import ReplicaLag, lag
@@ -192,7 +193,9 @@ def utc(moment: datetime) -> str:
 
 
 def table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    """Columns as wide as their widest cell; the ``right`` ones (numbers) right-aligned."""
+    """Columns as wide as their widest cell; the ``right`` ones (numbers) right-aligned.
+    Each cell as a terminal may show it (brooq.cli.terminal.one_line)."""
+    rows = [[one_line(cell) for cell in row] for row in rows]
     widths = [max(len(c) for c in column) for column in zip(headers, *rows, strict=True)]
     return [
         "  ".join(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from brooq.cli.common import cli, emit_json, open_reads, reads_from, reads_line, table, utc
+from brooq.cli.terminal import say_lines
 from brooq.durations import format_age
 from brooq.masters import MISSED_BEATS, MasterRow, live
 from brooq.sql import queries
@@ -69,8 +70,6 @@ def fleet(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         emit_json({"masters": [m.to_dict() for m in masters]})
         return
-    for line in fleet_lines(masters):
-        click.echo(line)
+    say_lines(fleet_lines(masters))
     if (standing := reads_from(ctx, queue)) is not None:  # rows as of a standby's replay
-        click.echo("")
-        click.echo(reads_line(*standing))
+        say_lines(["", reads_line(*standing)])

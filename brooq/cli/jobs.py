@@ -20,6 +20,7 @@ import click
 import brooq
 from brooq import progress
 from brooq.cli.common import cli, emit_json, open_queue, open_reads, standby_note, table, utc
+from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
 from brooq.job import JobRecord
@@ -99,7 +100,7 @@ def jobs_list(
         emit_json({"jobs": [r.to_dict() for r in records]})
         return
     if not records:
-        click.echo("(no jobs)")
+        say("(no jobs)")
         return
     rows = [
         [
@@ -119,8 +120,7 @@ def jobs_list(
         headers.insert(7, "TAGS")
         for row, r in zip(rows, records, strict=True):
             row.insert(7, ",".join(r.tags) or "-")
-    for line in table(headers, rows, right={3, 5}):
-        click.echo(line)
+    say_lines(table(headers, rows, right={3, 5}))
 
 
 def _clip(lines: list[str], room: int, *, tail: bool, job_id: object) -> list[str]:
@@ -273,14 +273,13 @@ def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
                 out[name] = [{"id": str(j.id), "topic": j.topic, "state": j.state} for j in jobs]
         emit_json(out)
         return
-    for line in show_lines(record, datetime.now(timezone.utc)):
-        click.echo(line)
+    say_lines(show_lines(record, datetime.now(timezone.utc)))
     for name, jobs in graph.items():
         if jobs:
             more = " (the first 100)" if len(jobs) == GRAPH_LIMIT else ""
-            click.echo(f"{name}{more}:")
+            say(f"{name}{more}:")
             for j in jobs:
-                click.echo(f"  {j.id}  {j.state:<10} {j.topic}")
+                say(f"  {j.id}  {j.state:<10} {j.topic}")
 
 
 @jobs.command("logs")
@@ -301,15 +300,13 @@ def jobs_logs(ctx: click.Context, job_id: str, as_json: bool) -> None:
         return
     if not kept:
         note = standby_note(ctx, reads)
-        click.echo(
-            f"(no logs kept for job {jid}: its handler keeps none, or no attempt logged{note})"
-        )
+        say(f"(no logs kept for job {jid}: its handler keeps none, or no attempt logged{note})")
         return
     for i, entry in enumerate(kept):
         if i:
-            click.echo("")
-        click.echo(f"== attempt {entry.attempt}, ended {utc(entry.at)}")
-        click.echo(entry.text)
+            say("")
+        say(f"== attempt {entry.attempt}, ended {utc(entry.at)}")
+        say(entry.text)
 
 
 MAX_STACK_TIMEOUT = 60.0
@@ -340,5 +337,5 @@ def jobs_stack(ctx: click.Context, job_id: str, timeout: str) -> None:
             param_hint="--timeout",
         )
     answer = open_queue(ctx).stack(jid, timeout=seconds)
-    click.echo(answer.text)
-    click.echo(f"(job {jid}, worker {answer.worker})", err=True)
+    say(answer.text)
+    say(f"(job {jid}, worker {answer.worker})", err=True)

@@ -21,6 +21,7 @@ import psycopg
 from brooq import app as app_mod
 from brooq import dsn as dsn_mod
 from brooq.cli.common import checked_read_target, cli, emit_json, schema, table, utc
+from brooq.cli.terminal import say_lines
 from brooq.db import connect, schema_missing
 from brooq.errors import AppLoadError
 from brooq.periodic import Schedule, next_tick
@@ -123,5 +124,4 @@ def periodic(ctx: click.Context, app_spec: str, as_json: bool) -> None:
     if as_json:
         emit_json([r.to_dict() for r in listed])
         return
-    for line in periodic_lines(listed):
-        click.echo(line)
+    say_lines(periodic_lines(listed))

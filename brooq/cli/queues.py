@@ -18,6 +18,7 @@ import click
 
 import brooq
 from brooq.cli.common import cli, emit_json, open_queue, open_reads, table
+from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age
 from brooq.errors import InvalidQueue
 from brooq.job import validate_queue
@@ -128,12 +129,10 @@ def queues(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         emit_json(_with_limits(rows, limits))
         return
-    for line in queues_lines(rows):
-        click.echo(line)
+    say_lines(queues_lines(rows))
     if limits:
-        click.echo("")
-        for line in limits_lines(limits):
-            click.echo(line)
+        say("")
+        say_lines(limits_lines(limits))
 
 
 @queues.command("pause")
@@ -147,7 +146,7 @@ def queues_pause(ctx: click.Context, name: str) -> None:
     queue = open_queue(ctx)
     queue.pause(checked)
     now = _one(queue, checked)
-    click.echo(
+    say(
         f"paused queue {checked}: no new claims within poll_interval, running jobs finish "
         f"({now.ready} ready, {now.processing} processing)"
     )
@@ -162,4 +161,4 @@ def queues_resume(ctx: click.Context, name: str) -> None:
     queue = open_queue(ctx)
     queue.resume(checked)
     now = _one(queue, checked)
-    click.echo(f"resumed queue {checked}: claims go on ({now.ready} ready)")
+    say(f"resumed queue {checked}: claims go on ({now.ready} ready)")

@@ -18,6 +18,7 @@ import psycopg
 
 import brooq
 from brooq.cli.common import cli, emit_json, open_reads, reads_from, reads_line, table
+from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age
 from brooq.masters import Pair, handled, live, no_handler
 from brooq.sql import queries
@@ -122,7 +123,6 @@ def stats(ctx: click.Context, as_json: bool) -> None:
             found["read_from"] = {"database": database, **lag.to_dict()}
         emit_json(found)
         return
-    for line in stats_lines(rows, marked):
-        click.echo(line)
+    say_lines(stats_lines(rows, marked))
     if standing is not None:
-        click.echo(reads_line(*standing))
+        say(reads_line(*standing))
