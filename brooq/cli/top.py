@@ -18,12 +18,14 @@ view (the frame shows the error and the last good read).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
 import signal
 import sys
 import termios
+import threading
 import time
 import tty
 from collections.abc import Callable, Iterator
@@ -39,6 +41,7 @@ import psycopg
 from brooq import dsn as dsn_mod
 from brooq import progress
 from brooq.cli.common import cli, dsn, emit_json, open_reads, read_target
+from brooq.cli.terminal import one_line, say_lines
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import BrooqError
 from brooq.operator.records import HolderStats, InFlight, TopicStats
@@ -122,6 +125,7 @@ def take(queue: Queue, database: str, replica: bool = False) -> Snapshot:
 
 
 def _columns(rows: list[list[str]], left: set[int]) -> list[str]:
+    rows = [[one_line(cell) for cell in row] for row in rows]
     widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
     return [
         "  ".join(
@@ -188,6 +192,9 @@ def render(
     if hidden > 0:
         lines.append(f"… {hidden} more in flight")
 
+    # Text from jobs and the database (topics, holders, progress messages, an error) as a
+    # terminal may show it: the frame's own escapes are added after (_frame).
+    lines = [one_line(line) for line in lines]
     if height is not None:
         lines = lines[:height]
     if width is not None:
@@ -243,19 +250,73 @@ def _terminal(fd: int | None, out: TextIO) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _wait_for_quit(fd: int | None, seconds: float) -> bool:
-    """Wait up to ``seconds`` for a key; True when it is q. Any other key redraws now."""
-    if fd is None:
-        time.sleep(seconds)
-        return False
-    readable, _, _ = select.select([fd], [], [], seconds)
-    if not readable:
-        return False
-    data = os.read(fd, 64)
-    if not data:  # stdin closed: keep drawing until Ctrl-C
-        time.sleep(seconds)
-        return False
-    return b"q" in data.lower()
+class _Stop:
+    """Ctrl-C while the view runs: a flag and a byte on a pipe the loop selects on, so
+    that SIGINT never raises inside a read (the database driver's or its pool's code,
+    which a KeyboardInterrupt could leave waiting on a connection or a lock)."""
+
+    def __init__(self) -> None:
+        self.fd, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self.hit = False
+        self._saved = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.hit = True
+        with contextlib.suppress(OSError):  # the pipe full: one byte is there already
+            os.write(self._w, b"\0")
+
+    def close(self) -> None:
+        signal.signal(signal.SIGINT, self._saved)
+        os.close(self.fd)
+        os.close(self._w)
+
+
+class _Read:
+    """One snapshot read in a thread of its own; ``fd`` is readable once it ended. A read
+    the view no longer waits for (Ctrl-C, q) is left to end or die with the process."""
+
+    def __init__(self, take_snapshot: Callable[[], Snapshot]) -> None:
+        self.fd, self._w = os.pipe()
+        self.snap: Snapshot | None = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, args=(take_snapshot,), daemon=True).start()
+
+    def _run(self, take_snapshot: Callable[[], Snapshot]) -> None:
+        try:
+            self.snap = take_snapshot()
+        except BaseException as exc:  # handed to the loop, which raises what it must
+            self.error = exc
+        finally:
+            os.write(self._w, b"\0")
+
+    def close(self) -> None:
+        """Once the read ended (its thread wrote ``fd``)."""
+        os.close(self.fd)
+        os.close(self._w)
+
+
+def _wait(fd: int | None, stop: _Stop, seconds: float | None, read: _Read | None = None) -> bool:
+    """Wait up to ``seconds`` (None: until ``read`` ends) for a key, Ctrl-C or the end of
+    ``read``; True when the view must end (q or Ctrl-C). Any other key ends the wait."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while not stop.hit:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        fds = [stop.fd, *([fd] if fd is not None else []), *([read.fd] if read else [])]
+        readable, _, _ = select.select(fds, [], [], left)
+        if stop.fd in readable or stop.hit:
+            return True
+        if fd is not None and fd in readable:
+            data = os.read(fd, 64)
+            if b"q" in data.lower():
+                return True
+            if data and read is None:
+                return False  # a key: redraw now
+            if not data:  # stdin closed: keep drawing until Ctrl-C
+                fd = None
+        if (read is not None and read.fd in readable) or (not readable and left == 0):
+            return False
+    return True
 
 
 def run(
@@ -267,27 +328,39 @@ def run(
 ) -> None:
     """Draw a frame every ``interval`` seconds until q or Ctrl-C. The first read happens
     before the screen is taken, so a wrong database fails with a plain error; later read
-    errors are shown on the frame and retried."""
+    errors are shown on the frame and retried. The reads after the first run in a thread
+    of their own: Ctrl-C and q end the view at once, a read waiting on the database
+    included, and never interrupt the driver."""
     out = out or sys.stdout
     stdin = stdin or sys.stdin
     fd = stdin.fileno() if stdin.isatty() else None
     snap = take_snapshot()
     error: str | None = None
-    with _terminal(fd, out):
-        try:
+    stop = _Stop()
+    try:
+        with _terminal(fd, out):
             while True:
                 size = shutil.get_terminal_size()
                 lines = render(snap, width=size.columns, height=size.lines, error=error)
                 out.write(_frame(lines))
                 out.flush()
-                if _wait_for_quit(fd, interval):
+                if _wait(fd, stop, interval):
                     return
-                try:
-                    snap, error = take_snapshot(), None
-                except (BrooqError, psycopg.Error) as exc:
+                read = _Read(take_snapshot)
+                if _wait(fd, stop, None, read):
+                    return  # the read is left behind (its pipe with it)
+                read.close()
+                if isinstance(read.error, (BrooqError, psycopg.Error)):
+                    exc = read.error
                     error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        except KeyboardInterrupt:
-            return
+                elif isinstance(read.error, KeyboardInterrupt):
+                    return
+                elif read.error is not None:
+                    raise read.error
+                elif read.snap is not None:
+                    snap, error = read.snap, None
+    finally:
+        stop.close()
 
 
 @cli.command("top")
@@ -328,8 +401,7 @@ def top_command(ctx: click.Context, once: bool, interval: str, as_json: bool) ->
     if as_json:
         emit_json(take_snapshot().to_dict())
     elif once:
-        for line in render(take_snapshot()):
-            click.echo(line)
+        say_lines(render(take_snapshot()))
     elif not sys.stdout.isatty():
         raise click.UsageError("brooq top draws on a terminal; use --once or --json for one frame")
     else:
