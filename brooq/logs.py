@@ -1,5 +1,9 @@
 """Logging: one line per event. key=value by default, JSON with --log-format json.
 
+A record is one line whatever its texts hold: a newline, a CR or another control
+character in a message, a traceback, an error text a job wrote, is escaped inside the
+line (KeyValueFormatter; JSON escapes them itself), so that no text can forge a record.
+
 Under systemd (JOURNAL_STREAM set) no timestamp is printed: the journal adds its own.
 
 brooq-master formats the records of every logger, the application's included, unless
@@ -119,16 +123,56 @@ class _LineFormatter(logging.Formatter):
 
 
 class KeyValueFormatter(_LineFormatter):
+    """One line per record, whatever its texts hold: the message's first line with its
+    control characters escaped (``_one_line``), what follows it (a traceback a message
+    carries: event=job_failed, event=job_dead) as ``detail="..."`` and a record's
+    exception as ``exception="..."``, each a double-quoted string with its newlines,
+    quotes and control characters escaped (``_quoted``). No text a job or a handler
+    writes can start a line, so none can pass for a record of its own."""
+
     def line(self, event: Event) -> str:
         head = f"level={event.level.lower()} logger={event.logger} pid={event.pid}"
         if event.job is not None:
-            head += f" job={event.job[0]} topic={event.job[1]}"
+            head += f" job={_one_line(str(event.job[0]))} topic={_one_line(event.job[1])}"
         if self.timestamps:
             head = f"time={self._clock.iso(event.created)} {head}"
-        line = f"{head} {event.message}"
+        message = event.message
+        if message.isprintable():  # the usual line: nothing to escape, no detail
+            line = f"{head} {message}"
+        else:
+            first, _, rest = message.partition("\n")
+            line = f"{head} {_one_line(first)}"
+            if rest:
+                line += " detail=" + _quoted(rest)
         if event.exception:
-            line += "\n" + event.exception
+            line += " exception=" + _quoted(event.exception)
         return line
+
+
+# What must not reach a log line raw: C0 controls (newline and CR among them), DEL, C1
+# controls (NEL among them), the bidi marks, overrides and isolates, and the line and
+# paragraph separators (str.splitlines ends a line at several of these).
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group(0)
+    return _NAMED.get(char) or f"\\u{ord(char):04x}"
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every control character escaped (\\n, \\r, \\t, \\u001b...)."""
+    return text if text.isprintable() else _CONTROL.sub(_escaped, text)
+
+
+def _quoted(text: str) -> str:
+    """``text`` as one double-quoted value: JSON's string escapes, with DEL, the C1
+    controls, bidi marks and line separators as \\uXXXX too."""
+    quoted = json.dumps(text, ensure_ascii=False)
+    return quoted if quoted.isprintable() else _CONTROL.sub(_escaped, quoted)
 
 
 class JsonFormatter(_LineFormatter):
@@ -153,7 +197,9 @@ class JsonFormatter(_LineFormatter):
             out["detail"] = rest
         if event.exception:
             out["exception"] = event.exception
-        return json.dumps(out, ensure_ascii=False)
+        line = json.dumps(out, ensure_ascii=False)
+        # JSON escapes the C0 controls; DEL, C1 (NEL), bidi marks and U+2028 as well.
+        return line if line.isprintable() else _CONTROL.sub(_escaped, line)
 
 
 def _unescape(match: re.Match[str]) -> str:

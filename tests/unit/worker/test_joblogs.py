@@ -64,7 +64,9 @@ def test_the_capture_keeps_the_running_attempts_records_only() -> None:
         + lines[0].split("pid=")[1].split()[0]
         + " charged 250 cents"
     )
-    assert "it failed" in lines[1] and lines[-1] == "ValueError: boom"
+    # One line per record: the traceback is the record's exception="..." value.
+    assert len(lines) == 2 and "it failed exception=" in lines[1]
+    assert lines[1].endswith('\\nValueError: boom"')
     assert "before" not in text and "after" not in text
 
 
