@@ -1,0 +1,178 @@
+"""Deep and wide graphs against a real PostgreSQL: the end of a job is carried down its
+graph set by set (brooq_jobs_ended, migration 0016), never one trigger inside another
+per row, so a chain of thousands of jobs fails, is canceled, or is created after a
+failed job in one statement of the usual kind: the child's outcome, the reaper's pass,
+the producer's enqueue.
+
+The writes run with the children's planner settings (no sequential scans, no sorts,
+generic plans), as a child's outcome would."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+import brooq
+from brooq.sql import Q
+from tests.db.test_unique import finish
+from tests.db.test_workflows import claim, fail, state
+
+Conn = psycopg.Connection[Any]
+
+
+def as_child(db: Conn) -> None:
+    """The planner settings of a child's connection (brooq.worker.connection)."""
+    for name, value in (
+        ("enable_seqscan", "off"),
+        ("enable_bitmapscan", "off"),
+        ("enable_sort", "off"),
+        ("plan_cache_mode", "force_generic_plan"),
+    ):
+        db.execute("SELECT set_config(%s, %s, false)", (name, value))
+
+
+def chain(queue: brooq.Queue, length: int, head: brooq.Job | None = None) -> list[uuid.UUID]:
+    """A head job and ``length`` jobs, each after the one before; their ids in order."""
+    jobs = [head or brooq.Job("t", {})]
+    for i in range(length):
+        jobs.append(brooq.Job("sink", {"i": i}, after=[jobs[-1]]))
+    return [job_id for job_id, _ in queue.enqueue_many(jobs)]
+
+
+def tree(queue: brooq.Queue, fanout: int, depth: int) -> tuple[uuid.UUID, int]:
+    """A root job ("t") and its ``fanout``-ary tree of ``depth`` levels below it; the
+    root's id and how many jobs wait under it."""
+    root = brooq.Job("t", {})
+    jobs, level = [root], [root]
+    for _ in range(depth):
+        level = [brooq.Job("sink", after=[up]) for up in level for _ in range(fanout)]
+        jobs += level
+    ids = [job_id for job_id, _ in queue.enqueue_many(jobs)]
+    return ids[0], len(ids) - 1
+
+
+def counts(db: Conn, topic: str = "sink") -> dict[str, int]:
+    rows = db.execute("SELECT state, count(*) FROM job WHERE topic = %s GROUP BY 1", (topic,))
+    return {str(s): int(n) for s, n in rows.fetchall()}
+
+
+def test_a_failed_head_of_a_2000_chain_is_dead_and_the_chain_canceled(
+    queue: brooq.Queue, db: Conn
+) -> None:
+    ids = chain(queue, 2000)
+    assert counts(db) == {"waiting": 2000}
+    as_child(db)
+    assert claim(db, "t") == [ids[0]]
+    assert fail(db, ids[0], final=True) == "dead"
+    assert counts(db) == {"canceled": 2000}
+    assert state(db, ids[1]) == ("canceled", 0, f"upstream job {ids[0]} ended dead")
+    assert state(db, ids[-1]) == ("canceled", 0, f"upstream job {ids[-2]} ended canceled")
+    # Each edge ended once; the upstream job each names is its own.
+    assert db.execute("SELECT count(*) FROM brooq_job_edge WHERE NOT ended").fetchone() == (0,)
+    failed_by = db.execute(
+        "SELECT count(*) FROM job d JOIN brooq_job_edge e ON e.downstream_id = d.id "
+        "WHERE d.upstream_failed = e.upstream_id"
+    ).fetchone()
+    assert failed_by == (2000,)
+
+
+def test_a_chain_created_after_a_failed_job_is_canceled_whole(queue: brooq.Queue, db: Conn) -> None:
+    dead_id, _ = queue.enqueue(brooq.Job("t"))
+    claim(db, "t")
+    assert fail(db, dead_id, final=True) == "dead"
+    first, _ = queue.enqueue(brooq.Job("sink", after=[dead_id]))
+    assert state(db, first) == ("canceled", 0, f"upstream job {dead_id} ended dead")
+    # In the enqueue's own statement: the first is canceled, which cancels the rest.
+    ids = chain(queue, 2000, head=brooq.Job("sink", after=[dead_id]))
+    assert state(db, ids[0])[0] == "canceled"
+    assert counts(db) == {"canceled": 2002}
+
+
+def test_a_tree_of_3280_jobs_is_canceled_and_run_jobs_below_it_run(
+    queue: brooq.Queue, db: Conn
+) -> None:
+    root, below = tree(queue, 3, 7)
+    assert below == 3279
+    leaves = db.execute(
+        "SELECT id FROM job d WHERE topic = 'sink' AND has_downstream IS NULL LIMIT 2"
+    ).fetchall()
+    # A job that runs whatever its upstream jobs' ends, after two canceled leaves, and a
+    # job that cancels, after the same leaves and a job still pending.
+    other, _ = queue.enqueue(brooq.Job("other"))
+    (runs, _), (strict, _) = queue.enqueue_many(
+        [
+            brooq.Job("final", after=[r[0] for r in leaves], on_upstream_failure="run"),
+            brooq.Job("final", after=[*(r[0] for r in leaves), other]),
+        ]
+    )
+    as_child(db)
+    claim(db, "t")
+    assert fail(db, root, final=True) == "dead"
+    assert counts(db) == {"canceled": below}
+    assert state(db, runs)[:2] == ("pending", 0)
+    assert state(db, strict)[:2] == ("canceled", 1)
+    assert counts(db, "other") == {"pending": 1}
+
+
+def test_a_diamond_counts_each_edge_once(queue: brooq.Queue, db: Conn) -> None:
+    """Two canceled jobs into one: canceled once, its counter down by both; a job done
+    releases what waits on it alone, and only that (one level)."""
+    top = brooq.Job("t")
+    left, right = brooq.Job("sink", after=[top]), brooq.Job("sink", after=[top])
+    bottom = brooq.Job("sink", after=[left, right])
+    runs = brooq.Job("sink", after=[bottom, left], on_upstream_failure="run")
+    ids = [i for i, _ in queue.enqueue_many([top, left, right, bottom, runs])]
+    claim(db, "t")
+    assert fail(db, ids[0], final=True) == "dead"
+    assert [state(db, i)[:2] for i in ids[1:]] == [
+        ("canceled", 0),
+        ("canceled", 0),
+        ("canceled", 0),
+        ("pending", 0),
+    ]
+    a = brooq.Job("t")
+    b = brooq.Job("sink", after=[a])
+    c = brooq.Job("sink", after=[b])
+    aid, bid, cid = (i for i, _ in queue.enqueue_many([a, b, c]))
+    claim(db, "t")
+    finish(db, [aid])
+    assert state(db, bid)[:2] == ("pending", 0)
+    assert state(db, cid)[:2] == ("waiting", 1)
+
+
+def test_the_reaper_writes_dead_for_the_head_of_a_2000_chain(queue: brooq.Queue, db: Conn) -> None:
+    ids = chain(queue, 2000)
+    claim(db, "t")
+    db.execute("UPDATE job SET locked_until = now() - interval '1 s' WHERE id = %s", (ids[0],))
+    reaped = db.execute(Q.job_reap_expired, {"max_expiries": 1}).fetchall()
+    assert [(r[0], r[2]) for r in reaped] == [(ids[0], "dead")]
+    assert counts(db) == {"canceled": 2000}
+
+
+def test_an_operator_cancel_of_a_whole_chain_in_one_statement(queue: brooq.Queue, db: Conn) -> None:
+    """Every row of a 2000-chain ended by one statement: each row's trigger carries its
+    own end, the rows the statement ended itself are left as they are."""
+    ids = chain(queue, 2000)
+    db.execute("UPDATE job SET state = 'canceled' WHERE topic = 'sink' AND state = 'waiting'")
+    assert counts(db) == {"canceled": 2000}
+    assert db.execute(
+        "SELECT count(*) FROM brooq_job_edge WHERE NOT ended AND upstream_id <> %s", (ids[0],)
+    ).fetchone() == (0,)
+
+
+@pytest.mark.slow
+def test_a_100000_chain_and_a_30000_tree_are_canceled(queue: brooq.Queue, db: Conn) -> None:
+    ids = chain(queue, 100_000)
+    as_child(db)
+    claim(db, "t")
+    assert fail(db, ids[0], final=True) == "dead"
+    assert counts(db) == {"canceled": 100_000}
+    db.execute("DELETE FROM job")
+    db.execute("DELETE FROM brooq_job_edge")
+    root, below = tree(queue, 3, 9)  # 29,524 jobs below the root
+    claim(db, "t")
+    assert fail(db, root, final=True) == "dead"
+    assert counts(db) == {"canceled": below}
