@@ -103,7 +103,10 @@ SELECT id FROM renewed
 UNION
 SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
 
--- name: job_reap_expired
+-- template: job_reap_expired
+-- variant: job_reap_expired
+-- variant: job_reap_expired_except: except
+-- variant: job_reap_expired_one: one
 -- Expired leases go back to pending with the attempt charged at claim refunded: an expired
 -- lease is a crash, not a recorded failure, and never brings a job closer to dead through
 -- max_attempts. What bounds a job that takes its whole host down each time is its count
@@ -112,10 +115,19 @@ SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
 -- survives, and several masters may run this at once. A locked row is skipped, not
 -- waited for: someone (its holder's outcome transaction, often) is writing it; if it is
 -- still expired afterwards, the next pass takes it.
+-- _except: every expired lease but the jobs `skip`, which the reaper holds back (their
+-- write failed: brooq/supervisor/duties/reaper.py); _one: the job `id` alone, if its
+-- lease expired (the reaper's job-by-job pass, after the statement for all had failed).
 WITH expired AS (
     SELECT id
     FROM {job}
     WHERE state = 'processing' AND locked_until < now()
+    --#if except
+      AND id <> ALL(%(skip)b::uuid[])
+    --#end
+    --#if one
+      AND id = %(id)s
+    --#end
     FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE {job}
@@ -153,6 +165,14 @@ SET state = CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELS
 FROM expired
 WHERE job.id = expired.id AND job.state = 'processing' AND job.locked_until < now()
 RETURNING job.id, job.topic, job.state, job.lease_expiries
+
+-- name: job_expired_ids
+-- The expired leases, at most %(limit)s, but the jobs %(skip)b: the reaper's job-by-job
+-- pass, when job_reap_expired failed (one row's write fails: a trigger of the
+-- application's raising, a statement timeout), takes them one at a time.
+SELECT id FROM {job}
+WHERE state = 'processing' AND locked_until < now() AND id <> ALL(%(skip)b::uuid[])
+LIMIT %(limit)s
 
 -- name: job_promote_orphans
 -- The reaper's pass also moves up a debounced job left waiting with no job before it:

@@ -5,6 +5,11 @@ the fleet hands them over here as it reaps) and writing them: a failed attempt f
 a child died running, the other jobs it held back to pending with the attempt refunded,
 and at the drain timeout everything back, counted, so the master can say how many jobs it
 returned. What the database cannot take now stays queued, in order, for the next pass.
+A settlement the database refuses (a statement that fails on its job: a trigger of the
+application's raising, a statement timeout) never holds up the others: it goes to the
+back of the queue, and after SETTLE_TRIES refusals it is given up, logged
+(event=settlement_skipped) and left to the reaper, which takes the job when its lease
+(no longer renewed) expires; the other jobs that child held are given back at once.
 
 It must never decide anything about a child (that is settlement's) and never wait for
 the database (brooq.supervisor.connections answers at once when it is away).
@@ -12,6 +17,7 @@ the database (brooq.supervisor.connections answers at once when it is away).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
@@ -27,6 +33,15 @@ from brooq.supervisor.settlement import ReturnAll, SettleHeld
 
 log = logging.getLogger("brooq.master")
 
+SETTLE_TRIES = 3  # refusals of a settlement before it is left to the reaper
+
+Settled = tuple[list[tuple[uuid.UUID, str, str]], list[tuple[uuid.UUID, str]]]
+
+
+@dataclass(frozen=True)
+class _Refused:
+    error: str
+
 
 @dataclass(frozen=True)
 class _Failure:
@@ -35,6 +50,7 @@ class _Failure:
     cause: str
     suspects: tuple[uuid.UUID, ...] = ()
     because: str = ""  # why the others go back (log and metric)
+    refusals: int = 0  # times the database refused to write it
 
 
 class Accounting:
@@ -64,28 +80,19 @@ class Accounting:
             )
 
     def flush(self) -> None:
-        while self.pending_failures:
+        for _ in range(len(self.pending_failures)):
             owed = self.pending_failures[0]
 
-            def settle(
-                conn: psycopg.Connection[Any], owed: _Failure = owed
-            ) -> tuple[list[tuple[uuid.UUID, str, str]], list[tuple[uuid.UUID, str]]]:
-                return maintenance.settle_dead_worker(
-                    conn,
-                    owed.identity,
-                    owed.running,
-                    owed.cause,
-                    self.policies,
-                    self.default_policy,
-                    owed.suspects,
-                    self.max_lease_expiries,
-                    q=self.conns.q,
-                )
+            def settle(conn: psycopg.Connection[Any], owed: _Failure = owed) -> Settled | _Refused:
+                return self._settle(conn, owed)
 
             result = self.conns.with_db("crash_accounting", settle)
             if result is None:
                 return  # database unreachable: try again on the next pass
             self.pending_failures.pop(0)
+            if isinstance(result, _Refused):
+                self._refused(owed, result.error)
+                continue
             failed, released = result
             for job_id, topic, state in failed:
                 if self.metrics is not None:
@@ -121,3 +128,49 @@ class Accounting:
                 self.metrics.jobs_returned.labels("returned").inc(len(returned))
             for job_id, topic in returned:
                 log.warning("event=job_returned job=%s topic=%s attempt_refunded=1", job_id, topic)
+
+    def _settle(self, conn: psycopg.Connection[Any], owed: _Failure) -> Settled | _Refused:
+        """The settlement written, or refused by the database with the connection still
+        good (a broken connection raises: with_db then reconnects, the queue kept)."""
+        try:
+            return maintenance.settle_dead_worker(
+                conn,
+                owed.identity,
+                owed.running,
+                owed.cause,
+                self.policies,
+                self.default_policy,
+                owed.suspects,
+                self.max_lease_expiries,
+                q=self.conns.q,
+            )
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise
+            text = str(exc).strip()
+            return _Refused(text.splitlines()[0] if text else type(exc).__name__)
+
+    def _refused(self, owed: _Failure, error: str) -> None:
+        refusals = owed.refusals + 1
+        if refusals < SETTLE_TRIES:
+            log.warning(
+                "event=settlement_refused job=%s worker=%s refusals=%d error=%r",
+                owed.running,
+                owed.identity,
+                refusals,
+                error,
+            )
+            self.pending_failures.append(dataclasses.replace(owed, refusals=refusals))
+            return
+        log.error(
+            "event=settlement_skipped job=%s worker=%s refusals=%d error=%r: left to the "
+            "reaper when its lease expires; the other jobs the worker held go back",
+            owed.running,
+            owed.identity,
+            refusals,
+            error,
+        )
+        workers = [owed.identity]
+        self.conns.with_db(
+            "crash_accounting", lambda conn: maintenance.release_held(conn, workers, self.conns.q)
+        )
