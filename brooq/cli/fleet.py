@@ -29,6 +29,8 @@ def fleet_lines(masters: list[MasterRow]) -> list[str]:
             f"{m.host} pid {m.pid}: brooq {m.version}, app {m.app}, started "
             f"{utc(m.started_at)}, seen {format_age(m.seen_seconds_ago)} ago"
         )
+        if m.malformed:
+            lines.append(f"  (malformed row: {m.malformed})")
         lines.append(f"  queues: {', '.join(m.queues) or '-'}")
         lines.append(f"  topics: {', '.join(m.topics) or '-'}")
         rows = [

@@ -20,7 +20,7 @@ import brooq
 from brooq.cli.common import cli, emit_json, open_reads, reads_from, reads_line, table
 from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age
-from brooq.masters import Pair, handled, live, no_handler
+from brooq.masters import Handled, Pair, handled, live, no_handler
 from brooq.sql import queries
 
 NO_HANDLER = "no handler"
@@ -73,7 +73,7 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
     return lines
 
 
-def _live_pairs(queue: brooq.Queue) -> frozenset[Pair] | None:
+def _live_pairs(queue: brooq.Queue) -> Handled | None:
     """The pairs the live masters handle; None on a schema without brooq_master (an older
     brooq's: `brooq migrate up` adds it), where nothing is marked."""
     try:

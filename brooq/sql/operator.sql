@@ -195,11 +195,19 @@ ORDER BY queue, topic
 -- as job_stats_by_topic reads every topic's (`brooq stats`, the master's gauges).
 WITH lim AS (
     SELECT DISTINCT ON (l.key) l.key AS topic, l.value AS limits,
-           (l.value->>'global_limit')::int AS cap,
-           (l.value->'rate_limit'->>'limit')::int AS rate,
-           (l.value->>'group_limit')::int AS group_cap,
-           (l.value->'group_rate_limit'->>'limit')::int AS group_rate
-    FROM {brooq_master} AS m, jsonb_each(m.limits) AS l
+           -- A row is written by any master, any version: a limit that is not a whole
+           -- number, or limits that are not an object, count as none (never an error).
+           CASE WHEN l.value->>'global_limit' ~ '^[0-9]{1,9}$'
+                THEN (l.value->>'global_limit')::int END AS cap,
+           CASE WHEN l.value->'rate_limit'->>'limit' ~ '^[0-9]{1,9}$'
+                THEN (l.value->'rate_limit'->>'limit')::int END AS rate,
+           CASE WHEN l.value->>'group_limit' ~ '^[0-9]{1,9}$'
+                THEN (l.value->>'group_limit')::int END AS group_cap,
+           CASE WHEN l.value->'group_rate_limit'->>'limit' ~ '^[0-9]{1,9}$'
+                THEN (l.value->'group_rate_limit'->>'limit')::int END AS group_rate
+    FROM {brooq_master} AS m,
+         jsonb_each(CASE WHEN jsonb_typeof(m.limits) = 'object' THEN m.limits
+                         ELSE '{}'::jsonb END) AS l
     WHERE m.limits IS NOT NULL AND jsonb_typeof(l.value) = 'object'
       AND m.seen_at >= now() - make_interval(secs => m.beat_seconds * 3)
     ORDER BY l.key, m.seen_at DESC
