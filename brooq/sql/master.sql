@@ -338,10 +338,17 @@ WITH me AS (
       AND seen_at < now() - make_interval(secs => beat_seconds * $11::int4)
     RETURNING id
 )
-SELECT DISTINCT q.queue, t.topic
-FROM {brooq_master} AS m, unnest(m.queues) AS q(queue), unnest(m.topics) AS t(topic)
-WHERE m.id <> $1::uuid
-  AND m.seen_at >= now() - make_interval(secs => m.beat_seconds * $11::int4)
+SELECT q.queue, t.topic
+FROM (SELECT queues, topics FROM {brooq_master}
+      WHERE id <> $1::uuid
+        AND seen_at >= now() - make_interval(secs => beat_seconds * $11::int4)
+      ORDER BY cardinality(queues) * cardinality(topics)) AS m,
+     unnest(m.queues) AS q(queue), unnest(m.topics) AS t(topic)
+-- Bounded, and not DISTINCT (which would build every pair first): one row of thousands
+-- of queues times thousands of topics is millions of pairs, and must not make every
+-- other master's beat time out. The smallest rows first; past the bound a pair is not
+-- known as handled (at worst an unhandled_topic line).
+LIMIT 100000
 
 -- name: master_leave
 -- A master stopping (drained, SIGQUIT, fatal) deletes its row: it drops out at once.

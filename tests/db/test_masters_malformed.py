@@ -12,6 +12,8 @@ import psycopg
 import pytest
 
 from brooq.masters import MAX_NAMES, handled, live
+from brooq.sql import Q
+from brooq.supervisor.duties.beat import BEAT_STATEMENT_TIMEOUT_MS
 from tests.db.test_cli import ok, world  # noqa: F401  (a fixture)
 
 
@@ -60,3 +62,15 @@ def test_a_limit_that_is_not_a_number_counts_as_none(dsn: str, db: psycopg.Conne
     )
     assert "mail" in ok(dsn, "stats")
     assert "mail" in ok(dsn, "queues")
+
+
+def test_a_huge_row_does_not_stop_another_masters_beat(db: psycopg.Connection[Any]) -> None:
+    """5,000 queues times 5,000 topics: the beat's read of the others is bounded, within
+    the beat's own statement timeout."""
+    _bad_row(db, 5000)
+    db.execute(f"SET statement_timeout = {BEAT_STATEMENT_TIMEOUT_MS}")
+    params = [str(uuid.uuid4()), "h2", "3", "0", "app:queue", '["default"]', '["mine"]',
+              "[]", "2.0", "2030-01-01T00:00:00+00:00", "3", "false", "{}"]  # fmt: skip
+    result = db.pgconn.exec_params(Q.master_beat.encode(), [p.encode() for p in params])
+    assert result.status == psycopg.pq.ExecStatus.TUPLES_OK, result.error_message
+    assert 0 < result.ntuples <= 100_000
