@@ -176,3 +176,28 @@ def test_a_100000_chain_and_a_30000_tree_are_canceled(queue: brooq.Queue, db: Co
     claim(db, "t")
     assert fail(db, root, final=True) == "dead"
     assert counts(db) == {"canceled": below}
+
+
+def test_flat_cascades_up_and_down(empty_dsn: str) -> None:
+    """0016 replaces the trigger's function and adds brooq_jobs_ended; down gives back
+    exactly 0015's functions (the nested cascade), up again the same as the first time."""
+    from brooq import migrate
+
+    def functions() -> dict[str, str]:
+        with psycopg.connect(empty_dsn) as conn:
+            rows = conn.execute(
+                "SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p "
+                "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'"
+            ).fetchall()
+        return {str(name): str(text) for name, text in rows}
+
+    migrate.up(empty_dsn, 15)
+    before = functions()
+    assert [m.name for m in migrate.up(empty_dsn, 16)] == ["flat_cascades"]
+    after = functions()
+    assert sorted(set(after) - set(before)) == ["brooq_jobs_ended"]
+    assert after["brooq_job_upstream_ended"] != before["brooq_job_upstream_ended"]
+    assert [m.name for m in migrate.down(empty_dsn)] == ["flat_cascades"]
+    assert functions() == before
+    migrate.up(empty_dsn, 16)
+    assert functions() == after

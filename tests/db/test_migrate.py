@@ -239,6 +239,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0016_flat_cascades\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0015_lighter_inserts\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0014_observe\n", out.stdout
