@@ -139,6 +139,7 @@ CLAIM_BEFORE = {
     13: Q.job_finish_and_claim,
     14: Q.job_finish_and_claim,
     15: Q.job_finish_and_claim,
+    16: Q.job_finish_and_claim,
 }
 MIGRATION = 3  # set by --migration
 
