@@ -59,18 +59,18 @@ docs-serve: $(DOCS_STAMP)
 
 ## make db-up: an embedded PostgreSQL in .brooq/pg for local work; prints DATABASE_URL.
 db-up: $(RUN_STAMP)
-	@$(PY) -m brooq.devdb start
+	@$(PY) -m brooq.schema.devdb start
 
 db-down: $(RUN_STAMP)
-	@$(PY) -m brooq.devdb stop
+	@$(PY) -m brooq.schema.devdb stop
 
 ## make migrate-up: apply the migrations to DATABASE_URL (or the local embedded one).
 migrate-up: $(RUN_STAMP)
-	@$(PY) -m brooq.devdb run -- $(PY) -m brooq migrate up
+	@$(PY) -m brooq.schema.devdb run -- $(PY) -m brooq migrate up
 
 ## make run: the demo — a master with the demo app, fed with jobs, until Ctrl-C.
 run: $(RUN_STAMP)
-	@$(PY) -m brooq.devdb run -- $(PY) examples/run_demo.py
+	@$(PY) -m brooq.schema.devdb run -- $(PY) examples/run_demo.py
 
 ## make bench: brooq and its peers on the same PostgreSQL (~20 min), then the scale,
 ## held-snapshot and fan-in workloads (~15, ~13 and ~1 min); BENCH_ARGS=--quick for a

@@ -58,8 +58,8 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 import psycopg
 import brooq
-from brooq import enqueue_line
-from brooq.ids import uuid7_int
+from brooq.producer import line as enqueue_line
+from brooq.producer.ids import uuid7_int
 dsn, n = sys.argv[2], int(sys.argv[3])
 statement = brooq.Queue(dsn)._q.job_insert_one.encode()
 pg = psycopg.connect(dsn, autocommit=True).pgconn

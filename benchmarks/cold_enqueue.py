@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import brooq
-from brooq import ids, poolcheck, produce
+from brooq.producer import ids, poolcheck, produce
 from psycopg import pq
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from brooq.plans import CHILD_OPTIONS, prepare
+from brooq.schema.plans import CHILD_OPTIONS, prepare
 from psycopg import sql
 from psycopg.rows import dict_row
 

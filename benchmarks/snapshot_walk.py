@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from brooq.plans import CHILD_OPTIONS, prepare
+from brooq.schema.plans import CHILD_OPTIONS, prepare
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

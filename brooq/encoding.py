@@ -11,8 +11,10 @@ change (the worker decodes exactly what the producer encoded).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import sys
 from collections.abc import Callable
 from decimal import Decimal
 from itertools import accumulate
@@ -134,3 +136,79 @@ def check_payload_size(
     size = len(text) if text.isascii() else len(text.encode("utf-8"))
     if size > limit:
         raise error(f"{what} is {size} bytes encoded as JSON; the limit is {limit}")
+
+
+# -- a model instance to JSON -----------------------------------------------------------
+# A dataclass or pydantic instance given as a payload or returned as a result becomes its
+# JSON-able value here, before encode_payload; the codecs that check and decode a
+# handler's model are brooq.declare.payloads'.
+
+JSON_TYPES: Final = frozenset({dict, list, str, int, float, bool, type(None)})
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+
+
+def pydantic_base() -> type | None:
+    module = sys.modules.get("pydantic")
+    base = getattr(module, "BaseModel", None)
+    return base if isinstance(base, type) else None
+
+
+# Field names per dataclass (dataclasses.fields() is slow to call per instance).
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    try:
+        return _FIELD_NAMES[cls]
+    except KeyError:
+        pass
+    names = (
+        tuple(field.name for field in dataclasses.fields(cls))
+        if dataclasses.is_dataclass(cls)
+        else None
+    )
+    _FIELD_NAMES[cls] = names
+    return names
+
+
+def _is_pydantic(value: object) -> bool:
+    base = pydantic_base()
+    return base is not None and isinstance(value, base)
+
+
+def _convert(value: Any) -> Any:
+    cls = value.__class__
+    if cls in _SCALARS:
+        return value
+    if cls is list or cls is tuple:
+        return [_convert(x) for x in value]
+    if cls is dict:
+        return {key: _convert(x) for key, x in value.items()}
+    names = _field_names(cls)
+    if names is not None:
+        # Every field, init=False ones too (as dataclasses.asdict): decode ignores them.
+        return {name: _convert(getattr(value, name)) for name in names}
+    if _is_pydantic(value):
+        return value.model_dump(mode="json")
+    return value  # left for encode_payload to accept or refuse
+
+
+def to_json(value: Any) -> Any:
+    """A dataclass or pydantic instance as a JSON-able value (nested dataclasses, and
+    lists and dicts of them, converted too); any other value unchanged. A plain dict
+    is not walked: only a model's fields are."""
+    if value.__class__ in JSON_TYPES:
+        return value
+    if _field_names(value.__class__) is None and not _is_pydantic(value):
+        return value
+    try:
+        return _convert(value)
+    except RecursionError:  # a dataclass holding itself
+        raise InvalidPayload("payload is nested too deeply to be encoded as JSON") from None
+
+
+def is_model_instance(value: Any) -> bool:
+    """Whether ``value`` is a dataclass instance or a pydantic model instance."""
+    if value.__class__ in JSON_TYPES:
+        return False
+    return _field_names(value.__class__) is not None or _is_pydantic(value)

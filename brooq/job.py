@@ -1,5 +1,5 @@
 """The vocabulary: jobs, claims, states, which states an operator may move a job out of,
-and the signals a handler can raise (brooq.signals, named here too).
+and the signals a handler can raise (brooq.job, named here too).
 
 Owns: the job's states and the rule of operator transitions (CANCELABLE_STATES,
 RETRYABLE_STATES, transition_refusal: the SQL binds these, Queue, the CLI and the master's
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Literal
 
-from brooq.encoding import encode_payload
+from brooq.encoding import JSON_TYPES, encode_payload, to_json
 from brooq.errors import (
     InvalidIdempotencyKey,
     InvalidJob,
@@ -30,6 +30,7 @@ from brooq.errors import (
     InvalidTopic,
     NaiveDatetime,
 )
+from brooq.ipc.progress import report
 from brooq.job_options import (
     check_after,
     check_combination,
@@ -38,15 +39,6 @@ from brooq.job_options import (
     check_unique_key,
     validate_group,
 )
-from brooq.payloads import JSON_TYPES, to_json
-from brooq.progress import report
-from brooq.signals import AttemptTimeout as AttemptTimeout
-from brooq.signals import CancelJob as CancelJob
-from brooq.signals import Delay as Delay
-from brooq.signals import HandlerSignal as HandlerSignal
-from brooq.signals import Interruption as Interruption
-from brooq.signals import LeaseLost as LeaseLost
-from brooq.signals import PreserveAttempt as PreserveAttempt
 
 if TYPE_CHECKING:
     # A default, so that a bare `Claim` stays Claim[Any] for mypy --strict (no "missing
@@ -302,7 +294,7 @@ class Job:
             topic if topic.__class__ is str and topic in _VALID_NAMES else validate_topic(topic)
         )
         # None: the queue the topic's handler declares when enqueued through a Queue
-        # that has it, else "default" (brooq.produce resolves it).
+        # that has it, else "default" (brooq.producer.produce resolves it).
         self.queue = None if queue is None else validate_queue(queue)
         self.priority = (
             0 if priority.__class__ is int and priority == 0 else validate_priority(priority)
@@ -447,4 +439,51 @@ class Claim(Generic[P]):
             raise TypeError("on_success() takes a callable fn(conn)")
         self.success_hooks.append(fn)
 
-    progress = report  # claim.progress(fraction, message=""): brooq.progress
+    progress = report  # claim.progress(fraction, message=""): brooq.ipc.progress
+
+
+# -- handler signals and interruptions -------------------------------------------------------------
+# The signals a handler raises to choose its outcome (Delay, PreserveAttempt,
+# CancelJob) and the interruptions brooq raises into a running handler (AttemptTimeout,
+# LeaseLost). brooq.job names them too, as does the package.
+#
+# Owns: the exception classes and their words. Must never: do I/O or import from brooq.
+
+
+class HandlerSignal(Exception):
+    """Base of the exceptions a handler raises to choose its outcome."""
+
+
+class Delay(HandlerSignal):
+    """Retry after ``seconds`` (clamped to backoff_max). The attempt stays spent."""
+
+    def __init__(self, seconds: float) -> None:
+        seconds = float(seconds)
+        if not seconds >= 0:
+            raise ValueError(f"Delay needs a non-negative number of seconds, got {seconds!r}")
+        self.seconds = seconds
+        super().__init__(f"delay {seconds:g}s")
+
+
+class PreserveAttempt(HandlerSignal):
+    """Retry later without spending this attempt; never leads to dead."""
+
+
+class CancelJob(HandlerSignal):
+    """The job is no longer relevant: canceled, whatever attempts remain."""
+
+
+# Raised into handlers by brooq.
+
+
+class Interruption(BaseException):
+    """Raised into a running handler by brooq. A BaseException, so ``except Exception``
+    in user code does not swallow it by accident."""
+
+
+class AttemptTimeout(Interruption):
+    """The handler ran past its attempt_timeout; the attempt counts as failed."""
+
+
+class LeaseLost(Interruption):
+    """The job is no longer ours (canceled, reaped): stop, nothing will be written."""

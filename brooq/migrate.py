@@ -15,7 +15,7 @@ included) until its end, blocking producers and claims on a big table. Each stat
 then runs under ``lock_timeout`` (LOCK_TIMEOUT) and is retried when it times out, so
 a long transaction holding the table never queues every producer behind the migration.
 Such a file must be idempotent, its up part and its down part (either is re-run from the
-top after a failure; brooq.migration_files splits it at each ``;`` ending a line outside
+top after a failure; brooq.schema.files splits it at each ``;`` ending a line outside
 quotes, so a ``$$`` body stays whole) and, before it runs and after any failure, the
 invalid indexes it names (left by a failed concurrent build, and skipped silently by
 ``CREATE INDEX CONCURRENTLY IF NOT EXISTS``) are dropped.
@@ -31,10 +31,10 @@ statement is recorded as it was: the error says which. A down part that must see
 row (a guard) or must go whole puts its statements in one ``DO`` block that first takes
 the lock that waits for writers in flight (0013's).
 
-Owns: applying and reverting the files brooq.migration_files reads (the no-transaction
-run included), writing the version records (brooq.migration_check reads them, checks the
+Owns: applying and reverting the files brooq.schema.files reads (the no-transaction
+run included), writing the version records (brooq.schema.check reads them, checks the
 schema against them and holds ``verify``, re-exported here, as ``script`` and
-``script_parts`` of brooq.migration_script are), ``status`` and ``repair``. With
+``script_parts`` of brooq.schema.script are), ``status`` and ``repair``. With
 QUEUE_SCHEMA the files run with that schema alone on the search_path (created first).
 Must never: run at start-up on its own (migrating is a deployment step), compose SQL with
 string formatting, or run SQL other than brooq/sql's and the migration files' own text.
@@ -56,7 +56,7 @@ from psycopg import sql
 from psycopg.rows import scalar_row
 
 from brooq.errors import MigrationError
-from brooq.migration_check import (
+from brooq.schema.check import (
     APPLIED,
     APPLYING,
     JOB_COLUMNS,
@@ -66,9 +66,9 @@ from brooq.migration_check import (
     trouble,
     verify,
 )
-from brooq.migration_files import Migration, load, migrations_dir, needs_autocommit, statements
-from brooq.migration_script import script, script_parts
-from brooq.migration_script import use_schema as _use_schema
+from brooq.schema.files import Migration, load, migrations_dir, needs_autocommit, statements
+from brooq.schema.script import script, script_parts
+from brooq.schema.script import use_schema as _use_schema
 from brooq.sql import Q, Queries, queries
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class Status:
     name: str
     applied_at: datetime | None  # None unless applied whole (state "applied")
     # "applied", "pending", "applying" or "reverting" (stopped part-way), "damaged"
-    # (recorded as applied, ``missing`` lacking: brooq.migration_check.damaged).
+    # (recorded as applied, ``missing`` lacking: brooq.schema.check.damaged).
     state: str = "pending"
     missing: tuple[str, ...] = ()
     advice: str = ""  # for a version not "applied" nor "pending": what is wrong, what to run

@@ -1,14 +1,14 @@
 """brooq.Queue: the application object. Producers enqueue through it, the master imports
 it to learn the handlers, operators inspect through it.
 
-Creating a Queue opens nothing. Its pools (brooq.pools) open on first use, in the process
+Creating a Queue opens nothing. Its pools (brooq.producer.pools) open on first use, in the process
 that uses them, and never cross a fork; ``enqueue`` has a connection of its own beside
-them (brooq.enqueue_line), under the same rules; waiting shares one LISTEN connection per
-process (brooq.job_wait).
+them (brooq.producer.line), under the same rules; waiting shares one LISTEN connection per
+process (brooq.producer.wait).
 
-Owns: the face users touch beside what an application declares (brooq.registry): the
-pooled connection and transaction, enqueue* (brooq.produce), the operator's reads and
-writes (brooq.operator's functions, on a pooled connection) and wait* (brooq.job_wait).
+Owns: the face users touch beside what an application declares (brooq.declare.registry): the
+pooled connection and transaction, enqueue* (brooq.producer.produce), the operator's reads and
+writes (brooq.operator's functions, on a pooled connection) and wait* (brooq.producer.wait).
 Each method checks its arguments before any I/O, then delegates.
 Must never: claim jobs or write their outcomes (the worker's), hold SQL of its own (the
 modules it delegates to do), or put a call between ``enqueue`` and its line.
@@ -23,11 +23,10 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from brooq.declare.registry import Registry
 from brooq.durations import Duration, to_seconds
-from brooq.enqueue_line import EnqueueLine
 from brooq.errors import BrooqError
 from brooq.job import Job, JobRecord, Transition, UpstreamJob, parse_job_id, validate_queue
-from brooq.job_wait import Waits
 from brooq.operator import changes, reads
 from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk
 from brooq.operator.records import (
@@ -39,8 +38,9 @@ from brooq.operator.records import (
     TopicLimits,
     TopicStats,
 )
-from brooq.pools import Pools
-from brooq.produce import (
+from brooq.producer.line import EnqueueLine
+from brooq.producer.pools import Pools
+from brooq.producer.produce import (
     check_job,
     check_jobs,
     insert_checked,
@@ -48,10 +48,10 @@ from brooq.produce import (
     insert_many_checked,
     insert_many_checked_async,
 )
-from brooq.produce_steps import queue_of
-from brooq.registry import Registry
+from brooq.producer.produce_steps import queue_of
+from brooq.producer.stacks import JobStack, fetch_stack
+from brooq.producer.wait import Waits
 from brooq.settings import Settings
-from brooq.stacks import JobStack, fetch_stack
 from brooq.tracing import tracer
 
 R = TypeVar("R")
@@ -59,7 +59,7 @@ R = TypeVar("R")
 
 class Queue(Registry):
     """The application object: ``queue = brooq.Queue()`` then ``@queue.handler("topic")``.
-    What it declares (handlers, middleware, schedules, settings) is brooq.registry's."""
+    What it declares (handlers, middleware, schedules, settings) is brooq.declare.registry's."""
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class Queue(Registry):
             self._line.close()
             self._line = None
 
-    # -- connections (brooq.pools) -------------------------------------------------------
+    # -- connections (brooq.producer.pools) -------------------------------------------------------
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -109,13 +109,13 @@ class Queue(Registry):
         other."""
         await self._pools.close_async()
 
-    # -- producing (brooq.produce) ---------------------------------------------------------
+    # -- producing (brooq.producer.produce) --------------------------------------------------------
 
     def enqueue(self, job: Job) -> tuple[uuid.UUID, bool]:
         """Insert one job, committed at once; (id, created).
 
         One statement in autocommit on the connection this Queue keeps for single
-        enqueues (brooq.enqueue_line: prepared, sent through libpq); the INSERT is its
+        enqueues (brooq.producer.line: prepared, sent through libpq); the INSERT is its
         own transaction, so no BEGIN and no COMMIT round trips. A key conflict, another
         thread enqueuing at the same moment, or a job with a unique_key, debounce or tags
         takes a pooled connection."""
@@ -157,7 +157,7 @@ class Queue(Registry):
         ("job 3: ..."), and nothing is inserted."""
         checked = check_jobs(jobs, self.settings.max_payload_bytes, self.handlers)
         if any(job.after is not None for job in checked):
-            # A graph: brooq.produce_drive opens the transaction, and runs it again after
+            # A graph: brooq.producer.produce_drive opens the transaction, and runs it again after
             # a deadlock with the workers ending the jobs named.
             with self._pools.autocommit() as conn:
                 return insert_many_checked(conn, checked, self.handlers, q=self._q)
@@ -168,7 +168,7 @@ class Queue(Registry):
         """``enqueue`` from asyncio code, on this Queue's async pool (opened on first use
         in the running loop, never before a fork); (id, created)."""
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
-        # One statement; a job with after, one transaction (brooq.produce_drive).
+        # One statement; a job with after, one transaction (brooq.producer.produce_drive).
         async with self._pools.async_connection(autocommit=True) as conn:
             return await insert_checked_async(conn, checked, self.handlers, q=self._q)
 
@@ -275,7 +275,7 @@ class Queue(Registry):
 
     def stack(self, job_id: uuid.UUID | str, timeout: Duration = 5.0) -> JobStack:
         """The current Python stack of the handler running the job, from whichever host
-        runs it (the request and the answer travel through PostgreSQL: brooq.stacks).
+        runs it (the request and the answer travel through PostgreSQL: brooq.producer.stacks).
         JobNotFound, JobNotRunning (not processing), StackUnavailable (no master answered
         within ``timeout``, or the job ended meanwhile)."""
         return fetch_stack(
@@ -353,13 +353,13 @@ class Queue(Registry):
         processing, failed and dead jobs, and the age of the oldest ready job."""
         return self._on(reads.queues)
 
-    # -- waiting for a job's end (brooq.job_wait) --------------------------------------------
+    # -- waiting for a job's end (brooq.producer.wait) --------------------------------------------
 
     def wait(self, job_id: uuid.UUID | str, timeout: float | None = None) -> JobRecord:
         """Block until the job is done, dead or canceled; its row then. WaitTimeout after
         ``timeout`` seconds (None: no limit), JobNotFound for an unknown id. Every waiter
         of this Queue in this process shares one LISTEN connection, and reads the row on
-        the pool without holding a connection while it waits (brooq.job_wait says how);
+        the pool without holding a connection while it waits (brooq.producer.wait says how);
         DatabaseUnavailable when the listening connection cannot be opened, or a read
         fails."""
         return self._waits.wait(parse_job_id(job_id), timeout)

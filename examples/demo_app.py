@@ -27,7 +27,7 @@ queue = brooq.Queue()
 
 
 @queue.middleware
-def warn_when_slow(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn) -> Any:
+def warn_when_slow(claim: brooq.Claim[Any], call_next: brooq.HandlerFn) -> Any:
     """Around every job (the first registered is the outermost)."""
     started = time.monotonic()
     try:
@@ -39,7 +39,7 @@ def warn_when_slow(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn)
 
 
 @queue.middleware
-async def warn_when_slow_async(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn) -> Any:
+async def warn_when_slow_async(claim: brooq.Claim[Any], call_next: brooq.HandlerFn) -> Any:
     """The same around every async job: a middleware wraps the handlers of its kind."""
     started = time.monotonic()
     try:

@@ -24,7 +24,7 @@ queue = brooq.Queue()
 if os.environ.get("BENCH_MIDDLEWARE"):  # the cost of one no-op middleware
 
     @queue.middleware
-    def passthrough(claim: brooq.Claim, call_next: brooq.handlers.HandlerFn) -> object:
+    def passthrough(claim: brooq.Claim, call_next: brooq.declare.handlers.HandlerFn) -> object:
         return call_next(claim)
 
 

@@ -27,11 +27,10 @@ import brooq
 from brooq import dsn as dsn_mod
 from brooq import settings as settings_mod
 from brooq.cli.terminal import one_line
-from brooq.db import connect
+from brooq.db import connect, refuse_standby
 from brooq.errors import DatabaseUnavailable
 from brooq.operator.replica import ReplicaLag, lag
 from brooq.sql import queries, validate_schema
-from brooq.standby import refuse_standby
 
 DSN_IN_ARGV_NOTE = (
     " A password given here shows in ps (/proc/PID/cmdline) while Python starts, before "

@@ -2,8 +2,8 @@
 
 Owns: the fleet command and its text (``fleet_lines``, a pure function).
 Read on the read target when one is set (brooq.cli.common.open_reads).
-Must never: read the database but through brooq.masters.live, or show a row whose master
-missed its beats (brooq.masters.MISSED_BEATS).
+Must never: read the database but through brooq.operator.masters.live, or show a row whose master
+missed its beats (brooq.operator.masters.MISSED_BEATS).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import click
 from brooq.cli.common import cli, emit_json, open_reads, reads_from, reads_line, table, utc
 from brooq.cli.terminal import say_lines
 from brooq.durations import format_age
-from brooq.masters import MISSED_BEATS, MasterRow, live
+from brooq.operator.masters import MISSED_BEATS, MasterRow, live
 from brooq.sql import queries
 
 

@@ -18,11 +18,11 @@ from typing import Any
 import click
 
 import brooq
-from brooq import progress
 from brooq.cli.common import cli, emit_json, open_queue, open_reads, standby_note, table, utc
 from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import JobNotFound
+from brooq.ipc import progress
 from brooq.job import JobRecord
 from brooq.job_options import check_tag
 from brooq.operator.reads import LIST_LIMIT_MAX

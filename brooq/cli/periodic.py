@@ -23,8 +23,8 @@ from brooq import dsn as dsn_mod
 from brooq.cli.common import checked_read_target, cli, emit_json, schema, table, utc
 from brooq.cli.terminal import say_lines
 from brooq.db import connect, schema_missing
+from brooq.declare.periodic import Schedule, next_tick
 from brooq.errors import AppLoadError
-from brooq.periodic import Schedule, next_tick
 from brooq.sql import queries
 
 

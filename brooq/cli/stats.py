@@ -4,7 +4,7 @@ read target when one is set, with a line (a field in JSON) saying how far behind
 primary that is.
 
 Owns: the stats command and its table (``stats_lines``, a pure function).
-Must never: read the database but through Queue.stats, brooq.masters.live and
+Must never: read the database but through Queue.stats, brooq.operator.masters.live and
 brooq.operator.replica, or count done jobs (a queue's done rows grow without bound;
 job_stats_by_topic leaves them out).
 """
@@ -20,7 +20,7 @@ import brooq
 from brooq.cli.common import cli, emit_json, open_reads, reads_from, reads_line, table
 from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age
-from brooq.masters import Handled, Pair, handled, live, no_handler
+from brooq.operator.masters import Handled, Pair, handled, live, no_handler
 from brooq.sql import queries
 
 NO_HANDLER = "no handler"

@@ -39,11 +39,11 @@ import click
 import psycopg
 
 from brooq import dsn as dsn_mod
-from brooq import progress
 from brooq.cli.common import cli, dsn, emit_json, open_reads, read_target
 from brooq.cli.terminal import one_line, say_lines
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import BrooqError
+from brooq.ipc import progress
 from brooq.operator.records import HolderStats, InFlight, TopicStats
 from brooq.operator.replica import ReplicaLag, lag
 from brooq.queue import Queue

@@ -8,5 +8,7 @@ running master's code, so both sides always run the same version).
 - `board`: the job a child runs right now, in a shared page the master reads.
 - `protocol`: the JSON lines over the two pipes.
 - `channel`: the LISTEN/NOTIFY channel name.
+- `progress`: a running handler's progress: its checks, and the sink that writes it on
+  the board for the master's next lease renewal.
 - `reasons`: why a child stopped, and why the master replaced it (log and metric labels).
 """

@@ -10,11 +10,12 @@ empty from an older brooq): a notification means "jobs may be ready in that sche
 never which ones, so a lost or folded notification costs latency, never a job; a master
 wakes its children for its own schema only (QUEUE_SCHEMA: two installations in one
 database share the channel). OUTCOME_CHANNEL's payload is the job's id; a waiter that
-misses one finds the outcome by its poll. `brooq jobs stack` (brooq.stacks) asks on
+misses one finds the outcome by its poll. `brooq jobs stack` (brooq.producer.stacks) asks on
 STACK_CHANNEL, the job id
 as payload (`stack_request`, `listen_stack_requests`), and the master answers on
 STACK_ANSWER_CHANNEL with the job id, unique across schemas (`stack_answer`,
 `listen_stack_answers`).
+Stands alone: master, children, producers and tests name the channels from here.
 """
 
 from typing import Final

@@ -13,5 +13,6 @@ own, so they want a connection outside any transaction of the caller's).
 - `replica`: the read target's standing: a standby or not, how far behind its primary
 - `reads`: a job's row, listings, per-topic and per-queue counts, in-flight jobs and throughput
 - `snapshots`: who holds back the cleanup of dead rows: a session, standby, slot, prepared xact
+- `masters`: the masters' table as its readers see it: live masters, what no master handles
 - `records`: TopicStats, QueueStats, InFlight, HolderStats, BulkResult: what reads return
 """

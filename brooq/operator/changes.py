@@ -48,7 +48,7 @@ _BULK_QUERIES: dict[Transition, str] = {"cancel": "job_cancel_batch", "retry": "
 # enough that a million jobs take a hundred round trips, small enough that no batch holds
 # its locks for long.
 BULK_BATCH_SIZE = 10_000
-# The keyset's start: below every id (brooq.ids makes UUIDv7s, never the nil UUID).
+# The keyset's start: below every id (brooq.producer.ids makes UUIDv7s, never the nil UUID).
 _BEFORE_EVERY_ID = uuid.UUID(int=0)
 # A bulk retry's batch that failed because a producer took a unique_key between the
 # batch's check and its write is run again (it then sees that job and leaves the row).

@@ -2,10 +2,11 @@
 process's cancel, retry, pause, resume and bulk changes, a command's reads.
 
 Owns: opening it on ``dsn`` as brooq's connections are opened in the given pooler mode
-(brooq.pooler), committing on success and rolling back on error, closing it, and brooq's
+(brooq.db), committing on success and rolling back on error, closing it, and brooq's
 errors for its failures (brooq.db.database_error).
 Must never: keep the connection past the block, or choose the statements (the caller
 runs brooq.operator's functions on it).
+Stands alone: the page process and the CLI take it without the reads or the changes.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Any
 
 import psycopg
 
-from brooq.db import connect, database_errors
-from brooq.pooler import NONE, connect_kwargs
+from brooq.db import NONE, connect, connect_kwargs, database_errors
 
 
 @contextmanager

@@ -78,7 +78,7 @@ class TopicStats:
         }
 
 
-# A topic's limits as a master publishes them (brooq.handlers.Handler.limits), and their
+# A topic's limits as a master publishes them (brooq.declare.handlers.Handler.limits), and their
 # names in the order shown.
 LIMIT_NAMES = ("global_limit", "rate_limit", "group_limit", "group_rate_limit")
 

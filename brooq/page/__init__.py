@@ -5,7 +5,7 @@
     GET  /in-flight         jobs being processed (keyset pages)
     GET  /failed, /dead     jobs waiting for a retry, jobs given up on (keyset pages)
     GET  /jobs/<id>         one job: every column, the payload, the outcome, the errors
-    GET  /fleet             the live masters (brooq.masters) and their children
+    GET  /fleet             the live masters (brooq.operator.masters) and their children
     POST /jobs/<id>/stack   the stack button (signed in)
     GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
          /queues/<name>/{pause,resume}, /bulk/{retry,cancel}   the actions (signed in)

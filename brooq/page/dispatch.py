@@ -128,7 +128,7 @@ class Dispatcher:
         from brooq.errors import BrooqError
         from brooq.page.headers import security_headers
         from brooq.page.render import e, layout, link
-        from brooq.stacks import fetch_stack
+        from brooq.producer.stacks import fetch_stack
 
         try:
             job_id = uuid.UUID(raw_id)

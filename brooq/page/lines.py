@@ -7,7 +7,7 @@ comes in).
 
 from __future__ import annotations
 
-from brooq.masters import MasterRow
+from brooq.operator.masters import MasterRow
 from brooq.operator.records import TopicLimits
 from brooq.operator.replica import ReplicaLag
 from brooq.operator.snapshots import Holder

@@ -1,5 +1,5 @@
 """What the status page reads: one function per page, each running its named statements
-(brooq/sql/page.sql, the web_ statements, brooq.masters' fleet_live, the topics' limits,
+(brooq/sql/page.sql, the web_ statements, brooq.operator.masters' fleet_live, the topics' limits,
 topic_limits_held, and brooq.operator.snapshots' snapshot_holders) on a given psycopg
 connection.
 
@@ -27,9 +27,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from brooq import masters as masters_mod
-from brooq.masters import MasterRow
+from brooq.operator import masters as masters_mod
 from brooq.operator import replica, snapshots
+from brooq.operator.masters import MasterRow
 from brooq.operator.records import TopicLimits
 from brooq.operator.replica import ReplicaLag
 from brooq.sql import Q, Queries
@@ -429,7 +429,7 @@ def job(
 def fleet(
     conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT, q: Queries = Q
 ) -> list[MasterRow]:
-    """The live masters and their children (brooq.masters)."""
+    """The live masters and their children (brooq.operator.masters)."""
     with read_only(conn, timeout, q) as cur:
         return masters_mod.live(cur.connection, q)
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import psycopg
 
-from brooq import progress
+from brooq.ipc import progress
 from brooq.job_options import TAG_FORM, TAG_PATTERN
-from brooq.masters import MISSED_BEATS, MasterRow, handled, no_handler
+from brooq.operator.masters import MISSED_BEATS, MasterRow, handled, no_handler
 from brooq.page import reads
 from brooq.page.lines import LIMITS_NOTE, fleet_line, limits_cell, snapshot_line
 from brooq.page.reads import Page, Row

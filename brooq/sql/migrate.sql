@@ -80,7 +80,7 @@ VALUES (%(version)s, %(name)s, %(state)s)
 ON CONFLICT (version) DO UPDATE SET state = excluded.state, applied_at = now()
 
 -- name: migration_missing
--- Which of the objects (as brooq.migration_files.leaves names them: "table x",
+-- Which of the objects (as brooq.schema.files.leaves names them: "table x",
 -- "index x", "function x", "trigger x", "constraint x", "column t.c") are not in the
 -- schema the migrator's search_path creates in, in the order given. An invalid index
 -- (a failed concurrent build) and a constraint not validated count as missing.

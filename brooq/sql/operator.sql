@@ -75,7 +75,7 @@ WHERE topic = %(topic)s AND state = %(state)s
 -- only until its commit, so canceling a million jobs never holds a million row locks (nor
 -- blocks claims and outcome writes for the whole run). Rows locked by someone else are
 -- skipped: they are changing meanwhile (a claim, an outcome). Keyset on id (`after`: the
--- last id of the previous batch, the nil UUID first, which brooq.ids never makes) walks
+-- last id of the previous batch, the nil UUID first, which brooq.producer.ids never makes) walks
 -- the table once instead of rescanning the rows already passed (there is no index on
 -- topic: each batch walks the primary key from `after` until it has `batch` rows). The
 -- UPDATE takes the ids as an array, one primary-key lookup each: joined to picked, it was
@@ -183,7 +183,7 @@ ORDER BY queue, topic
 -- variant: job_held_by_topic: exact
 -- What the topics' limits hold back now (docs/how-to/rate-limits.md). The limits are
 -- those the live masters publish (brooq_master.limits; for a topic, the row seen last; a
--- row counts while within 3 of its own beats: brooq.masters.MISSED_BEATS, which a unit
+-- row counts while within 3 of its own beats: brooq.operator.masters.MISSED_BEATS, which a unit
 -- test holds equal). Every ready job of a topic is held back while the topic is at its
 -- global_limit or its rate_limit's window is full (N slots in use: brooq_rate_slot,
 -- migration 0012); the ready jobs of a group while the group is at its group_limit or

@@ -2,7 +2,7 @@
 -- whether its server is a standby.
 
 -- name: session_settings_local
--- Behind a transaction pooler (brooq/pooler.py) a connection has no session of its own:
+-- Behind a transaction pooler (brooq/db.py) a connection has no session of its own:
 -- brooq's session settings are set for one transaction, in the same pipeline (the same
 -- round trip) as the statement they are for.
 SELECT set_config(s.name, s.value, true)
@@ -15,5 +15,5 @@ SELECT current_setting(%(name)s)
 
 -- name: server_in_recovery
 -- Whether the server is a standby, on PostgreSQL 13 (14 and later report in_hot_standby
--- when a session starts: brooq/standby.py reads that instead, with no round trip).
+-- when a session starts: brooq/db.py reads that instead, with no round trip).
 SELECT pg_is_in_recovery()

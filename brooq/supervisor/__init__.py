@@ -3,7 +3,7 @@
 The master imports the application once, forks children (brooq.worker) and never runs a
 handler. It owns the fleet (spawn, reap, generations, respawn backoff), the watchdog,
 lease renewal, the reaper, retention, the job-count gauges, its row in brooq_master (the
-fleet, visible: brooq.masters) and the unhandled-topic watch, the ops HTTP surface, the
+fleet, visible: brooq.operator.masters) and the unhandled-topic watch, the ops HTTP surface, the
 status page's process (forked on demand; its code is brooq.page) and the systemd
 notifications. It is single-threaded so that fork() is always safe: its loop waits on
 one list of sources (brooq.supervisor.source) in one select.

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from brooq.handlers import Policy
+from brooq.declare.handlers import Policy
 from brooq.metrics import Metrics
 from brooq.supervisor import maintenance
 from brooq.supervisor.connections import Connections

@@ -36,7 +36,7 @@ class ChildProc:
     stack_file: str
     born: float
     ready: bool = False
-    # The handlers it imported, as it said when ready (brooq.handlers.described): after a
+    # The handlers it imported, as it said when ready (brooq.declare.handlers.described): after a
     # reload, the master's options come from here (brooq.supervisor.options).
     handlers: dict[str, Any] | None = None
     board: Board = field(default_factory=Board)  # what it runs now, shared memory

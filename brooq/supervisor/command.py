@@ -21,11 +21,13 @@ from typing import Any
 import click
 from setproctitle import setproctitle
 
-from brooq import __version__, logs, pooler
+from brooq import __version__, logs
 from brooq import app as app_mod
 from brooq import dsn as dsn_mod
 from brooq import metrics as metrics_mod
 from brooq import settings as settings_mod
+from brooq.db import NONE, REFUSED, need_direct, options_ignored
+from brooq.declare.handlers import Handler, is_async_callable, policy_problems
 from brooq.errors import (
     AppLoadError,
     DatabaseUnavailable,
@@ -35,8 +37,7 @@ from brooq.errors import (
     ReadOnlyDatabase,
     SchemaMissing,
 )
-from brooq.handlers import Handler, is_async_callable, policy_problems
-from brooq.rules.queues import worked_queues
+from brooq.rules import worked_queues
 from brooq.supervisor import admintoken
 
 log = logging.getLogger("brooq.master")
@@ -236,7 +237,7 @@ def _start(
         except InvalidDsn as exc:
             problems.append(str(exc))
         if settings is not None:
-            problem = pooler.need_direct(settings.pooler, dsn, listen_dsn, "brooq-master")
+            problem = need_direct(settings.pooler, dsn, listen_dsn, "brooq-master")
             if problem:
                 problems.append(problem)
     read_dsn: str | None = None
@@ -259,7 +260,7 @@ def _start(
         return 2
     try:
         schema_verified = check_schema(listen_dsn, settings.schema)
-        if listen_dsn != dsn and settings.pooler == pooler.NONE:
+        if listen_dsn != dsn and settings.pooler == NONE:
             check_children_dsn(dsn)
     except (SchemaMissing, PoolerMismatch, ReadOnlyDatabase) as exc:
         click.echo(f"brooq-master: cannot start: {exc}", err=True)
@@ -339,8 +340,7 @@ def check_schema(dsn: str, schema: str | None = None) -> bool:
     import psycopg
 
     from brooq import migrate
-    from brooq.db import connect
-    from brooq.standby import refuse_standby
+    from brooq.db import connect, refuse_standby
     from brooq.supervisor.connections import (
         MASTER_CONNECT_TIMEOUT,
         check_options,
@@ -357,7 +357,7 @@ def check_schema(dsn: str, schema: str | None = None) -> bool:
             application_name="brooq-master",
         )
     except DatabaseUnavailable as exc:
-        if pooler.REFUSED in str(exc):  # a pooler, not an outage: retrying cannot help
+        if REFUSED in str(exc):  # a pooler, not an outage: retrying cannot help
             raise PoolerMismatch(str(exc)) from None
         if (missing := missing_database(dsn, exc)) is not None:  # nor a database not there
             raise missing from None
@@ -378,10 +378,9 @@ def check_children_dsn(dsn: str) -> None:
     check_schema) goes through a pooler that refuses or drops their session options
     without QUEUE_POOLER=transaction: every child would fail on connecting, over and
     over. Unreachable is not an error here, as in check_schema."""
-    from brooq.db import connect
+    from brooq.db import connect, refuse_standby
     from brooq.dsn import session_options
     from brooq.sql import Q
-    from brooq.standby import refuse_standby
     from brooq.supervisor.connections import MASTER_CONNECT_TIMEOUT, missing_database
 
     try:
@@ -393,7 +392,7 @@ def check_children_dsn(dsn: str) -> None:
             application_name="brooq-master",
         )
     except DatabaseUnavailable as exc:
-        if pooler.REFUSED in str(exc):
+        if REFUSED in str(exc):
             raise PoolerMismatch(str(exc)) from None
         if (missing := missing_database(dsn, exc)) is not None:
             raise missing from None
@@ -406,7 +405,7 @@ def check_children_dsn(dsn: str) -> None:
     finally:
         conn.close()
     if row is None or row[0] != "off":
-        raise pooler.options_ignored("enable_bitmapscan", "off", str(row[0]) if row else "?")
+        raise options_ignored("enable_bitmapscan", "off", str(row[0]) if row else "?")
 
 
 def admin_token() -> bytes | None:

@@ -28,12 +28,12 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from brooq import migrate, pooler
+from brooq import migrate
+from brooq.db import options_ignored, refuse_standby
 from brooq.dsn import CLIENT_ENCODING, describe, session_options
 from brooq.errors import PoolerMismatch, ReadOnlyDatabase, SchemaMissing
 from brooq.ipc.channel import STACK_CHANNEL
 from brooq.sql import Q, Queries, queries
-from brooq.standby import refuse_standby
 from brooq.supervisor.source import Source
 
 log = logging.getLogger("brooq.master")
@@ -100,7 +100,7 @@ def check_options(conn: psycopg.Connection[Any]) -> None:
     if got != wanted:
         raise PoolerMismatch(
             "QUEUE_LISTEN_DATABASE_URL (or DATABASE_URL) must reach PostgreSQL directly: "
-            + str(pooler.options_ignored("lock_timeout", wanted, got))
+            + str(options_ignored("lock_timeout", wanted, got))
         )
 
 

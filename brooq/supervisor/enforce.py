@@ -23,7 +23,7 @@ from functools import partial
 from brooq.ipc import protocol
 from brooq.ipc.reasons import ASYNC, LOOP_BLOCKED, MAX_EXECUTION_TIMEOUT, STALLED, killed_label
 from brooq.metrics import Metrics
-from brooq.rules.timing import LONG_JOB
+from brooq.rules import LONG_JOB
 from brooq.settings import Settings
 from brooq.supervisor import maintenance
 from brooq.supervisor.childproc import ChildProc, empty_stack, killpg, read_stack

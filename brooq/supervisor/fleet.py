@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brooq import metrics as metrics_mod
-from brooq.handlers import Handler, Middleware
+from brooq.declare.handlers import Handler, Middleware
 from brooq.ipc import protocol
 from brooq.ipc.board import Board
 from brooq.ipc.reasons import (

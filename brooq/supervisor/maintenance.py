@@ -22,9 +22,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from brooq.handlers import Policy
-from brooq.rules.backoff import backoff
-from brooq.rules.errortext import bounded
+from brooq.declare.handlers import Policy
+from brooq.rules import backoff, bounded
 from brooq.sql import Q, Queries
 
 log = logging.getLogger("brooq.master")

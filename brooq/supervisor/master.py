@@ -37,8 +37,8 @@ import psycopg
 from setproctitle import setproctitle
 
 from brooq import metrics as metrics_mod
-from brooq import pooler
-from brooq.handlers import Policy
+from brooq.db import NONE
+from brooq.declare.handlers import Policy
 from brooq.ipc.reasons import ASYNC, DRAIN_TIMEOUT, FATAL, SYNC
 from brooq.opsport.hosts import HostRule
 from brooq.queue import Queue
@@ -176,7 +176,7 @@ class Master:
             settings.lease,
             self.metrics,
             time.monotonic,
-            follow=settings.pooler == pooler.NONE,
+            follow=settings.pooler == NONE,
         )
         self.stats.unhandled = Unhandled(self.beat.live_pairs, self.metrics)
         duties: list[Duty] = [SdWatchdog(self.notifier)] if self.notifier.watchdog_period else []
@@ -405,8 +405,8 @@ class Master:
         self.fleet.stop_all()
 
     def _stack_requested(self, payload: str) -> None:
-        """`brooq jobs stack` asked for a job's stack (brooq.stacks): if one of our children
-        runs it, ask that child; its answer comes back on its pipe (_answer_stacks)."""
+        """`brooq jobs stack` asked for a job's stack (brooq.producer.stacks): if one of our
+        children runs it, ask that child; its answer comes back on its pipe (_answer_stacks)."""
         try:
             job_id = uuid.UUID(payload)
         except ValueError:

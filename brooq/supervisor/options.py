@@ -7,7 +7,7 @@ own: a child killed in a job gets its failed attempt, dead or retried, from the 
 brooq_master says the topics, queues and limits this master works (`brooq fleet`, the
 unhandled-topic watch; brooq.supervisor.duties.beat), as the job counts do
 (brooq.supervisor.duties.stats). A child of a reloaded generation says, when it is
-ready, the options of the handlers it imported (brooq.handlers.described); the first
+ready, the options of the handlers it imported (brooq.declare.handlers.described); the first
 such word of the generation the fleet now runs becomes the master's options. A reload
 that fails goes back to the options of the generation it goes back to.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from brooq.handlers import Handler, described, described_policy
+from brooq.declare.handlers import Handler, described, described_policy
 from brooq.job import DEFAULT_QUEUE
 from brooq.settings import Settings
 from brooq.supervisor.accounting import Accounting

@@ -18,8 +18,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from brooq.masters import Pair, unhandled
 from brooq.metrics import Metrics
+from brooq.operator.masters import Pair, unhandled
 
 log = logging.getLogger("brooq.master")
 

@@ -50,8 +50,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
+from brooq.declare.handlers import Handler, HandlerFn, is_async_callable
 from brooq.errors import InvalidResult
-from brooq.handlers import Handler, HandlerFn, is_async_callable
 from brooq.ipc.board import Board
 from brooq.job import AttemptTimeout, Claim, JobRecord, validate_topic
 from brooq.queue import Queue

@@ -20,12 +20,11 @@ import traceback
 import uuid
 from typing import Any
 
-from brooq.encoding import check_payload_size, encode_payload
+from brooq.declare.handlers import Handler, Policy
+from brooq.encoding import check_payload_size, encode_payload, to_json
 from brooq.errors import InvalidPayload, InvalidResult, PayloadMismatch
-from brooq.handlers import Handler, Policy
 from brooq.ipc.board import Board
 from brooq.job import Claim, Interruption
-from brooq.payloads import to_json
 from brooq.worker import execute
 from brooq.worker.connection import Undecodable
 from brooq.worker.meter import Meter

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from brooq.handlers import HandlerFn, Middleware
+from brooq.declare.handlers import HandlerFn, Middleware
 from brooq.job import Claim
 
 

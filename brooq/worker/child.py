@@ -31,7 +31,7 @@ import psycopg
 from brooq import logs, tracing
 from brooq.ipc.reasons import ASYNC, EXIT_APP_LOAD_ERROR, EXIT_BOOT_ERROR, EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim
-from brooq.rules.timing import LONG_JOB
+from brooq.rules import LONG_JOB
 from brooq.worker import interrupts, joblogs
 from brooq.worker.aio import AsyncLoop
 from brooq.worker.config import BATCH_BUDGET, ChildConfig

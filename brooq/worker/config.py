@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from brooq.handlers import Handler, Middleware
+from brooq.declare.handlers import Handler, Middleware
 from brooq.ipc.board import Board
 from brooq.ipc.reasons import SYNC, ChildKind
 from brooq.settings import Settings
@@ -32,7 +32,7 @@ __all__ = [
 
 # A batch holds at most about BATCH_BUDGET seconds of recent average work, so that the
 # round trip between jobs is paid once per batch while nothing waits long behind its
-# batchmates (a job longer than brooq.rules.timing.LONG_JOB gives back the rest).
+# batchmates (a job longer than brooq.rules.LONG_JOB gives back the rest).
 BATCH_BUDGET = 0.1
 PEAK_RSS_MAX_AGE = 0.25
 TITLE_TICK = 0.25  # how often the control thread refreshes the process title

@@ -1,8 +1,8 @@
 """The child's one database connection: opened after the fork, reopened after a failure.
 
 Owns connecting (with brooq's session settings in the ``options`` startup parameter, or,
-behind a transaction pooler, set for each transaction by ``scoped``: brooq.pooler; backing
-off while the database is unreachable or a standby: brooq.standby), dropping a broken
+behind a transaction pooler, set for each transaction by ``scoped``: brooq.db; backing
+off while the database is unreachable or a standby: brooq.db), dropping a broken
 connection, the `db_error` log line, and the payload decoder that turns a payload json
 cannot read into an Undecodable (the job then fails with the reason instead of crashing
 the child on every claim).
@@ -25,12 +25,18 @@ from typing import Any
 import psycopg
 from psycopg.types.json import set_json_loads
 
-from brooq import pooler
+from brooq.db import (
+    TRANSACTION,
+    connect_kwargs,
+    local_params,
+    options_ignored,
+    refuse_standby,
+    refused_hint,
+)
 from brooq.dsn import server_codec
 from brooq.errors import ReadOnlyDatabase
 from brooq.settings import Settings
 from brooq.sql import Q
-from brooq.standby import refuse_standby
 from brooq.worker.state import ChildState
 
 log = logging.getLogger("brooq.child")
@@ -52,8 +58,8 @@ class ChildConnection:
         self.codec: str | None = None
         # Behind a transaction pooler: the parameters of Q.session_settings_local.
         self.local: dict[str, list[str]] | None = None
-        if settings.pooler == pooler.TRANSACTION:
-            self.local = pooler.local_params(self.session())
+        if settings.pooler == TRANSACTION:
+            self.local = local_params(self.session())
 
     def get(self) -> psycopg.Connection[Any]:
         """The open connection, connecting first if there is none; raises Stop when the
@@ -70,7 +76,7 @@ class ChildConnection:
                     "event=db_unreachable who=child worker=%s retry_in=%.1fs error=%r",
                     self.identity,
                     delay,
-                    reason + pooler.refused_hint(reason),
+                    reason + refused_hint(reason),
                 )
                 self.state.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -110,7 +116,7 @@ class ChildConnection:
             connect_timeout=5,
             application_name=f"brooq-child {self.identity}"[:63],
             # Direct: added to the DSN's own options (search_path, ...), never instead.
-            **pooler.connect_kwargs(self.settings.pooler, self.dsn, self.session()),
+            **connect_kwargs(self.settings.pooler, self.dsn, self.session()),
         )
         # A standby claims nothing: said (event=db_unreachable) and tried again with the
         # backoff, as an unreachable server is, until the DSN reaches a primary.
@@ -123,9 +129,7 @@ class ChildConnection:
             got = conn.execute(Q.session_setting_get, {"name": "enable_bitmapscan"}).fetchone()
             if got is None or got[0] != "off":
                 conn.close()
-                raise pooler.options_ignored(
-                    "enable_bitmapscan", "off", str(got[0]) if got else "?"
-                )
+                raise options_ignored("enable_bitmapscan", "off", str(got[0]) if got else "?")
         # A payload that cannot be decoded (inserted by hand, nested too deep)
         # must fail its job, not crash the child on every claim.
         set_json_loads(_decode_payload, conn)

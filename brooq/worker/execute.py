@@ -5,7 +5,7 @@ Owns the reading of the handler signals (brooq.job: Delay, PreserveAttempt, Canc
 raised directly or as a __cause__ at any depth) and of brooq's interruptions
 (AttemptTimeout, LeaseLost), and the text of last_error (`describe`, and `storable`: what
 the database can hold of a text written by the application; its length bound is
-brooq.rules.errortext's, which the master reads too).
+brooq.rules's, which the master reads too).
 
 Also owns the handler's retry policy (``retry=fn``): asked only where the default backoff
 would apply (a plain exception, AttemptTimeout); the signals keep their meaning.
@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
+from brooq.declare.handlers import Policy, RetryPolicy
 from brooq.durations import MAX_SECONDS
-from brooq.handlers import Policy, RetryPolicy
 from brooq.job import AttemptTimeout, CancelJob, Delay, LeaseLost, PreserveAttempt
-from brooq.rules.backoff import backoff, delay_seconds
-from brooq.rules.errortext import LAST_ERROR_MAX, bounded
+from brooq.rules import LAST_ERROR_MAX, backoff, bounded, delay_seconds
 
 Kind = Literal["done", "failed", "canceled", "abandon"]
 
@@ -53,7 +52,7 @@ def describe(exc: BaseException) -> str:
     whose ``str()`` fails (or returns something else than a str) is named with that."""
     name = type(exc).__qualname__
     module = type(exc).__module__
-    if module not in ("builtins", "brooq.job", "brooq.signals", "brooq.errors"):  # brooq's own
+    if module not in ("builtins", "brooq.job", "brooq.job", "brooq.errors"):  # brooq's own
         name = f"{module}.{name}"
     try:
         message = str(exc)

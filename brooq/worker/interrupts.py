@@ -21,7 +21,7 @@ import signal
 from collections.abc import Callable
 from typing import IO, Any
 
-from brooq.handlers import Policy
+from brooq.declare.handlers import Policy
 from brooq.job import AttemptTimeout, Claim, Interruption, LeaseLost
 from brooq.worker.state import ChildState
 

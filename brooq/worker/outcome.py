@@ -25,13 +25,12 @@ import psycopg
 from psycopg.rows import dict_row
 
 from brooq import logs
-from brooq.handlers import Policy
+from brooq.declare.handlers import Policy
 from brooq.ipc.board import Board
 from brooq.job import Claim
-from brooq.produce import check_jobs, insert_many_checked
-from brooq.produce_steps import Handlers
-from brooq.rules.backoff import backoff
-from brooq.rules.errortext import bounded
+from brooq.producer.produce import check_jobs, insert_many_checked
+from brooq.producer.produce_steps import Handlers
+from brooq.rules import backoff, bounded
 from brooq.settings import Settings
 from brooq.sql import queries
 from brooq.worker import execute

@@ -6,7 +6,7 @@ Owns: each such topic's turn (its parameters of the claim statement), which turn
 round takes (one whose window has room again first, else the next in order), what a
 held-back answer says (when the topic's window has room: the child sleeps no longer than
 that), and each rate-limited claim's start deadline: a handler may start at most its
-rate's allowance after the claim was sent (brooq.rates); a claim that could not start by
+rate's allowance after the claim was sent (brooq.declare.rates); a claim that could not start by
 then is given back unstarted, so that the handlers' own start times keep the rate
 (docs/explanation/rate-limits.md).
 Must never: touch the database or a pipe, or run a handler; the round trips
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from brooq.handlers import Handler
+from brooq.declare.handlers import Handler
 
 __all__ = ["Pacing", "Turn", "turns"]
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 import uuid
 from typing import IO, Any
 
-from brooq import progress, tracing
-from brooq.handlers import HandlerFn, Middleware, Policy, described, is_async_callable
+from brooq import tracing
+from brooq.declare.handlers import HandlerFn, Middleware, Policy, described, is_async_callable
+from brooq.ipc import progress
 from brooq.ipc.board import MESSAGE_MAX_BYTES, Board
 from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
 from brooq.job import Claim
-from brooq.rules.queues import worked_queues
+from brooq.rules import worked_queues
 from brooq.sql import queries
 from brooq.worker import execute, interrupts, joblogs
 from brooq.worker.attempt import Attempts

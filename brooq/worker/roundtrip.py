@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import psycopg
 from psycopg.rows import RowMaker
 
-from brooq import logs, pooler
-from brooq.handlers import Policy
+from brooq import logs
+from brooq.db import prepared_mismatch
+from brooq.declare.handlers import Policy
 from brooq.job import Claim
 from brooq.settings import Settings
 from brooq.sql import Queries
@@ -278,8 +279,8 @@ class RoundTrips:
         except (
             psycopg.errors.InvalidSqlStatementName,
             psycopg.errors.DuplicatePreparedStatement,
-        ) as exc:  # the child crashes either way: say why (brooq.pooler)
-            raise pooler.prepared_mismatch(exc) or exc from None
+        ) as exc:  # the child crashes either way: say why (brooq.db)
+            raise prepared_mismatch(exc) or exc from None
         except psycopg.Error as exc:
             if not with_results:
                 raise  # no job's content in it: brooq's own fault, the child crashes

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from brooq import logs
+from brooq.declare.handlers import HandlerFn
 from brooq.errors import InvalidResult
-from brooq.handlers import HandlerFn
 from brooq.job import AttemptTimeout, Claim
 
 __all__ = [

@@ -1,6 +1,6 @@
 """In what order a child tries its worked queues, round after round.
 
-Owns RoundOrder (the worked queues themselves are resolved by brooq.rules.queues, which
+Owns RoundOrder (the worked queues themselves are resolved by brooq.rules, which
 the master reads too), the per-round order: the first queue is picked by
 smooth weighted round robin (nginx's: each queue's current value grows by its weight,
 the largest goes first and gives back the total), the others follow by weight, then

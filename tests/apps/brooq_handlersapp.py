@@ -24,8 +24,8 @@ def trace(claim: brooq.Claim[Any], what: str, detail: object = "") -> None:
         fh.write(f"{claim.id} {what} {detail}\n")
 
 
-def outer_name(name: str) -> brooq.handlers.Middleware:
-    def layer(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn) -> Any:
+def outer_name(name: str) -> brooq.declare.handlers.Middleware:
+    def layer(claim: brooq.Claim[Any], call_next: brooq.declare.handlers.HandlerFn) -> Any:
         trace(claim, f"in:{name}", type(claim.payload).__name__)
         try:
             value = call_next(claim)
@@ -124,7 +124,7 @@ def with_broken_policy(claim: brooq.Claim[Any]) -> None:
     raise RuntimeError("fails")
 
 
-def hangs(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn) -> Any:
+def hangs(claim: brooq.Claim[Any], call_next: brooq.declare.handlers.HandlerFn) -> Any:
     time.sleep(5)
     return call_next(claim)
 
@@ -134,7 +134,7 @@ def behind_a_slow_middleware(claim: brooq.Claim[Any]) -> None:
     trace(claim, "handler")
 
 
-def swallows(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn) -> Any:
+def swallows(claim: brooq.Claim[Any], call_next: brooq.declare.handlers.HandlerFn) -> Any:
     try:
         return call_next(claim)
     except ValueError:

@@ -20,8 +20,8 @@ from psycopg.rows import dict_row
 import brooq
 from brooq.cli import cancel_retry as cli_cancel_retry
 from brooq.cli.common import cli
-from brooq.ids import uuid7_many
 from brooq.job import BULK_FROM_STATES, STATES
+from brooq.producer.ids import uuid7_many
 from brooq.sql import Q
 from tests.db.test_cli import ok, refused, run
 

@@ -1,4 +1,4 @@
-"""`make run`'s database wrapper (brooq.devdb): with no DATABASE_URL it starts the
+"""`make run`'s database wrapper (brooq.schema.devdb): with no DATABASE_URL it starts the
 embedded PostgreSQL, runs the command with its URL, and on the way out says that the
 server is still running and how to stop it."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from brooq import devdb
+from brooq.schema import devdb
 
 
 def test_run_says_the_embedded_postgresql_is_left_running_and_how_to_stop_it(

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import produce
 from brooq.errors import DatabaseUnavailable, InvalidDsn
+from brooq.producer import produce
 
 
 def count(db: psycopg.Connection[tuple[object, ...]]) -> int:

@@ -1,4 +1,4 @@
-"""Queue.enqueue's own connection (brooq/enqueue_line.py) against a real PostgreSQL: the
+"""Queue.enqueue's own connection (brooq/producer/line.py) against a real PostgreSQL: the
 row it writes is the pool path's row, every call is one execution of its prepared
 statement, a busy line or a taken key falls back to the pool, and a connection the
 server ended, lost mid-statement, or refused is handled as the pool's would be."""
@@ -17,8 +17,10 @@ import pytest
 from psycopg.rows import dict_row
 
 import brooq
-from brooq import enqueue_line, migrate, poolcheck
+from brooq import migrate
 from brooq.errors import DatabaseUnavailable
+from brooq.producer import line as enqueue_line
+from brooq.producer import poolcheck
 from tests.harness import terminate_backend
 
 

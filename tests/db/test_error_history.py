@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 import brooq
-from brooq.handlers import Policy
+from brooq.declare.handlers import Policy
 from brooq.sql import Q
 from brooq.supervisor import maintenance
 

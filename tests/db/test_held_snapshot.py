@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from brooq.plans import CHILD_OPTIONS, prepare
+from brooq.schema.plans import CHILD_OPTIONS, prepare
 from brooq.sql import Q
 from brooq.worker.floors import SLACK, Floors
 

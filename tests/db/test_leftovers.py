@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 import brooq
-from brooq.handlers import Policy
+from brooq.declare.handlers import Policy
 from brooq.ipc import protocol
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.childproc import ChildProc

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from brooq import masters
+from brooq.operator import masters
 from brooq.sql import Q
 
 T0 = datetime(2026, 12, 3, 9, 0, tzinfo=timezone.utc)

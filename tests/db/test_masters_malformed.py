@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from brooq.masters import MAX_NAMES, handled, live
+from brooq.operator.masters import MAX_NAMES, handled, live
 from brooq.sql import Q
 from brooq.supervisor.duties.beat import BEAT_STATEMENT_TIMEOUT_MS
 from tests.db.test_cli import ok, world  # noqa: F401  (a fixture)

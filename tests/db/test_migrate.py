@@ -10,7 +10,8 @@ import time
 import psycopg
 import pytest
 
-from brooq import migrate, migration_files
+from brooq import migrate
+from brooq.schema import files as migration_files
 
 
 def brooq_objects(dsn: str) -> list[str]:

@@ -13,8 +13,10 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import migrate, migration_check, migration_files
+from brooq import migrate
 from brooq.errors import SchemaMissing
+from brooq.schema import check as migration_check
+from brooq.schema import files as migration_files
 
 
 def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""The pooled connection's check (brooq/poolcheck.py): no round trip for a connection in
+"""The pooled connection's check (brooq/producer/poolcheck.py): no round trip for a connection in
 use a moment ago, and still no broken connection handed out."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import poolcheck
+from brooq.producer import poolcheck
 from tests.harness import terminate_backend
 
 

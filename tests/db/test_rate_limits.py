@@ -19,7 +19,7 @@ import pytest
 from psycopg.rows import dict_row, tuple_row
 
 import brooq
-from brooq.handlers import Handler
+from brooq.declare.handlers import Handler
 from brooq.operator import reads
 from brooq.sql import Q
 from brooq.worker.pacing import turns

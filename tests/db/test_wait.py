@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import job_wait as job_wait_mod
-from brooq import wait_listener
+from brooq.producer import wait as job_wait_mod
+from brooq.producer import wait_listener
 from tests.harness import wait_for
 
 
@@ -141,7 +141,7 @@ def test_wait_survives_a_lost_connection(
     wait_for(lambda: waited(db, job_id), what="the flag")
 
     def waiter_pids() -> list[int]:
-        """The backend of the waiters' shared LISTEN connection (brooq.wait_listener)."""
+        """The backend of the waiters' shared LISTEN connection (brooq.producer.wait_listener)."""
         rows = db.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
             "AND application_name = %s",

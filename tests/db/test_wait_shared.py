@@ -1,6 +1,6 @@
 """queue.wait and wait_async at scale, on a real PostgreSQL: hundreds of waiters share
-one LISTEN connection (brooq.wait_listener) and the Queue's bounded pool, so their number does
-not grow the server's connections, and producers beside them are served; a waiter
+one LISTEN connection (brooq.producer.wait_listener) and the Queue's bounded pool, so their number
+does not grow the server's connections, and producers beside them are served; a waiter
 canceled leaves nothing behind; the shared connection lost, a job ending meanwhile still
 wakes its waiter; a fork's child waits on a listener of its own."""
 
@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import job_wait as job_wait_mod
-from brooq import wait_listener
+from brooq.producer import wait as job_wait_mod
+from brooq.producer import wait_listener
 from tests.harness import wait_for
 
 N = 500

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 
 import brooq
-from brooq import masters
-from brooq.masters import MISSED_BEATS
+from brooq.operator import masters
+from brooq.operator.masters import MISSED_BEATS
 from tests.db.test_cli import as_json
 from tests.harness import MasterProcess, StartMaster, wait_for
 from tests.process.test_ops_slow_clients import ops_addr

@@ -24,7 +24,8 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import migrate, migration_files
+from brooq import migrate
+from brooq.schema import files as migration_files
 from tests.db.test_migrate import brooq_objects
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,10 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import migrate, migration_files
+from brooq import migrate
 from brooq import settings as settings_mod
 from brooq.errors import InvalidSettings
+from brooq.schema import files as migration_files
 from brooq.sql import RELATIONS, Q, queries
 from brooq.supervisor.connections import Connections
 from tests.harness import APPS, wait_for

@@ -1,7 +1,7 @@
 """A rate of the shortest period, Rate(1, per=100ms), under a real brooq-master with a
 backlog of a fixed number of jobs (tests/apps/brooq_shortrateapp.py stamps every start):
 never two handler starts within the period, from the handlers' own start stamps. The
-share of the rate reached and the claims given back late are printed (brooq.rates has
+share of the rate reached and the claims given back late are printed (brooq.declare.rates has
 the figures: they depend on the host's load, so they are not asserted)."""
 
 from __future__ import annotations

@@ -22,9 +22,10 @@ from psycopg import conninfo
 
 import brooq
 from brooq import dsn as dsn_mod
-from brooq import migrate, migration_files
+from brooq import migrate
 from brooq import settings as settings_mod
 from brooq.errors import InvalidSettings
+from brooq.schema import files as migration_files
 from tests.harness import APPS, FAST, StartMaster, prepare, wait_for
 
 # What the user puts in the DSN: their schema, a setting of their own with a space in its

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import brooq
-from brooq import job_wait as job_wait_mod
+from brooq.producer import wait as job_wait_mod
 from tests.harness import StartMaster
 
 

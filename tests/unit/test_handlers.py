@@ -1,5 +1,6 @@
-"""Handler registration (brooq.handlers): options in seconds with settings as fallback, every
-problem reported at once, middleware of the right kind, payload types, queue and options.
+"""Handler registration (brooq.declare.handlers): options in seconds with settings as
+fallback, every problem reported at once, middleware of the right kind, payload types,
+queue and options.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from typing import Any
 import pytest
 
 import brooq
-from brooq import handlers, settings
+from brooq import settings
+from brooq.declare import handlers
+from brooq.declare.handlers import build
 from brooq.errors import InvalidSettings, InvalidTopic
-from brooq.handlers import build
 
 # -- handler registration ----------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""brooq.ids: UUIDv7 as RFC 9562 lays it out, strictly increasing within a process."""
+"""brooq.producer.ids: UUIDv7 as RFC 9562 lays it out, strictly increasing within a process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from brooq import ids
+from brooq.producer import ids
 
 
 def _ms(value: uuid.UUID) -> int:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from brooq import job_wait
 from brooq.errors import DatabaseUnavailable, JobNotFound
 from brooq.job import JobRecord
+from brooq.producer import wait as job_wait
 
 JOB_ID = uuid.UUID(int=7)
 

@@ -1,10 +1,11 @@
-"""The ordering of the time limits (brooq.limits), for settings and handler options alike."""
+"""The ordering of the time limits (brooq.settings), for settings and handler options alike."""
 
 from __future__ import annotations
 
 import pytest
 
-from brooq import handlers, limits, settings
+from brooq import settings
+from brooq.declare import handlers
 from brooq.errors import InvalidSettings
 
 # -- the ordering of timeouts and backoff ---------------------------------------------------
@@ -17,11 +18,11 @@ def test_ordering_problems_word_each_pair() -> None:
         "backoff_base": 120.0,
         "backoff_max": 60.0,
     }
-    assert limits.ordering_problems(seconds) == [
+    assert settings.ordering_problems(seconds) == [
         "attempt_timeout (600s) must not exceed max_execution_timeout (300s)",
         "backoff_base (120s) must not exceed backoff_max (60s)",
     ]
-    assert limits.ordering_problems(seconds, prefix="t: ") == [
+    assert settings.ordering_problems(seconds, prefix="t: ") == [
         "t: attempt_timeout (600s) must not exceed max_execution_timeout (300s)",
         "t: backoff_base (120s) must not exceed backoff_max (60s)",
     ]
@@ -41,12 +42,12 @@ def test_ordering_problems_word_each_pair() -> None:
 def test_ordering_problems_judge_only_complete_positive_pairs(
     seconds: dict[str, float | None],
 ) -> None:
-    assert limits.ordering_problems(seconds) == []
+    assert settings.ordering_problems(seconds) == []
 
 
 def test_settings_and_handlers_word_the_ordering_alike() -> None:
     values = {"attempt_timeout": 600.0, "max_execution_timeout": 300.0}
-    expected = limits.ordering_problems(values)
+    expected = settings.ordering_problems(values)
     with pytest.raises(InvalidSettings) as from_settings:
         settings.load(environ={}, overrides=values)
     assert from_settings.value.problems == expected
@@ -72,14 +73,14 @@ def test_resolve_prefers_what_was_given() -> None:
         "backoff_base": 1.0,
         "backoff_max": 60.0,
     }
-    assert limits.resolve({}, defaults) == defaults
+    assert settings.resolve({}, defaults) == defaults
     given = {
         "attempt_timeout": 5.0,
         "max_execution_timeout": 10.0,
         "backoff_base": 2.0,
         "backoff_max": 3.0,
     }
-    assert limits.resolve(given, defaults) == given
+    assert settings.resolve(given, defaults) == given
 
 
 def test_resolve_caps_an_unset_lower_limit_by_the_upper_one_given() -> None:
@@ -90,7 +91,7 @@ def test_resolve_caps_an_unset_lower_limit_by_the_upper_one_given() -> None:
         "backoff_max": 60.0,
     }
     given: dict[str, float | None] = {"max_execution_timeout": 30.0, "backoff_max": 0.5}
-    assert limits.resolve(given, defaults) == {
+    assert settings.resolve(given, defaults) == {
         "attempt_timeout": 30.0,
         "max_execution_timeout": 30.0,
         "backoff_base": 0.5,
@@ -98,7 +99,7 @@ def test_resolve_caps_an_unset_lower_limit_by_the_upper_one_given() -> None:
     }
     # A lower limit given is never capped: the ordering check reports it instead.
     given = {"attempt_timeout": 600.0}
-    assert limits.resolve(given, defaults)["attempt_timeout"] == 600.0
+    assert settings.resolve(given, defaults)["attempt_timeout"] == 600.0
 
 
 def test_a_handler_policy_uses_the_capping_rule() -> None:

@@ -1,11 +1,11 @@
 """A no-transaction migration split into its statements: at each ';' that ends a line
-outside quotes, dollar quotes and comments (brooq.migration_files.statements), so that a
+outside quotes, dollar quotes and comments (brooq.schema.files.statements), so that a
 function's $$ body stays whole; and every shipped file read so."""
 
 from __future__ import annotations
 
-from brooq import migration_files
-from brooq.migration_files import statements
+from brooq.schema import files as migration_files
+from brooq.schema.files import statements
 
 
 def test_a_function_body_stays_whole() -> None:

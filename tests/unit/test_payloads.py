@@ -1,4 +1,4 @@
-"""Typed payloads (brooq.payloads): the codec of a dataclass or a pydantic model, its
+"""Typed payloads (brooq.declare.payloads): the codec of a dataclass or a pydantic model, its
 refusals at build and at decode (the exact messages), to_json, and Job with a model
 instance. Pure: no database.
 
@@ -20,11 +20,12 @@ from typing import Any, Literal, NewType, Optional
 import pydantic
 import pytest
 
-from brooq import payloads
+from brooq.declare import payloads
+from brooq.declare.payload_checks import show
+from brooq.declare.payloads import codec_for
+from brooq.encoding import is_model_instance, to_json
 from brooq.errors import InvalidPayload, PayloadMismatch
 from brooq.job import Claim, Job
-from brooq.payload_checks import show
-from brooq.payloads import codec_for, is_model_instance, to_json
 
 
 @dataclass
@@ -432,7 +433,8 @@ def test_pydantic_is_never_imported_by_brooq_payloads():
 import sys
 from dataclasses import dataclass
 import brooq
-from brooq import payloads
+from brooq import encoding
+from brooq.declare import payloads
 from brooq.job import Job
 
 @dataclass
@@ -441,8 +443,8 @@ class Signup:
 
 codec = payloads.codec_for(Signup)
 codec.decode({"user_id": 1})
-payloads.to_json(Signup(1))
-payloads.is_model_instance(Signup(1))
+encoding.to_json(Signup(1))
+encoding.is_model_instance(Signup(1))
 Job("t", Signup(1))
 try:
     payloads.codec_for(int)

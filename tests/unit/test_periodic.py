@@ -1,4 +1,5 @@
-"""Periodic jobs without a database (brooq.periodic): ticks, the catch-up rule, DST, validation."""
+"""Periodic jobs without a database (brooq.declare.periodic): ticks, the catch-up rule, DST,
+validation."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import brooq
-from brooq.periodic import (
+from brooq.declare.periodic import (
     build_job,
     build_schedule,
     due_tick,

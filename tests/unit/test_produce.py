@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from brooq import produce, produce_steps
 from brooq.errors import BrooqError
 from brooq.job import Job
+from brooq.producer import produce, produce_steps
 from brooq.sql import Q
 
 JOB_ID = uuid.UUID(int=7)

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 import brooq
-from brooq import progress
+from brooq.ipc import progress
 from brooq.ipc.board import Board
 
 

@@ -1,4 +1,4 @@
-"""The allowance of a short period (brooq.rates.ALLOWANCE_MIN) against a claim's round trip,
+"""The allowance of a short period (brooq.declare.rates.ALLOWANCE_MIN) against a claim's round trip,
 on an injected clock (brooq.worker.pacing): a claim of Rate(1, per=100ms) answered 10 ms
 after it was sent, as a loaded host answers, still starts; the share of the rate left
 reachable (the period over the window) is at least 5/6 at every period."""
@@ -12,7 +12,7 @@ from typing import NamedTuple
 import pytest
 
 import brooq
-from brooq.rates import ALLOWANCE_MIN, MIN_PERIOD, Rate
+from brooq.declare.rates import ALLOWANCE_MIN, MIN_PERIOD, Rate
 from brooq.worker.pacing import Pacing, turns
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)

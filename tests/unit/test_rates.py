@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 import brooq
+from brooq.declare.rates import ALLOWANCE_MAX, Rate, parse_rate
 from brooq.errors import InvalidSettings
-from brooq.rates import ALLOWANCE_MAX, Rate, parse_rate
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,10 @@
-"""The words of a refusal for a read-only server (brooq.standby): which server, which kind
+"""The words of a refusal for a read-only server (brooq.db): which server, which kind
 of read-only, and what to change; never a password."""
 
 from __future__ import annotations
 
+from brooq.db import read_only, refusal
 from brooq.errors import DatabaseUnavailable, ReadOnlyDatabase
-from brooq.standby import read_only, refusal
 
 
 def test_a_standby_is_named_with_the_setting_that_avoids_it() -> None:

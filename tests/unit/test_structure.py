@@ -1,6 +1,9 @@
 """The shape of the code, held by tests: every package's docstring map names exactly its
 modules; docs/design.md's map names exactly brooq's module files; no import circle in
-brooq/; no module over MAX_LINES lines; the claims' SKIP LOCKED written once in the SQL.
+brooq/, between modules or between rooms (the packages and the top-level modules, each
+taken whole); at most TOP_MODULES modules at brooq's top; a size budget (no module over
+SOFT_LINES lines but those in LARGE, each with its reason; none under SMALL_LINES whose
+docstring does not say why it stands alone); the claims' SKIP LOCKED written once.
 
 Pure: reads the repository's files, imports nothing of brooq. Each check is a function of
 a directory, so the second half of this file breaks each rule in a scratch tree and sees
@@ -16,7 +19,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "brooq"
-MAX_LINES = 450
+# The size budget: a module of more than SOFT_LINES lines is named in LARGE with the
+# reason it is read best whole; one of fewer than SMALL_LINES says in its docstring, on a
+# line starting "Stands alone:", why it is not part of a neighbour.
+SOFT_LINES = 700
+SMALL_LINES = 30
+LARGE: dict[str, str] = {}
+STANDS_ALONE = re.compile(r"^\s*Stands alone:", re.MULTILINE)
+# brooq/*.py besides __init__ and __main__: what every room uses, and the public faces.
+TOP_MODULES = 16
 
 # A map line of a package's docstring: "- `name`: what it owns".
 MAP_LINE = re.compile(r"^\s*- `([A-Za-z_][A-Za-z0-9_]*)`:", re.MULTILINE)
@@ -189,16 +200,60 @@ def _circle_in(group: list[str], graph: dict[str, set[str]]) -> list[str]:
     return group  # unreachable for a strongly connected group
 
 
-def long_modules(top: Path, limit: int = MAX_LINES) -> list[str]:
-    """Every .py file over limit lines (counted as wc -l does), with its count."""
+def line_count(path: Path) -> int:
+    return path.read_bytes().count(b"\n")  # as wc -l counts
+
+
+def budget_problems(
+    top: Path,
+    large: dict[str, str] | None = None,
+    soft: int = SOFT_LINES,
+    small: int = SMALL_LINES,
+) -> list[str]:
+    """Every module over ``soft`` lines that ``large`` does not name with a reason, every
+    one ``large`` names that is no longer over, and every module under ``small`` lines
+    (an __init__ or __main__ aside) whose docstring does not say why it stands alone."""
+    large = LARGE if large is None else large
     found = []
     for path in sorted(top.rglob("*.py")):
         if "__pycache__" in path.parts:
             continue
-        lines = path.read_bytes().count(b"\n")
-        if lines > limit:
-            found.append(f"{path.relative_to(top.parent).as_posix()}: {lines} lines")
+        name = path.relative_to(top.parent).as_posix()
+        lines = line_count(path)
+        if lines > soft and not large.get(name, "").strip():
+            found.append(f"{name}: {lines} lines, over {soft} without a reason in LARGE")
+        elif lines <= soft and name in large:
+            found.append(f"{name}: {lines} lines, within {soft}: take it out of LARGE")
+        if lines < small and path.name not in ("__init__.py", "__main__.py"):
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+            if not STANDS_ALONE.search(doc):
+                found.append(f"{name}: {lines} lines, and no 'Stands alone:' in its docstring")
     return found
+
+
+def top_modules(top: Path) -> list[str]:
+    return sorted(p.stem for p in top.glob("*.py") if p.stem not in ("__init__", "__main__"))
+
+
+def room_of(name: str) -> str:
+    """The room of a dotted module name: its first package under the top, or the top-level
+    module itself (``brooq.worker.child`` -> ``brooq.worker``, ``brooq.job`` -> itself)."""
+    return ".".join(name.split(".")[:2])
+
+
+def room_graph(graph: dict[str, set[str]], top_name: str) -> dict[str, set[str]]:
+    """The import graph with each room taken whole. The top package itself (its
+    __init__, which names what applications use) is left out: it imports from every room
+    and nothing inside imports it."""
+    rooms: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        if source == top_name:
+            continue
+        room = rooms.setdefault(room_of(source), set())
+        for target in targets:
+            if target != top_name and room_of(target) != room_of(source):
+                room.add(room_of(target))
+    return rooms
 
 
 def claim_skip_locked(sql_dir: Path) -> dict[str, int]:
@@ -238,9 +293,19 @@ def test_no_import_circle() -> None:
     assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
 
 
-def test_no_module_over_the_line_limit() -> None:
-    found = long_modules(ROOT / PACKAGE)
-    assert not found, f"modules over {MAX_LINES} lines:\n" + "\n".join(found)
+def test_no_room_imports_a_room_that_imports_it_back() -> None:
+    circles = import_circles(room_graph(import_graph(ROOT / PACKAGE), PACKAGE))
+    assert not circles, "rooms importing each other:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_every_module_keeps_to_the_size_budget() -> None:
+    found = budget_problems(ROOT / PACKAGE)
+    assert not found, "\n".join(found)
+
+
+def test_the_top_level_keeps_at_most_its_share_of_modules() -> None:
+    found = top_modules(ROOT / PACKAGE)
+    assert len(found) <= TOP_MODULES, f"{len(found)} modules at brooq/: {found}"
 
 
 def test_the_claims_skip_locked_is_written_once() -> None:
@@ -386,16 +451,53 @@ def test_relative_imports_resolve_against_the_package(tmp_path: Path) -> None:
     assert import_circles(graph) == [["pkg.s.master", "pkg.w.child", "pkg.s.master"]]
 
 
-def test_a_long_module_is_named_with_its_count(tmp_path: Path) -> None:
+def test_the_budget_names_a_long_module_a_stale_reason_and_a_lone_small_one(
+    tmp_path: Path,
+) -> None:
+    body = '"""A module."""\n' + "x = 1\n" * 40
     top = write(
         tmp_path,
         {
             "pkg/__init__.py": "",
-            "pkg/short.py": "x = 1\n" * MAX_LINES,
-            "pkg/w/long.py": "x = 1\n" * (MAX_LINES + 1),
+            "pkg/fits.py": body,
+            "pkg/w/long.py": body + "x = 1\n" * 100,
+            "pkg/tiny.py": '"""Tiny."""\n',
+            "pkg/alone.py": '"""Tiny.\n\nStands alone: both processes import it."""\n',
         },
     )
-    assert long_modules(top) == [f"pkg/w/long.py: {MAX_LINES + 1} lines"]
+    assert budget_problems(top, {}, soft=100, small=30) == [
+        "pkg/tiny.py: 1 lines, and no 'Stands alone:' in its docstring",
+        "pkg/w/long.py: 141 lines, over 100 without a reason in LARGE",
+    ]
+    reasons = {"pkg/w/long.py": "read whole", "pkg/fits.py": "was long"}
+    assert budget_problems(top, reasons, soft=100, small=1) == [
+        "pkg/fits.py: 41 lines, within 100: take it out of LARGE"
+    ]
+
+
+def test_rooms_are_taken_whole_and_a_room_circle_is_named(tmp_path: Path) -> None:
+    top = write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.queue import Q\n",
+            "pkg/queue.py": "from pkg.producer.insert import f\n",
+            "pkg/job.py": "",
+            "pkg/producer/__init__.py": "",
+            "pkg/producer/insert.py": "from pkg.job import J\nfrom pkg.declare.rates import r\n",
+            "pkg/declare/__init__.py": "",
+            "pkg/declare/rates.py": "from pkg.job import J\n",
+            "pkg/declare/other.py": "",
+        },
+    )
+    rooms = room_graph(import_graph(top), "pkg")
+    assert rooms["pkg.producer"] == {"pkg.job", "pkg.declare"}
+    assert import_circles(rooms) == []
+    # no module circle, but the rooms import each other back
+    (top / "declare" / "other.py").write_text("from pkg.producer import insert\n")
+    assert import_circles(import_graph(top)) == []
+    assert import_circles(room_graph(import_graph(top), "pkg")) == [
+        ["pkg.declare", "pkg.producer", "pkg.declare"]
+    ]
 
 
 def test_the_claims_skip_locked_is_counted_outside_comments(tmp_path: Path) -> None:

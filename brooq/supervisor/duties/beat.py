@@ -29,9 +29,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from brooq import __version__
-from brooq.handlers import Handler
-from brooq.masters import MISSED_BEATS, Pair, pairs
-from brooq.rules.queues import worked_queues
+from brooq.declare.handlers import Handler
+from brooq.operator.masters import MISSED_BEATS, Pair, pairs
+from brooq.rules import worked_queues
 from brooq.settings import Settings
 from brooq.supervisor.connections import MASTER_LOCK_TIMEOUT_MS, Connections
 from brooq.supervisor.duties.scheduler import Counts
@@ -101,7 +101,7 @@ class Beat(Source):
         ]
         self._started = started.encode()
         # Each topic's limits (global_limit, the rates, the limits per group), for the
-        # readers that show them and what they hold back (brooq.masters).
+        # readers that show them and what they hold back (brooq.operator.masters).
         limits = {
             topic: {"queue": h.queue, **h.limits()}
             for topic, h in sorted(handlers.items())

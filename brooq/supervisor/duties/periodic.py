@@ -1,7 +1,7 @@
 """The periodic schedules, as a duty: every second, the first at once.
 
 Owns: enqueueing each schedule's due tick once across every master: the tick claimed in
-brooq_periodic and its job inserted (brooq.produce) in one transaction
+brooq_periodic and its job inserted (brooq.producer.produce) in one transaction
 (periodic_claim, periodic_set_job), and the warning of a master whose clock is ahead
 of the database's (ClockAhead). Must never wait: a database out of reach leaves the tick
 for the next pass. It is the one place the master calls application code: a schedule's
@@ -19,11 +19,11 @@ from typing import Any
 
 import psycopg
 
-from brooq import periodic as periodic_mod
-from brooq import produce
+from brooq.declare import periodic as periodic_mod
 from brooq.errors import BrooqError
 from brooq.metrics import Metrics
-from brooq.produce_steps import Handlers
+from brooq.producer import produce
+from brooq.producer.produce_steps import Handlers
 from brooq.settings import Settings
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.scheduler import Counts
@@ -59,7 +59,7 @@ class ClockAhead:
 
 
 class Periodic:
-    """Enqueue each schedule's due tick (brooq.periodic.due_tick), once across every
+    """Enqueue each schedule's due tick (brooq.declare.periodic.due_tick), once across every
     master: the tick is claimed in brooq_periodic and its job inserted, with the key
     periodic:<name>:<tick>, in one transaction on the maintenance connection.
 

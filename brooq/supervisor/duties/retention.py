@@ -54,7 +54,7 @@ class Retention:
         self.logged_at = 0.0
 
     def run_once(self, now: float) -> Counts:
-        # Stack requests a killed `brooq jobs stack` left behind (brooq.stacks), whatever
+        # Stack requests a killed `brooq jobs stack` left behind (brooq.producer.stacks), whatever
         # the jobs' retention.
         self.conns.with_db(
             "stack_requests", lambda conn: conn.execute(self.conns.q.stack_requests_expire)

@@ -2,6 +2,7 @@
 
 Owns: when to ping (brooq.supervisor.sdnotify sends it). Must never block: a ping that
 cannot be sent is lost, never waited for.
+Stands alone: each duty is a module of its own (brooq.supervisor.duties).
 """
 
 from __future__ import annotations

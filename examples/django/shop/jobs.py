@@ -24,7 +24,7 @@ queue = brooq.Queue()  # DATABASE_URL, the database Django uses
 
 
 @queue.middleware
-def django_connections(claim: brooq.Claim[Any], call_next: brooq.handlers.HandlerFn) -> Any:
+def django_connections(claim: brooq.Claim[Any], call_next: brooq.HandlerFn) -> Any:
     """What Django does around a request: drop a connection that is broken or older than
     CONN_MAX_AGE, so a long-lived worker never runs a job on a dead one."""
     close_old_connections()

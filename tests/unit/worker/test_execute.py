@@ -14,10 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import brooq
+from brooq import rules
+from brooq.declare.handlers import MAX_ATTEMPTS, Policy
 from brooq.durations import MAX_SECONDS
-from brooq.handlers import MAX_ATTEMPTS, Policy
 from brooq.job import AttemptTimeout, CancelJob, Delay, LeaseLost, PreserveAttempt
-from brooq.rules import backoff, errortext
 from brooq.worker import execute
 
 POLICY = Policy(
@@ -76,13 +76,13 @@ def test_a_long_message_is_bounded() -> None:
     assert outcome.error is not None
     assert outcome.error.startswith("ValueError: xxx")
     assert outcome.error.endswith("x ... [truncated]")
-    assert len(outcome.error) <= errortext.LAST_ERROR_MAX
+    assert len(outcome.error) <= rules.LAST_ERROR_MAX
 
 
 def test_a_bounded_message_is_at_most_the_limit() -> None:
     # It kept limit - 15 characters and added 16: one over the limit.
-    bounded = errortext.bounded("x" * 10_000)
-    assert len(bounded) == errortext.LAST_ERROR_MAX and bounded.endswith(" ... [truncated]")
+    bounded = rules.bounded("x" * 10_000)
+    assert len(bounded) == rules.LAST_ERROR_MAX and bounded.endswith(" ... [truncated]")
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3)])
@@ -219,7 +219,7 @@ def test_a_cause_cycle_ends_the_search() -> None:
 def test_decide_does_not_judge_the_attempts_left(attempts: int) -> None:
     outcome = execute.decide(_raised(ValueError("x")), attempts, POLICY, 0.0)
     assert outcome.kind == "failed" and not outcome.refund
-    assert outcome.delay == backoff.backoff_ceiling(attempts, 1.0, 60.0) / 2
+    assert outcome.delay == rules.backoff_ceiling(attempts, 1.0, 60.0) / 2
 
 
 @pytest.mark.parametrize("attempts", [1, POLICY.max_attempts, MAX_ATTEMPTS])
@@ -268,11 +268,11 @@ def test_the_failure_wait_lies_in_half_to_full_ceiling(
         backoff_base=base,
         backoff_max=maximum,
     )
-    ceiling = backoff.backoff_ceiling(attempts, base, maximum)
+    ceiling = rules.backoff_ceiling(attempts, base, maximum)
     for exc in (ValueError("x"), PreserveAttempt(), AttemptTimeout()):
         wait = execute.decide(_raised(exc), attempts, policy, draw).delay
         assert ceiling / 2 <= wait <= ceiling
-        assert wait == backoff.backoff(attempts, base, maximum, draw)
+        assert wait == rules.backoff(attempts, base, maximum, draw)
 
 
 def test_the_draw_moves_the_wait_from_half_to_full_ceiling() -> None:

@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from brooq.handlers import Policy
+from brooq.declare.handlers import Policy
 from brooq.job import Claim, LeaseLost
 from brooq.worker import interrupts
 from brooq.worker.state import ChildState

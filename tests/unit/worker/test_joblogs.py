@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
+from brooq.declare.handlers import KEEP_LOGS_BYTES, build
 from brooq.errors import InvalidSettings
-from brooq.handlers import KEEP_LOGS_BYTES, build
 from brooq.worker import joblogs
 
 

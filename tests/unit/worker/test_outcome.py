@@ -11,7 +11,7 @@ def test_a_refused_outcome_becomes_an_ascii_failed_attempt() -> None:
     import datetime
     import uuid as uuid_mod
 
-    from brooq.handlers import Policy
+    from brooq.declare.handlers import Policy
     from brooq.job import Claim
     from brooq.worker.outcome import refused_outcome
 

@@ -22,7 +22,7 @@ class Row(NamedTuple):
     available_at: datetime
 
 
-def handlers() -> dict[str, brooq.handlers.Handler]:
+def handlers() -> dict[str, brooq.declare.handlers.Handler]:
     q = brooq.Queue("postgresql://unused")
     q.handler("a.capped", global_limit=2)(print)
     q.handler("b.rated", rate_limit="20/s", global_limit=3)(print)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from brooq.handlers import build
-from brooq.rules.queues import worked_queues
+from brooq.declare.handlers import build
+from brooq.rules import worked_queues
 from brooq.worker.weights import RoundOrder
 
 # -- the rules, without a database ----------------------------------------------------------

@@ -12,8 +12,8 @@ import pytest
 
 import brooq
 from brooq import settings as settings_mod
+from brooq.declare.handlers import Handler
 from brooq.errors import InvalidSettings
-from brooq.handlers import Handler
 from brooq.settings import Settings
 from brooq.supervisor.duties.beat import AGAIN_AFTER, SWEEP_EVERY, Beat
 from brooq.supervisor.duties.scheduler import Scheduler

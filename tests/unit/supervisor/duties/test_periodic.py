@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import brooq
-from brooq.periodic import (
+from brooq.declare.periodic import (
     build_schedule,
 )
 from brooq.settings import load as load_settings

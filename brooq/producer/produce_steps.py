@@ -1,5 +1,5 @@
 """What an insert asks its driver to run: the steps an insert generator yields
-(brooq.produce drives them on a psycopg cursor, sync or async) and the rows they answer
+(brooq.producer.produce drives them on a psycopg cursor, sync or async) and the rows they answer
 with, the queue a job goes to, and the tags as COPY and arrays carry them.
 
 Owns: One, All, Keyed, Copy (and Steps, a generator of them), KeyedId, Handlers,
@@ -19,7 +19,7 @@ from brooq.job import DEFAULT_QUEUE, Job
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
 
-    from brooq.handlers import Handler
+    from brooq.declare.handlers import Handler
 
 R = TypeVar("R")
 

@@ -1,13 +1,13 @@
 """Waiting for a job's end: queue.wait and queue.wait_async.
 
 A waiter subscribes to its job on the Queue's one LISTEN connection in this process
-(brooq.wait_listener.OutcomeListener, on the direct ``listen_dsn``: LISTEN cannot go through a
-transaction pooler, docs/poolers.md), then flags the row as waited for (the trigger of
-migration 0006 then notifies its end) and reads it, on a pooled connection held for those
-two statements only: waiters add no connections and never hold one while they wait. It
-reads the row again on its notification, when the listener (re)starts listening, or when
-the poll interval (WAIT_POLL_FIRST doubling to WAIT_POLL_MAX) passes, the fallback for a
-notification missed.
+(brooq.producer.wait_listener.OutcomeListener, on the direct ``listen_dsn``: LISTEN
+cannot go through a transaction pooler, docs/poolers.md), then flags the row as waited
+for (the trigger of migration 0006 then notifies its end) and reads it, on a pooled
+connection held for those two statements only: waiters add no connections and never hold
+one while they wait. It reads the row again on its notification, when the listener
+(re)starts listening, or when the poll interval (WAIT_POLL_FIRST doubling to
+WAIT_POLL_MAX) passes, the fallback for a notification missed.
 
 A wait rides over a database it cannot reach for a while (a failover: the primary gone,
 a standby promoted; docs/how-to/high-availability.md): once it has read its row, a read
@@ -51,10 +51,10 @@ from brooq.errors import (
     WaitTimeout,
 )
 from brooq.job import TERMINAL_STATES, JobRecord
-from brooq.pools import Pools
+from brooq.producer.pools import Pools
+from brooq.producer.wait_listener import OutcomeListener, Subscription, async_waker
 from brooq.settings import Settings
 from brooq.sql import Queries, queries
-from brooq.wait_listener import OutcomeListener, Subscription, async_waker
 
 WAIT_POLL_FIRST = 0.1  # seconds: queue.wait's fallback poll, doubling...
 WAIT_POLL_MAX = 5.0  # ...to this

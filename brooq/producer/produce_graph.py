@@ -10,10 +10,10 @@ insert), the jobs with ``after`` held (available_at HELD, so that the insert's t
 wakes no child for a job that is to wait); one statement (job_after: migration 0013's
 brooq_job_after) writes the edges and moves the jobs that wait to ``waiting``, and a
 last one (job_after_release) gives them their available_at and wakes the children if
-one of them is ready now. brooq.produce_drive runs it all in one transaction: nothing
+one of them is ready now. brooq.producer.produce_drive runs it all in one transaction: nothing
 sees a job of the graph before its edges.
 
-Owns: ``insert_graph``, the check for cycles. Must never: do I/O (brooq.produce drives
+Owns: ``insert_graph``, the check for cycles. Must never: do I/O (brooq.producer.produce drives
 the steps), or write edges for a job that was not created (an idempotency key's earlier
 job keeps its own).
 """
@@ -29,7 +29,7 @@ from typing import Any
 from brooq.errors import InvalidAfter
 from brooq.job import Job
 from brooq.job_options import check_after
-from brooq.produce_steps import All, One, Steps
+from brooq.producer.produce_steps import All, One, Steps
 from brooq.sql import Queries
 
 Inserted = list[tuple[uuid.UUID, bool]]

@@ -16,11 +16,11 @@ costs one connect timeout, once.
 
 Owns: the pools' options (size, connect timeout, how long a caller waits, how long a
 series of reconnection attempts lasts, the pooler mode's connect arguments:
-brooq.pooler), the host each connection tries first, opening them
+brooq.db), the host each connection tries first, opening them
 (DatabaseUnavailable when the database cannot be reached), their fork and event-loop
 rules, the pooled connection and transaction a Queue hands out, and brooq's errors for
 their failures (brooq.db.database_error, the pool's timeout, a read-only server:
-brooq.standby).
+brooq.db).
 Must never: run a statement of its own, or keep a connection across fork().
 """
 
@@ -38,13 +38,11 @@ from typing import Any, Protocol
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from brooq.db import database_error, unavailable
+from brooq.db import connect_kwargs, database_error, read_only, unavailable
 from brooq.dsn import answered, attempt_timeout, preferred, timeout_kwargs
 from brooq.errors import BrooqError
-from brooq.poolcheck import check_connection, check_connection_async
-from brooq.pooler import connect_kwargs
+from brooq.producer.poolcheck import check_connection, check_connection_async
 from brooq.settings import Settings
-from brooq.standby import read_only
 
 # How long one series of the pools' reconnection attempts lasts. psycopg_pool retries a
 # failed connect after 1 s, then doubles the pause, without a ceiling, for
@@ -92,7 +90,7 @@ class Pools:
     def connect_kwargs(self) -> dict[str, Any]:
         """psycopg.connect's arguments for the Queue's connections on its dsn: the DSN's
         connect timeout, else brooq's (brooq.dsn.timeout_kwargs); behind a transaction
-        pooler, no prepared statements (brooq.pooler)."""
+        pooler, no prepared statements (brooq.db)."""
         owner = self._owner
         return {
             **timeout_kwargs(owner.dsn),

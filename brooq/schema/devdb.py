@@ -2,9 +2,9 @@
 .brooq/pg under the current directory. Used by `make db-up`, `make migrate-up` and
 `make run` when DATABASE_URL is not set.
 
-    python -m brooq.devdb start          # start it, print DATABASE_URL
-    python -m brooq.devdb stop
-    python -m brooq.devdb run -- CMD...  # run CMD with DATABASE_URL set
+    python -m brooq.schema.devdb start          # start it, print DATABASE_URL
+    python -m brooq.schema.devdb stop
+    python -m brooq.schema.devdb run -- CMD...  # run CMD with DATABASE_URL set
 
 Owns: starting, finding and stopping that local PostgreSQL for the Makefile's targets.
 Must never: be imported by brooq itself (it is a development tool), run SQL, or start a

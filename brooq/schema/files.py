@@ -133,7 +133,7 @@ def statements(text: str) -> list[str]:
 
 def migrations_dir() -> Path:
     """migrations/ inside the installed package, or at the root of a source checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # brooq/, installed or in a checkout
     for candidate in (here / "migrations", here.parent / "migrations"):
         if candidate.is_dir() and any(candidate.glob("*.sql")):
             return candidate

@@ -4,7 +4,7 @@ A version's row says 'applied', or, for a no-transaction file whose statements s
 part-way, 'applying' (its up part) or 'reverting' (its down part): brooq.migrate writes
 that state in the transaction of the first statement that changes the schema, so a
 row never says more than what is there. A version recorded as applied whose objects
-are not all there (what brooq.migration_files.leaves reads in the up parts: a revert
+are not all there (what brooq.schema.files.leaves reads in the up parts: a revert
 interrupted by an older brooq, a change made by hand) is damaged; ``up`` refuses both
 with the command that mends them.
 
@@ -26,7 +26,7 @@ import psycopg
 from psycopg.rows import class_row, scalar_row
 
 from brooq.errors import SchemaMissing
-from brooq.migration_files import Migration, leaves, load
+from brooq.schema.files import Migration, leaves, load
 from brooq.sql import Q, Queries, queries
 
 APPLIED, APPLYING, REVERTING = "applied", "applying", "reverting"

@@ -16,7 +16,7 @@ statement unnamed, still one round trip (docs/poolers.md).
 One thread at a time: a thread that finds the line busy is told so (``None``) and takes
 the pool instead, as does a job whose key conflicts (the pool's path looks the existing
 job up). The line opens on first use in a process, is forgotten unused after a fork (its
-socket is the parent's) and gets the pool's check before each use (brooq.poolcheck: a
+socket is the parent's) and gets the pool's check before each use (brooq.producer.poolcheck: a
 look at the socket, a round trip after ``IDLE_CHECK_S`` idle); a connection found broken
 is replaced, one lost during the statement is closed and the error raised (the caller
 cannot know whether the job was written: the same as any statement whose answer is lost).
@@ -26,7 +26,7 @@ Ctrl-C during an enqueue takes effect when the statement returns. An unkeyed INS
 waits on no row lock; a keyed one can wait for a concurrent transaction that inserted
 the same key, as it would through psycopg.
 
-Owns: that connection (refused when it reaches a standby: brooq.standby), its prepared
+Owns: that connection (refused when it reaches a standby: brooq.db), its prepared
 statement, the parameters in libpq's form and the reading of the answer.
 Must never: run a statement other than job_insert_one, the check and (on PostgreSQL 13)
 the look for a standby, be used by two threads at once, or keep its connection across
@@ -47,12 +47,11 @@ from typing import Any
 import psycopg
 from psycopg import errors, pq
 
-from brooq.db import open_connection
-from brooq.ids import uuid7_int, uuid_from_int
+from brooq.db import open_connection, read_only, refuse_standby
 from brooq.job import Job
-from brooq.poolcheck import suspect
+from brooq.producer.ids import uuid7_int, uuid_from_int
+from brooq.producer.poolcheck import suspect
 from brooq.sql import Queries
-from brooq.standby import read_only, refuse_standby
 
 # The prepared statement's name on the line's connection (brooq_ so it cannot clash with
 # psycopg's own _pg3_N names).
@@ -155,7 +154,7 @@ class EnqueueLine:
             conn = open_connection(self._dsn, autocommit=True, **self._kwargs)
             try:
                 # A standby (a DSN without target_session_attrs=read-write that landed on
-                # one) is said at once, with what to change: brooq.standby.
+                # one) is said at once, with what to change: brooq.db.
                 refuse_standby(conn)
                 if self._prepare:
                     result = conn.pgconn.prepare(STATEMENT, self._statement, _TYPES)

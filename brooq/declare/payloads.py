@@ -1,12 +1,13 @@
 """Typed payloads: from a handler's declared model (a dataclass or a pydantic model) to a
-checker of the JSON its jobs carry, and from a model instance back to JSON.
+checker of the JSON its jobs carry (a model instance back to JSON is brooq.encoding's
+`to_json`).
 
 Owns: `codec_for` (one `Codec` per typed topic, built once at registration: the field
-checkers, brooq.payload_checks's, are precomputed there, so `decode` only walks the
+checkers, brooq.declare.payload_checks's, are precomputed there, so `decode` only walks the
 value), a dataclass's own check, which annotations map to which checker and the refusal
 of the others (ValueError naming the field and the
 annotation; the caller prefixes the topic), the text of `PayloadMismatch`
-(``payload.user_id: expected int, got str (Signup)``), and `to_json`.
+(``payload.user_id: expected int, got str (Signup)``).
 
 Must never: import pydantic (an application that uses it has imported it: a class is a
 pydantic model iff ``"pydantic" in sys.modules`` and it subclasses its BaseModel), do
@@ -41,13 +42,11 @@ import dataclasses
 import sys
 import types
 import typing
-from typing import Any, Final, Literal, Union
+from typing import Any, Literal, Union
 
-from brooq.errors import InvalidPayload, PayloadMismatch
-from brooq.payload_checks import (
+from brooq.declare.payload_checks import (
     ANY,
     PLAIN,
-    SCALARS,
     Check,
     Mismatch,
     Spec,
@@ -60,10 +59,11 @@ from brooq.payload_checks import (
     union,
     wrong,
 )
+from brooq.encoding import pydantic_base
+from brooq.errors import PayloadMismatch
 
 # The payloads `brooq.Job` stores as they are: `to_json` (and Job before calling it)
 # answers them with one set lookup, since this is on the enqueue hot path.
-JSON_TYPES: Final = frozenset({dict, list, str, int, float, bool, type(None)})
 
 
 class _Shape:
@@ -245,17 +245,11 @@ def _pydantic_message(exc: Any, model: str) -> str:
     return f"payload{path}: {first['type']}: {first['msg']} ({model}){more}"
 
 
-def _pydantic_base() -> type | None:
-    module = sys.modules.get("pydantic")
-    base = getattr(module, "BaseModel", None)
-    return base if isinstance(base, type) else None
-
-
 def codec_for(model: object) -> Codec:
     """The codec of ``model``, a dataclass class or a pydantic BaseModel subclass.
     ValueError when it is neither, or when a field's annotation is not supported (the
     message names the field and the annotation; the caller prefixes the topic)."""
-    base = _pydantic_base()
+    base = pydantic_base()
     if base is not None and isinstance(model, type) and issubclass(model, base):
         error = sys.modules["pydantic"].ValidationError
         return _PydanticCodec(model, error)
@@ -271,66 +265,3 @@ def codec_for(model: object) -> Codec:
     except _FieldUnsupported as exc:
         raise ValueError(exc.message()) from None
     return _DataclassCodec(model, shape)
-
-
-# -- to JSON -----------------------------------------------------------------------------
-
-# Field names per dataclass (dataclasses.fields() is slow to call per instance).
-_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...] | None:
-    try:
-        return _FIELD_NAMES[cls]
-    except KeyError:
-        pass
-    names = (
-        tuple(field.name for field in dataclasses.fields(cls))
-        if dataclasses.is_dataclass(cls)
-        else None
-    )
-    _FIELD_NAMES[cls] = names
-    return names
-
-
-def _is_pydantic(value: object) -> bool:
-    base = _pydantic_base()
-    return base is not None and isinstance(value, base)
-
-
-def _convert(value: Any) -> Any:
-    cls = value.__class__
-    if cls in SCALARS:
-        return value
-    if cls is list or cls is tuple:
-        return [_convert(x) for x in value]
-    if cls is dict:
-        return {key: _convert(x) for key, x in value.items()}
-    names = _field_names(cls)
-    if names is not None:
-        # Every field, init=False ones too (as dataclasses.asdict): decode ignores them.
-        return {name: _convert(getattr(value, name)) for name in names}
-    if _is_pydantic(value):
-        return value.model_dump(mode="json")
-    return value  # left for encode_payload to accept or refuse
-
-
-def to_json(value: Any) -> Any:
-    """A dataclass or pydantic instance as a JSON-able value (nested dataclasses, and
-    lists and dicts of them, converted too); any other value unchanged. A plain dict
-    is not walked: only a model's fields are."""
-    if value.__class__ in JSON_TYPES:
-        return value
-    if _field_names(value.__class__) is None and not _is_pydantic(value):
-        return value
-    try:
-        return _convert(value)
-    except RecursionError:  # a dataclass holding itself
-        raise InvalidPayload("payload is nested too deeply to be encoded as JSON") from None
-
-
-def is_model_instance(value: Any) -> bool:
-    """Whether ``value`` is a dataclass instance or a pydantic model instance."""
-    if value.__class__ in JSON_TYPES:
-        return False
-    return _field_names(value.__class__) is not None or _is_pydantic(value)

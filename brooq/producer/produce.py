@@ -1,14 +1,14 @@
 """The producer side: put jobs into the job table, alone or inside the caller's transaction.
 
-Every function here takes a connection or cursor that the caller owns (brooq.targets says
+Every function here takes a connection or cursor that the caller owns (brooq.producer.targets says
 which); nothing is committed here but a graph's transaction on a connection in autocommit
-(brooq.produce_drive). Queue wraps these in a pooled connection and a
+(brooq.producer.produce_drive). Queue wraps these in a pooled connection and a
 transaction. The sync and the async forms share one logic: each insert is a generator
 (``_insert_one``, ``_insert_many``) that yields the statements it needs run (a Step of
-brooq.produce_steps) and is sent their answers, driven by brooq.produce_drive on a
+brooq.producer.produce_steps) and is sent their answers, driven by brooq.producer.produce_drive on a
 psycopg Cursor or an AsyncCursor; the drivers only do I/O, and run a graph's steps (jobs
 with after) in one transaction. A job with a unique_key, debounce or tags takes
-brooq.produce_options' steps; a plain job never does.
+brooq.producer.produce_options' steps; a plain job never does.
 
 Owns: the insert path (job_insert, job_insert_many, job_copy_*, the COPY of tagged jobs),
 the idempotency-key lookups after a conflict, and the checks a job passes before any I/O.
@@ -31,12 +31,12 @@ import psycopg
 
 from brooq.encoding import check_payload_size
 from brooq.errors import BrooqError, InvalidJob
-from brooq.ids import uuid7, uuid7_many
 from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, Job
-from brooq.produce_drive import drive, drive_async, drive_graph, drive_graph_async
-from brooq.produce_graph import insert_graph
-from brooq.produce_options import insert_with_options, key_holders, many_params
-from brooq.produce_steps import (
+from brooq.producer.ids import uuid7, uuid7_many
+from brooq.producer.produce_drive import drive, drive_async, drive_graph, drive_graph_async
+from brooq.producer.produce_graph import insert_graph
+from brooq.producer.produce_options import insert_with_options, key_holders, many_params
+from brooq.producer.produce_steps import (
     KEY_ROUNDS,
     All,
     Copy,
@@ -46,8 +46,8 @@ from brooq.produce_steps import (
     copy_rows,
     queue_of,
 )
+from brooq.producer.targets import AnyTarget, AsyncTarget, Target, resolve_target
 from brooq.sql import Q, Queries, queries
-from brooq.targets import AnyTarget, AsyncTarget, Target, resolve_target
 from brooq.tracing import publish, published, tracer
 
 
@@ -232,7 +232,7 @@ async def insert_many_checked_async(
 
 def _graph(checked: list[Job]) -> bool:
     """Whether a batch holds a job with after: its rows and edges then commit together
-    (brooq.produce_drive.drive_graph), in a transaction of brooq's own if need be."""
+    (brooq.producer.produce_drive.drive_graph), in a transaction of brooq's own if need be."""
     return any(job.after is not None for job in checked)
 
 
@@ -262,8 +262,8 @@ def _insert_one(
 ) -> Steps[tuple[uuid.UUID, bool]]:
     """One job: INSERT; on a key conflict, the id of the job holding the key (tried again
     if that job vanished meanwhile). A job with a unique_key, debounce or tags, or a
-    ``traceparent`` to store (brooq.tracing), takes brooq.produce_options' steps instead;
-    a job with after, brooq.produce_graph's."""
+    ``traceparent`` to store (brooq.tracing), takes brooq.producer.produce_options' steps instead;
+    a job with after, brooq.producer.produce_graph's."""
     if job.after is not None:
         return (yield from _insert_many([job], handlers, q, traceparent))[0]
     if job.unique_key is not None or job.tags is not None or traceparent is not None:
@@ -289,8 +289,8 @@ def _insert_many(
 ) -> Steps[list[tuple[uuid.UUID, bool]]]:
     """Jobs without keys cannot conflict: COPY them (with their tags, if any has some).
     With keys, one INSERT, then one lookup of the jobs holding the keys that were taken.
-    A batch holding a debounced job goes job by job, in order (brooq.produce_options); a
-    batch holding a job with after is inserted so, then its edges (brooq.produce_graph).
+    A batch holding a debounced job goes job by job, in order (brooq.producer.produce_options); a
+    batch holding a job with after is inserted so, then its edges (brooq.producer.produce_graph).
     A batch with a ``traceparent`` takes the INSERT of job_insert_many_options_traced."""
     if _graph(checked):
         batch = partial(_insert_batch, handlers=handlers, q=q, traceparent=traceparent)

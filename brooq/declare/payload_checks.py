@@ -1,6 +1,6 @@
-"""The checkers of typed payloads, one per annotation: how brooq.payloads checks a JSON
+"""The checkers of typed payloads, one per annotation: how brooq.declare.payloads checks a JSON
 value against int, float, str, bool, None, Any, Literal[...], unions, list[T] and
-dict[str, T] (a dataclass's own check is brooq.payloads'), and how a refusal is worded.
+dict[str, T] (a dataclass's own check is brooq.declare.payloads'), and how a refusal is worded.
 
 Owns: `Spec` (a check and the words for what it expects), the exact-type rule (a JSON
 value is checked by its class: ``int`` refuses ``bool``, ``float`` takes an int), the

@@ -11,7 +11,7 @@ No lost wake-up: a waiter subscribes before it flags and reads its row, and clea
 wake-up before each read. A notification for its job wakes it; so does every successful
 LISTEN (the first one, and each after the connection was lost), because notifications
 sent before it may not have reached us: each waiter then reads its row again. A waiter
-also polls (brooq.job_wait's backoff), so a listener that cannot reconnect costs latency only.
+also polls (brooq.producer.wait's backoff), so a listener that cannot reconnect costs latency only.
 The first connection failing is the waiters' error (DatabaseUnavailable): those that
 never saw the listener listening are told, and a new subscriber makes a listener that is
 waiting to reconnect try at once.
@@ -20,7 +20,7 @@ The thread and its connection live while someone waits, and LINGER seconds after
 last one left (a process that waits often does not reconnect for each call); then the
 thread closes the connection and ends. Waking an asyncio waiter goes through its loop's
 ``call_soon_threadsafe`` (``async_waker``), so one listener serves every thread and every
-event loop of the process. brooq.job_wait drops its listener unused in a fork's child (the
+event loop of the process. brooq.producer.wait drops its listener unused in a fork's child (the
 thread does not exist there and the socket is the parent's; psycopg closes nothing it
 did not open in this process).
 

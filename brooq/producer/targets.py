@@ -11,7 +11,7 @@ psycopg connection of a framework's object, and the cursor brooq's statements ru
 Must never: commit, roll back or change the caller's connection (its row_factory
 included: statements run on a cursor of their own); import Django or SQLAlchemy (an
 object is one of theirs only if its module is already in ``sys.modules``, as
-brooq/payloads.py finds pydantic).
+brooq/declare/payloads.py finds pydantic).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ AnyTarget = Target | object
 
 def cursor(target: Target) -> psycopg.Cursor[Any]:
     """A new cursor on the caller's connection, so in the caller's transaction, that
-    returns the id column itself (scalar_row: every statement of brooq.produce answers
+    returns the id column itself (scalar_row: every statement of brooq.producer.produce answers
     ids) whatever row_factory the caller chose (dict_row, class_row, ...) and whatever
     kind of cursor was passed (a server-side one cannot run an INSERT)."""
     conn = target if isinstance(target, psycopg.Connection) else target.connection

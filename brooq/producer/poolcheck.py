@@ -13,7 +13,7 @@ firewall that dropped an idle connection without a word is still caught by the r
 trip, as before, before a job's INSERT could meet it.
 
 Owns: that check, for the sync and the async pool and Queue.enqueue's own connection
-(brooq.enqueue_line), with the poll object on each connection's socket made once.
+(brooq.producer.line), with the poll object on each connection's socket made once.
 Must never: run a statement on a connection it has not found suspect, or read what the
 socket holds (the full check does, and the pool drops a connection that fails it).
 """
@@ -46,7 +46,7 @@ _IDLE = int(pq.TransactionStatus.IDLE)
 
 def suspect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """True when the connection needs the full check before it is used (the pools'
-    checkout, and Queue.enqueue's own connection, brooq.enqueue_line)."""
+    checkout, and Queue.enqueue's own connection, brooq.producer.line)."""
     now = time.monotonic()
     seen = _handed_out.get(conn)
     pgconn = conn.pgconn

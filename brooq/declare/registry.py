@@ -2,8 +2,8 @@
 settings and connection strings as given (resolved on first read). brooq.Queue is one;
 the master reads these to run it.
 
-Owns: registering handlers (brooq.handlers builds them), middleware and schedules
-(brooq.periodic), the unknown-setting check, and resolving the DSNs and settings late
+Owns: registering handlers (brooq.declare.handlers builds them), middleware and schedules
+(brooq.declare.periodic), the unknown-setting check, and resolving the DSNs and settings late
 (defaults < QUEUE_* environment < Queue(**settings)).
 Must never: open a connection or do other I/O (brooq.Queue does, on what is declared here).
 """
@@ -13,14 +13,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from brooq.db import need_direct
+from brooq.declare.handlers import (
+    Handler,
+    HandlerFn,
+    Middleware,
+    RetryPolicy,
+    build,
+    callable_problem,
+)
+from brooq.declare.periodic import JobSpec, Schedule, build_schedule
+from brooq.declare.rates import Rate
 from brooq.dsn import resolve, resolve_listen
 from brooq.durations import Duration
 from brooq.errors import BrooqError, InvalidSettings, PoolerMismatch
-from brooq.handlers import Handler, HandlerFn, Middleware, RetryPolicy, build, callable_problem
 from brooq.job import DEFAULT_QUEUE
-from brooq.periodic import JobSpec, Schedule, build_schedule
-from brooq.pooler import need_direct
-from brooq.rates import Rate
 from brooq.settings import FIELDS, Settings, load
 from brooq.sql import Queries, queries
 

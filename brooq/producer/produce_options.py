@@ -1,5 +1,5 @@
 """The insert steps of a job with a unique_key, debounce or tags (brooq.job_options), for
-brooq.produce's drivers; a plain job never comes here.
+brooq.producer.produce's drivers; a plain job never comes here.
 
 - A unique_key (or tags) without debounce: one INSERT ... ON CONFLICT DO NOTHING (any
   unique index: the idempotency key's or job_unique_key_idx), then, when nothing was
@@ -11,7 +11,7 @@ brooq.produce's drivers; a plain job never comes here.
   conflicted are looked up by idempotency key, then by unique key.
 
 Owns: these steps and their parameters.
-Must never: do I/O (brooq.produce's drivers do), or take the plain job's path's place.
+Must never: do I/O (brooq.producer.produce's drivers do), or take the plain job's path's place.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from brooq.errors import BrooqError
 from brooq.job import Job
-from brooq.produce_steps import KEY_ROUNDS, Keyed, KeyedId, One, Steps, tags_literal
+from brooq.producer.produce_steps import KEY_ROUNDS, Keyed, KeyedId, One, Steps, tags_literal
 from brooq.sql import Queries
 
 

@@ -1,4 +1,4 @@
-"""The drivers of brooq.produce's insert generators: the I/O, and nothing else but the
+"""The drivers of brooq.producer.produce's insert generators: the I/O, and nothing else but the
 transaction a graph needs.
 
 ``drive`` runs the steps on a cursor of the caller's connection (``drive_async`` on an
@@ -30,11 +30,10 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import class_row
 
-from brooq.db import schema_missing
+from brooq.db import read_only, schema_missing
 from brooq.errors import EnqueueDeadlock, InvalidAfter
-from brooq.produce_steps import Copy, Keyed, KeyedId, One, R, Steps
-from brooq.standby import read_only
-from brooq.targets import AsyncTarget, Target, async_cursor, cursor
+from brooq.producer.produce_steps import Copy, Keyed, KeyedId, One, R, Steps
+from brooq.producer.targets import AsyncTarget, Target, async_cursor, cursor
 
 # A graph's transaction, run again after a deadlock: each round found workers ending
 # the jobs it names at that moment; the next one waits for them instead.

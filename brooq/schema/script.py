@@ -12,7 +12,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from brooq.errors import MigrationError
-from brooq.migration_files import Migration, load, statements
+from brooq.schema.files import Migration, load, statements
 from brooq.sql import Q, validate_schema
 
 

@@ -2,10 +2,10 @@
 
 Owns: what ``@queue.handler(topic, ...)`` accepts and refuses (all problems reported
 together, each prefixed with the topic), the Policy a topic runs under once the
-queue's settings fill the options left unset (brooq.limits orders and caps the limits),
+queue's settings fill the options left unset (brooq.settings orders and caps the limits),
 and a topic's fleet-wide limits as the master publishes them (``Handler.limits``; what a
-rate is and accepts is brooq.rates').
-Must never: do I/O, run a handler, or word the limits' ordering itself (brooq.limits does,
+rate is and accepts is brooq.declare.rates').
+Must never: do I/O, run a handler, or word the limits' ordering itself (brooq.settings does,
 for settings too).
 """
 
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from brooq.declare.payloads import Codec, codec_for
+from brooq.declare.rates import Rate, parse_rate
 from brooq.durations import Duration, to_seconds, too_long
 from brooq.errors import InvalidJob, InvalidSettings
 from brooq.job import DEFAULT_QUEUE, validate_queue, validate_topic
-from brooq.limits import NAMES, ordering_problems, resolve
-from brooq.payloads import Codec, codec_for
-from brooq.rates import Rate, parse_rate
+from brooq.settings import NAMES, ordering_problems, resolve
 
 if TYPE_CHECKING:
     from brooq.job import Claim
@@ -103,7 +103,7 @@ class Handler:
 
     def policy(self, settings: Settings) -> Policy:
         """The options given at registration, the queue's settings for the others (a
-        default capped so that it never contradicts a value given: brooq.limits.resolve)."""
+        default capped so that it never contradicts a value given: brooq.settings.resolve)."""
         given = {name: getattr(self, name) for name in _LIMITS}
         defaults = {name: getattr(settings, name) for name in _LIMITS}
         max_attempts = settings.max_attempts if self.max_attempts is None else self.max_attempts

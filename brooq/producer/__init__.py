@@ -1,0 +1,21 @@
+"""The producer: putting jobs into the table and waiting for what became of them.
+
+Runs in any process that enqueues (a web request, a script, the CLI, a handler chaining a
+job) and in no process brooq forks for itself, but the master's periodic duty. Imports the
+vocabulary below it (``brooq.job``, ``brooq.db``, ``brooq.sql``) and never the master or a
+child.
+
+- `produce`: enqueue one or many (COPY), in the caller's transaction or not
+- `produce_steps`: the steps an insert yields and the rows they answer
+- `produce_options`: the steps of a job with a unique_key, debounce or tags
+- `produce_graph`: the steps of a batch with jobs that wait for others (`after`)
+- `produce_drive`: the drivers that run an insert's steps, and the transaction brooq opens
+- `line`: the connection `Queue.enqueue` keeps for itself, its INSERT prepared once
+- `pools`: a Queue's sync and async pools, opened late, forgotten in a fork's child
+- `poolcheck`: the check a pooled connection passes on checkout
+- `targets`: what a caller's transaction may be (psycopg, Django, SQLAlchemy)
+- `ids`: the UUIDv7 ids a producer gives its jobs
+- `wait`: `queue.wait` and `wait_async`
+- `wait_listener`: the one LISTEN connection every waiter of a Queue shares
+- `stacks`: a running job's stack asked for and answered through PostgreSQL
+"""
