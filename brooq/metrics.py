@@ -14,10 +14,27 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from brooq.ipc.reasons import DRAIN, DRAIN_TIMEOUT, KilledLabel, RestartReason
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge, Histogram
+
+GaugeMode = Literal[
+    "all",
+    "liveall",
+    "min",
+    "livemin",
+    "max",
+    "livemax",
+    "sum",
+    "livesum",
+    "mostrecent",
+    "livemostrecent",
+]
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -73,133 +90,220 @@ RETURNED = ("sibling_killed", "suspect", "returned")
 _BUCKETS_BYTES = tuple(float(2**n) * 1024 * 1024 for n in range(4, 15))  # 16 MiB .. 16 GiB
 
 
-class Metrics:
-    def __init__(self) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+@dataclass(frozen=True)
+class Metric:
+    """One metric of the table: the attribute of Metrics that holds it, its Prometheus
+    name, kind (counter, gauge or histogram), help text and label names; a histogram's
+    buckets; a gauge's multiprocess_mode (how the children's values are merged)."""
 
-        self.claims = Counter("brooq_claims_total", "Jobs claimed", ["topic"])
-        self.outcomes = Counter(
-            "brooq_outcomes_total",
-            "Outcomes written, by topic and outcome (done, failed, dead, canceled)",
-            ["topic", "outcome"],
-        )
-        self.attempt_duration = Histogram(
-            "brooq_attempt_duration_seconds",
-            "Wall time of one attempt",
-            ["topic"],
-            buckets=_BUCKETS_SECONDS,
-        )
-        self.attempt_cpu = Histogram(
-            "brooq_attempt_cpu_seconds",
-            "CPU time (user+system) of one attempt",
-            ["topic"],
-            buckets=_BUCKETS_SECONDS,
-        )
-        self.attempt_rss = Histogram(
-            "brooq_attempt_peak_rss_bytes",
-            "Peak resident memory of the child after an attempt",
-            ["topic"],
-            buckets=_BUCKETS_BYTES,
-        )
-        self.busy = Gauge(
-            "brooq_children_busy", "Children running a job", multiprocess_mode="livesum"
-        )
-        # One series per live child (its pid label): how many jobs it runs now, 0 or 1 for
-        # a sync child, up to --concurrency for an async one. Summed: jobs running.
-        self.child_jobs = Gauge(
-            "brooq_child_jobs_running",
-            "Jobs a child is running now (one series per child, label pid)",
-            multiprocess_mode="liveall",
-        )
-        self.jobs_returned = Counter(
-            "brooq_jobs_returned_total",
-            "Jobs the master gave back with the attempt refunded after their child ended, "
-            "by why (sibling_killed: another job got the child killed; suspect: the child "
-            "died with jobs in flight and no culprit; returned: drain timeout, stall)",
-            ["reason"],
-        )
-        self.configured = Gauge(
-            "brooq_children_configured",
-            "Children the master keeps",
-            multiprocess_mode="livemax",
-        )
-        self.killed = Counter(
-            "brooq_children_killed_total",
-            "Children killed by the master (max_execution_timeout, hung after lease lost, "
-            "loop_blocked, stalled, drain timeout)",
-            ["reason"],
-        )
-        self.restarts = Counter(
-            "brooq_child_restarts_total",
-            "Children replaced, by why the old one ended",
-            ["reason"],
-        )
-        self.lease_lost = Counter(
-            "brooq_lease_lost_total", "Jobs whose lease was lost while running", ["topic"]
-        )
-        self.reaped = Counter(
-            "brooq_reaped_total", "Jobs returned to pending by the reaper", ["topic"]
-        )
-        self.retention_deleted = Counter(
-            "brooq_retention_deleted_total", "Terminal jobs deleted by retention", ["topic"]
-        )
-        self.periodic_enqueued = Counter(
-            "brooq_periodic_enqueued_total",
-            "Periodic ticks enqueued, by schedule (counted by the master that won the tick)",
-            ["name"],
-        )
-        # One label set per (queue, topic) that holds jobs or has a handler: queues x
-        # topics at most, 5 series per pair. A pair whose jobs are gone reads 0.
-        self.jobs = Gauge(
-            "brooq_jobs",
-            "Jobs by topic, state (waiting, the active states and dead) and queue, from the table",
-            ["topic", "state", "queue"],
-            multiprocess_mode="mostrecent",
-        )
-        self.oldest_ready = Gauge(
-            "brooq_ready_oldest_age_seconds",
-            "Age of the oldest ready job not held back by a limit, by topic and queue "
-            "(0 when none)",
-            ["topic", "queue"],
-            multiprocess_mode="mostrecent",
-        )
-        # Ready jobs a topic's limits hold back now (its global_limit or rate_limit, or
-        # their group's group_limit or group_rate_limit): waiting their turn, not stuck;
-        # brooq_ready_oldest_age_seconds leaves them out.
-        self.held = Gauge(
-            "brooq_jobs_held",
-            "Ready jobs held back by their topic's limits now (rate, group or global), "
-            "by topic and queue",
-            ["topic", "queue"],
-            multiprocess_mode="mostrecent",
-        )
-        # Ready jobs nothing will run (brooq.supervisor.unhandled): a misspelt topic, a
-        # queue nobody works. 0 once handled again.
-        self.unhandled = Gauge(
-            "brooq_jobs_unhandled",
-            "Ready jobs whose queue and topic no live master handles, by topic and queue",
-            ["topic", "queue"],
-            multiprocess_mode="mostrecent",
-        )
-        # The table's upkeep: what a big table needs watching for.
-        self.dead_tuples = Gauge(
-            "brooq_table_dead_tuples",
-            "Dead tuples in the job table (pg_stat estimate; vacuum reclaims them)",
-            multiprocess_mode="mostrecent",
-        )
-        self.xid_age = Gauge(
-            "brooq_table_xid_age",
-            "Age in transactions of the job table's oldest unfrozen transaction ID",
-            multiprocess_mode="mostrecent",
-        )
-        # What holds the cleanup of those dead tuples back (brooq.operator.snapshots):
-        # the oldest snapshot of the database, a standby's feedback, a slot, a prepared
-        # transaction; 0 when none.
-        self.oldest_snapshot = Gauge(
-            "brooq_oldest_snapshot_age_seconds",
-            "Age of the oldest snapshot holding back the job table's cleanup (0 when none)",
-            multiprocess_mode="mostrecent",
-        )
+    attr: str
+    name: str
+    kind: Literal["counter", "gauge", "histogram"]
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    mode: GaugeMode = "all"
+
+
+TABLE = (
+    Metric("claims", "brooq_claims_total", "counter", "Jobs claimed", ("topic",)),
+    Metric(
+        "outcomes",
+        "brooq_outcomes_total",
+        "counter",
+        "Outcomes written, by topic and outcome (done, failed, dead, canceled)",
+        ("topic", "outcome"),
+    ),
+    Metric(
+        "attempt_duration",
+        "brooq_attempt_duration_seconds",
+        "histogram",
+        "Wall time of one attempt",
+        ("topic",),
+        buckets=_BUCKETS_SECONDS,
+    ),
+    Metric(
+        "attempt_cpu",
+        "brooq_attempt_cpu_seconds",
+        "histogram",
+        "CPU time (user+system) of one attempt",
+        ("topic",),
+        buckets=_BUCKETS_SECONDS,
+    ),
+    Metric(
+        "attempt_rss",
+        "brooq_attempt_peak_rss_bytes",
+        "histogram",
+        "Peak resident memory of the child after an attempt",
+        ("topic",),
+        buckets=_BUCKETS_BYTES,
+    ),
+    Metric("busy", "brooq_children_busy", "gauge", "Children running a job", mode="livesum"),
+    # One series per live child (its pid label): how many jobs it runs now, 0 or 1 for
+    # a sync child, up to --concurrency for an async one. Summed: jobs running.
+    Metric(
+        "child_jobs",
+        "brooq_child_jobs_running",
+        "gauge",
+        "Jobs a child is running now (one series per child, label pid)",
+        mode="liveall",
+    ),
+    Metric(
+        "jobs_returned",
+        "brooq_jobs_returned_total",
+        "counter",
+        "Jobs the master gave back with the attempt refunded after their child ended, "
+        "by why (sibling_killed: another job got the child killed; suspect: the child "
+        "died with jobs in flight and no culprit; returned: drain timeout, stall)",
+        ("reason",),
+    ),
+    Metric(
+        "configured",
+        "brooq_children_configured",
+        "gauge",
+        "Children the master keeps",
+        mode="livemax",
+    ),
+    Metric(
+        "killed",
+        "brooq_children_killed_total",
+        "counter",
+        "Children killed by the master (max_execution_timeout, hung after lease lost, "
+        "loop_blocked, stalled, drain timeout)",
+        ("reason",),
+    ),
+    Metric(
+        "restarts",
+        "brooq_child_restarts_total",
+        "counter",
+        "Children replaced, by why the old one ended",
+        ("reason",),
+    ),
+    Metric(
+        "lease_lost",
+        "brooq_lease_lost_total",
+        "counter",
+        "Jobs whose lease was lost while running",
+        ("topic",),
+    ),
+    Metric(
+        "reaped",
+        "brooq_reaped_total",
+        "counter",
+        "Jobs returned to pending by the reaper",
+        ("topic",),
+    ),
+    Metric(
+        "retention_deleted",
+        "brooq_retention_deleted_total",
+        "counter",
+        "Terminal jobs deleted by retention",
+        ("topic",),
+    ),
+    Metric(
+        "periodic_enqueued",
+        "brooq_periodic_enqueued_total",
+        "counter",
+        "Periodic ticks enqueued, by schedule (counted by the master that won the tick)",
+        ("name",),
+    ),
+    # One label set per (queue, topic) that holds jobs or has a handler: queues x
+    # topics at most, 5 series per pair. A pair whose jobs are gone reads 0.
+    Metric(
+        "jobs",
+        "brooq_jobs",
+        "gauge",
+        "Jobs by topic, state (waiting, the active states and dead) and queue, from the table",
+        ("topic", "state", "queue"),
+        mode="mostrecent",
+    ),
+    Metric(
+        "oldest_ready",
+        "brooq_ready_oldest_age_seconds",
+        "gauge",
+        "Age of the oldest ready job not held back by a limit, by topic and queue (0 when none)",
+        ("topic", "queue"),
+        mode="mostrecent",
+    ),
+    # Ready jobs a topic's limits hold back now (its global_limit or rate_limit, or
+    # their group's group_limit or group_rate_limit): waiting their turn, not stuck;
+    # brooq_ready_oldest_age_seconds leaves them out.
+    Metric(
+        "held",
+        "brooq_jobs_held",
+        "gauge",
+        "Ready jobs held back by their topic's limits now (rate, group or global), "
+        "by topic and queue",
+        ("topic", "queue"),
+        mode="mostrecent",
+    ),
+    # Ready jobs nothing will run (brooq.supervisor.unhandled): a misspelt topic, a
+    # queue nobody works. 0 once handled again.
+    Metric(
+        "unhandled",
+        "brooq_jobs_unhandled",
+        "gauge",
+        "Ready jobs whose queue and topic no live master handles, by topic and queue",
+        ("topic", "queue"),
+        mode="mostrecent",
+    ),
+    # The table's upkeep: what a big table needs watching for.
+    Metric(
+        "dead_tuples",
+        "brooq_table_dead_tuples",
+        "gauge",
+        "Dead tuples in the job table (pg_stat estimate; vacuum reclaims them)",
+        mode="mostrecent",
+    ),
+    Metric(
+        "xid_age",
+        "brooq_table_xid_age",
+        "gauge",
+        "Age in transactions of the job table's oldest unfrozen transaction ID",
+        mode="mostrecent",
+    ),
+    # What holds the cleanup of those dead tuples back (brooq.operator.snapshots):
+    # the oldest snapshot of the database, a standby's feedback, a slot, a prepared
+    # transaction; 0 when none.
+    Metric(
+        "oldest_snapshot",
+        "brooq_oldest_snapshot_age_seconds",
+        "gauge",
+        "Age of the oldest snapshot holding back the job table's cleanup (0 when none)",
+        mode="mostrecent",
+    ),
+)
+
+
+class Metrics:
+    """Every metric of TABLE, each under its attr."""
+
+    claims: Counter
+    outcomes: Counter
+    attempt_duration: Histogram
+    attempt_cpu: Histogram
+    attempt_rss: Histogram
+    busy: Gauge
+    child_jobs: Gauge
+    jobs_returned: Counter
+    configured: Gauge
+    killed: Counter
+    restarts: Counter
+    lease_lost: Counter
+    reaped: Counter
+    retention_deleted: Counter
+    periodic_enqueued: Counter
+    jobs: Gauge
+    oldest_ready: Gauge
+    held: Gauge
+    unhandled: Gauge
+    dead_tuples: Gauge
+    xid_age: Gauge
+    oldest_snapshot: Gauge
+
+    def __init__(self) -> None:
+        for metric in TABLE:
+            setattr(self, metric.attr, _create(metric))
 
     def zero(self, topics: Iterable[str]) -> None:
         """The counters' series whose labels are known in advance, written at 0 by the
@@ -220,6 +324,16 @@ class Metrics:
             self.claims.labels(topic)
             for outcome in OUTCOMES:
                 self.outcomes.labels(topic, outcome)
+
+
+def _create(metric: Metric) -> Counter | Gauge | Histogram:
+    from prometheus_client import Counter, Gauge, Histogram
+
+    if metric.kind == "counter":
+        return Counter(metric.name, metric.help, metric.labels)
+    if metric.kind == "histogram":
+        return Histogram(metric.name, metric.help, metric.labels, buckets=metric.buckets)
+    return Gauge(metric.name, metric.help, metric.labels, multiprocess_mode=metric.mode)
 
 
 def render(path: Path) -> bytes:

@@ -76,6 +76,12 @@ WATCHDOG_TICK = 0.1
 
 
 class Master:
+    """One master. Its three DSNs: ``dsn``, the children's (through a pooler, maybe);
+    ``listen_dsn``, the master's own connections and the status page's, direct
+    (docs/poolers.md); ``read_dsn``, where the status page reads
+    (QUEUE_READ_DATABASE_URL: a standby, say; None: the listen_dsn), never used by the
+    master itself."""
+
     def __init__(
         self,
         queue: Queue,
@@ -93,39 +99,47 @@ class Master:
     ) -> None:
         self.app_spec = app_spec
         self.settings = settings
-        self.dsn = dsn  # the children's (through a pooler, maybe)
-        # The master's own connections and the status page's: direct (docs/poolers.md).
+        self.dsn = dsn
         self.listen_dsn = listen_dsn or dsn
-        # Where the status page reads (QUEUE_READ_DATABASE_URL): a standby, say. None:
-        # the listen_dsn. The master itself never uses it.
         self.read_dsn = read_dsn
         self.drain_deadline = 0.0
         self.notifier = Notifier()
         self.ready_sent = False
-        self.metrics = metrics_mod.Metrics() if metrics_dir is not None else None
-        if self.metrics is not None:
-            self.metrics.zero(queue.handlers)
+        self.metrics = _build_metrics(queue, metrics_dir)
         self.admin_token = admin_token
-        # Read again on SIGHUP and when the file changes: a new token signs everyone out.
-        self.token_watch = (
-            TokenWatch(admin_token_file, admin_token, time.monotonic())
-            if admin_token_file is not None
-            else None
-        )
+        self.token_watch = _watch_token(admin_token_file, admin_token)
         self.ops: OpsServer | None = None
         self.pages: PageKeeper | None = None
         self.signals = SignalPipe(self._handle_signals)
         # What the loop waits on, in the order served (set in run, before any fork).
         self.sources: list[Source] = []
-        self.conns = Connections(
+        self.conns = self._open_connections(schema_verified)
+        self.accounting = self._build_accounting(queue)
+        self.fleet = Fleet(self._fork_spec(queue, baseline), self.accounting, self._own_fds)
+        self.enforcer = Enforcer(self.fleet, self.conns, settings, self.metrics)
+        self.admin = Admin(self.fleet, self.conns, metrics_dir)
+        self._build_off_loop_duties(queue)
+        self.scheduler = Scheduler(self._build_duties(queue), time.monotonic())
+        self.schedule_count = len(queue.schedules)
+
+    # -- the parts, built once, before any fork ----------------------------------------------
+
+    def _open_connections(self, schema_verified: bool) -> Connections:
+        """The master's own connections (listen, maintenance), on the listen_dsn."""
+        conns = Connections(
             self.listen_dsn,
-            schema=settings.schema,
+            schema=self.settings.schema,
             schema_verified=schema_verified,
             wake=lambda: self.fleet.wake_idle(),
             reconnected=self._renew_now,
         )
-        self.conns.stack_requested = self._stack_requested
-        self.accounting = Accounting(
+        conns.stack_requested = self._stack_requested
+        return conns
+
+    def _build_accounting(self, queue: Queue) -> Accounting:
+        """The settlement of the children's outcomes, with each topic's retry policy."""
+        settings = self.settings
+        return Accounting(
             self.conns,
             {t: h.policy(settings) for t, h in queue.handlers.items()},
             Policy(
@@ -138,36 +152,40 @@ class Master:
             self.metrics,
             settings.max_lease_expiries,
         )
-        spec = ForkSpec(
-            dsn,
-            settings,
+
+    def _fork_spec(self, queue: Queue, baseline: frozenset[str]) -> ForkSpec:
+        """What every child is forked with."""
+        return ForkSpec(
+            self.dsn,
+            self.settings,
             queue.handlers,
-            app_spec,
+            self.app_spec,
             baseline,
             self.metrics,
             tuple(queue.middlewares),
             tuple(queue.child_start_hooks),
         )
-        self.fleet = Fleet(spec, self.accounting, self._own_fds)
-        self.enforcer = Enforcer(self.fleet, self.conns, settings, self.metrics)
-        self.admin = Admin(self.fleet, self.conns, metrics_dir)
+
+    def _build_off_loop_duties(self, queue: Queue) -> None:
+        """The duties that are also sources of the loop, and what they share: the count
+        (self.stats), this master's beat (self.beat), the handler options (self.options),
+        the leftovers of dead children (self.leftovers) and the VACUUM (self.vacuum)."""
+        settings, handlers = self.settings, queue.handlers
         # The count of the jobs runs off the loop, on a connection of its own.
         self.stats = Stats(
             self.conns,
-            {t: h.queue for t, h in queue.handlers.items()},
+            {t: h.queue for t, h in handlers.items()},
             settings,
             self.metrics,
             dsn=self.listen_dsn,
-            limited=any(h.limits() for h in queue.handlers.values()),
+            limited=any(h.limits() for h in handlers.values()),
         )
         # This master's row in brooq_master, and the ready jobs no live master handles.
-        self.beat = Beat(
-            self.conns, self.fleet, app_spec, queue.handlers, settings, self.listen_dsn
-        )
+        self.beat = Beat(self.conns, self.fleet, self.app_spec, handlers, settings, self.listen_dsn)
         self.fleet.changed = self._children_changed
         # Its handler options, from the children after a reload (brooq.supervisor.options).
         self.options = HandlerOptions(
-            self.fleet, self.accounting, self.beat, self.stats, settings, queue.handlers
+            self.fleet, self.accounting, self.beat, self.stats, settings, handlers
         )
         # What a dead child's claim committed after its death (brooq.supervisor.leftovers).
         self.leftovers = Leftovers(
@@ -179,6 +197,13 @@ class Master:
             follow=settings.pooler == NONE,
         )
         self.stats.unhandled = Unhandled(self.beat.live_pairs, self.metrics)
+        self.vacuum = Vacuum(
+            self.conns, self.listen_dsn, settings.vacuum_dead_tuples, settings.vacuum_period
+        )
+
+    def _build_duties(self, queue: Queue) -> list[Duty]:
+        """What the scheduler runs when due, in this order."""
+        settings = self.settings
         duties: list[Duty] = [SdWatchdog(self.notifier)] if self.notifier.watchdog_period else []
         duties += [
             Reconnect(self.conns, self.accounting),
@@ -189,9 +214,6 @@ class Master:
             SnapshotWatch(self.conns, settings.snapshot_warn, self.metrics),
             Retention(self.conns, settings, self.metrics),
         ]
-        self.vacuum = Vacuum(
-            self.conns, self.listen_dsn, settings.vacuum_dead_tuples, settings.vacuum_period
-        )
         if settings.vacuum_dead_tuples > 0:
             duties.append(self.vacuum)
         if queue.schedules:
@@ -205,8 +227,33 @@ class Master:
                     draining=lambda: self.fleet.stopping,
                 )
             )
-        self.scheduler = Scheduler(duties, time.monotonic())
-        self.schedule_count = len(queue.schedules)
+        return duties
+
+    def _open_ops_port(self) -> None:
+        """The ops HTTP surface (self.ops), and the status page's process (self.pages)
+        when it listens: the page renders in a process of its own, never in this loop."""
+        hooks = self.admin.hooks(self.admin_token, HostRule.of(self.settings.ops_allowed_hosts))
+        if self.settings.ops_addr:
+            self.pages = PageKeeper(
+                self.listen_dsn,
+                self.admin_token,
+                self._own_fds,
+                MASTER_SIGNALS,
+                self.settings.schema,
+                hooks.hosts,
+                self.read_dsn,
+            )
+            self.fleet.other_reaped = self.pages.reaped
+            hooks.page = self.pages.hand
+        self.ops = start_ops(self.settings.ops_addr, hooks)
+
+    def _build_sources(self) -> list[Source]:
+        """What the loop waits on, in the order served."""
+        sources: list[Source] = [self.signals, self.fleet, self.conns]
+        sources += [s for s in (self.ops, self.pages) if s is not None]
+        # The duties whose statements run off the loop (brooq.supervisor.offloop).
+        sources += [self.vacuum, self.stats, self.beat, self.leftovers]
+        return sources
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -221,25 +268,8 @@ class Master:
             self.settings.lease,
             os.getpid(),
         )
-        hooks = self.admin.hooks(self.admin_token, HostRule.of(self.settings.ops_allowed_hosts))
-        if self.settings.ops_addr:
-            # The status page renders in a process of its own, never in this loop.
-            self.pages = PageKeeper(
-                self.listen_dsn,
-                self.admin_token,
-                self._own_fds,
-                MASTER_SIGNALS,
-                self.settings.schema,
-                hooks.hosts,
-                self.read_dsn,
-            )
-            self.fleet.other_reaped = self.pages.reaped
-            hooks.page = self.pages.hand
-        self.ops = start_ops(self.settings.ops_addr, hooks)
-        self.sources = [self.signals, self.fleet, self.conns]
-        self.sources += [s for s in (self.ops, self.pages) if s is not None]
-        # The duties whose statements run off the loop (brooq.supervisor.offloop).
-        self.sources += [self.vacuum, self.stats, self.beat, self.leftovers]
+        self._open_ops_port()
+        self.sources = self._build_sources()
         self._set_configured()
         self.conns.connect()
         try:
@@ -441,6 +471,23 @@ class Master:
             sync = f"{targets[SYNC]} sync, " if SYNC in targets else ""
             kinds = f" ({sync}{targets[ASYNC]} async x {concurrency})"
         setproctitle(f"brooq-master: app={self.app_spec} workers={self.fleet.target}{kinds}{state}")
+
+
+def _build_metrics(queue: Queue, metrics_dir: Path | None) -> metrics_mod.Metrics | None:
+    """The master's metrics, every labelled series at zero; None when none is kept."""
+    if metrics_dir is None:
+        return None
+    metrics = metrics_mod.Metrics()
+    metrics.zero(queue.handlers)
+    return metrics
+
+
+def _watch_token(admin_token_file: str | None, token: bytes | None) -> TokenWatch | None:
+    """The admin token's file, read again on SIGHUP and when it changes: a new token signs
+    everyone out."""
+    if admin_token_file is None:
+        return None
+    return TokenWatch(admin_token_file, token, time.monotonic())
 
 
 def _execute(statement: Any, params: dict[str, Any], conn: psycopg.Connection[Any]) -> None:
