@@ -141,85 +141,29 @@ def build(
     group_rate_limit: Rate | str | None = None,
     keep_logs: bool | int = False,
 ) -> Handler:
-    """Validate what was given at registration and return the Handler."""
+    """Validate what was given at registration and return the Handler. Every step reads
+    one group of options, appends why it refuses any of them to ``problems`` (in the order
+    the message lists them) and returns what it read; all are reported together."""
     validate_topic(topic)
     problems: list[str] = []
     if not callable(fn):
         problems.append(f"{topic}: the handler must be callable")
-    codec = None
-    if payload is not None:
-        try:
-            codec = codec_for(payload)
-        except ValueError as exc:
-            problems.append(f"{topic}: payload: {exc}")
+    codec = _read_payload(topic, payload, problems)
     is_async = is_async_callable(fn)
-    layers = tuple(middleware or ())
-    for i, layer in enumerate(layers):
-        problem = callable_problem(layer, 2, "fn(claim, call_next)")
-        if problem:
-            problems.append(f"{topic}: middleware[{i}] {problem}")
-        elif is_async_callable(layer) != is_async:
-            problems.append(f"{topic}: middleware[{i}] {kind_mismatch(is_async)}")
-    if retry is not None:
-        problem = callable_problem(retry, 2, "fn(attempt, exc)")
-        if problem:
-            problems.append(f"{topic}: retry {problem}")
-    try:
-        validate_queue(queue)
-    except InvalidJob as exc:
-        problems.append(f"{topic}: {exc}")
-    for name, cap in (("global_limit", global_limit), ("group_limit", group_limit)):
-        problem = cap_problem(name, cap)
-        if problem:
-            problems.append(f"{topic}: {problem}")
-    rates: dict[str, Rate | None] = {}
-    for name, given in (("rate_limit", rate_limit), ("group_rate_limit", group_rate_limit)):
-        try:
-            rates[name] = None if given is None else parse_rate(given, name)
-        except ValueError as exc:
-            problems.append(f"{topic}: {exc}")
-            rates[name] = None
-    seconds: dict[str, float | None] = {}
-    for name, value in (
-        ("attempt_timeout", attempt_timeout),
-        ("max_execution_timeout", max_execution_timeout),
-        ("backoff_base", backoff_base),
-        ("backoff_max", backoff_max),
-    ):
-        if value is None:
-            seconds[name] = None
-            continue
-        try:
-            seconds[name] = to_seconds(value)
-        except ValueError as exc:
-            problems.append(f"{topic}: {name}: {exc}")
-            seconds[name] = None
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
-    ):
-        problems.append(f"{topic}: max_attempts must be an integer, got {max_attempts!r}")
-        max_attempts = None
-    if max_attempts is not None and max_attempts < 1:
-        problems.append(f"{topic}: max_attempts must be at least 1, got {max_attempts}")
-    if max_attempts is not None and max_attempts > MAX_ATTEMPTS:
-        # attempts is an integer column; and not {max_attempts}: a huge int's text raises.
-        problems.append(f"{topic}: max_attempts must be at most {MAX_ATTEMPTS}")
-    for name, value in seconds.items():
-        if value is not None and value <= 0:
-            problems.append(f"{topic}: {name} must be positive, got {value:g}s")
-        reason = None if value is None else too_long(value)
-        if reason:
-            problems.append(f"{topic}: {name}: {reason}")
-    problems += ordering_problems(seconds, prefix=f"{topic}: ")
-    kept = KEEP_LOGS_BYTES if keep_logs is True else keep_logs
-    if keep_logs is not False and (
-        isinstance(kept, bool) or not isinstance(kept, int) or not 1024 <= kept <= 1048576
-    ):
-        problems.append(
-            f"{topic}: keep_logs must be True, False or a number of bytes from 1024 to "
-            f"1048576, got {keep_logs!r}"
-        )
-        kept = 0
+    layers = _read_middleware(topic, middleware, is_async, problems)
+    _check_retry(topic, retry, problems)
+    _check_placement(topic, queue, global_limit, group_limit, problems)
+    rates = _read_rates(topic, rate_limit, group_rate_limit, problems)
+    given = {
+        "attempt_timeout": attempt_timeout,
+        "max_execution_timeout": max_execution_timeout,
+        "backoff_base": backoff_base,
+        "backoff_max": backoff_max,
+    }
+    seconds = _read_seconds(topic, given, problems)
+    max_attempts = _read_max_attempts(topic, max_attempts, problems)
+    _check_seconds(topic, seconds, problems)
+    kept = _read_keep_logs(topic, keep_logs, problems)
     if problems:
         raise InvalidSettings(problems)
     return Handler(
@@ -235,9 +179,136 @@ def build(
         rate_limit=rates["rate_limit"],
         group_limit=group_limit,
         group_rate_limit=rates["group_rate_limit"],
-        keep_logs=int(kept),
+        keep_logs=kept,
         **seconds,
     )
+
+
+# -- build's steps: each reads one group of options and appends what it refuses ---------------
+
+
+def _read_payload(topic: str, payload: object, problems: list[str]) -> Codec | None:
+    """The payload type's codec, or None (no type given, or refused)."""
+    if payload is None:
+        return None
+    try:
+        return codec_for(payload)
+    except ValueError as exc:
+        problems.append(f"{topic}: payload: {exc}")
+        return None
+
+
+def _read_middleware(
+    topic: str, middleware: Sequence[Middleware] | None, is_async: bool, problems: list[str]
+) -> tuple[Middleware, ...]:
+    """The layers, each callable as fn(claim, call_next) and of the handler's kind."""
+    layers = tuple(middleware or ())
+    for i, layer in enumerate(layers):
+        problem = callable_problem(layer, 2, "fn(claim, call_next)")
+        if problem:
+            problems.append(f"{topic}: middleware[{i}] {problem}")
+        elif is_async_callable(layer) != is_async:
+            problems.append(f"{topic}: middleware[{i}] {kind_mismatch(is_async)}")
+    return layers
+
+
+def _check_retry(topic: str, retry: RetryPolicy | None, problems: list[str]) -> None:
+    if retry is not None:
+        problem = callable_problem(retry, 2, "fn(attempt, exc)")
+        if problem:
+            problems.append(f"{topic}: retry {problem}")
+
+
+def _check_placement(
+    topic: str,
+    queue: str,
+    global_limit: int | None,
+    group_limit: int | None,
+    problems: list[str],
+) -> None:
+    """The queue's name and the concurrency caps."""
+    try:
+        validate_queue(queue)
+    except InvalidJob as exc:
+        problems.append(f"{topic}: {exc}")
+    for name, cap in (("global_limit", global_limit), ("group_limit", group_limit)):
+        problem = cap_problem(name, cap)
+        if problem:
+            problems.append(f"{topic}: {problem}")
+
+
+def _read_rates(
+    topic: str,
+    rate_limit: Rate | str | None,
+    group_rate_limit: Rate | str | None,
+    problems: list[str],
+) -> dict[str, Rate | None]:
+    """rate_limit and group_rate_limit as Rates (None: not given, or refused)."""
+    rates: dict[str, Rate | None] = {}
+    for name, given in (("rate_limit", rate_limit), ("group_rate_limit", group_rate_limit)):
+        try:
+            rates[name] = None if given is None else parse_rate(given, name)
+        except ValueError as exc:
+            problems.append(f"{topic}: {exc}")
+            rates[name] = None
+    return rates
+
+
+def _read_seconds(
+    topic: str, given: dict[str, Duration | None], problems: list[str]
+) -> dict[str, float | None]:
+    """The time limits in seconds (None: not given, or not a duration)."""
+    seconds: dict[str, float | None] = {}
+    for name, value in given.items():
+        if value is None:
+            seconds[name] = None
+            continue
+        try:
+            seconds[name] = to_seconds(value)
+        except ValueError as exc:
+            problems.append(f"{topic}: {name}: {exc}")
+            seconds[name] = None
+    return seconds
+
+
+def _read_max_attempts(topic: str, max_attempts: object, problems: list[str]) -> int | None:
+    """max_attempts, a whole number from 1 (None: not given, or not a whole number)."""
+    if max_attempts is None:
+        return None
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        problems.append(f"{topic}: max_attempts must be an integer, got {max_attempts!r}")
+        return None
+    if max_attempts < 1:
+        problems.append(f"{topic}: max_attempts must be at least 1, got {max_attempts}")
+    if max_attempts > MAX_ATTEMPTS:
+        # attempts is an integer column; and not {max_attempts}: a huge int's text raises.
+        problems.append(f"{topic}: max_attempts must be at most {MAX_ATTEMPTS}")
+    return max_attempts
+
+
+def _check_seconds(topic: str, seconds: dict[str, float | None], problems: list[str]) -> None:
+    """Each time limit positive and not too long, and their order."""
+    for name, value in seconds.items():
+        if value is not None and value <= 0:
+            problems.append(f"{topic}: {name} must be positive, got {value:g}s")
+        reason = None if value is None else too_long(value)
+        if reason:
+            problems.append(f"{topic}: {name}: {reason}")
+    problems += ordering_problems(seconds, prefix=f"{topic}: ")
+
+
+def _read_keep_logs(topic: str, keep_logs: bool | int, problems: list[str]) -> int:
+    """The log bytes kept per attempt: 0 for none (False, or refused)."""
+    kept = KEEP_LOGS_BYTES if keep_logs is True else keep_logs
+    if keep_logs is not False and (
+        isinstance(kept, bool) or not isinstance(kept, int) or not 1024 <= kept <= 1048576
+    ):
+        problems.append(
+            f"{topic}: keep_logs must be True, False or a number of bytes from 1024 to "
+            f"1048576, got {keep_logs!r}"
+        )
+        kept = 0
+    return int(kept)
 
 
 def cap_problem(name: str, cap: object) -> str | None:
