@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -35,7 +35,7 @@ from brooq.settings import Settings
 from brooq.sql import Queries
 from brooq.worker import execute
 from brooq.worker.connection import ChildConnection
-from brooq.worker.floors import Floors
+from brooq.worker.floors import Floors, Range
 from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.pacing import Pacing, Turn
 from brooq.worker.weights import RoundOrder
@@ -43,7 +43,7 @@ from brooq.worker.weights import RoundOrder
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
 
-__all__ = ["Apart", "ClaimRow", "Finished", "RoundTrips", "Trip", "claim_row"]
+__all__ = ["Apart", "ClaimRow", "Finished", "Plan", "RoundTrips", "Trip", "claim_plan", "claim_row"]
 
 log = logging.getLogger("brooq.child")
 
@@ -114,6 +114,63 @@ _STATEMENTS = {
     ),
     "floored": ("job_finish_and_claim_floored", "job_finish_and_claim_floored_results"),
 }
+
+
+class Plan(NamedTuple):
+    """What a round trip's statement is: its shape (a key of _STATEMENTS), whether the
+    finished jobs' results are written with it (the statement ``_results``), the round's
+    queues in claim order, the claim's limit (0: a trip that only writes) and the
+    statement's parameters."""
+
+    shape: str
+    with_results: bool
+    queues: list[str]
+    limit: int
+    params: dict[str, Any]
+
+    @property
+    def statement(self) -> str:
+        """The name of the statement in brooq/sql."""
+        return _STATEMENTS[self.shape][self.with_results]
+
+
+def claim_plan(
+    finished: Sequence[Finished],
+    with_results: bool,
+    limit: int,
+    queues: list[str],
+    common: Mapping[str, Any],
+    turn: Turn | None = None,
+    ranges: Sequence[Range] | None = None,
+) -> Plan:
+    """The plan of a round trip, from what the trip settled before it: the ``finished``
+    jobs to write as `done` (with their results if ``with_results``), the claim's
+    ``limit``, the ``queues`` in claim order, the child's ``common`` parameters (topics,
+    children, worker, lease), the pacing's ``turn`` when a topic is claimed apart (the
+    first turn on a trip that only writes) and the floors' ``ranges`` when the ready index
+    is read from floors. The shape: the turn's; else floored when there are ranges (reading
+    the whole ready index has become expensive); else one queue or several. No I/O and no
+    state: the same arguments, the same plan."""
+    params: dict[str, Any] = {"done": [f[0].id for f in finished], "limit": limit, **common}
+    if turn is not None:
+        shape = turn.shape
+        params.update(turn.params)
+        params["queues"] = queues
+    elif ranges is not None:
+        shape = "floored"
+        params["queues"] = [r[0] for r in ranges]
+        params["lows"] = [r[1] for r in ranges]
+        params["highs"] = [r[2] for r in ranges]
+        params["floors"] = [r[3] for r in ranges]
+    elif len(queues) == 1:
+        shape = "one"
+        params["queue"] = queues[0]
+    else:
+        shape = "queues"
+        params["queues"] = queues
+    if with_results:
+        params["results"] = [f[2] for f in finished]
+    return Plan(shape, with_results, queues, limit, params)
 
 
 class RoundTrips:
@@ -220,46 +277,41 @@ class RoundTrips:
         the guard makes that harmless; claims it may have made come back through the
         reaper). Only the database here: an async child runs it in its DB thread while
         jobs run (brooq.worker.aio)."""
+        plan = self._plan(finished, with_results, limit)
+        if plan is None:  # nothing to claim from and nothing to write
+            return [], [], None
+        return self._execute(plan, finished)
+
+    def _plan(self, finished: list[Finished], with_results: bool, limit: int) -> Plan | None:
+        """This trip's plan, once the child's state it depends on is read and moved on:
+        the paused queues, the pacing's turn, the floors' ranges. None: nothing to do."""
         self._turn = None  # set below when this trip claims a topic in its turn
         queues = self._claimable_queues() if limit else []
         if limit and not queues and self.pacing is not None:
             self.pacing.claimed(False, every_turn=True)  # every queue paused: sleep
         if not queues:  # nothing to claim from: only write what finished
             if not finished:
-                return [], [], None
+                return None
             limit, queues = 0, self.order.names[:1]
-        params: dict[str, Any] = {
-            "done": [f[0].id for f in finished],
-            "topics": self.topics,
-            "limit": limit,
-            "children": self.children,
-            "worker": self.identity,
-            "lease": self.settings.lease,
-        }
+        turn: Turn | None = None
+        ranges: list[Range] | None = None
         if self.pacing is not None:  # one topic claimed apart per round, in turn
             # A trip that only writes takes no turn (and tells nothing of a window).
             turn = self.pacing.next_turn() if limit else self.pacing.turns[0]
             self._turn = turn if limit else None
-            shape = turn.shape
-            params.update(turn.params)
-            params["queues"] = queues
-        elif limit and (ranges := self.floors.start(queues, time.monotonic())) is not None:
-            shape = "floored"  # reading the whole ready index has become expensive
-            params["queues"] = [r[0] for r in ranges]
-            params["lows"] = [r[1] for r in ranges]
-            params["highs"] = [r[2] for r in ranges]
-            params["floors"] = [r[3] for r in ranges]
-        elif len(queues) == 1:
-            shape = "one"
-            params["queue"] = queues[0]
-        else:
-            shape = "queues"
-            params["queues"] = queues
-        plain, with_results_statement = self.statements[shape]
-        statement = plain
-        if with_results:
-            statement = with_results_statement
-            params["results"] = [f[2] for f in finished]
+        elif limit:
+            ranges = self.floors.start(queues, time.monotonic())
+        common = {
+            "topics": self.topics,
+            "children": self.children,
+            "worker": self.identity,
+            "lease": self.settings.lease,
+        }
+        return claim_plan(finished, with_results, limit, queues, common, turn, ranges)
+
+    def _execute(self, plan: Plan, finished: list[Finished]) -> Trip | None:
+        """Run ``plan``'s statement; what ``run`` returns."""
+        statement = self.statements[plan.shape][plan.with_results]
         started = time.monotonic()
         try:
             conn = self.db.get()
@@ -267,10 +319,10 @@ class RoundTrips:
                 self._sent_at = time.monotonic()
             cur = conn.cursor(row_factory=claim_row)
             if self.db.local is None:
-                rows = cur.execute(statement, params, prepare=True).fetchall()
+                rows = cur.execute(statement, plan.params, prepare=True).fetchall()
             else:  # behind a transaction pooler: its settings first, in the same round trip
                 with self.db.scoped(conn):
-                    rows = cur.execute(statement, params).fetchall()
+                    rows = cur.execute(statement, plan.params).fetchall()
         except psycopg.OperationalError as exc:
             self.db.failed("claim", exc)
             self._claims_fail(exc)
@@ -282,7 +334,7 @@ class RoundTrips:
         ) as exc:  # the child crashes either way: say why (brooq.db)
             raise prepared_mismatch(exc) or exc from None
         except psycopg.Error as exc:
-            if not with_results:
+            if not plan.with_results:
                 raise  # no job's content in it: brooq's own fault, the child crashes
             # A result the database cannot hold (a character its encoding lacks) fails
             # the whole statement, which wrote nothing: each finished job is written on
@@ -292,8 +344,8 @@ class RoundTrips:
                 len(finished),
                 execute.describe(exc),
             )
-            return [], queues, self._write_apart(finished)
-        if limit and self.pacing is None:
+            return [], plan.queues, self._write_apart(finished)
+        if plan.limit and self.pacing is None:
             ended = time.monotonic()
             claimed = (
                 [(r.queue, r.priority, r.available_at) for r in rows if r.claimed]
@@ -304,7 +356,7 @@ class RoundTrips:
         if self.claims_failing:
             self.claims_failing = False
             self._tell({"claims": "ok"})
-        return rows, queues, None
+        return rows, plan.queues, None
 
     def _claims_fail(self, exc: BaseException) -> None:
         """Tell the master once that claims fail, and why (its /readyz says so while every
