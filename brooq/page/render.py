@@ -82,7 +82,7 @@ def when(value: datetime | None) -> str:
 
 
 def holder(locked_by: str | None) -> tuple[str, str]:
-    """(host, child pid) from a locked_by `host:pid:tag` (brooq.worker.config)."""
+    """(host, child pid) from a locked_by `host:pid:tag` (brooq.worker.state)."""
     if not locked_by:
         return ("—", "—")
     parts = locked_by.rsplit(":", 2)

@@ -57,7 +57,7 @@ from brooq.supervisor.source import Source
 
 # The master's one import of the worker: what a child runs right after fork.
 from brooq.worker.child import main as child_main
-from brooq.worker.config import ChildConfig, identity_for
+from brooq.worker.state import ChildConfig, identity_for
 
 __all__ = ["MASTER_SIGNALS", "Fleet", "ForkSpec"]
 

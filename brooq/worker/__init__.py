@@ -17,8 +17,8 @@ parts, the round trip, the attempt) and answer the control thread through one pr
 - `attempt`: one attempt's bookkeeping around its handler: board, payload, outcome, metering.
 - `control`: `LoopControl`, what the control thread asks of whichever loop runs.
 - `traces`: a running job's stack as text: a thread's frames, a task's await chain.
-- `config`: what the master hands a child (`ChildConfig`), its identity, the constants.
-- `state`: the little the pieces share (stopping, the running job, the wake pipe, the loop).
+- `state`: what the master hands a child (`ChildConfig`), its identity, the constants; and the
+  little the pieces share (`ChildState`: stopping, the running job, the wake pipe, the loop).
 - `interrupts`: the signal table, and the handler call with its interruptions armed.
 - `execute`: what a handler did -> the outcome to write (pure).
 - `weights`: the order a child tries its worked queues in, round after round.

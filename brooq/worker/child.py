@@ -34,9 +34,9 @@ from brooq.job import Claim
 from brooq.rules import LONG_JOB
 from brooq.worker import interrupts, joblogs
 from brooq.worker.aio import AsyncLoop
-from brooq.worker.config import BATCH_BUDGET, ChildConfig
 from brooq.worker.connection import Stop
 from brooq.worker.process import ChildProcess
+from brooq.worker.state import BATCH_BUDGET, ChildConfig
 from brooq.worker.traces import format_frames
 
 __all__ = ["Child", "main"]

@@ -31,8 +31,7 @@ from setproctitle import setproctitle
 from brooq.ipc import protocol
 from brooq.ipc.reasons import EXIT_MASTER_GONE
 from brooq.settings import Settings
-from brooq.worker.config import TITLE_TICK
-from brooq.worker.state import ChildState
+from brooq.worker.state import TITLE_TICK, ChildState
 
 
 class MasterLink:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from brooq.job import Claim
 from brooq.metrics import Tally
-from brooq.worker.config import PEAK_RSS_MAX_AGE
+from brooq.worker.state import PEAK_RSS_MAX_AGE
 
 if TYPE_CHECKING:
     from brooq.metrics import Metrics

@@ -29,7 +29,6 @@ from brooq.sql import queries
 from brooq.worker import execute, interrupts, joblogs
 from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
-from brooq.worker.config import ChildConfig
 from brooq.worker.connection import ChildConnection
 from brooq.worker.link import MasterLink
 from brooq.worker.meter import Meter, resident_mib
@@ -37,7 +36,7 @@ from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.pacing import turns
 from brooq.worker.roundtrip import RoundTrips
 from brooq.worker.spans import Spans
-from brooq.worker.state import ChildState
+from brooq.worker.state import ChildConfig, ChildState
 from brooq.worker.upstream import UpstreamReader
 from brooq.worker.weights import RoundOrder
 

@@ -31,7 +31,7 @@ def attempt_pids(db: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[int, in
 
 
 def is_identity_of(worker: str, pid: int) -> bool:
-    """A child's identity is host:pid:tag (brooq.worker.config.identity_for)."""
+    """A child's identity is host:pid:tag (brooq.worker.state.identity_for)."""
     host, wpid, tag = worker.split(":")
     return (host, int(wpid)) == (HOST, pid) and len(tag) == 6
 

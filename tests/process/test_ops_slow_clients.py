@@ -35,7 +35,7 @@ from brooq.opsport import httpmsg
 from brooq.settings import Settings
 from brooq.supervisor import ops
 from brooq.worker.child import Child
-from brooq.worker.config import ChildConfig
+from brooq.worker.state import ChildConfig
 from tests.harness import MasterProcess, StartMaster, states, wait_for
 
 APP = "brooq_opsslow:queue"
