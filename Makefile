@@ -73,8 +73,9 @@ run: $(RUN_STAMP)
 	@$(PY) -m brooq.schema.devdb run -- $(PY) examples/run_demo.py
 
 ## make bench: brooq and its peers on the same PostgreSQL (~20 min), then the scale,
-## held-snapshot and fan-in workloads (~15, ~13 and ~1 min); BENCH_ARGS=--quick for a
-## short run. The peers live in their own virtualenv, $(BENCH_VENV).
+## held-snapshot and fan-in workloads (~15, ~13 and ~1 min), all from benchmarks/run.py;
+## BENCH_ARGS=--quick for a short run, e.g. BENCH_ARGS="--workloads drain,scale" for some.
+## The peers live in their own virtualenv, $(BENCH_VENV).
 BENCH_VENV  ?= .bench-venv
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_ARGS  ?=
@@ -88,22 +89,19 @@ $(BENCH_STAMP): benchmarks/requirements-peers.txt pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/run.py $(BENCH_ARGS)
-	$(BENCH_VENV)/bin/python benchmarks/scale.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick) --out benchmarks/results/scale-latest.json
-	$(BENCH_VENV)/bin/python benchmarks/snapshot.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick) --out benchmarks/results/snapshot-latest.json
-	$(BENCH_VENV)/bin/python benchmarks/fan_in.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick) --out benchmarks/results/fan-in-latest.json
 
 ## make bench-scale: only the scale workload (10,000,000 finished rows, 1,000,000 ready;
 ## about 15 min); SCALE_ARGS=--quick for 1,000,000 and 100,000.
 SCALE_ARGS ?=
 bench-scale: $(STAMP)
-	$(PY) benchmarks/scale.py $(SCALE_ARGS) --out benchmarks/results/scale-latest.json
+	$(PY) benchmarks/run.py scale $(SCALE_ARGS) --out benchmarks/results/scale-latest.json
 
 ## make bench-snapshot: only the held-snapshot workload (1,000 jobs/s for 5 min alone,
 ## then 5 min beside a held REPEATABLE READ snapshot; ~13 min); SNAPSHOT_ARGS=--quick
 ## for 1 min each, or e.g. SNAPSHOT_ARGS="--duration 120".
 SNAPSHOT_ARGS ?=
 bench-snapshot: $(STAMP)
-	$(PY) benchmarks/snapshot.py $(SNAPSHOT_ARGS) --out benchmarks/results/snapshot-latest.json
+	$(PY) benchmarks/run.py snapshot $(SNAPSHOT_ARGS) --out benchmarks/results/snapshot-latest.json
 
 build: $(STAMP)
 	$(PY) -m build

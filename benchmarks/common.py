@@ -32,6 +32,7 @@ LOG_DIR = Path(tempfile.gettempdir()) / "brooq-bench-logs"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_URL = "redis://127.0.0.1:6379/9"
 CALIBRATION_FILE = BENCH_DIR / "cpu_calibration.json"
+_CLK = os.sysconf("SC_CLK_TCK")
 
 EVENT_TABLE = (
     "CREATE TABLE IF NOT EXISTS bench_event ("
@@ -263,11 +264,15 @@ class Worker:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     _log: Any = field(default=None, repr=False)
+    quiet: bool = False  # output to /dev/null instead of a log file (the A/B drains)
 
     def start(self, meter: LoadMeter | None = None) -> Worker:
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        self.log_path = LOG_DIR / f"{self.name}-{uuid.uuid4().hex[:6]}.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        if self.quiet:
+            self._log = subprocess.DEVNULL
+        else:
+            LOG_DIR.mkdir(parents=True, exist_ok=True)
+            self.log_path = LOG_DIR / f"{self.name}-{uuid.uuid4().hex[:6]}.log"
+            self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             self.argv,
             env=self.env,
@@ -308,7 +313,7 @@ class Worker:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
-        if self._log is not None and not self._log.closed:
+        if self._log not in (None, subprocess.DEVNULL) and not self._log.closed:
             self._log.close()
 
 
@@ -321,6 +326,86 @@ def base_env(dsn: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
+
+
+def start_master(
+    dsn: str,
+    workers: int,
+    *,
+    app: str = "bench_brooq_app:queue",
+    tree: Path = ROOT,
+    env: dict[str, str] | None = None,
+    options: Sequence[str] = (),
+    name: str = "brooq",
+    quiet: bool = False,
+) -> Worker:
+    """`brooq-master --app APP --workers N` of the brooq in ``tree`` (this checkout by
+    default: an A/B gives another), its ops socket on a free port, ``env`` on top."""
+    extra = {"QUEUE_OPS_ADDR": "127.0.0.1:0", **(env or {})}
+    full = base_env(dsn, extra)
+    full["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(tree)])
+    argv = [sys.executable, "-m", "brooq.master_cli", "--app", app, "--workers", str(workers)]
+    return Worker([*argv, *options], full, f"{name}-{workers}", quiet=quiet).start()
+
+
+def migrate_tree(dsn: str, tree: Path | None = None) -> None:
+    """The schema of the brooq running this (``tree`` None), or of ``tree``'s own
+    migrations, run in a process with that tree first on the path."""
+    if tree is None:
+        from brooq import migrate
+
+        migrate.up(dsn)
+        return
+    code = "import sys; from brooq import migrate; migrate.up(sys.argv[1])"
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run([sys.executable, "-c", code, dsn], env=env, check=True, cwd="/")
+
+
+def any_left(
+    conn: psycopg.Connection[Any], master: Worker, timeout: float = 600.0
+) -> Iterator[int]:
+    """Jobs not done, every 50 ms, until none: the A/B drains' stopwatch."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute("SELECT count(*) FROM job WHERE state <> 'done'").fetchone()
+        left = int(row[0]) if row else 0
+        yield left
+        if left == 0:
+            return
+        if not master.alive():  # a schema it refuses, say: never wait for ever
+            raise RuntimeError(f"brooq-master exited:\n{master.log_tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the drain took over {timeout:g} s")
+        time.sleep(0.05)
+
+
+def cpu_of(pid: int) -> float | None:
+    """Seconds of CPU (user + system) of a process so far, from /proc; None if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def tree_cpu(master: int) -> dict[int, float]:
+    """The CPU so far of a master and of its children (its forks), by pid."""
+    pids = [master, *children_of(master)]
+    return {pid: cpu for pid in pids if (cpu := cpu_of(pid)) is not None}
+
+
+def backends_cpu(conn: psycopg.Connection[Any]) -> dict[int, float]:
+    """The CPU so far of the database's other backends, by pid (the same machine)."""
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()"
+    ).fetchall()
+    return {pid: cpu for (pid,) in rows if (cpu := cpu_of(pid)) is not None}
+
+
+def spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two readings (a process born between them counts whole)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def venv_bin(name: str) -> str:
@@ -369,8 +454,6 @@ def calibrated_iterations(target_ms: float = 25.0) -> int:
 
 
 # -- other load on the machine ----------------------------------------------------------------
-
-_CLK = os.sysconf("SC_CLK_TCK")
 
 
 def _busy_jiffies() -> int:
@@ -460,3 +543,77 @@ def wait_for_quiet(limit_pct: float = 15.0, patience: float = 5.0) -> dict[str, 
         sample = meter.stop()
         if sample["other_cpu_pct"] < limit_pct or time.monotonic() > deadline:
             return sample
+
+
+def master_env(items: Sequence[str]) -> dict[str, str]:
+    """--master-env NAME=VALUE (repeatable) as a dict; exits 2 on a malformed item."""
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--master-env wants NAME=VALUE, got {item!r}")
+        env[name] = value
+    return env
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- where the client and its backends run (--placement) -------------------------------------
+#
+# A single enqueue is one round trip and one commit; on a 2-CPU machine most of its
+# variance is the scheduler's (benchmarks/README.md, "Placement"). "free" leaves it to the
+# scheduler; "same" and "cross" pin the postmaster to one CPU (a new backend inherits it)
+# and the client to that CPU or another, for every system of the run alike, and put both
+# back at the end. Needs a local server whose postmaster this user may re-pin; a run
+# killed with SIGKILL leaves it pinned: `taskset -pc 0-N PID` (the first line of the data
+# directory's postmaster.pid) or a restart undoes it.
+
+PLACEMENTS = ("free", "same", "cross")
+
+
+def _postmaster_pid(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SHOW data_directory").fetchone()
+    assert row is not None
+    pid_file = Path(row[0]) / "postmaster.pid"
+    try:
+        return int(pid_file.read_text().split("\n", 1)[0])
+    except OSError as exc:
+        raise SystemExit(
+            f"--placement: cannot read {pid_file} ({exc.strerror}): is the server local?"
+        ) from None
+
+
+@contextlib.contextmanager
+def placed(dsn: str, placement: str) -> Iterator[str]:
+    """Run the block with the client (this process and what it starts) and every backend
+    forked meanwhile placed as asked; yields a description for the report."""
+    if placement not in PLACEMENTS:
+        raise SystemExit(f"--placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if placement == "free":
+        yield "free (the scheduler's choice)"
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--placement same|cross needs at least 2 CPUs")
+    server_cpu, other_cpu = cpus[-1], cpus[0]
+    client_cpu = server_cpu if placement == "same" else other_cpu
+    pm = _postmaster_pid(dsn)
+    try:
+        server_before = os.sched_getaffinity(pm)
+        os.sched_setaffinity(pm, {server_cpu})
+    except PermissionError:
+        raise SystemExit(
+            f"--placement: not allowed to set the affinity of the postmaster (pid {pm}): "
+            "run as root or as the server's user"
+        ) from None
+    client_before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {client_cpu})
+    try:
+        yield f"{placement}: backends on CPU {server_cpu}, client on CPU {client_cpu}"
+    finally:
+        os.sched_setaffinity(0, client_before)
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(pm, server_before)

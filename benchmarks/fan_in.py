@@ -28,16 +28,17 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Worker, base_env, choose_admin_dsn, fresh_database, venv_bin
+from common import (
+    choose_admin_dsn,
+    fresh_database,
+    log,
+    start_master,
+)
 
 ANY_LEFT = (
     "SELECT EXISTS (SELECT 1 FROM job WHERE state IN ('pending', 'failed', 'waiting'))"
     " OR EXISTS (SELECT 1 FROM job WHERE state = 'processing')"
 )
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def drain(admin: str, jobs: int, workers: int, fan_in: bool) -> dict[str, Any]:
@@ -54,9 +55,8 @@ def drain(admin: str, jobs: int, workers: int, fan_in: bool) -> dict[str, Any]:
             ids = brooq.enqueue_many(conn, batch)
             conn.commit()
             enqueue_s = time.perf_counter() - t0
-        env = base_env(dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0", "QUEUE_RETENTION_TTL": "0s"})
-        argv = [venv_bin("brooq-master"), "--app", "bench_brooq_app:queue"]
-        master = Worker([*argv, "--workers", str(workers)], env, "brooq-fan-in").start()
+        env = {"QUEUE_RETENTION_TTL": "0s"}
+        master = start_master(dsn, workers, env=env, name="brooq-fan-in")
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 deadline = time.monotonic() + 600

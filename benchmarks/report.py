@@ -1,6 +1,8 @@
 """Turn a result dict (run.py's JSON) into a Markdown table and a PNG chart.
 
 python benchmarks/report.py benchmarks/results/2025-01-01.json   # rewrite .md and .png
+
+Also the held-snapshot workload's tables (snapshot.py's JSON: its .md).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def markdown(result: dict[str, Any]) -> str:
         + f". Every run used a fresh database. Started {result['started_at']}, finished "
         f"{result.get('finished_at', '?')}.",
         "",
-        f"Placement of the client and its PostgreSQL backends: {placed} (benchmarks/placement.py).",
+        f"Placement of the client and its PostgreSQL backends: {placed} (run.py --placement).",
         "",
     ]
     names = systems_in(result)
@@ -1092,8 +1094,204 @@ def io_chart(result: dict[str, Any], ax: Any, names: list[str], colours: dict[st
     )
 
 
-if __name__ == "__main__":
-    src = Path(sys.argv[1])
+# -- the held snapshot (snapshot.py) ---------------------------------------------------------
+
+MB = 1024 * 1024
+
+
+def _n(v: float | None, digits: int = 0) -> str:
+    if v is None:
+        return "–"
+    return f"{v:,.{digits}f}"
+
+
+def _mb(v: float | None) -> str:
+    return "–" if v is None else f"{v / MB:,.1f}"
+
+
+def _ratio(held: float | None, alone: float | None) -> str:
+    if held is None or not alone:
+        return "–"
+    return f"{100 * held / alone:.0f} %"
+
+
+def _lat(run: dict[str, Any], key: str) -> str:
+    pick = run["pickup"]
+    text = _n(pick.get(key), 1)
+    return f"≥ {text}" if pick.get("censored") else text
+
+
+def snapshot_targets(alone: dict[str, Any], held: dict[str, Any]) -> dict[str, Any]:
+    """The two targets: held throughput ≥ 80 % of alone's, held pickup p99 < 50 ms (a p99
+    with censored jobs is a lower bound, so over 50 it fails and under it cannot pass)."""
+    ratio = held["completed_per_s"] / alone["completed_per_s"] if alone["completed_per_s"] else 0
+    p99 = held["pickup"]["p99_ms"]
+    return {
+        "throughput_ratio": round(ratio, 3),
+        "throughput_met": ratio >= 0.8,
+        "held_p99_ms": p99,
+        "p99_met": p99 is not None and p99 < 50 and not held["pickup"]["censored"],
+    }
+
+
+def side_by_side(alone: dict[str, Any], held: dict[str, Any]) -> list[str]:
+    """The two runs' figures as a markdown table, then the targets."""
+    rows = [
+        (
+            "offered jobs/s (achieved)",
+            _n(alone["offered_per_s"]),
+            _n(held["offered_per_s"]),
+            _ratio(held["offered_per_s"], alone["offered_per_s"]),
+        ),
+        (
+            "completed jobs/s",
+            _n(alone["completed_per_s"]),
+            _n(held["completed_per_s"]),
+            _ratio(held["completed_per_s"], alone["completed_per_s"]),
+        ),
+        (
+            "backlog when the offering ended",
+            _n(alone["backlog_at_end"]),
+            _n(held["backlog_at_end"]),
+            "",
+        ),
+        ("pickup p50 (ms)", _lat(alone, "p50_ms"), _lat(held, "p50_ms"), ""),
+        ("pickup p99 (ms)", _lat(alone, "p99_ms"), _lat(held, "p99_ms"), ""),
+        ("pickup max (ms)", _lat(alone, "max_ms"), _lat(held, "max_ms"), ""),
+        (
+            "dead tuples, most sampled",
+            _n(alone["max_dead_tuples"]),
+            _n(held["max_dead_tuples"]),
+            "",
+        ),
+        (
+            "table (heap) MB, start → end",
+            f"{_mb(alone['heap_bytes'][0])} → {_mb(alone['heap_bytes'][1])}",
+            f"{_mb(held['heap_bytes'][0])} → {_mb(held['heap_bytes'][1])}",
+            "",
+        ),
+        (
+            "indexes MB, start → end",
+            f"{_mb(alone['index_bytes'][0])} → {_mb(alone['index_bytes'][1])}",
+            f"{_mb(held['index_bytes'][0])} → {_mb(held['index_bytes'][1])}",
+            "",
+        ),
+        (
+            "ready-index entries read per scan, last window",
+            _n(alone["last_entries_per_scan"], 1),
+            _n(held["last_entries_per_scan"], 1),
+            "",
+        ),
+    ]
+    lines = ["| | alone | snapshot held | held / alone |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {name} | {a} | {h} | {r} |" for name, a, h, r in rows]
+    t = snapshot_targets(alone, held)
+    lines += [
+        "",
+        f"Targets: held throughput ≥ 80 % of alone's: {100 * t['throughput_ratio']:.0f} % "
+        f"({'met' if t['throughput_met'] else 'not met'}); held pickup p99 < 50 ms: "
+        f"{_lat(held, 'p99_ms')} ms ({'met' if t['p99_met'] else 'not met'}).",
+    ]
+    return lines
+
+
+def samples_table(run: dict[str, Any]) -> list[str]:
+    """One run's windows beside the database samples taken at their ends."""
+    by_k = {s["k"]: s for s in run["samples"]}
+    lines = [
+        "| t (s) | offered/s | completed/s | pickup p50 / p99 (ms) | dead tuples | live "
+        "tuples | heap MB | indexes MB | ready index MB | entries read per ready-index scan "
+        "| buffers per job | autovacuums |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for w in run["windows"]:
+        s = by_k.get(w["k"] + 1, {})
+        lines.append(
+            f"| {w['t_end']:g} | {_n(w['offered_per_s'])} | {_n(w['completed_per_s'])} | "
+            f"{_n(w['p50_ms'], 1)} / {_n(w['p99_ms'], 1)} | {_n(s.get('n_dead_tup'))} | "
+            f"{_n(s.get('n_live_tup'))} | {_mb(s.get('heap_bytes'))} | "
+            f"{_mb(s.get('index_bytes'))} | {_mb(s.get('ready_index_bytes'))} | "
+            f"{_n(s.get('entries_per_scan'), 1)} | "
+            f"{_n(buffers_per_job(by_k.get(w['k']), s, w['completed']))} | "
+            f"{_n(s.get('autovacuum_count'))} |"
+        )
+    return lines
+
+
+def buffers_per_job(
+    before: dict[str, Any] | None, after: dict[str, Any], completed: int
+) -> float | None:
+    """The job table's heap and index buffers read (hit or not) between two samples, per
+    job completed meanwhile: what the claims, outcomes and inserts of the window cost."""
+    if before is None or not after or completed <= 0:
+        return None
+    read = (int(after["heap_blks"]) + int(after["idx_blks"])) - (
+        int(before["heap_blks"]) + int(before["idx_blks"])
+    )
+    return round(read / completed, 1)
+
+
+def snapshot_markdown(report: dict[str, Any]) -> str:
+    """snapshot.py's report: the two runs side by side, then each run's samples."""
+    lines = [
+        f"# Held snapshot: {report['rate']:,} jobs/s offered for {report['duration']:g} s",
+        "",
+        f"{report['date']}, PostgreSQL {report['server']['server_version']} "
+        f"({report['where']}), `brooq-master --workers {report['workers']}`, "
+        f"{report['producers']} producer threads (`Queue.enqueue`, one job per call); "
+        f"master settings {report['master_env'] or 'default'}.",
+        "",
+    ]
+    runs = report["runs"]
+    if "alone" in runs and "held" in runs:
+        lines += [*side_by_side(runs["alone"], runs["held"]), ""]
+    for label, run in runs.items():
+        lines += [f"## {label}, every {report['every']:g} s", ""]
+        lines += [*samples_table(run), ""]
+        lines += [
+            f"Master's own VACUUMs: {run['master_vacuums']}; producers at most "
+            f"{run['producers_most_behind_s']} s behind their schedule.",
+            "",
+            f"EXPLAIN (ANALYZE, BUFFERS) of the claim at {100 * report['explain_at']:.0f} % "
+            "of the offering, reading the ready index whole:",
+            "",
+            "```",
+            run["explain"],
+            "```",
+            "",
+            *(
+                [
+                    "And of the claim from floors (the ranges of a child whose last claim "
+                    "returned a job of priority 0 made available a second before):",
+                    "",
+                    "```",
+                    run["explain_floored"],
+                    "```",
+                    "",
+                ]
+                if run.get("explain_floored")
+                else []
+            ),
+            "VACUUM (VERBOSE) when the offering ended:",
+            "",
+            "```",
+            run["vacuum_verbose"],
+            "```",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def redraw(src: Path) -> None:
+    """A stored run's .md again (and run.py's .png): after a change to the tables."""
     data = json.loads(src.read_text())
+    if isinstance(data.get("runs"), dict):  # snapshot.py's: alone and held
+        src.with_suffix(".md").write_text(snapshot_markdown(data))
+        return
     src.with_suffix(".md").write_text(markdown(data))
     chart(data, src.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        redraw(Path(name))

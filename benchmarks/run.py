@@ -1,7 +1,14 @@
-"""`make bench`: brooq and its peers side by side, same PostgreSQL, same machine, same
-workloads, one run. Writes results/<date>.json (raw), results/<date>.md and <date>.png.
+"""The benchmark's one entry point. `make bench` is `run.py` with no workload named:
+brooq and its peers side by side (same PostgreSQL, same machine, same workloads, one
+run: results/<date>.json raw, results/<date>.md the tables, <date>.png the chart), then
+brooq's scale, held-snapshot and fan-in workloads (results/scale-latest.json,
+snapshot-latest.json and .md, fan-in-latest.json).
 
     python benchmarks/run.py [--quick] [--dsn DSN] [--systems brooq,celery] [--workloads ...]
+    python benchmarks/run.py scale|snapshot|fan_in [their own options]     # one, by hand
+    python benchmarks/run.py ab drain|bulk|enqueue|io ...                  # A/B of trees
+    python benchmarks/run.py TOOL ...   # migration_locks, snapshot_walk, web_pages,
+                                        # cold_enqueue: measurements run by hand
 
 Workloads (each in a fresh database, three repetitions, median and min-max reported):
   enqueue_single  20,000 jobs, one API call each     (jobs/s)
@@ -34,6 +41,12 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
                   equal slots (2 x 100 each): jobs/s and the share of slots / 50 ms
   durability      brooq only: 100,000 ready no-op jobs drained by --workers 2,
                   children with synchronous_commit on, then off (jobs/s, the cost of on)
+  scale           brooq only (scale.py): 1,000,000 ready jobs beside 10,000,000 finished
+                  ones, then retention (--quick: 100,000 and 1,000,000)
+  snapshot        brooq only (snapshot.py): 1,000 jobs/s for 5 min alone, then beside a
+                  held REPEATABLE READ snapshot (--quick: 1 min each)
+  fan_in          brooq only (fan_in.py): 10,000 no-op jobs alone, then with one
+                  callback after all of them, 3 rounds (--quick: 1)
 enqueue_single also runs pgbench's single-insert ceiling (brooq's INSERT, one client,
 -M prepared and -M simple) in the same rounds, unless --no-ceiling.
 plus a pgbench ceiling: brooq's own claim and done statements, no Python in the way.
@@ -63,10 +76,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg
 
 import ceiling
-import placement
 import report
 from common import (
     BENCH_DIR,
+    PLACEMENTS,
     LoadMeter,
     Worker,
     calibrated_iterations,
@@ -75,6 +88,7 @@ from common import (
     cpu_events,
     fresh_database,
     percentile,
+    placed,
     server_facts,
     span_events,
     summary,
@@ -98,10 +112,17 @@ WORKLOADS = [
     "io_http",
     "io_best",
     "durability",
+    *(SUITES := ["scale", "snapshot", "fan_in"]),
 ]
+# Workloads with a module and options of their own, run after the others, each once
+# (their own rounds), brooq only; `run.py NAME ...` runs one with its own options. The
+# tools are measurements run by hand, reached the same way.
+SUITE_OUT = {"scale": "scale-latest", "snapshot": "snapshot-latest", "fan_in": "fan-in-latest"}
+TOOLS = ["ab", "ab_drain", "ab_bulk", "migration_locks", "snapshot_walk", "web_pages"]
+TOOLS += ["cold_enqueue"]
 # Features the peers are not compared on here: run only by systems naming them in
 # System.extra_workloads.
-BROOQ_ONLY = {"priority", "limited", "rated", "grouped", "durability"}
+BROOQ_ONLY = {"priority", "limited", "rated", "grouped", "durability", *SUITES}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
 # The I/O-bound workloads run brooq once per variant: "N" is
 # `brooq-master --workers N` with the sync handlers of apps/bench_brooq_app.py; "async"
@@ -799,7 +820,34 @@ def run_plan(
             partial.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
+def run_tool(name: str, argv: list[str]) -> int:
+    """`run.py NAME ...`: a suite or a tool with its own options."""
+    import importlib
+
+    module = importlib.import_module(name)
+    sys.argv = [str(Path(module.__file__ or name)), *argv]
+    return int(module.main() or 0)
+
+
+def run_suites(suites: list[str], args: argparse.Namespace, admin_dsn: str, out: Path) -> int:
+    """scale, snapshot, fan_in after the rest, as make bench runs them."""
+    failed = 0
+    for name in suites:
+        argv = ["--dsn", admin_dsn, "--out", str(out / f"{SUITE_OUT[name]}.json")]
+        log(f"{name}: {' '.join(argv)}{' --quick' if args.quick else ''}")
+        try:
+            failed |= run_tool(name, [*argv, *(["--quick"] if args.quick else [])])
+        except Exception as exc:
+            log(f"   ERROR {name}: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+            failed = 1
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in (*SUITES, *TOOLS):
+        return run_tool(argv[0], argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer jobs, one repetition")
     ap.add_argument("--dsn", help="admin DSN of the PostgreSQL to use (CREATE DATABASE)")
@@ -817,30 +865,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--placement",
         default="free",
-        choices=placement.PLACEMENTS,
+        choices=PLACEMENTS,
         help="where the client and its backends run: free (the scheduler's choice), same "
-        "or cross CPU (benchmarks/placement.py); same/cross with the enqueue workloads only",
+        "or cross CPU (common.placed); same/cross with the enqueue workloads only",
     )
     args = ap.parse_args(argv)
+    if unknown := set(args.workloads.split(",") if args.workloads else ()) - set(WORKLOADS):
+        ap.error(f"--workloads: no workload {', '.join(sorted(unknown))}")
     if args.placement != "free" and set(
         args.workloads.split(",") if args.workloads else WORKLOADS
     ) - {"enqueue_single", "enqueue_bulk"}:
         # Workers started by a pinned client would share its one CPU.
         ap.error("--placement same|cross takes --workloads enqueue_single,enqueue_bulk only")
 
-    sizes = Sizes(args.quick)
-    reps = args.reps or sizes.reps
     admin_dsn, where = choose_admin_dsn(args.dsn)
-    iterations = calibrated_iterations()
     systems = [*all_systems(), Celery(acks_late=False)]
     if args.systems:
         wanted = set(args.systems.split(","))
         systems = [s for s in systems if s.name in wanted]
     workloads = args.workloads.split(",") if args.workloads else WORKLOADS
-    started_at = datetime.now(timezone.utc)
-    stem = args.name or (started_at.strftime("%Y-%m-%d") + ("-quick" if args.quick else ""))
+    brooq_in = not args.systems or "brooq" in args.systems.split(",")
+    suites = [w for w in SUITES if w in workloads and brooq_in]
+    workloads = [w for w in workloads if w not in SUITES]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    if workloads:
+        failed = run_peers(args, workloads, systems, admin_dsn, where, out_dir)
+    return failed | run_suites(suites, args, admin_dsn, out_dir)
+
+
+def run_peers(
+    args: argparse.Namespace,
+    workloads: list[str],
+    systems: list[System],
+    admin_dsn: str,
+    where: str,
+    out_dir: Path,
+) -> int:
+    """brooq and its peers: every (system, workload, variant), reps times, and the report."""
+    sizes = Sizes(args.quick)
+    reps = args.reps or sizes.reps
+    iterations = calibrated_iterations()
+    started_at = datetime.now(timezone.utc)
+    stem = args.name or (started_at.strftime("%Y-%m-%d") + ("-quick" if args.quick else ""))
 
     partial = out_dir / f"{stem}.partial.json"
     log(f"PostgreSQL: {where}; brooq from {__import__('brooq').__file__}")
@@ -893,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in PgbenchInsert.MODES:
             plan.append((PgbenchInsert(mode), "enqueue_single", mode))
 
-    with placement.placed(admin_dsn, args.placement) as placed_where:
+    with placed(admin_dsn, args.placement) as placed_where:
         result["placement"] = placed_where
         log(f"placement: {placed_where}")
         run_plan(plan, reps, result, admin_dsn, sizes, iterations, args, partial)

@@ -43,11 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # the benchmark's own modules, next to this file
     Worker,
-    base_env,
     choose_admin_dsn,
     fresh_database,
+    log,
+    master_env,
     percentile,
-    venv_bin,
+    start_master,
 )
 
 PICKUP = 200
@@ -93,10 +94,6 @@ ANY_LEFT = (
     "SELECT EXISTS (SELECT 1 FROM job WHERE state IN ('pending', 'failed'))"
     " OR EXISTS (SELECT 1 FROM job WHERE state = 'processing')"
 )
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 class Sampler(threading.Thread):
@@ -147,16 +144,13 @@ def build(dsn: str, history: int, ready: int) -> dict[str, Any]:
 MASTER_ENV: dict[str, str] = {}  # --master-env: settings for every master of the run
 
 
-def start_master(dsn: str, workers: int, extra: dict[str, str]) -> Worker:
-    env = base_env(
-        dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0", "QUEUE_RETENTION_TTL": "0s", **MASTER_ENV, **extra}
-    )
-    argv = [venv_bin("brooq-master"), "--app", "bench_brooq_app:queue", "--workers", str(workers)]
-    return Worker(argv, env, f"brooq-scale-{workers}").start()
+def start_master_of(dsn: str, workers: int, extra: dict[str, str]) -> Worker:
+    env = {"QUEUE_RETENTION_TTL": "0s", **MASTER_ENV, **extra}
+    return start_master(dsn, workers, env=env, name="brooq-scale")
 
 
 def drain(dsn: str, workers: int, ready: int) -> dict[str, Any]:
-    master = start_master(dsn, workers, {})
+    master = start_master_of(dsn, workers, {})
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 3600
@@ -198,7 +192,7 @@ def pickup(dsn: str, workers: int, n: int, extra: dict[str, str] | None = None) 
     """n single jobs one at a time, each after the last one started (the queue idle)."""
     import brooq
 
-    master = start_master(dsn, workers, extra or {})
+    master = start_master_of(dsn, workers, extra or {})
     queue = brooq.Queue(dsn)
     latencies: list[float] = []
     missed = 0
@@ -241,7 +235,7 @@ def retention(dsn: str, workers: int, history: int, batch: int) -> dict[str, Any
         "QUEUE_RETENTION_PERIOD": "1s",
         "QUEUE_RETENTION_BATCH": str(batch),
     }
-    env_master = start_master(dsn, workers, extra)
+    env_master = start_master_of(dsn, workers, extra)
     queue = brooq.Queue(dsn)
     latencies: list[float] = []
     missed = 0
@@ -338,11 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--tables", default="small,big", help="which tables to run (small,big)")
     args = ap.parse_args(argv)
-    for item in args.master_env:
-        name, sep, value = item.partition("=")
-        if not sep:
-            ap.error(f"--master-env wants NAME=VALUE, got {item!r}")
-        MASTER_ENV[name] = value
+    MASTER_ENV.update(master_env(args.master_env))
     if args.quick:
         args.history, args.ready = 1_000_000, 100_000
     admin, where = choose_admin_dsn(args.dsn)

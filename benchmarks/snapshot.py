@@ -14,7 +14,7 @@ falls behind sends at once), for DURATION seconds. In the held run a session run
 idle in that transaction until the run ends: its snapshot keeps every row version the
 queue leaves behind from being removed, in the heap and in the indexes.
 
-Measured (benchmarks/snapshot_stats.py does the arithmetic):
+Measured (the tables: report.py, "the held snapshot"):
 - completed jobs/s: jobs whose handler started during the offering, over its length;
 - pickup p50/p99: handler start minus the return of the producer's enqueue (the commit),
   as run.py's pickup workload; jobs offered but not started when the run ends count as
@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -49,17 +50,18 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import snapshot_stats as stats
+import report as report_module
 from common import (  # the benchmark's own modules, next to this file
-    APPS_DIR,
     ROOT,
     Worker,
-    base_env,
     choose_admin_dsn,
     events_dir,
     fresh_database,
+    log,
+    master_env,
+    percentile,
     server_facts,
-    venv_bin,
+    start_master,
 )
 
 TOPIC = "bench.steady"
@@ -86,10 +88,6 @@ MASTER_ENV: dict[str, str] = {}  # --master-env: settings for every master of th
 TREE: Path = ROOT  # --tree: the checkout of brooq the masters run (an A/B of two trees)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 class Sampler(threading.Thread):
     """The database samples at t0 + k * every, k = 0 .. count."""
 
@@ -108,7 +106,7 @@ class Sampler(threading.Thread):
                 row = cur.execute(SAMPLE, {"ready": READY_INDEX}).fetchone()
                 if row:
                     row = {"k": k, "t": round(time.monotonic() - self.t0, 1), **row}
-                    row["entries_per_scan"] = stats.per_scan(
+                    row["entries_per_scan"] = per_scan(
                         self.samples[-1] if self.samples else None, row
                     )
                     self.samples.append(row)
@@ -185,13 +183,6 @@ def read_starts(dsn: str) -> dict[str, float]:
 
 def count_starts(dsn: str) -> int:
     return sum(f.read_bytes().count(b"\n") for f in events_dir(dsn).glob("*.starts"))
-
-
-def start_master(dsn: str, workers: int) -> Worker:
-    env = base_env(dsn, {"QUEUE_OPS_ADDR": "127.0.0.1:0", **MASTER_ENV})
-    env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), str(TREE)])
-    argv = [venv_bin("brooq-master"), "--app", "bench_brooq_app:queue", "--workers", str(workers)]
-    return Worker(argv, env, f"brooq-snapshot-{workers}").start()
 
 
 def warm_up(dsn: str, master: Worker) -> None:
@@ -283,12 +274,107 @@ def vacuum_verbose(dsn: str) -> str:
     return "\n".join(notes)
 
 
+def pickups(
+    enqueued: Mapping[str, float], started: Mapping[str, float], cutoff: float
+) -> tuple[dict[str, float], int]:
+    """Each offered job's pickup in ms (censored at ``cutoff`` when it never started),
+    and how many were censored."""
+    out: dict[str, float] = {}
+    censored = 0
+    for job, t_enq in enqueued.items():
+        t_start = started.get(job)
+        if t_start is None:
+            censored += 1
+            t_start = max(cutoff, t_enq)
+        out[job] = (t_start - t_enq) * 1000.0
+    return out, censored
+
+
+def latency_summary(values: Sequence[float], censored: int = 0) -> dict[str, Any]:
+    """p50/p95/p99/max of the pickups (ms); ``censored`` jobs are lower bounds within."""
+    if not values:
+        return {
+            "jobs": 0,
+            "censored": censored,
+            "p50_ms": None,
+            "p95_ms": None,
+            "p99_ms": None,
+            "max_ms": None,
+        }
+    return {
+        "jobs": len(values),
+        "censored": censored,
+        "p50_ms": round(percentile(values, 0.50), 2),
+        "p95_ms": round(percentile(values, 0.95), 2),
+        "p99_ms": round(percentile(values, 0.99), 2),
+        "max_ms": round(max(values), 2),
+    }
+
+
+def windows(
+    enqueued: Mapping[str, float],
+    started: Mapping[str, float],
+    pickup_ms: Mapping[str, float],
+    t0: float,
+    duration: float,
+    every: float,
+) -> list[dict[str, Any]]:
+    """The offering cut in ``every``-second windows (the last one may be shorter): jobs
+    offered and started in each, their rates, and the pickup p50/p99 of the jobs
+    offered in it."""
+    count = max(1, math.ceil(duration / every - 1e-9))
+    offered: list[list[float]] = [[] for _ in range(count)]
+    completed = [0] * count
+
+    def slot(t: float) -> int | None:
+        k = math.floor((t - t0) / every)
+        return k if 0 <= k < count and t - t0 < duration else None
+
+    for job, t_enq in enqueued.items():
+        k = slot(t_enq)
+        if k is not None:
+            offered[k].append(pickup_ms[job])
+    for t_start in started.values():
+        k = slot(t_start)
+        if k is not None:
+            completed[k] += 1
+    out = []
+    for k in range(count):
+        length = min(every, duration - k * every)
+        lat = offered[k]
+        out.append(
+            {
+                "k": k,
+                "t_end": round(k * every + length, 1),
+                "offered": len(lat),
+                "offered_per_s": round(len(lat) / length, 1),
+                "completed": completed[k],
+                "completed_per_s": round(completed[k] / length, 1),
+                "p50_ms": round(percentile(lat, 0.50), 2) if lat else None,
+                "p99_ms": round(percentile(lat, 0.99), 2) if lat else None,
+            }
+        )
+    return out
+
+
+def per_scan(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> float | None:
+    """Index entries read per scan of the ready index between two samples (each holding
+    the index's cumulative idx_scan and idx_tup_read), None without scans."""
+    if before is None:
+        return None
+    scans = int(after["ready_idx_scan"]) - int(before["ready_idx_scan"])
+    if scans <= 0:
+        return None
+    read = int(after["ready_idx_tup_read"]) - int(before["ready_idx_tup_read"])
+    return round(read / scans, 1)
+
+
 def one_run(admin: str, label: str, held: bool, args: argparse.Namespace) -> dict[str, Any]:
     from brooq import migrate
 
     with fresh_database(admin, f"snapshot_{label}") as dsn:
         migrate.up(dsn)
-        master = start_master(dsn, args.workers)
+        master = start_master(dsn, args.workers, tree=TREE, env=MASTER_ENV, name="brooq-snapshot")
         holder: psycopg.Connection[Any] | None = None
         result: dict[str, Any] = {"label": label, "held": held}
         try:
@@ -332,7 +418,7 @@ def one_run(admin: str, label: str, held: bool, args: argparse.Namespace) -> dic
                 holder.close()
         vacuums = master.log_tail(10**9).count("event=vacuum_done")
         started = read_starts(dsn)
-    pickup_ms, censored = stats.pickups(enqueued, started, cutoff)
+    pickup_ms, censored = pickups(enqueued, started, cutoff)
     in_window = sum(1 for j in enqueued if t0_wall <= started.get(j, -1) < t0_wall + offered_s)
     result.update(
         {
@@ -342,10 +428,8 @@ def one_run(admin: str, label: str, held: bool, args: argparse.Namespace) -> dic
             "offered_s": round(offered_s, 2),
             "offered_per_s": round(len(enqueued) / offered_s, 1),
             "completed_per_s": round(in_window / offered_s, 1),
-            "pickup": stats.latency_summary(list(pickup_ms.values()), censored),
-            "windows": stats.windows(
-                enqueued, started, pickup_ms, t0_wall, args.duration, args.every
-            ),
+            "pickup": latency_summary(list(pickup_ms.values()), censored),
+            "windows": windows(enqueued, started, pickup_ms, t0_wall, args.duration, args.every),
             "samples": samples,
             "master_vacuums": vacuums,
         }
@@ -355,56 +439,6 @@ def one_run(admin: str, label: str, held: bool, args: argparse.Namespace) -> dic
     result["index_bytes"] = [samples[0]["index_bytes"], samples[-1]["index_bytes"]]
     result["last_entries_per_scan"] = samples[-1]["entries_per_scan"]
     return result
-
-
-def markdown(report: dict[str, Any]) -> str:
-    lines = [
-        f"# Held snapshot: {report['rate']:,} jobs/s offered for {report['duration']:g} s",
-        "",
-        f"{report['date']}, PostgreSQL {report['server']['server_version']} "
-        f"({report['where']}), `brooq-master --workers {report['workers']}`, "
-        f"{report['producers']} producer threads (`Queue.enqueue`, one job per call); "
-        f"master settings {report['master_env'] or 'default'}.",
-        "",
-    ]
-    runs = report["runs"]
-    if "alone" in runs and "held" in runs:
-        lines += [*stats.side_by_side(runs["alone"], runs["held"]), ""]
-    for label, run in runs.items():
-        lines += [f"## {label}, every {report['every']:g} s", ""]
-        lines += [*stats.samples_table(run), ""]
-        lines += [
-            f"Master's own VACUUMs: {run['master_vacuums']}; producers at most "
-            f"{run['producers_most_behind_s']} s behind their schedule.",
-            "",
-            f"EXPLAIN (ANALYZE, BUFFERS) of the claim at {100 * report['explain_at']:.0f} % "
-            "of the offering, reading the ready index whole:",
-            "",
-            "```",
-            run["explain"],
-            "```",
-            "",
-            *(
-                [
-                    "And of the claim from floors (the ranges of a child whose last claim "
-                    "returned a job of priority 0 made available a second before):",
-                    "",
-                    "```",
-                    run["explain_floored"],
-                    "```",
-                    "",
-                ]
-                if run.get("explain_floored")
-                else []
-            ),
-            "VACUUM (VERBOSE) when the offering ended:",
-            "",
-            "```",
-            run["vacuum_verbose"],
-            "```",
-            "",
-        ]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -428,11 +462,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--tree {args.tree}: no brooq checkout there")
         global TREE
         TREE = args.tree.resolve()
-    for item in args.master_env:
-        name, sep, value = item.partition("=")
-        if not sep:
-            ap.error(f"--master-env wants NAME=VALUE, got {item!r}")
-        MASTER_ENV[name] = value
+    MASTER_ENV.update(master_env(args.master_env))
     if args.quick:
         args.duration, args.every = 60.0, 10.0
     runs = args.runs.split(",")
@@ -463,8 +493,10 @@ def main(argv: list[str] | None = None) -> int:
             f"ms p99 {run['pickup']['p99_ms']} ms, most dead tuples {run['max_dead_tuples']}"
         )
     if {"alone", "held"} <= set(runs):
-        report["targets"] = stats.targets(report["runs"]["alone"], report["runs"]["held"])
-    text = markdown(report)
+        report["targets"] = report_module.snapshot_targets(
+            report["runs"]["alone"], report["runs"]["held"]
+        )
+    text = report_module.snapshot_markdown(report)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
         args.out.with_suffix(".md").write_text(text)
