@@ -1,4 +1,5 @@
-"""make bench's summary table, read from a stored run (benchmarks/results)."""
+"""The benchmark report's tables (benchmarks/report.py), read from stored runs
+(benchmarks/results): make bench's summary, the held snapshot's side by side."""
 
 from __future__ import annotations
 
@@ -30,3 +31,13 @@ def test_the_glance_table_puts_brooq_beside_the_best_peer_and_the_ceiling() -> N
     pickup = rows["pickup p50 (ms; lower is better)"]
     assert pickup[2] == "1.67 (celery)" and pickup[4] == "1.26" + TIMES
     assert "## At a glance" in report.markdown(result)
+
+
+def test_the_held_snapshot_report_is_rewritten_from_its_stored_run_as_it_was() -> None:
+    stem = BENCH / "results" / "2026-12-03-snapshot-quiet"
+    result = json.loads(stem.with_suffix(".json").read_text())
+    text = report.snapshot_markdown(result)
+    assert text == stem.with_suffix(".md").read_text()
+    side = text.split("## alone")[0]
+    assert "| completed jobs/s | 1,000 | 1,000 | 100 % |" in side
+    assert "held pickup p99 < 50 ms: 27.1 ms (met)" in side
