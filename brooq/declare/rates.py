@@ -28,13 +28,12 @@ MAX_LIMIT: Final = 2**31 - 1
 MIN_PERIOD: Final = 0.1
 MAX_PERIOD: Final = 31 * 86400.0
 # The allowance: a twentieth of the period, at least ALLOWANCE_MIN, at most
-# ALLOWANCE_MAX. A twentieth of the shortest period, 5 ms, is less than a claim's round
-# trip on a loaded host: Rate(1, per=100ms), 40 jobs, 2 children on 2 cores
-# (tests/process/test_short_rates.py), reaches 89-92 % of its rate idle but 50-73 %
-# beside three busy processes with a 5 ms allowance (11 to 33 of the 40 claims given
-# back late), and 82 % either way with 20 ms (0 to 2 given back). 20 ms is a fifth of
-# the shortest period, so 5/6 of any rate stays reachable; a period of 400 ms or more
-# keeps its twentieth.
+# ALLOWANCE_MAX. A twentieth of the shortest period is less than a claim's round trip on
+# a loaded host: a rate of that period then gives many of its claims back late beside
+# busy processes and reaches much less of its rate than idle; with ALLOWANCE_MIN it
+# reaches the same share either way (tests/process/test_short_rates.py). ALLOWANCE_MIN
+# is a fifth of the shortest period, so 5/6 of any rate stays reachable; a period of
+# ALLOWANCE_MIN / ALLOWANCE_SHARE or more keeps its twentieth.
 ALLOWANCE_SHARE: Final = 0.05
 ALLOWANCE_MIN: Final = 0.02
 ALLOWANCE_MAX: Final = 0.25

@@ -43,14 +43,14 @@ MAX_PAUSED = 200
 # The overview counts a state's jobs exactly when its sample says there are fewer than
 # EXACT_BELOW, reading at most EXACT_CAP of them (more: the estimate stands); a larger
 # state is estimated from the sample, about SAMPLE_PAGES pages of the table picked at
-# random. Exact counting costs a read per row (about 0.3 us each on 2 cores): 970,000
-# ready jobs took 240 ms, 8,000,000 would hit the statement timeout.
+# random. Exact counting costs a read per row: a large state counted whole would hit
+# the statement timeout.
 EXACT_BELOW = 50_000
 EXACT_CAP = 100_000
 SAMPLE_PAGES = 500
 # The same seed each time (REPEATABLE): the sample is the same pages while the table
 # keeps its size, so a refresh does not move an estimate by chance alone, and the pages
-# it reads stay in the cache (a new seed per render read cold pages: 357 ms on 8,000,000).
+# it reads stay in the cache (a new seed per render reads cold pages).
 SAMPLE_SEED = 1.0
 STATES = ("pending", "failed", "processing", "dead", "waiting")
 ERROR_CHARS = 300  # of last_error in a list; the job page shows it whole
@@ -100,7 +100,7 @@ def decode_cursor(text: str) -> Cursor:
 def read_only(
     conn: psycopg.Connection[Any], timeout: float = STATEMENT_TIMEOUT, q: Queries = Q
 ) -> Iterator[psycopg.Cursor[Row]]:
-    # 0 ms would mean no timeout at all: at least 1 ms.
+    # A statement_timeout of zero means none at all: at least a millisecond.
     # A transaction of its own even on a connection in autocommit; in a non-autocommit
     # connection with nothing open, transaction() begins one and commits it (psycopg).
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
@@ -208,7 +208,7 @@ def sample_blocks(pages: int, wanted: int) -> list[int]:
     spaced (each in the middle of its stretch), or every block of a table that has no
     more. A systematic sample of a known size: TABLESAMPLE SYSTEM reads a number of pages
     that varies by about 1/sqrt(wanted) (4.5 % at 500), and scaling by the nominal share
-    carried that error into every estimate (10 % high on one table of 2,000,000 jobs).
+    carried that error into every estimate.
     The same blocks while the table keeps its size, so a refresh does not move a figure
     by chance and the pages stay cached."""
     if pages <= wanted:

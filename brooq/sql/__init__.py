@@ -10,7 +10,7 @@ standby). Every ``*.sql`` file here
 is read; a name defined twice, in one file or in two, is refused naming the file(s).
 Parameters are psycopg named placeholders (so a ``%`` in a comment must be doubled);
 arrays are bound in binary (the ``b`` placeholders: psycopg's text form escapes element
-by element, six times slower). Outcome writes are guarded by "still processing and
+by element, far slower). Outcome writes are guarded by "still processing and
 still mine": zero rows is a normal answer, never an error.
 
 The files are parsed once; ``Q.job_get`` is the text of the statement named job_get,
@@ -269,7 +269,7 @@ class Queries:
             raise ValueError(f"brooq/sql may not name a statement {sorted(taken)[0]!r}")
         self.schema = schema
         # Plain attributes: a look-up costs what any attribute does (a __getattr__ that
-        # reads a dictionary costs about 1 µs more per statement: an AttributeError first).
+        # reads a dictionary costs more per statement: an AttributeError first).
         self.__dict__.update(queries)
         self._names = sorted(queries)
 

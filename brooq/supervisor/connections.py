@@ -47,9 +47,9 @@ MASTER_LOCK_TIMEOUT_MS = 2_000
 MASTER_CONNECT_TIMEOUT = 3
 RETRY_FIRST = 0.5
 # At most this long between two attempts: a database back (a standby promoted after a
-# failover) is found within it. At 10 s a failover that left no primary for 16 s had both
-# masters reconnect 10 s after the promotion (tests/ha/test_failover.py), their LISTEN,
-# renewals and reaper missing meanwhile; two connects every 5 s cost a server nothing.
+# failover) is found within it. A longer wait has both masters reconnect long after the
+# promotion (tests/ha/test_failover.py), their LISTEN, renewals and reaper missing
+# meanwhile; a connect every RETRY_MAX costs a server nothing.
 RETRY_MAX = 5.0
 
 

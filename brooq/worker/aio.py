@@ -204,8 +204,8 @@ class AsyncLoop:
                 trip = await loop.run_in_executor(self.db, trips.run, finished, with_results, limit)
             else:
                 # Nothing runs that a wait on the loop could hold up: two thread hops
-                # fewer (~0.3 ms each measured on 2 cores), which is an idle child's
-                # pickup latency. The board is empty, so the master ignores the beat.
+                # fewer, which is an idle child's pickup latency. The board is empty, so
+                # the master ignores the beat.
                 trip = trips.run(finished, with_results, limit)
         except Stop:
             # Stopping while the database is unreachable: what is held comes back through

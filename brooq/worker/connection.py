@@ -87,18 +87,16 @@ class ChildConnection:
 
         No bitmap scans for brooq's own statements: before the job table's first ANALYZE
         the planner would read every ready row of the ready index and sort them for each
-        claim (22 ms instead of 1.3 ms for a 32-job claim on 20,000 rows). No sequential
+        claim. No sequential
         scans either: every statement of a child finds its rows through an index, and
         the generic plans made after an ANALYZE of a nearly empty table (a fresh
-        deployment) read the whole table in every claim until the next ANALYZE (a
-        steady 1,000 jobs/s: 13,800 sequential scans in 10 s, 98 million rows read in
-        30 s; docs/explanation/held-snapshots.md). No sorts: a claim reads the ready
+        deployment) read the whole table in every claim until the next ANALYZE
+        (docs/explanation/held-snapshots.md). No sorts: a claim reads the ready
         index in its order and stops at the limit; the same plans, given an index of the
         ready rows by available_at alone, read every ready row of it and sorted them by
         priority, in every claim. Generic plans
-        for them: with `auto`, PostgreSQL planned every claim anew (pg_prepared_statements
-        showed 0 generic plans in 300 claims), and planning was a fifth of a claim (a
-        100,000-job drain on one connection: 17,100 -> 20,500 jobs/s); the generic plans
+        for them: with `auto`, PostgreSQL planned every claim anew, and planning was a
+        large share of a claim's cost; the generic plans
         are the ones the EXPLAIN tests guard. Users' on_success writes get both defaults
         back (Q.session_planner_defaults)."""
         return {

@@ -1,12 +1,12 @@
 """Where a claim enters the ready index: a floor on available_at per queue and priority,
 used while reading the index whole has become expensive, and when to read it whole again.
 
-Why (measured: docs/explanation/held-snapshots.md): each claimed job leaves its entry at
+Why (docs/explanation/held-snapshots.md): each claimed job leaves its entry at
 the front of the ready index until a VACUUM removes it, and no VACUUM can while a session
 holds a snapshot older than the claim. A claim reads the index in order from its front
 and visits the row of every entry on its way, so under a snapshot held for minutes each
-claim visited every job claimed since: 300,000 claimed jobs, 300,000 buffers and 70 to
-100 ms for one claim. Entered at (queue, priority, floor), a claim reads none of them.
+claim visits every job claimed since. Entered at (queue, priority, floor), a claim reads
+none of them.
 
 The floor of a queue's priority is the oldest available_at among the jobs of that
 priority the child's last claims returned, less SLACK. Claims take jobs in order, so what
@@ -41,8 +41,8 @@ WHOLE = datetime.min.replace(tzinfo=timezone.utc)  # the floor of a range read w
 LOWEST, HIGHEST = -32768, 32767  # priority is a smallint
 # Covers the commit of an autocommit enqueue (available_at is its transaction's start)
 # and the order in which concurrent producers' commits land. Each claim visits the rows
-# of the jobs claimed within SLACK before its floor: at 1,000 jobs/s under a held
-# snapshot, 1 s of slack read 650-1,000 buffers per job, 100 ms 250-530.
+# of the jobs claimed within SLACK before its floor: under a held snapshot, a longer
+# slack reads more buffers per job.
 SLACK = timedelta(milliseconds=100)
 WORTH = 0.005  # seconds: a whole read cheaper than this is always taken
 FACTOR = 20.0

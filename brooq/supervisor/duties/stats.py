@@ -46,8 +46,8 @@ class Stats(Source):
     as zeros: a multiprocess gauge cannot drop a label set, and a stale count must not
     stay on the dashboards.
 
-    The counts are exact, so a run costs what the backlog holds (about 0.3 s with
-    1,000,000 ready jobs, 3-4 s with 8,000,000): the count is sent on a connection of
+    The counts are exact, so a run costs what the backlog holds (seconds on a backlog
+    of millions): the count is sent on a connection of
     its own and its rows applied when the answer arrives (brooq.supervisor.offloop),
     so the loop goes on waking children and renewing leases meanwhile; the table's
     health, a catalog read, is read in the loop. One count at a time; the next comes at

@@ -1,13 +1,13 @@
 """The master's own VACUUM of the job table, started when its dead tuples pile up and
 waited for in the loop's select, never in a blocking call.
 
-Why (measured): a queue drains from the front of its ready index, and every
+Why: a queue drains from the front of its ready index, and every
 claimed job leaves its entry there until a VACUUM removes it; a claim walks those pages
 before it finds a live row. Autovacuum looks at a database once per
 ``autovacuum_naptime`` (a minute by default), and a server may run without it (this
-project's CI service does): draining 1,000,000 ready jobs with no vacuum, the claims
-walked ~9,000 index pages each, the drain ran at 4,700 jobs/s and an idle pickup took
-18 ms instead of 2. So every QUEUE_VACUUM_PERIOD the master reads the table's dead
+project's CI service does): with no vacuum, each claim of a long drain walks ever more
+dead index entries, and both the drain and an idle pickup slow down (docs/benchmarks.md).
+So every QUEUE_VACUUM_PERIOD the master reads the table's dead
 tuples (a catalog read), and past QUEUE_VACUUM_DEAD_TUPLES it sends
 ``VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON)`` on a connection of its own and goes on: the
 answer is read when its socket is readable (brooq.supervisor.offloop). SKIP_LOCKED:
@@ -17,8 +17,8 @@ tuples, and the ready index is what needs the cleaning.
 
 A VACUUM cannot remove what a session's snapshot may still see: while one is held (an
 idle transaction, a long report), the dead tuples stay over the threshold after each
-VACUUM, and a VACUUM every period would read the whole table for nothing (measured:
-docs/explanation/held-snapshots.md). So the threshold counts from what the last VACUUM
+VACUUM, and a VACUUM every period would read the whole table for nothing
+(docs/explanation/held-snapshots.md). So the threshold counts from what the last VACUUM
 left (read at the first look after it, lowered whenever a look finds fewer, as after
 autovacuum's run once the snapshot is gone): the next VACUUM waits for THRESHOLD new
 dead tuples.
