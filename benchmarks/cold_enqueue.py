@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import brooq
-from brooq.producer import ids, poolcheck, produce
+from brooq.producer import ids, insert, poolcheck
 from psycopg import pq
 
 
@@ -75,7 +75,7 @@ def main() -> None:
         "brooq.Job(topic, payload)": lambda i: brooq.Job("bench.noop", {"i": i}),
         "uuid7()": lambda i: ids.uuid7(),
         "poolcheck.suspect(line's conn)": lambda i: poolcheck.suspect(conn),
-        "produce.check_job(job)": lambda i: produce.check_job(job, 1 << 20, {}),
+        "insert.check_job(job)": lambda i: insert.check_job(job, 1 << 20, {}),
         "line.insert(job), stubbed": lambda i: line.insert(job, "default"),
         "queue.enqueue(job), stubbed": lambda i: queue.enqueue(job),
         "queue.enqueue(Job(...)), stubbed": lambda i: queue.enqueue(

@@ -88,7 +88,7 @@ from brooq.operator.records import (
     TopicLimits,
     TopicStats,
 )
-from brooq.producer.produce import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from brooq.producer.insert import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from brooq.producer.stacks import JobStack
 from brooq.queue import Queue
 

@@ -294,7 +294,7 @@ class Job:
             topic if topic.__class__ is str and topic in _VALID_NAMES else validate_topic(topic)
         )
         # None: the queue the topic's handler declares when enqueued through a Queue
-        # that has it, else "default" (brooq.producer.produce resolves it).
+        # that has it, else "default" (brooq.producer.insert resolves it).
         self.queue = None if queue is None else validate_queue(queue)
         self.priority = (
             0 if priority.__class__ is int and priority == 0 else validate_priority(priority)

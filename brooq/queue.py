@@ -7,7 +7,7 @@ them (brooq.producer.line), under the same rules; waiting shares one LISTEN conn
 process (brooq.producer.wait).
 
 Owns: the face users touch beside what an application declares (brooq.declare.registry): the
-pooled connection and transaction, enqueue* (brooq.producer.produce), the operator's reads and
+pooled connection and transaction, enqueue* (brooq.producer.insert), the operator's reads and
 writes (brooq.operator's functions, on a pooled connection) and wait* (brooq.producer.wait).
 Each method checks its arguments before any I/O, then delegates.
 Must never: claim jobs or write their outcomes (the worker's), hold SQL of its own (the
@@ -38,17 +38,17 @@ from brooq.operator.records import (
     TopicLimits,
     TopicStats,
 )
-from brooq.producer.line import EnqueueLine
-from brooq.producer.pools import Pools
-from brooq.producer.produce import (
+from brooq.producer.insert import (
     check_job,
     check_jobs,
     insert_checked,
     insert_checked_async,
     insert_many_checked,
     insert_many_checked_async,
+    queue_of,
 )
-from brooq.producer.produce_steps import queue_of
+from brooq.producer.line import EnqueueLine
+from brooq.producer.pools import Pools
 from brooq.producer.stacks import JobStack, fetch_stack
 from brooq.producer.wait import Waits
 from brooq.settings import Settings
@@ -109,7 +109,7 @@ class Queue(Registry):
         other."""
         await self._pools.close_async()
 
-    # -- producing (brooq.producer.produce) --------------------------------------------------------
+    # -- producing (brooq.producer.insert) ---------------------------------------------------------
 
     def enqueue(self, job: Job) -> tuple[uuid.UUID, bool]:
         """Insert one job, committed at once; (id, created).
@@ -157,8 +157,8 @@ class Queue(Registry):
         ("job 3: ..."), and nothing is inserted."""
         checked = check_jobs(jobs, self.settings.max_payload_bytes, self.handlers)
         if any(job.after is not None for job in checked):
-            # A graph: brooq.producer.produce_drive opens the transaction, and runs it again after
-            # a deadlock with the workers ending the jobs named.
+            # A graph: brooq.producer.insert opens the transaction, and runs it again after a
+            # deadlock with the workers ending the jobs named.
             with self._pools.autocommit() as conn:
                 return insert_many_checked(conn, checked, self.handlers, q=self._q)
         with self.transaction() as conn:
@@ -168,7 +168,7 @@ class Queue(Registry):
         """``enqueue`` from asyncio code, on this Queue's async pool (opened on first use
         in the running loop, never before a fork); (id, created)."""
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
-        # One statement; a job with after, one transaction (brooq.producer.produce_drive).
+        # One statement; a job with after, one transaction (brooq.producer.insert).
         async with self._pools.async_connection(autocommit=True) as conn:
             return await insert_checked_async(conn, checked, self.handlers, q=self._q)
 

@@ -5,11 +5,9 @@ job) and in no process brooq forks for itself, but the master's periodic duty. I
 vocabulary below it (``brooq.job``, ``brooq.db``, ``brooq.sql``) and never the master or a
 child.
 
-- `produce`: enqueue one or many (COPY), in the caller's transaction or not
-- `produce_steps`: the steps an insert yields and the rows they answer
-- `produce_options`: the steps of a job with a unique_key, debounce or tags
-- `produce_graph`: the steps of a batch with jobs that wait for others (`after`)
-- `produce_drive`: the drivers that run an insert's steps, and the transaction brooq opens
+- `insert`: enqueue one or many (COPY), in the caller's transaction or not: the checks,
+  the steps of a plain job, a keyed or tagged one (unique_key, debounce) and a graph
+  (`after`), and the drivers that run them (sync, async) with the transaction brooq opens
 - `line`: the connection `Queue.enqueue` keeps for itself, its INSERT prepared once
 - `pools`: a Queue's sync and async pools, opened late, forgotten in a fork's child
 - `poolcheck`: the check a pooled connection passes on checkout

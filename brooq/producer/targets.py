@@ -32,7 +32,7 @@ AnyTarget = Target | object
 
 def cursor(target: Target) -> psycopg.Cursor[Any]:
     """A new cursor on the caller's connection, so in the caller's transaction, that
-    returns the id column itself (scalar_row: every statement of brooq.producer.produce answers
+    returns the id column itself (scalar_row: every statement of brooq.producer.insert answers
     ids) whatever row_factory the caller chose (dict_row, class_row, ...) and whatever
     kind of cursor was passed (a server-side one cannot run an INSERT)."""
     conn = target if isinstance(target, psycopg.Connection) else target.connection

@@ -1,4 +1,4 @@
--- What producers run: Queue.enqueue and its kin (brooq.producer.produce, brooq.producer.line)
+-- What producers run: Queue.enqueue and its kin (brooq.producer.insert, brooq.producer.line)
 -- write jobs, and Queue.wait listens for a job's outcome.
 
 -- name: job_insert
@@ -59,7 +59,7 @@ JOIN {job} ON job.topic = k.topic AND job.idempotency_key = k.key
 -- template: job_insert_options
 -- variant: job_insert_options
 -- variant: job_insert_options_traced: traced
--- One job with a unique_key or tags (brooq.producer.produce_options); job_insert stays the plain
+-- One job with a unique_key or tags (brooq.producer.insert); job_insert stays the plain
 -- job's. No conflict target: the row may collide on the idempotency key's index or on
 -- job_unique_key_idx (one active job per topic and unique_key, migration 0011), and
 -- either means "already there". _traced: a job enqueued under a producer span
@@ -151,7 +151,7 @@ SELECT id FROM inserted
 -- template: job_insert_many_options
 -- variant: job_insert_many_options
 -- variant: job_insert_many_options_traced: traced
--- job_insert_many for a batch holding unique keys or tags (brooq.producer.produce_options): the
+-- job_insert_many for a batch holding unique keys or tags (brooq.producer.insert): the
 -- same arrays (the groups among them), and two more; `tags` holds each job's tags as a text[] literal (NULL: none).
 -- No conflict target, as job_insert_options. _traced: a batch enqueued under a producer
 -- span, each job with its traceparent (any batch then takes this statement, never COPY).
@@ -224,7 +224,7 @@ SELECT {brooq_job_after}(%(jobs)b::uuid[], %(policies)b::text[], %(downs)b::uuid
 
 -- name: job_after_release
 -- A graph's jobs, once job_after wrote their edges: inserted held (available_at
--- 9999-01-01, brooq.producer.produce_graph.HELD, so that the insert's trigger sent no NOTIFY for
+-- 9999-01-01, brooq.producer.insert.HELD, so that the insert's trigger sent no NOTIFY for
 -- a job that is to wait), each gets its own available_at (NULL: now). When one of them
 -- stayed pending and is ready now (every job it names had ended), the children are woken
 -- as the insert's trigger would have woken them: one NOTIFY naming the table's schema

@@ -28,8 +28,7 @@ from brooq import logs
 from brooq.declare.handlers import Policy
 from brooq.ipc.board import Board
 from brooq.job import Claim
-from brooq.producer.produce import check_jobs, insert_many_checked
-from brooq.producer.produce_steps import Handlers
+from brooq.producer.insert import Handlers, check_jobs, insert_many_checked
 from brooq.rules import backoff, bounded
 from brooq.settings import Settings
 from brooq.sql import queries

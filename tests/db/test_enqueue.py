@@ -13,7 +13,7 @@ import pytest
 
 import brooq
 from brooq.errors import DatabaseUnavailable, InvalidDsn
-from brooq.producer import produce
+from brooq.producer import insert
 
 
 def count(db: psycopg.Connection[tuple[object, ...]]) -> int:
@@ -424,7 +424,7 @@ def test_enqueue_whatever_the_callers_row_factory(
         with conn.transaction():
             one = brooq.enqueue(conn, brooq.Job("rf", idempotency_key="a"))
             again = brooq.enqueue(conn, brooq.Job("rf", idempotency_key="a"))
-            many = produce.enqueue_many(
+            many = insert.enqueue_many(
                 conn, [brooq.Job("rf", idempotency_key="a"), brooq.Job("rf", idempotency_key="b")]
             )
         assert one[1] is True and again == (one[0], False)
@@ -434,7 +434,7 @@ def test_enqueue_whatever_the_callers_row_factory(
         with conn.transaction(), conn.cursor(name=name) as cur:  # type: ignore[call-overload]
             cur.execute("SELECT 42 AS answer")
             _job_id, created = brooq.enqueue(cur, brooq.Job("rf"))
-            assert created and produce.enqueue_many(cur, [brooq.Job("rf")])[0][1] is True
+            assert created and insert.enqueue_many(cur, [brooq.Job("rf")])[0][1] is True
             row = cur.fetchone()
             assert (
                 row is not None and (row[0] if factory == "namedtuple_row" else row["answer"]) == 42
@@ -492,9 +492,9 @@ def test_enqueue_many_names_the_refused_job(dsn: str, db: psycopg.Connection[Any
             small.enqueue_many([fine, {"topic": "t"}])  # type: ignore[list-item]
         with psycopg.connect(dsn) as conn:
             with pytest.raises(brooq.InvalidPayload, match=r"^job 0: payload is 202 bytes"):
-                produce.enqueue_many(conn, [too_big], max_payload_bytes=100)
+                insert.enqueue_many(conn, [too_big], max_payload_bytes=100)
             with pytest.raises(TypeError, match=r"^job 3: expected a brooq.Job, not str$"):
-                produce.enqueue_many(conn, [fine, fine, fine, "t"])  # type: ignore[list-item]
+                insert.enqueue_many(conn, [fine, fine, fine, "t"])  # type: ignore[list-item]
         assert count(db) == 0
     finally:
         small.close()
@@ -514,14 +514,14 @@ def test_a_big_batch_pauses_the_collector_and_gives_it_back(
     def rows(n: int) -> list[brooq.Job]:
         return [brooq.Job("t", {"i": i}) for i in range(n)]
 
-    real_copy_rows = produce.copy_rows
+    real_copy_rows = insert.copy_rows
 
     def noting(checked: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append(gc.isenabled())
         return real_copy_rows(checked, *args, **kwargs)
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        produce.copy_rows = noting  # type: ignore[assignment]
+        insert.copy_rows = noting  # type: ignore[assignment]
         try:
             brooq.enqueue_many(conn, rows(1_000))
             assert gc.isenabled()
@@ -536,6 +536,6 @@ def test_a_big_batch_pauses_the_collector_and_gives_it_back(
             assert not gc.isenabled()
         finally:
             gc.enable()
-            produce.copy_rows = real_copy_rows  # type: ignore[assignment]
+            insert.copy_rows = real_copy_rows  # type: ignore[assignment]
     assert seen == [False, True, False, False]
     assert count(db) == 2_999

@@ -11,8 +11,8 @@ import psycopg
 
 import brooq
 from brooq import tracing
-from brooq.producer.produce import _insert_many, _insert_one
-from brooq.producer.produce_drive import drive as _drive
+from brooq.producer.insert import _insert_many, _insert_one
+from brooq.producer.insert import drive as _drive
 from brooq.sql import Q
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

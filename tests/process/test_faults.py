@@ -25,7 +25,7 @@ import pytest
 
 import brooq
 from brooq.operator.changes import transition_params
-from brooq.producer.produce import enqueue_many
+from brooq.producer.insert import enqueue_many
 from brooq.sql import Q
 from tests import audit
 from tests.harness import (

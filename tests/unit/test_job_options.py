@@ -9,7 +9,7 @@ import pytest
 
 import brooq
 from brooq.job_options import TAG_FORM, check_tag
-from brooq.producer.produce_steps import tags_literal
+from brooq.producer.insert import tags_literal
 
 
 def test_a_plain_job_has_no_options() -> None:

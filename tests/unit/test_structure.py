@@ -24,7 +24,12 @@ PACKAGE = "brooq"
 # line starting "Stands alone:", why it is not part of a neighbour.
 SOFT_LINES = 700
 SMALL_LINES = 30
-LARGE: dict[str, str] = {}
+LARGE: dict[str, str] = {
+    "brooq/producer/insert.py": (
+        "one insert path, read top to bottom: the public calls, one job, a batch, the keyed "
+        "options, a graph, then the sync and async drivers each step runs on"
+    ),
+}
 STANDS_ALONE = re.compile(r"^\s*Stands alone:", re.MULTILINE)
 # brooq/*.py besides __init__ and __main__: what every room uses, and the public faces.
 TOP_MODULES = 16

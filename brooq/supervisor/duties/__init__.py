@@ -4,7 +4,7 @@ Each duty is a small object with its name, its period and a ``run_once(now)`` re
 counts (brooq.supervisor.duties.scheduler.Duty); the master builds them in its order and
 runs what the Scheduler says is due, once per pass of its loop. The statements they run
 are brooq.supervisor.maintenance's (Periodic's own: periodic_claim and periodic_set_job,
-with brooq.producer.produce's insert; the snapshot watch's: brooq.operator.snapshots' read). No
+with brooq.producer.insert's insert; the snapshot watch's: brooq.operator.snapshots' read). No
 duty ever waits: one that cannot reach the database returns nothing and runs again next
 period; a long statement (the job count, a VACUUM) goes off the loop
 (brooq.supervisor.offloop), its duty being a source of the master's select too.

@@ -1,7 +1,7 @@
 """The periodic schedules, as a duty: every second, the first at once.
 
 Owns: enqueueing each schedule's due tick once across every master: the tick claimed in
-brooq_periodic and its job inserted (brooq.producer.produce) in one transaction
+brooq_periodic and its job inserted (brooq.producer.insert) in one transaction
 (periodic_claim, periodic_set_job), and the warning of a master whose clock is ahead
 of the database's (ClockAhead). Must never wait: a database out of reach leaves the tick
 for the next pass. It is the one place the master calls application code: a schedule's
@@ -22,8 +22,8 @@ import psycopg
 from brooq.declare import periodic as periodic_mod
 from brooq.errors import BrooqError
 from brooq.metrics import Metrics
-from brooq.producer import produce
-from brooq.producer.produce_steps import Handlers
+from brooq.producer import insert
+from brooq.producer.insert import Handlers
 from brooq.settings import Settings
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.scheduler import Counts
@@ -118,7 +118,7 @@ class Periodic:
                 job = periodic_mod.build_job(schedule, tick)
                 # A typed topic's payload is checked too: a tick's job that cannot fit
                 # would only go dead in the worker.
-                produce.check_job(job, self.max_payload, self.handlers)
+                insert.check_job(job, self.max_payload, self.handlers)
             except (periodic_mod.PeriodicJobError, BrooqError, TypeError, ValueError) as exc:
                 # Not claimed: another master whose callable works may still enqueue it.
                 self.settled[schedule.name] = tick
@@ -214,7 +214,7 @@ class Periodic:
                     # A schedule never claimed before starts with its next tick: its
                     # last one passed before it existed, so nothing was missed.
                     return True
-                job_id, _ = produce.insert_checked(conn, job, self.handlers, q=self.conns.q)
+                job_id, _ = insert.insert_checked(conn, job, self.handlers, q=self.conns.q)
                 conn.execute(self.conns.q.periodic_set_job, {"name": schedule.name, "job": job_id})
                 return job_id
         except BrooqError as exc:
