@@ -5,46 +5,15 @@ Read top to bottom: the public functions and the checks a job passes before any 
 steps an insert asks its driver to run; one job's insert; a batch's (COPY, or one INSERT
 when keys are given); the steps of a job with a unique_key, debounce or tags; the steps of
 a batch holding jobs with ``after`` (a graph); last, the drivers that run the steps on a
-psycopg cursor, and the transaction a graph needs. ``Queue.enqueue``'s plain job comes
-through none of this: brooq.producer.line sends it.
+psycopg cursor, and the transaction a graph needs. ``Queue.enqueue``'s plain job takes
+only ``check_job`` and ``queue_of`` from here: brooq.producer.line sends it (and this
+path, when the line is busy or the job's key is taken).
 
 The sync and the async forms share one logic: each insert is a generator (``_insert_one``,
 ``_insert_many``) that yields the statements it needs run (a Step) and is sent their
 answers; the drivers (``drive``, ``drive_async``) only do the I/O. Every function takes a
 connection or cursor that the caller owns (brooq.producer.targets says which); nothing is
 committed here but a graph's transaction on a connection in autocommit.
-
-- A plain job: one INSERT; on a key conflict, the id of the job holding the key.
-- A unique_key (or tags) without debounce: one INSERT ... ON CONFLICT DO NOTHING (any
-  unique index: the idempotency key's or job_unique_key_idx), then, when nothing was
-  inserted, the id of the job holding the key; tried again if that job ended meanwhile.
-- debounce: one statement, job_debounce, whose id tells what it did: the new id when it
-  inserted a job, the existing one's when that job took the payload. It answers nothing
-  when a producer racing it inserted first, and is then run again.
-- A batch: jobs without keys are COPied; with keys (or tags), one INSERT of arrays, then
-  the jobs that conflicted looked up by idempotency key, then by unique key.
-- A graph: the names are checked before any write: ``after`` is checked again as the
-  Job's constructor checks it (it may have been assigned since), a Job named in ``after``
-  must be in the same batch and no Job of the batch may wait for itself through others (a
-  cycle would wait for ever), an id must be a job's (one read); a job with ``after`` takes
-  no ``unique_key`` (the key's promise counts pending, failed and processing jobs, not
-  waiting ones). Then the batch is inserted as any batch is (every job pending, ids made
-  before the insert), the jobs with ``after`` held (available_at HELD, so that the
-  insert's trigger wakes no child for a job that is to wait); one statement (job_after:
-  migration 0013's brooq_job_after) writes the edges and moves the jobs that wait to
-  ``waiting``, and a last one (job_after_release) gives them their available_at and
-  wakes the children if one of them is ready now.
-- A graph's transaction: its rows and edges must commit together: nothing may see a job
-  of the graph before its edges, or a child would claim it as the plain pending row it
-  is between its INSERT and brooq_job_after. On a connection in autocommit outside a
-  transaction (a Queue's pooled one, a caller's, Django's outside ``atomic``) each
-  statement would be its own transaction, so brooq opens one around the steps: it owns
-  that transaction, and runs it again, whole, when PostgreSQL breaks a deadlock with a
-  child writing the outcomes of the jobs named (brooq_job_after locks them in id order,
-  a batched done in its own), at most DEADLOCK_ROUNDS times. In the caller's transaction
-  nothing is retried: the deadlock is EnqueueDeadlock, for the caller to roll back and
-  run again. An upstream job deleted while the graph was written (brooq_job_after's
-  foreign_key_violation) is InvalidAfter, nothing of the graph committed.
 
 Owns: the insert path (job_insert, job_insert_many, job_copy_*, the COPY of tagged jobs,
 the options' and the graph's statements), the key lookups after a conflict, the checks a
@@ -542,7 +511,14 @@ def tags_literal(tags: Sequence[str] | None) -> str | None:
 def _insert_with_options(
     job: Job, params: dict[str, Any], q: Queries
 ) -> Steps[tuple[uuid.UUID, bool]]:
-    """One job with options; ``params`` are job_insert's (a fresh id among them)."""
+    """One job with options; ``params`` are job_insert's (a fresh id among them).
+
+    A unique_key (or tags) without debounce: one INSERT ... ON CONFLICT DO NOTHING (any
+    unique index: the idempotency key's or job_unique_key_idx), then, when nothing was
+    inserted, the id of the job holding the key; tried again if that job ended meanwhile.
+    debounce: one statement, job_debounce, whose id tells what it did: the new id when it
+    inserted a job, the existing one's when that job took the payload. It answers nothing
+    when a producer racing it inserted first, and is then run again."""
     params = {
         **params,
         "unique_key": job.unique_key,
@@ -642,7 +618,19 @@ HELD = datetime(9999, 1, 1, tzinfo=timezone.utc)
 def _insert_graph(
     checked: list[Job], insert: Callable[[list[Job]], Steps[Inserted]], q: Queries
 ) -> Steps[Inserted]:
-    """Insert ``checked`` through ``insert`` (the batch's own steps), then its edges."""
+    """Insert ``checked`` through ``insert`` (the batch's own steps), then its edges.
+
+    The names are checked before any write: ``after`` is checked again as the Job's
+    constructor checks it (it may have been assigned since), a Job named in ``after`` must
+    be in the same batch and no Job of the batch may wait for itself through others (a
+    cycle would wait for ever), an id must be a job's (one read); a job with ``after``
+    takes no ``unique_key`` (the key's promise counts pending, failed and processing jobs,
+    not waiting ones). Then the batch is inserted as any batch is (every job pending, ids
+    made before the insert), the jobs with ``after`` held (HELD), one statement
+    (job_after: migration 0013's brooq_job_after) writes the edges and moves the jobs that
+    wait to ``waiting``, and a last one (job_after_release) gives them their available_at
+    and wakes the children if one of them is ready now. ``drive_graph`` runs it all in
+    one transaction."""
     index = {id(job): i for i, job in enumerate(checked)}
     afters: list[tuple[Any, ...] | None] = []
     named: list[uuid.UUID] = []
@@ -815,7 +803,19 @@ async def drive_async(target: AsyncTarget, steps: Steps[R]) -> R:
 def drive_graph(target: Target, make: Callable[[], Steps[R]]) -> R:
     """The steps ``make()`` returns, in one transaction: brooq's own (retried after a
     deadlock) when the connection is in autocommit outside a transaction, else the
-    caller's."""
+    caller's.
+
+    A graph's rows and edges must commit together: nothing may see a job of the graph
+    before its edges, or a child would claim it as the plain pending row it is between
+    its INSERT and brooq_job_after. On a connection in autocommit outside a transaction
+    (a Queue's pooled one, a caller's, Django's outside ``atomic``) each statement would
+    be its own transaction, so brooq opens one around the steps: it owns that
+    transaction, and runs it again, whole, when PostgreSQL breaks a deadlock with a child
+    writing the outcomes of the jobs named (brooq_job_after locks them in id order, a
+    batched done in its own), at most DEADLOCK_ROUNDS times. In the caller's transaction
+    nothing is retried: the deadlock is EnqueueDeadlock, for the caller to roll back and
+    run again. An upstream job deleted while the graph was written (brooq_job_after's
+    foreign_key_violation) is InvalidAfter, nothing of the graph committed."""
     conn = target if isinstance(target, psycopg.Connection) else target.connection
     owned = conn.autocommit and conn.info.transaction_status == _IDLE
     for round_ in range(1, DEADLOCK_ROUNDS + 1):

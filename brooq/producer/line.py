@@ -1,16 +1,16 @@
 """The connection Queue.enqueue keeps for itself: one job, one round trip, through libpq.
 
 A web request's single enqueue is a round trip and a commit; what Python adds on top is
-the difference between brooq and a C client sending the same INSERT. Measured
-(benchmarks/README.md, "Single enqueue"), psycopg's cursor machinery (the query's
-conversion, the adaptation of seven parameters, the prepared-statement bookkeeping, the
-non-blocking wait) and the pool's checkout and return cost about 0.2 ms a call, as much
-again as the server's own work without the commit. So ``Queue.enqueue`` sends its
-statement here instead: on one connection of its own, in autocommit, prepared once by
-name (``job_insert_one``, ``$n`` placeholders), with the id, the priority and
-``available_at`` in binary and the rest as text in the connection's encoding, straight
-through ``psycopg.pq.PGconn.exec_prepared`` (a documented libpq call that releases the
-GIL while it waits). Behind a transaction pooler nothing is prepared: ``exec_params`` sends the
+the difference between brooq and a C client sending the same INSERT. psycopg's cursor
+machinery (the query's conversion, the adaptation of seven parameters, the
+prepared-statement bookkeeping, the non-blocking wait) and the pool's checkout and return
+cost as much again as the server's own work without the commit (benchmarks/README.md,
+"Single enqueue and durability"). So ``Queue.enqueue`` sends its statement here instead:
+on one connection of its own, in autocommit, prepared once by name (``job_insert_one``,
+``$n`` placeholders), with the id, the priority and ``available_at`` in binary and the
+rest as text in the connection's encoding, straight through
+``psycopg.pq.PGconn.exec_prepared`` (a documented libpq call that releases the GIL while
+it waits). Behind a transaction pooler nothing is prepared: ``exec_params`` sends the
 statement unnamed, still one round trip (docs/poolers.md).
 
 One thread at a time: a thread that finds the line busy is told so (``None``) and takes

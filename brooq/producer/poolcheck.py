@@ -2,12 +2,12 @@
 when the connection was in use a moment ago.
 
 psycopg_pool's own ``check_connection`` sends an empty query on every checkout: one more
-round trip for each ``Queue.enqueue``, a fifth of a single enqueue's time (measured in
-benchmarks/README.md, "Single enqueue"). A connection the server has ended (a
-terminated backend, a shutdown, a crash: the kernel closes the socket when the backend
-dies) has something to read, its FATAL message or the end of the stream, while a live
-idle one has nothing (brooq's pooled connections never LISTEN). So the full check runs
-only when the socket is readable, when libpq already knows the connection is bad, or
+round trip for each ``Queue.enqueue``, a large part of a single enqueue's time
+(benchmarks/README.md, "Single enqueue and durability"). A connection the server has
+ended (a terminated backend, a shutdown, a crash: the kernel closes the socket when the
+backend dies) has something to read, its FATAL message or the end of the stream, while a
+live idle one has nothing (brooq's pooled connections never LISTEN). So the full check
+runs only when the socket is readable, when libpq already knows the connection is bad, or
 when the connection was last handed out more than ``IDLE_CHECK_S`` ago: a peer or a
 firewall that dropped an idle connection without a word is still caught by the round
 trip, as before, before a job's INSERT could meet it.
