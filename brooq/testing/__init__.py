@@ -55,7 +55,7 @@ from brooq.errors import InvalidResult
 from brooq.ipc.board import Board
 from brooq.job import AttemptTimeout, Claim, JobRecord, validate_topic
 from brooq.queue import Queue
-from brooq.worker import interrupts, joblogs
+from brooq.worker import attempt, joblogs
 from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.connection import ChildConnection
@@ -299,10 +299,10 @@ class _Drain:
         return next((r.claim() for r in rows if r.claimed), None)
 
     def _call(self, claim: Claim[Any]) -> tuple[BaseException | None, Any]:
-        """A sync handler, in this thread: the child's interrupts.call."""
+        """A sync handler, in this thread: the child's attempt.call."""
         runner, policy = self.runners[claim.topic], self.policies[claim.topic]
         if threading.current_thread() is threading.main_thread():
-            return interrupts.call(runner, claim, policy, self.state)
+            return attempt.call(runner, claim, policy, self.state)
         return _call_untimed(runner, claim)  # no SIGALRM here: it would end the process
 
     async def _call_async(self, claim: Claim[Any]) -> tuple[BaseException | None, Any]:

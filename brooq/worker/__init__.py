@@ -14,12 +14,12 @@ parts, the round trip, the attempt) and answer the control thread through one pr
 - `process`: `ChildProcess`, what every child is whatever its loop: its parts, set up after fork.
 - `roundtrip`: one claim round trip (`done` written, next claims), the held list, releases.
 - `pacing`: the topics claimed apart in turn (limits of the fleet), their windows, start deadlines.
-- `attempt`: one attempt's bookkeeping around its handler: board, payload, outcome, metering.
+- `attempt`: one attempt's bookkeeping around its handler (board, payload, outcome, metering)
+  and the sync handler call with its interruptions armed (the signal table).
 - `control`: `LoopControl`, what the control thread asks of whichever loop runs.
 - `traces`: a running job's stack as text: a thread's frames, a task's await chain.
 - `state`: what the master hands a child (`ChildConfig`), its identity, the constants; and the
   little the pieces share (`ChildState`: stopping, the running job, the wake pipe, the loop).
-- `interrupts`: the signal table, and the handler call with its interruptions armed.
 - `execute`: what a handler did -> the outcome to write (pure).
 - `weights`: the order a child tries its worked queues in, round after round.
 - `floors`: where a claim starts in the ready index, and when it reads the index whole.

@@ -103,7 +103,7 @@ class AsyncLoop:
         self._loop = loop
         self.limits = SoftLimits(loop)
         state = self.child.state
-        # SIGTERM keeps the child's own handler (brooq.worker.interrupts: it sets
+        # SIGTERM keeps the child's own handler (brooq.worker.attempt: it sets
         # state.stopping, and Python's wakeup fd writes to the wake pipe, read here), not
         # loop.add_signal_handler: a round trip run on the loop (an idle child's, below)
         # or a reconnect's backoff then sees the stop at once, as in a sync child.

@@ -1,4 +1,5 @@
-"""The bookkeeping of one attempt, around its handler call, whichever loop runs it.
+"""One attempt: its bookkeeping around the handler call, whichever loop runs it, and the
+sync loop's call itself, with the child's signal table armed.
 
 Owns what every attempt does before and after its handler, written once for the sync
 loop (brooq.worker.child), the async one (brooq.worker.aio) and brooq.testing's drain:
@@ -8,29 +9,38 @@ duration, concludes (the outcome, the result as JSON text, the traceback to log)
 meters the attempt. How the handler is called between the two is each loop's own (a
 signal-armed call, a task, a drain's call).
 
-Must never call a handler, touch the database or the pipes to the master, and never add
-a call per job to the sync loop: `begin` and `end` replace the calls they gather.
+The sync loop calls a handler through `call`, the one place a handler runs with its
+interruptions armed (`install_signals` sets the child's signal table, below).
+
+Must never touch the database or the pipes to the master, and never add a call per job to
+the sync loop: `begin` and `end` replace the calls they gather.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import logging
+import os
 import random
+import signal
 import time
 import traceback
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 from brooq.declare.handlers import Handler, Policy
 from brooq.encoding import check_payload_size, encode_payload, to_json
 from brooq.errors import InvalidPayload, InvalidResult, PayloadMismatch
 from brooq.ipc.board import Board
-from brooq.job import Claim, Interruption
+from brooq.job import AttemptTimeout, Claim, Interruption, LeaseLost
 from brooq.worker import execute
 from brooq.worker.connection import Undecodable
 from brooq.worker.meter import Meter
 from brooq.worker.outcome import report_policy_error
+from brooq.worker.state import ChildState
 
-__all__ = ["Attempts", "Concluded", "encode_result", "refused_payload"]
+__all__ = ["Attempts", "Concluded", "call", "encode_result", "install_signals", "refused_payload"]
 
 # What an attempt came to: the outcome to write, the result as JSON text (or None), the
 # traceback to log ("" or a newline and the text), and how long the handler ran.
@@ -135,3 +145,81 @@ def encode_result(value: Any, limit: int) -> str:
     text = encode_payload(to_json(value), "result", InvalidResult)
     check_payload_size(text, limit, "result", InvalidResult)
     return text
+
+
+# -- the signal table and the armed call -----------------------------------------------------------
+# The child's signal table, and the one place a handler runs with its interruptions armed.
+#
+# Interruptions reach the handler as exceptions raised by signal handlers in the main
+# thread, and only while the handler runs (ChildState.in_handler):
+#   SIGALRM -> brooq.AttemptTimeout (attempt_timeout, the soft limit)
+#   SIGUSR1 -> brooq.LeaseLost      (the master found the job canceled, reaped or taken)
+# SIGTERM asks the child to finish its job and exit. SIGUSR2 dumps every thread's Python
+# stack (faulthandler) to a file the master reads before a hard kill. Ctrl-C, SIGHUP and
+# the terminal signals are the master's business: ignored here.
+#
+# Must never raise an interruption outside `call` -- not inside brooq's own outcome code,
+# not between two statements of a write -- and never leave the timer armed after it.
+
+log = logging.getLogger("brooq.child")
+
+
+def install_signals(state: ChildState, stack_file: str) -> IO[str]:
+    """Set the child's signal table; returns the stack dump file (kept open for SIGUSR2)."""
+
+    def on_term(signum: int, frame: object) -> None:
+        state.stopping = True
+
+    def on_alarm(signum: int, frame: object) -> None:
+        if state.in_handler:
+            state.in_handler = False
+            raise AttemptTimeout("attempt_timeout exceeded")
+
+    def on_lease_lost(signum: int, frame: object) -> None:
+        claim = state.running
+        if state.in_handler and claim is not None and claim.id in state.lost:
+            state.in_handler = False
+            raise LeaseLost(f"lease of job {claim.id} lost")
+
+    os.setpgrp()  # the master kills our whole group, grandchildren included
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's business
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTTIN, signal.SIG_IGN)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGUSR1, on_lease_lost)
+    signal.set_wakeup_fd(state.wake_w, warn_on_full_buffer=False)
+    # Appended to: the master empties the file before it asks for a stack.
+    stack_fh = open(stack_file, "a")  # noqa: SIM115 - lives with the process
+    faulthandler.register(signal.SIGUSR2, file=stack_fh, all_threads=True)
+    return stack_fh
+
+
+def call(
+    fn: Callable[[Claim[Any]], Any], claim: Claim[Any], policy: Policy, state: ChildState
+) -> tuple[BaseException | None, Any]:
+    """Run the topic's runner (its middleware chain around the handler) with the soft
+    timeout armed, so that a hanging middleware is bounded like a handler; return what it
+    raised, if anything, and what it returned."""
+    error: BaseException | None = None
+    value: Any = None
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, policy.attempt_timeout)
+            state.in_handler = True
+            if claim.id in state.lost:
+                raise LeaseLost(f"lease of job {claim.id} lost")
+            value = fn(claim)
+        except BaseException as exc:
+            error = exc
+        finally:
+            state.in_handler = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except Interruption as exc:  # landed between the handler's return and the finally
+        error = exc
+    if isinstance(error, KeyboardInterrupt | SystemExit):
+        log.warning("event=handler_exit job=%s raised=%s", claim.id, type(error).__name__)
+    return error, value

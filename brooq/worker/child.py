@@ -4,7 +4,7 @@ The child's parts are set up after fork by brooq.worker.process (connection, boa
 meter, link to the master); one round trip writes the finished jobs' `done` and claims
 the next (brooq.worker.roundtrip); each attempt's bookkeeping around the handler call is
 brooq.worker.attempt's, and the call itself, with its interruptions armed,
-brooq.worker.interrupts's. This module owns `Child`, the sync loop with its adaptive
+brooq.worker.attempt's. This module owns `Child`, the sync loop with its adaptive
 batches and what it answers the control thread (brooq.worker.control: a lost lease is a
 SIGUSR1 to the main thread, a stack is the main thread's frames), and `main`, the entry
 point after fork, which runs a sync child here or an async one (brooq.worker.aio).
@@ -32,7 +32,7 @@ from brooq import logs, tracing
 from brooq.ipc.reasons import ASYNC, EXIT_APP_LOAD_ERROR, EXIT_BOOT_ERROR, EXIT_CRASHED, EXIT_OK
 from brooq.job import Claim
 from brooq.rules import LONG_JOB
-from brooq.worker import interrupts, joblogs
+from brooq.worker import attempt, joblogs
 from brooq.worker.aio import AsyncLoop
 from brooq.worker.connection import Stop
 from brooq.worker.process import ChildProcess
@@ -190,12 +190,10 @@ class Child(ChildProcess):
                 kept_context = joblogs.current.set(kept)
             try:
                 if self.spans is None:
-                    error, value = interrupts.call(self.runners[claim.topic], claim, policy, state)
+                    error, value = attempt.call(self.runners[claim.topic], claim, policy, state)
                 else:  # the attempt's span is current while the handler runs
                     with self.spans.attempt(claim) as span:
-                        error, value = interrupts.call(
-                            self.runners[claim.topic], claim, policy, state
-                        )
+                        error, value = attempt.call(self.runners[claim.topic], claim, policy, state)
             finally:
                 logs.current_job.reset(context)
                 if kept is not None:
@@ -225,7 +223,7 @@ class Child(ChildProcess):
     def on_lost(self, job_id: uuid.UUID) -> None:
         running = self.state.running
         if running is not None and running.id == job_id:
-            # The signal handler (brooq.worker.interrupts) raises only inside the handler.
+            # The signal handler (brooq.worker.attempt) raises only inside the handler.
             signal.pthread_kill(self._main_thread, signal.SIGUSR1)
 
     def on_drain(self) -> None:

@@ -11,7 +11,7 @@ counts what was written (job_done, job_failed, job_dead, outcome_skipped), the b
 Must never write unguarded: every statement matches the row only while it is still
 'processing' and locked by this child, so a write after the lease was lost, or a second
 write after a dropped connection, changes nothing. Must never renew a lease, and never
-run while an interruption may be raised (the handler has returned: brooq.worker.interrupts).
+run while an interruption may be raised (the handler has returned: brooq.worker.attempt).
 """
 
 from __future__ import annotations

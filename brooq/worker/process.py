@@ -26,7 +26,7 @@ from brooq.ipc.reasons import ASYNC, MAX_JOBS, MAX_MEMORY
 from brooq.job import Claim
 from brooq.rules import worked_queues
 from brooq.sql import queries
-from brooq.worker import execute, interrupts, joblogs
+from brooq.worker import attempt, execute, joblogs
 from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.connection import ChildConnection
@@ -72,7 +72,7 @@ class ChildProcess:
         return self.state.master_gone
 
     def setup(self) -> None:
-        self._stack_fh = interrupts.install(self.state, self.config.stack_file)
+        self._stack_fh = attempt.install_signals(self.state, self.config.stack_file)
         self.link = MasterLink(
             self.config.to_master,
             self.config.from_master,

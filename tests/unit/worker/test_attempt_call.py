@@ -1,4 +1,4 @@
-"""The armed handler call (brooq.worker.interrupts.call) on the paths that need no signal to
+"""The armed handler call (brooq.worker.attempt.call) on the paths that need no signal to
 arrive.
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from brooq.declare.handlers import Policy
 from brooq.job import Claim, LeaseLost
-from brooq.worker import interrupts
+from brooq.worker import attempt
 from brooq.worker.state import ChildState
 
 POLICY = Policy(
@@ -42,15 +42,15 @@ def test_call_returns_what_the_handler_raised_and_disarms() -> None:
     state = ChildState()
     ran: list[Claim] = []
     claim = _claim()
-    assert interrupts.call(ran.append, claim, POLICY, state) == (None, None)
+    assert attempt.call(ran.append, claim, POLICY, state) == (None, None)
     assert ran == [claim] and not state.in_handler
-    assert interrupts.call(lambda c: {"n": 1}, claim, POLICY, state) == (None, {"n": 1})
+    assert attempt.call(lambda c: {"n": 1}, claim, POLICY, state) == (None, {"n": 1})
 
     def fails(c: Claim) -> None:
         assert state.in_handler  # interruptions may land while the handler runs
         raise ValueError("no")
 
-    error, value = interrupts.call(fails, claim, POLICY, state)
+    error, value = attempt.call(fails, claim, POLICY, state)
     assert isinstance(error, ValueError) and value is None and not state.in_handler
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
@@ -60,6 +60,6 @@ def test_call_does_not_run_a_job_already_lost() -> None:
     ran: list[Claim] = []
     lost = _claim()
     state.lost.add(lost.id)
-    error, _ = interrupts.call(ran.append, lost, POLICY, state)
+    error, _ = attempt.call(ran.append, lost, POLICY, state)
     assert isinstance(error, LeaseLost)
     assert ran == []
