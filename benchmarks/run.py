@@ -829,11 +829,12 @@ def run_tool(name: str, argv: list[str]) -> int:
     return int(module.main() or 0)
 
 
-def run_suites(suites: list[str], args: argparse.Namespace, admin_dsn: str, out: Path) -> int:
+def run_suites(suites: list[str], args: argparse.Namespace, out: Path) -> int:
     """scale, snapshot, fan_in after the rest, as make bench runs them."""
     failed = 0
     for name in suites:
-        argv = ["--dsn", admin_dsn, "--out", str(out / f"{SUITE_OUT[name]}.json")]
+        argv = ["--out", str(out / f"{SUITE_OUT[name]}.json")]
+        argv += ["--dsn", args.dsn] if args.dsn else []  # else each finds one as make bench did
         log(f"{name}: {' '.join(argv)}{' --quick' if args.quick else ''}")
         try:
             failed |= run_tool(name, [*argv, *(["--quick"] if args.quick else [])])
@@ -878,7 +879,6 @@ def main(argv: list[str] | None = None) -> int:
         # Workers started by a pinned client would share its one CPU.
         ap.error("--placement same|cross takes --workloads enqueue_single,enqueue_bulk only")
 
-    admin_dsn, where = choose_admin_dsn(args.dsn)
     systems = [*all_systems(), Celery(acks_late=False)]
     if args.systems:
         wanted = set(args.systems.split(","))
@@ -891,19 +891,18 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
     if workloads:
-        failed = run_peers(args, workloads, systems, admin_dsn, where, out_dir)
-    return failed | run_suites(suites, args, admin_dsn, out_dir)
+        failed = run_peers(args, workloads, systems, out_dir)
+    return failed | run_suites(suites, args, out_dir)
 
 
 def run_peers(
     args: argparse.Namespace,
     workloads: list[str],
     systems: list[System],
-    admin_dsn: str,
-    where: str,
     out_dir: Path,
 ) -> int:
     """brooq and its peers: every (system, workload, variant), reps times, and the report."""
+    admin_dsn, where = choose_admin_dsn(args.dsn)
     sizes = Sizes(args.quick)
     reps = args.reps or sizes.reps
     iterations = calibrated_iterations()
