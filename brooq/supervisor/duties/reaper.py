@@ -6,7 +6,9 @@ up debounced jobs left waiting with no job of their key before them (promote_orp
 One job whose write fails (a trigger of the application's raising for it, a statement
 timeout) must not stop the others: when the statement for every expired lease fails, the
 pass takes them one at a time, logs the job that fails (event=reap_failed) and holds it
-back from the statement for all, trying it alone again after a backoff.
+back from the statement for all, trying it alone again after a backoff. A lock not granted
+in time, a deadlock or a serialization failure is no one job's: it ends the pass as any
+database error does.
 Must never wait: a database out of reach skips a run; the job-by-job pass stops after
 ONE_BY_ONE_SECONDS and takes the rest on the next run.
 """
@@ -39,6 +41,15 @@ HOLD_FIRST = 30.0
 HOLD_MOST = 600.0
 
 Rows = list[dict[str, Any]]
+
+# Failures that say nothing of one row: a lock on the table not granted in time, a
+# deadlock or a serialization failure. Taking the jobs one by one would meet them again;
+# the pass ends as any database error ends it (db_error, a reconnect, the next run).
+WHOLE_STATEMENT = (
+    psycopg.errors.LockNotAvailable,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+)
 
 
 class Reaper:
@@ -98,7 +109,7 @@ class Reaper:
         try:
             rows = self._rows(conn, q.job_reap_expired_except, params)
         except psycopg.Error as exc:
-            if conn.broken:
+            if conn.broken or isinstance(exc, WHOLE_STATEMENT):
                 raise
             log.warning(
                 "event=reap_one_by_one error=%r: the statement for every expired lease "
