@@ -31,9 +31,13 @@ $(DOCS_STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## make test: the whole default suite against a real PostgreSQL (see README, "Tests").
+## make test: the whole default suite against a real PostgreSQL (see README, "Tests"): the
+## tests on TEST_JOBS processes (a file's tests stay on one), then the serial ones alone
+## (tests/conftest.py, SERIAL). TEST_JOBS=1 runs everything in one process.
+TEST_JOBS ?= 3
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not serial" $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS chose no serial test
 
 ## make test-unit: the unit tests alone (tests/unit/: no database, no process; seconds).
 test-unit: $(STAMP)

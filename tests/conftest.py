@@ -111,6 +111,26 @@ def _migrated_template() -> str:
     return _template
 
 
+# Test files that run alone (marked serial): `make test` runs them after the parallel part,
+# one at a time. Each judges something the whole server shares or a timing that other
+# tests' load would bend, so a neighbour in another process could fail it.
+SERIAL: dict[str, str] = {
+    "tests/db/test_snapshot_holders.py": "the server's oldest snapshot and its settings",
+    "tests/db/test_held_snapshot.py": "the server's vacuum horizon",
+    "tests/process/test_snapshot_watch.py": "the server's oldest snapshot",
+    "tests/process/test_faults.py": "recovery bounds measured under its own load",
+    "tests/process/test_rate_limits.py": "a rate nearly reached",
+    "tests/process/test_short_rates.py": "a rate's shortest period",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        if Path(str(item.path)).relative_to(root).as_posix() in SERIAL:
+            item.add_marker(pytest.mark.serial)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     if os.environ.get("BROOQ_TEST_DSN"):
         return "brooq test database: BROOQ_TEST_DSN"
