@@ -1,8 +1,8 @@
 """The locks a migration (0003, queues, by default; `--migration 6` for 0006, handlers;
 `--migration 11` for 0011, unique keys and tags; `--migration 12` for 0012, rate limits
 and groups; `--migration 13` for 0013, workflows; `--migration 14` for 0014, progress,
-logs and trace context; `--migration 15` for 0015, lighter inserts) takes on a live
-table, through the real migrator.
+logs and trace context; `--migration 15` for 0015, lighter inserts; `--migration 16` for
+0016, flat cascades) takes on a live table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
 
@@ -19,7 +19,7 @@ generate_series), ANALYZE. Then, while
   limit 1, rolled back: the rows stay ready) every 20 ms -- that statement, because during
   the deploy only masters of the previous release run (a newer master refuses to start on
   a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011, 0012 and
-  0013 to 0015 today's (none changes the statement the previous release sends for a topic
+  0013 to 0016 today's (none changes the statement the previous release sends for a topic
   without limits),
 - a sampler reads pg_locks of the migrating backend every 5 ms (the lock modes it holds
   or waits for on job),
@@ -37,8 +37,9 @@ it runs, each scenario in turn:
 
 Every statement of the migration is timed by wrapping brooq.migrate._run, the one place
 the migrator sends a migration file's text (so the figures are of the real migrator's
-statements, retries included). The statements run in autocommit, so a lock a statement
-takes lasts at most as long as the statement: its time bounds the lock. The sampler
+statements, retries included). A statement of a no-transaction file runs in a transaction
+of its own with the version record (brooq.schema.check), so a lock it takes lasts at most
+as long as that transaction, whose time bounds the lock. The sampler
 confirms which modes were held; a lock held for less than its 5 ms period can be
 missed. Prints Markdown tables; --json writes every figure.
 """

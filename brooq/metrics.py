@@ -154,7 +154,8 @@ TABLE = (
         "counter",
         "Jobs the master gave back with the attempt refunded after their child ended, "
         "by why (sibling_killed: another job got the child killed; suspect: the child "
-        "died with jobs in flight and no culprit; returned: drain timeout, stall)",
+        "died with jobs in flight and no culprit; returned: drain timeout, stall, a claim "
+        "committed after the child died)",
         ("reason",),
     ),
     Metric(

@@ -84,6 +84,16 @@ def test_top_stops_on_ctrl_c_during_a_read(dsn: str) -> None:
         term.close()
 
 
+def _connect(host: str, port: int) -> socket.socket:
+    """A connection to the server: over TCP, or to its Unix socket when ``host`` is a
+    directory (the embedded PostgreSQL listens on a socket only)."""
+    if host.startswith("/"):
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.connect(os.path.join(host, f".s.PGSQL.{port}"))
+        return unix
+    return socket.create_connection((host, port))
+
+
 class Proxy:
     """A TCP relay to PostgreSQL that can stop relaying (a database host gone silent):
     once frozen, what either side sends is held, and new connections (a cancel request
@@ -107,7 +117,7 @@ class Proxy:
             self.sockets.append(client)
             if self.frozen.is_set():
                 continue
-            server = socket.create_connection(self.target)
+            server = _connect(*self.target)
             self.sockets.append(server)
             for a, b, from_client in ((client, server, True), (server, client, False)):
                 threading.Thread(target=self._pipe, args=(a, b, from_client), daemon=True).start()
