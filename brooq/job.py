@@ -416,7 +416,17 @@ class Claim(Generic[P]):
     success_hooks: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
     # How ``upstream`` is read, set once per process (brooq.worker.upstream, drain).
     reader: ClassVar[Callable[[uuid.UUID], list[UpstreamJob]] | None] = None
+    # The durable operations' backend, set once per process after the fork
+    # (brooq.worker.durable.Durable, drain): steps, sleeps, waits, child jobs.
+    durable: ClassVar[Any] = None
     _upstream: list[UpstreamJob] | None = field(default=None, init=False, repr=False, compare=False)
+    # This attempt's recorded steps (read at its first step), the names it used, and how
+    # many times each internal operation was called (the n of "__sleep:<n>").
+    steps_recorded: dict[str, Any] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    steps_used: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
+    calls: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def upstream(self) -> list[UpstreamJob]:
@@ -440,6 +450,69 @@ class Claim(Generic[P]):
         self.success_hooks.append(fn)
 
     progress = report  # claim.progress(fraction, message=""): brooq.ipc.progress
+
+    # -- durable operations (docs/how-to/durable-handlers.md): in an async handler each returns an
+    # awaitable (``await claim.step(...)``), in a sync one it runs.
+
+    def _backend(self) -> Any:
+        if Claim.durable is None:
+            raise RuntimeError("durable operations run in brooq's workers and drain only")
+        return Claim.durable
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        transaction: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this job: its result (as JSON, decoded) is
+        recorded under ``name`` before this returns, and a later attempt gets the record
+        back without calling ``fn``. ``transaction=True``: ``fn(conn, *args, **kwargs)``
+        runs in the transaction that records it (its writes commit with the record, or
+        not at all)."""
+        return self._backend().step(self, name, fn, args, kwargs, transaction)
+
+    def sleep(self, duration: timedelta | float | str) -> Any:
+        """Sleep ``duration`` (brooq's durations) without holding a worker: the first
+        time, the attempt ends (not spent) and the job is claimable at its wake time."""
+        return self._backend().sleep(self, duration)
+
+    def sleep_until(self, when: datetime) -> Any:
+        """``sleep`` until ``when`` (an aware datetime)."""
+        require_aware(when, "sleep_until")
+        return self._backend().sleep_until(self, when)
+
+    def wait_event(self, key: str, timeout: timedelta | float | str | None = None) -> Any:
+        """The payload of the first event emitted under ``key``; until then the job is
+        parked. ``timeout``, counted from this wait's first call: past it,
+        brooq.WaitTimeout is raised here."""
+        return self._backend().wait_event(self, key, timeout)
+
+    def spawn(self, job: Job) -> Any:
+        """Enqueue ``job`` as this job's child, once per call site: a later attempt gets
+        the same id back and enqueues nothing."""
+        if not isinstance(job, Job):
+            raise TypeError(f"spawn() takes a brooq.Job, not {type(job).__name__}")
+        return self._backend().spawn(self, job)
+
+    def wait_jobs(self, ids: Iterable[Any]) -> Any:
+        """Park until every job of ``ids`` ended; their records (ChildJob), in that order."""
+        return self._backend().wait_jobs(self, [parse_job_id(i) for i in ids])
+
+
+@dataclass(frozen=True)
+class ChildJob:
+    """A job ``claim.wait_jobs`` waited for: its id, topic, state, what its handler
+    returned (decoded JSON, None when nothing) and its last error."""
+
+    id: uuid.UUID
+    topic: str
+    state: str
+    result: Any = None
+    last_error: str | None = None
 
 
 # -- handler signals and interruptions -------------------------------------------------------------
@@ -471,6 +544,18 @@ class PreserveAttempt(HandlerSignal):
 
 class CancelJob(HandlerSignal):
     """The job is no longer relevant: canceled, whatever attempts remain."""
+
+
+class Parked(HandlerSignal):
+    """Raised by brooq's durable operations once the job is parked (a sleep, a wait for an
+    event or for child jobs): the attempt ends and nothing more is written (the park
+    committed; the attempt is not spent). ``reason``: sleep, event or jobs."""
+
+    def __init__(self, reason: str, until: datetime | None = None, key: str | None = None) -> None:
+        self.reason = reason
+        self.until = until
+        self.key = key
+        super().__init__(f"parked ({reason})")
 
 
 # Raised into handlers by brooq.

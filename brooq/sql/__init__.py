@@ -4,10 +4,11 @@ The package holds no module besides this loader; its statements are grouped in f
 who runs them: ``producer.sql`` (Queue.enqueue and its kin, Queue.wait), ``child.sql``
 (a worker child's claim round trip and outcomes), ``master.sql`` (brooq-master's own
 duties), ``operator.sql`` (Queue's inspection and bulk writes, the CLI, stacks asked for,
-brooq.testing), ``page.sql`` (the status page's reads), ``migrate.sql`` (brooq.migrate)
-and ``session.sql`` (settings any connection reads or sets, and whether its server is a
-standby). Every ``*.sql`` file here
-is read; a name defined twice, in one file or in two, is refused naming the file(s).
+brooq.testing), ``page.sql`` (the status page's reads), ``durable.sql`` (durable handlers'
+steps, sleeps, waits and events), ``migrate.sql`` (brooq.migrate) and ``session.sql``
+(settings any connection reads or sets, and whether its server is a standby). Every
+``*.sql`` file here is read; a name defined twice, in one file or in two, is refused
+naming the file(s).
 Parameters are psycopg named placeholders (so a ``%`` in a comment must be doubled);
 arrays are bound in binary (the ``b`` placeholders: psycopg's text form escapes element
 by element, far slower). Outcome writes are guarded by "still processing and
@@ -93,6 +94,12 @@ RELATIONS = (
     "brooq_window_sweep",
     "brooq_job_edge",
     "brooq_job_after",
+    "brooq_job_step",
+    "brooq_event",
+    "brooq_event_wait",
+    "brooq_emit_event",
+    "brooq_park_event",
+    "brooq_park_jobs",
 )
 _MARK = re.compile(r"\{(" + "|".join(RELATIONS) + r")(:name)?\}")
 # The schema names QUEUE_SCHEMA takes: PostgreSQL's unquoted lower-case identifiers, so

@@ -59,6 +59,7 @@ from brooq.worker import attempt, joblogs
 from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.connection import ChildConnection
+from brooq.worker.durable import Durable
 from brooq.worker.meter import Meter
 from brooq.worker.outcome import OutcomeWriter
 from brooq.worker.roundtrip import ClaimRow, claim_row
@@ -207,6 +208,9 @@ class _Drain:
         self.loop: asyncio.AbstractEventLoop | None = None
         # claim.upstream, read through the Queue while the drain runs.
         self.reader, Claim.reader = Claim.reader, queue.upstream
+        # claim.step and the other durable operations, on the drain's own backend.
+        self.durable = Claim.durable
+        Claim.durable = Durable(queue.dsn, self.settings, self.handlers)
 
     def steps(self, max_jobs: int | None) -> _Steps:
         """The drain, sans the await: it claims, begins and ends each attempt and writes
@@ -340,6 +344,8 @@ class _Drain:
 
     def close(self) -> None:
         Claim.reader = self.reader
+        Claim.durable.close()
+        Claim.durable = self.durable
         if self.loop is not None:
             _close_loop(self.loop)
         conn = self.db.conn

@@ -30,5 +30,7 @@ parts, the round trip, the attempt) and answer the control thread through one pr
 - `link`: the pipes to the master (the control thread, the non-blocking writer), the title.
 - `connection`: the child's database connection, and the payload decoder.
 - `upstream`: `claim.upstream` read on a connection of its own, opened at the first read.
+- `durable`: `claim.step`, sleeps, event waits and child jobs: records and parks on a
+  connection of its own per thread, opened at the first durable operation.
 - `meter`: the child's metrics, and its resident memory.
 """

@@ -120,7 +120,7 @@ class Attempts:
             retry = self.handlers[claim.topic].retry
             outcome = execute.decide(error, claim.attempt, policy, random.random(), retry)
             report_policy_error(claim, outcome)
-        if claim.id in self.lost:
+        if claim.id in self.lost and outcome.kind != "parked":
             outcome = execute.Outcome("abandon")
         self.meter.attempt(claim.topic, duration, self.cpu_before if self.measure_cpu else None)
         return outcome, result, tb, duration

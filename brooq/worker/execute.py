@@ -25,16 +25,17 @@ from typing import Literal
 
 from brooq.declare.handlers import Policy, RetryPolicy
 from brooq.durations import MAX_SECONDS
-from brooq.job import AttemptTimeout, CancelJob, Delay, LeaseLost, PreserveAttempt
+from brooq.job import AttemptTimeout, CancelJob, Delay, LeaseLost, Parked, PreserveAttempt
 from brooq.rules import LAST_ERROR_MAX, backoff, bounded, delay_seconds
 
-Kind = Literal["done", "failed", "canceled", "abandon"]
+Kind = Literal["done", "failed", "canceled", "abandon", "parked"]
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What to write. ``failed`` becomes dead in SQL when the attempts are used up
-    (unless ``refund``); ``abandon`` writes nothing (the lease is gone)."""
+    (unless ``refund``); ``abandon`` writes nothing (the lease is gone), nor does
+    ``parked`` (the durable operation that parked the job committed it: ``parked``)."""
 
     kind: Kind
     delay: float = 0.0
@@ -42,6 +43,7 @@ class Outcome:
     error: str | None = None
     final: bool = False  # failed with no more attempts, whatever max_attempts says
     policy_error: str | None = None  # the retry policy failed: the default backoff applied
+    parked: Parked | None = None  # why and until when, for the log line
 
 
 DONE = Outcome("done")  # the common case, made once (a frozen dataclass is slow to build)
@@ -93,7 +95,9 @@ def find_signal(exc: BaseException) -> BaseException | None:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, Delay | PreserveAttempt | CancelJob | LeaseLost | AttemptTimeout):
+        if isinstance(
+            current, Parked | Delay | PreserveAttempt | CancelJob | LeaseLost | AttemptTimeout
+        ):
             return current
         seen.add(id(current))
         current = current.__cause__
@@ -112,6 +116,8 @@ def decide(
     if exc is None:
         return DONE
     signal = find_signal(exc)
+    if isinstance(signal, Parked):
+        return Outcome("parked", parked=signal)
     if isinstance(signal, LeaseLost):
         return Outcome("abandon")
     if isinstance(signal, CancelJob):

@@ -79,6 +79,17 @@ class OutcomeWriter:
         if outcome.kind == "abandon":
             log.info("event=lease_lost job=%s topic=%s: nothing written", claim.id, claim.topic)
             return None, outcome
+        if outcome.kind == "parked":  # the park committed: brooq.worker.durable
+            parked = outcome.parked
+            log.info(
+                "event=job_parked job=%s topic=%s reason=%s until=%s%s",
+                claim.id,
+                claim.topic,
+                parked.reason if parked else "?",
+                parked.until.isoformat() if parked and parked.until else "-",
+                f" key={parked.key!r}" if parked and parked.key is not None else "",
+            )
+            return None, outcome
         # Should the child die in the write (its hooks are application code), the master
         # charges this job, not the ones beside it (brooq.supervisor.settlement).
         self.board.settling(claim.id)
@@ -254,6 +265,8 @@ class OutcomeWriter:
         ``traceback`` ends the failed and dead lines (empty, or a newline and the text)."""
         if state is not None:
             self.meter.outcome(claim.topic, state)
+        elif outcome is not None and outcome.kind == "parked":
+            return  # logged by write
         if state is None:
             log.info(
                 "event=outcome_skipped job=%s topic=%s: no longer ours (canceled or reaped)",

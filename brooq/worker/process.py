@@ -30,6 +30,7 @@ from brooq.worker import attempt, execute, joblogs
 from brooq.worker.attempt import Attempts
 from brooq.worker.chain import compose, compose_async
 from brooq.worker.connection import ChildConnection
+from brooq.worker.durable import Durable
 from brooq.worker.link import MasterLink
 from brooq.worker.meter import Meter, resident_mib
 from brooq.worker.outcome import OutcomeWriter
@@ -86,6 +87,7 @@ class ChildProcess:
             hook()
         self.policies = {t: h.policy(self.settings) for t, h in self.handlers.items()}
         Claim.reader = UpstreamReader(self.config.dsn, self.settings.schema)
+        Claim.durable = Durable(self.config.dsn, self.settings, self.handlers)
         # A child runs the handlers of its kind only, each wrapped by the Queue's
         # middleware of that kind (docs/async.md: a middleware never wraps the other kind).
         is_async = self.config.kind == ASYNC

@@ -100,6 +100,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "progress_message",
         "logs",
         "traceparent",
+        "parked",
     ]
     nullable = {c[0] for c in columns if c[2] == "YES"}
     assert nullable == {
@@ -122,6 +123,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "progress_message",
         "logs",
         "traceparent",
+        "parked",
     }
     assert {
         "job_pkey",
@@ -239,6 +241,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     assert "nothing to apply" in cli("up").stdout
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0017_durable\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0016_flat_cascades\n", out.stdout
     out = cli("down")

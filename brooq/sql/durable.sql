@@ -1,0 +1,79 @@
+-- Durable handlers (brooq.worker.durable, brooq.producer.events, the CLI): a handler's
+-- recorded steps, its sleeps, its waits for events and child jobs, and the emits that end
+-- them. Every write a handler makes is guarded by "still processing and held by this
+-- child", as the outcome writes are.
+
+-- name: job_steps_read
+-- The steps a job recorded, read once per attempt at its first step.
+SELECT name, result FROM {brooq_job_step} WHERE job_id = %(id)s
+
+-- name: job_step_record
+-- One step's result, recorded while the job is still processing and held by this child
+-- (the row locked FOR SHARE: a renewal or a reaper's write waits for this transaction,
+-- and a lease lost before it records nothing). No row: the lease is gone.
+INSERT INTO {brooq_job_step} (job_id, name, result)
+SELECT %(id)s, %(name)s, %(result)s::jsonb
+WHERE EXISTS (
+    SELECT 1 FROM {job}
+    WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+    FOR SHARE
+)
+RETURNING created_at
+
+-- name: job_park_sleep
+-- A durable sleep: the job pending until its wake time, the attempt given back, the
+-- child let go. No row: the lease is gone.
+UPDATE {job}
+SET state = 'pending', available_at = %(until)s, attempts = greatest(attempts - 1, 0),
+    locked_by = NULL, locked_until = NULL, parked = 'sleep', updated_at = now()
+WHERE id = %(id)s AND state = 'processing' AND locked_by = %(worker)s
+RETURNING id
+
+-- name: event_read
+-- The payload of the event emitted under a key (no row: not emitted yet).
+SELECT payload FROM {brooq_event} WHERE key = %(key)s
+
+-- name: event_emit
+-- One emit, in the caller's transaction: whether it was the first under its key.
+SELECT {brooq_emit_event}(%(key)s, %(payload)s::jsonb)
+
+-- name: event_park
+-- A handler's wait for an event: false (the event is there: read it), NULL (the lease is
+-- gone) or true (parked until the emit, or until the deadline when one is given).
+SELECT {brooq_park_event}(%(id)s, %(worker)s, %(key)s, %(until)s)
+
+-- name: event_wait_forget
+-- The wait row of a job whose wait ended by its deadline.
+DELETE FROM {brooq_event_wait} WHERE job_id = %(id)s
+
+-- name: event_waits
+-- The pending waits, oldest first, at most `limit`: `brooq events waits`.
+SELECT w.job_id, j.topic, w.key, w.since, j.state,
+       CASE WHEN j.state = 'pending' THEN j.available_at END AS until
+FROM {brooq_event_wait} AS w JOIN {job} AS j ON j.id = w.job_id
+ORDER BY w.since, w.job_id
+LIMIT %(limit)s
+
+-- name: jobs_park
+-- A handler's wait for child jobs: false (all ended), NULL (the lease is gone) or true
+-- (parked until the last of them ends).
+SELECT {brooq_park_jobs}(%(id)s, %(worker)s, %(ids)b::uuid[])
+
+-- name: jobs_records
+-- The records of the jobs a handler waited for (any order: the caller orders them).
+SELECT id, topic, state, result, last_error FROM {job} WHERE id = ANY(%(ids)b::uuid[])
+
+-- name: job_durable
+-- What `brooq jobs show` says of a job's durable side: its steps (name, when, size of the
+-- result's JSON text), why it is parked (when it is pending or waiting), and the key it
+-- waits for.
+SELECT j.state, j.parked, j.available_at,
+       (SELECT w.key FROM {brooq_event_wait} AS w WHERE w.job_id = j.id) AS event_key,
+       coalesce((
+           SELECT jsonb_agg(jsonb_build_object(
+                      'name', s.name, 'at', s.created_at,
+                      'size', octet_length(s.result::text))
+                  ORDER BY s.created_at, s.name)
+           FROM {brooq_job_step} AS s WHERE s.job_id = j.id
+       ), '[]'::jsonb) AS steps
+FROM {job} AS j WHERE j.id = %(id)s

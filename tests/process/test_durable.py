@@ -1,0 +1,142 @@
+"""Durable handlers under a real brooq-master: a handler of five steps whose child is
+SIGKILLed at random moments resumes from its records (no step body runs once its result
+was recorded; the writes of a step in its recording transaction land once; the result is
+an unkilled run's), and a durable sleep parks the job holding no child, then resumes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+import brooq
+from tests.harness import StartMaster, wait_for
+
+APP = "brooq_durableapp:queue"
+STEPS = 5
+
+
+def tables(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS step_body (job_id uuid, step int, pid int, "
+            "recorded_before boolean, at timestamptz DEFAULT clock_timestamp())"
+        )
+        conn.execute("CREATE TABLE IF NOT EXISTS ledger (job_id uuid, step int)")
+
+
+def expected(seed: int) -> dict[str, Any]:
+    results = [seed * 10 + i for i in range(STEPS)]
+    return {"results": results, "sum": sum(results)}
+
+
+def kill_rounds(start_master: StartMaster, dsn: str, kills: int, timeout: float) -> None:
+    tables(dsn)
+    workers = 3
+    master = start_master(app=APP, workers=workers, env={"QUEUE_LEASE": "3s"})
+    master.wait_ready(workers)
+    producer = brooq.Queue(dsn)
+    rng = random.Random()
+    seeds: dict[uuid.UUID, int] = {}
+    killed = 0
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as db:
+        while killed < kills:
+            assert time.monotonic() < deadline, f"{killed} kills of {kills} in {timeout}s"
+            open_jobs = db.execute(
+                "SELECT count(*) FROM job WHERE topic = 'durable.five' "
+                "AND state NOT IN ('done', 'dead', 'canceled')"
+            ).fetchone()
+            assert open_jobs is not None
+            for _ in range(max(0, workers - int(open_jobs[0]))):
+                seed = rng.randrange(1000)
+                job_id, _ = producer.enqueue(brooq.Job("durable.five", {"seed": seed}))
+                seeds[job_id] = seed
+            # The child running a job's step now: its pid, from the newest body row.
+            rows = db.execute(
+                "SELECT DISTINCT ON (b.job_id) b.pid FROM step_body b "
+                "JOIN job j ON j.id = b.job_id WHERE j.state = 'processing' "
+                "ORDER BY b.job_id, b.at DESC"
+            ).fetchall()
+            pids = [r[0] for r in rows if r[0] in master.children()]
+            if not pids:
+                time.sleep(0.01)
+                continue
+            time.sleep(rng.uniform(0, 0.05))  # inside a body, after it, between steps
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rng.choice(pids), signal.SIGKILL)
+                killed += 1
+        wait_for(
+            lambda: (
+                db.execute(
+                    "SELECT count(*) = 0 FROM job WHERE topic = 'durable.five' AND state <> 'done'"
+                ).fetchone()
+                == (True,)
+            ),
+            timeout=120,
+            what="every job done",
+        )
+        results = dict(
+            db.execute("SELECT id, result FROM job WHERE topic = 'durable.five'").fetchall()
+        )
+        assert results == {job_id: expected(seed) for job_id, seed in seeds.items()}
+        again = db.execute("SELECT job_id, step FROM step_body WHERE recorded_before").fetchall()
+        assert again == [], "a step body ran after its result was recorded"
+        ledger = db.execute(
+            "SELECT count(*), count(DISTINCT (job_id, step)) FROM ledger"
+        ).fetchone()
+        assert ledger == (len(seeds) * 3, len(seeds) * 3)  # steps 0, 2, 4: once each
+        resumed = db.execute(
+            "SELECT count(*) FROM job WHERE topic = 'durable.five' AND attempts > 1"
+        ).fetchone()
+        assert resumed is not None and resumed[0] > 0  # kills landed in handlers
+
+
+def test_a_five_step_handler_killed_20_times_resumes_from_its_records(
+    start_master: StartMaster, dsn: str
+) -> None:
+    kill_rounds(start_master, dsn, kills=20, timeout=180)
+
+
+@pytest.mark.slow
+def test_a_five_step_handler_killed_200_times_resumes_from_its_records(
+    start_master: StartMaster, dsn: str
+) -> None:
+    kill_rounds(start_master, dsn, kills=200, timeout=900)
+
+
+def test_a_sleep_holds_no_child_and_resumes(start_master: StartMaster, dsn: str) -> None:
+    tables(dsn)
+    master = start_master(app=APP, workers=1)
+    master.wait_ready(1)
+    job_id, _ = brooq.Queue(dsn).enqueue(brooq.Job("durable.sleep", {"for": "3s"}))
+    with psycopg.connect(dsn, autocommit=True) as db:
+
+        def parked() -> Any:
+            return db.execute(
+                "SELECT state, locked_by, attempts, parked FROM job WHERE id = %s", (job_id,)
+            ).fetchone()
+
+        assert wait_for(lambda: parked() == ("pending", None, 0, "sleep"), what="parked")
+        assert "event=job_parked" in master.log() and "reason=sleep" in master.log()
+        wait_for(
+            lambda: (
+                db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone() == ("done",)
+            ),
+            what="done after the sleep",
+        )
+        row = db.execute(
+            "SELECT attempts, result, parked FROM job WHERE id = %s", (job_id,)
+        ).fetchone()
+        assert row is not None and row[0] == 1 and row[1] == "woke"
+        runs = db.execute(
+            "SELECT count(*) FROM step_body WHERE job_id = %s AND step = -1", (job_id,)
+        ).fetchone()
+        assert runs == (2,)  # the code before the sleep runs again; the sleep returns
