@@ -71,6 +71,7 @@ from brooq.errors import (
 from brooq.job import (
     AttemptTimeout,
     CancelJob,
+    ChildJob,
     Claim,
     Delay,
     Job,
@@ -88,6 +89,7 @@ from brooq.operator.records import (
     TopicLimits,
     TopicStats,
 )
+from brooq.producer.events import emit_event, emit_event_async
 from brooq.producer.insert import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from brooq.producer.stacks import JobStack
 from brooq.queue import Queue
@@ -100,6 +102,7 @@ __all__ = [
     "BrooqError",
     "BulkResult",
     "CancelJob",
+    "ChildJob",
     "Claim",
     "DatabaseUnavailable",
     "Delay",
@@ -144,6 +147,8 @@ __all__ = [
     "UpstreamJob",
     "WaitTimeout",
     "__version__",
+    "emit_event",
+    "emit_event_async",
     "enqueue",
     "enqueue_async",
     "enqueue_many",

@@ -38,6 +38,7 @@ from brooq.operator.records import (
     TopicLimits,
     TopicStats,
 )
+from brooq.producer.events import emit_event, emit_event_async
 from brooq.producer.insert import (
     check_job,
     check_jobs,
@@ -178,6 +179,29 @@ class Queue(Registry):
         graph = any(job.after is not None for job in checked)  # as enqueue_many
         async with self._pools.async_connection(autocommit=graph) as conn:
             return await insert_many_checked_async(conn, checked, self.handlers, q=self._q)
+
+    def emit_event(self, key: str, payload: Any = None) -> bool:
+        """Emit the event ``key`` (committed at once): whether this emit was the first
+        under ``key``; the jobs waiting on it (``claim.wait_event``) are released."""
+        with self._pools.autocommit() as conn:
+            return emit_event(
+                conn,
+                key,
+                payload,
+                max_payload_bytes=self.settings.max_payload_bytes,
+                schema=self.schema,
+            )
+
+    async def emit_event_async(self, key: str, payload: Any = None) -> bool:
+        """``emit_event`` from asyncio code, on the async pool."""
+        async with self._pools.async_connection(autocommit=True) as conn:
+            return await emit_event_async(
+                conn,
+                key,
+                payload,
+                max_payload_bytes=self.settings.max_payload_bytes,
+                schema=self.schema,
+            )
 
     # -- reading and operating (brooq.operator) --------------------------------------------
 

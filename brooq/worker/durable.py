@@ -35,6 +35,7 @@ from brooq.durations import to_seconds
 from brooq.encoding import check_payload_size, encode_payload, to_json
 from brooq.errors import InvalidResult, WaitTimeout
 from brooq.job import ChildJob, Claim, Job, LeaseLost, Parked
+from brooq.producer.events import check_key
 from brooq.producer.insert import Handlers, check_jobs, insert_many_checked
 from brooq.settings import Settings
 from brooq.sql import queries
@@ -220,8 +221,7 @@ class Durable:
     def wait_event(
         self, claim: Claim[Any], key: str, timeout: timedelta | float | str | None
     ) -> Any:
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"an event's key must be a non-empty string, got {key!r}")
+        check_key(key)
         seconds = None if timeout is None else to_seconds(timeout)
         if self._awaited(claim):
             return asyncio.to_thread(self._wait_event, claim, key, seconds)

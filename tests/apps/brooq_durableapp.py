@@ -67,3 +67,11 @@ def sleeper(claim: brooq.Claim) -> Any:
     )
     claim.sleep(claim.payload["for"])
     return "woke"
+
+
+@queue.handler("durable.event", max_attempts=3)
+def waiter(claim: brooq.Claim) -> Any:
+    conn().execute(
+        "INSERT INTO step_body (job_id, step, pid) VALUES (%s, -2, %s)", (claim.id, os.getpid())
+    )
+    return claim.wait_event(claim.payload["key"])

@@ -9,6 +9,7 @@ import contextlib
 import os
 import random
 import signal
+import threading
 import time
 import uuid
 from typing import Any
@@ -140,3 +141,92 @@ def test_a_sleep_holds_no_child_and_resumes(start_master: StartMaster, dsn: str)
             "SELECT count(*) FROM step_body WHERE job_id = %s AND step = -1", (job_id,)
         ).fetchone()
         assert runs == (2,)  # the code before the sleep runs again; the sleep returns
+
+
+def emits_and_waits(start_master: StartMaster, dsn: str, jobs: int) -> None:
+    """``jobs`` jobs wait on as many keys; a fifth of the keys is emitted before the
+    waits, every key twice (by two of 4 threads) while two masters run the waits: each
+    key's first emit wins once, each job is released once with that emit's payload."""
+    tables(dsn)
+    producer = brooq.Queue(dsn)
+    keys = [f"key-{i}" for i in range(jobs)]
+    wins: list[str] = []
+    lock = threading.Lock()
+    for key in keys[: jobs // 5]:
+        assert producer.emit_event(key, {"key": key, "by": "early"})
+        wins.append(key)
+    masters = [start_master(app=APP, workers=2) for _ in range(2)]
+    for master in masters:
+        master.wait_ready(2)
+    ids = {
+        job_id: key
+        for (job_id, _), key in zip(
+            producer.enqueue_many([brooq.Job("durable.event", {"key": k}) for k in keys]),
+            keys,
+            strict=True,
+        )
+    }
+
+    def emitter(n: int) -> None:
+        mine = [k for i, k in enumerate(keys) if i % 4 in (n, (n + 1) % 4)]
+        rng = random.Random(n)
+        rng.shuffle(mine)
+        for key in mine:
+            if producer.emit_event(key, {"key": key, "by": n}):
+                with lock:
+                    wins.append(key)
+            time.sleep(rng.uniform(0, 0.002))
+
+    with psycopg.connect(dsn, autocommit=True) as db:  # some waits park before the emits
+        wait_for(
+            lambda: db.execute(
+                "SELECT count(*) >= %s FROM job WHERE topic = 'durable.event' "
+                "AND state = 'waiting'",
+                (jobs // 4,),
+            ).fetchone()
+            == (True,),
+            what="waits parked",
+        )
+    threads = [threading.Thread(target=emitter, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(wins) == sorted(keys)  # each key's first emit won, once
+    with psycopg.connect(dsn, autocommit=True) as db:
+        wait_for(
+            lambda: (
+                db.execute(
+                    "SELECT count(*) FROM job WHERE topic = 'durable.event' AND state = 'done'"
+                ).fetchone()
+                == (jobs,)
+            ),
+            timeout=120,
+            what="every waiting job done",
+        )
+        events = dict(db.execute("SELECT key, payload FROM brooq_event").fetchall())
+        rows = db.execute(
+            "SELECT id, result, attempts FROM job WHERE topic = 'durable.event'"
+        ).fetchall()
+        assert {r[0]: r[1] for r in rows} == {job_id: events[key] for job_id, key in ids.items()}
+        assert {r[2] for r in rows} == {1}  # parking spent no attempt
+        assert db.execute("SELECT count(*) FROM brooq_event_wait").fetchone() == (0,)
+        # Released once: a job ran at most twice (parked once, then woken once).
+        runs = db.execute(
+            "SELECT max(n) FROM (SELECT count(*) AS n FROM step_body WHERE step = -2 "
+            "GROUP BY job_id) AS r"
+        ).fetchone()
+        assert runs is not None and runs[0] == 2
+
+
+def test_200_jobs_wait_on_200_keys_emitted_from_4_threads_under_two_masters(
+    start_master: StartMaster, dsn: str
+) -> None:
+    emits_and_waits(start_master, dsn, 200)
+
+
+@pytest.mark.slow
+def test_1000_jobs_wait_on_1000_keys_emitted_from_4_threads_under_two_masters(
+    start_master: StartMaster, dsn: str
+) -> None:
+    emits_and_waits(start_master, dsn, 1000)
