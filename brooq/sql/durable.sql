@@ -77,3 +77,11 @@ SELECT j.state, j.parked, j.available_at,
            FROM {brooq_job_step} AS s WHERE s.job_id = j.id
        ), '[]'::jsonb) AS steps
 FROM {job} AS j WHERE j.id = %(id)s
+
+-- name: job_children
+-- The jobs a job spawned (claim.spawn), in the order spawned, at most `limit`.
+SELECT c.id, c.topic, c.state
+FROM {brooq_job_step} AS s JOIN {job} AS c ON c.id = (s.result #>> '{}')::uuid
+WHERE s.job_id = %(id)s AND s.name LIKE '\_\_spawn:%%'
+ORDER BY s.created_at, c.id
+LIMIT %(limit)s

@@ -504,10 +504,11 @@ SELECT pg_is_in_recovery() AS standby,
 -- name: job_upstream
 -- The jobs a job waits for or waited for (after=[...]), in the order it named them:
 -- claim.upstream, `brooq jobs show`, the job page. A job retention deleted is left out
--- (retention keeps those of a job not yet ended).
+-- (retention keeps those of a job not yet ended). Positions from 1: the child jobs a
+-- durable handler waited for (claim.wait_jobs) have edges at negative positions.
 SELECT u.id, u.topic, u.state, u.result
 FROM {brooq_job_edge} AS e JOIN {job} AS u ON u.id = e.upstream_id
-WHERE e.downstream_id = %(id)s
+WHERE e.downstream_id = %(id)s AND e.position > 0
 ORDER BY e.position
 
 -- name: job_downstream

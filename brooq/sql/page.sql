@@ -221,9 +221,9 @@ LIMIT %(attempts)s
 SELECT u.id, u.topic, u.state,
        (SELECT count(*) FROM (
             SELECT 1 FROM {brooq_job_edge} AS x JOIN {job} AS y ON y.id = x.upstream_id
-            WHERE x.downstream_id = %(id)s LIMIT %(cap)s + 1) AS c) AS total
+            WHERE x.downstream_id = %(id)s AND x.position > 0 LIMIT %(cap)s + 1) AS c) AS total
 FROM {brooq_job_edge} AS e JOIN {job} AS u ON u.id = e.upstream_id
-WHERE e.downstream_id = %(id)s
+WHERE e.downstream_id = %(id)s AND e.position > 0  -- not a durable handler's children
 ORDER BY e.position
 LIMIT %(limit)s
 

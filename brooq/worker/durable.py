@@ -43,6 +43,7 @@ from brooq.sql import queries
 __all__ = ["Durable"]
 
 _INTERNAL = "__"  # brooq's own step names start with it
+DEADLOCK_TRIES = 5
 
 
 def _now() -> datetime:
@@ -294,11 +295,19 @@ class Durable:
             if not ids:
                 return []
             conn = self._conn()
-            with conn.transaction():
-                params = {"id": claim.id, "worker": claim.locked_by, "ids": ids}
-                row = conn.execute(self.q.jobs_park, params).fetchone()
-                if row is None or row[0] is None:
-                    raise LeaseLost(f"lease of job {claim.id} lost: not parked")
+            params = {"id": claim.id, "worker": claim.locked_by, "ids": ids}
+            for attempt in range(DEADLOCK_TRIES):
+                try:
+                    row = conn.execute(self.q.jobs_park, params).fetchone()
+                    break
+                except psycopg.errors.DeadlockDetected:
+                    # The children are locked in id order, but a child's batch of `done`
+                    # writes its rows in its own order: the statement (its own
+                    # transaction) is run again, as brooq_job_after's callers do.
+                    if attempt == DEADLOCK_TRIES - 1:
+                        raise
+            if row is None or row[0] is None:
+                raise LeaseLost(f"lease of job {claim.id} lost: not parked")
             if row[0]:
                 raise Parked("jobs")
             rows = conn.execute(self.q.jobs_records, {"ids": ids}).fetchall()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from typing import Any
 
@@ -75,3 +76,24 @@ def waiter(claim: brooq.Claim) -> Any:
         "INSERT INTO step_body (job_id, step, pid) VALUES (%s, -2, %s)", (claim.id, os.getpid())
     )
     return claim.wait_event(claim.payload["key"])
+
+
+@queue.handler("durable.parent", max_attempts=5)
+def parent(claim: brooq.Claim) -> Any:
+    conn().execute(
+        "INSERT INTO step_body (job_id, step, pid) VALUES (%s, -3, %s)", (claim.id, os.getpid())
+    )
+    n = claim.payload["children"]
+    gate = claim.payload.get("gate")
+    ids = [claim.spawn(brooq.Job("durable.child", {"i": i, "gate": gate})) for i in range(n)]
+    if claim.payload.get("die") and claim.attempt == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # after spawning: a later attempt resumes
+    records = claim.wait_jobs(ids)
+    return {"sum": sum(r.result for r in records), "states": sorted({r.state for r in records})}
+
+
+@queue.handler("durable.child")
+def child(claim: brooq.Claim) -> Any:
+    if claim.payload.get("gate"):  # parked until the test opens the gate
+        claim.wait_event(claim.payload["gate"])
+    return claim.payload["i"]

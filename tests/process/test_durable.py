@@ -179,12 +179,14 @@ def emits_and_waits(start_master: StartMaster, dsn: str, jobs: int) -> None:
 
     with psycopg.connect(dsn, autocommit=True) as db:  # some waits park before the emits
         wait_for(
-            lambda: db.execute(
-                "SELECT count(*) >= %s FROM job WHERE topic = 'durable.event' "
-                "AND state = 'waiting'",
-                (jobs // 4,),
-            ).fetchone()
-            == (True,),
+            lambda: (
+                db.execute(
+                    "SELECT count(*) >= %s FROM job WHERE topic = 'durable.event' "
+                    "AND state = 'waiting'",
+                    (jobs // 4,),
+                ).fetchone()
+                == (True,)
+            ),
             what="waits parked",
         )
     threads = [threading.Thread(target=emitter, args=(n,)) for n in range(4)]
@@ -230,3 +232,56 @@ def test_1000_jobs_wait_on_1000_keys_emitted_from_4_threads_under_two_masters(
     start_master: StartMaster, dsn: str
 ) -> None:
     emits_and_waits(start_master, dsn, 1000)
+
+
+def test_a_parent_killed_after_spawning_makes_its_children_once_and_is_woken_once(
+    start_master: StartMaster, dsn: str
+) -> None:
+    tables(dsn)
+    master = start_master(app=APP, workers=3)
+    master.wait_ready(3)
+    producer = brooq.Queue(dsn)
+    killed, _ = producer.enqueue(brooq.Job("durable.parent", {"children": 20, "die": True}))
+    wide, _ = producer.enqueue(brooq.Job("durable.parent", {"children": 300, "gate": "open"}))
+    with psycopg.connect(dsn, autocommit=True) as db:
+        # Every child of the wide parent parks on the gate, the parent on its children.
+        wait_for(
+            lambda: (
+                db.execute(
+                    "SELECT (SELECT parked FROM job WHERE id = %s) = 'jobs' AND count(*) = 300 "
+                    "FROM job WHERE topic = 'durable.child' AND parked = 'event' "
+                    "AND state = 'waiting'",
+                    (wide,),
+                ).fetchone()
+                == (True,)
+            ),
+            timeout=60,
+            what="the wide parent and its children parked",
+        )
+        assert producer.emit_event("open")
+        for job_id in (killed, wide):
+            wait_for(
+                lambda job_id=job_id: (
+                    db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+                    == ("done",)
+                ),
+                timeout=60,
+                what="the parent done",
+            )
+        results = dict(
+            db.execute("SELECT id, result FROM job WHERE id IN (%s, %s)", (killed, wide)).fetchall()
+        )
+        assert results[killed] == {"sum": sum(range(20)), "states": ["done"]}
+        assert results[wide] == {"sum": sum(range(300)), "states": ["done"]}
+        assert db.execute("SELECT count(*) FROM job WHERE topic = 'durable.child'").fetchone() == (
+            320,
+        )  # the killed parent's resumed attempt made no second child
+        runs = dict(
+            db.execute(
+                "SELECT job_id, count(*) FROM step_body WHERE step = -3 GROUP BY job_id"
+            ).fetchall()
+        )
+        # The killed one: killed, then resumed (and parked and woken, unless its children
+        # had all ended by then); the wide one: parked, woken once by its last child.
+        assert runs[killed] in (2, 3) and runs[wide] == 2
+        assert "event=job_parked" in master.log()
