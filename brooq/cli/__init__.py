@@ -14,6 +14,7 @@ brooq.cli.common:
 - `jobs`: the `jobs` group and `brooq jobs list|show|stack`, one job or a listing read
 - `cancel_retry`: `brooq [jobs] cancel|retry`, one job or every job of a topic in a state
 - `enqueue`: `brooq enqueue TOPIC`, one job from the command line
+- `events`: `brooq events emit KEY` and `brooq events waits`, durable handlers' events
 - `stats`: `brooq stats`, jobs per queue, topic and state
 - `top`: `brooq top`, a live view of the queue on a terminal
 - `queues`: `brooq queues [pause|resume NAME]`, the queues and pausing one
@@ -43,6 +44,7 @@ from brooq import migrate as migrate_mod  # noqa: F401  (tests replace migrate_m
 from brooq.cli import (  # noqa: F401  (they register)
     cancel_retry,
     enqueue,
+    events,
     fleet,
     jobs,
     migrate,

@@ -25,7 +25,9 @@ from brooq.errors import JobNotFound
 from brooq.ipc import progress
 from brooq.job import JobRecord
 from brooq.job_options import check_tag
+from brooq.operator import reads as operator_reads
 from brooq.operator.reads import LIST_LIMIT_MAX
+from brooq.sql import queries
 
 SCREEN_LINES = 24  # `jobs show` fits a classic terminal
 SHOW_INLINE_PAYLOAD = 80  # characters of compact JSON shown on the payload (result) line
@@ -247,7 +249,8 @@ def _share(needs: list[int], room: int) -> list[int]:
     return given
 
 
-GRAPH_LIMIT = 100  # the downstream jobs `jobs show` lists
+GRAPH_LIMIT = 100  # the downstream jobs (and children) `jobs show` lists
+STEPS_SHOWN = 50  # the newest recorded steps `jobs show` lists (--json: all)
 
 
 @jobs.command("show")
@@ -266,20 +269,56 @@ def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
         raise JobNotFound(f"no job with id {jid}{standby_note(ctx, reads)}")
     # A job of a graph (docs/how-to/workflows.md): what it waits for and what waits on it.
     graph = {"upstream": reads.upstream(jid), "downstream": reads.downstream(jid, GRAPH_LIMIT)}
+    # A durable handler's job (brooq.worker.durable): its steps, park and children.
+    with reads.connection() as conn:
+        q = queries(reads.schema)
+        side = operator_reads.durable(conn, jid, q=q)
+        graph["children"] = operator_reads.children(conn, jid, GRAPH_LIMIT, q=q)
     if as_json:
         out = record.to_dict()
         for name, jobs in graph.items():
             if jobs:
                 out[name] = [{"id": str(j.id), "topic": j.topic, "state": j.state} for j in jobs]
+        if side is not None and (side["steps"] or side["parked"]):
+            out["steps"] = [
+                {"name": s["name"], "at": s["at"].isoformat(), "size": s["size"]}
+                for s in side["steps"]
+            ]
+            out["parked"] = side["parked"]
+            out["parked_until"] = None if side["until"] is None else side["until"].isoformat()
+            out["waits_for_event"] = side["event"]
         emit_json(out)
         return
-    say_lines(show_lines(record, datetime.now(timezone.utc)))
+    now = datetime.now(timezone.utc)
+    say_lines(show_lines(record, now))
+    if side is not None:
+        say_lines(durable_lines(side, now))
     for name, jobs in graph.items():
         if jobs:
             more = " (the first 100)" if len(jobs) == GRAPH_LIMIT else ""
             say(f"{name}{more}:")
             for j in jobs:
-                say(f"  {j.id}  {j.state:<10} {j.topic}")
+                say_lines([f"  {j.id}  {j.state:<10} {j.topic}"])
+
+
+def durable_lines(side: dict[str, Any], now: datetime) -> list[str]:
+    """A durable handler's job: what it sleeps until or waits for, and its recorded
+    steps (name, when, size); nothing for a job that used none of it."""
+    lines = []
+    parked, until = side["parked"], side["until"]
+    if parked == "sleep" and until is not None:
+        lines.append(f"{'sleeps until:':<16} {_when(until, now)}")
+    elif parked == "event":
+        deadline = "" if until is None else f", until {_when(until, now)}"
+        lines.append(f"{'waits for:':<16} event {side['event']!r}{deadline}")
+    elif parked == "jobs":
+        lines.append(f"{'waits for:':<16} its child jobs")
+    if side["steps"]:
+        lines.append(f"steps ({len(side['steps'])}, oldest first):")
+        lines += [
+            f"  {s['name']}  {utc(s['at'])}  {s['size']} B" for s in side["steps"][-STEPS_SHOWN:]
+        ]
+    return lines
 
 
 @jobs.command("logs")

@@ -216,3 +216,58 @@ def throughput(conn: Connection, seconds: float = 60, q: Queries = Q) -> dict[st
     """Per topic, the jobs that reached done, failed, dead or canceled in the last
     ``seconds``. Topics with none are left out."""
     return per_topic(throughput_by_queue(conn, seconds, q))
+
+
+# -- durable handlers (brooq.worker.durable) --------------------------------------------------
+
+
+def durable(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> dict[str, Any] | None:
+    """A job's durable side: ``steps`` ([{name, at, size}], oldest first: size is the
+    recorded result's JSON text in bytes), ``parked`` (sleep, event or jobs, while the job
+    is pending or waiting; else None), ``until`` (a sleep's wake time, an event wait's
+    deadline) and ``event`` (the key it waits for). None when no job has this id."""
+    row = conn.cursor(row_factory=dict_row).execute(q.job_durable, {"id": parse_job_id(job_id)})
+    found = row.fetchone()
+    if found is None:
+        return None
+    parked = found["parked"] if found["state"] in ("pending", "waiting") else None
+    until = None
+    if parked == "sleep" or (parked == "event" and found["state"] == "pending"):
+        until = found["available_at"]
+    return {
+        "steps": [
+            {"name": name, "at": at, "size": size}
+            for name, at, size in zip(found["names"], found["ats"], found["sizes"], strict=True)
+        ],
+        "parked": parked,
+        "until": until,
+        "event": found["event_key"] if parked == "event" else None,
+    }
+
+
+def children(
+    conn: Connection, job_id: uuid.UUID | str, limit: int = 100, q: Queries = Q
+) -> list[UpstreamJob]:
+    """The jobs ``job_id`` spawned (``claim.spawn``), in the order spawned, at most
+    ``limit`` (their results left out: None)."""
+    check_limit(limit)
+    rows = conn.execute(q.job_children, {"id": parse_job_id(job_id), "limit": limit})
+    return [UpstreamJob(id=r[0], topic=r[1], state=r[2]) for r in rows.fetchall()]
+
+
+def event_waits(conn: Connection, limit: int = 100, q: Queries = Q) -> list[dict[str, Any]]:
+    """The pending event waits, oldest first, at most ``limit``: {job, topic, key, since,
+    state, until} (until: the wait's deadline, None without one)."""
+    check_limit(limit)
+    rows = conn.cursor(row_factory=dict_row).execute(q.event_waits, {"limit": limit})
+    return [
+        {
+            "job": r["job_id"],
+            "topic": r["topic"],
+            "key": r["key"],
+            "since": r["since"],
+            "state": r["state"],
+            "until": r["until"],
+        }
+        for r in rows.fetchall()
+    ]

@@ -51,6 +51,7 @@ DELETE FROM {brooq_event_wait} WHERE job_id = %(id)s
 SELECT w.job_id, j.topic, w.key, w.since, j.state,
        CASE WHEN j.state = 'pending' THEN j.available_at END AS until
 FROM {brooq_event_wait} AS w JOIN {job} AS j ON j.id = w.job_id
+WHERE j.state IN ('waiting', 'pending')  -- a canceled job's wait is no wait
 ORDER BY w.since, w.job_id
 LIMIT %(limit)s
 
@@ -64,19 +65,21 @@ SELECT {brooq_park_jobs}(%(id)s, %(worker)s, %(ids)b::uuid[])
 SELECT id, topic, state, result, last_error FROM {job} WHERE id = ANY(%(ids)b::uuid[])
 
 -- name: job_durable
--- What `brooq jobs show` says of a job's durable side: its steps (name, when, size of the
--- result's JSON text), why it is parked (when it is pending or waiting), and the key it
--- waits for.
+-- What `brooq jobs show` says of a job's durable side: its steps (names, when recorded,
+-- the size of each result's JSON text, oldest first), why it is parked (read with its
+-- state), its available_at, and the key it waits for.
 SELECT j.state, j.parked, j.available_at,
        (SELECT w.key FROM {brooq_event_wait} AS w WHERE w.job_id = j.id) AS event_key,
-       coalesce((
-           SELECT jsonb_agg(jsonb_build_object(
-                      'name', s.name, 'at', s.created_at,
-                      'size', octet_length(s.result::text))
-                  ORDER BY s.created_at, s.name)
-           FROM {brooq_job_step} AS s WHERE s.job_id = j.id
-       ), '[]'::jsonb) AS steps
-FROM {job} AS j WHERE j.id = %(id)s
+       coalesce(s.names, '{}') AS names, coalesce(s.ats, '{}') AS ats,
+       coalesce(s.sizes, '{}') AS sizes
+FROM {job} AS j
+LEFT JOIN LATERAL (
+    SELECT array_agg(st.name ORDER BY st.created_at, st.name) AS names,
+           array_agg(st.created_at ORDER BY st.created_at, st.name) AS ats,
+           array_agg(octet_length(st.result::text) ORDER BY st.created_at, st.name) AS sizes
+    FROM {brooq_job_step} AS st WHERE st.job_id = j.id
+) AS s ON true
+WHERE j.id = %(id)s
 
 -- name: job_children
 -- The jobs a job spawned (claim.spawn), in the order spawned, at most `limit`.
