@@ -97,3 +97,18 @@ def child(claim: brooq.Claim) -> Any:
     if claim.payload.get("gate"):  # parked until the test opens the gate
         claim.wait_event(claim.payload["gate"])
     return claim.payload["i"]
+
+
+@queue.handler("durable.async")
+async def async_waiter(claim: brooq.Claim) -> Any:
+    async def fetch() -> int:
+        conn().execute(
+            "INSERT INTO step_body (job_id, step, pid) VALUES (%s, -4, %s)",
+            (claim.id, os.getpid()),
+        )
+        return 41
+
+    a = await claim.step("fetch", fetch)
+    await claim.sleep("1s")
+    got = await claim.wait_event(claim.payload["key"])
+    return [a + 1, got]

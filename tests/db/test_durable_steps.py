@@ -14,7 +14,9 @@ import psycopg
 import pytest
 
 import brooq
+import brooq.migrate
 import brooq.testing
+from brooq.errors import MigrationError
 
 Conn = psycopg.Connection[Any]
 
@@ -243,3 +245,58 @@ def test_async_handlers_await_the_same_operations(
     got = row(db, job_id)
     assert got["state"] == "done" and got["result"] == [42, "p"]
     assert ran == ["fetch", "plain"]
+
+
+def test_a_connection_lost_between_a_step_and_its_record_runs_it_again_recorded_once(
+    queue: brooq.Queue, db: Conn
+) -> None:
+    """pg_terminate_backend of the backend's connection after the step's body ended and
+    before its record: not recorded, the attempt fails, the next runs the body again and
+    records it once (on a new connection)."""
+    bodies: list[int] = []
+
+    @queue.handler("d.cut", max_attempts=3, backoff_base="1ms", backoff_max="1ms")
+    def handler(claim: brooq.Claim[Any]) -> Any:
+        claim.step("warm", lambda: None)  # the backend's connection is open from here
+
+        def body() -> int:
+            bodies.append(claim.attempt)
+            if claim.attempt == 1:
+                pid = brooq.Claim.durable._conn().info.backend_pid
+                with psycopg.connect(queue.dsn, autocommit=True) as admin:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            return len(bodies)
+
+        return claim.step("cut", body)
+
+    job_id, _ = queue.enqueue(brooq.Job("d.cut"))
+    drain(queue, db, job_id)
+    got = row(db, job_id)
+    assert got["state"] == "done" and got["result"] == 2 and got["attempts"] == 2
+    assert bodies == [1, 2]
+    assert steps(db, job_id) == ["warm", "cut"]
+
+
+@pytest.mark.parametrize("parked", ["sleep", "event", "jobs"])
+def test_the_down_step_refuses_while_a_job_is_parked(
+    queue: brooq.Queue, db: Conn, dsn: str, parked: str
+) -> None:
+    @queue.handler("d.park")
+    def handler(claim: brooq.Claim[Any]) -> Any:
+        if parked == "sleep":
+            claim.sleep("1h")
+        elif parked == "event":
+            claim.wait_event("k")
+        else:
+            claim.wait_jobs([claim.spawn(brooq.Job("d.never"))])
+
+    job_id, _ = queue.enqueue(brooq.Job("d.park"))
+    brooq.testing.drain(queue, topics=["d.park"])
+    assert row(db, job_id)["parked"] == parked
+    db.rollback()
+    with pytest.raises(MigrationError, match="jobs are parked"):
+        brooq.migrate.down(dsn)
+    db.execute("UPDATE job SET state = 'canceled'")
+    db.commit()
+    brooq.migrate.down(dsn)
+    assert db.execute("SELECT to_regclass('brooq_job_step')").fetchone() == (None,)

@@ -285,3 +285,29 @@ def test_a_parent_killed_after_spawning_makes_its_children_once_and_is_woken_onc
         # had all ended by then); the wide one: parked, woken once by its last child.
         assert runs[killed] in (2, 3) and runs[wide] == 2
         assert "event=job_parked" in master.log()
+
+
+def test_an_async_handler_awaits_its_steps_sleeps_and_waits(
+    start_master: StartMaster, dsn: str
+) -> None:
+    tables(dsn)
+    master = start_master(app=APP, workers=2, args=("--concurrency", "4"))
+    master.wait_ready(2)
+    producer = brooq.Queue(dsn)
+    job_id, _ = producer.enqueue(brooq.Job("durable.async", {"key": "async-key"}))
+    with psycopg.connect(dsn, autocommit=True) as db:
+
+        def state() -> Any:
+            return db.execute(
+                "SELECT state, parked, attempts FROM job WHERE id = %s", (job_id,)
+            ).fetchone()
+
+        wait_for(lambda: state() == ("waiting", "event", 0), what="parked on its event")
+        assert producer.emit_event("async-key", "go")
+        wait_for(lambda: state() == ("done", "event", 1), what="done")
+        result = db.execute("SELECT result FROM job WHERE id = %s", (job_id,)).fetchone()
+        assert result == ([42, "go"],)
+        runs = db.execute(
+            "SELECT count(*) FROM step_body WHERE job_id = %s AND step = -4", (job_id,)
+        ).fetchone()
+        assert runs == (1,)  # the step ran once through a sleep and a wait
