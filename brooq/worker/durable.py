@@ -89,8 +89,9 @@ class Durable:
     def _record(
         self, conn: psycopg.Connection[Any], claim: Claim[Any], name: str, text: str
     ) -> None:
-        """Write the record in the caller's transaction; LeaseLost when the job is no
-        longer this child's (the caller's transaction then rolls back)."""
+        """Write the record (in the caller's transaction, or alone in autocommit: one
+        round trip); LeaseLost when the job is no longer this child's (the caller's
+        transaction then rolls back)."""
         params = {"id": claim.id, "name": name, "result": text, "worker": claim.locked_by}
         if conn.execute(self.q.job_step_record, params).fetchone() is None:
             raise LeaseLost(f"lease of job {claim.id} lost: step {name!r} not recorded")
@@ -101,9 +102,7 @@ class Durable:
         if name in recorded:
             return recorded[name]
         text = self._encode(name, make())
-        conn = self._conn()
-        with conn.transaction():
-            self._record(conn, claim, name, text)
+        self._record(self._conn(), claim, name, text)  # one statement: its own transaction
         value = json.loads(text)
         recorded[name] = value
         return value
@@ -153,9 +152,8 @@ class Durable:
         else:
             value = fn(*args, **kwargs)
             text = self._encode(name, value)
-            conn = self._conn()
-            with conn.transaction():
-                self._record(conn, claim, name, text)
+            # One statement in autocommit: its own transaction, one round trip.
+            self._record(self._conn(), claim, name, text)
         result = json.loads(text)  # every attempt sees the same value: the record's
         recorded[name] = result
         return result
@@ -185,9 +183,7 @@ class Durable:
         text = self._encode(name, value)
 
         def record() -> None:
-            conn = self._conn()
-            with conn.transaction():
-                self._record(conn, claim, name, text)
+            self._record(self._conn(), claim, name, text)
 
         await asyncio.to_thread(record)
         result = json.loads(text)

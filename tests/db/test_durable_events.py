@@ -170,3 +170,18 @@ def test_an_emit_names_no_job_it_does_not_wait_for(queue: brooq.Queue, db: Conn)
     db.rollback()
     assert row(db, job_id)["available_at"] == before
     assert isinstance(job_id, uuid.UUID)
+
+
+def test_a_parked_job_is_canceled_at_once_and_an_emit_then_leaves_it(
+    queue: brooq.Queue, db: Conn
+) -> None:
+    waiter(queue, [])
+    job_id, _ = queue.enqueue(brooq.Job("e.wait", {"key": "gone"}))
+    brooq.testing.drain(queue)
+    assert row(db, job_id)["state"] == "waiting"
+    db.rollback()
+    queue.cancel(job_id)
+    assert queue.emit_event("gone", 1) is True
+    db.rollback()
+    assert row(db, job_id)["state"] == "canceled"
+    assert brooq.testing.drain(queue) == {}
