@@ -137,11 +137,13 @@ class Durable:
             raise TypeError(f"step {name!r}: fn must be callable, not {type(fn).__name__}")
         if name in claim.steps_used:
             raise ValueError(f"step name {name!r} is used twice in one run of the handler")
-        claim.steps_used.add(name)
+        # Used once it returned (replayed or recorded): a step that raised may be called
+        # again under its name in the same run.
         if self._awaited(claim):
             return self._step_async(claim, name, fn, args, kwargs, transaction)
         recorded = self._recorded(claim)
         if name in recorded:
+            claim.steps_used.add(name)
             return recorded[name]
         if transaction:
             conn = self._conn()
@@ -156,6 +158,7 @@ class Durable:
             self._record(self._conn(), claim, name, text)
         result = json.loads(text)  # every attempt sees the same value: the record's
         recorded[name] = result
+        claim.steps_used.add(name)
         return result
 
     async def _step_async(
@@ -176,6 +179,7 @@ class Durable:
             )
         recorded = await asyncio.to_thread(self._recorded, claim)
         if name in recorded:
+            claim.steps_used.add(name)
             return recorded[name]
         value = fn(*args, **kwargs)
         if isinstance(value, Awaitable):
@@ -188,6 +192,7 @@ class Durable:
         await asyncio.to_thread(record)
         result = json.loads(text)
         recorded[name] = result
+        claim.steps_used.add(name)
         return result
 
     # -- sleeps ------------------------------------------------------------------------------

@@ -150,6 +150,32 @@ def test_an_unencodable_result_and_a_name_used_twice_are_refused(
     assert "names starting with '__' are brooq's own" in row(db, third)["last_error"]
 
 
+def test_a_step_that_raised_may_be_called_again_in_the_same_run(
+    queue: brooq.Queue, db: Conn
+) -> None:
+    calls: list[int] = []
+
+    @queue.handler("d.again", max_attempts=1)
+    def handler(claim: brooq.Claim[Any]) -> Any:
+        def flaky() -> int:
+            calls.append(1)
+            if len(calls) < 3:
+                raise ConnectionError("not yet")
+            return len(calls)
+
+        for _ in range(3):
+            try:
+                return claim.step("flaky", flaky)
+            except ConnectionError:
+                continue
+        return None
+
+    job_id, _ = queue.enqueue(brooq.Job("d.again"))
+    assert brooq.testing.drain(queue) == {"done": 1}
+    assert row(db, job_id)["result"] == 3
+    assert steps(db, job_id) == ["flaky"]
+
+
 def test_a_step_after_the_lease_was_lost_records_nothing(queue: brooq.Queue, db: Conn) -> None:
     @queue.handler("d.lost")
     def handler(claim: brooq.Claim[Any]) -> Any:
