@@ -6,6 +6,8 @@
 --                        back instead of running the step. Deleted with its job.
 --   brooq_event:         one row per key: the first emit's payload (later emits change
 --                        nothing); a wait that comes after reads it at once.
+--                        Retention deletes an event older than its TTL that no job waits
+--                        on (brooq_event_emitted_idx).
 --   brooq_event_wait:    the job parked until key is emitted (one key per job), since when.
 --   job.parked:          why a pending or waiting job is parked: 'sleep' (pending until
 --                        its wake time), 'event' (waiting, or pending until its wait's
@@ -61,6 +63,9 @@ CREATE TABLE IF NOT EXISTS brooq_event_wait (
 );
 
 CREATE INDEX IF NOT EXISTS brooq_event_wait_key_idx ON brooq_event_wait (key);
+
+-- Retention finds the events older than its TTL by this index (events_expire).
+CREATE INDEX IF NOT EXISTS brooq_event_emitted_idx ON brooq_event (emitted_at);
 
 CREATE OR REPLACE FUNCTION brooq_emit_event(p_key text, p_payload jsonb) RETURNS boolean
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$

@@ -88,3 +88,16 @@ FROM {brooq_job_step} AS s JOIN {job} AS c ON c.id = (s.result #>> '{}')::uuid
 WHERE s.job_id = %(id)s AND s.name LIKE '\_\_spawn:%%'
 ORDER BY s.created_at, c.id
 LIMIT %(limit)s
+
+-- name: events_expire
+-- Retention of events (the master's retention duty, with the jobs' TTL): at most `batch`
+-- events emitted longer than `ttl` seconds ago that no job waits on, oldest first.
+DELETE FROM {brooq_event} AS e
+WHERE e.key IN (
+    SELECT x.key FROM {brooq_event} AS x
+    WHERE x.emitted_at < now() - make_interval(secs => %(ttl)s)
+      AND NOT EXISTS (SELECT 1 FROM {brooq_event_wait} AS w WHERE w.key = x.key)
+    ORDER BY x.emitted_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)

@@ -311,3 +311,30 @@ def test_an_async_handler_awaits_its_steps_sleeps_and_waits(
             "SELECT count(*) FROM step_body WHERE job_id = %s AND step = -4", (job_id,)
         ).fetchone()
         assert runs == (1,)  # the step ran once through a sleep and a wait
+
+
+def test_retention_removes_the_events_no_job_waits_on(start_master: StartMaster, dsn: str) -> None:
+    tables(dsn)
+    producer = brooq.Queue(dsn)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        # A job waits on "held" (parked by hand, as brooq_park_event leaves it).
+        job_id, _ = producer.enqueue(brooq.Job("durable.event", {"key": "held"}))
+        db.execute("UPDATE job SET state = 'waiting', parked = 'event' WHERE id = %s", (job_id,))
+        db.execute("INSERT INTO brooq_event_wait (job_id, key) VALUES (%s, 'held')", (job_id,))
+        db.execute(
+            "INSERT INTO brooq_event (key, payload, emitted_at) VALUES "
+            "('old', '1', now() - interval '1 hour'), ('held', '2', now() - interval '1 hour'), "
+            "('new', '3', now() + interval '1 hour')"
+        )
+        start_master(
+            app=APP,
+            workers=1,
+            env={"QUEUE_RETENTION_TTL": "1m", "QUEUE_RETENTION_PERIOD": "100ms"},
+        )
+        wait_for(
+            lambda: (
+                db.execute("SELECT array_agg(key ORDER BY key) FROM brooq_event").fetchone()
+                == (["held", "new"],)
+            ),
+            what="the old event deleted, the one a job waits on kept",
+        )

@@ -68,6 +68,13 @@ class Retention:
             )
         if self.ttl <= 0:
             return {}
+        if self.again_after is None:
+            # Events durable handlers waited for (migration 0017): those older than the
+            # TTL that no job waits on, a batch per period.
+            params = {"ttl": self.ttl, "batch": self.batch}
+            self.conns.with_db(
+                "events", lambda conn: conn.execute(self.conns.q.events_expire, params)
+            )
         result = self.conns.with_db(
             "retention",
             lambda conn: maintenance.delete_expired(conn, self.ttl, self.batch, q=self.conns.q),

@@ -362,14 +362,16 @@ def test_retention_sweeps_the_idle_rate_windows_once_per_period(
     from brooq.supervisor import maintenance
 
     ran: list[str] = []
-    q = SimpleNamespace(stack_requests_expire="expire", rate_windows_sweep="sweep")
+    q = SimpleNamespace(
+        stack_requests_expire="expire", rate_windows_sweep="sweep", events_expire="events"
+    )
     conn = SimpleNamespace(execute=lambda statement, *args: ran.append(statement))
     conns: Any = SimpleNamespace(q=q, with_db=lambda what, fn: fn(conn))
     more = [True, False]
     monkeypatch.setattr(maintenance, "delete_expired", lambda *a, **k: ({"t": 1}, more.pop(0)))
     duty = Retention(conns, Settings(retention_ttl=3600), None)
     duty.run_once(0.0)  # a period's run: behind after it
-    assert ran == ["expire", "sweep"] and duty.again_after is not None
+    assert ran == ["expire", "sweep", "events"] and duty.again_after is not None
     ran.clear()
     duty.run_once(0.01)  # the backlog's next pass
     assert ran == ["expire"] and duty.again_after is None
