@@ -234,11 +234,20 @@ class Queue(Registry):
         with brooq.LeaseLost at the master's next lease renewal."""
         return self._on(changes.cancel, parse_job_id(job_id))
 
-    def retry(self, job_id: uuid.UUID | str) -> bool:
+    def retry(self, job_id: uuid.UUID | str, *, fresh: bool = False) -> bool:
         """dead or canceled -> pending now, attempts reset, last_error kept. False when
         the job is unknown, not in one of those states, or another active job holds its
-        unique_key (``explain_refusal`` names that job)."""
-        return self._on(changes.retry, parse_job_id(job_id))
+        unique_key (``explain_refusal`` names that job). A durable handler's recorded
+        steps are kept (its next run resumes from them); ``fresh=True`` forgets them in
+        the same transaction, so it runs from its first step again."""
+        if not fresh:
+            return self._on(changes.retry, parse_job_id(job_id))
+        jid = parse_job_id(job_id)
+        with self.transaction() as conn:
+            moved = changes.retry(conn, jid, q=self._q)
+            if moved:
+                conn.execute(self._q.job_steps_forget, {"id": jid})
+            return moved
 
     def cancel_many(
         self,

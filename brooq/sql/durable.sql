@@ -20,6 +20,11 @@ WHERE EXISTS (
 )
 RETURNING created_at
 
+-- name: job_steps_forget
+-- Queue.retry(fresh=True): a retried job's recorded steps forgotten, in the retry's
+-- transaction.
+DELETE FROM {brooq_job_step} WHERE job_id = %(id)s
+
 -- name: job_park_sleep
 -- A durable sleep: the job pending until its wake time, the attempt given back, the
 -- child let go. No row: the lease is gone.

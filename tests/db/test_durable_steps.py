@@ -326,3 +326,32 @@ def test_the_down_step_refuses_while_a_job_is_parked(
     db.commit()
     brooq.migrate.down(dsn)
     assert db.execute("SELECT to_regclass('brooq_job_step')").fetchone() == (None,)
+
+
+def test_a_retried_job_keeps_its_steps_unless_retried_fresh(queue: brooq.Queue, db: Conn) -> None:
+    ran: list[str] = []
+
+    @queue.handler("d.retry", max_attempts=1)
+    def handler(claim: brooq.Claim[Any]) -> Any:
+        claim.step("costly", lambda: ran.append("costly"))
+        if len(ran) < 3 and claim.payload.get("fail", True):
+            raise ValueError("fails after the costly step")
+        return len(ran)
+
+    job_id, _ = queue.enqueue(brooq.Job("d.retry"))
+    brooq.testing.drain(queue)
+    assert row(db, job_id)["state"] == "dead" and ran == ["costly"]
+    db.rollback()
+    assert queue.retry(job_id)  # kept: the step is not run again, the job dies again
+    brooq.testing.drain(queue)
+    assert row(db, job_id)["state"] == "dead" and ran == ["costly"]
+    db.rollback()
+    assert queue.retry(job_id, fresh=True)  # forgotten: the step runs again
+    brooq.testing.drain(queue)
+    assert row(db, job_id)["state"] == "dead" and ran == ["costly", "costly"]
+    db.rollback()
+    assert queue.retry(job_id, fresh=True)
+    brooq.testing.drain(queue)
+    assert row(db, job_id)["state"] == "done" and ran == ["costly"] * 3
+    assert not queue.retry(job_id, fresh=True)  # done: nothing moves, nothing forgotten
+    assert steps(db, job_id) == ["costly"]
