@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from brooq.db import connect
+from brooq.db import connect, connect_kwargs
 from brooq.durations import to_seconds
 from brooq.encoding import check_payload_size, encode_payload, to_json
 from brooq.errors import InvalidResult, WaitTimeout
@@ -44,6 +44,7 @@ __all__ = ["Durable"]
 
 _INTERNAL = "__"  # brooq's own step names start with it
 DEADLOCK_TRIES = 5
+NAME_MAX_LENGTH = 1024  # a step's name, with its job the record's key
 
 
 def _now() -> datetime:
@@ -59,13 +60,15 @@ class Durable:
         self.max_bytes = settings.max_payload_bytes
         self.handlers = handlers
         self.local = threading.local()  # an async child's sync handlers run in threads
+        # Behind a transaction pooler: no prepared statements (brooq.db.connect_kwargs).
+        self.kwargs = connect_kwargs(settings.pooler, dsn, {})
 
     # -- plumbing ----------------------------------------------------------------------------
 
     def _conn(self) -> psycopg.Connection[Any]:
         conn: psycopg.Connection[Any] | None = getattr(self.local, "conn", None)
         if conn is None or conn.closed or conn.broken:
-            conn = connect(self.dsn, autocommit=True)
+            conn = connect(self.dsn, autocommit=True, **self.kwargs)
             self.local.conn = conn
         return conn
 
@@ -131,6 +134,9 @@ class Durable:
     ) -> Any:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a step's name must be a non-empty string, got {name!r}")
+        if "\x00" in name or len(name) > NAME_MAX_LENGTH:
+            shown = name[:40] + "…" if len(name) > 40 else name
+            raise ValueError(f"step name {shown!r}: at most {NAME_MAX_LENGTH} characters, no \\x00")
         if name.startswith(_INTERNAL):
             raise ValueError(f"step name {name!r}: names starting with '__' are brooq's own")
         if not callable(fn):

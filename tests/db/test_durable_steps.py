@@ -355,3 +355,16 @@ def test_a_retried_job_keeps_its_steps_unless_retried_fresh(queue: brooq.Queue, 
     assert row(db, job_id)["state"] == "done" and ran == ["costly"] * 3
     assert not queue.retry(job_id, fresh=True)  # done: nothing moves, nothing forgotten
     assert steps(db, job_id) == ["costly"]
+
+
+def test_a_step_name_the_record_cannot_key_is_refused(queue: brooq.Queue, db: Conn) -> None:
+    @queue.handler("d.names", max_attempts=1)
+    def handler(claim: brooq.Claim[Any]) -> Any:
+        name = {"nul": "a\x00b", "long": "n" * 1025}[claim.payload]
+        return claim.step(name, lambda: 1)
+
+    nul, _ = queue.enqueue(brooq.Job("d.names", "nul"))
+    long, _ = queue.enqueue(brooq.Job("d.names", "long"))
+    brooq.testing.drain(queue)
+    assert "at most 1024 characters, no \\x00" in row(db, nul)["last_error"]
+    assert "at most 1024 characters" in row(db, long)["last_error"]
