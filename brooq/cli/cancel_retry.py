@@ -108,10 +108,13 @@ def _run(
     tag: str | None,
     yes: bool,
     as_json: bool,
+    fresh: bool = False,
 ) -> None:
     """One job by id, or the bulk form; every usage error before the database is opened."""
     given = (("--topic", topic), ("--state", state), ("--queue", queue_name), ("--tag", tag))
     bulk = [name for name, value in given if value is not None]
+    if fresh and job_id is None:
+        raise click.UsageError("--fresh takes one job id (JOB_ID), not the bulk form", ctx=ctx)
     if job_id is not None:
         extra = bulk + [name for name, on in (("--yes", yes), ("--json", as_json)) if on]
         if extra:
@@ -120,7 +123,7 @@ def _run(
                 f"{', '.join(extra)} with JOB_ID {job_id}",
                 ctx=ctx,
             )
-        _one(ctx, action, job_id)
+        _one(ctx, action, job_id, fresh)
         return
     if topic is None or state is None:
         missing = " and ".join(
@@ -141,10 +144,10 @@ def _run(
     _bulk(ctx, action, topic, state, queue_name, tag, yes=yes, as_json=as_json)
 
 
-def _one(ctx: click.Context, action: Transition, job_id: str) -> None:
+def _one(ctx: click.Context, action: Transition, job_id: str, fresh: bool = False) -> None:
     jid = brooq.job.parse_job_id(job_id)
     queue = open_queue(ctx)
-    moved = queue.cancel(jid) if action == "cancel" else queue.retry(jid)
+    moved = queue.cancel(jid) if action == "cancel" else queue.retry(jid, fresh=fresh)
     if not moved:
         raise queue.explain_refusal(jid, action)
     say(f"{_DONE[action]} {jid}{_AFTER[action]}")
@@ -239,6 +242,11 @@ def cancel(
 
 @click.command("retry")
 @_bulk_options("retry")
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="One job: forget its durable handler's recorded steps (it runs from its first).",
+)
 def retry(
     ctx: click.Context,
     job_id: str | None,
@@ -248,6 +256,7 @@ def retry(
     tag: str | None,
     yes: bool,
     as_json: bool,
+    fresh: bool,
 ) -> None:
     """Run a finished job again: dead or canceled -> pending now, attempts reset, last
     error kept.
@@ -255,8 +264,8 @@ def retry(
     Bulk: --topic T --state S instead of JOB_ID (narrowed by --queue Q, --tag TAG)
     retries every such job, in batches; it prints how many match and asks first, unless
     --yes. A job whose unique_key another active job holds is not retried (named, with
-    that job)."""
-    _run(ctx, "retry", job_id, topic, state, queue_name, tag, yes, as_json)
+    that job). A durable handler's job resumes from its recorded steps, unless --fresh."""
+    _run(ctx, "retry", job_id, topic, state, queue_name, tag, yes, as_json, fresh)
 
 
 for _command in (cancel, retry):

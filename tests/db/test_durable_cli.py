@@ -101,3 +101,23 @@ def test_jobs_show_lists_children_and_the_wait_for_them(
     assert "upstream:" not in out.stdout  # its children are not upstream jobs
     shown = json.loads(run("--database", dsn, "jobs", "show", str(job_id), "--json").stdout)
     assert shown["parked"] == "jobs" and [c["topic"] for c in shown["children"]] == ["o.child"]
+
+
+def test_retry_fresh_forgets_the_steps_of_one_job(queue: brooq.Queue, dsn: str, db: Conn) -> None:
+    @queue.handler("o.dead", max_attempts=1)
+    def dead(claim: brooq.Claim[Any]) -> Any:
+        claim.step("once", lambda: 1)
+        raise ValueError("dies")
+
+    job_id, _ = queue.enqueue(brooq.Job("o.dead"))
+    brooq.testing.drain(queue)
+    out = run("--database", dsn, "retry", str(job_id))
+    assert out.returncode == 0, out.stderr
+    assert db.execute("SELECT count(*) FROM brooq_job_step").fetchone() == (1,)
+    brooq.testing.drain(queue)
+    db.rollback()
+    out = run("--database", dsn, "retry", str(job_id), "--fresh")
+    assert out.returncode == 0, out.stderr
+    assert db.execute("SELECT count(*) FROM brooq_job_step").fetchone() == (0,)
+    out = run("--database", dsn, "retry", "--topic", "o.dead", "--state", "dead", "--fresh")
+    assert out.returncode == 2 and "--fresh takes one job id" in out.stderr
