@@ -8,13 +8,16 @@ typed payload (a dataclass) and return a result the demo waits for (queue.wait);
 middleware wraps every sync job and logs the slow ones, its async twin the async ones.
 Fetches are I/O-bound: an `async def` handler, run many at once in the async child
 (`--concurrency`), while renders keep the sync children's cores busy and report their
-progress. Each round's report waits for its four renders (a workflow's fan-in)."""
+progress. Each round's report waits for its four renders (a workflow's fan-in). A video is
+a durable handler: five steps, each recorded with claim.step, so the attempt after a kill
+replays the recorded ones and runs only the rest (run_demo.py kills its child to show it)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -107,3 +110,42 @@ def flaky(claim: brooq.Claim) -> None:
 @queue.handler("demo.notify")
 def notify(claim: brooq.Claim) -> None:
     """The follow-up chained by demo.render, enqueued only when the render is done."""
+
+
+# The video's parts and how long each takes (a sleep stands for the real work).
+VIDEO_STEPS = (
+    ("fetch", 0.4),
+    ("frames", 0.4),
+    ("encode", 1.2),
+    ("thumbnail", 0.3),
+    ("publish", 0.3),
+)
+
+
+def video_step(number: int, name: str, seconds: float, attempt: int) -> dict[str, Any]:
+    """One part of the video. It runs only when the step has no record yet; what it
+    returns is recorded, and an attempt after a kill gets it back instead of running it."""
+    time.sleep(seconds)
+    print(
+        f"[video] step {number} of {len(VIDEO_STEPS)} ({name}) ran in child pid {os.getpid()}",
+        flush=True,
+    )
+    return {"step": name, "attempt": attempt, "pid": os.getpid()}
+
+
+@queue.handler("demo.video", max_attempts=3, backoff_base="100ms", backoff_max="100ms")
+def video(claim: brooq.Claim) -> list[dict[str, Any]]:
+    """Durable: every attempt runs this function from its first line, and claim.step
+    returns a recorded step's result without calling it again. A kill costs only the step
+    that was running."""
+    done = []
+    for number, (name, seconds) in enumerate(VIDEO_STEPS, 1):
+        step = claim.step(name, video_step, number, name, seconds, claim.attempt)
+        if step["attempt"] != claim.attempt:  # an earlier attempt ran it
+            print(
+                f"[video] step {number} of {len(VIDEO_STEPS)} ({name}) replayed from its record "
+                f"(attempt {claim.attempt}; it ran in attempt {step['attempt']})",
+                flush=True,
+            )
+        done.append(step)
+    return done

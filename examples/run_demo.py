@@ -4,7 +4,10 @@ Every round feeds renders (queue bulk), flaky calls (default, one at a time flee
 one urgent job at priority 10, a quote (a typed payload) whose result it waits for and
 forty fetches (async handlers, run at once by the async child: `--concurrency`);
 every tenth round pauses the bulk queue for three rounds (`brooq queues pause bulk` does
-the same), then resumes it.
+the same), then resumes it. Beside the rounds, one video (a durable handler of five steps)
+shows a job resuming after a kill: once its second step is recorded, the demo SIGKILLs the
+child running it; the master replaces the child, and the job's next attempt replays the
+recorded steps and runs the rest. `--seconds` stops once the video's story is told too.
 Ctrl-C stops the feeding at once, drains the master (running jobs finish), resumes the
 bulk queue if the demo paused it, and prints the final counts.
 DATABASE_URL must be set (`make run` starts an embedded PostgreSQL when it is not).
@@ -20,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +85,94 @@ def show(queue: brooq.Queue, done_before: int) -> None:
         for q in queue.queues()
     ]
     print(f"[demo] done={done - done_before}  " + " | ".join(parts), flush=True)
+
+
+# How long the video's story may take before the demo stops telling it (a busy machine).
+STORY_TIMEOUT = 60.0
+
+
+def recorded_steps(queue: brooq.Queue, job_id: Any) -> list[dict[str, Any]]:
+    """The steps recorded for the job so far (claim.step writes one row each), in order."""
+    with queue.connection() as conn:
+        rows = conn.execute(
+            "SELECT result FROM brooq_job_step WHERE job_id = %s ORDER BY created_at, name",
+            (job_id,),
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def master_children(queue: brooq.Queue, master_pid: int) -> set[int]:
+    """The pids of the master's children, as the master lists them in brooq_master (what
+    `brooq fleet` shows)."""
+    with queue.connection() as conn:
+        row = conn.execute(
+            "SELECT children FROM brooq_master WHERE pid = %s AND host = %s",
+            (master_pid, socket.gethostname()),
+        ).fetchone()
+    return {int(c["pid"]) for c in row[0]} if row else set()
+
+
+def span(numbers: list[int]) -> str:
+    """[1, 2] -> "1-2", [3] -> "3"."""
+    return f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
+
+
+def video_story(queue: brooq.Queue, dsn: str, master_pid: int, stop: threading.Event) -> None:
+    """Enqueue a video, kill the child running it once its second step is recorded, and
+    tell how the job resumed. Gives up when the demo stops first, or after STORY_TIMEOUT."""
+    from demo_app import VIDEO_STEPS
+
+    total = len(VIDEO_STEPS)
+    deadline = time.monotonic() + STORY_TIMEOUT
+
+    def say(line: str) -> None:
+        print(f"[demo] video: {line}", flush=True)
+
+    def wait(seconds: float) -> bool:
+        """Whether to go on polling: neither stopped nor out of time."""
+        return not stop.wait(seconds) and time.monotonic() < deadline
+
+    job_id, _ = queue.enqueue(brooq.Job("demo.video", {"title": "intro"}, priority=10))
+    say(f"job {job_id}, {total} steps, each recorded with claim.step")
+    while len(recorded_steps(queue, job_id)) < 2:
+        if not wait(0.05):
+            return say("its second step was not recorded in time; no kill this run")
+    record = queue.get(job_id)
+    if record is None or record.state != "processing" or not record.locked_by:
+        return say("it finished before the kill could come; nothing to show this run")
+    # locked_by is host:pid:tag; the pid must be one of this master's children.
+    pid = int(record.locked_by.rsplit(":", 2)[1])
+    before = master_children(queue, master_pid)
+    if pid not in before:
+        return say(f"child pid {pid} is not one the master lists; not killing it")
+    recorded = len(recorded_steps(queue, job_id))
+    say(
+        f"step {recorded} of {total} recorded; killing the worker running it "
+        f"(child pid {pid}, SIGKILL)..."
+    )
+    os.kill(pid, signal.SIGKILL)
+    while not (fresh := master_children(queue, master_pid) - before):
+        if not wait(0.1):
+            break
+    else:
+        say(f"the master replaced it with child pid {min(fresh)}; the job is retried")
+    while (record := queue.get(job_id)) is not None and record.state not in ("done", "dead"):
+        if not wait(0.2):
+            return say(f"still {record.state} after {STORY_TIMEOUT:.0f} s; see brooq jobs show")
+    if record is None:
+        return say("deleted before it ended")
+    steps = recorded_steps(queue, job_id)
+    replayed = [n for n, s in enumerate(steps, 1) if s["attempt"] < record.attempts]
+    ran = [n for n, s in enumerate(steps, 1) if s["attempt"] == record.attempts]
+    if record.state != "done" or not replayed or not ran:
+        say(f"ended {record.state}, {len(steps)} steps recorded")
+    else:
+        say(
+            f"done after {record.attempts} attempts. Resumed: steps {span(replayed)} replayed "
+            f"from their records, {span(ran)} ran (step {ran[0]} from its start: the kill "
+            "came while it ran)"
+        )
+    say(f"its steps: {cli_command(dsn, f'jobs show {job_id}')}")
 
 
 def demo_ops_addr() -> str:
@@ -159,6 +251,11 @@ def main() -> int:
     )
     print(f"[demo] status page: http://{ops_addr}/ (the in-flight jobs, their stacks, errors)")
     print(f"[demo] live view in another terminal: {top_command(dsn)}", flush=True)
+    stop_story = threading.Event()
+    story = threading.Thread(
+        target=video_story, args=(queue, dsn, master.pid, stop_story), daemon=True
+    )
+    story.start()
     started = time.monotonic()
     round_no = 0
     # Ctrl-C: the terminal sends SIGINT to the master too (it drains); here it only ends
@@ -173,9 +270,11 @@ def main() -> int:
             break
         show(queue, done_before)
         show_quote(queue, quote)
-        if args.seconds and time.monotonic() - started >= args.seconds:
+        if args.seconds and time.monotonic() - started >= args.seconds and not story.is_alive():
             master.send_signal(signal.SIGTERM)
             break
+    stop_story.set()
+    story.join()
     print("[demo] draining: running jobs finish, nothing new is claimed", flush=True)
     code = master.wait()
     # A stop in the middle of a pause must not leave the next run's bulk queue paused.

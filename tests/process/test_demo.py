@@ -1,4 +1,5 @@
-"""`make run`'s demo: migrate, master, jobs fed and finished, clean drain."""
+"""`make run`'s demo: migrate, master, jobs fed and finished, a durable job resumed after
+its child was killed, clean drain."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -16,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_runs_and_drains(empty_dsn: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
     env.update(DATABASE_URL=empty_dsn, QUEUE_OPS_ADDR="127.0.0.1:0")
+    started = time.monotonic()
     out = subprocess.run(
         [sys.executable, "examples/run_demo.py", "--workers", "2", "--seconds", "4"],
         capture_output=True,
@@ -24,15 +28,17 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
         cwd=ROOT,
         env=env,
     )
+    took = time.monotonic() - started
     assert out.returncode == 0, out.stdout + out.stderr
     assert "applied migration 0001_job" in out.stdout
+    assert_video_resumed(out.stdout, empty_dsn)
     assert "brooq-master exited with status 0" in out.stdout
     # It says where the status page is and how to watch with brooq top.
     page = re.search(r"\[demo\] status page: (http://127\.0\.0\.1:\d+/)", out.stdout)
     assert page is not None, out.stdout
     assert f"DATABASE_URL='{empty_dsn}' .venv/bin/brooq top" in out.stdout
     with psycopg.connect(empty_dsn) as conn:
-        done = dict(
+        done: dict[str, int] = dict(
             conn.execute(
                 "SELECT topic, count(*) FROM job WHERE state = 'done' GROUP BY topic"
             ).fetchall()
@@ -49,20 +55,22 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
     assert chained is not None and chained[0] == done["demo.render"]
     assert done.get("demo.flaky", 0) > 0
     with psycopg.connect(empty_dsn) as conn:
-        queues = dict(conn.execute("SELECT topic, min(queue) FROM job GROUP BY topic").fetchall())
+        queues: dict[str, str] = dict(
+            conn.execute("SELECT topic, min(queue) FROM job GROUP BY topic").fetchall()
+        )
         urgent = conn.execute("SELECT count(*) FROM job WHERE priority = 10").fetchone()
     assert queues["demo.render"] == "bulk" and queues["demo.flaky"] == "default"
     assert urgent is not None and urgent[0] > 0
     assert "default:" in out.stdout
     # The heartbeat schedule (every 3 s): new, so its first job comes with the first tick
     # after the master's start (or at once if the last one is under 2 s old); the demo
-    # runs 4 s, so one to three jobs, one per tick.
+    # runs 4 s or until the video's story is told, so one job per tick of its run.
     with psycopg.connect(empty_dsn) as conn:
         beats = conn.execute(
             "SELECT count(*) FROM job WHERE idempotency_key LIKE 'periodic:heartbeat:%%' "
             "AND payload ? 'heartbeat'"
         ).fetchone()
-    assert beats is not None and 1 <= beats[0] <= 3
+    assert beats is not None and 1 <= beats[0] <= int(took / 3) + 2
     assert "[demo] periodic: a heartbeat job every 3 s" in out.stdout
     # Quotes: a typed payload stored as JSON, a result read back through queue.wait.
     with psycopg.connect(empty_dsn) as conn:
@@ -82,7 +90,7 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
     try:
         with psycopg.connect(empty_dsn) as conn:
             reports = conn.execute("SELECT id, state FROM job WHERE topic = 'demo.report'")
-            reports_by_id = dict(reports.fetchall())
+            reports_by_id: dict[Any, str] = dict(reports.fetchall())
         assert len(reports_by_id) >= 1
         for job_id, state in reports_by_id.items():
             upstream = reader.upstream(job_id)
@@ -145,3 +153,49 @@ def test_ctrl_c_in_a_pause_stops_feeding_and_leaves_no_queue_paused(empty_dsn: s
         printed.group(1), shell=True, capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert listed.returncode == 0 and "heartbeat" in listed.stdout, listed.stderr
+
+
+def assert_video_resumed(stdout: str, dsn: str) -> None:
+    """The demo kills the child running the durable video once its second step is
+    recorded: the job ends done in its second attempt, the steps recorded before the kill
+    ran once (in the killed child) and were replayed, the others ran in the new child."""
+    printed = stdout
+    found = re.search(r"\[demo\] video: job ([0-9a-f-]{36}), 5 steps", stdout)
+    assert found is not None, printed
+    job_id = found.group(1)
+    killed = re.search(
+        r"step (\d) of 5 recorded; killing the worker running it "
+        r"\(child pid (\d+), SIGKILL\)",
+        stdout,
+    )
+    assert killed is not None, printed
+    assert killed.group(1) == "2", printed
+    killed_pid = int(killed.group(2))
+    with psycopg.connect(dsn) as conn:
+        job = conn.execute(
+            "SELECT state, attempts, errors FROM job WHERE id = %s", (job_id,)
+        ).fetchone()
+        steps = conn.execute(
+            "SELECT name, result FROM brooq_job_step WHERE job_id = %s ORDER BY created_at",
+            (job_id,),
+        ).fetchall()
+    assert job is not None
+    state, attempts, errors = job
+    assert (state, attempts) == ("done", 2), printed
+    assert [e["error"] for e in errors] == ["worker died: SIGKILL"]
+    names = ["fetch", "frames", "encode", "thumbnail", "publish"]
+    assert [name for name, _ in steps] == names
+    # Steps 1-2 were recorded by the killed child's attempt, 3-5 by the next, elsewhere.
+    assert [r["attempt"] for _, r in steps] == [1, 1, 2, 2, 2], steps
+    assert [r["pid"] == killed_pid for _, r in steps] == [True, True, False, False, False]
+    # Each step's function ran once: the steps recorded before the kill were not run
+    # again, only replayed (the third was killed before it finished).
+    for number, name in enumerate(names, 1):
+        ran = stdout.count(f"[video] step {number} of 5 ({name}) ran in child pid")
+        assert ran == 1, (name, printed)
+    for number, name in enumerate(names[:2], 1):
+        assert f"[video] step {number} of 5 ({name}) replayed from its record" in stdout
+    assert (
+        "[demo] video: done after 2 attempts. Resumed: steps 1-2 replayed from their records, "
+        "3-5 ran" in stdout
+    ), printed
