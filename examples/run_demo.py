@@ -155,7 +155,10 @@ def video_story(queue: brooq.Queue, dsn: str, master_pid: int, stop: threading.E
         if not wait(0.1):
             break
     else:
-        say(f"the master replaced it with child pid {min(fresh)}; the job is retried")
+        say(
+            "the master saw the child die (its log lines), counted the attempt as failed and "
+            f"forked child pid {min(fresh)} in its place; the job is retried"
+        )
     while (record := queue.get(job_id)) is not None and record.state not in ("done", "dead"):
         if not wait(0.2):
             return say(f"still {record.state} after {STORY_TIMEOUT:.0f} s; see brooq jobs show")
