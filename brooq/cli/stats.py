@@ -42,11 +42,13 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
         "PROCESSING",
         "BUSY",
         "DEAD",
+        "PARKED",
         "OLDEST READY",
     ]
 
     def cells(r: brooq.TopicStats) -> list[str]:
-        numbers = (r.waiting, r.pending, r.ready, r.held, r.failed, r.processing, r.busy, r.dead)
+        numbers = [r.waiting, r.pending, r.ready, r.held, r.failed, r.processing, r.busy, r.dead]
+        numbers.append(r.parked)
         oldest = format_age(r.oldest_ready_age) if r.ready > r.held else "-"
         return [r.queue, r.topic, *map(str, numbers), oldest]
 
@@ -64,9 +66,10 @@ def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) 
             dead=sum(r.dead for r in rows),
             oldest_ready_age=max(r.oldest_ready_age for r in rows),
             held=sum(r.held for r in rows),
+            parked=sum(r.parked for r in rows),
         )
         body.append(cells(total))
-    lines = table(headers, body, right={2, 3, 4, 5, 6, 7, 8, 9})
+    lines = table(headers, body, right={2, 3, 4, 5, 6, 7, 8, 9, 10})
     for i, r in enumerate(rows, start=1):
         if (r.queue, r.topic) in unhandled:
             lines[i] += f"  {NO_HANDLER}"
@@ -93,7 +96,9 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     now), held (ready, but held back by the topic's limits now: its rate_limit or
     global_limit, their group's group_limit or group_rate_limit), failed (waiting for a
     retry), processing, busy (processing under a live lease: a child working on it),
-    dead, and the age of the oldest ready job not held back. "no handler": ready jobs
+    dead, parked (a durable handler's jobs sleeping or waiting for an event or their
+    child jobs, counted in waiting or pending too, never in ready), and the age of the
+    oldest ready job not held back. "no handler": ready jobs
     that no live master handles (no master has a handler for the topic, or none works
     the queue; see `brooq fleet`).
 

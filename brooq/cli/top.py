@@ -158,11 +158,20 @@ def render(
     if rows:
         finished = f"FINISHED/{snap.window}S"
         table = [
-            ["QUEUE", "TOPIC", "READY", "PROCESSING", "BUSY", "FAILED", "DEAD", finished, "OLDEST"]
-        ]
+            ["QUEUE", "TOPIC", "READY", "PARKED", "PROCESSING", "BUSY", "FAILED", "DEAD",
+             finished, "OLDEST"]
+        ]  # fmt: skip
         for stats, done in rows:
             oldest = format_age(stats.oldest_ready_age) if stats.ready else "-"
-            numbers = (stats.ready, stats.processing, stats.busy, stats.failed, stats.dead, done)
+            numbers = (
+                stats.ready,
+                stats.parked,
+                stats.processing,
+                stats.busy,
+                stats.failed,
+                stats.dead,
+                done,
+            )
             table.append([stats.queue, stats.topic, *map(str, numbers), oldest])
         lines += _columns(table, left={0, 1})
     else:
@@ -376,10 +385,11 @@ def run(
 def top_command(ctx: click.Context, once: bool, interval: str, as_json: bool) -> None:
     """A live view of the queue, refreshed every second.
 
-    Per queue and topic: ready, processing, busy, failed, dead, jobs finished in the last
-    minute and the oldest ready age; then the children holding jobs, how many each and
-    the oldest one's running time; then the jobs in flight with their holders. q or
-    Ctrl-C quits."""
+    Per queue and topic: ready, parked (a durable handler's jobs sleeping or waiting for
+    an event or their child jobs: not ready), processing, busy, failed, dead, jobs
+    finished in the last minute and the oldest ready age; then the children holding
+    jobs, how many each and the oldest one's running time; then the jobs in flight with
+    their holders. q or Ctrl-C quits."""
     try:
         period = parse_duration_string(interval)
     except ValueError as exc:

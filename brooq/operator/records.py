@@ -46,8 +46,9 @@ class TopicStats:
     topic. ``held``: ready jobs a limit of the topic holds back now (its global_limit or
     rate_limit, their group's group_limit or group_rate_limit: docs/how-to/rate-limits.md);
     ``oldest_ready_age`` is then the age of the oldest ready job not held back, so a topic
-    that waits its turn does not look stuck. A topic whose jobs sit in two queues has a
-    row in each."""
+    that waits its turn does not look stuck. ``parked``: a durable handler's jobs sleeping
+    or waiting for an event or their child jobs (counted in ``pending`` or ``waiting``
+    too, never in ``ready``). A topic whose jobs sit in two queues has a row in each."""
 
     topic: str
     pending: int = 0
@@ -61,6 +62,7 @@ class TopicStats:
     held: int = 0
     # Waiting for the jobs named in their after (docs/how-to/workflows.md).
     waiting: int = 0
+    parked: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +76,7 @@ class TopicStats:
             "busy": self.busy,
             "failed": self.failed,
             "dead": self.dead,
+            "parked": self.parked,
             "oldest_ready_age_seconds": round(self.oldest_ready_age, 3),
         }
 

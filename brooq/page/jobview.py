@@ -1,5 +1,7 @@
 """One job's page: every column, the payload, the outcome, the error history, the logs a
-``keep_logs`` handler kept, and the jobs of its graph (upstream and downstream).
+``keep_logs`` handler kept, the jobs of its graph (upstream and downstream), and a durable
+handler's side: what the job sleeps until or waits for, its recorded steps and the jobs it
+spawned.
 
 Owns: what the job page shows and in which order. Must never: write to the database, or
 let a value reach a page without brooq.page.render.e().
@@ -17,7 +19,8 @@ from brooq.page.views import _n, stack_form
 # What the page shows in sections of their own, or not as a column.
 _NOT_COLUMNS = frozenset(
     {"errors", "logs", "upstream", "downstream", "upstream_total", "downstream_total",
-     "traceparent_chars"}
+     "traceparent_chars", "steps", "steps_total", "children", "children_total",
+     "event_wait"}
 )  # fmt: skip
 
 
@@ -63,6 +66,63 @@ def graph_tables(row: Row) -> str:
     return "".join(parts)
 
 
+def parked_line(row: Row) -> str:
+    """What a parked job (a durable handler's: job.parked, read with its state) sleeps
+    until or waits for; nothing for a job that is not parked."""
+    state, parked, until = row.get("state"), row.get("parked"), row.get("available_at")
+    wait = row.get("event_wait")
+    if parked == "sleep" and state == "pending":
+        text = f"sleeps until {e(when(until))}"
+    elif parked == "event" and state in ("pending", "waiting") and wait is not None:
+        key = f"<code>{e(wait['key'])}</code>"
+        if int(wait["key_chars"]) > len(wait["key"]):
+            key += f' <span class="muted">(first {len(wait["key"]):,} of '
+            key += f"{int(wait['key_chars']):,} characters)</span>"
+        text = f"waits for the event {key} since {e(when(wait['since']))}"
+        if state == "pending":
+            text += f", until {e(when(until))}"
+    elif parked == "jobs" and state == "waiting":
+        open_ = row.get("upstream_open")
+        count = "" if open_ is None else f": {_n(int(open_))} not ended yet"
+        text = f"waits for its child jobs{count}"
+    else:
+        return ""
+    return f"<h2>Parked</h2><p>{text}</p>"
+
+
+def durable_tables(row: Row) -> str:
+    """A durable handler's job: the jobs it spawned (claim.spawn) with their states, and
+    its recorded steps (name, when, size of the result; never the result itself), each
+    list bounded, its heading counting them all; nothing for a job that used none."""
+    parts = []
+    children = row.get("children") or []
+    if children:
+        total = int(row.get("children_total") or len(children))
+        parts.append(f"<h2>Child jobs {e(shown_of(len(children), total))}</h2>")
+        cells = [(job_link(j["id"]), e(j["topic"]), e(j["state"])) for j in children]
+        parts.append(table(("job", "topic", "state"), cells, numeric=set()))
+        if len(children) < total:
+            parts.append(f'<p class="muted">only the first {len(children):,} shown</p>')
+    steps = row.get("steps") or []
+    if steps:
+        total = int(row.get("steps_total") or len(steps))
+        parts.append(f"<h2>Recorded steps {e(shown_of(len(steps), total))}</h2>")
+        cells = []
+        for s in steps:
+            name = e(s["name"])
+            if int(s["name_chars"]) > len(s["name"]):
+                name += " …"
+            size = "NULL" if s["size"] is None else f"{int(s['size']):,} B"
+            cells.append((name, e(when(s["created_at"])), e(size)))
+        parts.append(table(("step", "recorded", "result size"), cells, numeric={2}))
+        if len(steps) < total:
+            parts.append(
+                f'<p class="muted">only the first {len(steps):,} shown; '
+                f"<code>brooq jobs show {e(row['id'])} --json</code> lists them all</p>"
+            )
+    return "".join(parts)
+
+
 def kept_logs(row: Row) -> str:
     """The tails of the kept logs, oldest attempt first, each saying what was cut and
     where the whole text is."""
@@ -93,7 +153,12 @@ def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str
         for name, value in row.items()
         if name not in _NOT_COLUMNS
     )
-    parts = [f"<table><tbody>{columns}</tbody></table>", graph_tables(row)]
+    parts = [
+        f"<table><tbody>{columns}</tbody></table>",
+        parked_line(row),
+        graph_tables(row),
+        durable_tables(row),
+    ]
     if actions_enabled:
         parts.append(f"<p>{link('/actions', 'Cancel or retry this job', job=str(job_id))}</p>")
     state = row.get("state")

@@ -248,10 +248,12 @@ def _sample(
             state, jobs = row["state"], int(row["jobs"])
             per_state[state] = per_state.get(state, 0) + jobs
             group = sums[state].setdefault(
-                (row["queue"], row["topic"]), {"jobs": 0, "ready": 0, "oldest_ready_at": None}
+                (row["queue"], row["topic"]),
+                {"jobs": 0, "ready": 0, "oldest_ready_at": None, "parked": 0},
             )
             group["jobs"] += jobs
             group["ready"] += int(row["ready"])
+            group["parked"] += int(row["parked"])
             oldest = row["oldest_ready_at"]
             if oldest is not None and (
                 group["oldest_ready_at"] is None or oldest < group["oldest_ready_at"]
@@ -266,6 +268,7 @@ def _sample(
         for group in groups.values():
             group["jobs"] = round(group["jobs"] * scale)
             group["ready"] = round(group["ready"] * scale)
+            group["parked"] = round(group["parked"] * scale)
     return sums, moments
 
 
@@ -297,7 +300,7 @@ def _small_queues_exactly(
     return set(small)
 
 
-_EMPTY: Row = {"jobs": 0, "ready": 0, "oldest_ready_at": None}
+_EMPTY: Row = {"jobs": 0, "ready": 0, "oldest_ready_at": None, "parked": 0}
 
 
 def _group(
@@ -308,7 +311,9 @@ def _group(
     exact_queue: bool = False,
 ) -> Row:
     """One (queue, topic) row of the overview from its states' figures. ready and
-    scheduled are pending's and failed's; an estimated state makes the figures it
+    scheduled are pending's and failed's, parked (a durable handler's jobs sleeping or
+    waiting for an event or child jobs) pending's and waiting's, counted in neither
+    scheduled nor waiting; an estimated state makes the figures it
     contributes to estimates, and the oldest ready age a lower bound (the sample may have
     missed an older job). ``exact_queue``: its queue's pending and failed jobs were
     counted exactly, whatever the state's estimate elsewhere."""
@@ -319,17 +324,22 @@ def _group(
     if ("pending" in estimated or "failed" in estimated) and not exact_queue:
         marks |= {"ready", "scheduled", "oldest_ready"}
     marks |= {s for s in ("processing", "dead", "waiting") if s in estimated}
+    if ("pending" in estimated and not exact_queue) or "waiting" in estimated:
+        marks.add("parked")
     if "failed" in estimated and not exact_queue:
         marks.add("failed")
     return {
         "queue": key[0],
         "topic": key[1],
         "ready": sum(int(r["ready"]) for r in waiting),
-        "scheduled": sum(int(r["jobs"]) - int(r["ready"]) for r in waiting),
+        "scheduled": max(
+            sum(int(r["jobs"]) - int(r["ready"]) for r in waiting) - int(pending["parked"]), 0
+        ),
         "processing": int(processing["jobs"]),
         "failed": int(failed["jobs"]),
         "dead": int(dead["jobs"]),
-        "waiting": int(waits["jobs"]),
+        "waiting": max(int(waits["jobs"]) - int(waits["parked"]), 0),
+        "parked": int(pending["parked"]) + int(waits["parked"]),
         "oldest_ready_seconds": (now - min(oldest)).total_seconds() if oldest else None,
         "estimated": marks,
     }
@@ -395,6 +405,11 @@ GRAPH_COUNT_CAP = 10_000
 # (up to 1 MiB per attempt).
 LOG_ATTEMPTS = 20
 LOG_TAIL_CHARS = 8192
+# A durable handler's job: its first STEPS_SHOWN recorded steps (names cut to
+# NAME_CHARS characters; never a result, only its size) and the event key it waits for
+# (cut the same way); `brooq jobs show ID --json` lists every step.
+STEPS_SHOWN = 100
+NAME_CHARS = 200
 
 
 def job(
@@ -408,7 +423,11 @@ def job(
     ``shown_bytes`` and ``entries``, the attempts kept in all), the jobs it waits or
     waited for (``upstream``, in the order named) and those that wait or waited for it
     (``downstream``), the first GRAPH_LIMIT of each, with ``upstream_total`` and
-    ``downstream_total`` counting them all up to GRAPH_COUNT_CAP + 1."""
+    ``downstream_total`` counting them all up to GRAPH_COUNT_CAP + 1. A durable
+    handler's job adds its recorded steps (``steps``: the first STEPS_SHOWN, oldest
+    first, name, when and size; ``steps_total``), the event it waits for (``event_wait``:
+    key and since, or None) and the jobs it spawned (``children``, the first GRAPH_LIMIT
+    in the order spawned; ``children_total``)."""
     with read_only(conn, timeout, q) as cur:
         row = cur.execute(q.web_job_get, {"id": job_id}).fetchone()
         if row is None:
@@ -423,6 +442,15 @@ def job(
             jobs = cur.execute(statement, graph).fetchall()
             row[side] = jobs
             row[f"{side}_total"] = int(jobs[0]["total"]) if jobs else 0
+        children = cur.execute(q.web_job_children, graph).fetchall()
+        row["children"] = children
+        row["children_total"] = int(children[0]["total"]) if children else 0
+        steps = {"id": job_id, "limit": STEPS_SHOWN, "cap": GRAPH_COUNT_CAP}
+        found = cur.execute(q.web_job_steps, {**steps, "name_chars": NAME_CHARS}).fetchall()
+        row["steps"] = found
+        row["steps_total"] = int(found[0]["total"]) if found else 0
+        wait = {"id": job_id, "key_chars": NAME_CHARS}
+        row["event_wait"] = cur.execute(q.web_job_event_wait, wait).fetchone()
         return row
 
 

@@ -94,17 +94,18 @@ def overview_page(
                 figure("failed"),
                 figure("dead"),
                 figure("waiting"),
+                figure("parked"),
                 e(oldest),
                 limits_cell(topic_limits),
                 NO_HANDLER if no_handler(name, g["topic"], g["ready"], live) else "",
             )
         )
     headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
-               "waiting", "oldest ready", "limits", "")  # fmt: skip
+               "waiting", "parked", "oldest ready", "limits", "")  # fmt: skip
     parts = [
         fleet_line(data["masters"]),
         snapshot_line(data["oldest_snapshot"], data.get("snapshots_unseen", False)),
-        table(headers, rows, numeric={2, 3, 4, 5, 6, 7, 8}),
+        table(headers, rows, numeric={2, 3, 4, 5, 6, 7, 8, 9}),
     ]
     if limits:
         parts.append(LIMITS_NOTE)

@@ -161,6 +161,9 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 -- BitmapOr, never the done and canceled history; as one IN list it matched no index and
 -- scanned the whole table every stats period (1,000,000 jobs, 94 % done: 137 ms a run
 -- before, 44 ms after; docs/status-page.md). Its cost still follows the backlog.
+-- parked = a durable handler's job sleeping or waiting for an event or its child jobs
+-- (job.parked read with the state: pending until a wake time or a wait's deadline, or
+-- waiting); counted in pending or waiting too, never in ready.
 SELECT queue, topic,
        count(*) FILTER (WHERE state = 'waiting') AS waiting,
        count(*) FILTER (WHERE state = 'pending') AS pending,
@@ -171,7 +174,10 @@ SELECT queue, topic,
        count(*) FILTER (WHERE state = 'dead') AS dead,
        coalesce(extract(epoch FROM now() - min(available_at) FILTER (
            WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
-           AS oldest_ready_age
+           AS oldest_ready_age,
+       count(*) FILTER (WHERE parked IS NOT NULL AND (
+           state = 'waiting' OR (state = 'pending' AND available_at > now())))
+           AS parked
 FROM {job}
 WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
    OR state = 'waiting'

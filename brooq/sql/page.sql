@@ -27,10 +27,13 @@ SELECT coalesce(pg_relation_size(to_regclass({job:name})), 0)
 -- Tid Range Scan), per state, queue and topic. reads.overview sends one per sampled
 -- page, pipelined: a LATERAL join over the blocks is planned as a scan of the whole
 -- table per block (PostgreSQL parameterises no TID range by an outer column).
+-- parked: a durable handler's jobs sleeping or waiting for an event or child jobs
+-- (job.parked, read with the state: pending until a wake time or deadline, or waiting).
 SELECT state, queue, topic, count(*) AS jobs,
        count(*) FILTER (WHERE available_at <= now()) AS ready,
        min(available_at) FILTER (
-           WHERE state IN ('pending', 'failed') AND available_at <= now()) AS oldest_ready_at
+           WHERE state IN ('pending', 'failed') AND available_at <= now()) AS oldest_ready_at,
+       count(*) FILTER (WHERE parked IS NOT NULL AND (state = 'waiting' OR (state = 'pending' AND available_at > now()))) AS parked
 FROM {job}
 WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid
   AND state IN ('pending', 'failed', 'processing', 'dead', 'waiting')
@@ -53,13 +56,14 @@ SELECT queue FROM q WHERE queue IS NOT NULL LIMIT %(limit)s
 -- name: web_overview_queues_exact
 -- The pending and failed jobs of the queues given, exactly, per state, queue and topic,
 -- through job_ready_queue_idx; at most `cap` + 1 rows (state_jobs above `cap`: cut
--- short, not to be shown).
+-- short, not to be shown); parked as in web_overview_page.
 SELECT state, queue, topic, count(*) AS jobs,
        count(*) FILTER (WHERE available_at <= now()) AS ready,
        min(available_at) FILTER (WHERE available_at <= now()) AS oldest_ready_at,
-       sum(count(*)) OVER () AS state_jobs
+       sum(count(*)) OVER () AS state_jobs,
+       count(*) FILTER (WHERE parked IS NOT NULL AND (state = 'waiting' OR (state = 'pending' AND available_at > now()))) AS parked
 FROM (
-    SELECT state, queue, topic, available_at FROM {job}
+    SELECT state, queue, topic, available_at, parked FROM {job}
     WHERE state IN ('pending', 'failed') AND queue = ANY(%(queues)s::text[])
     LIMIT %(cap)s + 1
 ) AS r
@@ -75,9 +79,10 @@ GROUP BY state, queue, topic
 -- state was cut short and its figures are not to be shown (the sample's stand instead),
 -- so this statement reads at most five times `cap` rows however large the backlog.
 -- jobs = the group's rows in that state; ready = those due now (pending and failed); the
--- first `groups` groups of each state (by queue, topic), state_jobs counting them all.
+-- first `groups` groups of each state (by queue, topic), state_jobs counting them all;
+-- parked as in web_overview_page (pending and waiting only).
 WITH pending AS (
-    SELECT queue, topic, available_at FROM {job}
+    SELECT queue, topic, available_at, parked FROM {job}
     WHERE state = 'pending' AND %(pending)s LIMIT %(cap)s + 1
 ), failed AS (
     SELECT queue, topic, available_at FROM {job}
@@ -89,26 +94,28 @@ WITH pending AS (
     SELECT queue, topic FROM {job}
     WHERE state = 'dead' AND %(dead)s LIMIT %(cap)s + 1
 ), waiting AS (
-    SELECT queue, topic FROM {job}
+    SELECT queue, topic, parked FROM {job}
     WHERE state = 'waiting' AND %(waiting)s LIMIT %(cap)s + 1
 )
 (SELECT 'pending' AS state, queue, topic, count(*) AS jobs,
         count(*) FILTER (WHERE available_at <= now()) AS ready,
         min(available_at) FILTER (WHERE available_at <= now()) AS oldest_ready_at,
-        sum(count(*)) OVER () AS state_jobs
+        sum(count(*)) OVER () AS state_jobs,
+        count(*) FILTER (WHERE parked IS NOT NULL AND available_at > now()) AS parked
  FROM pending GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
 UNION ALL
 (SELECT 'failed', queue, topic, count(*), count(*) FILTER (WHERE available_at <= now()),
-        min(available_at) FILTER (WHERE available_at <= now()), sum(count(*)) OVER ()
+        min(available_at) FILTER (WHERE available_at <= now()), sum(count(*)) OVER (), 0
  FROM failed GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
 UNION ALL
-(SELECT 'processing', queue, topic, count(*), 0, NULL, sum(count(*)) OVER ()
+(SELECT 'processing', queue, topic, count(*), 0, NULL, sum(count(*)) OVER (), 0
  FROM processing GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
 UNION ALL
-(SELECT 'dead', queue, topic, count(*), 0, NULL, sum(count(*)) OVER ()
+(SELECT 'dead', queue, topic, count(*), 0, NULL, sum(count(*)) OVER (), 0
  FROM dead GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
 UNION ALL
-(SELECT 'waiting', queue, topic, count(*), 0, NULL, sum(count(*)) OVER ()
+(SELECT 'waiting', queue, topic, count(*), 0, NULL, sum(count(*)) OVER (),
+        count(*) FILTER (WHERE parked IS NOT NULL)
  FROM waiting GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
 
 -- name: web_now
@@ -243,3 +250,36 @@ LIMIT %(limit)s
 -- Whether the page reads a standby (QUEUE_READ_DATABASE_URL): its sessions are not the
 -- primary's, so the overview names no snapshot holder there.
 SELECT pg_is_in_recovery() AS standby
+
+-- name: web_job_steps
+-- A durable handler's recorded steps (brooq_job_step), oldest first, at most `limit`:
+-- the name (cut to `name_chars` characters), when recorded and the size of the result's
+-- JSON text in bytes, never the result itself; `total` counts them all, up to `cap` + 1.
+-- brooq's own steps (__sleep:, __event:, __spawn:, ...) are listed too.
+SELECT left(s.name, %(name_chars)s) AS name, length(s.name) AS name_chars,
+       s.created_at, octet_length(s.result::text) AS size,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM {brooq_job_step} AS x WHERE x.job_id = %(id)s
+            LIMIT %(cap)s + 1) AS c) AS total
+FROM {brooq_job_step} AS s
+WHERE s.job_id = %(id)s
+ORDER BY s.created_at, s.name
+LIMIT %(limit)s
+
+-- name: web_job_event_wait
+-- The event key a parked job waits for (cut to `key_chars` characters), and since when.
+SELECT left(key, %(key_chars)s) AS key, length(key) AS key_chars, since
+FROM {brooq_event_wait} WHERE job_id = %(id)s
+
+-- name: web_job_children
+-- The jobs a job spawned (claim.spawn: its __spawn: steps), in the order spawned, at
+-- most `limit`; `total` counts them all, up to `cap` + 1.
+SELECT c.id, c.topic, c.state,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM {brooq_job_step} AS x
+            WHERE x.job_id = %(id)s AND x.name LIKE '\_\_spawn:%%'
+            LIMIT %(cap)s + 1) AS n) AS total
+FROM {brooq_job_step} AS s JOIN {job} AS c ON c.id = (s.result #>> '{}')::uuid
+WHERE s.job_id = %(id)s AND s.name LIKE '\_\_spawn:%%'
+ORDER BY s.created_at, c.id
+LIMIT %(limit)s

@@ -174,6 +174,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "busy": 1,
             "failed": 1,
             "dead": 1,
+            "parked": 0,
             "no_handler": True,  # ready jobs, and no master running
         },
         {
@@ -187,6 +188,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "busy": 1,
             "failed": 0,
             "dead": 0,
+            "parked": 0,
             "no_handler": True,
         },
     ]
@@ -207,12 +209,13 @@ def test_stats_plain(dsn: str, world: Jobs) -> None:
         "PROCESSING",
         "BUSY",
         "DEAD",
+        "PARKED",
         "OLDEST",
         "READY",
     ]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[1:-1]}
     assert rows[("default", "mail")][:8] == ["0", "2", "2", "0", "1", "2", "1", "1"]
-    assert rows[("default", "mail")][8].endswith("m")  # 90 s and more shows as 1.5m
+    assert rows[("default", "mail")][9].endswith("m")  # 90 s and more shows as 1.5m
     assert rows[("reports", "report")][:8] == ["0", "1", "1", "0", "0", "1", "1", "0"]
     total = lines[-1].split()
     assert total[0] == "(total)" and total[1:9] == ["0", "3", "3", "0", "1", "3", "2", "1"]
@@ -825,6 +828,7 @@ def test_top_once(dsn: str, world: Jobs) -> None:
         "QUEUE",
         "TOPIC",
         "READY",
+        "PARKED",
         "PROCESSING",
         "BUSY",
         "FAILED",
@@ -833,8 +837,8 @@ def test_top_once(dsn: str, world: Jobs) -> None:
         "OLDEST",
     ]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[3:5]}
-    assert rows[("default", "mail")][:6] == ["2", "2", "1", "1", "1", "3"]
-    assert rows[("reports", "report")][:6] == ["1", "1", "1", "0", "0", "1"]
+    assert rows[("default", "mail")][:7] == ["2", "0", "2", "1", "1", "1", "3"]
+    assert rows[("reports", "report")][:7] == ["1", "0", "1", "1", "0", "0", "1"]
     assert "IN FLIGHT  3 processing, 2 busy" in lines
     flying = lines[lines.index("IN FLIGHT  3 processing, 2 busy") + 2 :]
     assert [line.split()[:4] for line in flying] == [
@@ -1050,9 +1054,9 @@ def snapshot(in_flight: int, processing: int | None = None) -> top.Snapshot:
 def test_render_lists_topics_that_only_finished_jobs() -> None:
     lines = top.render(snapshot(0))
     assert lines[3:6] == [  # by queue, then topic
-        "bulk     render      0           0     0       0     0             1       -",
-        "default  gone        0           0     0       0     0             2       -",
-        "default  render      0           0     0       0     0             4       -",
+        "bulk     render      0       0           0     0       0     0             1       -",
+        "default  gone        0       0           0     0       0     0             2       -",
+        "default  render      0       0           0     0       0     0             4       -",
     ]
     assert lines[-1] == "IN FLIGHT  0 processing, 0 busy"
 

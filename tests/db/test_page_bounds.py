@@ -93,7 +93,7 @@ def test_a_fan_out_shows_its_true_count(db: Conn) -> None:
             [(c,) for c in children],
         )
         cur.executemany(
-            "INSERT INTO brooq_job_edge (downstream_id, position, upstream_id) VALUES (%s, 0, %s)",
+            "INSERT INTO brooq_job_edge (downstream_id, position, upstream_id) VALUES (%s, 1, %s)",
             [(c, parent) for c in children],
         )
     body = page(db, parent)
