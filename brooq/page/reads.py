@@ -266,9 +266,12 @@ def _sample(
             break
     for groups in sums.values():
         for group in groups.values():
+            # parked rounded with ready (pending's are apart from its ready ones), so that
+            # jobs - ready - parked rounds to 0 when the sample holds no other job.
+            ready = round(group["ready"] * scale)
+            group["parked"] = round((group["ready"] + group["parked"]) * scale) - ready
             group["jobs"] = round(group["jobs"] * scale)
-            group["ready"] = round(group["ready"] * scale)
-            group["parked"] = round(group["parked"] * scale)
+            group["ready"] = ready
     return sums, moments
 
 

@@ -204,3 +204,28 @@ def test_the_job_page_shows_steps_parking_and_children(
     body = page(world["wait"])
     assert "waits for the event <code>&lt;script&gt;</code>" in body
     assert f"(first 8 of {len(HOSTILE)} characters)" in body
+
+
+def test_an_estimated_backlog_splits_into_ready_and_parked_without_a_remainder(
+    page_db: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sampled and scaled up, ready and parked pending jobs still add up to the pending
+    jobs: no scheduled job appears out of rounding when there is none."""
+    page_db.execute(
+        "INSERT INTO job (topic, state, available_at, parked, payload) "
+        "SELECT 't' || i % 7, 'pending', "
+        "       CASE WHEN i % 3 = 0 THEN now() + interval '1 hour' ELSE now() END, "
+        "       CASE WHEN i % 3 = 0 THEN 'sleep' END, "
+        "       jsonb_build_object('pad', repeat('x', 300)) "
+        "FROM generate_series(1, 7000) AS i"
+    )
+    row = page_db.execute("SELECT pg_relation_size('job') / 8192 AS pages").fetchone()
+    assert row is not None and int(row["pages"]) > 100
+    monkeypatch.setattr(reads, "EXACT_BELOW", 1)  # every state estimated
+    for share in range(2, 30):
+        monkeypatch.setattr(reads, "SAMPLE_PAGES", int(row["pages"]) // share)
+        groups = reads.overview(page_db)["groups"]
+        assert len(groups) == 7
+        for a in groups:
+            assert a["scheduled"] == 0 and {"ready", "parked"} <= a["estimated"], (share, a)
+            assert 0.6 * 1000 < a["ready"] + a["parked"] < 1.4 * 1000, a
