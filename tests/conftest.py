@@ -121,6 +121,7 @@ SERIAL: dict[str, str] = {
     "tests/process/test_faults.py": "recovery bounds measured under its own load",
     "tests/process/test_rate_limits.py": "a rate nearly reached",
     "tests/process/test_short_rates.py": "a rate's shortest period",
+    "tests/fleet/test_hosts.py": "three masters' connections and a partition timed by leases",
 }
 
 

@@ -124,6 +124,9 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
         "brooq_rate_slot",
         "brooq_group_turn",
         "brooq_job_edge",
+        "brooq_job_step",
+        "brooq_event",
+        "brooq_event_wait",
     }
     assert pinned == ([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)
     assert pinned_0012 == [([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)]

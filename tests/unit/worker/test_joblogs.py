@@ -43,6 +43,9 @@ def test_a_line_longer_than_the_bound_keeps_its_start() -> None:
 def test_the_capture_keeps_the_running_attempts_records_only() -> None:
     log = logging.getLogger("joblogs.test")
     log.setLevel(logging.INFO)
+    # Alone: a Capture another test installed on the root logger of this process
+    # (joblogs.install) would keep each record a second time.
+    log.propagate = False
     capture = joblogs.Capture()
     log.addHandler(capture)
     try:
@@ -56,6 +59,7 @@ def test_the_capture_keeps_the_running_attempts_records_only() -> None:
         log.info("after the attempt")
     finally:
         log.removeHandler(capture)
+        log.propagate = True
     text = kept.text()
     assert text is not None
     lines = text.splitlines()
