@@ -110,3 +110,31 @@ def test_waiting_for_a_job_that_does_not_exist_is_refused(queue: brooq.Queue, db
     got = row(db, job_id)
     assert got["state"] == "dead"
     assert "wait_jobs names job 01a242e8-0000-7000-8000-000000000000" in got["last_error"]
+
+
+def test_an_async_parent_awaits_spawn_and_wait_jobs(queue: brooq.Queue, db: Conn) -> None:
+    """The same operations, awaited in an ``async def`` handler: children made once though
+    the parent runs twice (parked, then woken), their records in the order given."""
+    ran: list[str] = []
+
+    @queue.handler("c.async_parent")
+    async def parent(claim: brooq.Claim[Any]) -> Any:
+        ran.append(f"parent:{claim.attempt}")
+        ids = [await claim.spawn(brooq.Job("c.async_child", {"i": i})) for i in range(3)]
+        records = await claim.wait_jobs(ids)
+        return [[r.state, r.result] for r in records]
+
+    @queue.handler("c.async_child")
+    async def child(claim: brooq.Claim[Any]) -> Any:
+        ran.append(f"child:{claim.payload['i']}")
+        return claim.payload["i"] + 1
+
+    parent_id, _ = queue.enqueue(brooq.Job("c.async_parent"))
+    drain(queue, db, parent_id)
+    got = row(db, parent_id)
+    assert got["state"] == "done" and got["attempts"] == 1
+    assert got["result"] == [["done", 1], ["done", 2], ["done", 3]]
+    made = db.execute("SELECT count(*) FROM job WHERE topic = 'c.async_child'").fetchone()
+    assert made == (3,)
+    assert ran.count("parent:1") == 2  # parked once, woken once
+    assert sorted(r for r in ran if r.startswith("child")) == ["child:0", "child:1", "child:2"]
