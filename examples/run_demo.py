@@ -68,7 +68,7 @@ def feed(queue: brooq.Queue, round_no: int) -> Any:
 def show_quote(queue: brooq.Queue, job_id: Any) -> None:
     """Wait for the quote's result (a NOTIFY wakes the waiter; no tight polling)."""
     try:
-        record = queue.wait(job_id, timeout=2)
+        record = queue.wait(job_id, timeout=5)
     except brooq.WaitTimeout:
         print("[demo] quote still queued behind other work", flush=True)
         return
