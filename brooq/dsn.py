@@ -135,8 +135,35 @@ def _configured(
     return None
 
 
+# SQLAlchemy's form of a URL names its driver after the scheme: postgresql+psycopg://.
+# libpq knows only postgresql:// and postgres://. The drivers that speak libpq's
+# protocol the way brooq's psycopg 3 does are dropped from it; any other is refused.
+_DRIVER_URL = re.compile(r"(postgres(?:ql)?)\+([A-Za-z0-9_.-]{0,40})://", re.IGNORECASE)
+DRIVERS_DROPPED = ("psycopg", "psycopg2")
+
+
+def without_driver(dsn: str, what: str = "the database connection string") -> str:
+    """``dsn`` without SQLAlchemy's driver suffix: ``postgresql+psycopg://...`` and
+    ``postgresql+psycopg2://...`` become ``postgresql://...``; InvalidDsn naming the
+    suffix for any other driver (``+asyncpg``, ``+pg8000``: brooq connects with psycopg
+    3, whatever the URL names). Any other DSN is returned as it is."""
+    found = _DRIVER_URL.match(dsn)
+    if found is None:
+        return dsn
+    scheme, driver = found.groups()
+    if driver.lower() not in DRIVERS_DROPPED:
+        raise InvalidDsn(
+            f"{what} names the driver '+{driver}' ({scheme}+{driver}://): brooq connects "
+            "with psycopg 3 and accepts postgresql://, postgres://, postgresql+psycopg:// "
+            "and postgresql+psycopg2:// (the suffix is dropped)"
+        )
+    return f"{scheme.lower()}://{dsn[found.end() :]}"
+
+
 def check(dsn: str, what: str = "the database connection string") -> str:
-    """Refuse a DSN that libpq cannot parse, without echoing it (it may hold a password)."""
+    """The DSN without SQLAlchemy's driver suffix (``without_driver``); refuse one that
+    libpq cannot parse, without echoing it (it may hold a password)."""
+    dsn = without_driver(dsn, what)
     try:
         conninfo.conninfo_to_dict(dsn)
     except Exception:
@@ -151,7 +178,7 @@ def check(dsn: str, what: str = "the database connection string") -> str:
 def describe(dsn: str) -> str:
     """user@host:port/dbname, never the password."""
     try:
-        params = conninfo.conninfo_to_dict(dsn)
+        params = conninfo.conninfo_to_dict(without_driver(dsn))
     except Exception:
         return "<unparsable dsn>"
     user = params.get("user") or os.environ.get("PGUSER") or ""
@@ -182,7 +209,9 @@ def session_options(
     owns, and only for those."""
     env = os.environ if environ is None else environ
     try:
-        params = conninfo.conninfo_to_dict(dsn)
+        params = conninfo.conninfo_to_dict(without_driver(dsn))
+    except InvalidDsn:
+        raise
     except Exception:
         raise InvalidDsn("the database connection string cannot be parsed") from None
     user = params.get("options")
@@ -208,7 +237,9 @@ _MIN_TIMEOUT_S = 2
 
 def _params(dsn: str) -> dict[str, Any]:
     try:
-        return conninfo.conninfo_to_dict(dsn)
+        return conninfo.conninfo_to_dict(without_driver(dsn))
+    except InvalidDsn:
+        raise
     except Exception:
         raise InvalidDsn("the database connection string cannot be parsed") from None
 

@@ -2,9 +2,11 @@
 takes, and the checks that text passes before it is sent.
 
 Owns: encode_payload (one JSON encoder for every payload, its C accelerator built once,
-the refusals jsonb would answer later: NaN, \u0000, unpaired surrogates, nesting past
-MAX_PAYLOAD_DEPTH, and floats such as 1e+23 written out so that jsonb keeps them floats)
-and check_payload_size (the byte limit, QUEUE_MAX_PAYLOAD_BYTES).
+the values it writes as text (`as_text`: a datetime, date or time as ISO 8601, a
+Decimal as its exact string, a UUID in its hyphenated form), the refusals jsonb would
+answer later: NaN, \u0000, unpaired surrogates, nesting past MAX_PAYLOAD_DEPTH, and
+floats such as 1e+23 written out so that jsonb keeps them floats) and
+check_payload_size (the byte limit, QUEUE_MAX_PAYLOAD_BYTES).
 Must never: do I/O, know a job's other fields, or accept a text jsonb would refuse or
 change (the worker decodes exactly what the producer encoded).
 """
@@ -12,9 +14,11 @@ change (the worker decodes exactly what the producer encoded).
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import re
 import sys
+import uuid
 from collections.abc import Callable
 from decimal import Decimal
 from itertools import accumulate
@@ -63,8 +67,25 @@ def _keep_floats(text: str) -> str:
     return _JSON_STRING_OR_NUMBER.sub(_expand_big_float, text)
 
 
+def as_text(value: Any) -> str:
+    """A value JSON has no type for, written as the text its type reads back
+    (docs/how-to/enqueue.md, "Dates, decimals and UUIDs"): a datetime, date or time as
+    ISO 8601 (``isoformat()``: an aware datetime keeps its offset, a naive one stays
+    naive), a Decimal as its exact string (``"12.50"``, never a float), a UUID in its
+    hyphenated form. A typed payload's field of that type gets it back as one
+    (brooq.declare.payload_checks); an untyped payload gets the string. Anything else is
+    TypeError, which encode_payload reports as not JSON-serialisable."""
+    if isinstance(value, (dt.date, dt.time)):  # a datetime is a date
+        return value.isoformat()
+    if isinstance(value, (Decimal, uuid.UUID)):
+        return str(value)
+    raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
+
+
 # One encoder for every payload: json.dumps with options builds a new one per call.
-_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_ENCODER: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=as_text
+)
 
 
 def _c_encoder() -> Callable[[Any, int], list[str]] | None:

@@ -1,28 +1,34 @@
 """The checkers of typed payloads, one per annotation: how brooq.declare.payloads checks a JSON
 value against int, float, str, bool, None, Any, Literal[...], unions, list[T] and
 dict[str, T] (a dataclass's own check is brooq.declare.payloads'), and how a refusal is worded.
+The types JSON has none for and brooq.encoding writes as text (datetime, date, time:
+ISO 8601; Decimal: its exact string, an int taken too; UUID) are read back from that
+text into their type: the one conversion a checker makes.
 
 Owns: `Spec` (a check and the words for what it expects), the exact-type rule (a JSON
 value is checked by its class: ``int`` refuses ``bool``, ``float`` takes an int), the
 refusals (`Mismatch`, whose path is appended on the way out so that the happy path
 builds no string; `Unsupported`, an annotation refused) and `show` (an annotation as it
 would be written).
-Must never: do I/O, coerce a value, or import pydantic.
+Must never: do I/O, coerce a value (but text into the types above), or import pydantic.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import types
 import typing
+import uuid
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, Final, Literal, Union
 
 SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 LITERAL_TYPES: Final = frozenset({str, int, bool, type(None)})
 
 SUPPORTED: Final = (
-    "supported are int, float, str, bool, None, Any, unions of these, list[T], "
-    "dict[str, T], Literal[...] and dataclasses"
+    "supported are int, float, str, bool, None, Any, datetime, date, time, Decimal, "
+    "UUID, unions of these, list[T], dict[str, T], Literal[...] and dataclasses"
 )
 
 Check = Callable[[Any], Any]
@@ -128,6 +134,41 @@ PLAIN: Final[dict[object, Spec]] = {
     type(None): exact(type(None), expected="None"),
 }
 PLAIN[None] = PLAIN[type(None)]  # one spec, so that a union can tell it is Optional
+
+
+def _iso(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``fromisoformat`` taking a final Z (UTC) on Python 3.10 too."""
+
+    def read(text: str) -> Any:
+        return parse(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+
+    return read
+
+
+def from_text(parse: Callable[[str], Any], expected: str, form: str, *more: type) -> Spec:
+    """A type brooq.encoding writes as text: a str in ``form`` parsed back into it (and
+    a value of a class of ``more`` taken as it is); the text is not echoed in a refusal
+    (a payload may hold what should not be logged)."""
+    taken = frozenset(more)
+
+    def check(value: Any) -> Any:
+        if value.__class__ is not str:
+            if value.__class__ in taken:
+                return parse(str(value))
+            raise wrong(f"{expected} ({form})", kind_of(value))
+        try:
+            return parse(value)
+        except (ValueError, ArithmeticError):
+            raise Mismatch(f"expected {expected} ({form}), got a str not in that form") from None
+
+    return Spec(check, expected, transforms=True)
+
+
+PLAIN[dt.datetime] = from_text(_iso(dt.datetime.fromisoformat), "datetime", "ISO 8601 text")
+PLAIN[dt.date] = from_text(_iso(dt.date.fromisoformat), "date", "ISO 8601 text")
+PLAIN[dt.time] = from_text(_iso(dt.time.fromisoformat), "time", "ISO 8601 text")
+PLAIN[Decimal] = from_text(Decimal, "Decimal", "a decimal string or an int", int)
+PLAIN[uuid.UUID] = from_text(uuid.UUID, "UUID", "its text")
 
 
 def literal(values: tuple[Any, ...]) -> Spec:

@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import date, datetime, timedelta, timezone
-from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -73,8 +72,7 @@ UNSUPPORTED = st.one_of(
     st.sets(st.integers(), max_size=3),
     st.frozensets(st.integers(), max_size=2),
     st.complex_numbers(),
-    st.decimals(),
-    st.datetimes(),
+    st.timedeltas(),  # datetime, Decimal and UUID are written as text (brooq.encoding.as_text)
     st.builds(object),
 )
 KEYS = st.one_of(
@@ -539,7 +537,7 @@ def test_refused_payload_errors_name_the_reason_without_a_traceback_chain() -> N
         (float("inf"), "not JSON-serialisable"),
         ("\x00", "\\u0000"),
         ("\udc80", "unpaired surrogate"),
-        (Decimal("1.5"), "not JSON-serialisable"),
+        (timedelta(seconds=1), "not JSON-serialisable"),
         (10**4300, "not JSON-serialisable"),
         (nest(MAX_PAYLOAD_DEPTH + 1, 0, False), f"more than {MAX_PAYLOAD_DEPTH} levels"),
     ]:
