@@ -427,6 +427,8 @@ class Claim(Generic[P]):
     )
     steps_used: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
     calls: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # This attempt's last claim.progress(): (fraction, message), None before any report.
+    reported: tuple[float, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def upstream(self) -> list[UpstreamJob]:

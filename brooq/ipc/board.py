@@ -19,8 +19,10 @@ both of which the master's guarded statements handle.
 The header holds what is not a job: the async loop's heartbeat (written by the loop every
 LOOP_BEAT seconds; a loop that stops writing is blocked), the job the child's control
 thread found blocking the loop (the culprit, under a seqlock of its own), and the flag of
-the application's on_success hooks, and the job whose outcome the child is writing (so
-that a child dying in that write charges that job, not the jobs beside it).
+the application's on_success hooks, the job whose outcome the child is writing (so
+that a child dying in that write charges that job, not the jobs beside it), and the count
+of progress reports (the master's progress tick reads the slots' reports only when it
+moved).
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ _SEQ = struct.Struct("<Q")
 _BODY = struct.Struct("<16sdddIH128s")
 _SLOT = 1024  # bytes per slot: its seq, the body, then the job's progress
 # A running handler's progress (Claim.progress), under a seqlock of its own at PROGRESS_AT
-# in its slot: the job and attempt it belongs to (a progress left by an earlier job in
-# the slot names another), the fraction, the message's length and its UTF-8 bytes.
-# Written only when a handler reports progress, read only at lease renewal: the
-# per-job post and the watchdog's reads never touch it.
+# in its slot: the job it belongs to and the slot's sequence when its job was posted (the
+# low 32 bits: a progress left by an earlier job in the slot, or by an earlier claim of
+# the same job, names another post), the fraction, the message's length and its UTF-8
+# bytes. Written only when a handler reports progress, read only when the header's count
+# of reports moved: the per-job post and the watchdog's reads never touch it.
 _PROGRESS = struct.Struct("<16sIdH800s")
 _PROGRESS_AT = 184
 MESSAGE_MAX_BYTES = 800
@@ -57,6 +60,9 @@ _HOOKS_AT = 64
 # The job whose outcome is being written (brooq.worker.outcome), zero when none: read by
 # the master only after the child died, so no seqlock (a torn id names no job).
 _SETTLING_AT = 80
+# How many progress reports the child has written (one aligned 8-byte store each): the
+# master's progress tick reads the slots' reports only when it moved since its last write.
+_PROGRESS_COUNT_AT = 104
 _DOUBLE = struct.Struct("<d")
 _NO_JOB = bytes(16)
 _READ_TRIES = 1000
@@ -89,6 +95,7 @@ class Board:
         self._mem = mmap.mmap(-1, size_for(self.capacity), flags=mmap.MAP_SHARED)
         self._seqs = [0] * self.capacity
         self._culprit_seq = 0
+        self._reports = 0  # the child's count of progress reports (_PROGRESS_COUNT_AT)
         self._topics: dict[str, bytes] = {}  # topic -> its bytes on the board
 
     # -- the child ---------------------------------------------------------------------------
@@ -133,20 +140,24 @@ class Board:
     def clear(self, slot: int = 0) -> None:
         self._write(slot, _NO_JOB, 0.0, 0.0, 0.0, 0, 0, b"")
 
-    def progress(self, job_id: uuid.UUID, attempt: int, fraction: float, message: bytes) -> bool:
-        """A running job's progress, in the slot that runs it; False when no slot does."""
+    def progress(self, job_id: uuid.UUID, fraction: float, message: bytes) -> bool:
+        """A running job's progress, in the slot that runs it, and one more report in
+        the header's count; False when no slot runs it (nothing written)."""
         raw_id = job_id.bytes
         for slot in range(self.capacity):
             at = _SLOTS_AT + slot * _SLOT
             if self._mem[at + _SEQ.size : at + _SEQ.size + 16] != raw_id:
                 continue
+            posted = self._seqs[slot] & 0xFFFFFFFF  # this claim's post, not an earlier one's
             at += _PROGRESS_AT
             (seq,) = _SEQ.unpack_from(self._mem, at)
             _SEQ.pack_into(self._mem, at, seq + 1 | 1)  # odd: being written
             _PROGRESS.pack_into(
-                self._mem, at + _SEQ.size, raw_id, attempt, fraction, len(message), message
+                self._mem, at + _SEQ.size, raw_id, posted, fraction, len(message), message
             )
             _SEQ.pack_into(self._mem, at, (seq | 1) + 1)  # even: consistent
+            self._reports += 1
+            _SEQ.pack_into(self._mem, _PROGRESS_COUNT_AT, self._reports)
             return True
         return False
 
@@ -196,13 +207,18 @@ class Board:
         return tuple(jobs)
 
     def _read_slot(self, slot: int) -> Running | None:
+        return self._read_slot_seq(slot)[0]
+
+    def _read_slot_seq(self, slot: int) -> tuple[Running | None, int]:
+        """The job in ``slot`` and the slot's sequence it was read at."""
         at = _SLOTS_AT + slot * _SLOT
         mem = self._mem
         body: tuple[object, ...] = ()
+        before = 0
         for _ in range(_READ_TRIES):
             (before,) = _SEQ.unpack_from(mem, at)
             if not before:
-                return None  # never written
+                return None, 0  # never written
             body = _BODY.unpack_from(mem, at + _SEQ.size)
             (after,) = _SEQ.unpack_from(mem, at)
             if before == after and not before & 1:
@@ -211,8 +227,8 @@ class Board:
         assert isinstance(raw_id, bytes) and isinstance(topic, bytes)
         assert isinstance(topic_len, int) and isinstance(attempt, int)
         if raw_id == _NO_JOB:
-            return None
-        return Running(
+            return None, before
+        running = Running(
             id=uuid.UUID(bytes=raw_id),
             topic=topic[:topic_len].decode(errors="replace"),
             attempt=attempt,
@@ -220,13 +236,19 @@ class Board:
             max_execution_timeout=float(max_exec),  # type: ignore[arg-type]
             attempt_timeout=float(soft),  # type: ignore[arg-type]
         )
+        return running, before
 
-    def progresses(self) -> dict[uuid.UUID, tuple[float, str]]:
-        """The progress of every job on the board that reported one in its current
-        attempt: (fraction, message) by job id."""
-        found: dict[uuid.UUID, tuple[float, str]] = {}
+    def reports(self) -> int:
+        """How many progress reports the child has written so far (0: none)."""
+        (count,) = _SEQ.unpack_from(self._mem, _PROGRESS_COUNT_AT)
+        return int(count)
+
+    def progresses(self) -> dict[uuid.UUID, tuple[int, float, str]]:
+        """The progress of every job on the board that reported one since it was posted
+        (this claim of it): (attempt, fraction, message) by job id."""
+        found: dict[uuid.UUID, tuple[int, float, str]] = {}
         for slot in range(self.capacity):
-            job = self._read_slot(slot)
+            job, posted = self._read_slot_seq(slot)
             if job is None:
                 continue
             at = _SLOTS_AT + slot * _SLOT + _PROGRESS_AT
@@ -241,13 +263,13 @@ class Board:
                     break
             if not body:
                 continue
-            raw_id, attempt, fraction, length, message = body
+            raw_id, reported_at, fraction, length, message = body
             assert isinstance(raw_id, bytes) and isinstance(message, bytes)
             assert isinstance(length, int)
-            if raw_id != job.id.bytes or attempt != job.attempt:
-                continue  # an earlier job's, or an earlier attempt's
+            if raw_id != job.id.bytes or reported_at != posted & 0xFFFFFFFF:
+                continue  # an earlier job's, or an earlier claim's of this one
             text = message[:length].decode(errors="replace")
-            found[job.id] = (float(fraction), text)  # type: ignore[arg-type]
+            found[job.id] = (job.attempt, float(fraction), text)  # type: ignore[arg-type]
         return found
 
     def loop_beat(self) -> float:

@@ -3,9 +3,11 @@
 Owns the checks of what a handler reports (a fraction from 0 to 1, a message of at most
 MESSAGE_MAX characters) and where a report goes in this process: a worker child sets
 ``sink`` after the fork to write it on its board (brooq.ipc.board), from which the
-master's next lease renewal carries it to the row (job_renew_leases_progress). Without a
-sink (a handler called by brooq.testing, or directly) a report is checked and kept on
-the claim only (``claim.reported``).
+master's progress tick carries it to the row within about a quarter of a second
+(brooq.supervisor.duties.progress, job_write_progress); the attempt's last report is also
+kept on the claim (``claim.reported``), which its outcome writes (brooq.worker.outcome).
+Without a sink (a handler called directly) a report is checked and kept on the claim only;
+under brooq.testing's drain the outcome writes it.
 Must never do I/O: a report is a memory write, whatever the handler's pace.
 """
 
@@ -45,9 +47,10 @@ def check(fraction: object, message: object) -> tuple[float, str]:
 def report(claim: Any, fraction: float, message: str = "") -> None:
     """Say how far this attempt is: ``fraction`` from 0 to 1 and a short ``message`` (at
     most 200 characters). A memory write in the child, no round trip: the latest report
-    reaches the job's row at the master's next lease renewal (every lease/3), where
-    ``queue.get(id).progress``, ``brooq top`` and the status page show it. ValueError
-    when either is not what it must be."""
+    reaches the job's row within about a quarter of a second (the master's progress
+    tick), and the last one is written with the attempt's outcome, where
+    ``queue.get(id).progress``, ``brooq top`` and the status page show it. Each new
+    attempt starts with none. ValueError when either is not what it must be."""
     value, text = check(fraction, message)
     claim.reported = (value, text)
     if sink is not None:

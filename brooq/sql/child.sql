@@ -194,6 +194,8 @@ claimed AS (
         attempts = job.attempts + 1,
         locked_by = %(worker)s,
         locked_until = now() + make_interval(secs => %(lease)s),
+        -- Each attempt starts with no progress: an earlier attempt's is not this one's.
+        progress = NULL, progress_message = NULL,
         updated_at = now()
     -- By primary key whatever the planner guesses of the LIMIT above (a join here
     -- may become a hash join over the whole table in a generic plan).
@@ -234,10 +236,19 @@ RETURNING id
 -- template: job_set_done
 -- variant: job_set_done
 -- variant: job_set_done_logs: logs
+-- variant: job_set_done_progress: progress
+-- variant: job_set_done_logs_progress: logs, progress
 -- `done` with chained jobs or on_success hooks, in their transaction; `result` is what
 -- the handler returned as JSON text, or NULL. _logs (a keep_logs handler's attempt that
 -- logged): the attempt's log text appended to job.logs, the last 20 attempts kept.
+-- _progress (an attempt whose handler called claim.progress()): its last report, which
+-- the master may not have written yet, written with the outcome; from then on the row is
+-- not 'processing' and the master's job_write_progress leaves it alone: the progress is
+-- frozen with the outcome.
 UPDATE {job} SET state = 'done', result = %(result)s::jsonb,
+    --#if progress
+    progress = %(progress)s::float8, progress_message = %(progress_message)s::text,
+    --#end
     --#if logs
     logs = jsonb_path_query_array(
         coalesce(job.logs, '[]'::jsonb)
@@ -257,6 +268,8 @@ SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_seqscan',
 -- template: job_set_failed
 -- variant: job_set_failed
 -- variant: job_set_failed_logs: logs
+-- variant: job_set_failed_progress: progress
+-- variant: job_set_failed_logs_progress: logs, progress
 -- A failed attempt: dead when the attempts are used up, else failed until the backoff
 -- has passed. The refund flag gives the attempt back (PreserveAttempt), which never leads to dead.
 -- The error history gets one entry in the same UPDATE: appended, then the last 20 kept
@@ -264,6 +277,7 @@ SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_seqscan',
 -- SET, job.attempts is the value before this UPDATE: this attempt's number, charged at
 -- claim (a refunded attempt's number comes again). history_error is the error bounded
 -- to 1,000 characters (last_error keeps 2,000). _logs: as job_set_done_logs.
+-- _progress: as job_set_done_progress (a retry's next claim sets it back to NULL).
 UPDATE {job}
 SET state = CASE
         WHEN NOT %(refund)s AND attempts >= %(max_attempts)s THEN 'dead'
@@ -271,6 +285,9 @@ SET state = CASE
     END,
     attempts = CASE WHEN %(refund)s THEN greatest(attempts - 1, 0) ELSE attempts END,
     available_at = now() + make_interval(secs => %(delay)s),
+    --#if progress
+    progress = %(progress)s::float8, progress_message = %(progress_message)s::text,
+    --#end
     last_error = %(error)s,
     errors = jsonb_path_query_array(
         coalesce(job.errors, '[]'::jsonb)
@@ -291,8 +308,13 @@ RETURNING state
 -- template: job_set_canceled
 -- variant: job_set_canceled
 -- variant: job_set_canceled_logs: logs
--- _logs: as job_set_done_logs.
+-- variant: job_set_canceled_progress: progress
+-- variant: job_set_canceled_logs_progress: logs, progress
+-- _logs: as job_set_done_logs. _progress: as job_set_done_progress.
 UPDATE {job} SET state = 'canceled', last_error = %(error)s,
+    --#if progress
+    progress = %(progress)s::float8, progress_message = %(progress_message)s::text,
+    --#end
     --#if logs
     logs = jsonb_path_query_array(
         coalesce(job.logs, '[]'::jsonb)

@@ -56,9 +56,7 @@ WHERE job.id = held.id AND job.state = 'processing'
   AND job.locked_by = ANY(%(workers)b::text[])
 RETURNING job.id, job.topic
 
--- template: job_renew_leases
--- variant: job_renew_leases
--- variant: job_renew_leases_progress: progress
+-- name: job_renew_leases
 -- One statement renews every in-flight job of this master, each guarded by its own
 -- holder. A job missing from the result has been canceled, reaped or taken over.
 -- A row locked by another transaction is never waited for: most often it is the
@@ -66,9 +64,6 @@ RETURNING job.id, job.topic
 -- would freeze the master's loop and every row this statement had locked already.
 -- Such a row still counts as held when this statement's snapshot says so; it is
 -- renewed, or found lost, on the next pass.
--- _progress, run only when a running handler reported progress (claim.progress, read
--- off the children's boards): the same, writing each job's last report (NULL: none,
--- the row keeps what it has).
 WITH held AS (
     SELECT job.id
     FROM {job}
@@ -76,25 +71,15 @@ WITH held AS (
       ON job.id = h.id AND job.locked_by = h.worker
     WHERE job.state = 'processing'
 ), lockable AS (
-    SELECT job.id{if progress:, h.progress, h.message}
+    SELECT job.id
     FROM {job}
-    --#if progress
-    JOIN unnest(%(ids)b::uuid[], %(workers)b::text[], %(progress)b::float8[],
-                %(messages)b::text[]) AS h(id, worker, progress, message)
-    --#else
     JOIN unnest(%(ids)b::uuid[], %(workers)b::text[]) AS h(id, worker)
-    --#end
       ON job.id = h.id AND job.locked_by = h.worker
     WHERE job.state = 'processing'
     FOR NO KEY UPDATE OF job SKIP LOCKED
 ), renewed AS (
     UPDATE {job}
     SET locked_until = now() + make_interval(secs => %(lease)s)
-    --#if progress
-        , progress = coalesce(lockable.progress, job.progress),
-        progress_message = CASE WHEN lockable.progress IS NULL THEN job.progress_message
-                                ELSE lockable.message END
-    --#end
     FROM lockable
     WHERE job.id = lockable.id
     RETURNING job.id
@@ -102,6 +87,39 @@ WITH held AS (
 SELECT id FROM renewed
 UNION
 SELECT id FROM held WHERE id NOT IN (SELECT id FROM lockable)
+
+-- name: job_write_progress
+-- The running handlers' last claim.progress() reports, read off the children's boards
+-- (brooq/supervisor/duties/progress.py, a short tick, run only when a child reported
+-- since the last write). Each is written only while its job is still processing under
+-- the attempt that reported it, held by the child that runs it: once an outcome is
+-- written (it carries the attempt's last report) no later write changes it, and an
+-- earlier attempt's report never reaches a later attempt. A locked row is skipped, never
+-- waited for (most often the child's own outcome transaction): its id comes back with
+-- written = false when the row still looked processing, and the next tick tries again.
+WITH reported AS (
+    SELECT * FROM unnest(%(ids)b::uuid[], %(workers)b::text[], %(attempts)b::int4[],
+                         %(progress)b::float8[], %(messages)b::text[])
+        AS r(id, worker, attempt, progress, message)
+), lockable AS (
+    SELECT job.id, r.progress, r.message
+    FROM {job}
+    JOIN reported AS r ON job.id = r.id AND job.locked_by = r.worker
+                      AND job.attempts = r.attempt
+    WHERE (job.state = 'processing') IS TRUE
+    FOR NO KEY UPDATE OF job SKIP LOCKED
+), written AS (
+    UPDATE {job} SET progress = lockable.progress, progress_message = lockable.message
+    FROM lockable
+    WHERE job.id = lockable.id
+    RETURNING job.id
+)
+SELECT id, true AS written FROM written
+UNION ALL
+SELECT job.id, false
+FROM {job}
+JOIN reported AS r ON job.id = r.id AND job.locked_by = r.worker AND job.attempts = r.attempt
+WHERE (job.state = 'processing') IS TRUE AND job.id NOT IN (SELECT id FROM lockable)
 
 -- template: job_reap_expired
 -- variant: job_reap_expired

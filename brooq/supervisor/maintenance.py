@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -41,24 +41,39 @@ def renew_leases(
     held: Sequence[tuple[uuid.UUID, str]],
     lease: float,
     q: Queries = Q,
-    progress: Mapping[uuid.UUID, tuple[float, str]] | None = None,
 ) -> set[uuid.UUID]:
-    """Extend every (job, holder) lease in one statement; the ids still held. With
-    ``progress`` (the running handlers' last reports, by job id, read off the boards),
-    the statement's _progress variant writes them too."""
+    """Extend every (job, holder) lease in one statement; the ids still held."""
     if not held:
         return set()
     ids = [job_id for job_id, _ in held]
     workers = [worker for _, worker in held]
     params: dict[str, Any] = {"ids": ids, "workers": workers, "lease": lease}
-    statement = q.job_renew_leases
-    reports = [progress.get(job_id) for job_id in ids] if progress else []
-    if any(reports):  # a held job reported: the _progress variant writes the reports
-        statement = q.job_renew_leases_progress
-        params["progress"] = [r[0] if r else None for r in reports]
-        params["messages"] = [r[1] if r else None for r in reports]
-    rows = conn.cursor(row_factory=dict_row).execute(statement, params).fetchall()
+    rows = conn.cursor(row_factory=dict_row).execute(q.job_renew_leases, params).fetchall()
     return {r["id"] for r in rows}
+
+
+# A running handler's last claim.progress(): (job id, holder, attempt, fraction, message).
+Report = tuple[uuid.UUID, str, int, float, str]
+
+
+def write_progress(
+    conn: psycopg.Connection[Any], reports: Sequence[Report], q: Queries = Q
+) -> set[uuid.UUID]:
+    """Write the running handlers' last progress reports in one statement
+    (job_write_progress): each only while its job is processing under that attempt and
+    holder. The ids whose row was locked (not written, still processing): the caller
+    writes them again later."""
+    if not reports:
+        return set()
+    params = {
+        "ids": [r[0] for r in reports],
+        "workers": [r[1] for r in reports],
+        "attempts": [r[2] for r in reports],
+        "progress": [r[3] for r in reports],
+        "messages": [r[4] for r in reports],
+    }
+    rows = conn.execute(q.job_write_progress, params).fetchall()
+    return {row[0] for row in rows if not row[1]}
 
 
 def reap_expired(

@@ -49,6 +49,7 @@ from brooq.supervisor.admintoken import TokenWatch
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.beat import BEAT, Beat
 from brooq.supervisor.duties.periodic import Periodic
+from brooq.supervisor.duties.progress import ProgressWrites
 from brooq.supervisor.duties.reaper import Reaper
 from brooq.supervisor.duties.reconnect import Reconnect
 from brooq.supervisor.duties.renewal import RENEW, Renewal
@@ -208,6 +209,7 @@ class Master:
         duties += [
             Reconnect(self.conns, self.accounting),
             Renewal(self.fleet, self.conns, settings, self.metrics),
+            ProgressWrites(self.fleet, self.conns),
             Reaper(self.conns, settings, self.metrics),
             self.beat,
             self.stats,

@@ -1,9 +1,10 @@
 """Writing one job's outcome, and the log line and count of what was written.
 
 Owns the outcome statements other than the batched `done` of the claim round trip:
-done with chained jobs, on_success hooks or a keep_logs attempt's log text (one
-transaction, the board's hooks flag set while the application's hooks run), failed (SQL
-makes it dead when the attempts are used up), canceled (each with its _logs variant);
+done with chained jobs, on_success hooks, a keep_logs attempt's log text or a progress
+report (one transaction, the board's hooks flag set while the application's hooks run),
+failed (SQL makes it dead when the attempts are used up), canceled (each with its _logs
+and _progress variants: the attempt's last claim.progress() is written with its outcome);
 retrying a write over a dropped connection; and `settled`, the one place that logs and
 counts what was written (job_done, job_failed, job_dead, outcome_skipped), the batched
 `done` lines included.
@@ -19,13 +20,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from brooq import logs
 from brooq.declare.handlers import Policy
+from brooq.ipc import progress
 from brooq.ipc.board import Board
 from brooq.job import Claim
 from brooq.producer.insert import Handlers, check_jobs, insert_many_checked
@@ -36,6 +38,9 @@ from brooq.worker import execute
 from brooq.worker.connection import ChildConnection, Stop
 from brooq.worker.meter import Meter
 from brooq.worker.state import ChildState
+
+if TYPE_CHECKING:
+    from typing_extensions import LiteralString
 
 log = logging.getLogger("brooq.child")
 
@@ -165,9 +170,14 @@ class OutcomeWriter:
     ) -> tuple[str | None, execute.Outcome]:
         conn = self.connection.get()
         who: dict[str, Any] = {"id": claim.id, "worker": self.identity}
-        q = self.q
         if logs is not None:
             who["logs"] = logs
+        if claim.reported is not None:  # the attempt's last progress, frozen with its outcome
+            fraction, message = claim.reported
+            who["progress"] = fraction
+            who["progress_message"] = execute.storable(
+                message, self.connection.codec, progress.MESSAGE_MAX
+            )
         if outcome.kind == "done":  # with chained jobs or on_success hooks (or logs)
             try:
                 return self._write_done(conn, claim, who, result), outcome
@@ -195,14 +205,14 @@ class OutcomeWriter:
                 )
         if outcome.kind == "canceled":
             with self.connection.scoped(conn):
-                statement = q.job_set_canceled if logs is None else q.job_set_canceled_logs
+                statement = self._statement("job_set_canceled", who)
                 cur = conn.execute(statement, {**who, "error": outcome.error})
             # After the block: in a pipeline, the count is known once it has synced.
             return ("canceled" if cur.rowcount else None), outcome
         cur = conn.cursor(row_factory=dict_row)  # the failure path: a dict costs nothing here
         with self.connection.scoped(conn):
             row = cur.execute(
-                q.job_set_failed if logs is None else q.job_set_failed_logs,
+                self._statement("job_set_failed", who),
                 {
                     **who,
                     "refund": outcome.refund,
@@ -229,9 +239,7 @@ class OutcomeWriter:
             with conn.transaction():
                 self.connection.apply_local(conn)  # behind a transaction pooler only
                 try:
-                    statement = (
-                        self.q.job_set_done if "logs" not in who else self.q.job_set_done_logs
-                    )
+                    statement = self._statement("job_set_done", who)
                     cur = conn.execute(statement, {**who, "result": result}, prepare=True)
                 except psycopg.OperationalError:
                     raise
@@ -252,6 +260,16 @@ class OutcomeWriter:
         except _NotOurs:
             return None
         return "done"
+
+    def _statement(self, name: str, who: dict[str, Any]) -> LiteralString:
+        """The outcome statement's variant for what ``who`` carries: _logs (a keep_logs
+        attempt's text), _progress (the attempt's last claim.progress()), or both."""
+        if "logs" in who:
+            name += "_logs"
+        if "progress" in who:
+            name += "_progress"
+        statement: LiteralString = getattr(self.q, name)
+        return statement
 
     def settled(
         self,

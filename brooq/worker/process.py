@@ -135,11 +135,12 @@ class ChildProcess:
         self.tell(ready)
 
     def _progress(self, job_id: uuid.UUID, attempt: int, fraction: float, message: str) -> None:
-        """A handler's claim.progress(), on the board for the master's next renewal; its
-        message as the database can store it (brooq.worker.execute.storable)."""
+        """A handler's claim.progress(), on the board for the master's progress tick
+        (brooq.supervisor.duties.progress); its message as the database can store it
+        (brooq.worker.execute.storable)."""
         text = execute.storable(message, self.db.codec, progress.MESSAGE_MAX)
         raw = text.encode()[:MESSAGE_MAX_BYTES]
-        self.board.progress(job_id, attempt, fraction, raw)
+        self.board.progress(job_id, fraction, raw)
 
     def _reload_app(self) -> None:
         from brooq.app import forget_user_modules, load

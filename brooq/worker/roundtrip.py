@@ -226,8 +226,14 @@ class RoundTrips:
         self, claim: Claim[Any], outcome: execute.Outcome, duration: float, result: str | None
     ) -> bool:
         """Keep a plain `done` for the next round trip (True); False when the outcome is
-        written on its own (not done, or done with chained jobs or on_success hooks)."""
-        if outcome.kind != "done" or claim.chained or claim.success_hooks:
+        written on its own (not done, or done with chained jobs, on_success hooks or a
+        progress report: its last report is written with it, job_set_done_progress)."""
+        if (
+            outcome.kind != "done"
+            or claim.chained
+            or claim.success_hooks
+            or claim.reported is not None
+        ):
             return False
         self._unwritten.append((claim, duration, result))
         if result is not None:

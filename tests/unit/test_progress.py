@@ -41,30 +41,39 @@ def test_bad_progress_is_refused_naming_what(fraction: object, message: object, 
     with pytest.raises(ValueError) as refused:
         claim.progress(fraction, message)  # type: ignore[arg-type]
     assert str(refused.value) == words
-    assert not hasattr(claim, "reported")  # nothing kept
+    assert claim.reported is None  # nothing kept
 
 
 def test_a_report_without_a_child_stays_on_the_claim() -> None:
     claim = _claim()
     claim.progress(0, "starting")
     claim.progress(1, "x" * 200)
-    assert claim.reported == (1.0, "x" * 200)  # type: ignore[attr-defined]
+    assert claim.reported == (1.0, "x" * 200)
 
 
-def test_the_board_carries_the_running_attempts_report_only() -> None:
+def test_the_board_carries_the_running_claims_report_only() -> None:
     board = Board(capacity=3)
     a, b = uuid.uuid4(), uuid.uuid4()
     board.post(a, "t", 2, 1.0, 60.0, 30.0, slot=0)
     board.post(b, "t", 1, 1.0, 60.0, 30.0, slot=2)
     assert board.progresses() == {}  # nothing reported yet
-    assert board.progress(b, 1, 0.5, "résumé 1/2".encode())
-    assert not board.progress(uuid.uuid4(), 1, 0.5, b"")  # no slot runs it
-    assert board.progresses() == {b: (0.5, "résumé 1/2")}
-    board.progress(b, 1, 0.75, b"x" * 800)
-    assert board.progresses() == {b: (0.75, "x" * 800)}
+    assert board.reports() == 0
+    assert board.progress(b, 0.5, "résumé 1/2".encode())
+    assert not board.progress(uuid.uuid4(), 0.5, b"")  # no slot runs it: not counted
+    assert board.reports() == 1
+    assert board.progresses() == {b: (1, 0.5, "résumé 1/2")}
+    board.progress(b, 0.75, b"x" * 800)
+    assert board.reports() == 2
+    assert board.progresses() == {b: (1, 0.75, "x" * 800)}
     # The same job's next attempt in that slot, or another job there: the old report is
     # not theirs.
     board.post(b, "t", 2, 2.0, 60.0, 30.0, slot=2)
+    assert board.progresses() == {}
+    board.progress(b, 0.1, b"again")
+    assert board.progresses() == {b: (2, 0.1, "again")}
+    # The same attempt claimed again (a refunded attempt, a durable job resumed): a new
+    # post, so the earlier claim's report is not its own.
+    board.post(b, "t", 2, 3.0, 60.0, 30.0, slot=2)
     assert board.progresses() == {}
     board.clear(2)
     assert board.progresses() == {}

@@ -13,6 +13,8 @@ period; a long statement (the job count, a VACUUM) goes off the loop
 - `sdwatchdog`: the systemd watchdog ping, twice per WatchdogSec
 - `reconnect`: reconnecting the database every pass while it is away, then paying what is owed
 - `renewal`: extending the leases children hold, and telling a child the ones it lost
+- `progress`: the running handlers' claim.progress() reports to their rows, on a short tick,
+  only when a child reported since the last write
 - `reaper`: expired leases back to pending, or dead after max_lease_expiries
 - `beat`: this master's row in brooq_master, written off the loop; the live fleet's pairs
 - `stats`: the job-count gauges, counted off the loop and paced by their duration

@@ -49,15 +49,10 @@ class Renewal:
         ]
         if not held:
             return {"renewed": 0, "lost": 0}
-        # The running handlers' last progress reports (claim.progress), off the boards.
-        progress = {}
         for c in fleet.children.values():
             c.dropped.clear()
-            if c.kill_reason is None:
-                progress.update(c.board.progresses())
         still = self.conns.with_db(
-            "renew",
-            lambda conn: maintenance.renew_leases(conn, held, self.lease, self.conns.q, progress),
+            "renew", lambda conn: maintenance.renew_leases(conn, held, self.lease, self.conns.q)
         )
         if still is None:
             return {}
