@@ -1,4 +1,5 @@
-"""Load the application named by --app MODULE:ATTR."""
+"""Load the application named by --app MODULE:ATTR (or MODULE, when it holds one
+brooq.Queue), and the modules its ``include=`` names."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ if TYPE_CHECKING:
 
 
 def load(spec: str) -> Queue:
+    """The brooq.Queue ``spec`` names, its ``include=`` modules imported (so that every
+    handler they register is known); AppLoadError saying what failed, in one line (or one
+    line per problem of a handler's registration)."""
     from brooq.queue import Queue
 
     module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise AppLoadError(f"--app must be MODULE:ATTR (e.g. myapp.jobs:queue), got {spec!r}")
+    if not module_name or (sep and not attr):
+        raise AppLoadError(
+            f"--app must be MODULE:ATTR or MODULE (e.g. myapp.jobs:queue), got {spec!r}"
+        )
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # like `python -m`, the current directory imports
     try:
@@ -31,18 +37,43 @@ def load(spec: str) -> Queue:
             f"cannot import {module_name!r}: " + "; ".join(exc.problems), problems
         ) from exc
     except Exception as exc:
-        raise AppLoadError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
-    obj = module
-    for part in attr.split("."):
+        detail = " ".join(str(exc).split())
+        raise AppLoadError(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {detail}"
+        ) from exc
+    obj: object = module if sep else _the_queue(module, module_name, Queue)
+    for part in attr.split(".") if sep else ():
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise AppLoadError(f"{module_name!r} has no attribute {attr!r}") from None
     if not isinstance(obj, Queue):
         raise AppLoadError(f"{spec} is a {type(obj).__name__}, not a brooq.Queue")
+    obj.load_includes()  # AppLoadError naming the module that failed
     if not obj.handlers:
-        raise AppLoadError(f"{spec} has no handlers: register one with @queue.handler(topic)")
+        raise AppLoadError(
+            f"{spec} has no handlers: register one with @queue.handler(topic)"
+            + (f" (include= imported {', '.join(obj.include)})" if obj.include else "")
+        )
     return obj
+
+
+def _the_queue(module: object, name: str, queue_class: type[Queue]) -> Queue:
+    """The one brooq.Queue among ``module``'s attributes (--app MODULE)."""
+    found = {
+        attr: value
+        for attr, value in vars(module).items()
+        if isinstance(value, queue_class) and not attr.startswith("_")
+    }
+    distinct = {id(q) for q in found.values()}
+    if len(distinct) == 1:
+        return next(iter(found.values()))
+    if not found:
+        raise AppLoadError(f"{name!r} holds no brooq.Queue; name one as --app {name}:ATTR")
+    names = ", ".join(sorted(found))
+    raise AppLoadError(
+        f"{name!r} holds several brooq.Queue objects ({names}); name one as --app {name}:ATTR"
+    )
 
 
 def _library_roots() -> list[str]:

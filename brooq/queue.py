@@ -8,7 +8,9 @@ process (brooq.producer.wait).
 
 Owns: the face users touch beside what an application declares (brooq.declare.registry): the
 pooled connection and transaction, enqueue* (brooq.producer.insert), the operator's reads and
-writes (brooq.operator's functions, on a pooled connection) and wait* (brooq.producer.wait).
+writes (brooq.operator's functions, on a pooled connection; get_async, list_jobs_async
+and cancel_async send the same named statements with the same checked parameters on the
+async pool) and wait* (brooq.producer.wait).
 Each method checks its arguments before any I/O, then delegates.
 Must never: claim jobs or write their outcomes (the worker's), hold SQL of its own (the
 modules it delegates to do), or put a call between ``enqueue`` and its line.
@@ -22,13 +24,14 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.rows import class_row
 
 from brooq.declare.registry import Registry
 from brooq.durations import Duration, to_seconds
 from brooq.errors import BrooqError
 from brooq.job import Job, JobRecord, Transition, UpstreamJob, parse_job_id, validate_queue
 from brooq.operator import changes, reads
-from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk
+from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk, transition_params
 from brooq.operator.records import (
     AttemptLog,
     BulkResult,
@@ -68,9 +71,19 @@ class Queue(Registry):
         *,
         pool_size: int = 4,
         listen_dsn: str | None = None,
+        include: Sequence[str] = (),
+        strict_topics: bool = False,
         **settings: Any,
     ) -> None:
-        super().__init__(dsn, listen_dsn=listen_dsn, **settings)
+        """``include``: the modules that register this Queue's handlers (a package: every
+        module under it), imported by ``brooq-master --app`` and ``brooq ... --app`` when
+        they load the application, and by this Queue's enqueue doors at their first use
+        (docs/how-to/handlers.md, "Handlers in several modules"). ``strict_topics``:
+        refuse, before anything is written, a job whose topic no handler of this Queue
+        declares (InvalidTopic naming it and the close matches)."""
+        super().__init__(
+            dsn, listen_dsn=listen_dsn, include=include, strict_topics=strict_topics, **settings
+        )
         self.pool_size = pool_size
         self._pools = Pools(self)
         self._waits = Waits(self, self._pools)
@@ -121,7 +134,11 @@ class Queue(Registry):
         thread enqueuing at the same moment, or a job with a unique_key, debounce or tags
         takes a pooled connection."""
         # Bad input fails before I/O; a typed topic's payload is checked against its type.
+        if self._includes_pending:
+            self.load_includes()
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
+        if self.strict_topics:
+            self.require_topics((checked.topic,))
         # The line's INSERT is the plain job's: a unique_key, debounce, tags or after take
         # the pool; so does a traced enqueue, which stores its trace context (brooq.tracing).
         if (
@@ -156,7 +173,7 @@ class Queue(Registry):
         """Insert many jobs in one transaction (COPY, or one INSERT when keys are given);
         [(id, created), ...] in the order given. A refused job is named by its index
         ("job 3: ..."), and nothing is inserted."""
-        checked = check_jobs(jobs, self.settings.max_payload_bytes, self.handlers)
+        checked = self._check_many(jobs)
         if any(job.after is not None for job in checked):
             # A graph: brooq.producer.insert opens the transaction, and runs it again after a
             # deadlock with the workers ending the jobs named.
@@ -165,17 +182,31 @@ class Queue(Registry):
         with self.transaction() as conn:
             return insert_many_checked(conn, checked, self.handlers, q=self._q)
 
+    def _check_many(self, jobs: Sequence[Job]) -> list[Job]:
+        """check_jobs with this Queue's handlers (include= imported first), and
+        strict_topics' refusal naming the job by its index."""
+        if self._includes_pending:
+            self.load_includes()
+        checked = check_jobs(jobs, self.settings.max_payload_bytes, self.handlers)
+        if self.strict_topics:
+            self.require_topics([job.topic for job in checked], batch=True)
+        return checked
+
     async def enqueue_async(self, job: Job) -> tuple[uuid.UUID, bool]:
         """``enqueue`` from asyncio code, on this Queue's async pool (opened on first use
         in the running loop, never before a fork); (id, created)."""
+        if self._includes_pending:
+            self.load_includes()
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
+        if self.strict_topics:
+            self.require_topics((checked.topic,))
         # One statement; a job with after, one transaction (brooq.producer.insert).
         async with self._pools.async_connection(autocommit=True) as conn:
             return await insert_checked_async(conn, checked, self.handlers, q=self._q)
 
     async def enqueue_many_async(self, jobs: Sequence[Job]) -> list[tuple[uuid.UUID, bool]]:
         """``enqueue_many`` from asyncio code, in one transaction on the async pool."""
-        checked = check_jobs(jobs, self.settings.max_payload_bytes, self.handlers)
+        checked = self._check_many(jobs)
         graph = any(job.after is not None for job in checked)  # as enqueue_many
         async with self._pools.async_connection(autocommit=graph) as conn:
             return await insert_many_checked_async(conn, checked, self.handlers, q=self._q)
@@ -214,6 +245,14 @@ class Queue(Registry):
         """The job's row, or None when no job has this id."""
         return self._on(reads.get, parse_job_id(job_id))
 
+    async def get_async(self, job_id: uuid.UUID | str) -> JobRecord | None:
+        """``get`` from asyncio code, on the async pool: the job's row, or None."""
+        jid = parse_job_id(job_id)
+        async with self._pools.async_connection() as conn:
+            cur = conn.cursor(row_factory=class_row(JobRecord))
+            await cur.execute(self._q.job_get, {"id": jid})
+            return await cur.fetchone()
+
     def logs(self, job_id: uuid.UUID | str) -> list[AttemptLog]:
         """The log records a ``keep_logs=True`` handler emitted, per attempt, oldest first
         ([] when none were kept); JobNotFound for an unknown id."""
@@ -233,6 +272,14 @@ class Queue(Registry):
         finished (terminal rows are never touched). A running handler is interrupted
         with brooq.LeaseLost at the master's next lease renewal."""
         return self._on(changes.cancel, parse_job_id(job_id))
+
+    async def cancel_async(self, job_id: uuid.UUID | str) -> bool:
+        """``cancel`` from asyncio code, on the async pool (the same statement, the same
+        answer: False when the job is unknown or already finished)."""
+        jid = parse_job_id(job_id)
+        async with self._pools.async_connection() as conn:
+            cur = await conn.execute(self._q.job_cancel, transition_params("cancel", jid))
+            return await cur.fetchone() is not None
 
     def retry(self, job_id: uuid.UUID | str, *, fresh: bool = False) -> bool:
         """dead or canceled -> pending now, attempts reset, last_error kept. False when
@@ -335,11 +382,29 @@ class Queue(Registry):
         filters = reads.check_listing(topic=topic, state=state, limit=limit, queue=queue, tag=tag)
         return self._on(reads.list_jobs, **filters)
 
+    async def list_jobs_async(
+        self,
+        *,
+        topic: str | None = None,
+        state: str | None = None,
+        limit: int = 100,
+        queue: str | None = None,
+        tag: str | None = None,
+    ) -> list[JobRecord]:
+        """``list_jobs`` from asyncio code, on the async pool: newest first, the same
+        filters and limits (checked before any I/O)."""
+        filters = reads.check_listing(topic=topic, state=state, limit=limit, queue=queue, tag=tag)
+        async with self._pools.async_connection() as conn:
+            cur = conn.cursor(row_factory=class_row(JobRecord))
+            await cur.execute(self._q.job_list, filters)
+            return await cur.fetchall()
+
     def stats(self) -> list[TopicStats]:
-        """Per queue and topic (by queue, then topic): jobs in each active state and dead,
-        how many are ready, busy and held back by a limit (``held``), and the age of the
-        oldest ready job not held back. Topics holding only done or canceled jobs are
-        left out."""
+        """Per queue and topic (by queue, then topic): the counts (waiting, scheduled,
+        ready, held, retrying, parked, processing, dead: docs/explanation/guarantees.md,
+        "Counts"), the state counts kept (pending, failed, busy) and the age of the oldest
+        ready job not held back. Topics holding only done or canceled jobs are left
+        out."""
         return self._on(reads.stats)
 
     def limits(self) -> list[TopicLimits]:
@@ -381,9 +446,9 @@ class Queue(Registry):
         self._on(changes.set_paused, validate_queue(name), paused=False)
 
     def queues(self) -> list[QueueStats]:
-        """Every queue holding active or dead jobs, and every queue paused or resumed by
-        an operator, by name, in one snapshot: paused or not, ready, scheduled,
-        processing, failed and dead jobs, and the age of the oldest ready job."""
+        """Every queue holding unfinished or dead jobs, and every queue paused or resumed
+        by an operator, by name: paused or not, the counts of ``stats`` summed over the
+        queue's topics, and the age of the oldest ready job not held back."""
         return self._on(reads.queues)
 
     # -- waiting for a job's end (brooq.producer.wait) --------------------------------------------

@@ -4,14 +4,22 @@ the master reads these to run it.
 
 Owns: registering handlers (brooq.declare.handlers builds them), middleware and schedules
 (brooq.declare.periodic), the unknown-setting check, and resolving the DSNs and settings late
-(defaults < QUEUE_* environment < Queue(**settings)).
-Must never: open a connection or do other I/O (brooq.Queue does, on what is declared here).
+(defaults < QUEUE_* environment < Queue(**settings)); ``include=``, the modules that
+register handlers on this Queue, imported once when its handlers are first needed
+(``load_includes``: a package with every module under it), and ``strict_topics``, the
+refusal of a topic no handler declares (``require_topics``, with the close matches).
+Must never: open a connection or do other I/O (brooq.Queue does, on what is declared here)
+but importing the modules ``include=`` names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+import difflib
+import importlib
+import pkgutil
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from brooq.db import need_direct
 from brooq.declare.handlers import (
@@ -26,17 +34,76 @@ from brooq.declare.periodic import JobSpec, Schedule, build_schedule
 from brooq.declare.rates import Rate
 from brooq.dsn import resolve, resolve_listen
 from brooq.durations import Duration
-from brooq.errors import BrooqError, InvalidSettings, PoolerMismatch
+from brooq.errors import AppLoadError, BrooqError, InvalidSettings, InvalidTopic, PoolerMismatch
 from brooq.job import DEFAULT_QUEUE
 from brooq.settings import FIELDS, Settings, load
 from brooq.sql import Queries, queries
+
+# @queue.handler(...) returns the function it was given, its type kept.
+H = TypeVar("H", bound=HandlerFn)
+
+
+def _check_include(include: object) -> tuple[str, ...]:
+    """``include=`` as module names, or InvalidSettings saying what is wrong."""
+    if isinstance(include, str) or not isinstance(include, Iterable):
+        raise InvalidSettings(
+            [f"include= takes a list of module names (e.g. ['shop.tasks']), got {include!r}"]
+        )
+    names = tuple(include)
+    bad = [
+        repr(name)
+        for name in names
+        if not isinstance(name, str) or not all(p.isidentifier() for p in name.split("."))
+    ]
+    if bad:
+        raise InvalidSettings([f"include= names modules as dotted names; not {', '.join(bad)}"])
+    return names
+
+
+def _import(name: str, owner: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except InvalidSettings as exc:
+        raise AppLoadError(
+            f"cannot import {name!r} ({owner}): " + "; ".join(exc.problems),
+            [f"{name}: {p}" for p in exc.problems],
+        ) from exc
+    except Exception as exc:
+        detail = " ".join(str(exc).split())
+        raise AppLoadError(
+            f"cannot import {name!r} ({owner}): {type(exc).__name__}: {detail}"
+        ) from exc
+
+
+def import_included(name: str, owner: str = "named in the Queue's include=") -> list[str]:
+    """Import ``name``; a package with every module under it (pkgutil.walk_packages).
+    The modules imported, in order; AppLoadError naming the module that failed."""
+    module = _import(name, owner)
+    done = [name]
+    path = getattr(module, "__path__", None)
+    if path is None:
+        return done
+
+    def failed(sub: str) -> None:  # a subpackage walk_packages could not import
+        _import(sub, owner)
+
+    for info in pkgutil.walk_packages(path, prefix=f"{name}.", onerror=failed):
+        _import(info.name, owner)
+        done.append(info.name)
+    return done
 
 
 class Registry:
     """An application's declarations; ``brooq.Queue`` adds the I/O."""
 
     def __init__(
-        self, dsn: str | None = None, *, listen_dsn: str | None = None, **settings: Any
+        self,
+        dsn: str | None = None,
+        *,
+        listen_dsn: str | None = None,
+        include: Sequence[str] = (),
+        strict_topics: bool = False,
+        **settings: Any,
     ) -> None:
         self._dsn_arg = dsn
         self._dsn: str | None = None
@@ -50,6 +117,13 @@ class Registry:
         self.middlewares: list[Middleware] = []  # every topic's, outermost first
         self.schedules: dict[str, Schedule] = {}  # queue.periodic(...), by name
         self.child_start_hooks: list[Callable[[], object]] = []  # @queue.on_child_start
+        # The modules registering this Queue's handlers, imported once (load_includes).
+        self.include = _check_include(include)
+        self._includes_pending = bool(self.include)
+        self._includes_lock = threading.Lock()
+        if not isinstance(strict_topics, bool):
+            raise InvalidSettings([f"strict_topics must be True or False, got {strict_topics!r}"])
+        self.strict_topics = strict_topics
         # Fail early on unknown names and bad values given in code.
         unknown = sorted(set(settings) - FIELDS)
         if unknown:
@@ -93,6 +167,57 @@ class Registry:
         """The statements of this Queue's schema (rendered once per schema, cached)."""
         return queries(self.settings.schema)
 
+    # -- include= and strict_topics ---------------------------------------------------------
+
+    def load_includes(self) -> None:
+        """Import the modules ``include=`` names (once per Queue; a package with every
+        module under it), so that the handlers they register are known.
+        brooq.app.load calls it (brooq-master, ``brooq ... --app``), and so do a Queue's
+        enqueue doors at their first use. AppLoadError names a module that failed (the
+        next call tries again)."""
+        if not self._includes_pending:
+            return
+        with self._includes_lock:
+            if not self._includes_pending:
+                return
+            self._includes_pending = False  # a module enqueuing as it is imported: no loop
+            try:
+                for name in self.include:
+                    import_included(name)
+            except BaseException:
+                self._includes_pending = True
+                raise
+
+    def require_topics(self, topics: Iterable[str], *, batch: bool = False) -> None:
+        """With ``strict_topics=True``: InvalidTopic for the first of ``topics`` no
+        handler of this Queue declares, naming it and the close matches (the modules of
+        ``include=`` imported first); in a ``batch``, named by its index as enqueue_many
+        names a refused job ("job 3: ..."). Nothing without strict_topics."""
+        if not self.strict_topics:
+            return
+        self.load_includes()
+        handlers = self.handlers
+        for index, topic in enumerate(topics):
+            if topic not in handlers:
+                where = f"job {index}: " if batch else ""
+                raise InvalidTopic(where + self.unknown_topic(topic))
+
+    def unknown_topic(self, topic: str) -> str:
+        """The refusal of ``topic``, which no handler of this Queue declares."""
+        if not self.handlers:
+            return (
+                f"topic {topic!r} has no handler: this Queue (strict_topics=True) declares "
+                "none; register them with @queue.handler, or name their modules in include="
+            )
+        close = difflib.get_close_matches(topic, sorted(self.handlers), n=3, cutoff=0.6)
+        hint = (
+            "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+            if close
+            else f"; its topics are {', '.join(sorted(self.handlers)[:10])}"
+            + (", ..." if len(self.handlers) > 10 else "")
+        )
+        return f"topic {topic!r} has no handler on this Queue (strict_topics=True){hint}"
+
     def handler(
         self,
         topic: str,
@@ -111,11 +236,13 @@ class Registry:
         group_limit: int | None = None,
         group_rate_limit: Rate | str | None = None,
         keep_logs: bool | int = False,
-    ) -> Callable[[HandlerFn], HandlerFn]:
-        """Register ``fn(claim)`` for ``topic``. Unset options take the queue's settings
-        (QUEUE_MAX_ATTEMPTS etc.; defaults 5, 1m, 5m, 1s, 1m). ``queue``: where jobs of
-        this topic go when they name none; ``global_limit``: at most that many of them
-        processing at once across every master on the database. ``payload``: a dataclass
+    ) -> Callable[[H], H]:
+        """Register ``fn(claim)`` for ``topic``; the decorator returns ``fn`` itself, its
+        type unchanged (a typed checker sees the function you wrote). Unset options take
+        the queue's settings (QUEUE_MAX_ATTEMPTS etc.; defaults 5, 1m, 5m, 1s, 1m).
+        ``queue``: where jobs of this topic go when they name none; ``global_limit``: at
+        most that many of them processing at once across every master on the database.
+        ``payload``: a dataclass
         or pydantic model; ``claim.payload`` is then an instance of it, and a job enqueued
         through this Queue is checked against it before anything is written.
         ``middleware``: this topic's, inside the Queue's (``@queue.middleware``).
@@ -129,7 +256,7 @@ class Registry:
         handler emits during each attempt with the job (True: up to 64 KiB per attempt,
         or a number of bytes; ``queue.logs(id)``, docs/how-to/job-logs-and-progress.md)."""
 
-        def register(fn: HandlerFn) -> HandlerFn:
+        def register(fn: H) -> H:
             if topic in self.handlers:
                 raise BrooqError(f"a handler for topic {topic!r} is already registered")
             self.handlers[topic] = build(

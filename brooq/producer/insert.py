@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from typing_extensions import LiteralString
 
     from brooq.declare.handlers import Handler
+    from brooq.declare.registry import Registry
 
 R = TypeVar("R")
 
@@ -80,6 +81,7 @@ def enqueue(
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     schema: str | None = None,
+    app: Registry | None = None,
 ) -> tuple[uuid.UUID, bool]:
     """Insert ``job`` in the caller's transaction; return (id, created).
 
@@ -98,10 +100,34 @@ def enqueue(
 
     ``schema``: brooq's schema (QUEUE_SCHEMA of the masters); None: the ``job`` table the
     connection's search_path finds.
+
+    ``app``: the application's brooq.Queue, whose handlers this enqueue then knows as
+    ``queue.enqueue`` does: its ``include=`` modules imported, a typed topic's payload
+    checked, a job naming no queue put in its handler's, and with
+    ``strict_topics=True`` a topic no handler declares refused (InvalidTopic). Without
+    it, none of these.
     """
     if not isinstance(target, (psycopg.Connection, psycopg.Cursor)):
         target = resolve_target(target, "brooq.enqueue")
-    return insert_checked(target, check_job(job, max_payload_bytes), q=queries(schema))
+    handlers = _known(app)
+    checked = check_job(job, max_payload_bytes, handlers)
+    _strict(app, [checked])
+    return insert_checked(target, checked, handlers, q=queries(schema))
+
+
+def _known(app: Registry | None) -> Handlers:
+    """``app``'s handlers for brooq.enqueue and its kin (its include= imported first),
+    or none without an app."""
+    if app is None:
+        return _NO_HANDLERS
+    app.load_includes()
+    return app.handlers
+
+
+def _strict(app: Registry | None, checked: Sequence[Job], batch: bool = False) -> None:
+    """With ``app``'s strict_topics: InvalidTopic for a topic none of its handlers declares."""
+    if app is not None and app.strict_topics:
+        app.require_topics([job.topic for job in checked], batch=batch)
 
 
 async def enqueue_async(
@@ -110,9 +136,13 @@ async def enqueue_async(
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     schema: str | None = None,
+    app: Registry | None = None,
 ) -> tuple[uuid.UUID, bool]:
     """``enqueue`` for a psycopg AsyncConnection or AsyncCursor, in the caller's transaction."""
-    return await insert_checked_async(target, check_job(job, max_payload_bytes), q=queries(schema))
+    handlers = _known(app)
+    checked = check_job(job, max_payload_bytes, handlers)
+    _strict(app, [checked])
+    return await insert_checked_async(target, checked, handlers, q=queries(schema))
 
 
 def enqueue_many(
@@ -121,17 +151,21 @@ def enqueue_many(
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     schema: str | None = None,
+    app: Registry | None = None,
 ) -> list[tuple[uuid.UUID, bool]]:
     """Insert many jobs in the caller's transaction; [(id, created), ...] in the order given.
 
     A job whose key already exists (in the table, or earlier in the same batch) comes
     back with the existing id and created=False; those ids cost one more round trip.
     A refused job is named by its index in ``jobs`` ("job 3: ..."); nothing is inserted.
-    ``target`` and ``schema`` are what ``enqueue`` takes.
+    ``target``, ``schema`` and ``app`` are what ``enqueue`` takes.
     """
     if not isinstance(target, (psycopg.Connection, psycopg.Cursor)):
         target = resolve_target(target, "brooq.enqueue_many")
-    return insert_many_checked(target, check_jobs(jobs, max_payload_bytes), q=queries(schema))
+    handlers = _known(app)
+    checked = check_jobs(jobs, max_payload_bytes, handlers)
+    _strict(app, checked, batch=True)
+    return insert_many_checked(target, checked, handlers, q=queries(schema))
 
 
 async def enqueue_many_async(
@@ -140,11 +174,13 @@ async def enqueue_many_async(
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     schema: str | None = None,
+    app: Registry | None = None,
 ) -> list[tuple[uuid.UUID, bool]]:
     """``enqueue_many`` for a psycopg AsyncConnection or AsyncCursor."""
-    return await insert_many_checked_async(
-        target, check_jobs(jobs, max_payload_bytes), q=queries(schema)
-    )
+    handlers = _known(app)
+    checked = check_jobs(jobs, max_payload_bytes, handlers)
+    _strict(app, checked, batch=True)
+    return await insert_many_checked_async(target, checked, handlers, q=queries(schema))
 
 
 def check_job(job: object, max_payload_bytes: int, handlers: Handlers | None = None) -> Job:

@@ -176,7 +176,7 @@ def test_sigterm_finishes_the_job_in_flight_and_claims_nothing_new(
     ("args", "env", "expected"),
     [
         (("--app", "nonexistent_module:queue"), {}, "cannot import 'nonexistent_module'"),
-        (("--app", "brooq_testapp"), {}, "--app must be MODULE:ATTR"),
+        (("--app", "brooq_testapp:"), {}, "--app must be MODULE:ATTR"),
         (("--app", "brooq_testapp:nothing"), {}, "has no attribute 'nothing'"),
         (("--app", "brooq_testapp:record"), {}, "not a brooq.Queue"),
         (

@@ -469,7 +469,7 @@ def test_cli_lists_the_schedules(dsn: str, db: psycopg.Connection[Any], queue: b
     ("args", "env", "expected"),
     [
         (("periodic", "--app", "no_such_module_x:queue"), None, "cannot import"),
-        (("periodic", "--app", "brooq_periodicapp"), None, "--app must be MODULE:ATTR"),
+        (("periodic", "--app", "brooq_periodicapp:"), None, "--app must be MODULE:ATTR"),
         (("periodic",), None, "Missing option '--app'"),
         (("periodic", "--app", APP), {"BROOQ_PERIODIC_BAD": "1"}, "unknown time zone"),
     ],

@@ -1,0 +1,1 @@
+"""A package named whole in include=: every module under it is imported."""

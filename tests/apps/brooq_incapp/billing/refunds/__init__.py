@@ -1,0 +1,1 @@
+"""A package inside the included package: walked too."""
