@@ -66,7 +66,7 @@ TERMINAL_STATES: Final = (DONE, DEAD, CANCELED)
 # The operator's transitions (brooq cancel/retry, Queue.cancel/retry, POST /admin/jobs/...).
 # job_cancel and job_retry take these as their from_states parameter, so the SQL cannot
 # disagree with the refusals below. Cancel also takes a processing job: its holder learns
-# at the next lease renewal (LeaseLost), and its own outcome write then matches no row.
+# as the cancel commits (LeaseLost), and its own outcome write then matches no row.
 Transition = Literal["cancel", "retry"]
 CANCELABLE_STATES: Final = (PENDING, FAILED, PROCESSING, WAITING)
 RETRYABLE_STATES: Final = (DEAD, CANCELED)

@@ -34,7 +34,7 @@ from brooq.page.render import (
 )
 from brooq.sql import Q, Queries
 
-CANCEL_RUNNING = "cancel: its handler is interrupted (LeaseLost) at the next lease renewal"
+CANCEL_RUNNING = "cancel: its handler is interrupted at once (LeaseLost)"
 REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
 NO_HANDLER = (
     '<strong title="no live master handles this topic in this queue: its ready jobs wait '

@@ -299,6 +299,11 @@ UPDATE {brooq_periodic} SET last_job = %(job)s WHERE name = %(name)s
 -- name: listen_stack_requests
 LISTEN brooq_stack
 
+-- name: listen_cancels
+-- A processing job canceled (job_cancel's NOTIFY, the job id as payload): the master
+-- whose child holds it renews at once, so the handler hears of it now.
+LISTEN brooq_cancel
+
 -- name: stack_answer
 -- The master answers every open request for the job (one per command waiting) and wakes
 -- the commands; a request already answered is left alone. The payload is the job id (a

@@ -17,13 +17,27 @@ FROM {job} WHERE id = %(id)s
 SELECT coalesce(logs, '[]'::jsonb) AS logs FROM {job} WHERE id = %(id)s
 
 -- name: job_cancel
--- Operator or producer cancel. A processing row is canceled too: its holder learns it
--- at the next lease renewal, and its own outcome write then matches no row. from_states
--- is brooq.job.CANCELABLE_STATES (bound by brooq.queue.transition_params), the one
--- spelling of which states may be canceled.
-UPDATE {job} SET state = 'canceled', updated_at = now()
-WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
-RETURNING id
+-- Operator or producer cancel. A processing row is canceled too, and only then is a
+-- NOTIFY brooq_cancel sent, the job id as payload, delivered when the cancel commits: the
+-- master whose child holds the job renews its leases at once, finds this one lost and
+-- interrupts the handler (brooq.supervisor.master); its own outcome write then matches no
+-- row. Every other cancel notifies nobody. The row is locked first to read the state it
+-- leaves (RETURNING shows the new row only); a row changed meanwhile is read again under
+-- the lock, as an UPDATE would. from_states is brooq.job.CANCELABLE_STATES (bound by
+-- brooq.operator.changes.transition_params), the one spelling of which states may be
+-- canceled.
+WITH prior AS MATERIALIZED (
+    SELECT id, state = 'processing' AS held FROM {job}
+    WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
+    FOR UPDATE
+), canceled AS (
+    UPDATE {job} SET state = 'canceled', updated_at = now()
+    WHERE id = (SELECT id FROM prior) AND state = ANY(%(from_states)s::text[])
+    RETURNING id
+)
+SELECT canceled.id,
+       CASE WHEN prior.held THEN pg_notify('brooq_cancel', canceled.id::text) END
+FROM canceled JOIN prior ON prior.id = canceled.id
 
 -- name: job_retry
 -- Operator retry of a finished job: back to pending now, attempts reset, last_error and
