@@ -270,7 +270,8 @@ class Queue(Registry):
         """pending, failed, processing or waiting -> canceled (the jobs waiting on it
         follow, docs/how-to/workflows.md). False when the job is unknown or already
         finished (terminal rows are never touched). A running handler is interrupted
-        with brooq.LeaseLost at the master's next lease renewal."""
+        with brooq.LeaseLost as soon as the cancel commits, and its child killed when the
+        handler is still running QUEUE_WATCHDOG_GRACE later."""
         return self._on(changes.cancel, parse_job_id(job_id))
 
     async def cancel_async(self, job_id: uuid.UUID | str) -> bool:

@@ -232,7 +232,7 @@ def cancel(
 ) -> None:
     """Cancel a job: pending, failed, processing or waiting -> canceled (and what waits
     on it, unless it runs on an upstream failure). A running handler gets brooq.LeaseLost
-    at the next lease renewal.
+    at once (its child is killed if it still runs the job QUEUE_WATCHDOG_GRACE later).
 
     Bulk: --topic T --state S instead of JOB_ID (narrowed by --queue Q, --tag TAG)
     cancels every such job, in batches; it prints how many match and asks first, unless

@@ -14,7 +14,9 @@ misses one finds the outcome by its poll. `brooq jobs stack` (brooq.producer.sta
 STACK_CHANNEL, the job id
 as payload (`stack_request`, `listen_stack_requests`), and the master answers on
 STACK_ANSWER_CHANNEL with the job id, unique across schemas (`stack_answer`,
-`listen_stack_answers`).
+`listen_stack_answers`). A processing job canceled (`job_cancel`) is notified on
+CANCEL_CHANNEL, the job id as payload (`listen_cancels`): the master whose child holds it
+renews at once; a lost notification costs the wait for the next renewal, nothing more.
 Stands alone: master, children, producers and tests name the channels from here.
 """
 
@@ -24,3 +26,4 @@ CHANNEL: Final = "brooq_job"
 OUTCOME_CHANNEL: Final = "brooq_outcome"
 STACK_CHANNEL: Final = "brooq_stack"
 STACK_ANSWER_CHANNEL: Final = "brooq_stack_answer"
+CANCEL_CHANNEL: Final = "brooq_cancel"

@@ -84,7 +84,8 @@ def transition(conn: Connection, action: Transition, job_id: uuid.UUID, q: Queri
 def cancel(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> bool:
     """pending, failed, processing or waiting -> canceled. False when the job is unknown or
     already finished (terminal rows are never touched). A running handler is
-    interrupted with brooq.LeaseLost at the master's next lease renewal."""
+    interrupted with brooq.LeaseLost as soon as the cancel commits (job_cancel notifies
+    the master holding it)."""
     return transition(conn, "cancel", parse_job_id(job_id), q)
 
 

@@ -19,6 +19,7 @@ one list of sources (brooq.supervisor.source) in one select.
 - `leftovers`: a dead child's sessions ended; what a claim committed after its death, given back
 - `watchdog`: kill decisions (pure)
 - `enforce`: carrying out the watchdog's decisions
+- `cancels`: the processing jobs canceled, heard on LISTEN: the renewal brought forward
 - `duties`: the periodic duties, one module each, and the one scheduler that runs them
 - `maintenance`: the statements the duties run
 - `offloop`: a statement sent on a connection of its own, its answer read when readable

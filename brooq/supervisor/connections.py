@@ -32,7 +32,7 @@ from brooq import migrate
 from brooq.db import options_ignored, refuse_standby
 from brooq.dsn import CLIENT_ENCODING, describe, session_options
 from brooq.errors import PoolerMismatch, ReadOnlyDatabase, SchemaMissing
-from brooq.ipc.channel import STACK_CHANNEL
+from brooq.ipc.channel import CANCEL_CHANNEL, STACK_CHANNEL
 from brooq.sql import Q, Queries, queries
 from brooq.supervisor.source import Source
 
@@ -139,6 +139,9 @@ class Connections(Source):
         self._reconnected = reconnected
         # Called with a stack request's payload (a job id, unchecked) as it arrives.
         self.stack_requested: Callable[[str], None] | None = None
+        # Called once per read with the payloads (job ids, unchecked) of the processing
+        # jobs canceled meanwhile (job_cancel).
+        self.cancels_heard: Callable[[list[str]], None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -193,6 +196,7 @@ class Connections(Source):
                 # The job channel last: what pg_stat_activity shows an operator (and the
                 # fault tests look for) is the connection LISTENing for jobs.
                 self.listener.execute(self.q.listen_stack_requests)
+                self.listener.execute(self.q.listen_cancels)
                 self.listener.execute(self.q.listen_jobs)
                 # Anything enqueued while we were not listening: have a look now.
                 self._wake()
@@ -247,10 +251,13 @@ class Connections(Source):
         assert self.listener is not None
         got = False
         stacks: list[str] = []
+        cancels: list[str] = []
         try:
             for notify in self.listener.notifies(timeout=0):
                 if notify.channel == STACK_CHANNEL:
                     stacks.append(notify.payload)
+                elif notify.channel == CANCEL_CHANNEL:
+                    cancels.append(notify.payload)
                 elif notify.payload in ("", self.job_schema) or self.job_schema is None:
                     got = True  # "": an older brooq's trigger, for whichever schema
         except psycopg.Error as exc:
@@ -261,6 +268,8 @@ class Connections(Source):
         for payload in stacks:
             if self.stack_requested is not None:
                 self.stack_requested(payload)
+        if cancels and self.cancels_heard is not None:
+            self.cancels_heard(cancels)
 
     def close(self) -> None:
         for conn in (self.db, self.listener):

@@ -46,6 +46,7 @@ from brooq.settings import Settings
 from brooq.supervisor.accounting import Accounting
 from brooq.supervisor.admin import Admin, start_ops
 from brooq.supervisor.admintoken import TokenWatch
+from brooq.supervisor.cancels import CancelsHeard
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.beat import BEAT, Beat
 from brooq.supervisor.duties.periodic import Periodic
@@ -135,6 +136,9 @@ class Master:
             reconnected=self._renew_now,
         )
         conns.stack_requested = self._stack_requested
+        # A processing job canceled: the renewal that finds its lease lost runs now.
+        self.cancels = CancelsHeard(self.settings.renew_period)
+        conns.cancels_heard = self._cancels_heard
         return conns
 
     def _build_accounting(self, queue: Queue) -> Accounting:
@@ -299,6 +303,8 @@ class Master:
                 source.service(ready_r, ready_w)
             if fleet.stack_answers:
                 self._answer_stacks()
+            if self.cancels.pending:
+                self._match_cancels()
             self.options.check()  # before a death's settlement is written (reap)
             fleet.reap()
             self._run_due(time.monotonic())
@@ -348,6 +354,14 @@ class Master:
         # A renewal missed while the connection was down runs now, before the reaper,
         # not a whole period later: or short outages let our own leases run out.
         self.scheduler.due_now(RENEW)
+
+    def _cancels_heard(self, payloads: list[str]) -> None:
+        self.cancels.heard(payloads, time.monotonic())
+
+    def _match_cancels(self) -> None:
+        # Before _run_due in the same pass: the child hears `lost` within this pass.
+        if self.cancels.match(self.fleet.children.values(), time.monotonic()):
+            self.scheduler.due_now(RENEW)
 
     def _fatal(self) -> str | None:
         return self.fleet.fatal or self.conns.fatal

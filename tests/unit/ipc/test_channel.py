@@ -7,6 +7,7 @@ def test_the_channel_is_spelled_the_same_wherever_sql_names_it() -> None:
     import re
 
     from brooq.ipc.channel import (
+        CANCEL_CHANNEL,
         CHANNEL,
         OUTCOME_CHANNEL,
         STACK_ANSWER_CHANNEL,
@@ -19,11 +20,14 @@ def test_the_channel_is_spelled_the_same_wherever_sql_names_it() -> None:
     assert Q.listen_outcomes == f"LISTEN {OUTCOME_CHANNEL}"
     assert Q.listen_stack_requests == f"LISTEN {STACK_CHANNEL}"
     assert Q.listen_stack_answers == f"LISTEN {STACK_ANSWER_CHANNEL}"
+    assert Q.listen_cancels.splitlines()[-1] == f"LISTEN {CANCEL_CHANNEL}"
     texts = [getattr(Q, name) for name in Q.names()] + [m.up for m in load()]
     # pg_notify('name' in a statement, pg_notify(''name'' inside a quoted function body
     spelled = [c for text in texts for c in re.findall(r"pg_notify\((''?)(\w*)\1", text)]
     assert [name for _, name in spelled].count(OUTCOME_CHANNEL) == 1  # 0006's trigger
+    assert [name for _, name in spelled].count(CANCEL_CHANNEL) == 1  # job_cancel's
     assert spelled and {name for _, name in spelled} == {
+        CANCEL_CHANNEL,
         CHANNEL,
         OUTCOME_CHANNEL,
         STACK_CHANNEL,
