@@ -2,7 +2,8 @@
 
 Owns: the enqueue command, reading its payload (--payload, --payload-file, standard
 input), its time (--at, --in), its queue and priority, its unique key, debounce and tags,
-and naming the option a refused value came from.
+the application it may name (--app: its handlers then place and check the job as
+``queue.enqueue`` does), and naming the option a refused value came from.
 Must never: insert but through Queue.enqueue (the producer's checks and SQL), or accept
 input that brooq.Job would refuse: every refusal is a usage error (exit 2) naming the
 argument or option.
@@ -19,10 +20,12 @@ from typing import Any, Literal
 import click
 
 import brooq
-from brooq.cli.common import cli, emit_json, open_queue
+from brooq import app as app_mod
+from brooq.cli.common import checked_dsn, cli, emit_json, open_queue, schema
 from brooq.durations import parse_duration_string
 from brooq.encoding import MAX_PAYLOAD_DEPTH
 from brooq.errors import (
+    AppLoadError,
     InvalidAfter,
     InvalidDebounce,
     InvalidGroup,
@@ -150,6 +153,24 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
     return time_hint  # available_at out of range
 
 
+def _app_queue(ctx: click.Context, spec: str) -> brooq.Queue:
+    """A Queue of one pooled connection that knows the handlers of the application
+    ``spec`` names (its include= imported): ``enqueue`` then places and checks a job as
+    the application's own Queue would. The application's DSN and schema unless
+    --database and --schema are given."""
+    try:
+        app = app_mod.load(spec)
+    except AppLoadError as exc:
+        raise click.BadParameter(str(exc), param_hint="--app") from None
+    if not ctx.obj.get("database") and app._dsn_arg:
+        ctx.obj["database"] = app._dsn_arg
+    opened = brooq.Queue(checked_dsn(ctx), pool_size=1, schema=schema(ctx, app.schema))
+    ctx.call_on_close(opened.close)
+    opened.handlers = app.handlers
+    opened.strict_topics = app.strict_topics
+    return opened
+
+
 @cli.command()
 @click.argument("topic")
 @click.option("--payload", default=None, help="The payload, as JSON.  [default: null]")
@@ -184,8 +205,8 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
     "queue_name",
     metavar="QUEUE",
     default=None,
-    help="The queue of the job.  [default: default; this command knows no handlers, so "
-    "the queue a topic's handler declares is not applied]",
+    help="The queue of the job.  [default: with --app, the queue the topic's handler "
+    "declares; else default]",
 )
 @click.option(
     "--priority",
@@ -219,6 +240,16 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
     help="When a job of --after ends dead or canceled: cancel this one, or run it once "
     "they have all ended.",
 )
+@click.option(
+    "--app",
+    "app_spec",
+    metavar="MODULE:ATTR",
+    default=None,
+    help="The application's brooq.Queue, as given to brooq-master: the job goes to the "
+    "queue the topic's handler declares (unless --queue), a typed topic's payload is "
+    "checked, and a strict_topics Queue refuses a topic no handler declares. Its DSN and "
+    "schema apply unless --database and --schema are given.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def enqueue(
@@ -237,6 +268,7 @@ def enqueue(
     group: str | None,
     after: tuple[str, ...],
     on_upstream_failure: Literal["cancel", "run"],
+    app_spec: str | None,
     as_json: bool,
 ) -> None:
     """Put one job on the queue. Prints "enqueued ID", or "exists ID" when a job with
@@ -293,10 +325,12 @@ def enqueue(
     except InvalidJob as exc:
         hint = _job_error_hint(exc, payload_hint, "--at" if at else "--in")
         raise click.BadParameter(str(exc), param_hint=hint) from None
-    queue = open_queue(ctx)
+    queue = open_queue(ctx) if app_spec is None else _app_queue(ctx, app_spec)
     try:
         job_id, created = queue.enqueue(job)
-    except InvalidPayload as exc:  # larger than max_payload_bytes
+    except InvalidTopic as exc:  # --app's strict_topics: no handler declares it
+        raise click.BadParameter(str(exc), param_hint="TOPIC") from None
+    except InvalidPayload as exc:  # larger than max_payload_bytes, or not its handler's type
         raise click.BadParameter(str(exc), param_hint=payload_hint) from None
     except InvalidAfter as exc:  # an id that is no job's
         raise click.BadParameter(str(exc), param_hint="--after") from None
