@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 # A Queue's handlers by topic (their queue is where a job naming none goes); empty for
-# brooq.enqueue, which knows no handlers.
+# brooq.enqueue without app=.
 Handlers = Mapping[str, "Handler"]
 _NO_HANDLERS: Handlers = {}
 
