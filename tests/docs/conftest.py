@@ -35,11 +35,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The pages whose examples run: the README, the tutorial and the how-to guides.
+# The pages whose examples run: the README and the how-to guides. The tutorial is followed
+# as a reader follows it, in one session with its master, by tests/docs/test_tutorial.py.
 PAGES = sorted(
     [
         "README.md",
-        "docs/tutorial/index.md",
         "docs/async.md",
         "docs/operator.md",
         "docs/poolers.md",
