@@ -9,6 +9,6 @@ running master's code, so both sides always run the same version).
 - `protocol`: the JSON lines over the two pipes.
 - `channel`: the LISTEN/NOTIFY channel name.
 - `progress`: a running handler's progress: its checks, and the sink that writes it on
-  the board for the master's next lease renewal.
+  the board for the master's progress tick.
 - `reasons`: why a child stopped, and why the master replaced it (log and metric labels).
 """

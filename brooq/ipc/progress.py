@@ -20,8 +20,9 @@ from typing import Any
 
 MESSAGE_MAX = 200  # characters; at most 800 bytes of UTF-8, what a board slot holds
 
-# Set in a worker child: (job id, attempt, fraction, message) -> None.
-sink: Callable[[uuid.UUID, int, float, str], object] | None = None
+# Set in a worker child: (job id, attempt, fraction, message) -> the message as stored on
+# the board, or None when no slot runs the job (its attempt has ended: nothing kept).
+sink: Callable[[uuid.UUID, int, float, str], str | None] | None = None
 
 
 def check(fraction: object, message: object) -> tuple[float, str]:
@@ -52,9 +53,12 @@ def report(claim: Any, fraction: float, message: str = "") -> None:
     ``queue.get(id).progress``, ``brooq top`` and the status page show it. Each new
     attempt starts with none. ValueError when either is not what it must be."""
     value, text = check(fraction, message)
-    claim.reported = (value, text)
-    if sink is not None:
-        sink(claim.id, claim.attempt, value, text)
+    if sink is None:
+        claim.reported = (value, text)
+        return
+    stored = sink(claim.id, claim.attempt, value, text)
+    if stored is not None:  # after its attempt ended (a thread it left), nothing is kept
+        claim.reported = (value, stored)
 
 
 def text(fraction: float | None, message: str | None) -> str:

@@ -32,6 +32,11 @@ CHILD_OPTIONS = (
 PARAM_TYPES = {
     "done": "uuid[]",
     "results": "text[]",
+    "reported": "uuid[]",
+    "fractions": "float8[]",
+    "messages": "text[]",
+    "progress": "float8",
+    "progress_message": "text",
     "ids": "uuid[]",
     "id": "uuid",
     "result": "text",

@@ -28,14 +28,23 @@
 -- variants: _queues several queues in a chosen order, _limited a topic under
 -- global_limit besides, _floored the queues' ranges of priorities each from a floor
 -- (brooq.worker.floors: under a held snapshot), _results stores what the handlers
--- returned.
+-- returned and the last progress of those that reported one.
 WITH finished AS (
 --#if results
     -- `results` holds, for each id of `done`, its result as JSON text or NULL. Only
     -- round trips with a result pay for it (the array lookup cost 1 us per job,
-    -- docs/decisions.md).
+    -- docs/decisions.md). `reported` names the jobs whose handler called claim.progress():
+    -- their last report (`fractions`, `messages`, in its order) is written with the done,
+    -- frozen from then on (job_set_done_progress says why); a round trip with a report
+    -- and no result takes this variant too, its results all NULL.
     UPDATE {job} SET state = 'done', updated_at = now(),
-        result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb
+        result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb,
+        progress = CASE WHEN id = ANY(%(reported)b::uuid[])
+            THEN (%(fractions)b::float8[])[array_position(%(reported)b::uuid[], id)]
+            ELSE progress END,
+        progress_message = CASE WHEN id = ANY(%(reported)b::uuid[])
+            THEN (%(messages)b::text[])[array_position(%(reported)b::uuid[], id)]
+            ELSE progress_message END
 --#else
     UPDATE {job} SET state = 'done', updated_at = now()
 --#end

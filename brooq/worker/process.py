@@ -134,13 +134,17 @@ class ChildProcess:
             ready["handlers"] = described(self.handlers, self.settings)
         self.tell(ready)
 
-    def _progress(self, job_id: uuid.UUID, attempt: int, fraction: float, message: str) -> None:
+    def _progress(
+        self, job_id: uuid.UUID, attempt: int, fraction: float, message: str
+    ) -> str | None:
         """A handler's claim.progress(), on the board for the master's progress tick
         (brooq.supervisor.duties.progress); its message as the database can store it
-        (brooq.worker.execute.storable)."""
+        (brooq.worker.execute.storable), None when the job runs in no slot any more."""
         text = execute.storable(message, self.db.codec, progress.MESSAGE_MAX)
         raw = text.encode()[:MESSAGE_MAX_BYTES]
-        self.board.progress(job_id, fraction, raw)
+        if not self.board.progress(job_id, fraction, raw):
+            return None
+        return text
 
     def _reload_app(self) -> None:
         from brooq.app import forget_user_modules, load

@@ -144,7 +144,8 @@ def claim_plan(
     ranges: Sequence[Range] | None = None,
 ) -> Plan:
     """The plan of a round trip, from what the trip settled before it: the ``finished``
-    jobs to write as `done` (with their results if ``with_results``), the claim's
+    jobs to write as `done` (with their results and last progress reports if
+    ``with_results``), the claim's
     ``limit``, the ``queues`` in claim order, the child's ``common`` parameters (topics,
     children, worker, lease), the pacing's ``turn`` when a topic is claimed apart (the
     first turn on a trip that only writes) and the floors' ``ranges`` when the ready index
@@ -168,8 +169,12 @@ def claim_plan(
     else:
         shape = "queues"
         params["queues"] = queues
-    if with_results:
+    if with_results:  # and the last progress of the jobs that reported one
         params["results"] = [f[2] for f in finished]
+        reported = [f[0] for f in finished if f[0].reported is not None]
+        params["reported"] = [c.id for c in reported]
+        params["fractions"] = [c.reported[0] for c in reported]  # type: ignore[index]
+        params["messages"] = [c.reported[1] for c in reported]  # type: ignore[index]
     return Plan(shape, with_results, queues, limit, params)
 
 
@@ -226,17 +231,13 @@ class RoundTrips:
         self, claim: Claim[Any], outcome: execute.Outcome, duration: float, result: str | None
     ) -> bool:
         """Keep a plain `done` for the next round trip (True); False when the outcome is
-        written on its own (not done, or done with chained jobs, on_success hooks or a
-        progress report: its last report is written with it, job_set_done_progress)."""
-        if (
-            outcome.kind != "done"
-            or claim.chained
-            or claim.success_hooks
-            or claim.reported is not None
-        ):
+        written on its own (not done, or done with chained jobs or on_success hooks). A
+        job that reported progress goes with a result's (the _results statement writes
+        its last report with the done)."""
+        if outcome.kind != "done" or claim.chained or claim.success_hooks:
             return False
         self._unwritten.append((claim, duration, result))
-        if result is not None:
+        if result is not None or claim.reported is not None:
             self._results_unwritten = True
         return True
 

@@ -122,7 +122,14 @@ def test_the_outcome_writes_find_their_row_by_key(db: Conn, child: Conn) -> None
         "claim": (Q.job_finish_and_claim, {**claim_values(), "done": [one]}),
         "claim with results": (
             Q.job_finish_and_claim_results,
-            {**claim_values(), "done": [one], "results": [None]},
+            {
+                **claim_values(),
+                "done": [one],
+                "results": [None],
+                "reported": [],
+                "fractions": [],
+                "messages": [],
+            },
         ),
         "done": (Q.job_set_done, {"id": one, "worker": "w1", "result": None}),
         "canceled": (Q.job_set_canceled, {"id": one, "worker": "w1", "error": "x"}),

@@ -104,7 +104,8 @@ def test_the_claim_is_written_once() -> None:
 
 @pytest.mark.parametrize("base", BASES)
 def test_each_results_variant_is_its_base_but_the_finished_cte(base: str) -> None:
-    """The _results variants store what handlers returned and differ in nothing else."""
+    """The _results variants store what handlers returned (and the last progress of those
+    that reported) and differ in nothing else."""
     plain, with_results = _sql(getattr(Q, base)), _sql(getattr(Q, base + "_results"))
     assert FINISHED.sub("", plain) == FINISHED.sub("", with_results)
     plain_cte, results_cte = FINISHED.search(plain), FINISHED.search(with_results)

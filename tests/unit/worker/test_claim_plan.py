@@ -120,3 +120,14 @@ def test_the_same_arguments_make_the_same_plan() -> None:
     assert claim_plan(done, False, 3, ["a", "b"], COMMON) == claim_plan(
         done, False, 3, ["a", "b"], COMMON
     )
+
+
+def test_a_progress_report_rides_with_its_done_in_the_results_statement() -> None:
+    quiet, reporting = finished(), finished()
+    reporting[0].reported = (0.9, "almost")
+    plan = claim_plan([quiet, reporting], True, 0, ["default"], COMMON)
+    assert plan.statement == "job_finish_and_claim_results"
+    assert plan.params["results"] == [None, None]
+    assert plan.params["reported"] == [reporting[0].id]
+    assert (plan.params["fractions"], plan.params["messages"]) == ([0.9], ["almost"])
+    assert set(plan.params) == placeholders(plan)
