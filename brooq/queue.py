@@ -327,6 +327,28 @@ class Queue(Registry):
             tag=tag,
         )
 
+    def purge(
+        self,
+        *,
+        queue: str | None = None,
+        topic: str | None = None,
+        dry_run: bool = False,
+        batch_size: int = BULK_BATCH_SIZE,
+    ) -> int:
+        """Cancel every job of ``queue`` and/or ``topic`` (at least one; both: the jobs of
+        that topic in that queue) that no worker has taken yet: pending (ready or
+        scheduled), failed (waiting out a retry's backoff) and waiting (on the jobs named
+        in its ``after``), not a durable handler's parked job (it has started). Processing
+        and finished jobs are left alone. How many were canceled; ``dry_run``: how many
+        would be, nothing changed. In batches of ``batch_size`` rows, each its own
+        transaction; jobs enqueued once it has started are left alone. The jobs waiting on
+        a purged job are canceled with it, as with ``cancel``. BrooqError when neither is
+        given, InvalidQueue or InvalidTopic for a malformed name, all before any I/O."""
+        changes.check_purge(queue=queue, topic=topic, batch_size=batch_size)
+        return self._on(
+            changes.purge, queue=queue, topic=topic, dry_run=dry_run, batch_size=batch_size
+        )
+
     def retry_many(
         self,
         *,

@@ -13,6 +13,7 @@ brooq.cli.common:
 - `migrate`: `brooq migrate up|down|status|sql`, the schema as a deployment step
 - `jobs`: the `jobs` group and `brooq jobs list|show|stack`, one job or a listing read
 - `cancel_retry`: `brooq [jobs] cancel|retry`, one job or every job of a topic in a state
+- `purge`: `brooq purge --queue Q / --topic T`, every job not yet taken canceled
 - `enqueue`: `brooq enqueue TOPIC`, one job from the command line
 - `events`: `brooq events emit KEY` and `brooq events waits`, durable handlers' events
 - `stats`: `brooq stats`, jobs per queue, topic and state
@@ -49,6 +50,7 @@ from brooq.cli import (  # noqa: F401  (they register)
     jobs,
     migrate,
     periodic,
+    purge,
     queues,
     sql,
     stats,

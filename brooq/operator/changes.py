@@ -1,7 +1,7 @@
 """The operator's writes, each a function of the caller's connection: cancel or retry one
 job (``transition`` binds the states of brooq.job to job_cancel and job_retry), the bulk
-forms in batches of their own transactions, pause and resume a queue, and why a cancel or
-retry did nothing.
+forms and the purge of a queue or topic in batches of their own transactions, pause and
+resume a queue, and why a cancel or retry did nothing.
 
 Owns: the statements of each transition and their parameters, the bulk forms' keyset
 batches (BULK_BATCH_SIZE) and the checks of their arguments (``check_bulk``, run before
@@ -220,6 +220,56 @@ def _batch(
         conn.commit()
         return batch
     raise AssertionError("unreachable")
+
+
+def check_purge(*, queue: str | None, topic: str | None, batch_size: int) -> dict[str, Any]:
+    """A purge's filters (job_purge_count's parameters), or the error naming what is
+    wrong: BrooqError when neither a queue nor a topic is given (there is no "every job"
+    by omission) or for the batch size, InvalidQueue or InvalidTopic for a malformed
+    name."""
+    if queue is None and topic is None:
+        raise BrooqError("purge needs a queue or a topic (or both): nothing was canceled")
+    if queue is not None:
+        validate_queue(queue)
+    if topic is not None:
+        validate_topic(topic)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BrooqError(f"batch_size must be a positive integer, got {batch_size!r}")
+    return {"queue": queue, "topic": topic, "from_states": list(BULK_FROM_STATES["cancel"])}
+
+
+def purge(
+    conn: Connection,
+    *,
+    queue: str | None = None,
+    topic: str | None = None,
+    dry_run: bool = False,
+    batch_size: int = BULK_BATCH_SIZE,
+    q: Queries = Q,
+) -> int:
+    """Cancel every job of ``queue`` and/or ``topic`` that no worker has taken: pending
+    (ready or scheduled), failed (retrying) and waiting, not parked (job_purge_count says
+    why); how many were canceled (``dry_run``: how many would be, nothing changed). Each
+    batch of ``batch_size`` rows commits on its own on ``conn`` (job_purge_batch): give
+    it a connection outside any transaction of yours. Jobs created after the first batch
+    are left alone."""
+    filters = check_purge(queue=queue, topic=topic, batch_size=batch_size)
+    cur = conn.cursor(row_factory=dict_row)
+    if dry_run:
+        count = cur.execute(q.job_purge_count, filters).fetchone()
+        assert count is not None  # an aggregate without GROUP BY: always one row
+        conn.commit()
+        return int(count["matched"])
+    params = {**filters, "as_of": None, "batch": batch_size, "after": _BEFORE_EVERY_ID}
+    changed = 0
+    while True:
+        batch = cur.execute(q.job_purge_batch, params).fetchone()
+        assert batch is not None
+        conn.commit()
+        changed += int(batch["changed"])
+        if batch["picked"] < batch_size:  # the keyset reached the end
+            return changed
+        params["after"], params["as_of"] = batch["last_id"], batch["as_of"]
 
 
 def set_paused(conn: Connection, name: str, *, paused: bool, q: Queries = Q) -> None:

@@ -115,6 +115,48 @@ SELECT (SELECT count(*) FROM picked) AS picked,
        (SELECT id FROM picked ORDER BY id DESC LIMIT 1) AS last_id,
        (SELECT count(*) FROM canceled) AS changed
 
+-- name: job_purge_count
+-- brooq purge --queue Q / --topic T, Queue.purge(dry_run=True): how many jobs a purge
+-- would cancel now. The jobs a purge takes: every job of the queue (and/or topic) not yet
+-- taken by a worker, i.e. pending (ready or scheduled), failed (retrying) and waiting (on
+-- the jobs named in its `after`); never processing, finished, or parked (a durable
+-- handler's job that has started: it sleeps or waits, and is canceled by id).
+-- from_states is brooq.job.BULK_FROM_STATES['cancel'].
+SELECT count(*) AS matched
+FROM {job}
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+  AND state = ANY(%(from_states)s::text[]) AND parked IS NULL
+
+-- name: job_purge_batch
+-- One batch of a purge (job_purge_count says which jobs), its own transaction, batched,
+-- locked and keyed as job_cancel_batch: at most `batch` rows locked until its commit, rows
+-- locked by someone else skipped (a claim is taking them). Only jobs created up to
+-- `as_of` are taken: the first batch passes NULL and answers its own now(), which the
+-- next batches pass, so jobs enqueued while a purge runs are left alone and cannot keep
+-- it going. Canceling a job some other job waits for cancels that one too (the graph's
+-- trigger), as any cancel does.
+WITH picked AS MATERIALIZED (
+    SELECT id FROM {job}
+    WHERE id > %(after)s::uuid
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+      AND state = ANY(%(from_states)s::text[]) AND parked IS NULL
+      AND created_at <= coalesce(%(as_of)s::timestamptz, now())
+    ORDER BY id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), canceled AS (
+    UPDATE {job} SET state = 'canceled', updated_at = now()
+    WHERE id = ANY(ARRAY(SELECT id FROM picked))
+      AND state = ANY(%(from_states)s::text[]) AND parked IS NULL
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM picked) AS picked,
+       (SELECT id FROM picked ORDER BY id DESC LIMIT 1) AS last_id,
+       (SELECT count(*) FROM canceled) AS changed,
+       coalesce(%(as_of)s::timestamptz, now()) AS as_of
+
 -- name: job_retry_batch
 -- One batch of a bulk retry: batched, locked, keyed and guarded as job_cancel_batch, and
 -- each row written as job_retry writes one (pending now, attempts reset, last_error and
