@@ -89,6 +89,7 @@ from brooq.operator.records import (
     TopicLimits,
     TopicStats,
 )
+from brooq.producer.cancel import cancel, cancel_async
 from brooq.producer.events import emit_event, emit_event_async
 from brooq.producer.insert import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from brooq.producer.stacks import JobStack
@@ -147,6 +148,8 @@ __all__ = [
     "UpstreamJob",
     "WaitTimeout",
     "__version__",
+    "cancel",
+    "cancel_async",
     "emit_event",
     "emit_event_async",
     "enqueue",

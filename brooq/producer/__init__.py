@@ -17,4 +17,5 @@ child.
 - `wait_listener`: the one LISTEN connection every waiter of a Queue shares
 - `stacks`: a running job's stack asked for and answered through PostgreSQL
 - `events`: emitting the events durable handlers wait for, in the caller's transaction
+- `cancel`: `brooq.cancel`, a job canceled in the caller's transaction
 """

@@ -95,3 +95,48 @@ def test_a_row_changed_under_the_cancel_is_judged_by_its_state_then(
 def test_an_unknown_id_notifies_nothing(queue: brooq.Queue, listener: Any) -> None:
     assert queue.cancel(uuid.uuid4()) is False
     assert _heard(listener) == []
+
+
+def test_brooq_cancel_joins_the_callers_transaction(
+    dsn: str, db: psycopg.Connection[Any], listener: Any
+) -> None:
+    job_id = _job_in(db, "processing")
+    with psycopg.connect(dsn) as conn:
+        assert brooq.cancel(conn, str(job_id)) is True
+        conn.rollback()
+    assert _heard(listener) == [] and _state(db, job_id) == "processing"
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        assert brooq.cancel(cur, job_id) is True  # a cursor: its connection's transaction
+        assert _state(db, job_id) == "processing" and _heard(listener) == []
+        conn.commit()
+    assert _heard(listener) == [str(job_id)] and _state(db, job_id) == "canceled"
+    with psycopg.connect(dsn) as conn:
+        assert brooq.cancel(conn, job_id) is False  # finished: nothing to cancel
+        assert brooq.cancel(conn, uuid.uuid4()) is False
+
+
+def test_brooq_cancel_async_and_its_refusals(
+    dsn: str, db: psycopg.Connection[Any], listener: Any
+) -> None:
+    import asyncio
+
+    job_id = _job_in(db, "pending")
+
+    async def cancel() -> bool:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            moved = await brooq.cancel_async(conn, job_id)
+            await conn.commit()
+            return moved
+
+    assert asyncio.run(cancel()) is True
+    assert _state(db, job_id) == "canceled" and _heard(listener) == []  # it was pending
+    with pytest.raises(brooq.InvalidJobId):
+        brooq.cancel(db, "not-a-uuid")
+    with pytest.raises(TypeError, match=r"brooq\.cancel takes"):
+        brooq.cancel(object(), job_id)  # type: ignore[arg-type]
+
+
+def _state(db: psycopg.Connection[Any], job_id: Any) -> str:
+    row = db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return str(row[0])

@@ -9,6 +9,7 @@ record of what it heard.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -21,7 +22,6 @@ import psycopg
 import pytest
 
 import brooq
-from brooq.operator import changes
 from tests.harness import MasterProcess, children_of, wait_for
 from tests.process.test_operations import get, ops_addr
 
@@ -150,7 +150,7 @@ def test_a_canceled_async_handler_is_cancelled_at_once_and_its_child_goes_on(
     assert "event=child_killed" not in m.log()
 
 
-def test_the_cli_the_admin_endpoint_and_the_callers_transaction_cancel_at_once(
+def test_the_cli_the_admin_endpoint_cancel_async_and_the_callers_transaction_cancel_at_once(
     start_master: Callable[..., MasterProcess],
     queue: brooq.Queue,
     db: psycopg.Connection[Any],
@@ -182,14 +182,21 @@ def test_the_cli_the_admin_endpoint_and_the_callers_transaction_cancel_at_once(
     assert status == 200 and json.loads(body)["ok"] is True
     assert _heard_after(db, by_admin) < AT_ONCE
     _canceled_and_kept(db, by_admin, m)
-    # In the caller's own transaction: nothing until it commits, a rollback stops nothing.
+    # queue.cancel_async, on the async pool.
+    by_async, _ = queue.enqueue(brooq.Job("c.sleep"))
+    _started(db, by_async)
+    assert asyncio.run(_cancel_async(queue, by_async)) is True
+    assert _heard_after(db, by_async) < AT_ONCE
+    _canceled_and_kept(db, by_async, m)
+    # brooq.cancel in the caller's own transaction: nothing until it commits, a rollback
+    # stops nothing.
     in_tx, _ = queue.enqueue(brooq.Job("c.sleep"))
     _started(db, in_tx)
     with psycopg.connect(dsn) as conn:
-        assert changes.cancel(conn, in_tx) is True
+        assert brooq.cancel(conn, in_tx) is True
         conn.rollback()
     with psycopg.connect(dsn) as conn:
-        assert changes.cancel(conn, in_tx) is True
+        assert brooq.cancel(conn, in_tx) is True
         # Not committed yet: the handler runs on (the notification waits for the commit).
         wait_for(lambda: _row(db, in_tx)[0] == "processing", what="still processing")
         assert "lease_lost" not in _notes(db, in_tx)
@@ -198,6 +205,13 @@ def test_the_cli_the_admin_endpoint_and_the_callers_transaction_cancel_at_once(
     assert committed is not None
     assert _heard_after(db, in_tx, since=committed[0]) < AT_ONCE
     _canceled_and_kept(db, in_tx, m)
+
+
+async def _cancel_async(queue: brooq.Queue, job_id: Any) -> bool:
+    try:
+        return await queue.cancel_async(job_id)
+    finally:
+        await queue.close_async()
 
 
 def test_with_two_masters_the_cancel_reaches_the_child_of_the_one_holding_the_job(
