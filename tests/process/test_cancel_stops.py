@@ -237,3 +237,31 @@ def test_with_two_masters_the_cancel_reaches_the_child_of_the_one_holding_the_jo
     assert "event=cancel_heard" not in owner[other].log()
     # The other master's job runs on.
     assert _row(db, other)[0] == "processing" and _notes(db, other) == ["start"]
+
+
+def test_the_pages_cancel_button_stops_a_running_handler_at_once(
+    start_master: Callable[..., MasterProcess],
+    queue: brooq.Queue,
+    db: psycopg.Connection[Any],
+    tmp_path: Path,
+) -> None:
+    from tests.process.test_status_page import TOKEN, click, request
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    m = start_master(
+        workers=2, app=APP, env={**SLOW_RENEWAL, "QUEUE_ADMIN_TOKEN_FILE": str(token_file)}
+    )
+    host, _, port = ops_addr(m).rpartition(":")
+    addr = (host, int(port))
+    job_id, _ = queue.enqueue(brooq.Job("c.spin"))
+    _started(db, job_id)
+    status, head, _ = request(addr, "POST", "/sign-in", f"token={TOKEN}")
+    assert status == 303
+    cookie = next(h for h in head.split("\r\n") if h.startswith("Set-Cookie:"))
+    cookie = cookie.split(":", 1)[1].split(";", 1)[0].strip()
+    _, _, page = request(addr, "GET", "/in-flight", cookie=cookie)
+    assert b"interrupted at once" in page  # the button's title says what it does
+    assert click(addr, page, f"/jobs/{job_id}/cancel", cookie) == (303, "/in-flight")
+    assert _heard_after(db, job_id) < AT_ONCE
+    _canceled_and_kept(db, job_id, m)
