@@ -1,10 +1,16 @@
 """The status page's process: server-rendered HTML of the ops port, stdlib only.
 
-    GET  /                  the overview: per queue and topic ("no handler" marked), done
-                            per minute, paused queues, the masters alive
+    GET  /                  the overview: per queue and topic the counts (waiting,
+                            scheduled, ready, held, retrying, parked, processing, dead),
+                            done per minute, the last hour's charts, paused queues, the
+                            masters alive
+    GET  /charts            throughput, failures, latency, run time and backlog, per queue
+                            and topic, over the last hour or day
     GET  /in-flight         jobs being processed (keyset pages)
     GET  /failed, /dead     jobs waiting for a retry, jobs given up on (keyset pages)
-    GET  /jobs/<id>         one job: every column, the payload, the outcome, the errors
+                            (each filtered by topic, group and tag; /list picks the state)
+    GET  /jobs/<id>         one job: what it is, where it stands, its attempts, its graph,
+                            every column behind a toggle; /find?id= finds one
     GET  /fleet             the live masters (brooq.operator.masters) and their children
     POST /jobs/<id>/stack   the stack button (signed in)
     GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
@@ -32,7 +38,8 @@ without escaping it.
 - `actions`: sign-in, cancel, retry, pause, resume and the bulk actions, answered
 - `routes`: a read-only page's method and target in, a Response out; the error pages
 - `views`: each page's HTML assembled from its reads and render's pieces
-- `jobview`: one job's page: its columns, outcome, errors, kept logs and graph
+- `jobview`: one job's page: what it is, where it stands, its attempts, graph, logs, raw row
+- `charts`: the charts (throughput, failures, latency, run time, backlog) as inline SVG
 - `lines`: the pages' one-line notes: the replica's lag, the fleet, the oldest snapshot
 - `reads`: the pages' read-only reads under a statement timeout, and the keyset cursors
 - `render`: pure functions from values to escaped HTML, the layout and the one stylesheet

@@ -1,7 +1,9 @@
-"""One job's page: every column, the payload, the outcome, the error history, the logs a
-``keep_logs`` handler kept, the jobs of its graph (upstream and downstream), and a durable
-handler's side: what the job sleeps until or waits for, its recorded steps and the jobs it
-spawned.
+"""One job's page, for people: what the job is (topic, queue, payload, tags, group,
+priority), where it stands (its state in the counts' words, with when and why), its
+attempts as a timeline (when, on which worker, how long, how each ended, the traceback a
+click away), its progress, the jobs of its graph drawn as SVG (upstream and downstream,
+a durable handler's child jobs) and listed, its recorded steps, the logs a
+``keep_logs`` handler kept, and every field of the row behind a toggle.
 
 Owns: what the job page shows and in which order. Must never: write to the database, or
 let a value reach a page without brooq.page.render.e().
@@ -9,19 +11,37 @@ let a value reach a page without brooq.page.render.e().
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime
 from typing import Any
 
+from brooq.ipc import progress
 from brooq.page.reads import GRAPH_COUNT_CAP, Row
-from brooq.page.render import e, holder, job_link, layout, link, pretty_json, table, when
+from brooq.page.render import (
+    STATE_COLORS,
+    age,
+    e,
+    holder,
+    href,
+    job_link,
+    layout,
+    link,
+    pretty_json,
+    table,
+    when,
+)
 from brooq.page.views import _n, stack_form
 
 # What the page shows in sections of their own, or not as a column.
 _NOT_COLUMNS = frozenset(
-    {"errors", "logs", "upstream", "downstream", "upstream_total", "downstream_total",
+    {"logs", "upstream", "downstream", "upstream_total", "downstream_total",
      "traceparent_chars", "steps", "steps_total", "children", "children_total",
-     "event_wait"}
+     "event_wait", "now"}
 )  # fmt: skip
+SUMMARY_CHARS = 160  # of the payload's JSON in the job's summary (whole below it)
+TRACEBACK_CHARS = 16_384  # of an attempt's traceback (brooq keeps at most 8,192)
+GRAPH_NODES = 8  # jobs drawn on each side of the graph (every one listed below it)
 
 
 def _cell(name: str, value: Any, row: Row | None = None) -> str:
@@ -66,7 +86,7 @@ def graph_tables(row: Row) -> str:
     return "".join(parts)
 
 
-def parked_line(row: Row) -> str:
+def parked_line(row: Row, heading: bool = True) -> str:
     """What a parked job (a durable handler's: job.parked, read with its state) sleeps
     until or waits for; nothing for a job that is not parked."""
     state, parked, until = row.get("state"), row.get("parked"), row.get("available_at")
@@ -87,7 +107,7 @@ def parked_line(row: Row) -> str:
         text = f"waits for its child jobs{count}"
     else:
         return ""
-    return f"<h2>Parked</h2><p>{text}</p>"
+    return f"<h2>Parked</h2><p>{text}</p>" if heading else text
 
 
 def durable_tables(row: Row) -> str:
@@ -146,50 +166,321 @@ def kept_logs(row: Row) -> str:
     return "".join(parts)
 
 
-def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str = "") -> bytes:
-    job_id = row["id"]
+_INSTANT = re.compile(
+    r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?(Z|[+-]\d\d(?::?\d\d)?)?$"
+)
+
+
+def instant(value: object) -> datetime | None:
+    """A time of a history entry (JSON text as PostgreSQL writes a timestamptz, or a
+    datetime), or None for anything else."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        return None
+    found = _INSTANT.match(value.strip())
+    if found is None:
+        return None
+    base, fraction, zone = found.groups()
+    zone = zone or "+00:00"
+    zone = "+00:00" if zone == "Z" else zone
+    if len(zone) == 3:
+        zone += ":00"
+    elif ":" not in zone:
+        zone = f"{zone[:3]}:{zone[3:]}"
+    try:
+        micros = (fraction or "").ljust(6, "0")
+        return datetime.fromisoformat(f"{base.replace(' ', 'T')}.{micros}{zone}")
+    except ValueError:
+        return None
+
+
+def duration(seconds: float) -> str:
+    """How long an attempt ran: 0.35 s under a second, else as age() writes it."""
+    return f"{seconds:.2f} s" if 0 <= seconds < 1 else age(seconds)
+
+
+def standing(row: Row) -> tuple[str, str]:
+    """The job's standing in the counts' words (waiting, scheduled, ready, retrying,
+    parked, processing, or the finished states) and a sentence of when and why, as HTML."""
+    state, now = row.get("state"), row.get("now")
+    due: datetime | None = row.get("available_at")
+    updated: datetime | None = row.get("updated_at")
+    attempts = int(row.get("attempts") or 0)
+
+    def since(moment: datetime | None) -> str:
+        if moment is None or now is None:
+            return ""
+        gap = (now - moment).total_seconds()
+        return f" ({e(age(gap))} ago)" if gap >= 0 else f" (in {e(age(-gap))})"
+
+    parked = parked_line(row, heading=False)
+    if parked:
+        return "parked", parked
+    later = due is not None and now is not None and due > now
+    error = (str(row.get("last_error") or "").splitlines() or [""])[0][:300]
+    if state == "waiting":
+        open_ = row.get("upstream_open")
+        count = "its upstream jobs" if open_ is None else f"{_n(int(open_))} upstream job(s)"
+        return "waiting", f"waits for {count} to end (listed below)"
+    if state == "pending" and later:
+        return "scheduled", f"due at {e(when(due))}{since(due)}"
+    if state == "failed" and later:
+        return "retrying", (
+            f"attempt {attempts:,} failed at {e(when(updated))}{since(updated)}: "
+            f"<code>{e(error)}</code>; the next attempt is due at {e(when(due))}{since(due)}"
+        )
+    if state in ("pending", "failed"):
+        return "ready", f"due since {e(when(due))}{since(due)}: a worker may claim it now"
+    if state == "processing":
+        host, pid = holder(row.get("locked_by"))
+        return "processing", (
+            f"attempt {attempts:,}, claimed at {e(when(updated))}{since(updated)} on host "
+            f"{e(host)}, child pid {e(pid)}; its lease runs until "
+            f"{e(when(row.get('locked_until')))}"
+        )
+    if state == "done":
+        return "done", f"at {e(when(updated))}{since(updated)}, after {attempts:,} attempt(s)"
+    if state == "dead":
+        return "dead", (
+            f"given up at {e(when(updated))}{since(updated)} after {attempts:,} attempt(s): "
+            f"<code>{e(error)}</code>"
+        )
+    if state == "canceled":
+        why = f": <code>{e(error)}</code>" if error else ""
+        return "canceled", f"at {e(when(updated))}{since(updated)}{why}"
+    return str(state), ""
+
+
+def facts(row: Row) -> str:
+    """What the job is, in a few lines."""
+    payload = json.dumps(row.get("payload"), ensure_ascii=False, sort_keys=True, default=str)
+    if len(payload) > SUMMARY_CHARS:
+        payload = payload[:SUMMARY_CHARS] + " …"
+    tags = row.get("tags") or []
+    items = [
+        ("job", e(row.get("id"))),
+        ("topic", e(row.get("topic"))),
+        ("queue", e(row.get("queue"))),
+        ("priority", e(row.get("priority"))),
+        ("group", e(row.get("group_key")) if row.get("group_key") else "—"),
+        ("tags", e(", ".join(map(str, tags))) if tags else "—"),
+        ("payload", f"<code>{e(payload)}</code>"),
+        ("created", e(when(row.get("created_at")))),
+    ]
+    for name, key in (("unique key", "unique_key"), ("idempotency key", "idempotency_key")):
+        if row.get(key):
+            items.append((name, f"<code>{e(row[key])}</code>"))
+    cells = "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in items)
+    return f'<dl class="facts">{cells}</dl>'
+
+
+def _attempt_item(entry: dict[str, Any], final_state: str | None, last: bool) -> str:
+    started, ended = instant(entry.get("started_at")), instant(entry.get("at"))
+    host, pid = holder(str(entry["worker"])) if entry.get("worker") else ("—", "—")
+    kind = str(entry.get("kind") or "failed")
+    how = "dead" if last and final_state == "dead" else kind
+    lines = [f"<strong>attempt {e(entry.get('attempt', '?'))}</strong>: {e(how)}"]
+    where = f"host {e(host)}, child pid {e(pid)}"
+    if started is not None:
+        lines.append(f"started {e(when(started))} on {where}")
+    else:
+        lines.append(f"on {where}")
+    if ended is not None:
+        took = ""
+        if started is not None:
+            took = f", after {e(duration((ended - started).total_seconds()))}"
+        lines.append(f"ended {e(when(ended))}{took}")
+    elif entry.get("at"):
+        lines.append(f"ended {e(entry['at'])}")
+    text = "<br>".join(lines)
+    text += f"<pre>{e(entry.get('error', ''))}</pre>"
+    trace = entry.get("traceback")
+    if isinstance(trace, str) and trace:
+        cut = ""
+        if len(trace) > TRACEBACK_CHARS:
+            cut = f'<p class="muted">the last {TRACEBACK_CHARS:,} of {len(trace):,} characters</p>'
+            trace = trace[-TRACEBACK_CHARS:]
+        text += (
+            f'<details class="traceback"><summary>traceback</summary>{cut}<pre>{e(trace)}</pre>'
+            "</details>"
+        )
+    return f'<li class="bad">{text}</li>'
+
+
+def timeline(row: Row) -> str:
+    """The attempts, oldest first: each failed one from the error history (job.errors:
+    attempt, at, started_at, worker, error, kind, traceback; entries of older releases
+    carry the first four), then the attempt running now or the one that ended the job
+    well (its start is not kept once it ended)."""
+    errors = row.get("errors")
+    entries = [
+        x if isinstance(x, dict) else {"error": x}
+        for x in (errors if isinstance(errors, list) else [])
+    ]
+    state = row.get("state")
+    attempts = int(row.get("attempts") or 0)
+    items = [_attempt_item(x, state, i == len(entries) - 1) for i, x in enumerate(entries)]
+    if state == "processing":
+        host, pid = holder(row.get("locked_by"))
+        running = ""
+        if row.get("now") is not None and row.get("updated_at") is not None:
+            running = f", running for {e(age((row['now'] - row['updated_at']).total_seconds()))}"
+        items.append(
+            f"<li><strong>attempt {attempts:,}</strong>: processing<br>started "
+            f"{e(when(row.get('updated_at')))} on host {e(host)}, child pid {e(pid)}"
+            f"{running}</li>"
+        )
+    elif state == "done":
+        items.append(
+            f'<li class="good"><strong>attempt {attempts:,}</strong>: done<br>ended '
+            f"{e(when(row.get('updated_at')))}</li>"
+        )
+    kept = ""
+    numbered = [int(x["attempt"]) for x in entries if isinstance(x.get("attempt"), int)]
+    if numbered and min(numbered) > 1:
+        kept = (
+            f'<p class="muted">attempts before {min(numbered):,} are no longer kept '
+            "(a job keeps its last 20 failures)</p>"
+        )
+    if not items:
+        return '<h2>Attempts (0)</h2><p class="muted">not claimed yet</p>'
+    return (
+        f"<h2>Attempts ({_n(max(attempts, len(entries)))})</h2>{kept}"
+        f'<ol class="timeline">{"".join(items)}</ol>'
+    )
+
+
+def _node(job: Row, x: int, y: int, width: int, here: bool = False) -> str:
+    state = str(job.get("state") or "")
+    color = STATE_COLORS.get(state, "#adb5bd")
+    topic = str(job.get("topic") or "")
+    if len(topic) > 26:
+        topic = topic[:25] + "…"
+    short = "…" + str(job.get("id"))[-8:]
+    stroke = ' stroke="#1d1d1f" stroke-width="2"' if here else ""
+    box = (
+        f'<rect x="{x}" y="{y}" width="{width}" height="34" rx="5" fill="{e(color)}"'
+        f' fill-opacity="0.35"{stroke}/>'
+        f'<text x="{x + 6}" y="{y + 14}" font-size="11" fill="#1d1d1f">{e(topic)}</text>'
+        f'<text x="{x + 6}" y="{y + 28}" font-size="10" fill="#333">{e(short)} · {e(state)}'
+        f"</text><title>{e(job.get('id'))}: {e(state)}</title>"
+    )
+    if here:
+        return f'<g class="node here">{box}</g>'
+    target = href(f"/jobs/{job.get('id')}")
+    return f'<a class="node" href="{target}">{box}</a>'
+
+
+def graph_svg(row: Row) -> str:
+    """The job between the jobs it waits or waited for (left) and those that wait or
+    waited for it and the child jobs it spawned (right), each drawn in its state's
+    colour and linking to its page; at most GRAPH_NODES a side, the rest counted."""
+    left = list(row.get("upstream") or [])
+    right = [*(row.get("downstream") or []), *(row.get("children") or [])]
+    if not left and not right:
+        return ""
+    totals = {
+        "left": int(row.get("upstream_total") or len(left)),
+        "right": int(row.get("downstream_total") or 0) + int(row.get("children_total") or 0),
+    }
+    totals["right"] = max(totals["right"], len(right))
+    width, gap, box = 640, 44, 180
+    rows_ = max(min(len(left), GRAPH_NODES), min(len(right), GRAPH_NODES), 1)
+    extra = 1 if max(totals["left"], totals["right"]) > GRAPH_NODES else 0
+    height = (rows_ + extra) * gap + 10
+    centre_y = (height - 34) // 2
+    parts = []
+    columns = {"left": (left[:GRAPH_NODES], 0), "right": (right[:GRAPH_NODES], width - box)}
+    for side, (jobs, x) in columns.items():
+        for i, job in enumerate(jobs):
+            y = 5 + i * gap
+            if side == "left":
+                x1, y1, x2, y2 = x + box, y + 17, (width - box) // 2, centre_y + 17
+            else:
+                x1, y1, x2, y2 = (width + box) // 2, centre_y + 17, x, y + 17
+            parts.append(
+                f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#999"'
+                ' marker-end="url(#arrow)"/>'
+            )
+            parts.append(_node(job, x, y, box))
+        more = totals[side] - len(jobs)
+        if more > 0:
+            plus = "+" if totals[side] > GRAPH_COUNT_CAP else ""
+            parts.append(
+                f'<text x="{x + 6}" y="{5 + len(jobs) * gap + 18}" font-size="11" '
+                f'fill="#666">… {more:,}{plus} more (listed below)</text>'
+            )
+    here = {"id": row.get("id"), "topic": row.get("topic"), "state": row.get("state")}
+    parts.append(_node(here, (width - box) // 2, centre_y, box, here=True))
+    arrow = (
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" '
+        'markerHeight="6" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
+        'fill="#999"/></marker></defs>'
+    )
+    return (
+        "<h2>Graph</h2>"
+        f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        f' viewBox="0 0 {width} {height}" role="img" aria-label="the job\'s graph">'
+        f"{arrow}{''.join(parts)}</svg>"
+        '<p class="muted">left: the jobs it waits or waited for; right: the jobs waiting '
+        "for it and the child jobs it spawned. Each links to its page.</p>"
+    )
+
+
+def raw_fields(row: Row) -> str:
     columns = "".join(
         f"<tr><th>{e(name)}</th><td>{_cell(name, value, row)}</td></tr>"
         for name, value in row.items()
         if name not in _NOT_COLUMNS
     )
+    return (
+        '<details class="raw"><summary>Every field of the row</summary>'
+        f"<table><tbody>{columns}</tbody></table></details>"
+    )
+
+
+def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str = "") -> bytes:
+    job_id = row["id"]
+    word, why = standing(row)
+    color = STATE_COLORS.get(word, "#adb5bd")
+    swatch = (
+        f'<svg class="dot" width="12" height="12" role="img" aria-label="{e(word)}">'
+        f'<circle cx="6" cy="6" r="6" fill="{e(color)}"/></svg>'
+    )
     parts = [
-        f"<table><tbody>{columns}</tbody></table>",
-        parked_line(row),
-        graph_tables(row),
-        durable_tables(row),
+        facts(row),
+        f'<h2>Where it stands</h2><p id="standing">{swatch} <span class="state">{e(word)}</span>'
+        f"{': ' + why if why else ''}</p>",
     ]
-    if actions_enabled:
-        parts.append(f"<p>{link('/actions', 'Cancel or retry this job', job=str(job_id))}</p>")
     state = row.get("state")
-    if state == "done":
-        parts.append("<h2>Outcome</h2><p>done; the handler returned:</p>")
-        parts.append(pretty_json(row.get("result")))
-    elif state in ("dead", "canceled", "failed"):
-        parts.append(f"<h2>Outcome</h2><p>{e(state)}</p>")
     if state == "processing":
-        host, pid = holder(row.get("locked_by"))
         parts.append(
-            f"<h2>Running</h2><p>on host {e(host)}, child pid {e(pid)}</p>"
             f"{stack_form(job_id, csrf, actions_enabled)}"
             '<p class="muted">The Python stack of the running handler, '
             "as <code>brooq jobs stack ID</code> prints it.</p>"
         )
-    errors = row.get("errors") or []
-    parts.append(f"<h2>Error history ({_n(len(errors))})</h2>")
-    history = []
-    for entry in errors if isinstance(errors, list) else []:
-        item = entry if isinstance(entry, dict) else {"error": entry}
-        history.append(
-            (
-                e(item.get("attempt", "")),
-                e(item.get("at", "")),
-                e(item.get("worker", "")),
-                f"<pre>{e(item.get('error', ''))}</pre>",
-            )
+    if row.get("progress") is not None:
+        fraction = float(row["progress"])
+        parts.append(
+            f'<h2>Progress</h2><p><progress max="1" value="{e(f"{fraction:.3f}")}"></progress> '
+            f"{e(progress.text(fraction, row.get('progress_message')))}</p>"
         )
-    parts.append(table(("attempt", "at", "worker", "error"), history, numeric={0}))
+    if actions_enabled:
+        parts.append(f"<p>{link('/actions', 'Cancel or retry this job', job=str(job_id))}</p>")
+    parts.append(timeline(row))
+    if state == "done":
+        parts.append("<h2>Result</h2>")
+        parts.append(pretty_json(row.get("result")))
+    parts.append(graph_svg(row))
+    parts.append(graph_tables(row))
+    parts.append(durable_tables(row))
     parts.append(kept_logs(row))
+    parts.append(
+        f'<details class="payload" open><summary>Payload</summary>'
+        f"{pretty_json(row.get('payload'))}</details>"
+    )
+    parts.append(raw_fields(row))
     return layout(
         f"Job {job_id}",
         "".join(parts),

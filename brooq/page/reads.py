@@ -169,11 +169,29 @@ def overview(
         # The topics' limits and what they hold back (the processing rows and the rates'
         # windows only), when a live master publishes any.
         limits = cur.execute(q.topic_limits_held).fetchall() if any(m.limits for m in fleet) else []
+        # held (part of ready): every ready job of a topic at its global_limit or
+        # rate_limit; a topic whose groups are held, counted exactly when its ready jobs
+        # were (they are then fewer than EXACT_BELOW a state: a bounded read).
+        held_exact: dict[tuple[str, str], int] = {}
+        if any(int(r.get("groups_held") or 0) for r in limits) and not (
+            {"pending", "failed"} & estimated.keys()
+        ):
+            for row in cur.execute(q.job_held_by_topic).fetchall():
+                held_exact[(row["queue"], row["topic"])] = int(row["held"])
     keys = sorted(set().union(*by_state.values()))
     groups = [
         _group(key, by_state, estimated, clock["now"], key[0] in exact_queues)
         for key in keys[:MAX_GROUPS]
     ]
+    topic_limits = {row["topic"]: TopicLimits.from_row(row) for row in limits}
+    for g in groups:
+        held_by = topic_limits.get(g["topic"])
+        if held_by is not None and held_by.held_by:
+            g["held"] = g["ready"]
+        elif (g["queue"], g["topic"]) in held_exact:
+            g["held"] = min(held_exact[(g["queue"], g["topic"])], g["ready"])
+        elif held_by is not None and held_by.groups_held and g["ready"]:
+            g["held"] = None  # some of an estimated backlog: not counted
     return {
         "groups": groups,
         "groups_cut": len(keys) > MAX_GROUPS,
@@ -199,7 +217,7 @@ def overview(
         "masters": fleet,
         "oldest_snapshot": held[0] if held else None,
         "snapshots_unseen": on_standby,
-        "limits": {row["topic"]: TopicLimits.from_row(row) for row in limits},
+        "limits": topic_limits,
     }
 
 
@@ -325,19 +343,23 @@ def _group(
     oldest = [r["oldest_ready_at"] for r in waiting if r["oldest_ready_at"] is not None]
     marks = set()
     if ("pending" in estimated or "failed" in estimated) and not exact_queue:
-        marks |= {"ready", "scheduled", "oldest_ready"}
+        marks |= {"ready", "held", "oldest_ready"}
+    if "pending" in estimated and not exact_queue:
+        marks.add("scheduled")
     marks |= {s for s in ("processing", "dead", "waiting") if s in estimated}
     if ("pending" in estimated and not exact_queue) or "waiting" in estimated:
         marks.add("parked")
     if "failed" in estimated and not exact_queue:
-        marks.add("failed")
+        marks |= {"failed", "retrying"}
     return {
         "queue": key[0],
         "topic": key[1],
+        # The counts of docs/explanation/guarantees.md: scheduled is pending's due later
+        # (not parked), retrying failed's due later; ready both states' due now.
         "ready": sum(int(r["ready"]) for r in waiting),
-        "scheduled": max(
-            sum(int(r["jobs"]) - int(r["ready"]) for r in waiting) - int(pending["parked"]), 0
-        ),
+        "held": 0,  # part of ready: set by overview() from the topics' limits
+        "scheduled": max(int(pending["jobs"]) - int(pending["ready"]) - int(pending["parked"]), 0),
+        "retrying": max(int(failed["jobs"]) - int(failed["ready"]), 0),
         "processing": int(processing["jobs"]),
         "failed": int(failed["jobs"]),
         "dead": int(dead["jobs"]),
@@ -362,13 +384,18 @@ def in_flight(
     timeout: float = STATEMENT_TIMEOUT,
     q: Queries = Q,
     tag: str | None = None,
+    topic: str | None = None,
+    group: str | None = None,
 ) -> Page:
-    """Jobs in state processing (carrying ``tag``, if given), longest running first."""
+    """Jobs in state processing (carrying ``tag``, of ``topic`` and ``group``, if
+    given), longest running first."""
     params = {
         "after_at": after.at if after else "-infinity",
         "after_id": after.id if after else _NIL,
         "limit": size + 1,
         "tag": tag,
+        "topic": topic,
+        "group": group,
     }
     with read_only(conn, timeout, q) as cur:
         return _page(cur.execute(q.web_in_flight, params).fetchall(), size)
@@ -382,8 +409,11 @@ def finished_badly(
     timeout: float = STATEMENT_TIMEOUT,
     q: Queries = Q,
     tag: str | None = None,
+    topic: str | None = None,
+    group: str | None = None,
 ) -> Page:
-    """Failed or dead jobs (state; carrying ``tag``, if given), newest first."""
+    """Failed or dead jobs (state; carrying ``tag``, of ``topic`` and ``group``, if
+    given), newest first."""
     if state not in ("failed", "dead"):
         raise ValueError(f"not a list of the status page: {state!r}")
     params = {
@@ -393,6 +423,8 @@ def finished_badly(
         "limit": size + 1,
         "error_chars": ERROR_CHARS,
         "tag": tag,
+        "topic": topic,
+        "group": group,
     }
     with read_only(conn, timeout, q) as cur:
         return _page(cur.execute(q.web_finished_badly, params).fetchall(), size)
@@ -454,6 +486,8 @@ def job(
         row["steps_total"] = int(found[0]["total"]) if found else 0
         wait = {"id": job_id, "key_chars": NAME_CHARS}
         row["event_wait"] = cur.execute(q.web_job_event_wait, wait).fetchone()
+        clock = cur.execute(q.web_now).fetchone()
+        row["now"] = clock["now"] if clock is not None else None  # the ages shown
         return row
 
 
@@ -472,3 +506,91 @@ def standing(
     (brooq.operator.replica): read before each page when a read target is set."""
     with read_only(conn, timeout, q) as cur:
         return replica.lag(cur.connection, q)
+
+
+# The charts' windows: (bucket seconds, buckets). The last bucket is the current one.
+WINDOWS = {"hour": (60, 60), "day": (900, 96)}
+# A chart source (the terminal rows of the window, the failed, the processing, the ready
+# ones) is read exactly up to CHART_CAP rows; beyond, every series is drawn from a
+# TABLESAMPLE SYSTEM sample of about CHART_SAMPLE_PAGES pages, its counts scaled up.
+CHART_CAP = 100_000
+CHART_SAMPLE_PAGES = 2_000
+CHART_SERIES = ("done", "dead", "failed", "run", "pickup", "backlog")
+
+
+def charts(
+    conn: psycopg.Connection[Any],
+    window: str = "hour",
+    queue: str | None = None,
+    topic: str | None = None,
+    timeout: float = STATEMENT_TIMEOUT,
+    q: Queries = Q,
+) -> Row:
+    """The charts' series over the last hour (60 one-minute buckets) or day (96 buckets
+    of 15 minutes), of the jobs of ``queue`` and ``topic`` (None: all): ``counts`` per
+    series (done, dead, failed attempts, backlog: a list of one figure per bucket, oldest
+    first) and ``percentiles`` (run, pickup: per bucket (p50, p95, p99) in seconds, or
+    None where no attempt was seen), with ``start`` (the first bucket's start), ``step``
+    (seconds), ``now`` and ``sampled`` (the sample's per cent of the table's pages, None
+    when every figure is exact). web_charts says what each series counts."""
+    step, buckets = WINDOWS[window]
+    params: dict[str, Any] = {
+        "step": step,
+        "buckets": buckets,
+        "queue": queue,
+        "topic": topic,
+        "cap": CHART_CAP,
+    }
+    sampled: float | None = None
+    with read_only(conn, timeout, q) as cur:
+        clock = cur.execute(q.web_now).fetchone()
+        assert clock is not None
+        rows = cur.execute(q.web_charts, params).fetchall()
+        cut = any(r["series"].startswith("rows:") and r["n"] > CHART_CAP for r in rows)
+        if cut:
+            table = cur.execute(q.web_table_pages).fetchone()
+            pages = int(table["pages"]) if table is not None else 0
+            sampled = min(100.0, 100.0 * CHART_SAMPLE_PAGES / max(pages, 1))
+            sample = {**params, "percent": sampled, "seed": SAMPLE_SEED}
+            rows = cur.execute(q.web_charts_sample, sample).fetchall()
+    scale = 100.0 / sampled if sampled else 1.0
+    counts: dict[str, list[float]] = {s: [0.0] * buckets for s in ("done", "dead", "failed")}
+    deltas = [0.0] * buckets
+    percentiles: dict[str, list[tuple[float, float, float] | None]] = {
+        s: [None] * buckets for s in ("run", "pickup")
+    }
+    seen: dict[str, list[int]] = {s: [0] * buckets for s in ("run", "pickup")}
+    for r in rows:
+        series, bucket = r["series"], r["bucket"]
+        if bucket is None or not 0 <= bucket < buckets:
+            continue
+        if series in counts:
+            counts[series][bucket] = float(r["n"]) * scale
+        elif series == "backlog":
+            deltas[bucket] = float(r["n"]) * scale
+        elif series in percentiles and r["p"]:
+            p50, p95, p99 = (float(x) for x in r["p"])
+            percentiles[series][bucket] = (p50, p95, p99)
+            seen[series][bucket] = int(r["n"])
+    backlog, level = [], 0.0
+    for delta in deltas:
+        level += delta
+        backlog.append(max(level, 0.0))
+    counts["backlog"] = backlog
+    start = clock["now"].fromtimestamp(
+        (int(clock["now"].timestamp()) // step - buckets + 1) * step, clock["now"].tzinfo
+    )
+    return {
+        "window": window,
+        "step": step,
+        "buckets": buckets,
+        "start": start,
+        "now": clock["now"],
+        "counts": {k: [round(v) for v in vals] for k, vals in counts.items()},
+        "percentiles": percentiles,
+        "attempts_seen": seen,
+        "sampled": sampled,
+        "cap": CHART_CAP,
+        "queue": queue,
+        "topic": topic,
+    }

@@ -35,6 +35,23 @@ pre{white-space:pre-wrap;word-break:break-word;margin:0;max-width:80em}
 nav.pages a{margin-right:1em}
 svg{background:#fff;border:1px solid #ddd}
 form.inline{display:inline;margin:0 .3em 0 0}
+header form{display:inline;float:right;margin:0}
+header input{width:22em}
+.charts{display:flex;flex-wrap:wrap;gap:1em}
+.charts figure{margin:0}
+figcaption{font-weight:600;margin:.2em 0}
+ol.timeline{list-style:none;padding:0;border-left:3px solid #457b9d;margin:.5em 0 1.5em .5em}
+ol.timeline li{padding:.2em 0 .6em 1em}
+ol.timeline li.bad{border-left:3px solid #c1121f;margin-left:-3px}
+ol.timeline li.good{border-left:3px solid #2a9d8f;margin-left:-3px}
+details{margin:.3em 0 1em}
+summary{cursor:pointer;color:#1d3557}
+dl.facts{display:grid;grid-template-columns:max-content auto;gap:.2em 1em;margin:.5em 0 1.5em}
+dl.facts dt{color:#666}
+dl.facts dd{margin:0}
+.state{font-weight:700}
+svg.dot{border:0;background:none;vertical-align:middle}
+form.filter label{margin-right:.6em}
 """.strip()
 
 PAYLOAD_CHARS = 256 * 1024  # of a payload or result on the job page
@@ -142,6 +159,93 @@ def bar_chart(
     )
 
 
+# The header's search: a job by its id (GET /find?id=..., answered by a redirect to the
+# job's page, or the not-found page).
+SEARCH = (
+    '<form class="search" method="get" action="/find" role="search">'
+    '<input type="search" name="id" maxlength="64" placeholder="job id" '
+    'aria-label="job id" required> <button type="submit">find job</button></form>'
+)
+
+# The colours of the states, on the job page's graph and its state line.
+STATE_COLORS = {
+    "waiting": "#8d99ae",
+    "scheduled": "#a8dadc",
+    "ready": "#457b9d",
+    "pending": "#457b9d",
+    "retrying": "#f4a261",
+    "failed": "#f4a261",
+    "parked": "#b5838d",
+    "processing": "#e9c46a",
+    "done": "#2a9d8f",
+    "dead": "#c1121f",
+    "canceled": "#6c757d",
+}
+
+
+def _figure(value: float) -> str:
+    if value >= 100 or float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:.2g}" if value < 1 else f"{value:.1f}"
+
+
+def line_chart(
+    series: Sequence[tuple[str, str, Sequence[float | None]]],
+    first_label: str,
+    last_label: str,
+    label: str,
+    unit: str = "",
+    width: int = 560,
+    height: int = 110,
+) -> str:
+    """An inline SVG line chart: one polyline per series (name, colour, one value per
+    bucket, None where there is none), a circle (class "pt", its figure in a <title>) at
+    each bucket with a value above 0, the peak on the axis, and a legend. Every value
+    is a number or None; names and labels are escaped."""
+    values = [v for _, _, vs in series for v in vs if v is not None]
+    top = max(values, default=0.0) or 1.0
+    n = max((len(vs) for _, _, vs in series), default=1)
+    step = width / max(n - 1, 1)
+    plot = height - 6
+    parts = []
+    for name, color, vs in series:
+        points = [
+            (round(i * step, 1), round(height - 3 - v / top * plot, 1), v)
+            for i, v in enumerate(vs)
+            if v is not None
+        ]
+        if not points:
+            continue
+        line = " ".join(f"{x},{y}" for x, y, _ in points)
+        parts.append(
+            f'<polyline points="{line}" fill="none" stroke="{e(color)}" stroke-width="1.5"/>'
+        )
+        for x, y, v in points:
+            if v > 0:
+                parts.append(
+                    f'<circle class="pt" cx="{x}" cy="{y}" r="2" fill="{e(color)}">'
+                    f"<title>{e(name)}: {e(_figure(v))}{e(unit)}</title></circle>"
+                )
+    legend = "".join(
+        f'<text x="{8 + 110 * i}" y="{height + 28}" font-size="11" fill="{e(color)}">'
+        f"■ {e(name)}</text>"
+        for i, (name, color, _) in enumerate(series)
+    )
+    total = height + 34
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 50}" height="{total}"'
+        f' viewBox="-4 -4 {width + 54} {total + 4}" role="img" aria-label="{e(label)}">'
+        f'<line x1="0" y1="{height - 3}" x2="{width}" y2="{height - 3}" stroke="#ccc"/>'
+        f"{''.join(parts)}"
+        f'<text x="{width + 4}" y="10" font-size="11" fill="#666">{e(_figure(top))}{e(unit)}'
+        "</text>"
+        f'<text x="{width + 4}" y="{height - 3}" font-size="11" fill="#666">0</text>'
+        f'<text x="0" y="{height + 12}" font-size="11" fill="#666">{e(first_label)}</text>'
+        f'<text x="{width}" y="{height + 12}" font-size="11" fill="#666"'
+        f' text-anchor="end">{e(last_label)}</text>{legend}</svg>'
+    )
+
+
 def button(action: str, label: str, csrf: str, back: str, hint: str = "") -> str:
     """A one-click action: a small POST form to an action's own endpoint (the page
     process's brooq.page.actions answers it, as for the forms of /actions), with
@@ -179,6 +283,7 @@ def read_only_notice(actions_enabled: bool, signed_in: bool = False) -> str:
 
 NAV = (
     ("/", "Overview"),
+    ("/charts", "Charts"),
     ("/in-flight", "In flight"),
     ("/failed", "Failed"),
     ("/dead", "Dead"),
@@ -200,7 +305,7 @@ def layout(
     HTML (built from e()'d values) shown under the title, before everything else (where
     the pages read, when it is a replica)."""
     meta = f'<meta http-equiv="refresh" content="{int(refresh)}">' if refresh else ""
-    nav = "".join(link(path, text) for path, text in NAV)
+    nav = "".join(link(path, text) for path, text in NAV) + SEARCH
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'

@@ -1,13 +1,16 @@
 """The status page's routes: a request's method and target in, a Response out.
 
-serve() validates what the client sent before any read: a job id must be a UUID (400
-otherwise), a page cursor must be one this module wrote (400), an unknown path is 404 and
-another method 405. A database that fails or is too slow (the statement timeout) is 503
-with a page saying which. Every response, errors included, carries
+serve() validates what the client sent before any read: a job page's id must be a UUID
+(the not-found page otherwise, as for an unknown job or path: 404, with the header's
+search and the ways on), a page cursor must be one this module wrote (400), a filter one
+short value (400), and another method 405. GET /find?id= (the header's search) and
+GET /list?state= (the lists' filter form) answer a 303 to the page asked for. A
+database that fails or is too slow (the statement timeout) is 503 with a page saying
+which. Every response, errors included, carries
 brooq.page.headers.security_headers().
 
 Owns: routing, the validation of ids and cursors in URLs, and the error pages; each
-page's HTML is brooq.page.views'.
+page's HTML is brooq.page.views', brooq.page.charts' or brooq.page.jobview's.
 Must never: write to the database, raise for anything a client sends, or let a value
 reach a page without brooq.page.render.e().
 """
@@ -25,12 +28,19 @@ import psycopg
 
 from brooq.job_options import TAG_FORM, TAG_PATTERN
 from brooq.page import reads
+from brooq.page.charts import charts_page
 from brooq.page.headers import security_headers
 from brooq.page.jobview import job_page
 from brooq.page.lines import replica_note
 from brooq.page.reads import Cursor
 from brooq.page.render import e, layout, link
-from brooq.page.views import finished_badly_page, fleet_page, in_flight_page, overview_page
+from brooq.page.views import (
+    LISTS,
+    finished_badly_page,
+    fleet_page,
+    in_flight_page,
+    overview_page,
+)
 from brooq.sql import Q, Queries
 
 log = logging.getLogger("brooq.pages")
@@ -61,9 +71,85 @@ def _answer(status: int, body: bytes) -> Response:
 def _error_page(
     status: HTTPStatus, message: str, actions_enabled: bool, note: str = ""
 ) -> Response:
-    title = f"{status.value} {status.phrase}"
-    body = f"<p>{e(message)}</p><p>{link('/', 'Back to the overview')}</p>"
+    """An error's page: the layout's header (its links and the job search) above the
+    message, then the ways on: the overview, the lists, the charts."""
+    title = "Not found" if status == HTTPStatus.NOT_FOUND else f"{status.value} {status.phrase}"
+    ways = "".join(
+        f"<li>{link(path, text)}</li>"
+        for path, text in (
+            ("/", "the overview: every queue and topic, counted"),
+            ("/in-flight", "in flight: the jobs being processed"),
+            ("/failed", "failed: the jobs waiting for a retry"),
+            ("/dead", "dead: the jobs given up on"),
+            ("/charts", "charts: throughput, failures, latency, backlog"),
+        )
+    )
+    body = (
+        f'<p id="error">{e(message)}</p>'
+        "<p>Look for a job by its id in the box above, or go on to:</p>"
+        f'<ul class="ways">{ways}</ul>'
+    )
     return _answer(status.value, layout(title, body, actions_enabled=actions_enabled, note=note))
+
+
+def _redirect(location: str) -> Response:
+    """A 303 to one of these pages (a path built here from checked values)."""
+    return Response(
+        HTTPStatus.SEE_OTHER.value,
+        b"",
+        [("Content-Type", "text/plain; charset=utf-8"), ("Location", location),
+         *security_headers()],
+    )  # fmt: skip
+
+
+MAX_NAME = 256  # a topic, queue or group given in a filter
+
+
+def _text(query: dict[str, list[str]], name: str, limit: int = MAX_NAME) -> str | None:
+    """A filter's text (``?topic=mail.send``): None when absent or empty, 400 when given
+    twice, too long, or holding a control character."""
+    values = query.get(name)
+    if not values or values == [""]:
+        return None
+    value = values[0].strip()
+    if len(values) > 1 or len(value) > limit or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise _ClientError(
+            HTTPStatus.BAD_REQUEST, f"a {name} is one value of at most {limit} characters"
+        )
+    return value or None
+
+
+def _filters(query: dict[str, list[str]]) -> dict[str, str | None]:
+    return {"topic": _text(query, "topic"), "group": _text(query, "group"), "tag": _tag(query)}
+
+
+def _find(query: dict[str, list[str]]) -> Response:
+    """The header's search: the job page of the id given (spaces around it and braces
+    or a urn:uuid: prefix allowed, as people paste them); a text that is no job id is
+    the not-found page, saying why."""
+    values = query.get("id") or [""]
+    text = values[0].strip()
+    try:
+        if len(values) > 1 or not 32 <= len(text) <= 45:
+            raise ValueError(text)
+        job_id = uuid.UUID(text)
+    except ValueError:
+        shown = text[:80] + ("…" if len(text) > 80 else "")
+        raise _ClientError(
+            HTTPStatus.NOT_FOUND, f"no job {shown!r}: a job id is a UUID, as the lists show it"
+        ) from None
+    return _redirect(f"/jobs/{job_id}")
+
+
+def _list(query: dict[str, list[str]]) -> Response:
+    """The lists' filter form: the browser is sent to the state's list with the other
+    filters (each checked first)."""
+    state = (query.get("state") or ["processing"])[0]
+    paths = dict(LISTS)
+    if state not in paths:
+        raise _ClientError(HTTPStatus.BAD_REQUEST, f"a list's state is one of {', '.join(paths)}")
+    given = _given(_filters(query))
+    return _redirect(paths[state] + (f"?{urlencode(given)}" if given else ""))
 
 
 def _cursor(query: dict[str, list[str]]) -> Cursor | None:
@@ -89,13 +175,16 @@ def _tag(query: dict[str, list[str]]) -> str | None:
     return values[0]
 
 
-def _job_id(text: str) -> uuid.UUID:
+def _job_id(text: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> uuid.UUID:
     # Only the canonical 36-character form: what the pages link to and the CLI prints.
     try:
         if len(text) != 36:
             raise ValueError(text)
         return uuid.UUID(text)
     except ValueError:
+        if status == HTTPStatus.NOT_FOUND:  # a job page's address: nothing there
+            shown = text[:80] + ("…" if len(text) > 80 else "")
+            raise _ClientError(status, f"no job {shown!r}: a job id is a UUID") from None
         raise _ClientError(HTTPStatus.BAD_REQUEST, "a job id is a UUID") from None
 
 
@@ -145,32 +234,58 @@ def serve(
             )
         if not actions_enabled:
             csrf = None
-        # This page, for the buttons to come back to (its cursor and tag are checked below).
-        after, tag = query.get("after"), _tag(query)
-        kept = {"after": after[0] if after else None, "tag": tag}
+        if segments == ["find"]:
+            return _find(query)
+        if segments == ["list"]:
+            return _list(query)
+        # This page, for the buttons to come back to (its cursor and filters are checked
+        # below).
+        after, filters = query.get("after"), _filters(query)
+        kept = {"after": after[0] if after else None, **filters}
         here = path + (f"?{urlencode(given)}" if (given := _given(kept)) else "")
+        known = not segments or segments in (["in-flight"], ["fleet"], ["failed"], ["dead"],
+                                             ["charts"])  # fmt: skip
+        if not known and not (len(segments) == 2 and segments[0] == "jobs"):
+            raise _ClientError(HTTPStatus.NOT_FOUND, f"nothing here at {path[:200]!r}")
         # Read before the page: its figures are at least as recent as the lag it shows.
         note = replica_note(reads.standing(conn, timeout, q)) if replica else ""
         if not segments:
             body = overview_page(conn, actions_enabled, timeout, csrf, q, note)
         elif segments == ["in-flight"]:
-            page = reads.in_flight(conn, _cursor(query), timeout=timeout, q=q, tag=tag)
-            body = in_flight_page(page, actions_enabled, csrf, here, note, tag)
+            page = reads.in_flight(
+                conn, _cursor(query), timeout=timeout, q=q, tag=filters["tag"],
+                topic=filters["topic"], group=filters["group"],
+            )  # fmt: skip
+            body = in_flight_page(page, actions_enabled, csrf, here, note, filters=filters)
         elif segments == ["fleet"]:
             masters = reads.fleet(conn, timeout=timeout, q=q)
             body = fleet_page(masters, actions_enabled, csrf is not None, note)
+        elif segments == ["charts"]:
+            window = (query.get("window") or ["hour"])[0]
+            if window not in reads.WINDOWS:
+                raise _ClientError(HTTPStatus.BAD_REQUEST, "a window is hour or day")
+            queue, topic = _text(query, "queue"), _text(query, "topic")
+            data = reads.charts(conn, window, queue, topic, timeout=timeout, q=q)
+            body = charts_page(data, actions_enabled, csrf is not None, note)
         elif len(segments) == 1 and segments[0] in ("failed", "dead"):
             state = segments[0]
-            page = reads.finished_badly(conn, state, _cursor(query), timeout=timeout, q=q, tag=tag)
-            body = finished_badly_page(state, page, actions_enabled, csrf, here, note, tag)
-        elif len(segments) == 2 and segments[0] == "jobs":
-            job_id = _job_id(segments[1])
+            cursor = _cursor(query)
+            page = reads.finished_badly(
+                conn, state, cursor, timeout=timeout, q=q, tag=filters["tag"],
+                topic=filters["topic"], group=filters["group"],
+            )  # fmt: skip
+            body = finished_badly_page(
+                state, page, actions_enabled, csrf, here, note, filters=filters
+            )
+        else:
+            job_id = _job_id(segments[1], HTTPStatus.NOT_FOUND)
             row = reads.job(conn, job_id, timeout=timeout, q=q)
             if row is None:
-                raise _ClientError(HTTPStatus.NOT_FOUND, f"no job {job_id}")
+                raise _ClientError(
+                    HTTPStatus.NOT_FOUND,
+                    f"no job {job_id}: it never was, or retention has deleted it",
+                )
             body = job_page(row, actions_enabled, csrf, note)
-        else:
-            raise _ClientError(HTTPStatus.NOT_FOUND, "no such page")
         return _answer(HTTPStatus.OK.value, body)
     except _ClientError as err:
         response = _error_page(err.status, err.message, actions_enabled, note)

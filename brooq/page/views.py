@@ -17,7 +17,7 @@ import psycopg
 from brooq.ipc import progress
 from brooq.job_options import TAG_FORM, TAG_PATTERN
 from brooq.operator.masters import MISSED_BEATS, MasterRow, handled, no_handler
-from brooq.page import reads
+from brooq.page import charts, reads
 from brooq.page.lines import LIMITS_NOTE, fleet_line, limits_cell, snapshot_line
 from brooq.page.reads import Page, Row
 from brooq.page.render import (
@@ -34,6 +34,17 @@ from brooq.page.render import (
 )
 from brooq.sql import Q, Queries
 
+# The overview's counts, in the order every surface shows them
+# (docs/explanation/guarantees.md).
+COUNTS = ("waiting", "scheduled", "ready", "held", "retrying", "parked", "processing", "dead")
+COUNTS_NOTE = (
+    '<p class="muted">waiting: for the jobs named in their <code>after</code>; scheduled: '
+    "due later; ready: due now, a worker may claim them; held: part of ready, held back "
+    "now by a limit of their topic; retrying: failed, waiting out their backoff; parked: "
+    "a durable handler's jobs sleeping or waiting for an event or their child jobs; "
+    "processing: held by a worker under a lease; dead: given up on. Each unfinished job "
+    "is in exactly one of them (held is part of ready).</p>"
+)
 CANCEL_RUNNING = "cancel: its handler is interrupted at once (LeaseLost)"
 REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
 NO_HANDLER = (
@@ -62,6 +73,7 @@ def overview_page(
     note: str = "",
 ) -> bytes:
     data = reads.overview(conn, timeout, q)
+    hour = reads.charts(conn, "hour", timeout=timeout, q=q)
     paused = {row["name"] for row in data["paused"]}
     live = handled(data["masters"])
     limits = data["limits"]
@@ -84,28 +96,30 @@ def overview_page(
         topic_limits = limits.get(g["topic"])
         if topic_limits is not None and topic_limits.held_by and g["ready"]:
             oldest = f"held back ({topic_limits.held_by})"  # waiting its turn, not stuck
+        held = (
+            '<span class="muted" title="some groups of this topic are held back">some</span>'
+            if g["held"] is None
+            else figure("held")
+        )
         rows.append(
             (
                 queue,
                 e(g["topic"]),
-                figure("ready"),
-                figure("scheduled"),
-                figure("processing"),
-                figure("failed"),
-                figure("dead"),
-                figure("waiting"),
-                figure("parked"),
+                *(figure(count) for count in ("waiting", "scheduled", "ready")),
+                held,
+                *(figure(count) for count in ("retrying", "parked", "processing", "dead")),
                 e(oldest),
                 limits_cell(topic_limits),
                 NO_HANDLER if no_handler(name, g["topic"], g["ready"], live) else "",
+                link("/charts", "charts", queue=name, topic=g["topic"]),
             )
         )
-    headers = ("queue", "topic", "ready", "scheduled", "processing", "failed", "dead",
-               "waiting", "parked", "oldest ready", "limits", "")  # fmt: skip
+    headers = ("queue", "topic", *COUNTS, "oldest ready", "limits", "", "")
     parts = [
         fleet_line(data["masters"]),
         snapshot_line(data["oldest_snapshot"], data.get("snapshots_unseen", False)),
-        table(headers, rows, numeric={2, 3, 4, 5, 6, 7, 8, 9}),
+        table(headers, rows, numeric=set(range(2, 11))),
+        COUNTS_NOTE,
     ]
     if limits:
         parts.append(LIMITS_NOTE)
@@ -114,6 +128,13 @@ def overview_page(
     if data["estimate"] is not None:
         parts.append(estimate_note(data["estimate"]))
     parts.append(f"<h2>Done per minute, last hour</h2>{done_chart(data)}")
+    if hour is not None:
+        parts.append(
+            "<h2>Last hour</h2>"
+            + charts.figures(hour, ("failures", "backlog", "pickup"))
+            + f"<p>{link('/charts', 'Every chart, per queue and topic, over the hour or the day')}"
+            "</p>"
+        )
     parts.append("<h2>Paused queues</h2>")
 
     def resume(name: str) -> str:
@@ -226,23 +247,51 @@ def done_chart(data: Row) -> str:
     return f'{chart}<p class="muted">{_n(total)} done in the last hour</p>'
 
 
-def _pages(path: str, page: Page, tag: str | None = None) -> str:
-    links = [link(path, "first page", tag=tag)]
+# A list's filters (brooq.page.routes checks them): topic, group and tag; None: any.
+Filters = dict[str, "str | None"]
+# The lists a filter form goes to by state (GET /list?state=... answers a redirect).
+LISTS = (("processing", "/in-flight"), ("failed", "/failed"), ("dead", "/dead"))
+
+
+def _pages(path: str, page: Page, filters: Filters | None = None) -> str:
+    given = dict(filters or {})
+    links = [link(path, "first page", **given)]
     if page.next is not None:
-        links.append(link(path, "next page", after=reads.encode_cursor(page.next), tag=tag))
+        links.append(link(path, "next page", after=reads.encode_cursor(page.next), **given))
     return f'<nav class="pages">{"".join(links)}</nav>'
 
 
-def tag_filter(path: str, tag: str | None) -> str:
-    """The lists' filter by tag: a GET form (no script), and a link back to every job."""
-    value = f' value="{e(tag)}"' if tag else ""
-    clear = f" {link(path, 'every job')}" if tag else ""
+def list_filter(path: str, filters: Filters | None = None) -> str:
+    """The lists' filters: state (which list), topic, group and tag, a GET form (no
+    script) to /list, which sends the browser to the state's list with the others; and
+    a link back to every job of this list."""
+    filters = filters or {}
+    options = "".join(
+        f'<option value="{e(state)}"{" selected" if target == path else ""}>{e(state)}</option>'
+        for state, target in LISTS
+    )
+
+    def field(name: str, size: int, extra: str = "") -> str:
+        value = filters.get(name)
+        shown = f' value="{e(value)}"' if value else ""
+        return (
+            f'<label>{e(name)} <input type="text" name="{e(name)}"{shown} '
+            f'maxlength="{size}"{extra}></label>'
+        )
+
+    tag_rule = f' pattern="{e(TAG_PATTERN.pattern)}" title="{e(TAG_FORM)}"'
+    clear = f" {link(path, 'every job')}" if any(filters.values()) else ""
     return (
-        f'<form class="filter" method="get" action="{e(path)}">'
-        f'<label>tag <input type="text" name="tag"{value} maxlength="64" '
-        f'pattern="{e(TAG_PATTERN.pattern)}" title="{e(TAG_FORM)}"></label> '
+        '<form class="filter" method="get" action="/list">'
+        f'<label>state <select name="state">{options}</select></label>'
+        f"{field('topic', 128)}{field('group', 256)}{field('tag', 64, tag_rule)}"
         f'<button type="submit">filter</button>{clear}</form>'
     )
+
+
+def tag_filter(path: str, tag: str | None) -> str:
+    """The filter form with only a tag given (kept for callers of the tag filter)."""
+    return list_filter(path, {"tag": tag})
 
 
 def _tags(tags: list[str]) -> str:
@@ -271,7 +320,9 @@ def in_flight_page(
     here: str = "/in-flight",
     note: str = "",
     tag: str | None = None,
+    filters: Filters | None = None,
 ) -> bytes:
+    filters = filters if filters is not None else {"tag": tag}
     rows = []
     for r in page.rows:
         host, pid = holder(r["locked_by"])
@@ -306,9 +357,9 @@ def in_flight_page(
     )
     body = (
         stack_note
-        + tag_filter("/in-flight", tag)
+        + list_filter("/in-flight", filters)
         + table(headers, rows, numeric={3, 4, 6, 7})
-        + _pages("/in-flight", page, tag)
+        + _pages("/in-flight", page, filters)
     )
     return layout(
         "In flight",
@@ -339,7 +390,9 @@ def finished_badly_page(
     here: str = "",
     note: str = "",
     tag: str | None = None,
+    filters: Filters | None = None,
 ) -> bytes:
+    filters = filters if filters is not None else {"tag": tag}
     here = here or f"/{state}"
     rows = []
     for r in page.rows:
@@ -367,9 +420,9 @@ def finished_badly_page(
         headers[5] = ""
     title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
     body = (
-        tag_filter(f"/{state}", tag)
+        list_filter(f"/{state}", filters)
         + table(headers, rows, numeric={3, 7})
-        + _pages(f"/{state}", page, tag)
+        + _pages(f"/{state}", page, filters)
     )
     return layout(
         title, body, actions_enabled=actions_enabled, signed_in=csrf is not None, note=note

@@ -158,7 +158,7 @@ ORDER BY 1
 -- an OR, so the row comparison stays an index condition. limit is the page size plus one
 -- (is there a next page?).
 -- `tag`: only the jobs carrying it (NULL: every job), a filter on the rows read in the
--- keyset's order.
+-- keyset's order; `topic` and `group` (job.group_key) the same.
 SELECT id, topic, queue, attempts, locked_by, updated_at,
        extract(epoch FROM now() - updated_at)::float8 AS running_for,
        extract(epoch FROM locked_until - now())::float8 AS lease_left,
@@ -167,6 +167,8 @@ FROM {job}
 WHERE state = 'processing'
   AND (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
   AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+  AND (%(group)s::text IS NULL OR group_key = %(group)s::text)
 ORDER BY updated_at, id
 LIMIT %(limit)s
 
@@ -175,7 +177,7 @@ LIMIT %(limit)s
 -- (after_at, after_id); the first page from a cursor after every row ('infinity', the
 -- max UUID). Through job_failed_dead_idx (migration 0008), (state, updated_at DESC, id
 -- DESC): a page reads its 51 entries wherever the cursor is. The last error is cut to `error_chars` characters here, so a page never
--- carries megabytes of tracebacks. `tag`: as in web_in_flight (a page then reads the
+-- carries megabytes of tracebacks. `tag`, `topic`, `group`: as in web_in_flight (a page then reads the
 -- state's entries until 51 carry the tag: docs/status-page.md has the cost).
 SELECT id, topic, queue, state, attempts, updated_at, available_at,
        left(last_error, %(error_chars)s) AS last_error,
@@ -186,6 +188,8 @@ FROM {job}
 WHERE state = %(state)s::text
   AND (updated_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
   AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+  AND (%(group)s::text IS NULL OR group_key = %(group)s::text)
 ORDER BY updated_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -283,3 +287,140 @@ FROM {brooq_job_step} AS s JOIN {job} AS c ON c.id = (s.result #>> '{}')::uuid
 WHERE s.job_id = %(id)s AND s.name LIKE '\_\_spawn:%%'
 ORDER BY s.created_at, c.id
 LIMIT %(limit)s
+
+-- template: web_charts
+-- variant: web_charts
+-- variant: web_charts_sample: sample
+-- The charts of the status page (docs/status-page.md, "Charts"): per bucket of `step`
+-- seconds, the last `buckets` of them (the last one the current, partial, bucket), of
+-- the jobs of `queue` and `topic` (NULL: every one), one row per series and bucket:
+--   done, dead: jobs that ended so (updated_at is when a terminal row was written);
+--   failed: failed attempts, the entries of job.errors whose `at` falls in the bucket
+--     (a dead job's last attempt included; each job keeps its last 20 entries);
+--   run: the run time of those attempts whose entry carries `started_at` (p = its
+--     50th, 95th and 99th percentiles, in seconds);
+--   pickup: due to claim of the jobs being processed now (claimed in the bucket:
+--     updated_at is the claim while a job is processing), percentiles as run's;
+--   backlog: +1 in the bucket a job became ready (available_at, or the window's
+--     start), -1 in the bucket it left (the claim of a job processing now, the end of
+--     a done or canceled one: its claim time is not kept, so its run counts as ready,
+--     an upper bound); the page adds them up from the window's start.
+--   rows:<part>: the rows each source read, for the page to see a source cut short.
+-- The exact variant reads four sources, each through its index and each at most
+-- `cap` + 1 rows before the queue and topic are compared (so a filter never makes a
+-- source read more): the terminal rows written since the window's start
+-- (job_terminal_updated_idx), the failed ones (job_failed_dead_idx), the processing ones
+-- (job_processing_lease_idx) and the ready ones (job_ready_queue_idx). A source cut
+-- short: the page asks _sample instead, the same figures from `percent` per cent of the
+-- table's pages (TABLESAMPLE SYSTEM), counts scaled up by the page.
+WITH w AS MATERIALIZED (
+    SELECT (floor(extract(epoch FROM now()) / %(step)s) - %(buckets)s + 1) * %(step)s AS e0
+), ws AS MATERIALIZED (
+    SELECT to_timestamp(e0) AS start FROM w
+), src AS (
+--#if sample
+    SELECT 'sample' AS part, r.state, r.available_at, r.updated_at, r.errors,
+           r.state IN ('done', 'dead', 'canceled')
+               AND r.updated_at >= (SELECT start FROM ws) AS ended,
+           (r.state IN ('done', 'dead', 'canceled', 'failed')
+               AND r.updated_at >= (SELECT start FROM ws)) OR r.state = 'processing' AS tried,
+           r.state = 'processing' AS processing,
+           r.state IN ('pending', 'failed') AND r.available_at <= now() AS ready,
+           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
+               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text) AS mine
+    FROM {job} AS r TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
+    WHERE r.state <> 'waiting'
+--#else
+    SELECT 'ended' AS part, r.state, r.available_at, r.updated_at, r.errors, true AS ended,
+           true AS tried, false AS processing, false AS ready,
+           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
+               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text) AS mine
+    FROM (SELECT state, available_at, updated_at, errors, queue, topic FROM {job}
+          WHERE state IN ('done', 'dead', 'canceled') AND updated_at >= (SELECT start FROM ws)
+          LIMIT %(cap)s + 1) AS r
+    UNION ALL
+    SELECT 'failed', r.state, r.available_at, r.updated_at, r.errors, false, true, false,
+           false,
+           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
+               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
+    FROM (SELECT state, available_at, updated_at, errors, queue, topic FROM {job}
+          WHERE state = 'failed' AND updated_at >= (SELECT start FROM ws)
+          LIMIT %(cap)s + 1) AS r
+    UNION ALL
+    SELECT 'processing', r.state, r.available_at, r.updated_at, r.errors, false, true, true,
+           false,
+           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
+               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
+    FROM (SELECT state, available_at, updated_at, errors, queue, topic FROM {job}
+          WHERE state = 'processing' LIMIT %(cap)s + 1) AS r
+    UNION ALL
+    SELECT 'ready', r.state, r.available_at, r.updated_at, NULL, false, false, false, true,
+           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
+               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
+    FROM (SELECT state, available_at, updated_at, queue, topic FROM {job}
+          WHERE state IN ('pending', 'failed') AND available_at <= now()
+          LIMIT %(cap)s + 1) AS r
+--#end
+), attempts AS (
+    -- An entry's times as brooq writes them (jsonb_build_object of a timestamptz); any
+    -- other text is left out, never an error.
+    SELECT t.at, t.started
+    FROM src,
+         LATERAL jsonb_array_elements(
+             CASE WHEN jsonb_typeof(src.errors) = 'array' THEN src.errors ELSE '[]' END
+         ) AS x(entry),
+         LATERAL (SELECT
+             CASE WHEN x.entry->>'at' ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d(:\d\d)?|Z)$'
+                  THEN (x.entry->>'at')::timestamptz END AS at,
+             CASE WHEN x.entry->>'started_at' ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d(:\d\d)?|Z)$'
+                  THEN (x.entry->>'started_at')::timestamptz END AS started) AS t
+    WHERE src.mine AND src.tried AND jsonb_typeof(x.entry) = 'object'
+      AND t.at >= (SELECT start FROM ws) AND t.at <= now()
+), spans AS (
+    -- Each ready span: from `s` to `e` (NULL: ready now); dead rows are left out (their
+    -- available_at is the retry they did not get).
+    SELECT greatest(available_at, (SELECT start FROM ws)) AS s,
+           CASE WHEN ready THEN NULL ELSE updated_at END AS e
+    FROM src
+    WHERE mine AND available_at <= now()
+      AND (ready OR processing OR (ended AND state IN ('done', 'canceled')))
+      AND (ready OR (updated_at > available_at AND updated_at >= (SELECT start FROM ws)))
+)
+SELECT 'done' AS series,
+       floor((extract(epoch FROM updated_at) - (SELECT e0 FROM w)) / %(step)s)::int AS bucket,
+       count(*)::float8 AS n, NULL::float8[] AS p
+FROM src WHERE mine AND ended AND state = 'done' GROUP BY 2
+UNION ALL
+SELECT 'dead', floor((extract(epoch FROM updated_at) - (SELECT e0 FROM w)) / %(step)s)::int,
+       count(*), NULL
+FROM src WHERE mine AND ended AND state = 'dead' GROUP BY 2
+UNION ALL
+SELECT 'failed', floor((extract(epoch FROM at) - (SELECT e0 FROM w)) / %(step)s)::int,
+       count(*), NULL
+FROM attempts GROUP BY 2
+UNION ALL
+SELECT 'run', floor((extract(epoch FROM at) - (SELECT e0 FROM w)) / %(step)s)::int, count(*),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[])
+           WITHIN GROUP (ORDER BY extract(epoch FROM at - started))
+FROM attempts WHERE started IS NOT NULL AND started <= at GROUP BY 2
+UNION ALL
+SELECT 'pickup', floor((extract(epoch FROM updated_at) - (SELECT e0 FROM w)) / %(step)s)::int,
+       count(*),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[])
+           WITHIN GROUP (ORDER BY greatest(extract(epoch FROM updated_at - available_at), 0))
+FROM src
+WHERE mine AND processing AND updated_at >= (SELECT start FROM ws)
+GROUP BY 2
+UNION ALL
+SELECT 'backlog', d.bucket, sum(d.delta), NULL
+FROM (
+    SELECT floor((extract(epoch FROM s) - (SELECT e0 FROM w)) / %(step)s)::int AS bucket,
+           1 AS delta
+    FROM spans
+    UNION ALL
+    SELECT floor((extract(epoch FROM e) - (SELECT e0 FROM w)) / %(step)s)::int, -1
+    FROM spans WHERE e IS NOT NULL
+) AS d
+GROUP BY d.bucket
+UNION ALL
+SELECT 'rows:' || part, NULL, count(*), NULL FROM src GROUP BY part

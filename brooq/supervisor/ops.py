@@ -6,7 +6,8 @@ endpoints to cancel or retry a job. Binds 127.0.0.1 by default.
     GET  /metrics                   the whole fleet, Prometheus text format
     POST /admin/jobs/<id>/cancel    bearer token required (wrong ones budgeted:
     POST /admin/jobs/<id>/retry     brooq.opsport.budget, 429 with Retry-After past it)
-    GET  /, /in-flight, /failed, /dead, /jobs/<id>; POST /jobs/<id>/stack
+    GET  /, /in-flight, /failed, /dead, /charts, /jobs/<id>, /find, any other GET
+         (the pages' not-found page); POST /jobs/<id>/stack
     GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
          /queues/<name>/{pause,resume}, /bulk/{retry,cancel}
                                     the status page, answered by the page
@@ -98,9 +99,16 @@ class _Conn:
     peer: str = ""  # the client's address (the wrong tokens' budget counts by it)
 
 
+# What the master answers itself on GET; any other GET or HEAD goes to the page process,
+# whose not-found page has the pages' header, search and links (a wrong address included).
+_OWN = re.compile(r"^/(healthz|readyz|metrics)(\?.*)?$")
+
+
 def is_page(request: Request) -> bool:
     """A request the page process answers (brooq.page; handed by brooq.supervisor.pagekeeper)."""
-    return request.method in ("GET", "HEAD", "POST") and bool(_PAGE.match(request.path))
+    if request.method in ("GET", "HEAD"):
+        return not _OWN.match(request.path) and not request.path.startswith("/admin/")
+    return request.method == "POST" and bool(_PAGE.match(request.path))
 
 
 def _json(status: int, payload: dict[str, Any], extra: Collection[tuple[str, str]] = ()) -> bytes:

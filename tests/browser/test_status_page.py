@@ -10,6 +10,7 @@ shows were taken so (docs/status-page.md).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -189,3 +190,180 @@ def test_filtering_a_list_by_tag_and_coming_back_to_it_after_a_retry(
         lambda: browser.current_url == f"{url}/dead?tag=tenant%3A42",
         what="back on the filtered list",
     )
+
+
+SHOTS = os.environ.get("BROOQ_SCREENSHOTS")  # a folder: the docs' screenshots, taken again
+
+
+def shot(browser: Any, tmp_path: Path, name: str) -> None:
+    """The page as shown, to the test's folder and, with BROOQ_SCREENSHOTS set, to that
+    folder (docs/screenshots: docs/status-page.md says how they are made)."""
+    browser.save_screenshot(str(tmp_path / name))
+    if SHOTS:
+        browser.save_screenshot(str(Path(SHOTS) / name))
+
+
+def seed_history(db: Any) -> dict[str, Any]:
+    """An hour of work as the table keeps it: done jobs every few seconds, failures with
+    their tracebacks, a growing backlog, jobs being processed, and a dead job in a graph
+    (a done job upstream, a waiting one downstream)."""
+    db.execute(
+        "INSERT INTO job (topic, queue, state, attempts, available_at, updated_at, created_at) "
+        "SELECT CASE WHEN g % 3 = 0 THEN 'img.resize' ELSE 'mail.send' END, 'default', 'done', "
+        "       1, t - make_interval(secs => 1 + (g % 7) * (1 + (g % 60 < 20)::int * 4)), t, "
+        "       t - interval '20 seconds' "
+        "FROM (SELECT g, now() - make_interval(secs => g) AS t "
+        "      FROM generate_series(5, 3600, 3) g) AS s "
+        "WHERE g % 900 > 60 * (g / 900)"
+    )
+    db.execute(
+        "INSERT INTO job (topic, queue, state, attempts, available_at, updated_at, errors, "
+        "                 last_error) "
+        "SELECT 'img.resize', 'default', CASE WHEN g % 4 = 0 THEN 'dead' ELSE 'done' END, 2, "
+        "       now() - make_interval(secs => g * 60 + 30), now() - make_interval(secs => g * 60), "
+        "       jsonb_build_array(jsonb_build_object('attempt', 1, "
+        "           'at', now() - make_interval(secs => g * 60 + 10), "
+        "           'started_at', now() - make_interval(secs => g * 60 + 10 + (g % 5) * 2 + 1), "
+        "           'worker', 'web-1:4242:a', 'error', 'TimeoutError: upstream took too long', "
+        "           'kind', 'raised', 'traceback', 'Traceback (most recent call last):\n  ...')), "
+        "       'TimeoutError: upstream took too long' "
+        "FROM generate_series(1, 55, 2) g"
+    )
+    db.execute(
+        "INSERT INTO job (topic, queue, state, available_at) "
+        "SELECT 'report.build', 'default', 'pending', now() - make_interval(secs => g * 20) "
+        "FROM generate_series(1, 90) g"
+    )
+    db.execute(
+        "INSERT INTO job (topic, queue, state, attempts, available_at, updated_at, locked_by, "
+        "                 locked_until, progress, progress_message) "
+        "SELECT 'report.build', 'default', 'processing', 1, "
+        "       now() - make_interval(secs => 20 + g * 9), now() - make_interval(secs => g * 5), "
+        "       'web-1:' || (4240 + g) || ':a', now() + interval '1 hour', g / 4.0, 'rendering' "
+        "FROM generate_series(1, 3) g"
+    )
+    up, dead, down = (
+        "0190a4f2-7c1e-7000-8000-00000000000a",
+        "0190a4f2-7c1e-7000-8000-00000000000b",
+        "0190a4f2-7c1e-7000-8000-00000000000c",
+    )
+    entries = [
+        {
+            "attempt": n,
+            "at": f"2026-12-04T10:0{n}:05.5+00:00",
+            "started_at": f"2026-12-04T10:0{n}:01.25+00:00",
+            "worker": f"web-{n}:{4240 + n}:a",
+            "error": "ConnectionError: the image store refused <b>the upload</b>",
+            "kind": "raised" if n < 3 else "timeout",
+            "traceback": "Traceback (most recent call last):\n"
+            '  File "app/images.py", line 42, in resize\n'
+            "    store.put(key, data)\n"
+            f"ConnectionError: the image store refused <b>the upload</b> ({n})",
+        }
+        for n in (1, 2, 3)
+    ]
+    db.execute(
+        "INSERT INTO job (id, topic, queue, state, attempts, payload, tags, group_key, "
+        "                 priority, updated_at, errors, last_error) VALUES "
+        "(%s, 'img.fetch', 'default', 'done', 1, '{}', NULL, NULL, 0, now(), NULL, NULL), "
+        "(%s, 'img.resize', 'default', 'dead', 3, %s, ARRAY['tenant:42', 'eu'], 'tenant-42', "
+        " 5, now() - interval '3 minutes', %s, 'ConnectionError: the image store refused'), "
+        "(%s, 'img.publish', 'default', 'waiting', 0, '{}', NULL, NULL, 0, now(), NULL, NULL)",
+        (
+            up,
+            dead,
+            json.dumps({"image": "cat.png", "sizes": [64, 128, 512], "note": "<i>hi</i>"}),
+            json.dumps(entries),
+            down,
+        ),
+    )
+    db.execute("UPDATE job SET upstream_open = 1 WHERE id = %s", (down,))
+    db.execute(
+        "INSERT INTO brooq_job_edge (upstream_id, downstream_id, position) "
+        "VALUES (%s, %s, 1), (%s, %s, 1)",
+        (up, dead, dead, down),
+    )
+    db.commit()
+    return {"up": up, "dead": dead, "down": down}
+
+
+def test_charts_the_job_page_the_search_and_the_not_found_page_in_a_browser(
+    queue: brooq.Queue, db: Any, start_master: StartMaster, browser: Any, tmp_path: Path
+) -> None:
+    m = start_master(workers=1, app="brooq_opsslow:queue")
+    m.wait_ready(1)
+    url = base_url(m)
+    ids = seed_history(db)
+    browser.set_window_size(1280, 1000)
+    # The overview: the counts in their order, the last hour's charts with points.
+    browser.get(url + "/")
+    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "main table th")]
+    counts = ["waiting", "scheduled", "ready", "held", "retrying", "parked", "processing",
+              "dead"]  # fmt: skip
+    assert [h.lower() for h in headers[2:10]] == counts, headers
+    for name in ("failures", "backlog", "pickup"):
+        points = browser.find_elements(By.CSS_SELECTOR, f"#chart-{name} svg circle.pt")
+        assert points, name
+    assert not browser.find_elements(By.TAG_NAME, "script")
+    shot(browser, tmp_path, "status-overview.png")
+    # The charts page, per topic, over the hour and the day.
+    browser.get(url + "/charts?topic=img.resize")
+    for name in ("throughput", "failures", "run"):
+        svg = browser.find_element(By.CSS_SELECTOR, f"#chart-{name} svg")
+        assert svg.is_displayed() and svg.find_elements(By.CSS_SELECTOR, "circle.pt"), name
+    browser.get(url + "/charts")
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-backlog circle.pt")
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-pickup circle.pt")
+    shot(browser, tmp_path, "status-charts.png")
+    browser.find_element(By.CSS_SELECTOR, "select[name='window'] option[value='day']").click()
+    browser.find_element(By.CSS_SELECTOR, "form.filter button").click()
+    wait_for(lambda: "window=day" in browser.current_url, what="the day's charts")
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-throughput circle.pt")
+    # The search box in the header finds the dead job.
+    field = browser.find_element(By.CSS_SELECTOR, "header input[name='id']")
+    field.send_keys(f"  {ids['dead']} ")
+    browser.find_element(By.CSS_SELECTOR, "header form button").click()
+    wait_for(lambda: browser.current_url == f"{url}/jobs/{ids['dead']}", what="the job page")
+    # Its standing, its attempts as a timeline, each traceback a click away.
+    browser.set_window_size(1280, 1500)
+    standing = browser.find_element(By.ID, "standing").text
+    assert standing.startswith("dead: given up at ") and "after 3 attempt(s)" in standing
+    attempts = browser.find_elements(By.CSS_SELECTOR, "ol.timeline li")
+    assert len(attempts) == 3
+    assert "attempt 1: raised" in attempts[0].text and "after 4s" in attempts[0].text
+    assert (
+        "attempt 3: dead" in attempts[2].text and "host web-3, child pid 4243" in attempts[2].text
+    )
+    trace = attempts[0].find_element(By.CSS_SELECTOR, "details.traceback pre")
+    assert not trace.is_displayed()
+    attempts[0].find_element(By.CSS_SELECTOR, "details.traceback summary").click()
+    wait_for(trace.is_displayed, what="the traceback shown")
+    assert 'File "app/images.py", line 42' in trace.text
+    assert "<b>the upload</b>" in trace.text  # markup shown as text
+    assert not browser.find_elements(By.CSS_SELECTOR, "main b")
+    # The graph: both neighbours drawn, each a link to its page.
+    nodes = browser.find_elements(By.CSS_SELECTOR, "svg#graph a.node")
+    assert len(nodes) == 2
+    # Every field of the row, behind its toggle.
+    raw = browser.find_element(By.CSS_SELECTOR, "details.raw table")
+    assert not raw.is_displayed()
+    shot(browser, tmp_path, "status-job.png")
+    browser.find_element(By.CSS_SELECTOR, "details.raw summary").click()
+    wait_for(raw.is_displayed, what="the raw fields shown")
+    assert "group_key" in raw.text and "tenant-42" in raw.text
+    browser.execute_script("arguments[0].scrollIntoView()", nodes[0])
+    nodes[0].click()
+    wait_for(lambda: browser.current_url == f"{url}/jobs/{ids['up']}", what="the upstream job")
+    assert browser.find_element(By.ID, "standing").text.startswith("done")
+    # A wrong address and an unknown id: the not-found page, with the way on.
+    browser.set_window_size(1280, 1000)
+    for target in ("/nowhere/at/all", "/jobs/0190a4f2-7c1e-7000-8000-0000000000ff"):
+        browser.get(url + target)
+        assert browser.title.startswith("Not found"), target
+        assert browser.find_element(By.CSS_SELECTOR, "header input[name='id']")
+        links = {a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, "a")}
+        for path in ("/", "/in-flight", "/failed", "/dead", "/charts", "/fleet"):
+            assert f"{url}{path}" in links, (target, path)
+    shot(browser, tmp_path, "status-not-found.png")
+    browser.get(url + "/find?id=not-a-job")
+    assert browser.title.startswith("Not found") and "not-a-job" in browser.page_source

@@ -169,7 +169,8 @@ def test_the_job_page(db: Conn) -> None:
                    "last_error", "idempotency_key", "created_at", "updated_at", "queue",
                    "priority", "lease_expiries", "result", "waited"]:  # fmt: skip
         assert f"<th>{column}</th>" in body, column
-    assert "mail.send" in body and "boom 2" in body and "Error history (3)" in body
+    assert "mail.send" in body and "boom 2" in body and "<h2>Attempts (3)</h2>" in body
+    assert '<details class="raw"><summary>' in body  # the row's fields behind a toggle
     assert "&quot;to&quot;: &quot;a@example.org&quot;" in body  # pretty-printed JSON
     assert '"n": [\n' in unescape(body)
 
@@ -204,15 +205,25 @@ def test_a_jobs_kept_logs_and_its_progress(db: Conn) -> None:
     assert "40% resizing &lt;3 of 8&gt;" in in_flight
 
 
-def test_an_unknown_job_is_404_and_a_malformed_id_400(db: Conn) -> None:
+def test_an_unknown_job_a_malformed_id_and_a_wrong_address_are_the_not_found_page(
+    db: Conn,
+) -> None:
+    """404 with the pages' header (its links and the job search) and the ways on."""
     unknown = uuid.uuid4()
     response = get(db, f"/jobs/{unknown}")
     assert response.status == 404 and str(unknown) in text(response)
     for bad in ["nope", "1234", "%3Cscript%3E", str(unknown).replace("-", "")]:
         response = get(db, f"/jobs/{bad}")
-        assert response.status == 400, bad
-        assert "<script>" not in text(response)
-    assert get(db, "/nowhere").status == 404
+        assert response.status == 404, bad
+        assert "<script>" not in text(response) and "a job id is a UUID" in text(response)
+    for target in ["/nowhere", "/jobs", f"/jobs/{unknown}/logs", "/%3Cscript%3E"]:
+        response = get(db, target)
+        body = text(response)
+        assert response.status == 404, target
+        assert "<title>Not found · brooq</title>" in body and "<script>" not in body
+        assert '<form class="search" method="get" action="/find"' in body
+        for path in ("/", "/in-flight", "/failed", "/dead", "/charts"):
+            assert f'<a href="{path}">' in body, (target, path)
     posted = get(db, "/", method="POST")
     assert posted.status == 405 and ("Allow", "GET, HEAD") in posted.headers
 
@@ -247,7 +258,7 @@ def test_the_overview_counts_what_the_table_holds(db: Conn) -> None:
     add(4, "default", "a", "pending")  # ready
     add(1, "default", "a", "pending", "-5 minutes")  # the oldest ready: 5m
     add(3, "default", "a", "pending", "1 hour")  # scheduled
-    add(2, "default", "a", "failed", "1 hour")  # failed, scheduled
+    add(2, "default", "a", "failed", "1 hour")  # failed, retrying
     add(6, "default", "a", "processing")
     add(7, "default", "a", "dead")
     add(9, "default", "a", "done")
@@ -261,10 +272,17 @@ def test_the_overview_counts_what_the_table_holds(db: Conn) -> None:
     data = reads.overview(db)
     groups = {(g["queue"], g["topic"]): g for g in data["groups"]}
     a = groups[("default", "a")]
-    assert (a["ready"], a["scheduled"], a["processing"], a["failed"], a["dead"]) == (5, 5, 6, 2, 7)
+    assert (a["ready"], a["scheduled"], a["retrying"], a["processing"], a["dead"]) == (
+        5,
+        3,
+        2,
+        6,
+        7,
+    )
+    assert (a["failed"], a["held"], a["waiting"], a["parked"]) == (2, 0, 0, 0)
     assert 299 <= a["oldest_ready_seconds"] < 330
     b = groups[("low", "b")]
-    assert (b["ready"], b["scheduled"], b["failed"], b["dead"]) == (2, 0, 2, 0)
+    assert (b["ready"], b["scheduled"], b["retrying"], b["dead"]) == (2, 0, 0, 0)
     assert [p["name"] for p in data["paused"]] == ["low"]
 
     minutes = done_per_minute(data)
@@ -274,7 +292,11 @@ def test_the_overview_counts_what_the_table_holds(db: Conn) -> None:
     row = re.search(r"<tr><td>default</td><td>a</td>(.*?)</tr>", body)
     assert row is not None
     cells = re.findall(r'<td class="n">([^<]*)</td>', row.group(1))
-    assert cells[:7] == ["5", "5", "6", "2", "7", "0", "0"] and cells[7].startswith("5m ")
+    # waiting, scheduled, ready, held, retrying, parked, processing, dead, oldest ready
+    assert cells[:8] == ["0", "3", "5", "0", "2", "0", "6", "7"] and cells[8].startswith("5m ")
+    headers = re.findall(r"<th>([^<]*)</th>", body)
+    counts = ["waiting", "scheduled", "ready", "held", "retrying", "parked", "processing", "dead"]
+    assert headers[2:11] == [*counts, "oldest ready"], headers
     assert "low <strong>(paused)</strong>" in body
     assert "14 done in the last hour" in body and "<svg" in body
 
@@ -327,7 +349,7 @@ def test_a_large_state_is_estimated_from_a_sample_and_a_small_one_counted(
     (a,) = data["groups"]
     assert 0.8 * 30_000 < a["ready"] < 1.2 * 30_000, a  # scaled up from about a quarter
     assert (a["processing"], a["failed"], a["dead"]) == (3, 5, 40)  # exact
-    assert a["estimated"] == {"ready", "scheduled", "oldest_ready", "parked"}
+    assert a["estimated"] == {"ready", "held", "scheduled", "oldest_ready", "parked"}
     assert set(data["estimate"]["states"]) == {"pending"}
     assert 3_600 <= a["oldest_ready_seconds"] < 3_700  # a lower bound: sampled
     assert data["done_estimated"] and 0.5 * 3_000 < sum(done_per_minute(data)) < 1.5 * 3_000
@@ -336,8 +358,9 @@ def test_a_large_state_is_estimated_from_a_sample_and_a_small_one_counted(
     row = re.search(r"<tr><td>default</td><td>a</td>(.*?)</tr>", body)
     assert row is not None
     cells = re.findall(r'<td class="n">([^<]*)</td>', row.group(1))
-    assert cells[0].startswith("≈ ") and cells[2:6] == ["3", "5", "40", "0"], cells
-    assert cells[7].startswith("≥ 1h ")
+    # waiting, scheduled, ready, held, retrying, parked, processing, dead, oldest ready
+    assert cells[0] == "0" and cells[2].startswith("≈ ") and cells[4] == "5", cells
+    assert cells[6:8] == ["3", "40"] and cells[8].startswith("≥ 1h "), cells
     assert "≈: estimated. pending (≈ " in body and "brooq queues" in body
     assert "done in the last hour: more than 1,000, so estimated" in body
 
@@ -477,10 +500,13 @@ def test_an_estimate_is_within_its_margin_and_small_queues_are_exact(
     assert data["estimate"]["sampled"] == pages // 8
     other, third = groups[("other", "b")], groups[("third", "c")]
     assert (other["ready"], other["estimated"]) == (7, set())
-    assert (third["scheduled"], third["failed"], third["estimated"]) == (2, 2, set())
+    assert (third["retrying"], third["failed"], third["estimated"]) == (2, 2, set())
+    assert third["scheduled"] == 0
     body = text(get(db, "/"))
     assert re.search(r"pending \(≈ [0-9,]+ jobs, ± [0-9.]+ %\)", body), body
-    assert '<td>other</td><td>b</td><td class="n">7</td>' in body
+    row = re.search(r"<tr><td>other</td><td>b</td>(.*?)</tr>", body)
+    assert row is not None
+    assert re.findall(r'<td class="n">([^<]*)</td>', row.group(1))[2] == "7"  # ready
 
 
 def add_master(

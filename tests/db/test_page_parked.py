@@ -127,7 +127,7 @@ def test_the_overview_counts_parked_jobs_apart(
     row = re.search(r"<tr><td>default</td><td>p\.child</td>(.*?)</tr>", body)
     assert row is not None
     cells = re.findall(r'<td class="n">([^<]*)</td>', row.group(1))
-    assert cells[:7] == ["0", "0", "0", "0", "0", "0", "3"], cells  # ready … waiting, parked
+    assert cells[:8] == ["0", "0", "0", "0", "0", "3", "0", "0"], cells  # waiting … parked …
 
 
 def test_top_and_stats_count_parked_jobs(world: dict[str, uuid.UUID], dsn: str) -> None:
@@ -172,7 +172,7 @@ def test_the_job_page_shows_steps_parking_and_children(
         return response.body.decode()
 
     body = page(world["sleep"])
-    assert "<h2>Parked</h2><p>sleeps until " in body
+    assert '<span class="state">parked</span>: sleeps until ' in body
     assert "<h2>Recorded steps (2)</h2>" in body
     assert "<td>fetch</td>" in body and "<td>__sleep:0</td>" in body
     size = len(json.dumps({"secret": SECRET}).encode())
@@ -184,7 +184,7 @@ def test_the_job_page_shows_steps_parking_and_children(
     body = page(world["deadline"])
     assert "waits for the event <code>k2</code> since " in body and ", until " in body
     body = page(world["released"])
-    assert "<h2>Parked</h2>" not in body  # woken: the word alone parks nothing
+    assert '<span class="state">parked</span>' not in body  # woken: the word alone parks nothing
 
     body = page(world["parent"])
     assert "waits for its child jobs: 3 not ended yet" in body
