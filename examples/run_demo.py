@@ -75,13 +75,20 @@ def show_quote(queue: brooq.Queue, job_id: Any) -> None:
     print(f"[demo] quote {record.state}: result={record.result} (queue.wait)", flush=True)
 
 
+# The counts brooq shows everywhere (docs/explanation/guarantees.md, "Counts"), in their
+# order: `brooq stats`, `brooq queues`, `brooq top`, the status page, brooq.QueueStats.
+COUNTS = ("waiting", "scheduled", "ready", "held", "retrying", "parked", "processing", "dead")
+
+
 def show(queue: brooq.Queue, done_before: int) -> None:
+    """One line per round: the jobs done since the start, then each queue's counts (the
+    zeros left out)."""
     with queue.connection() as conn:
         row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
     done = int(row[0]) if row else 0
     parts = [
-        f"{q.name}{' (paused)' if q.paused else ''}: {q.ready} ready, {q.processing} running, "
-        f"{q.failed} retrying, {q.dead} dead"
+        f"{q.name}{' (paused)' if q.paused else ''}: "
+        + (", ".join(f"{n} {name}" for name in COUNTS if (n := getattr(q, name))) or "no jobs")
         for q in queue.queues()
     ]
     print(f"[demo] done={done - done_before}  " + " | ".join(parts), flush=True)

@@ -22,32 +22,27 @@ from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age
 from brooq.errors import InvalidQueue
 from brooq.job import validate_queue
+from brooq.operator.records import COUNTS
+
+EMPTY = "(no queues: no unfinished or dead jobs, none paused)"
 
 
 def queues_lines(rows: list[brooq.QueueStats]) -> list[str]:
-    """`brooq queues` as text: one row per queue, by name."""
+    """`brooq queues` as text: one row per queue, by name, with the counts of
+    docs/explanation/guarantees.md ("Counts")."""
     if not rows:
-        return ["(no queues: no pending, processing, failed or dead jobs, none paused)"]
-    headers = [
-        "NAME",
-        "PAUSED",
-        "READY",
-        "SCHEDULED",
-        "PROCESSING",
-        "FAILED",
-        "DEAD",
-        "OLDEST READY",
-    ]
+        return [EMPTY]
+    headers = ["QUEUE", "PAUSED", *(name.upper() for name in COUNTS), "OLDEST READY"]
     body = [
         [
             r.name,
             "yes" if r.paused else "no",
-            *map(str, (r.ready, r.scheduled, r.processing, r.failed, r.dead)),
-            format_age(r.oldest_ready_seconds) if r.ready else "-",
+            *(str(getattr(r, name)) for name in COUNTS),
+            format_age(r.oldest_ready_seconds) if r.ready > r.held else "-",
         ]
         for r in rows
     ]
-    return table(headers, body, right={2, 3, 4, 5, 6})
+    return table(headers, body, right=set(range(2, 2 + len(COUNTS))))
 
 
 def limits_lines(limits: list[brooq.TopicLimits]) -> list[str]:
@@ -111,10 +106,12 @@ def _one(queue: brooq.Queue, name: str) -> brooq.QueueStats:
 def queues(ctx: click.Context, as_json: bool) -> None:
     """The queues: paused or not, and their jobs; the topics' limits; pause or resume one.
 
-    Per queue: paused, ready (due now), scheduled (due later), processing, failed
-    (waiting for a retry, counted in ready or scheduled too), dead, and the age of the
-    oldest ready job. Every queue holding such jobs is shown, and every queue paused or
-    resumed, even one that never had a job. Then each topic's limits of the fleet, as the
+    Per queue: paused, then the counts of `brooq stats` summed over its topics (waiting,
+    scheduled, ready, held, retrying, parked, processing, dead:
+    docs/explanation/guarantees.md, "Counts") and the age of the oldest ready job not
+    held back. Every queue holding such jobs is shown, and every queue paused or resumed,
+    even one that never had a job. With --json, each queue also has "failed" (the
+    state's count: its jobs are ready or retrying). Then each topic's limits of the fleet, as the
     live masters publish them (global_limit, rate_limit, group_limit, group_rate_limit),
     and what they hold back now: every ready job of the topic (at its global_limit, or
     its rate's window full) or some groups. With --json, each queue lists the limits of

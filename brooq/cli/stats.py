@@ -1,7 +1,7 @@
-"""`brooq stats`: jobs per queue, topic and state, as a table or JSON, with the "no
-handler" mark of a queue and topic whose ready jobs no live master handles; read on the
-read target when one is set, with a line (a field in JSON) saying how far behind its
-primary that is.
+"""`brooq stats`: jobs per queue, topic and count (docs/explanation/guarantees.md,
+"Counts"), as a table or JSON, with whether a live master handles each queue and topic
+(HANDLER); read on the read target when one is set, with a line (a field in JSON) saying
+how far behind its primary that is.
 
 Owns: the stats command and its table (``stats_lines``, a pure function).
 Must never: read the database but through Queue.stats, brooq.operator.masters.live and
@@ -11,7 +11,7 @@ job_stats_by_topic leaves them out).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Container
 
 import click
 import psycopg
@@ -21,59 +21,53 @@ from brooq.cli.common import cli, emit_json, open_reads, reads_from, reads_line,
 from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age
 from brooq.operator.masters import Handled, Pair, handled, live, no_handler
+from brooq.operator.records import COUNTS
 from brooq.sql import queries
 
-NO_HANDLER = "no handler"
+# The HANDLER column: a live master handles the queue and topic, none does, or it cannot
+# be told (a schema without brooq_master, an older brooq's: `brooq migrate up` adds it).
+HANDLED = "yes"
+NO_HANDLER = "none"
+UNKNOWN = "-"
+EMPTY = "(no unfinished or dead jobs)"
 
 
-def stats_lines(rows: list[brooq.TopicStats], unhandled: Collection[Pair] = ()) -> list[str]:
-    """`brooq stats` as text (one row per queue and topic, a total row when there are
-    several); a row whose (queue, topic) is in ``unhandled`` ends with "no handler"."""
+def total(rows: list[brooq.TopicStats]) -> brooq.TopicStats:
+    """The rows' counts summed, the greatest oldest ready age."""
+    return brooq.TopicStats(
+        queue="(total)",
+        topic="",
+        oldest_ready_age=max((r.oldest_ready_age for r in rows), default=0.0),
+        **{
+            name: sum(getattr(r, name) for r in rows)
+            for name in (*COUNTS, "pending", "failed", "busy")
+        },
+    )
+
+
+def stats_lines(
+    rows: list[brooq.TopicStats], live_pairs: Container[Pair] | None = None
+) -> list[str]:
+    """`brooq stats` as text: one row per queue and topic, a total row when there are
+    several. HANDLER: "yes" when ``live_pairs`` (the pairs the live masters handle) holds
+    the row's queue and topic, "none" when it does not, "-" without it (None)."""
     if not rows:
-        return ["(no waiting, pending, processing, failed or dead jobs)"]
-    headers = [
-        "QUEUE",
-        "TOPIC",
-        "WAITING",
-        "PENDING",
-        "READY",
-        "HELD",
-        "FAILED",
-        "PROCESSING",
-        "BUSY",
-        "DEAD",
-        "PARKED",
-        "OLDEST READY",
-    ]
+        return [EMPTY]
+    headers = ["QUEUE", "TOPIC", *(name.upper() for name in COUNTS), "OLDEST READY", "HANDLER"]
 
-    def cells(r: brooq.TopicStats) -> list[str]:
-        numbers = [r.waiting, r.pending, r.ready, r.held, r.failed, r.processing, r.busy, r.dead]
-        numbers.append(r.parked)
+    def cells(r: brooq.TopicStats, handler: str) -> list[str]:
         oldest = format_age(r.oldest_ready_age) if r.ready > r.held else "-"
-        return [r.queue, r.topic, *map(str, numbers), oldest]
+        return [r.queue, r.topic, *(str(getattr(r, name)) for name in COUNTS), oldest, handler]
 
-    body = [cells(r) for r in rows]
+    def handler(r: brooq.TopicStats) -> str:
+        if live_pairs is None:
+            return UNKNOWN
+        return HANDLED if (r.queue, r.topic) in live_pairs else NO_HANDLER
+
+    body = [cells(r, handler(r)) for r in rows]
     if len(rows) > 1:
-        total = brooq.TopicStats(
-            queue="(total)",
-            topic="",
-            waiting=sum(r.waiting for r in rows),
-            pending=sum(r.pending for r in rows),
-            ready=sum(r.ready for r in rows),
-            failed=sum(r.failed for r in rows),
-            processing=sum(r.processing for r in rows),
-            busy=sum(r.busy for r in rows),
-            dead=sum(r.dead for r in rows),
-            oldest_ready_age=max(r.oldest_ready_age for r in rows),
-            held=sum(r.held for r in rows),
-            parked=sum(r.parked for r in rows),
-        )
-        body.append(cells(total))
-    lines = table(headers, body, right={2, 3, 4, 5, 6, 7, 8, 9, 10})
-    for i, r in enumerate(rows, start=1):
-        if (r.queue, r.topic) in unhandled:
-            lines[i] += f"  {NO_HANDLER}"
-    return lines
+        body.append(cells(total(rows), ""))
+    return table(headers, body, right=set(range(2, 2 + len(COUNTS))))
 
 
 def _live_pairs(queue: brooq.Queue) -> Handled | None:
@@ -90,35 +84,36 @@ def _live_pairs(queue: brooq.Queue) -> Handled | None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Jobs per queue, topic and state, busy children, oldest ready age.
+    """Jobs per queue and topic: each count, the oldest ready age, and whether a live
+    master handles them.
 
-    Per queue and topic: waiting (for the jobs named in their after), pending, ready (due
-    now), held (ready, but held back by the topic's limits now: its rate_limit or
-    global_limit, their group's group_limit or group_rate_limit), failed (waiting for a
-    retry), processing, busy (processing under a live lease: a child working on it),
-    dead, parked (a durable handler's jobs sleeping or waiting for an event or their
-    child jobs, counted in waiting or pending too, never in ready), and the age of the
-    oldest ready job not held back. "no handler": ready jobs
-    that no live master handles (no master has a handler for the topic, or none works
-    the queue; see `brooq fleet`).
+    The counts (docs/explanation/guarantees.md, "Counts"): waiting (for the jobs named in
+    their after), scheduled (pending, due later), ready (due now), held (part of ready:
+    held back now by the topic's limits, its rate_limit or global_limit, their group's
+    group_limit or group_rate_limit), retrying (failed, waiting out the backoff), parked
+    (a durable handler's jobs sleeping or waiting for an event or their child jobs),
+    processing, dead; then the age of the oldest ready job not held back. HANDLER: "yes"
+    when a live master handles the queue and topic, "none" when none does (no master has
+    a handler for the topic, or none works the queue: its ready jobs wait for ever; see
+    `brooq fleet`), "-" on a schema without the masters' table.
 
-    With a read target (--read-database-url), the figures are read there, and a last
-    line ("read_from" in JSON) says how far behind its primary it is."""
+    With --json, each row also has the state counts pending, failed and busy (processing
+    under a live lease), "handler" (true, false or null) and "no_handler" (ready jobs no
+    live master handles). With a read target (--read-database-url), the figures are read
+    there, and a last line ("read_from" in JSON) says how far behind its primary it is."""
     queue = open_reads(ctx)
     rows = queue.stats()
     pairs = _live_pairs(queue)
     standing = reads_from(ctx, queue)
-    marked = {
-        (r.queue, r.topic)
-        for r in rows
-        if pairs is not None and no_handler(r.queue, r.topic, r.ready, pairs)
-    }
     if as_json:
         found: dict[str, object] = {
             "topics": [
                 {
                     **r.to_dict(),
-                    "no_handler": (r.queue, r.topic) in marked if pairs is not None else None,
+                    "handler": (r.queue, r.topic) in pairs if pairs is not None else None,
+                    "no_handler": no_handler(r.queue, r.topic, r.ready, pairs)
+                    if pairs is not None
+                    else None,
                 }
                 for r in rows
             ]
@@ -128,6 +123,6 @@ def stats(ctx: click.Context, as_json: bool) -> None:
             found["read_from"] = {"database": database, **lag.to_dict()}
         emit_json(found)
         return
-    say_lines(stats_lines(rows, marked))
+    say_lines(stats_lines(rows, pairs))
     if standing is not None:
         say(reads_line(*standing))

@@ -44,7 +44,7 @@ from brooq.cli.terminal import one_line, say_lines
 from brooq.durations import format_age, parse_duration_string
 from brooq.errors import BrooqError
 from brooq.ipc import progress
-from brooq.operator.records import HolderStats, InFlight, TopicStats
+from brooq.operator.records import COUNTS, HolderStats, InFlight, TopicStats
 from brooq.operator.replica import ReplicaLag, lag
 from brooq.queue import Queue
 from brooq.sql import queries
@@ -55,6 +55,7 @@ CHILDREN_LIMIT = 100  # holders read, busiest first
 MIN_INTERVAL = 0.1
 # `brooq top` sleeps in select(), which refuses a timeout past the platform's time_t.
 MAX_INTERVAL = 86400.0
+EMPTY = "(no unfinished or dead jobs, none finished lately)"
 
 # Alternate screen and hidden cursor while running; the operator's scrollback comes back.
 _ENTER = "\x1b[?1049h\x1b[?25l"
@@ -157,32 +158,23 @@ def render(
     rows = snap.rows()
     if rows:
         finished = f"FINISHED/{snap.window}S"
-        table = [
-            ["QUEUE", "TOPIC", "READY", "PARKED", "PROCESSING", "BUSY", "FAILED", "DEAD",
-             finished, "OLDEST"]
-        ]  # fmt: skip
+        table = [["QUEUE", "TOPIC", *(name.upper() for name in COUNTS), finished, "OLDEST READY"]]
         for stats, done in rows:
-            oldest = format_age(stats.oldest_ready_age) if stats.ready else "-"
-            numbers = (
-                stats.ready,
-                stats.parked,
-                stats.processing,
-                stats.busy,
-                stats.failed,
-                stats.dead,
-                done,
-            )
+            oldest = format_age(stats.oldest_ready_age) if stats.ready > stats.held else "-"
+            numbers = [*(getattr(stats, name) for name in COUNTS), done]
             table.append([stats.queue, stats.topic, *map(str, numbers), oldest])
         lines += _columns(table, left={0, 1})
     else:
-        lines.append("(no jobs waiting, running, failed or dead, none finished lately)")
+        lines.append(EMPTY)
     lines.append("")
     # The children leave room for the IN FLIGHT line and the one saying how many are hidden.
     lines += _children_block(snap, None if height is None else height - len(lines) - 2)
 
     processing = sum(t.processing for t in snap.topics)
-    busy = sum(t.busy for t in snap.topics)
-    lines.append(f"IN FLIGHT  {processing} processing, {busy} busy")
+    expired = processing - sum(t.busy for t in snap.topics)
+    flying = f"IN FLIGHT  {processing} processing"
+    leases = "lease" if expired == 1 else "leases"
+    lines.append(f"{flying}, {expired} {leases} expired" if expired > 0 else flying)
     jobs = [["ID", "TOPIC", "ATTEMPT", "HOLDER", "RUNNING", "LEASE", "PROGRESS"]]
     for job in snap.in_flight:
         lease = format_age(job.lease_left)
@@ -385,11 +377,12 @@ def run(
 def top_command(ctx: click.Context, once: bool, interval: str, as_json: bool) -> None:
     """A live view of the queue, refreshed every second.
 
-    Per queue and topic: ready, parked (a durable handler's jobs sleeping or waiting for
-    an event or their child jobs: not ready), processing, busy, failed, dead, jobs
-    finished in the last minute and the oldest ready age; then the children holding
+    Per queue and topic, the counts of `brooq stats` (waiting, scheduled, ready, held,
+    retrying, parked, processing, dead: docs/explanation/guarantees.md, "Counts"), the
+    jobs finished in the last minute and the oldest ready age; then the children holding
     jobs, how many each and the oldest one's running time; then the jobs in flight with
-    their holders. q or Ctrl-C quits."""
+    their holders (IN FLIGHT says how many leases expired: the reaper gives those jobs
+    back). q or Ctrl-C quits."""
     try:
         period = parse_duration_string(interval)
     except ValueError as exc:

@@ -120,9 +120,10 @@ def list_jobs(
 
 
 def stats(conn: Connection, q: Queries = Q) -> list[TopicStats]:
-    """Per queue and topic (by queue, then topic): jobs in each active state and dead,
-    how many are ready, busy and held back by a limit, and the age of the oldest ready
-    job not held back. Topics holding only done or canceled jobs are left out."""
+    """Per queue and topic (by queue, then topic): the counts (waiting, scheduled, ready,
+    held, retrying, parked, processing, dead: docs/explanation/guarantees.md, "Counts"),
+    the state counts kept (pending, failed, busy) and the age of the oldest ready job not
+    held back. Topics holding only done or canceled jobs are left out."""
     cur = conn.cursor(row_factory=class_row(TopicStats))
     rows = cur.execute(q.job_stats_by_topic).fetchall()
     held = held_by_topic(conn, q)
@@ -179,11 +180,26 @@ def processing_by_holder(conn: Connection, limit: int = 100, q: Queries = Q) -> 
 
 
 def queues(conn: Connection, q: Queries = Q) -> list[QueueStats]:
-    """Every queue holding active or dead jobs, and every queue paused or resumed by an
-    operator, by name, in one snapshot: paused or not, ready, scheduled, processing,
-    failed and dead jobs, and the age of the oldest ready job."""
+    """Every queue holding unfinished or dead jobs, and every queue paused or resumed by
+    an operator, by name: paused or not, the counts of ``stats`` summed over the queue's
+    topics (held included), and the age of the oldest ready job not held back."""
+    held = held_by_topic(conn, q)
+    limited = sorted({topic for _, topic in held})
     cur = conn.cursor(row_factory=class_row(QueueStats))
-    return cur.execute(q.job_queue_stats).fetchall()
+    rows = cur.execute(q.job_queue_stats, {"limited": limited}).fetchall()
+    if not held:
+        return rows
+    found = []
+    for r in rows:
+        mine = [value for (queue, _), value in held.items() if queue == r.name]
+        found.append(
+            replace(
+                r,
+                held=sum(count for count, _ in mine),
+                oldest_ready_seconds=max([r.oldest_ready_seconds, *(age for _, age in mine)]),
+            )
+        )
+    return found
 
 
 def check_seconds(seconds: float) -> None:

@@ -16,6 +16,13 @@ from typing import Any
 
 from brooq.job import DEFAULT_QUEUE
 
+# The counts every surface shows, in their order (docs/explanation/guarantees.md, "Counts"):
+# the CLI's columns (upper-cased), the JSON keys, the demo's words. ``held`` is part of
+# ``ready``; the others split the unfinished jobs (and the dead) so that each is in exactly
+# one: SPLIT, the values of the brooq_jobs gauge's ``state`` label.
+COUNTS = ("waiting", "scheduled", "ready", "held", "retrying", "parked", "processing", "dead")
+SPLIT = tuple(name for name in COUNTS if name != "held")
+
 
 @dataclass(frozen=True)
 class BulkResult:
@@ -41,14 +48,22 @@ class BulkResult:
 
 @dataclass(frozen=True)
 class TopicStats:
-    """One topic's jobs in one queue, by state. ``ready``: pending or failed and due now.
-    ``busy``: processing under an unexpired lease, i.e. the children working on this
-    topic. ``held``: ready jobs a limit of the topic holds back now (its global_limit or
-    rate_limit, their group's group_limit or group_rate_limit: docs/how-to/rate-limits.md);
+    """One topic's jobs in one queue, counted as every surface counts them
+    (docs/explanation/guarantees.md, "Counts"): each unfinished job is in exactly one of
+    ``waiting`` (for the jobs named in its after), ``scheduled`` (pending, due later),
+    ``ready`` (pending or failed, due now), ``retrying`` (failed, due later: its backoff),
+    ``parked`` (a durable handler's job sleeping or waiting for an event or its child
+    jobs) and ``processing``; ``dead`` counts the dead. ``held``, part of ``ready``: ready
+    jobs a limit of the topic holds back now (its global_limit or rate_limit, their
+    group's group_limit or group_rate_limit: docs/how-to/rate-limits.md);
     ``oldest_ready_age`` is then the age of the oldest ready job not held back, so a topic
-    that waits its turn does not look stuck. ``parked``: a durable handler's jobs sleeping
-    or waiting for an event or their child jobs (counted in ``pending`` or ``waiting``
-    too, never in ``ready``). A topic whose jobs sit in two queues has a row in each."""
+    that waits its turn does not look stuck.
+
+    Kept for the callers that read them, not counts of the vocabulary: ``pending`` and
+    ``failed`` (the jobs in those states, wherever they are counted above) and ``busy``
+    (processing under an unexpired lease: a child working on it; ``processing - busy``
+    are expired leases the reaper gives back). A topic whose jobs sit in two queues has a
+    row in each."""
 
     topic: str
     pending: int = 0
@@ -60,24 +75,28 @@ class TopicStats:
     busy: int = 0
     queue: str = DEFAULT_QUEUE  # after the others: positional construction keeps working
     held: int = 0
-    # Waiting for the jobs named in their after (docs/how-to/workflows.md).
     waiting: int = 0
     parked: int = 0
+    scheduled: int = 0
+    retrying: int = 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The counts in the vocabulary's order, then the state counts kept."""
         return {
             "queue": self.queue,
             "topic": self.topic,
             "waiting": self.waiting,
-            "pending": self.pending,
+            "scheduled": self.scheduled,
             "ready": self.ready,
             "held": self.held,
-            "processing": self.processing,
-            "busy": self.busy,
-            "failed": self.failed,
-            "dead": self.dead,
+            "retrying": self.retrying,
             "parked": self.parked,
+            "processing": self.processing,
+            "dead": self.dead,
             "oldest_ready_age_seconds": round(self.oldest_ready_age, 3),
+            "pending": self.pending,
+            "failed": self.failed,
+            "busy": self.busy,
         }
 
 
@@ -156,9 +175,12 @@ class TopicLimits:
 
 @dataclass(frozen=True)
 class QueueStats:
-    """One queue: paused or not, and its jobs. ``ready``: pending or failed and due now;
-    ``scheduled``: pending or failed and due later; ``failed`` (waiting for a retry) is
-    counted in one of those too. A queue paused before any job came shows with zeros."""
+    """One queue: paused or not, and its jobs, counted as TopicStats counts them (its
+    topics' counts summed): ``waiting``, ``scheduled``, ``ready`` (``held``: part of it),
+    ``retrying``, ``parked``, ``processing``, ``dead``, and the age of the oldest ready job
+    not held back. ``failed``, kept for the callers that read it, is the state's count
+    (its jobs are ready or retrying). A queue paused before any job came shows with
+    zeros."""
 
     name: str
     paused: bool = False
@@ -168,17 +190,26 @@ class QueueStats:
     failed: int = 0
     dead: int = 0
     oldest_ready_seconds: float = 0.0
+    waiting: int = 0
+    held: int = 0
+    retrying: int = 0
+    parked: int = 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The counts in the vocabulary's order, then the state count kept."""
         return {
             "name": self.name,
             "paused": self.paused,
-            "ready": self.ready,
+            "waiting": self.waiting,
             "scheduled": self.scheduled,
+            "ready": self.ready,
+            "held": self.held,
+            "retrying": self.retrying,
+            "parked": self.parked,
             "processing": self.processing,
-            "failed": self.failed,
             "dead": self.dead,
             "oldest_ready_seconds": round(self.oldest_ready_seconds, 3),
+            "failed": self.failed,
         }
 
 

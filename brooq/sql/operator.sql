@@ -208,32 +208,38 @@ SELECT (SELECT count(*) FROM picked) AS picked,
         FROM retried LIMIT 1) AS woke
 
 -- name: job_stats_by_topic
--- Per queue and topic, in one snapshot: the active states and dead (done grows without
--- bound and is never counted). ready = claimable now (a paused queue's ready jobs are
--- still counted: they wait). busy = processing under a lease that has not expired, i.e.
--- a child working on it; an expired lease waits for the reaper.
+-- Per queue and topic, in one snapshot, the counts of docs/explanation/guarantees.md
+-- ("Counts"), each unfinished job in exactly one: waiting (for the jobs named in its
+-- after), scheduled (pending, due later), ready (pending or failed, due now: claimable;
+-- a paused queue's ready jobs are still counted: they wait), retrying (failed, due later:
+-- its backoff), parked (a durable handler's job sleeping or waiting for an event or its
+-- child jobs: job.parked read with the state, pending until a wake time or a wait's
+-- deadline, or waiting), processing, and dead (done grows without bound and is never
+-- counted). held, part of ready, is job_held_by_topic's. Then the state counts the
+-- library's records keep: pending, failed, and busy (processing under a lease that has
+-- not expired, i.e. a child working on it; an expired lease waits for the reaper).
 -- The WHERE is an OR of three arms, each the predicate of a partial index (as in
 -- web_overview_exact): the planner reads the active and dead rows only, through a
 -- BitmapOr, never the done and canceled history; as one IN list it matched no index and
 -- scanned the whole table every stats period (1,000,000 jobs, 94 % done: 137 ms a run
 -- before, 44 ms after; docs/status-page.md). Its cost still follows the backlog.
--- parked = a durable handler's job sleeping or waiting for an event or its child jobs
--- (job.parked read with the state: pending until a wake time or a wait's deadline, or
--- waiting); counted in pending or waiting too, never in ready.
 SELECT queue, topic,
-       count(*) FILTER (WHERE state = 'waiting') AS waiting,
-       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'waiting' AND parked IS NULL) AS waiting,
+       count(*) FILTER (WHERE state = 'pending' AND available_at > now() AND parked IS NULL)
+           AS scheduled,
        count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now()) AS ready,
+       count(*) FILTER (WHERE state = 'failed' AND available_at > now()) AS retrying,
+       count(*) FILTER (WHERE parked IS NOT NULL AND (
+           state = 'waiting' OR (state = 'pending' AND available_at > now())))
+           AS parked,
        count(*) FILTER (WHERE state = 'processing') AS processing,
-       count(*) FILTER (WHERE state = 'processing' AND locked_until > now()) AS busy,
-       count(*) FILTER (WHERE state = 'failed') AS failed,
        count(*) FILTER (WHERE state = 'dead') AS dead,
        coalesce(extract(epoch FROM now() - min(available_at) FILTER (
            WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
            AS oldest_ready_age,
-       count(*) FILTER (WHERE parked IS NOT NULL AND (
-           state = 'waiting' OR (state = 'pending' AND available_at > now())))
-           AS parked
+       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'failed') AS failed,
+       count(*) FILTER (WHERE state = 'processing' AND locked_until > now()) AS busy
 FROM {job}
 WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
    OR state = 'waiting'
@@ -329,35 +335,48 @@ ORDER BY lim.topic
 --#end
 
 -- name: job_queue_stats
--- Per queue, in one snapshot: every queue holding active or dead jobs, and every queue
--- with a brooq_queue row (paused or resumed by an operator, perhaps before any job came),
--- by name. A queue without a row is running (paused = false). ready = claimable now,
--- scheduled = pending or failed and due later; failed (waiting for a retry) is counted in
--- ready or scheduled as well. Like job_stats_by_topic (and with its OR of partial-index
--- predicates), only the active states and dead are read, never done or canceled rows.
+-- Per queue, in one snapshot: every queue holding unfinished or dead jobs, and every
+-- queue with a brooq_queue row (paused or resumed by an operator, perhaps before any job
+-- came), by name. A queue without a row is running (paused = false). The counts are
+-- job_stats_by_topic's, summed over the queue's topics (held is added by the caller,
+-- from job_held_by_topic); failed is the state's count (its jobs are counted in ready or
+-- retrying). limited: the topics whose oldest ready job not held back the caller takes
+-- from job_held_by_topic, left out of oldest_ready_seconds here. Like
+-- job_stats_by_topic (and with its OR of partial-index predicates), only the unfinished
+-- states and dead are read, never done or canceled rows.
 WITH counts AS (
     SELECT queue,
+           count(*) FILTER (WHERE state = 'waiting' AND parked IS NULL) AS waiting,
+           count(*) FILTER (WHERE state = 'pending' AND available_at > now()
+                              AND parked IS NULL) AS scheduled,
            count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now())
                AS ready,
-           count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at > now())
-               AS scheduled,
+           count(*) FILTER (WHERE state = 'failed' AND available_at > now()) AS retrying,
+           count(*) FILTER (WHERE parked IS NOT NULL AND (
+               state = 'waiting' OR (state = 'pending' AND available_at > now())))
+               AS parked,
            count(*) FILTER (WHERE state = 'processing') AS processing,
-           count(*) FILTER (WHERE state = 'failed') AS failed,
            count(*) FILTER (WHERE state = 'dead') AS dead,
+           count(*) FILTER (WHERE state = 'failed') AS failed,
            coalesce(extract(epoch FROM now() - min(available_at) FILTER (
-               WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
+               WHERE state IN ('pending', 'failed') AND available_at <= now()
+                 AND topic <> ALL(%(limited)s::text[]))), 0)::float8
                AS oldest_ready_seconds
     FROM {job}
     WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
+       OR state = 'waiting'
     GROUP BY queue
 )
 SELECT coalesce(c.queue, q.name) AS name,
        coalesce(q.paused, false) AS paused,
-       coalesce(c.ready, 0) AS ready,
+       coalesce(c.waiting, 0) AS waiting,
        coalesce(c.scheduled, 0) AS scheduled,
+       coalesce(c.ready, 0) AS ready,
+       coalesce(c.retrying, 0) AS retrying,
+       coalesce(c.parked, 0) AS parked,
        coalesce(c.processing, 0) AS processing,
-       coalesce(c.failed, 0) AS failed,
        coalesce(c.dead, 0) AS dead,
+       coalesce(c.failed, 0) AS failed,
        coalesce(c.oldest_ready_seconds, 0)::float8 AS oldest_ready_seconds
 FROM counts AS c
 FULL JOIN {brooq_queue} AS q ON q.name = c.queue

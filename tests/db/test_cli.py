@@ -167,28 +167,34 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "queue": "default",
             "topic": "mail",
             "waiting": 0,
-            "pending": 2,
-            "ready": 2,
+            "scheduled": 1,
+            "ready": 2,  # ready, and the failed job due again
             "held": 0,
-            "processing": 2,
-            "busy": 1,
-            "failed": 1,
-            "dead": 1,
+            "retrying": 0,
             "parked": 0,
-            "no_handler": True,  # ready jobs, and no master running
+            "processing": 2,
+            "dead": 1,
+            "pending": 2,
+            "failed": 1,
+            "busy": 1,
+            "handler": False,  # no master running
+            "no_handler": True,  # and ready jobs
         },
         {
             "queue": "reports",
             "topic": "report",
             "waiting": 0,
-            "pending": 1,
+            "scheduled": 0,
             "ready": 1,
             "held": 0,
-            "processing": 1,
-            "busy": 1,
-            "failed": 0,
-            "dead": 0,
+            "retrying": 0,
             "parked": 0,
+            "processing": 1,
+            "dead": 0,
+            "pending": 1,
+            "failed": 0,
+            "busy": 1,
+            "handler": False,
             "no_handler": True,
         },
     ]
@@ -202,28 +208,30 @@ def test_stats_plain(dsn: str, world: Jobs) -> None:
         "QUEUE",
         "TOPIC",
         "WAITING",
-        "PENDING",
+        "SCHEDULED",
         "READY",
         "HELD",
-        "FAILED",
-        "PROCESSING",
-        "BUSY",
-        "DEAD",
+        "RETRYING",
         "PARKED",
+        "PROCESSING",
+        "DEAD",
         "OLDEST",
         "READY",
+        "HANDLER",
     ]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[1:-1]}
-    assert rows[("default", "mail")][:8] == ["0", "2", "2", "0", "1", "2", "1", "1"]
-    assert rows[("default", "mail")][9].endswith("m")  # 90 s and more shows as 1.5m
-    assert rows[("reports", "report")][:8] == ["0", "1", "1", "0", "0", "1", "1", "0"]
+    assert rows[("default", "mail")][:8] == ["0", "1", "2", "0", "0", "0", "2", "1"]
+    assert rows[("default", "mail")][8].endswith("m")  # 90 s and more shows as 1.5m
+    assert rows[("default", "mail")][9] == "none"  # no master running
+    assert rows[("reports", "report")][:8] == ["0", "0", "1", "0", "0", "0", "1", "0"]
     total = lines[-1].split()
-    assert total[0] == "(total)" and total[1:9] == ["0", "3", "3", "0", "1", "3", "2", "1"]
+    assert total[0] == "(total)" and total[1:9] == ["0", "1", "3", "0", "0", "0", "3", "1"]
+    assert len(total) == 10  # the age; no HANDLER
 
 
 def test_stats_of_an_empty_queue(dsn: str) -> None:
     assert as_json(dsn, "stats") == {"topics": []}
-    assert ok(dsn, "stats").strip() == "(no waiting, pending, processing, failed or dead jobs)"
+    assert ok(dsn, "stats").strip() == "(no unfinished or dead jobs)"
 
 
 def test_queue_stats_in_flight_and_throughput(queue: brooq.Queue, world: Jobs) -> None:
@@ -637,21 +645,29 @@ def test_queues_json(dsn: str, world: Jobs) -> None:
         {
             "name": "default",
             "paused": False,
-            "ready": 2,  # ready, and retrying (failed, due)
+            "waiting": 0,
             "scheduled": 1,
+            "ready": 2,  # ready, and the failed job due again
+            "held": 0,
+            "retrying": 0,
+            "parked": 0,
             "processing": 2,
-            "failed": 1,
             "dead": 1,
+            "failed": 1,
             "limits": {},
         },
         {
             "name": "reports",
             "paused": False,
-            "ready": 1,
+            "waiting": 0,
             "scheduled": 0,
+            "ready": 1,
+            "held": 0,
+            "retrying": 0,
+            "parked": 0,
             "processing": 1,
-            "failed": 0,
             "dead": 0,
+            "failed": 0,
             "limits": {},
         },
     ]
@@ -661,20 +677,23 @@ def test_queues_json(dsn: str, world: Jobs) -> None:
 def test_queues_plain(dsn: str, world: Jobs) -> None:
     lines = ok(dsn, "queues").splitlines()
     assert lines[0].split() == [
-        "NAME",
+        "QUEUE",
         "PAUSED",
-        "READY",
+        "WAITING",
         "SCHEDULED",
+        "READY",
+        "HELD",
+        "RETRYING",
+        "PARKED",
         "PROCESSING",
-        "FAILED",
         "DEAD",
         "OLDEST",
         "READY",
     ]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    assert rows["default"][:6] == ["no", "2", "1", "2", "1", "1"]
-    assert rows["default"][6].endswith("m")  # 90 s and more
-    assert rows["reports"] == ["no", "1", "0", "1", "0", "0", rows["reports"][6]]
+    assert rows["default"][:9] == ["no", "0", "1", "2", "0", "0", "0", "2", "1"]
+    assert rows["default"][9].endswith("m")  # 90 s and more
+    assert rows["reports"] == ["no", "0", "0", "1", "0", "0", "0", "1", "0", rows["reports"][9]]
     assert len(rows) == 2
 
 
@@ -687,9 +706,7 @@ def paused_rows(db: psycopg.Connection[Any]) -> list[tuple[str, bool]]:
 
 def test_pause_a_queue_before_any_job_then_resume_it(dsn: str, db: psycopg.Connection[Any]) -> None:
     assert as_json(dsn, "queues") == []
-    assert ok(dsn, "queues").strip() == (
-        "(no queues: no pending, processing, failed or dead jobs, none paused)"
-    )
+    assert ok(dsn, "queues").strip() == "(no queues: no unfinished or dead jobs, none paused)"
     out = ok(dsn, "queues", "pause", "bulk").strip()
     assert out == (
         "paused queue bulk: no new claims within poll_interval, running jobs finish "
@@ -699,25 +716,20 @@ def test_pause_a_queue_before_any_job_then_resume_it(dsn: str, db: psycopg.Conne
     idle = {
         "name": "bulk",
         "paused": True,
-        "ready": 0,
+        "waiting": 0,
         "scheduled": 0,
+        "ready": 0,
+        "held": 0,
+        "retrying": 0,
+        "parked": 0,
         "processing": 0,
-        "failed": 0,
         "dead": 0,
         "oldest_ready_seconds": 0.0,
+        "failed": 0,
         "limits": {},
     }
     assert as_json(dsn, "queues") == [idle]
-    assert ok(dsn, "queues").splitlines()[1].split() == [
-        "bulk",
-        "yes",
-        "0",
-        "0",
-        "0",
-        "0",
-        "0",
-        "-",
-    ]
+    assert ok(dsn, "queues").splitlines()[1].split() == ["bulk", "yes", *["0"] * 8, "-"]
     assert ok(dsn, "queues", "pause", "bulk").startswith("paused queue bulk")  # again: fine
     assert paused_rows(db) == [("bulk", True)]
 
@@ -827,20 +839,23 @@ def test_top_once(dsn: str, world: Jobs) -> None:
     assert lines[2].split() == [
         "QUEUE",
         "TOPIC",
+        "WAITING",
+        "SCHEDULED",
         "READY",
+        "HELD",
+        "RETRYING",
         "PARKED",
         "PROCESSING",
-        "BUSY",
-        "FAILED",
         "DEAD",
         "FINISHED/60S",
         "OLDEST",
+        "READY",
     ]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[3:5]}
-    assert rows[("default", "mail")][:7] == ["2", "0", "2", "1", "1", "1", "3"]
-    assert rows[("reports", "report")][:7] == ["1", "0", "1", "1", "0", "0", "1"]
-    assert "IN FLIGHT  3 processing, 2 busy" in lines
-    flying = lines[lines.index("IN FLIGHT  3 processing, 2 busy") + 2 :]
+    assert rows[("default", "mail")][:9] == ["0", "1", "2", "0", "0", "0", "2", "1", "3"]
+    assert rows[("reports", "report")][:9] == ["0", "0", "1", "0", "0", "0", "1", "0", "1"]
+    assert "IN FLIGHT  3 processing, 1 lease expired" in lines
+    flying = lines[lines.index("IN FLIGHT  3 processing, 1 lease expired") + 2 :]
     assert [line.split()[:4] for line in flying] == [
         [world.expired, "mail", "1", "web1:100/child-2"],
         [world.busy, "mail", "2", "web1:100/child-1"],
@@ -867,11 +882,11 @@ def test_top_json(dsn: str, world: Jobs) -> None:
     snap = as_json(dsn, "top")
     assert snap["window_seconds"] == 60
     assert [
-        (t["queue"], t["topic"], t["ready"], t["busy"], t["finished_in_window"])
+        (t["queue"], t["topic"], t["ready"], t["processing"], t["busy"], t["finished_in_window"])
         for t in snap["topics"]
     ] == [
-        ("default", "mail", 2, 1, 3),
-        ("reports", "report", 1, 1, 1),
+        ("default", "mail", 2, 2, 1, 3),
+        ("reports", "report", 1, 1, 1, 1),
     ]
     assert [(j["id"], j["locked_by"]) for j in snap["in_flight"]] == [
         (world.expired, "web1:100/child-2"),
@@ -913,7 +928,7 @@ def test_top_counts_the_jobs_each_child_holds(
     assert [row[:2] for row in rows] == [["app1:10/child-2", "3"], ["app2:20/child-1", "1"]]
     assert rows[0][2].endswith("s") and 40 <= float(rows[0][2][:-1]) < 70  # the oldest of 3
     assert rows[1][2].endswith("m") and 1.5 <= float(rows[1][2][:-1]) < 2.5
-    assert lines[start + 4] == "" and lines[start + 5] == "IN FLIGHT  4 processing, 4 busy"
+    assert lines[start + 4] == "" and lines[start + 5] == "IN FLIGHT  4 processing"
 
     children = as_json(dsn, "top")["children"]
     assert [(c["locked_by"], c["processing"]) for c in children] == [
@@ -933,7 +948,7 @@ def test_top_has_no_children_block_when_nothing_runs(dsn: str, queue: brooq.Queu
     queue.enqueue(brooq.Job("render"))
     lines = ok(dsn, "top", "--once").splitlines()
     assert not any(line.startswith("CHILDREN") for line in lines)
-    assert lines[-1] == "IN FLIGHT  0 processing, 0 busy"
+    assert lines[-1] == "IN FLIGHT  0 processing"
     assert as_json(dsn, "top")["children"] == []
 
 
@@ -997,7 +1012,7 @@ def test_top_live_in_a_terminal_quits_on_q(dsn: str, world: Jobs) -> None:
     try:
         screen = term.read_until(
             b"brooq top",
-            b"IN FLIGHT  3 processing, 2 busy",
+            b"IN FLIGHT  3 processing, 1 lease expired",
             world.report_busy.encode(),
             b"web2:7/child-4",
         )
@@ -1054,11 +1069,18 @@ def snapshot(in_flight: int, processing: int | None = None) -> top.Snapshot:
 def test_render_lists_topics_that_only_finished_jobs() -> None:
     lines = top.render(snapshot(0))
     assert lines[3:6] == [  # by queue, then topic
-        "bulk     render      0       0           0     0       0     0             1       -",
-        "default  gone        0       0           0     0       0     0             2       -",
-        "default  render      0       0           0     0       0     0             4       -",
+        "bulk     render        0          0      0     0         0       0           0     0"
+        "             1             -",
+        "default  gone          0          0      0     0         0       0           0     0"
+        "             2             -",
+        "default  render        0          0      0     0         0       0           0     0"
+        "             4             -",
     ]
-    assert lines[-1] == "IN FLIGHT  0 processing, 0 busy"
+    assert lines[-1] == "IN FLIGHT  0 processing"
+    expired = top.render(
+        dataclasses.replace(snapshot(0), topics=[TopicStats("render", processing=3, busy=1)])
+    )
+    assert "IN FLIGHT  3 processing, 2 leases expired" in expired  # the reaper gives them back
 
 
 def test_render_fits_the_terminal() -> None:
@@ -1085,7 +1107,7 @@ def test_render_cuts_the_children_after_the_jobs_in_flight() -> None:
     # 18 lines: every holder, no job in flight but the line saying how many are hidden.
     tall = top.render(snap, height=18)
     assert tall[start : start + 8] == whole[start : start + 8]
-    assert tall[-2:] == ["IN FLIGHT  5 processing, 5 busy", "… 5 more in flight"]
+    assert tall[-2:] == ["IN FLIGHT  5 processing", "… 5 more in flight"]
     # 14 lines: the holders give way too, with their own line.
     short = top.render(snap, height=14)
     assert short[start:] == [
@@ -1094,7 +1116,7 @@ def test_render_cuts_the_children_after_the_jobs_in_flight() -> None:
         "host:1/child-0          10     3.0s",
         "… 5 more holders",
         "",
-        "IN FLIGHT  5 processing, 5 busy",
+        "IN FLIGHT  5 processing",
         "… 5 more in flight",
     ]
 

@@ -62,6 +62,7 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
     assert queues["demo.render"] == "bulk" and queues["demo.flaky"] == "default"
     assert urgent is not None and urgent[0] > 0
     assert "default:" in out.stdout
+    assert_reports_count_in_brooqs_words(out.stdout)
     # The heartbeat schedule (every 3 s): new, so its first job comes with the first tick
     # after the master's start (or at once if the last one is under 2 s old); the demo
     # runs 4 s or until the video's story is told, so one job per tick of its run.
@@ -206,3 +207,22 @@ def assert_video_resumed(stdout: str, dsn: str) -> None:
         "[demo] video: done after 2 attempts. Resumed: steps 1-2 replayed from their records, "
         "3-5 ran" in stdout
     ), printed
+
+
+def assert_reports_count_in_brooqs_words(stdout: str) -> None:
+    """Each round's report line: per queue, its non-zero counts in brooq's words and
+    order (docs/explanation/guarantees.md, "Counts"), as `brooq queues` shows them."""
+    from brooq.operator.records import COUNTS
+
+    reports = re.findall(r"^\[demo\] done=\d+  (.+)$", stdout, re.M)
+    assert reports, stdout
+    for report in reports:
+        for part in report.split(" | "):
+            name, _, counts = part.partition(": ")
+            assert re.fullmatch(r"[a-z]+( \(paused\))?", name), report
+            if counts == "no jobs":
+                continue
+            shown = [count.split(" ") for count in counts.split(", ")]
+            assert all(n.isdigit() and int(n) > 0 for n, _ in shown), report
+            words = [word for _, word in shown]
+            assert words == [word for word in COUNTS if word in words], report

@@ -89,7 +89,7 @@ def test_scrape_after_a_mixed_run_matches_the_table(
     assert sample(text, "brooq_attempt_cpu_seconds_count", topic="t.ok") == 20
     assert sample(text, "brooq_attempt_peak_rss_bytes_count", topic="t.ok") == 20
     assert sample(text, "brooq_jobs", topic="t.fail", state="dead") == 3
-    assert sample(text, "brooq_jobs", topic="t.ok", state="pending") == 0
+    assert sample(text, "brooq_jobs", topic="t.ok", state="ready") == 0
     assert 'state="done"' not in text  # done grows forever and is never counted
     assert sample(text, "brooq_children_configured") == 2
     assert sample(text, "brooq_children_busy") == 0
@@ -152,14 +152,15 @@ def test_jobs_gauges_carry_the_queue_and_drop_to_zero_when_it_empties(
 
     def jobs(queue_name: str) -> float:
         _, text = get(addr, "/metrics")
-        return sample(text, "brooq_jobs", topic="nobody.handles", state="pending", queue=queue_name)
+        return sample(text, "brooq_jobs", topic="nobody.handles", state="ready", queue=queue_name)
 
     wait_for(lambda: jobs("bulk") == 3, what="bulk counted")
     assert jobs("default") == 1
     _, text = get(addr, "/metrics")
     assert sample(text, "brooq_jobs", topic="nobody.waits", state="waiting") == 1
     assert sample(text, "brooq_jobs", topic="nobody.handles", state="waiting") == 0
-    assert 'brooq_jobs{queue="bulk",state="pending",topic="nobody.handles"} 3.0' in text
+    assert 'brooq_jobs{queue="bulk",state="ready",topic="nobody.handles"} 3.0' in text
+    assert 'state="pending"' not in text and 'state="failed"' not in text  # not counts
     assert sample(text, "brooq_ready_oldest_age_seconds", topic="nobody.handles", queue="bulk") > 0
     # The label set of a queue whose jobs are gone reads 0, not its last count.
     db.execute("UPDATE job SET state = 'canceled' WHERE queue = 'bulk'")
@@ -212,18 +213,23 @@ def test_pause_resume_and_the_queues(queue: brooq.Queue, db: psycopg.Connection)
         0,
         0,
     )
+    assert (bulk.waiting, bulk.held, bulk.retrying, bulk.parked) == (0, 0, 0, 0)
     assert 5 <= bulk.oldest_ready_seconds < 30
     default = by_name["default"]
     assert (default.paused, default.ready, default.processing, default.dead) == (False, 1, 0, 1)
     assert bulk.to_dict() == {
         "name": "bulk",
         "paused": True,
-        "ready": 2,
+        "waiting": 0,
         "scheduled": 1,
+        "ready": 2,
+        "held": 0,
+        "retrying": 0,
+        "parked": 0,
         "processing": 1,
-        "failed": 0,
         "dead": 0,
         "oldest_ready_seconds": round(bulk.oldest_ready_seconds, 3),
+        "failed": 0,
     }
     # A pause stops claims, not producers: enqueueing goes on.
     queue.enqueue(brooq.Job("a", queue="bulk"))
@@ -663,7 +669,8 @@ def test_stats_count_never_holds_the_loop(dsn: str, db: Any, queue: brooq.Queue)
     from brooq.settings import Settings
     from brooq.sql import queries
     from brooq.supervisor.duties.stats import Stats
-    from tests.unit.supervisor.duties.test_scheduler_and_duties import FakeMetrics, pending
+    from tests.unit.supervisor.duties.test_scheduler_and_duties import FakeMetrics
+    from tests.unit.supervisor.duties.test_scheduler_and_duties import ready as count_of
 
     for _ in range(3):
         queue.enqueue(brooq.Job("t.counted"))
@@ -681,7 +688,7 @@ def test_stats_count_never_holds_the_loop(dsn: str, db: Any, queue: brooq.Queue)
     with psycopg.connect(dsn) as holder:
         holder.execute("LOCK TABLE job IN ACCESS EXCLUSIVE MODE")
         assert duty.run_once(0.0) == {"sent": 1}
-        assert duty.line.busy and pending(metrics, "default", "t.counted") is None
+        assert duty.line.busy and count_of(metrics, "default", "t.counted") is None
         wait_for(
             lambda: (
                 db.execute(
@@ -694,14 +701,14 @@ def test_stats_count_never_holds_the_loop(dsn: str, db: Any, queue: brooq.Queue)
         )
         ready, _, _ = select.select(duty.read_fds(), [], [], 0.2)
         duty.service(set(ready))
-        assert duty.line.busy and pending(metrics, "default", "t.counted") is None
+        assert duty.line.busy and count_of(metrics, "default", "t.counted") is None
         assert duty.run_once(5.0) == {}  # one count at a time
         holder.rollback()
     while duty.line.busy:
         ready, _, _ = select.select(duty.read_fds(), [], [], 5.0)
         assert ready, "no answer within 5 s of the lock's release"
         duty.service(set(ready))
-    assert pending(metrics, "default", "t.counted") == 3
+    assert count_of(metrics, "default", "t.counted") == 3
     duty.close()
 
 

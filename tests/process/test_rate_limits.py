@@ -177,13 +177,13 @@ def test_a_held_back_topic_is_counted_held_and_not_stuck_in_the_gauges(
     wait_for(lambda: count(db, "state = 'done'") == 1, what="the first start")
 
     def scrape() -> tuple[float, float, float] | None:
-        """(held, pending, oldest ready age) of one scrape once every pending job is
-        held back (4, or 5 if the first start was given back late), else None."""
+        """(held, ready, oldest ready age) of one scrape once every ready job is held
+        back (4, or 5 if the first start was given back late), else None."""
         text = get(addr, "/metrics")[1]
         held = sample(text, "brooq_jobs_held", topic="api.rated")
-        pending = sample(text, "brooq_jobs", topic="api.rated", state="pending")
+        ready = sample(text, "brooq_jobs", topic="api.rated", state="ready")
         oldest = sample(text, "brooq_ready_oldest_age_seconds", topic="api.rated")
-        return (held, pending, oldest) if held >= 4 and held == pending else None
+        return (held, ready, oldest) if held >= 4 and held == ready else None
 
     _, _, oldest = wait_for(scrape, what="the waiting jobs held back in the gauges")
     assert oldest == 0  # every ready job held back: none waits as if stuck

@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from brooq.metrics import Metrics
+from brooq.operator.records import SPLIT
 from brooq.settings import Settings
 from brooq.supervisor.connections import MASTER_LOCK_TIMEOUT_MS, Connections
 from brooq.supervisor.duties.scheduler import Counts
@@ -154,7 +155,7 @@ class Stats(Source):
         holds = {(h["queue"], h["topic"]): h for h in held}
         for queue, topic in self.handled | self.shown | set(by_key):
             r = by_key.get((queue, topic), {})
-            for state in ("waiting", "pending", "processing", "failed", "dead"):
+            for state in SPLIT:
                 self.metrics.jobs.labels(topic=topic, state=state, queue=queue).set(r.get(state, 0))
             h = holds.get((queue, topic))
             oldest = r.get("oldest_ready_age", 0.0) if h is None else h["oldest_unheld_age"]

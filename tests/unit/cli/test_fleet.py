@@ -1,4 +1,4 @@
-"""`brooq fleet` and the no-handler mark of `brooq stats`, as lines (pure)."""
+"""`brooq fleet` and the HANDLER column of `brooq stats`, as lines (pure)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ def test_fleet_lines() -> None:
     assert fleet_lines([])[0].startswith("(no live master")
 
 
-def test_stats_lines_mark_what_no_master_handles() -> None:
+def test_stats_lines_say_whether_a_master_handles_each_row() -> None:
     rows = [
         brooq.TopicStats(topic="a", pending=2, ready=2),
         brooq.TopicStats(topic="typo", pending=1, ready=1),
     ]
-    lines = stats_lines(rows, {("default", "typo")})
-    assert lines[2].endswith("  no handler") and not lines[1].endswith("no handler")
-    assert lines[3].startswith("(total)") and "no handler" not in lines[3]
-    assert stats_lines(rows) == [line.replace("  no handler", "") for line in lines]
+    lines = stats_lines(rows, {("default", "a")})
+    assert lines[0].split()[-1] == "HANDLER"
+    assert lines[1].endswith("  yes") and lines[2].endswith("  none")
+    assert lines[3].startswith("(total)") and lines[3].endswith("0.0s")  # no HANDLER cell
+    assert [line.split()[-1] for line in stats_lines(rows)[1:3]] == ["-", "-"]  # cannot tell
+    assert stats_lines([]) == ["(no unfinished or dead jobs)"]

@@ -218,20 +218,21 @@ class FakeLine:
         return True
 
 
-def stats_row(queue: str, topic: str, pending: int, age: float = 0.0) -> dict[str, Any]:
+def stats_row(queue: str, topic: str, ready: int, age: float = 0.0) -> dict[str, Any]:
     return {
         "queue": queue,
         "topic": topic,
-        "pending": pending,
+        "ready": ready,
         "processing": 0,
-        "failed": 0,
+        "retrying": 0,
         "dead": 0,
         "oldest_ready_age": age,
     }
 
 
-def pending(metrics: FakeMetrics, queue: str, topic: str) -> float | None:
-    return metrics.jobs.values.get((("queue", queue), ("state", "pending"), ("topic", topic)))
+def ready(metrics: FakeMetrics, queue: str, topic: str, state: str = "ready") -> float | None:
+    """The brooq_jobs gauge of (queue, topic) for ``state`` (a count's name)."""
+    return metrics.jobs.values.get((("queue", queue), ("state", state), ("topic", topic)))
 
 
 def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
@@ -241,12 +242,16 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
     assert duty.apply([stats_row("bulk", "mail", 3, 2.5), stats_row("other", "mail", 1)]) == {
         "topics": 2
     }
-    assert pending(metrics, "bulk", "mail") == 3 and pending(metrics, "other", "mail") == 1
-    assert pending(metrics, "default", "idle") == 0  # a handler's topic: zeros, not absent
+    assert ready(metrics, "bulk", "mail") == 3 and ready(metrics, "other", "mail") == 1
+    assert ready(metrics, "default", "idle") == 0  # a handler's topic: zeros, not absent
     assert metrics.oldest_ready.values[(("queue", "bulk"), ("topic", "mail"))] == 2.5
+    # Every count but held (a gauge of its own) is a state label, each written.
+    states = {dict(key)["state"] for key in metrics.jobs.values}
+    assert states == {"waiting", "scheduled", "ready", "retrying", "parked", "processing", "dead"}
+    assert ready(metrics, "bulk", "mail", "scheduled") == 0
 
     duty.apply([stats_row("bulk", "mail", 2)])  # the other queue emptied
-    assert pending(metrics, "other", "mail") == 0  # not its last count
+    assert ready(metrics, "other", "mail") == 0  # not its last count
     assert metrics.oldest_ready.values[(("queue", "other"), ("topic", "mail"))] == 0
     metrics.jobs.written.clear()
     duty.apply([stats_row("bulk", "mail", 2)])  # written as zero once, then forgotten
@@ -265,7 +270,7 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
     # A handled topic without rows shows as zero in its handler's queue.
     listed = Stats(conns, {"mail": "default"}, Settings(), metrics)  # type: ignore[arg-type]
     listed.apply([])
-    assert pending(metrics, "default", "mail") == 0
+    assert ready(metrics, "default", "mail") == 0
     assert Stats(none, {}, Settings(), None, dsn="x").run_once(0.0) == {}  # no metrics
 
 
