@@ -1,0 +1,322 @@
+"""The documentation's sample outputs of `brooq stats`, `brooq queues` and `brooq top` are
+what brooq prints: each is run again, on a database seeded with the jobs the sample shows.
+
+A sample is a fenced block right after a marker comment naming its scene (the jobs seeded,
+one function of SCENES below) and, when the block holds only what one command printed, that
+command:
+
+    <!-- sample: operator -->              a transcript: "$ brooq ..." lines, each followed
+                                           by what it printed (run in order, on one database)
+    <!-- sample: typo | brooq stats -->     the output of `brooq stats` alone
+
+Compared exactly, but for what a run cannot reproduce: ages (4.2s, 12.0m: the digits may
+differ, not the unit nor the width), job ids, `brooq top`'s database and clock, the times of
+its JSON, and a read target's last line ("read from ..."), which only a standby prints. In a
+JSON sample a list may end with "..." (the rest left out). Every block of the documentation
+that shows one of these tables must be marked (test_every_table_sample_is_marked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import brooq
+from brooq.operator.records import COUNTS, SPLIT
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = re.compile(r"<!--\s*sample:\s*(?P<scene>[\w-]+)\s*(?:\|\s*(?P<command>[^>]*?))?\s*-->")
+FENCE = re.compile(r"^```[^\n]*\n(?P<body>.*?)^```", re.S | re.M)
+# A block showing one of the count tables: it must be marked.
+TABLE_HEADER = re.compile(
+    r"^(\$ brooq (stats|queues|top)( --json| --once)?\s*|QUEUE +(TOPIC|PAUSED) .*READY.*)$"
+)
+
+# An output the tutorial's own test runs (tests/docs/test_tutorial.py), right before a block.
+TUTORIAL_OUTPUT = re.compile(r"<!--\s*tutorial:\s*output\s*-->\s*\Z")
+AGE = re.compile(r"(?<![\w.])\d+\.\d(?=[smhd](?!\w))")
+ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+TOP_TITLE = re.compile(r"^brooq top  \S+  \d\d:\d\d:\d\d UTC  \(q quits\)$", re.M)
+READ_FROM = re.compile(r"^read from \S+, .+\n?", re.M)
+ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")
+
+
+def documents() -> list[Path]:
+    return sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+
+
+@dataclass(frozen=True)
+class Sample:
+    page: str
+    line: int
+    scene: str
+    command: str | None  # None: the block is a transcript
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def samples() -> list[Sample]:
+    found = []
+    for path in documents():
+        text = path.read_text()
+        for marker in MARKER.finditer(text):
+            block = FENCE.search(text, marker.end())
+            page = str(path.relative_to(ROOT))
+            line = text.count("\n", 0, marker.start()) + 1
+            between = text[marker.end() : block.start()] if block else "no block"
+            assert block and not between.strip(), f"{page}:{line}: the marker is not before a block"
+            command = marker.group("command")
+            found.append(Sample(page, line, marker.group("scene"), command, block.group("body")))
+    return found
+
+
+def normal(text: str) -> str:
+    """``text`` without what a run cannot reproduce (the module docstring lists it)."""
+    text = READ_FROM.sub("", text)
+    text = TOP_TITLE.sub("brooq top  DATABASE  CLOCK  (q quits)", text)
+    text = ID.sub("ID", text)
+    return AGE.sub(lambda m: "#" * len(m.group()), text)
+
+
+def same_json(sample: Any, actual: Any, where: str = "") -> list[str]:
+    """Where ``sample`` (its keys, their order, its values) is not ``actual``'s; floats,
+    times, ids and the database name are compared by kind only."""
+    if isinstance(sample, dict) and isinstance(actual, dict):
+        if list(sample) != list(actual):
+            return [f"{where or '/'}: keys {list(sample)} != {list(actual)}"]
+        return [p for k in sample for p in same_json(sample[k], actual[k], f"{where}/{k}")]
+    if isinstance(sample, list) and isinstance(actual, list):
+        more = bool(sample) and sample[-1] == "..."
+        shown = sample[:-1] if more else sample
+        if len(shown) > len(actual) or (not more and len(shown) != len(actual)):
+            return [f"{where}: {len(sample)} items shown, {len(actual)} printed"]
+        return [p for n, s in enumerate(shown) for p in same_json(s, actual[n], f"{where}/{n}")]
+    if isinstance(sample, float) and isinstance(actual, (float, int)):
+        return []
+    if isinstance(sample, str) and isinstance(actual, str):
+        if where.endswith("/database") or (ISO_TIME.match(sample) and ISO_TIME.match(actual)):
+            return []
+        if ID.fullmatch(sample) and ID.fullmatch(actual):
+            return []
+    if sample != actual or type(sample) is not type(actual):
+        return [f"{where}: {sample!r} != {actual!r}"]
+    return []
+
+
+def run(dsn: str, args: list[str]) -> str:
+    """`python -m brooq --database DSN ARGS`, without the caller's settings: what it
+    printed, stdout then stderr."""
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CRED", "QUEUE_"))
+    }
+    environ["PYTHONPATH"] = str(ROOT)
+    environ.pop("PGOPTIONS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "brooq", "--database", dsn, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environ,
+        cwd=ROOT,
+    )
+    return done.stdout + done.stderr
+
+
+def steps(sample: Sample) -> Iterator[tuple[list[str], str]]:
+    """(the command's arguments after `brooq`, what the sample shows it printed)."""
+    if sample.command is not None:
+        yield shlex.split(sample.command)[1:], sample.text
+        return
+    command: list[str] | None = None
+    shown: list[str] = []
+    for line in sample.text.splitlines(keepends=True):
+        if line.startswith("$ "):
+            if command is not None:
+                yield command, "".join(shown)
+            command, shown = shlex.split(line[2:], comments=True)[1:], []
+        else:
+            assert command is not None, f"{sample}: output before any '$ brooq' line"
+            shown.append(line)
+    assert command is not None, f"{sample}: no '$ brooq' line"
+    yield command, "".join(shown)
+
+
+# -- the scenes: the jobs each sample shows ---------------------------------------------------
+
+
+Connection = psycopg.Connection[Any]
+
+
+def _master(db: Connection, queues: list[str], topics: list[str], limits: Any = None) -> None:
+    """A live master's row: it handles ``queues`` x ``topics``, publishes ``limits``."""
+    db.execute(
+        "INSERT INTO brooq_master (id, host, pid, version, app, queues, topics, beat_seconds,"
+        " started_at, limits) VALUES (%s, 'app1', 31337, %s, 'myapp:queue', %s, %s, 10, now(),"
+        " %s)",
+        (uuid.uuid4(), brooq.__version__, queues, topics, json.dumps(limits or {})),
+    )
+
+
+def _job(q: brooq.Queue, db: Connection, topic: str, set_: str, **options: Any) -> uuid.UUID:
+    """A job of ``topic`` enqueued, then given its state and times (``set_``, SQL)."""
+    job_id, _ = q.enqueue(brooq.Job(topic, {"n": 1}, **options))
+    db.execute(f"UPDATE job SET {set_} WHERE id = %s", (job_id,))
+    return job_id
+
+
+def typo(queue: brooq.Queue, db: Connection) -> None:
+    """A producer's typo: calc.hsah, a topic no live master handles."""
+    _master(db, ["default"], ["calc.hash"])
+    _job(queue, db, "calc.hash", "available_at = now()")
+    for _ in range(2):
+        _job(queue, db, "calc.hsah", "available_at = now() - interval '32 s'")
+
+
+def operator(queue: brooq.Queue, db: Connection) -> None:
+    """Every count: email.send in the default queue, report.render in bulk (global_limit
+    1, at its limit: its ready jobs are held back), three children holding jobs, one
+    lease expired."""
+    _master(
+        db,
+        ["default", "bulk"],
+        ["email.send", "report.render"],
+        {"report.render": {"global_limit": 1, "queue": "bulk"}},
+    )
+    mail = "email.send"
+    _job(queue, db, mail, "available_at = now() - interval '12 min'")
+    _job(queue, db, mail, "available_at = now() - interval '30 s'")
+    _job(queue, db, mail, "available_at = now() + interval '1 hour'")
+    _job(
+        queue,
+        db,
+        mail,
+        "state = 'failed', attempts = 1, last_error = 'SMTP 451', "
+        "available_at = now() + interval '40 s', updated_at = now() - interval '5 min'",
+    )
+    _job(
+        queue,
+        db,
+        mail,
+        "state = 'processing', attempts = 1, locked_by = 'app2:4711/child-1', "
+        "locked_until = now() - interval '14 s', updated_at = now() - interval '72 s'",
+    )
+    _job(
+        queue,
+        db,
+        mail,
+        "state = 'processing', attempts = 2, locked_by = 'app1:31337/child-2', "
+        "locked_until = now() + interval '45 s', updated_at = now() - interval '25 s'",
+    )
+    _job(queue, db, mail, "state = 'dead', attempts = 5, updated_at = now() - interval '20 min'")
+    for _ in range(2):
+        _job(queue, db, mail, "state = 'done', attempts = 1, updated_at = now() - interval '10 s'")
+    render = "report.render"
+    bulk = {"queue": "bulk"}
+    _job(
+        queue,
+        db,
+        render,
+        "state = 'processing', attempts = 1, locked_by = 'app1:31337/child-1', "
+        "locked_until = now() + interval '40 s', updated_at = now() - interval '15 s'",
+        **bulk,
+    )
+    first = _job(queue, db, render, "available_at = now() - interval '10 min'", **bulk)
+    _job(queue, db, render, "available_at = now() - interval '4 min'", **bulk)
+    _job(queue, db, render, "state = 'waiting'", after=[first], **bulk)
+    _job(queue, db, render, "parked = 'sleep', available_at = now() + interval '10 min'", **bulk)
+    _job(
+        queue,
+        db,
+        render,
+        "state = 'done', attempts = 1, updated_at = now() - interval '20 s'",
+        **bulk,
+    )
+
+
+SCENES: dict[str, Callable[[brooq.Queue, Connection], None]] = {
+    "typo": typo,
+    "operator": operator,
+}
+SAMPLES = samples()
+
+
+def test_samples_are_found() -> None:
+    pages = {s.page for s in SAMPLES}
+    assert {"docs/operator.md", "docs/how-to/read-replica.md"} <= pages
+    assert {s.scene for s in SAMPLES} == set(SCENES)
+
+
+def test_every_table_sample_is_marked() -> None:
+    """A block showing a count table is a sample here, or an output of the tutorial's,
+    which tests/docs/test_tutorial.py checks against its own run."""
+    marked = {(s.page, s.text) for s in SAMPLES}
+    unmarked = []
+    for path in documents():
+        page = str(path.relative_to(ROOT))
+        text = path.read_text()
+        for block in FENCE.finditer(text):
+            body = block.group("body")
+            shows = [line for line in body.splitlines() if TABLE_HEADER.match(line)]
+            tutorial = TUTORIAL_OUTPUT.search(text[: block.start()])
+            if shows and (page, body) not in marked and not tutorial:
+                unmarked.append(f"{page}: {shows[0]}")
+    assert unmarked == []
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=str)
+def test_sample_is_what_brooq_prints(
+    sample: Sample, dsn: str, queue: brooq.Queue, db: Connection
+) -> None:
+    SCENES[sample.scene](queue, db)
+    for args, shown in steps(sample):
+        printed = run(dsn, args)
+        if "--json" in args:
+            expected, found = json.loads(shown), json.loads(printed)
+            if isinstance(found, dict) and "read_from" not in found:
+                expected.pop("read_from", None)  # only a read target prints it
+            assert same_json(expected, found) == [], (args, printed)
+        else:
+            assert normal(shown) == normal(printed), f"brooq {shlex.join(args)}:\n{printed}"
+
+
+def test_the_counts_split_the_jobs(queue: brooq.Queue, db: Connection) -> None:
+    """Each unfinished job is in exactly one count but held (part of ready), dead ones in
+    dead; a queue's counts are its topics' summed; the JSON lists the counts first."""
+    operator(queue, db)
+    # A sleep that has ended is ready; a job waiting for an event without a deadline is parked.
+    _job(queue, db, "report.render", "parked = 'sleep', available_at = now()", queue="bulk")
+    _job(queue, db, "email.send", "state = 'waiting', parked = 'event'")
+    rows = {(r.queue, r.topic): r for r in queue.stats()}
+    counted = {
+        (queue_name, topic): n
+        for queue_name, topic, n in db.execute(
+            "SELECT queue, topic, count(*) FROM job WHERE state NOT IN ('done', 'canceled') "
+            "GROUP BY queue, topic"
+        )
+    }
+    assert {key: sum(getattr(r, name) for name in SPLIT) for key, r in rows.items()} == counted
+    mail, render = rows[("default", "email.send")], rows[("bulk", "report.render")]
+    assert [getattr(mail, name) for name in COUNTS] == [0, 1, 2, 0, 1, 1, 2, 1]
+    assert [getattr(render, name) for name in COUNTS] == [1, 0, 3, 3, 0, 1, 1, 0]
+    assert (mail.pending, mail.failed, mail.busy) == (3, 1, 1)  # the state counts, kept
+    for stats in queue.queues():
+        topics = [r for r in rows.values() if r.queue == stats.name]
+        assert [getattr(stats, name) for name in COUNTS] == [
+            sum(getattr(r, name) for r in topics) for name in COUNTS
+        ]
+    assert list(mail.to_dict())[2 : 2 + len(COUNTS)] == list(COUNTS)
+    assert list(queue.queues()[0].to_dict())[2 : 2 + len(COUNTS)] == list(COUNTS)
