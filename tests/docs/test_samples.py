@@ -41,7 +41,8 @@ MARKER = re.compile(r"<!--\s*sample:\s*(?P<scene>[\w-]+)\s*(?:\|\s*(?P<command>[
 FENCE = re.compile(r"^```[^\n]*\n(?P<body>.*?)^```", re.S | re.M)
 # A block showing one of the count tables: it must be marked.
 TABLE_HEADER = re.compile(
-    r"^(\$ brooq (stats|queues|top)( --json| --once)?\s*|QUEUE +(TOPIC|PAUSED) .*READY.*)$"
+    r"^(\$ brooq (stats|queues|top)( --json| --once)?\s*|QUEUE +(TOPIC|PAUSED) .*READY.*"
+    r"|\(no (unfinished|waiting|queues|jobs)\b.*)$"
 )
 
 # An output the tutorial's own test runs (tests/docs/test_tutorial.py), right before a block.
@@ -178,6 +179,10 @@ def _job(q: brooq.Queue, db: Connection, topic: str, set_: str, **options: Any) 
     return job_id
 
 
+def empty(queue: brooq.Queue, db: Connection) -> None:
+    """No job at all."""
+
+
 def typo(queue: brooq.Queue, db: Connection) -> None:
     """A producer's typo: calc.hsah, a topic no live master handles."""
     _master(db, ["default"], ["calc.hash"])
@@ -248,6 +253,7 @@ def operator(queue: brooq.Queue, db: Connection) -> None:
 
 
 SCENES: dict[str, Callable[[brooq.Queue, Connection], None]] = {
+    "empty": empty,
     "typo": typo,
     "operator": operator,
 }
