@@ -96,6 +96,7 @@ class Board:
         self._seqs = [0] * self.capacity
         self._culprit_seq = 0
         self._reports = 0  # the child's count of progress reports (_PROGRESS_COUNT_AT)
+        self._found: dict[bytes, int] = {}  # job id -> the slot its last report found
         self._topics: dict[str, bytes] = {}  # topic -> its bytes on the board
 
     # -- the child ---------------------------------------------------------------------------
@@ -144,22 +145,33 @@ class Board:
         """A running job's progress, in the slot that runs it, and one more report in
         the header's count; False when no slot runs it (nothing written)."""
         raw_id = job_id.bytes
-        for slot in range(self.capacity):
-            at = _SLOTS_AT + slot * _SLOT
-            if self._mem[at + _SEQ.size : at + _SEQ.size + 16] != raw_id:
-                continue
-            posted = self._seqs[slot] & 0xFFFFFFFF  # this claim's post, not an earlier one's
-            at += _PROGRESS_AT
-            (seq,) = _SEQ.unpack_from(self._mem, at)
-            _SEQ.pack_into(self._mem, at, seq + 1 | 1)  # odd: being written
-            _PROGRESS.pack_into(
-                self._mem, at + _SEQ.size, raw_id, posted, fraction, len(message), message
-            )
-            _SEQ.pack_into(self._mem, at, (seq | 1) + 1)  # even: consistent
-            self._reports += 1
-            _SEQ.pack_into(self._mem, _PROGRESS_COUNT_AT, self._reports)
-            return True
-        return False
+        # The slot this job was found in last time, looked at first: an async child's
+        # board has a slot per job in flight, and a handler reports many times.
+        slot = self._found.get(raw_id, 0)
+        if self._slot_id(slot) != raw_id:
+            for slot in range(self.capacity):
+                if self._slot_id(slot) == raw_id:
+                    break
+            else:
+                return False
+            if len(self._found) >= 2 * self.capacity:
+                self._found.clear()  # jobs long gone
+            self._found[raw_id] = slot
+        posted = self._seqs[slot] & 0xFFFFFFFF  # this claim's post, not an earlier one's
+        at = _SLOTS_AT + slot * _SLOT + _PROGRESS_AT
+        (seq,) = _SEQ.unpack_from(self._mem, at)
+        _SEQ.pack_into(self._mem, at, seq + 1 | 1)  # odd: being written
+        _PROGRESS.pack_into(
+            self._mem, at + _SEQ.size, raw_id, posted, fraction, len(message), message
+        )
+        _SEQ.pack_into(self._mem, at, (seq | 1) + 1)  # even: consistent
+        self._reports += 1
+        _SEQ.pack_into(self._mem, _PROGRESS_COUNT_AT, self._reports)
+        return True
+
+    def _slot_id(self, slot: int) -> bytes:
+        at = _SLOTS_AT + slot * _SLOT + _SEQ.size
+        return self._mem[at : at + 16]
 
     def hooks_running(self, running: bool) -> None:
         self._mem[_HOOKS_AT] = 1 if running else 0

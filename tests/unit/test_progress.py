@@ -77,6 +77,11 @@ def test_the_board_carries_the_running_claims_report_only() -> None:
     assert board.progresses() == {}
     board.clear(2)
     assert board.progresses() == {}
+    assert not board.progress(b, 0.2, b"gone")  # its slot is empty: nothing written
+    # Claimed again into another slot: found there, not in the slot it last reported from.
+    board.post(b, "t", 3, 4.0, 60.0, 30.0, slot=1)
+    assert board.progress(b, 0.3, b"moved")
+    assert board.progresses() == {b: (3, 0.3, "moved")}
     assert board.read_all()[0].id == a  # the job fields beside it are untouched
     board.close()
 
