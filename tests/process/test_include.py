@@ -166,3 +166,52 @@ def test_another_driver_in_the_url_is_one_line_naming_it(dsn: str) -> None:
         "names the driver '+asyncpg' (postgresql+asyncpg://)",
     )
     assert "s3cret" not in line
+
+
+def test_a_reload_imports_the_included_modules_again(
+    dsn: str, db: psycopg.Connection[Any], start_master: StartMaster, tmp_path: Any
+) -> None:
+    """SIGHUP: the children import the application again, and its include= with it: a
+    changed handler in an included module and a module added to an included package both
+    run in the new generation."""
+    import signal
+    import time
+
+    import brooq
+
+    pkg = tmp_path / "reincluded"
+    (pkg / "jobs").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "app.py").write_text(
+        "import brooq\nqueue = brooq.Queue(include=['reincluded.jobs'], strict_topics=True)\n"
+    )
+    (pkg / "jobs" / "__init__.py").write_text("")
+
+    def write(name: str, topic: str, version: str) -> None:
+        path = pkg / "jobs" / f"{name}.py"
+        path.write_text(
+            "from reincluded.app import queue\n\n"
+            f"@queue.handler({topic!r})\n"
+            f"def handle(claim):\n    return {version!r}\n"
+        )
+        later = time.time() + (2 if version == "v2" else 1)
+        os.utime(path, (later, later))  # defeat the .pyc mtime check
+
+    write("versioned", "t.version", "v1")
+    m = start_master(workers=1, app="reincluded.app", cwd=tmp_path)
+    m.wait_ready(1)
+    producer = brooq.Queue(dsn)
+    try:
+        first, _ = producer.enqueue(brooq.Job("t.version"))
+        wait_for(lambda: job(db, first)[2] == "done", what="v1 done")
+        write("versioned", "t.version", "v2")
+        write("added", "t.added", "added")
+        m.signal(signal.SIGHUP)
+        wait_for(lambda: "event=reload_done" in m.log(), what="reload done")
+        second, _ = producer.enqueue(brooq.Job("t.version"))
+        added, _ = producer.enqueue(brooq.Job("t.added"))
+        wait_for(lambda: job(db, second)[2] == "done", what="v2 done")
+        wait_for(lambda: job(db, added)[2] == "done", what="the added module's job done")
+    finally:
+        producer.close()
+    assert (job(db, first)[3], job(db, second)[3], job(db, added)[3]) == ("v1", "v2", "added")
