@@ -10,7 +10,6 @@ from decimal import Decimal
 from typing import Any
 
 import brooq
-
 from brooq_incapp.app import queue
 
 

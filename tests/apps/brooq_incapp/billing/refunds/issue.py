@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import brooq
-
 from brooq_incapp.app import queue
 
 
