@@ -2,7 +2,8 @@
 `--migration 11` for 0011, unique keys and tags; `--migration 12` for 0012, rate limits
 and groups; `--migration 13` for 0013, workflows; `--migration 14` for 0014, progress,
 logs and trace context; `--migration 15` for 0015, lighter inserts; `--migration 16` for
-0016, flat cascades; `--migration 17` for 0017, durable handlers) takes on a live table,
+0016, flat cascades; `--migration 17` for 0017, durable handlers; `--migration 18` for
+0018, tracebacks kept) takes on a live table,
 through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
@@ -20,7 +21,7 @@ generate_series), ANALYZE. Then, while
   limit 1, rolled back: the rows stay ready) every 20 ms -- that statement, because during
   the deploy only masters of the previous release run (a newer master refuses to start on
   a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011, 0012 and
-  0013 to 0017 today's (none changes the statement the previous release sends for a topic
+  0013 to 0018 today's (none changes the statement the previous release sends for a topic
   without limits),
 - a sampler reads pg_locks of the migrating backend every 5 ms (the lock modes it holds
   or waits for on job),
@@ -143,6 +144,7 @@ CLAIM_BEFORE = {
     15: Q.job_finish_and_claim,
     16: Q.job_finish_and_claim,
     17: Q.job_finish_and_claim,
+    18: Q.job_finish_and_claim,
 }
 MIGRATION = 3  # set by --migration
 

@@ -362,8 +362,11 @@ class JobRecord:
     priority: int = 0
     # What the handler returned (decoded JSON), None when nothing was stored.
     result: Any = None
-    # The error history: one {"attempt", "at", "error", "worker"} per failed attempt (and
-    # per lease expiry), the last 20, oldest first; "at" is the ISO text jsonb writes.
+    # The error history: one entry per failed attempt (and per lease expiry or cancel by
+    # the handler), the last 20, oldest first: {"attempt", "at", "started_at", "worker",
+    # "error", "kind", "traceback"} ("at" and "started_at" the ISO text jsonb writes;
+    # "traceback" a bounded text on the newest 5 entries, else null; entries written
+    # before schema version 18 have only attempt, at, error and worker).
     errors: list[dict[str, Any]] = field(default_factory=list)
     unique_key: str | None = None
     tags: list[str] = field(default_factory=list)

@@ -32,6 +32,7 @@ from brooq.sql import queries
 SCREEN_LINES = 24  # `jobs show` fits a classic terminal
 SHOW_INLINE_PAYLOAD = 80  # characters of compact JSON shown on the payload (result) line
 HISTORY_ERROR_WIDTH = 80  # characters of an error's first line in the history
+TRACEBACK_HEAD = 2  # lines a clipped traceback keeps from its start (the handler's frame)
 
 
 def _when(moment: datetime, now: datetime) -> str:
@@ -125,12 +126,17 @@ def jobs_list(
     say_lines(table(headers, rows, right={3, 5}))
 
 
-def _clip(lines: list[str], room: int, *, tail: bool, job_id: object) -> list[str]:
-    """At most ``room`` lines: the first ones (or the last ones) and a note on the rest."""
+def _clip(lines: list[str], room: int, *, tail: bool, job_id: object, head: int = 0) -> list[str]:
+    """At most ``room`` lines: the first ones (or the last ones) and a note on the rest;
+    with ``tail`` and ``head``, the first ``head`` lines stay too while there is room for
+    them and a few of the last (a traceback: where the handler started, then where it
+    failed)."""
     if len(lines) <= room:
         return lines
     keep = max(room - 1, 1)
     note = f"… {len(lines) - keep} more lines: brooq jobs show {job_id} --json"
+    if tail and head and keep - head >= 3:
+        return [*lines[:head], note, *lines[-(keep - head) :]]
     return [note, *lines[-keep:]] if tail else [*lines[:keep], note]
 
 
@@ -178,6 +184,9 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
     result = ["-"] if record.result is None else _json_lines(record.result)
     payload = _json_lines(record.payload)
     history = [_history_line(entry) for entry in record.errors]
+    kept = _latest_traceback(record.errors)
+    if kept is not None:  # the traceback has its block: the last error's first line here
+        error = error[:1]
     blocks = [
         # name, body, on its name's line, keep the end when clipped (a traceback names the
         # exception last; the newest failures are the last entries)
@@ -186,8 +195,10 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
         if history
         else ("errors", ["-"], True, True),
         ("last error", error, len(error) == 1, True),
-        ("payload", payload, len(payload) == 1, False),
     ]
+    if kept is not None:
+        blocks.append((kept[0], kept[1], False, True))
+    blocks.append(("payload", payload, len(payload) == 1, False))
     # What does not fit on its field's line shares the rest of the screen.
     room = SCREEN_LINES - len(lines) - len(blocks)
     needs = [0 if inline else len(body) for _, body, inline, _ in blocks]
@@ -196,8 +207,28 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
             lines.append(f"{name + ':':<16} {body[0]}")
         else:
             lines.append(name + ":")
-            lines += ["  " + b for b in _clip(body, body_room, tail=tail, job_id=record.id)]
+            if name.startswith("traceback") and len(body) > body_room:
+                # Its frames and exception first: the source lines and carets go.
+                body = [ln for ln in body if not ln.startswith("    ")]
+                keep = TRACEBACK_HEAD
+            else:
+                keep = 0
+            lines += [
+                "  " + b for b in _clip(body, body_room, tail=tail, job_id=record.id, head=keep)
+            ]
     return lines
+
+
+def _latest_traceback(errors: list[dict[str, Any]]) -> tuple[str, list[str]] | None:
+    """The newest entry's traceback kept in the error history: its block's name
+    ("traceback (attempt 3, raised)") and lines; None when no entry keeps one."""
+    for entry in reversed(errors):
+        text = entry.get("traceback") if isinstance(entry, dict) else None
+        if isinstance(text, str) and text.strip():
+            kind = entry.get("kind")
+            what = f", {kind}" if isinstance(kind, str) else ""
+            return f"traceback (attempt {entry.get('attempt', '?')}{what})", text.splitlines()
+    return None
 
 
 def _json_lines(value: object) -> list[str]:
@@ -259,9 +290,11 @@ STEPS_SHOWN = 50  # the newest recorded steps `jobs show` lists (--json: all)
 @click.pass_context
 def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """A job's fate on one screen: state, attempts, times, holder and lease, result,
-    error history (attempt, time, worker, first line of each error), last error, payload;
-    for a job of a workflow, the jobs it waits for and those waiting on it, with their
-    states. --json: every field whole."""
+    error history (attempt, time, worker, first line of each error), last error, the
+    newest traceback kept (the handler's first frame and the innermost ones when it is
+    long), payload; for a job of a workflow, the jobs it waits for and those waiting on
+    it, with their states. --json: every field whole, the error history with its
+    tracebacks (``errors``)."""
     jid = brooq.job.parse_job_id(job_id)
     reads = open_reads(ctx)
     record = reads.get(jid)

@@ -11,4 +11,6 @@ running master's code, so both sides always run the same version).
 - `progress`: a running handler's progress: its checks, and the sink that writes it on
   the board for the master's progress tick.
 - `reasons`: why a child stopped, and why the master replaced it (log and metric labels).
+- `tracebacks`: a failed attempt's traceback as the error history keeps it, cut the same
+  way by a child (what a handler raised) and the master (a killed child's stack).
 """

@@ -55,6 +55,8 @@ PARAM_TYPES = {
     "delay": "float8",
     "error": "text",
     "history_error": "text",
+    "kind": "text",
+    "traceback": "text",
 }
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")

@@ -100,6 +100,7 @@ RELATIONS = (
     "brooq_emit_event",
     "brooq_park_event",
     "brooq_park_jobs",
+    "brooq_errors_append",
 )
 _MARK = re.compile(r"\{(" + "|".join(RELATIONS) + r")(:name)?\}")
 # The schema names QUEUE_SCHEMA takes: PostgreSQL's unquoted lower-case identifiers, so

@@ -281,11 +281,14 @@ SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_seqscan',
 -- variant: job_set_failed_logs_progress: logs, progress
 -- A failed attempt: dead when the attempts are used up, else failed until the backoff
 -- has passed. The refund flag gives the attempt back (PreserveAttempt), which never leads to dead.
--- The error history gets one entry in the same UPDATE: appended, then the last 20 kept
--- (a lax jsonpath range is clamped, so a shorter history stays whole), oldest first. In
--- SET, job.attempts is the value before this UPDATE: this attempt's number, charged at
--- claim (a refunded attempt's number comes again). history_error is the error bounded
--- to 1,000 characters (last_error keeps 2,000). _logs: as job_set_done_logs.
+-- The error history gets one entry in the same UPDATE (brooq_errors_append, migration
+-- 0018: the last 20 kept, oldest first, tracebacks on the newest 5). In SET, job.attempts
+-- is the value before this UPDATE: this attempt's number, charged at claim (a refunded
+-- attempt's number comes again), and job.updated_at the claim's time. history_error is
+-- the error bounded to 1,000 characters (last_error keeps 2,000); kind says how the
+-- attempt failed (raised, timeout, refused; killed or worker_died when the master writes
+-- it); traceback is brooq.ipc.tracebacks' bounded text, or NULL.
+-- _logs: as job_set_done_logs.
 -- _progress: as job_set_done_progress (a retry's next claim sets it back to NULL).
 UPDATE {job}
 SET state = CASE
@@ -298,12 +301,10 @@ SET state = CASE
     progress = %(progress)s::float8, progress_message = %(progress_message)s::text,
     --#end
     last_error = %(error)s,
-    errors = jsonb_path_query_array(
-        coalesce(job.errors, '[]'::jsonb)
-            || jsonb_build_object('attempt', job.attempts, 'at', now(),
-                                  'error', %(history_error)s::text,
-                                  'worker', %(worker)s::text),
-        '$[last - 19 to last]'),
+    errors = {brooq_errors_append}(job.errors, jsonb_build_object(
+        'attempt', job.attempts, 'at', now(), 'started_at', job.updated_at,
+        'worker', %(worker)s::text, 'error', %(history_error)s::text,
+        'kind', %(kind)s::text, 'traceback', %(traceback)s::text)),
     --#if logs
     logs = jsonb_path_query_array(
         coalesce(job.logs, '[]'::jsonb)
@@ -320,7 +321,13 @@ RETURNING state
 -- variant: job_set_canceled_progress: progress
 -- variant: job_set_canceled_logs_progress: logs, progress
 -- _logs: as job_set_done_logs. _progress: as job_set_done_progress.
+-- The handler's CancelJob is its attempt's end: an entry in the error history (kind
+-- canceled, with where it was raised), as job_set_failed appends one.
 UPDATE {job} SET state = 'canceled', last_error = %(error)s,
+    errors = {brooq_errors_append}(job.errors, jsonb_build_object(
+        'attempt', job.attempts, 'at', now(), 'started_at', job.updated_at,
+        'worker', %(worker)s::text, 'error', %(history_error)s::text,
+        'kind', 'canceled', 'traceback', %(traceback)s::text)),
     --#if progress
     progress = %(progress)s::float8, progress_message = %(progress_message)s::text,
     --#end

@@ -19,14 +19,11 @@ SET state = CASE WHEN lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELSE 'p
              || ' times: ' || %(cause)s
         ELSE last_error
     END,
-    errors = jsonb_path_query_array(
-        coalesce(errors, '[]'::jsonb)
-            || jsonb_build_object(
-                'attempt', attempts, 'at', now(),
-                'error', 'in flight when its worker died (' || (lease_expiries + 1)::text
-                    || ' of ' || %(max_expiries)s::text || '): ' || %(cause)s,
-                'worker', locked_by),
-        '$[last - 19 to last]'),
+    errors = {brooq_errors_append}(errors, jsonb_build_object(
+        'attempt', attempts, 'at', now(), 'started_at', updated_at,
+        'error', 'in flight when its worker died (' || (lease_expiries + 1)::text
+            || ' of ' || %(max_expiries)s::text || '): ' || %(cause)s,
+        'worker', locked_by, 'kind', 'worker_died', 'traceback', NULL::text)),
     locked_by = NULL, locked_until = NULL, updated_at = now()
 WHERE id = ANY(%(ids)s::uuid[]) AND state = 'processing' AND locked_by = %(worker)s
 RETURNING id, topic, state
@@ -166,18 +163,16 @@ SET state = CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s THEN 'dead' ELS
     -- is the attempt charged at claim, worker the holder whose lease ran out (in SET,
     -- job.locked_by is still the old value). The attempt is refunded, so the next claim
     -- charges the same number again: the history then shows that attempt number twice.
-    errors = jsonb_path_query_array(
-        coalesce(job.errors, '[]'::jsonb)
-            || jsonb_build_object(
-                'attempt', job.attempts, 'at', now(),
-                'error', 'lease expired (' || (job.lease_expiries + 1)::text || ' of '
-                    || %(max_expiries)s::text || '): '
-                    || CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s
-                            THEN 'dead, the workers running it vanished (host lost or frozen?)'
-                            ELSE 'back to pending, the attempt refunded'
-                       END,
-                'worker', job.locked_by),
-        '$[last - 19 to last]'),
+    -- Appended by brooq_errors_append (migration 0018); no traceback: nobody saw the stack.
+    errors = {brooq_errors_append}(job.errors, jsonb_build_object(
+        'attempt', job.attempts, 'at', now(), 'started_at', job.updated_at,
+        'error', 'lease expired (' || (job.lease_expiries + 1)::text || ' of '
+            || %(max_expiries)s::text || '): '
+            || CASE WHEN job.lease_expiries + 1 >= %(max_expiries)s
+                    THEN 'dead, the workers running it vanished (host lost or frozen?)'
+                    ELSE 'back to pending, the attempt refunded'
+               END,
+        'worker', job.locked_by, 'kind', 'lease_expired', 'traceback', NULL::text)),
     locked_by = NULL, locked_until = NULL,
     available_at = now(), updated_at = now()
 FROM expired

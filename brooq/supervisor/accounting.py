@@ -51,6 +51,9 @@ class _Failure:
     suspects: tuple[uuid.UUID, ...] = ()
     because: str = ""  # why the others go back (log and metric)
     refusals: int = 0  # times the database refused to write it
+    kind: str = "worker_died"  # the error history entry's (SettleHeld says)
+    summary: str = ""
+    traceback: str | None = None
 
 
 class Accounting:
@@ -76,7 +79,16 @@ class Accounting:
             self.pending_releases.append(identity)
         else:
             self.pending_failures.append(
-                _Failure(identity, jobs.job, jobs.cause, jobs.suspects, jobs.because)
+                _Failure(
+                    identity,
+                    jobs.job,
+                    jobs.cause,
+                    jobs.suspects,
+                    jobs.because,
+                    kind=jobs.kind,
+                    summary=jobs.summary,
+                    traceback=jobs.traceback,
+                )
             )
 
     def flush(self) -> None:
@@ -143,6 +155,9 @@ class Accounting:
                 owed.suspects,
                 self.max_lease_expiries,
                 q=self.conns.q,
+                kind=owed.kind,
+                summary=owed.summary,
+                traceback=owed.traceback,
             )
         except psycopg.Error as exc:
             if conn.broken:

@@ -57,6 +57,7 @@ class ChildProc:
     claims_failing: str | None = None
     kill_job: uuid.UUID | None = None  # the job the watchdog charges for the kill
     kill_detail: str = ""
+    kill_stack: str = ""  # the stack read before the kill, whole: the error history's
     stack_requested_at: float | None = None
     lease_lost: dict[uuid.UUID, float] = field(default_factory=dict)  # job -> told at
     fds: list[int] = field(default_factory=list)
@@ -88,6 +89,7 @@ class ChildProc:
             stopping=stopping,
             now=now,
             kill_detail=self.kill_detail,
+            kill_stack=self.kill_stack,
             kill_job=self.kill_job,
             culprit=culprit[0] if culprit else None,
             kind=self.kind,

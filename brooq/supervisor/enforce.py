@@ -40,6 +40,8 @@ from brooq.supervisor.watchdog import (
 
 log = logging.getLogger("brooq.master")
 
+STACK_READ_MAX = 65536  # characters of each part of a killed child's stack file read
+
 
 class Enforcer:
     def __init__(
@@ -105,6 +107,9 @@ class Enforcer:
             self.metrics.killed.labels(killed_label(c.kill_reason)).inc()
         stack = read_stack(c.stack_file, 4000 if c.kind == ASYNC else 1500)
         c.kill_detail = f"; stack (most recent call first):\n{stack}" if stack else ""
+        # Read again whole for the failed attempt's error history entry, where it is cut
+        # so that the handler's frames show (brooq.ipc.tracebacks.killed_stack).
+        c.kill_stack = read_stack(c.stack_file, STACK_READ_MAX)
         job = next((j for j in c.jobs if j.id == c.kill_job), c.job)
         others = f" in_flight={len(c.jobs)}" if c.kind == ASYNC else ""
         if c.kill_reason == MAX_EXECUTION_TIMEOUT and job is not None:

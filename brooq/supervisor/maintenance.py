@@ -140,13 +140,17 @@ def settle_dead_worker(
     suspects: Sequence[uuid.UUID] = (),
     max_expiries: int = 5,
     q: Queries = Q,
+    kind: str = "worker_died",
+    summary: str = "",
+    traceback: str | None = None,
 ) -> tuple[list[tuple[uuid.UUID, str, str]], list[tuple[uuid.UUID, str]]]:
     """A worker died or was killed. The job it was running (if it still holds it) gets a
     failed attempt with ``cause``; every other job it held (claimed in a batch but not
     started, or finished but not yet written) goes back to pending with the attempt
     refunded — they did not fail. Everything is guarded by the holder, so a job reaped
     and claimed elsewhere meanwhile is untouched. The failed job's error history gets
-    an entry naming ``worker`` (the dead child's identity) and ``cause``.
+    an entry naming ``worker`` (the dead child's identity), ``summary`` (or ``cause``) as
+    its error, ``kind`` and ``traceback`` (the stack read before a kill, already cut).
     The ``suspects`` go back counting a lease expiry each (job_release_suspects); those
     made dead by it are listed with the failed.
     Returns (id, topic, new state) of the failed job and (id, topic) of the released."""
@@ -178,7 +182,9 @@ def settle_dead_worker(
                     "max_attempts": policy.max_attempts,
                     "delay": backoff(held["attempts"], policy.backoff_base, policy.backoff_max),
                     "error": bounded(cause),
-                    "history_error": bounded(cause, HISTORY_ERROR_MAX),
+                    "history_error": bounded(summary or cause, HISTORY_ERROR_MAX),
+                    "kind": kind,
+                    "traceback": traceback,
                 },
             ).fetchone()
             if row is not None:

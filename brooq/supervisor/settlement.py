@@ -42,6 +42,7 @@ from brooq.ipc.reasons import (
     RetireReason,
     StopReason,
 )
+from brooq.ipc.tracebacks import killed_stack
 from brooq.supervisor.respawn import CrashStreak
 
 # What a child may send in {"retire": ...}: the spelling of before 2026-12 (a child
@@ -71,6 +72,7 @@ class ChildEnd:
     stopping: bool  # the master is draining
     now: float  # monotonic time of the reap
     kill_detail: str = ""  # the stack read before a hard-timeout kill
+    kill_stack: str = ""  # the same stack, read whole for the error history
     kill_job: uuid.UUID | None = None  # the job the watchdog killed it for
     culprit: uuid.UUID | None = None  # an async child: the job it found blocking its loop
     kind: ChildKind = SYNC
@@ -93,12 +95,18 @@ class SettleHeld:
     ``suspects`` (an async child that died with several jobs in flight and no culprit)
     go back too but count a lease expiry each, the reaper's bound for a job that takes
     its worker down: refunding them for free would let one such job kill child after
-    child for ever, charging them all would fail the innocent."""
+    child for ever, charging them all would fail the innocent.
+    The failed attempt's error history entry: ``kind`` (killed by the watchdog, or
+    worker_died), ``summary`` (its one-line error; "" : the cause) and ``traceback`` (the
+    stack read before the kill, brooq.ipc.tracebacks' cut; None: none)."""
 
     job: uuid.UUID | None
     cause: str
     suspects: tuple[uuid.UUID, ...] = ()
     because: str = ""
+    kind: str = "worker_died"
+    summary: str = ""
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,19 +135,31 @@ def settle(end: ChildEnd) -> Settlement:
     job = end.job
     siblings = f"sibling_of={job.id}" if job is not None and len(end.jobs) > 1 else ""
     if kill == MAX_EXECUTION_TIMEOUT and job is not None:
+        summary = (
+            f"killed: max_execution_timeout {job.max_execution_timeout:g}s "
+            f"exceeded (ran {end.now - job.started:.1f}s)"
+        )
         jobs = SettleHeld(
             job.id,
-            f"killed: max_execution_timeout {job.max_execution_timeout:g}s "
-            f"exceeded (ran {end.now - job.started:.1f}s){end.kill_detail}",
+            summary + end.kill_detail,
             because=siblings,
+            kind="killed",
+            summary=summary,
+            traceback=killed_stack(end.kill_stack) or None,
         )
     elif kill == LOOP_BLOCKED:
         if job is not None:
+            summary = (
+                f"killed: the event loop was blocked by this job (ran "
+                f"{end.now - job.started:.1f}s without yielding)"
+            )
             jobs = SettleHeld(
                 job.id,
-                f"killed: the event loop was blocked by this job (ran "
-                f"{end.now - job.started:.1f}s without yielding){end.kill_detail}",
+                summary + end.kill_detail,
                 because=siblings,
+                kind="killed",
+                summary=summary,
+                traceback=killed_stack(end.kill_stack) or None,
             )
         else:  # C code holding the GIL: nobody could be named
             jobs = SettleHeld(

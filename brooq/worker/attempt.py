@@ -18,6 +18,7 @@ the sync loop: `begin` and `end` replace the calls they gather.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
 import os
@@ -32,6 +33,7 @@ from typing import IO, Any
 from brooq.declare.handlers import Handler, Policy
 from brooq.encoding import check_payload_size, encode_payload, to_json
 from brooq.errors import InvalidPayload, InvalidResult, PayloadMismatch
+from brooq.ipc import tracebacks
 from brooq.ipc.board import Board
 from brooq.job import AttemptTimeout, Claim, Interruption, LeaseLost
 from brooq.worker import execute
@@ -104,22 +106,32 @@ class Attempts:
         self.board.clear(slot)
         duration = time.monotonic() - started
         result = None
+        result_refused = False
         if value is not None and error is None:
             try:
                 result = encode_result(value, self.max_payload_bytes)
             except InvalidResult as exc:
                 error = exc
+                result_refused = True
         tb = ""
         if error is not None and refused is None and not isinstance(error, Interruption):
             tb = "\n" + "".join(traceback.format_exception(error)).rstrip()
         if error is None:
             outcome = execute.DONE
         elif refused is not None:  # retrying cannot fix it
-            outcome = execute.Outcome("failed", error=execute.describe(refused), final=True)
+            outcome = execute.Outcome(
+                "failed", error=execute.describe(refused), final=True, error_kind="refused"
+            )
         else:
             retry = self.handlers[claim.topic].retry
             outcome = execute.decide(error, claim.attempt, policy, random.random(), retry)
             report_policy_error(claim, outcome)
+            if result_refused:  # brooq's own frames: the error says it all
+                outcome = dataclasses.replace(outcome, error_kind="refused")
+            elif outcome.kind in ("failed", "canceled"):
+                # Kept in the error history entry; a timeout's says where it was.
+                kept = tracebacks.format_exception(error)
+                outcome = dataclasses.replace(outcome, traceback=kept)
         if claim.id in self.lost and outcome.kind != "parked":
             outcome = execute.Outcome("abandon")
         self.meter.attempt(claim.topic, duration, self.cpu_before if self.measure_cpu else None)

@@ -29,6 +29,10 @@ from brooq.job import AttemptTimeout, CancelJob, Delay, LeaseLost, Parked, Prese
 from brooq.rules import LAST_ERROR_MAX, backoff, bounded, delay_seconds
 
 Kind = Literal["done", "failed", "canceled", "abandon", "parked"]
+# How a failed attempt failed, as its error history entry says (job.errors' "kind"): the
+# child writes the first three (and canceled); the master killed, worker_died and
+# lease_expired (brooq.supervisor).
+ErrorKind = Literal["raised", "timeout", "refused"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,10 @@ class Outcome:
     final: bool = False  # failed with no more attempts, whatever max_attempts says
     policy_error: str | None = None  # the retry policy failed: the default backoff applied
     parked: Parked | None = None  # why and until when, for the log line
+    error_kind: ErrorKind = "raised"  # the error history entry's kind
+    # What the error history entry keeps of the traceback (brooq.ipc.tracebacks), set by
+    # brooq.worker.attempt once the outcome is known; None: none.
+    traceback: str | None = None
 
 
 DONE = Outcome("done")  # the common case, made once (a frozen dataclass is slow to build)
@@ -131,20 +139,24 @@ def decide(
     if isinstance(signal, PreserveAttempt):
         wait = _jittered(attempts, policy, draw)
         return Outcome("failed", delay=wait, refund=True, error=describe(exc))
+    kind: ErrorKind = "raised"
     if isinstance(signal, AttemptTimeout):
         error = bounded(f"AttemptTimeout: attempt_timeout {policy.attempt_timeout:g}s exceeded")
+        kind = "timeout"
     else:
         error = describe(exc)
     if retry is None:
-        return Outcome("failed", delay=_jittered(attempts, policy, draw), error=error)
+        return Outcome(
+            "failed", delay=_jittered(attempts, policy, draw), error=error, error_kind=kind
+        )
     try:
         verdict = ask_retry_policy(retry, attempts, exc)
     except RetryPolicyFailed as failed:
         wait = _jittered(attempts, policy, draw)
-        return Outcome("failed", delay=wait, error=error, policy_error=str(failed))
+        return Outcome("failed", delay=wait, error=error, policy_error=str(failed), error_kind=kind)
     if verdict is None:
-        return Outcome("failed", error=error, final=True)
-    return Outcome("failed", delay=verdict, error=error)
+        return Outcome("failed", error=error, final=True, error_kind=kind)
+    return Outcome("failed", delay=verdict, error=error, error_kind=kind)
 
 
 class RetryPolicyFailed(Exception):

@@ -29,6 +29,7 @@ from brooq import logs
 from brooq.declare.handlers import Policy
 from brooq.ipc import progress
 from brooq.ipc.board import Board
+from brooq.ipc.tracebacks import TRACEBACK_MAX, format_exception
 from brooq.job import Claim
 from brooq.producer.insert import Handlers, check_jobs, insert_many_checked
 from brooq.rules import backoff, bounded
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("brooq.child")
 
 WRITE_TRIES = 5
+# A kept traceback as the database can store it: its bound, and room for the escapes of
+# what the database's encoding lacks (the text is cut again at this bound).
+TRACEBACK_STORED = 2 * TRACEBACK_MAX
 LOGS_MAX = 2 * 1048576  # characters: keep_logs' bound is at most 1 MiB of UTF-8
 
 
@@ -117,6 +121,9 @@ class OutcomeWriter:
             outcome = dataclasses.replace(
                 outcome, error=execute.storable(outcome.error, self.connection.codec)
             )
+        if outcome.traceback is not None:  # so is its traceback (its source lines)
+            kept = execute.storable(outcome.traceback, self.connection.codec, TRACEBACK_STORED)
+            outcome = dataclasses.replace(outcome, traceback=kept)
         refused = False
         # The connection may drop mid-write: reconnect and write again. The guard makes
         # a second write harmless (a committed first one left the row not 'processing').
@@ -196,17 +203,31 @@ class OutcomeWriter:
                 assert cause is not None
                 outcome = execute.decide(cause, claim.attempt, policy, random.random(), retry)
                 report_policy_error(claim, outcome)
-                what = "result not stored: " if isinstance(exc, _ResultRefused) else "on success: "
+                refused = isinstance(exc, _ResultRefused)
+                what = "result not stored: " if refused else "on success: "
+                kept = None if refused else format_exception(cause)
                 outcome = execute.Outcome(
                     "failed",
                     delay=outcome.delay,
                     error=execute.storable(what + (outcome.error or ""), self.connection.codec),
                     final=outcome.final,
+                    error_kind="refused" if refused else "raised",
+                    traceback=None
+                    if kept is None
+                    else execute.storable(kept, self.connection.codec, TRACEBACK_STORED),
                 )
         if outcome.kind == "canceled":
             with self.connection.scoped(conn):
                 statement = self._statement("job_set_canceled", who)
-                cur = conn.execute(statement, {**who, "error": outcome.error})
+                cur = conn.execute(
+                    statement,
+                    {
+                        **who,
+                        "error": outcome.error,
+                        "history_error": bounded(outcome.error or "", 1000),
+                        "traceback": outcome.traceback,
+                    },
+                )
             # After the block: in a pipeline, the count is known once it has synced.
             return ("canceled" if cur.rowcount else None), outcome
         cur = conn.cursor(row_factory=dict_row)  # the failure path: a dict costs nothing here
@@ -221,6 +242,8 @@ class OutcomeWriter:
                     "delay": outcome.delay,
                     "error": outcome.error,
                     "history_error": bounded(outcome.error or "", 1000),
+                    "kind": outcome.error_kind,
+                    "traceback": outcome.traceback,
                 },
                 prepare=True,
             ).fetchone()
@@ -348,7 +371,11 @@ def refused_outcome(
     if outcome.kind != "failed":
         delay = backoff(claim.attempt, policy.backoff_base, policy.backoff_max, random.random())
     return execute.Outcome(
-        "failed", delay=delay, error=execute.storable(text, "ascii"), final=outcome.final
+        "failed",
+        delay=delay,
+        error=execute.storable(text, "ascii"),
+        final=outcome.final,
+        error_kind="refused",
     )
 
 

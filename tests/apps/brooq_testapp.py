@@ -53,6 +53,41 @@ def fail(claim: brooq.Claim) -> None:
     raise ValueError(f"bad input on attempt {claim.attempt}")
 
 
+def order_total(order: dict[str, Any]) -> int:
+    return sum(order["prices"])
+
+
+def share(total: float, count: int) -> float:
+    return total / count
+
+
+def price_per_item(order: dict[str, Any]) -> float:
+    return share(order_total(order), len(order["prices"]))
+
+
+@queue.handler("t.divide", max_attempts=2, backoff_base="50ms", backoff_max="100ms")
+def divide(claim: brooq.Claim) -> None:
+    """ZeroDivisionError two user functions down (an order without prices)."""
+    record(claim)
+    price_per_item({"prices": []})
+
+
+def ping(n: int) -> int:
+    return pong(n + 1)
+
+
+def pong(n: int) -> int:
+    return ping(n + 1)
+
+
+@queue.handler("t.recurse", max_attempts=1)
+def recurse(claim: brooq.Claim) -> None:
+    """RecursionError through two functions calling each other: a traceback of about a
+    thousand frames, which Python does not fold."""
+    record(claim)
+    ping(0)
+
+
 @queue.handler("t.delay", max_attempts=3, backoff_max="30s")
 def delay(claim: brooq.Claim) -> None:
     record(claim)

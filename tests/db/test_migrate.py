@@ -242,6 +242,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0018_tracebacks\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0017_durable\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0016_flat_cascades\n", out.stdout
@@ -714,6 +716,47 @@ def test_observe_columns_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         assert conn.execute("SELECT count(*) FROM job").fetchone() == (2000,)
     migrate.up(empty_dsn, 14)
     assert job_shape(empty_dsn) == after
+
+
+def test_tracebacks_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0018 adds brooq_errors_append and nothing else (job's shape is 0017's); the rows
+    and their error history stay as they are, down and up; down gives back exactly
+    0017's objects. After down, the error history written meanwhile (with tracebacks)
+    is still read by the release before (its four keys are there)."""
+    migrate.up(empty_dsn, 17)
+    before, shape = brooq_objects(empty_dsn), job_shape(empty_dsn)
+    old = '[{"attempt": 1, "at": "2026-12-01T10:00:00+00:00", "error": "e", "worker": "w"}]'
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO job (topic, errors) SELECT 't', %s::jsonb FROM generate_series(1, 2000)",
+            (old,),
+        )
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 18)] == [
+        ("tracebacks", True)
+    ]
+    after = brooq_objects(empty_dsn)
+    assert sorted(set(after) - set(before)) == ["function brooq_errors_append"]
+    assert job_shape(empty_dsn) == shape
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        appended = conn.execute(
+            "SELECT brooq_errors_append(errors, jsonb_build_object("
+            "'attempt', 2, 'error', 'x', 'traceback', 'tb')) FROM job LIMIT 1"
+        ).fetchone()
+        assert appended is not None and [e["attempt"] for e in appended[0]] == [1, 2]
+        conn.execute(
+            "UPDATE job SET errors = brooq_errors_append(errors, "
+            "'{\"attempt\": 2, \"at\": \"x\", \"error\": \"e2\", \"worker\": \"w\", "
+            "\"kind\": \"raised\", \"traceback\": \"tb\"}')"
+        )
+    assert [m.name for m in migrate.down(empty_dsn)] == ["tracebacks"]
+    assert brooq_objects(empty_dsn) == before and job_shape(empty_dsn) == shape
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute(
+            "SELECT count(*), min(jsonb_array_length(errors)), "
+            "count(*) FILTER (WHERE errors->1->>'error' = 'e2' AND errors->1 ? 'worker') FROM job"
+        ).fetchone() == (2000, 2, 2000)
+    migrate.up(empty_dsn, 18)
+    assert brooq_objects(empty_dsn) == after
 
 
 def test_workflows_up_and_down_on_a_live_table(empty_dsn: str) -> None:

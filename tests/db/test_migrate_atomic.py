@@ -248,6 +248,24 @@ def test_up_refuses_a_schema_recorded_as_applied_that_is_not(empty_dsn: str) -> 
     assert cli(empty_dsn, "status").returncode == 0
 
 
+def test_up_refuses_a_schema_without_the_error_historys_function(empty_dsn: str) -> None:
+    """0018 recorded as applied without brooq_errors_append (every failed attempt's write
+    calls it): `up` and `status` name the function and exit 1 (0018 runs in one
+    transaction: only a hand could do that, and the message says how to restore it)."""
+    migrate.up(empty_dsn, 18)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION brooq_errors_append(jsonb, jsonb)")
+    out = cli(empty_dsn, "up", "--to", "18")
+    assert out.returncode == 1, out.stdout
+    assert "0018_tracebacks" in out.stderr, out.stderr
+    assert "lacks function brooq_errors_append" in out.stderr, out.stderr
+    status = cli(empty_dsn, "status")
+    assert status.returncode == 1 and "damaged" in status.stdout, status.stdout
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(migration_files.load()[17].up)
+    assert cli(empty_dsn, "status").returncode == 0
+
+
 def with_extra(tmp_path: Path, down: str) -> list[migration_files.Migration]:
     """brooq's migrations and a next one, in the usual format, that creates a table and
     an index concurrently and whose down part is ``down``."""

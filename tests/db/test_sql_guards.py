@@ -110,15 +110,17 @@ def set_failed(
             "delay": delay,
             "error": error,
             "history_error": error,
+            "kind": "raised",
+            "traceback": None,
         },
     ).fetchone()
     return None if row is None else str(row["state"])
 
 
 def set_canceled(conn: Conn, job_id: uuid.UUID, worker: str) -> int:
-    return conn.execute(
-        Q.job_set_canceled, {"id": job_id, "worker": worker, "error": "canceled by handler"}
-    ).rowcount
+    params = {"id": job_id, "worker": worker, "error": "canceled by handler"}
+    params |= {"history_error": "canceled by handler", "traceback": None}
+    return conn.execute(Q.job_set_canceled, params).rowcount
 
 
 def expire(db: Conn, *job_ids: uuid.UUID) -> None:
@@ -438,6 +440,13 @@ def test_handler_cancel_is_guarded_and_records_why(db: Conn) -> None:
     assert set_canceled(db, job_id, "A") == 1
     row = get(db, job_id)
     assert (row["state"], row["last_error"]) == ("canceled", "canceled by handler")
+    # the cancel is the attempt's end: an entry in the error history, as a failure's
+    [entry] = db.execute("SELECT errors FROM job WHERE id = %s", (job_id,)).fetchone()["errors"]  # type: ignore[index]
+    assert (entry["kind"], entry["error"], entry["worker"]) == (
+        "canceled",
+        "canceled by handler",
+        "A",
+    )
 
 
 def test_operator_cancel_of_a_processing_job_makes_its_holder_lose(db: Conn) -> None:

@@ -50,7 +50,16 @@ def test_three_failures_leave_three_entries_with_the_childs_identity(
     assert sorted(pids) == [1, 2, 3]
     assert [e["attempt"] for e in record.errors] == [1, 2, 3]  # oldest first
     for entry in record.errors:
-        assert set(entry) == {"attempt", "at", "error", "worker"}
+        assert set(entry) == {
+            "attempt",
+            "at",
+            "started_at",
+            "worker",
+            "error",
+            "kind",
+            "traceback",
+        }
+        assert entry["kind"] == "raised" and entry["traceback"].endswith(entry["error"])
         n = entry["attempt"]
         assert entry["error"] == f"ValueError: bad input on attempt {n}"
         assert is_identity_of(entry["worker"], pids[n]), (entry, pids)
@@ -84,5 +93,83 @@ def test_a_killed_childs_job_gets_one_entry_with_the_dead_childs_identity(
     assert len(record.errors) == 1
     entry = record.errors[0]
     assert (entry["attempt"], entry["error"]) == (1, "worker died: SIGKILL")
+    assert (entry["kind"], entry["traceback"]) == ("worker_died", None)  # no stack was read
     assert is_identity_of(entry["worker"], pid)
     assert attempt_pids(db, job_id)[2] != pid
+
+
+# -- tracebacks kept --------------------------------------------------------------------------
+
+
+def frames(traceback: str) -> list[str]:
+    """The function names of a kept traceback's frames, outermost first."""
+    return [ln.rsplit(", in ", 1)[1] for ln in traceback.splitlines() if ln.startswith('  File "')]
+
+
+def test_a_raised_exception_keeps_its_traceback_from_the_handler_down(
+    queue: brooq.Queue, start_master: StartMaster, dsn: str
+) -> None:
+    job_id, _ = queue.enqueue(brooq.Job("t.divide"))  # max_attempts 2
+    start_master(workers=1)
+    record = queue.wait(job_id, timeout=30)
+    assert (record.state, record.last_error) == ("dead", "ZeroDivisionError: division by zero")
+    shown = as_json(dsn, "jobs", "show", str(job_id))
+    assert shown["errors"] == record.errors  # the name users read: errors, with tracebacks
+    for n, entry in enumerate(shown["errors"], start=1):
+        assert (entry["attempt"], entry["kind"]) == (n, "raised")
+        assert datetime.fromisoformat(entry["started_at"]) <= datetime.fromisoformat(entry["at"])
+        tb = entry["traceback"]
+        assert tb.startswith("Traceback (most recent call last):\n")
+        # the handler and the user's functions it called, innermost last; brooq's loop
+        # around the handler is left out
+        assert frames(tb) == ["divide", "price_per_item", "share"], tb
+        assert "return total / count" in tb and "brooq/worker" not in tb
+        assert tb.endswith("ZeroDivisionError: division by zero")
+    # brooq jobs show: the newest traceback under its own heading, whole (it is short)
+    text = ok(dsn, "jobs", "show", str(job_id))
+    assert "traceback (attempt 2, raised):" in text
+    assert "in share" in text and "ZeroDivisionError: division by zero" in text
+
+
+def test_a_watchdog_kill_keeps_the_stack_with_the_handlers_frame(
+    queue: brooq.Queue, db: psycopg.Connection[Any], start_master: StartMaster, dsn: str
+) -> None:
+    """t.spin loops forever, swallowing brooq's interruptions: the watchdog reads its stack
+    and kills its child; the entry keeps that stack, the handler's frame shown, and
+    `brooq jobs show` shows it (before, the screen kept the end of last_error's stack:
+    brooq's and the interpreter's frames)."""
+    job_id, _ = queue.enqueue(brooq.Job("t.spin"))  # max_execution_timeout 1.5 s
+    m = start_master(workers=1)
+    record = wait_for(
+        lambda: (r := queue.get(job_id)) is not None and r.errors and r,
+        timeout=15,
+        what="the kill settled",
+    )
+    entry = record.errors[0]
+    assert entry["kind"] == "killed"
+    assert entry["error"].startswith("killed: max_execution_timeout 1.5s exceeded (ran ")
+    assert "\n" not in entry["error"]
+    tb = entry["traceback"]
+    assert tb.startswith("Stack when killed (most recent call last):\n"), tb
+    assert frames(tb) == ["spin"], tb  # from the handler's frame; brooq's loop left out
+    assert "brooq_testapp.py" in tb
+    text = ok(dsn, "jobs", "show", str(job_id))
+    lines = text.splitlines()
+    at = lines.index("traceback (attempt 1, killed):")
+    assert lines[at + 1 : at + 3] == ["  " + ln for ln in tb.splitlines()[:2]]
+    m.signal(signal.SIGTERM)
+
+
+def test_a_very_deep_traceback_is_kept_bounded(
+    queue: brooq.Queue, start_master: StartMaster, dsn: str
+) -> None:
+    job_id, _ = queue.enqueue(brooq.Job("t.recurse"))
+    start_master(workers=1)
+    record = queue.wait(job_id, timeout=30)
+    assert record.state == "dead"
+    [entry] = as_json(dsn, "jobs", "show", str(job_id))["errors"]
+    tb = entry["traceback"]
+    assert len(tb) <= 8192
+    assert tb.endswith("RecursionError: maximum recursion depth exceeded")
+    assert frames(tb)[0] == "recurse"  # the handler, then the innermost calls
+    assert frames(tb)[-1] in ("ping", "pong") and "frames not kept" in tb

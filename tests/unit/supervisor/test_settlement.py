@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,7 +39,9 @@ from brooq.supervisor.settlement import (
     settle,
     storm_verdict,
 )
+from brooq.worker import attempt
 
+ATTEMPT = str(Path(attempt.__file__).resolve())
 JOB = Running(id=uuid.UUID(int=7), topic="t", attempt=1, started=100.0, max_execution_timeout=5.0)
 
 
@@ -56,11 +59,37 @@ def end(**kw: Any) -> ChildEnd:
 # -- settlement: how a child ended -> what happens to its jobs --------------------------------
 
 
+DUMP = (
+    "Current thread 0x02 (most recent call first):\n"
+    '  File "/app/tasks.py", line 9 in spin\n'
+    '  File "/app/tasks.py", line 4 in handler\n'
+    f'  File "{ATTEMPT}", line 300 in call\n'
+    '  File "/venv/bin/brooq-master", line 8 in <module>\n'
+)
+
+
 def test_a_hard_timeout_kill_fails_the_running_job_with_the_limit_and_the_stack() -> None:
     s = settle(
-        end(code=-signal.SIGKILL, kill_reason=MAX_EXECUTION_TIMEOUT, job=JOB, kill_detail="; st")
+        end(
+            code=-signal.SIGKILL,
+            kill_reason=MAX_EXECUTION_TIMEOUT,
+            job=JOB,
+            kill_detail="; st",
+            kill_stack=DUMP,
+        )
     )
-    assert s.jobs == SettleHeld(JOB.id, "killed: max_execution_timeout 5s exceeded (ran 10.0s); st")
+    summary = "killed: max_execution_timeout 5s exceeded (ran 10.0s)"
+    # last_error keeps the stack as read; the error history entry has it apart, the
+    # handler's frames first (most recent call last), brooq's and the interpreter's left out.
+    assert s.jobs == SettleHeld(
+        JOB.id,
+        summary + "; st",
+        kind="killed",
+        summary=summary,
+        traceback="Stack when killed (most recent call last):\n"
+        '  File "/app/tasks.py", line 4, in handler\n'
+        '  File "/app/tasks.py", line 9, in spin',
+    )
     assert (s.label, s.exit, s.level) == (MAX_EXECUTION_TIMEOUT, "signal=SIGKILL", logging.ERROR)
     assert s.count_restart and not s.outside_job
 
@@ -190,10 +219,13 @@ def async_end(**kw: Any) -> ChildEnd:
 def test_a_blocked_loop_charges_the_culprit_and_returns_its_siblings() -> None:
     s = settle(async_end(kill_reason=LOOP_BLOCKED, kill_job=uuid.UUID(int=2), kill_detail="; x"))
     culprit = uuid.UUID(int=2)
+    summary = "killed: the event loop was blocked by this job (ran 10.0s without yielding)"
     assert s.jobs == SettleHeld(
         culprit,
-        "killed: the event loop was blocked by this job (ran 10.0s without yielding); x",
+        summary + "; x",
         because=f"sibling_of={culprit}",
+        kind="killed",
+        summary=summary,
     )
     assert s.label == LOOP_BLOCKED
 

@@ -132,7 +132,10 @@ def test_attempt_timeout_fails_with_the_timeout_named() -> None:
     )
     outcome = execute.decide(_raised(AttemptTimeout("x")), 1, policy, 0.0)
     assert outcome == execute.Outcome(
-        "failed", delay=0.5, error="AttemptTimeout: attempt_timeout 2.5s exceeded"
+        "failed",
+        delay=0.5,
+        error="AttemptTimeout: attempt_timeout 2.5s exceeded",
+        error_kind="timeout",  # the error history entry's kind
     )
     assert not outcome.refund
 
