@@ -386,5 +386,15 @@ def test_a_queue_on_a_sqlalchemy_url_works(dsn: str, driver: str) -> None:
         job_id, _ = queue.enqueue(brooq.Job("a.one"))
         assert queue.get(job_id) is not None
         assert queue.dsn == f"postgresql:///{name}?{urlencode(params)}"
+
+        async def on_the_async_pool() -> uuid.UUID:
+            try:
+                found, _ = await queue.enqueue_async(brooq.Job("a.one"))
+                assert await queue.get_async(found) is not None
+                return found
+            finally:
+                await queue.close_async()
+
+        assert queue.get(asyncio.run(on_the_async_pool())) is not None
     finally:
         queue.close()
