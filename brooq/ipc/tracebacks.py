@@ -54,7 +54,7 @@ def _brooqs(filename: str) -> bool:
 
 
 def _application(filename: str) -> bool:
-    return not filename.startswith(_BROOQ_DIR) and not filename.startswith(_STDLIB_DIRS)
+    return not filename.startswith((_BROOQ_DIR, "<frozen ", *_STDLIB_DIRS))
 
 
 def _first_application_frame(filenames: Sequence[str]) -> int:
@@ -207,8 +207,9 @@ def killed_stack(dump: str, limit: int = TRACEBACK_MAX) -> str:
     """The stack the master read before it killed a child (brooq.supervisor.childproc's
     read_stack: an async job's await chain, then the faulthandler dump, the thread that
     ran the handler first) as the error history keeps it: that thread's frames from the
-    application's first one, most recent call last, then the job's await chain; the other
-    threads are left out. "" for an empty dump."""
+    application's first one, most recent call last, then the job's await chain (alone
+    when that thread shows only the event loop: the job was suspended); the other threads
+    are left out. "" for an empty dump."""
     lines = dump.strip("\n").splitlines()
     if not lines:
         return ""
@@ -222,13 +223,16 @@ def killed_stack(dump: str, limit: int = TRACEBACK_MAX) -> str:
         current.append(line)
     frames = [m for m in map(_DUMPED.match, current) if m]
     frames.reverse()  # faulthandler writes the most recent call first
+    waits = bool(waited) and waited[0].strip() == _AWAIT
+    if waits and not any(_application(m["file"]) for m in frames):
+        frames = []  # an event loop waiting: the job is in its await chain alone
     if frames:
         start = _first_application_frame([m["file"] for m in frames])
         units = [
             f'  File "{m["file"]}", line {m["line"]}, in {m["name"]}\n' for m in frames[start:]
         ]
         parts.append(("Stack when killed (most recent call last):\n", units))
-    if waited and waited[0].strip() == _AWAIT:
+    if waits:
         units = []
         for line in waited[1:]:
             if _PRINTED.match(line) or not units:

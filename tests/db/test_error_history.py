@@ -12,7 +12,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 import brooq
+import brooq.testing
 from brooq.declare.handlers import Policy
+from brooq.page import reads as page_reads
 from brooq.sql import Q
 from brooq.supervisor import maintenance
 
@@ -197,3 +199,40 @@ def test_each_lease_expiry_appends_an_entry(db: psycopg.Connection[Any]) -> None
     assert errors[1]["error"].startswith("lease expired (2 of 3): back to pending")
     assert errors[2]["error"].startswith("lease expired (3 of 3): dead")
     assert {(e["kind"], e["traceback"]) for e in errors} == {("lease_expired", None)}
+
+
+def test_what_drain_runs_keeps_its_traceback_and_the_page_reads_it(
+    queue: brooq.Queue, db: psycopg.Connection[Any]
+) -> None:
+    """The child's path (brooq.testing.drain runs the worker's attempt and outcome code):
+    a nested raise keeps its traceback, a CancelJob its own entry; the status page's job
+    read (web_job_get) carries the history, tracebacks included, for its job view."""
+
+    def count(order: dict[str, Any]) -> int:
+        return len(order["items"])
+
+    def average(order: dict[str, Any]) -> float:
+        return sum(order["items"]) / count(order)
+
+    @queue.handler("t.average", max_attempts=1)
+    def handle(claim: brooq.Claim) -> float:
+        if claim.payload.get("cancel"):
+            raise brooq.CancelJob("no longer wanted")
+        return average(claim.payload)
+
+    failed, _ = queue.enqueue(brooq.Job("t.average", {"items": []}))
+    canceled, _ = queue.enqueue(brooq.Job("t.average", {"items": [], "cancel": True}))
+    brooq.testing.drain(queue, topics=["t.average"])
+    record = queue.get(failed)
+    assert record is not None and record.state == "dead"
+    [entry] = record.errors
+    assert (entry["kind"], entry["error"]) == ("raised", "ZeroDivisionError: division by zero")
+    assert "in handle" in entry["traceback"] and "in average" in entry["traceback"]
+    assert entry["traceback"].endswith("ZeroDivisionError: division by zero")
+    record = queue.get(canceled)
+    assert record is not None and record.state == "canceled"
+    [entry] = record.errors
+    assert (entry["kind"], entry["error"]) == ("canceled", "CancelJob: no longer wanted")
+    assert entry["traceback"].endswith("CancelJob: no longer wanted")
+    page = page_reads.job(db, failed)
+    assert page is not None and page["errors"] == queue.get(failed).errors  # type: ignore[union-attr]

@@ -173,3 +173,24 @@ def test_a_very_deep_traceback_is_kept_bounded(
     assert tb.endswith("RecursionError: maximum recursion depth exceeded")
     assert frames(tb)[0] == "recurse"  # the handler, then the innermost calls
     assert frames(tb)[-1] in ("ping", "pong") and "frames not kept" in tb
+
+
+def test_an_async_childs_raise_and_kill_keep_the_handlers_frames(
+    queue: brooq.Queue, start_master: StartMaster
+) -> None:
+    """An async child: a coroutine's raise keeps its frames from the application's first
+    (the app's middleware, then the handler); a task swallowing its cancellation is
+    killed by the hard limit and the entry keeps its await chain."""
+    failed, _ = queue.enqueue(brooq.Job("a.fail"))
+    swallowed, _ = queue.enqueue(brooq.Job("a.swallow"))  # max_execution_timeout 2 s
+    start_master(workers=1, app="brooq_asyncapp:queue", args=("--concurrency", "4"))
+    raised = queue.wait(failed, timeout=30)
+    [entry] = raised.errors
+    assert (entry["kind"], entry["error"]) == ("raised", "ValueError: async bad input")
+    tb = entry["traceback"]
+    assert frames(tb)[-1] == "a_fail" and "brooq/worker" not in tb, tb
+    killed = queue.wait(swallowed, timeout=30)
+    [entry] = killed.errors
+    assert entry["kind"] == "killed" and "\n" not in entry["error"]
+    assert "Task await chain (most recent call last):" in entry["traceback"], entry
+    assert "in a_swallow" in entry["traceback"] and "brooq/worker" not in entry["traceback"]

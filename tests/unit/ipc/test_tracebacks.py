@@ -4,6 +4,7 @@ the application's first frame, bounded, the innermost frames and the exception n
 
 from __future__ import annotations
 
+import selectors
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -16,6 +17,7 @@ from brooq.rules import worked_queues
 from brooq.worker import attempt, child
 
 ATTEMPT = str(Path(attempt.__file__).resolve())
+SELECTORS = str(Path(selectors.__file__).resolve())  # the standard library's
 CHILD = str(Path(child.__file__).resolve())
 
 
@@ -215,3 +217,23 @@ def test_what_is_not_a_dump_is_kept_cut_and_nothing_is_nothing() -> None:
     assert killed_stack("") == ""
     text = killed_stack("garbage " * 5000, 1000)
     assert len(text) <= 1000 and text.startswith("garbage")
+
+
+def test_a_suspended_async_job_is_kept_as_its_await_chain_alone() -> None:
+    """The thread ran only the event loop (the job awaited): its frames say nothing of
+    the job, the await chain does."""
+    loop = (
+        "Current thread 0x00007f01 (most recent call first):\n"
+        f'  File "{SELECTORS}", line 468 in select\n'
+        f'  File "{CHILD}", line 300 in main\n'
+        '  File "<frozen runpy>", line 198 in _run_module_as_main\n'
+    )
+    chain = (
+        "Task await chain (most recent call last):\n"
+        f'  File "{ATTEMPT}", line 10, in run_one\n'
+        '  File "/srv/app/tasks.py", line 30, in a_swallow\n'
+        "    await asyncio.sleep(1)\n"
+    )
+    assert killed_stack(chain + loop) == chain.rstrip().replace(
+        f'  File "{ATTEMPT}", line 10, in run_one\n', ""
+    )
