@@ -205,6 +205,9 @@ def main() -> int:
             }
             if ids["done"] is not None:  # none in the backlog mix
                 targets["job page, done"] = f"/jobs/{ids['done']['id']}"
+            targets["charts, last hour"] = "/charts"
+            targets["charts, last day"] = "/charts?window=day"
+            targets["charts, one topic, last day"] = "/charts?window=day&topic=mail.send"
             rows = []
             for label, target in targets.items():
                 status = routes.serve(conn, "GET", target, actions_enabled=False).status
@@ -240,13 +243,17 @@ def main() -> int:
 def read_only_part(conn: psycopg.Connection[Any], target: str) -> object:
     """The reads a target runs, without the rendering (mirrors brooq.page.routes.serve)."""
     path, _, query = target.partition("?")
-    after = reads.decode_cursor(query.removeprefix("after=")) if query else None
+    cursor = query.removeprefix("after=") if query.startswith("after=") else ""
+    after = reads.decode_cursor(cursor) if cursor else None
     if path == "/":
         return reads.overview(conn)
     if path == "/in-flight":
         return reads.in_flight(conn, after)
     if path in ("/failed", "/dead"):
         return reads.finished_badly(conn, path.strip("/"), after)
+    if path == "/charts":
+        given = dict(part.split("=", 1) for part in query.split("&") if part)
+        return reads.charts(conn, given.get("window", "hour"), topic=given.get("topic"))
     return reads.job(conn, uuid.UUID(path.rsplit("/", 1)[1]))
 
 

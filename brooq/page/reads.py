@@ -545,8 +545,12 @@ def charts(
     with read_only(conn, timeout, q) as cur:
         clock = cur.execute(q.web_now).fetchone()
         assert clock is not None
-        rows = cur.execute(q.web_charts, params).fetchall()
-        cut = any(r["series"].startswith("rows:") and r["n"] > CHART_CAP for r in rows)
+        sizes = cur.execute(q.web_charts_sizes, params).fetchone() or {}
+        rows = []
+        cut = any(int(n) > CHART_CAP for n in sizes.values())
+        if not cut:
+            rows = cur.execute(q.web_charts, params).fetchall()
+            cut = any(r["series"].startswith("rows:") and r["n"] > CHART_CAP for r in rows)
         if cut:
             table = cur.execute(q.web_table_pages).fetchone()
             pages = int(table["pages"]) if table is not None else 0

@@ -288,6 +288,27 @@ WHERE s.job_id = %(id)s AND s.name LIKE '\_\_spawn:%%'
 ORDER BY s.created_at, c.id
 LIMIT %(limit)s
 
+-- name: web_charts_sizes
+-- How many rows web_charts' sources hold, each counted up to `cap` + 1 (an index-only
+-- scan of its index, after VACUUM), so that a window whose source is past its cap is read
+-- from the sample at once instead of after reading `cap` rows for nothing.
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM {job}
+            WHERE state IN ('done', 'dead', 'canceled')
+              AND updated_at >= to_timestamp(
+                  (floor(date_part('epoch', now()) / %(step)s) - %(buckets)s + 1) * %(step)s)
+            LIMIT %(cap)s + 1) AS a) AS ended,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM {job}
+            WHERE state = 'failed'
+              AND updated_at >= to_timestamp(
+                  (floor(date_part('epoch', now()) / %(step)s) - %(buckets)s + 1) * %(step)s)
+            LIMIT %(cap)s + 1) AS b) AS failed,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM {job}
+            WHERE state IN ('pending', 'failed') AND available_at <= now()
+            LIMIT %(cap)s + 1) AS c) AS ready
+
 -- template: web_charts
 -- variant: web_charts
 -- variant: web_charts_sample: sample
@@ -314,12 +335,13 @@ LIMIT %(limit)s
 -- short: the page asks _sample instead, the same figures from `percent` per cent of the
 -- table's pages (TABLESAMPLE SYSTEM), counts scaled up by the page.
 WITH w AS MATERIALIZED (
-    SELECT (floor(extract(epoch FROM now()) / %(step)s) - %(buckets)s + 1) * %(step)s AS e0
+    SELECT (floor(date_part('epoch', now()) / %(step)s) - %(buckets)s + 1) * %(step)s AS e0
 ), ws AS MATERIALIZED (
     SELECT to_timestamp(e0) AS start FROM w
 ), src AS (
 --#if sample
-    SELECT 'sample' AS part, r.state, r.available_at, r.updated_at, r.errors,
+    SELECT 'sample' AS part, r.state, r.available_at, r.updated_at,
+           h.ats, h.starts,
            r.state IN ('done', 'dead', 'canceled')
                AND r.updated_at >= (SELECT start FROM ws) AS ended,
            (r.state IN ('done', 'dead', 'canceled', 'failed')
@@ -329,32 +351,56 @@ WITH w AS MATERIALIZED (
            (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
                AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text) AS mine
     FROM {job} AS r TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
+         CROSS JOIN LATERAL (
+             SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
+             FROM jsonb_array_elements(
+                 CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
+             WHERE jsonb_typeof(x) = 'object') AS h
     WHERE r.state <> 'waiting'
 --#else
-    SELECT 'ended' AS part, r.state, r.available_at, r.updated_at, r.errors, true AS ended,
+    SELECT 'ended' AS part, r.state, r.available_at, r.updated_at,
+           h.ats, h.starts, true AS ended,
            true AS tried, false AS processing, false AS ready,
            (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
                AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text) AS mine
     FROM (SELECT state, available_at, updated_at, errors, queue, topic FROM {job}
           WHERE state IN ('done', 'dead', 'canceled') AND updated_at >= (SELECT start FROM ws)
           LIMIT %(cap)s + 1) AS r
+         CROSS JOIN LATERAL (
+             SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
+             FROM jsonb_array_elements(
+                 CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
+             WHERE jsonb_typeof(x) = 'object') AS h
     UNION ALL
-    SELECT 'failed', r.state, r.available_at, r.updated_at, r.errors, false, true, false,
+    SELECT 'failed', r.state, r.available_at, r.updated_at,
+           h.ats, h.starts, false, true, false,
            false,
            (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
                AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
     FROM (SELECT state, available_at, updated_at, errors, queue, topic FROM {job}
           WHERE state = 'failed' AND updated_at >= (SELECT start FROM ws)
           LIMIT %(cap)s + 1) AS r
+         CROSS JOIN LATERAL (
+             SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
+             FROM jsonb_array_elements(
+                 CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
+             WHERE jsonb_typeof(x) = 'object') AS h
     UNION ALL
-    SELECT 'processing', r.state, r.available_at, r.updated_at, r.errors, false, true, true,
+    SELECT 'processing', r.state, r.available_at, r.updated_at,
+           h.ats, h.starts, false, true, true,
            false,
            (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
                AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
     FROM (SELECT state, available_at, updated_at, errors, queue, topic FROM {job}
           WHERE state = 'processing' LIMIT %(cap)s + 1) AS r
+         CROSS JOIN LATERAL (
+             SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
+             FROM jsonb_array_elements(
+                 CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
+             WHERE jsonb_typeof(x) = 'object') AS h
     UNION ALL
-    SELECT 'ready', r.state, r.available_at, r.updated_at, NULL, false, false, false, true,
+    SELECT 'ready', r.state, r.available_at, r.updated_at, NULL, NULL, false, false, false,
+           true,
            (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
                AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
     FROM (SELECT state, available_at, updated_at, queue, topic FROM {job}
@@ -363,19 +409,19 @@ WITH w AS MATERIALIZED (
 --#end
 ), attempts AS (
     -- An entry's times as brooq writes them (jsonb_build_object of a timestamptz); any
-    -- other text is left out, never an error.
-    SELECT t.at, t.started
-    FROM src,
-         LATERAL jsonb_array_elements(
-             CASE WHEN jsonb_typeof(src.errors) = 'array' THEN src.errors ELSE '[]' END
-         ) AS x(entry),
-         LATERAL (SELECT
-             CASE WHEN x.entry->>'at' ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d(:\d\d)?|Z)$'
-                  THEN (x.entry->>'at')::timestamptz END AS at,
-             CASE WHEN x.entry->>'started_at' ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d(:\d\d)?|Z)$'
-                  THEN (x.entry->>'started_at')::timestamptz END AS started) AS t
-    WHERE src.mine AND src.tried AND jsonb_typeof(x.entry) = 'object'
-      AND t.at >= (SELECT start FROM ws) AND t.at <= now()
+    -- other text is left out, never an error. The arrays are unnested in the select list
+    -- (in step), and the times read once (OFFSET 0: the subquery is not flattened).
+    SELECT v.at, v.started
+    FROM (
+        SELECT CASE WHEN u.a ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d(:\d\d)?|Z)$'
+                    THEN u.a::timestamptz END AS at,
+               CASE WHEN u.s ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d(:\d\d)?|Z)$'
+                    THEN u.s::timestamptz END AS started
+        FROM (SELECT unnest(src.ats) AS a, unnest(src.starts) AS s
+              FROM src WHERE src.mine AND src.tried AND src.ats IS NOT NULL) AS u
+        OFFSET 0
+    ) AS v
+    WHERE v.at >= (SELECT start FROM ws) AND v.at <= now()
 ), spans AS (
     -- Each ready span: from `s` to `e` (NULL: ready now); dead rows are left out (their
     -- available_at is the retry they did not get).
@@ -386,39 +432,35 @@ WITH w AS MATERIALIZED (
       AND (ready OR processing OR (ended AND state IN ('done', 'canceled')))
       AND (ready OR (updated_at > available_at AND updated_at >= (SELECT start FROM ws)))
 )
-SELECT 'done' AS series,
-       floor((extract(epoch FROM updated_at) - (SELECT e0 FROM w)) / %(step)s)::int AS bucket,
+SELECT CASE WHEN state = 'done' THEN 'done' ELSE 'dead' END AS series,
+       floor((date_part('epoch', updated_at) - (SELECT e0 FROM w)) / %(step)s)::int AS bucket,
        count(*)::float8 AS n, NULL::float8[] AS p
-FROM src WHERE mine AND ended AND state = 'done' GROUP BY 2
+FROM src WHERE mine AND ended AND state IN ('done', 'dead') GROUP BY 1, 2
 UNION ALL
-SELECT 'dead', floor((extract(epoch FROM updated_at) - (SELECT e0 FROM w)) / %(step)s)::int,
-       count(*), NULL
-FROM src WHERE mine AND ended AND state = 'dead' GROUP BY 2
-UNION ALL
-SELECT 'failed', floor((extract(epoch FROM at) - (SELECT e0 FROM w)) / %(step)s)::int,
+SELECT 'failed', floor((date_part('epoch', at) - (SELECT e0 FROM w)) / %(step)s)::int,
        count(*), NULL
 FROM attempts GROUP BY 2
 UNION ALL
-SELECT 'run', floor((extract(epoch FROM at) - (SELECT e0 FROM w)) / %(step)s)::int, count(*),
+SELECT 'run', floor((date_part('epoch', at) - (SELECT e0 FROM w)) / %(step)s)::int, count(*),
        percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[])
-           WITHIN GROUP (ORDER BY extract(epoch FROM at - started))
+           WITHIN GROUP (ORDER BY date_part('epoch', at - started))
 FROM attempts WHERE started IS NOT NULL AND started <= at GROUP BY 2
 UNION ALL
-SELECT 'pickup', floor((extract(epoch FROM updated_at) - (SELECT e0 FROM w)) / %(step)s)::int,
+SELECT 'pickup', floor((date_part('epoch', updated_at) - (SELECT e0 FROM w)) / %(step)s)::int,
        count(*),
        percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[])
-           WITHIN GROUP (ORDER BY greatest(extract(epoch FROM updated_at - available_at), 0))
+           WITHIN GROUP (ORDER BY greatest(date_part('epoch', updated_at - available_at), 0))
 FROM src
 WHERE mine AND processing AND updated_at >= (SELECT start FROM ws)
 GROUP BY 2
 UNION ALL
 SELECT 'backlog', d.bucket, sum(d.delta), NULL
 FROM (
-    SELECT floor((extract(epoch FROM s) - (SELECT e0 FROM w)) / %(step)s)::int AS bucket,
+    SELECT floor((date_part('epoch', s) - (SELECT e0 FROM w)) / %(step)s)::int AS bucket,
            1 AS delta
     FROM spans
     UNION ALL
-    SELECT floor((extract(epoch FROM e) - (SELECT e0 FROM w)) / %(step)s)::int, -1
+    SELECT floor((date_part('epoch', e) - (SELECT e0 FROM w)) / %(step)s)::int, -1
     FROM spans WHERE e IS NOT NULL
 ) AS d
 GROUP BY d.bucket

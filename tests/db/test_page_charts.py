@@ -290,3 +290,24 @@ def test_history_times_are_read_as_postgresql_writes_them() -> None:
     assert instant("2026-12-04 22:45:17Z") is not None
     for odd in ("yesterday", 5, None, "2026-13-45T99:99:99+00:00", "2026-12-04T22:45:17+0x"):
         assert instant(odd) is None, odd
+
+
+def test_held_counts_the_ready_jobs_a_topics_limits_hold_back(db: Conn) -> None:
+    """A topic at its rate_limit: every ready job held; a topic with one group at its
+    group_limit: that group's ready jobs held (counted exactly, the backlog being small);
+    a topic without limits: none."""
+    from tests.db.test_rate_limits import claim, handler, jobs, publish
+
+    rated, grouped = handler("api.rated", rate_limit="1/m"), handler("tw", group_limit=1)
+    publish(db, {"api.rated": {"queue": "default", **rated.limits()}})
+    publish(db, {"tw": {"queue": "default", **grouped.limits()}})
+    jobs(db, "api.rated", 3)
+    jobs(db, "tw", 3, "A")
+    jobs(db, "tw", 2, "B")
+    jobs(db, "plain", 2)
+    assert claim(db, rated)[0]["id"] and claim(db, grouped)[0]["id"]
+    groups = {g["topic"]: g for g in reads.overview(db)["groups"]}
+    ready_held = {t: (groups[t]["ready"], groups[t]["held"]) for t in ("api.rated", "tw", "plain")}
+    # tw: the group claimed first (A or B) is at its limit; its other ready jobs are held.
+    assert ready_held["api.rated"] == (2, 2) and ready_held["plain"] == (2, 0)
+    assert ready_held["tw"][0] == 4 and ready_held["tw"][1] in (1, 2), ready_held
