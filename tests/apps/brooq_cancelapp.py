@@ -86,3 +86,16 @@ async def async_sleep(claim: brooq.Claim) -> None:
         await asyncio.to_thread(record, claim, "lease_lost")
         raise
     await asyncio.to_thread(record, claim, "end")
+
+
+@queue.handler("c.async_stubborn", **LIMITS)
+async def async_stubborn(claim: brooq.Claim) -> None:
+    """Hears its cancellation and goes on awaiting."""
+    await asyncio.to_thread(record, claim, "start")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            await asyncio.to_thread(record, claim, "swallowed")
+    await asyncio.to_thread(record, claim, "end")

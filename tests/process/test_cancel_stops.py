@@ -105,13 +105,18 @@ def test_a_canceled_sync_handler_hears_leaselost_at_once_and_its_child_goes_on(
     assert "event=child_killed" not in m.log()
 
 
+@pytest.mark.parametrize(
+    ("topic", "next_topic"), [("c.stubborn", "c.sleep"), ("c.async_stubborn", "c.async")]
+)
 def test_a_handler_that_swallows_leaselost_is_killed_after_the_grace(
+    topic: str,
+    next_topic: str,
     start_master: Callable[..., MasterProcess],
     queue: brooq.Queue,
     db: psycopg.Connection[Any],
 ) -> None:
     m = start_master(workers=2, app=APP, env={**SLOW_RENEWAL, "QUEUE_WATCHDOG_GRACE": "1s"})
-    job_id, _ = queue.enqueue(brooq.Job("c.stubborn"))
+    job_id, _ = queue.enqueue(brooq.Job(topic))
     _started(db, job_id)
     child = _pid_of(db, job_id)
     assert queue.cancel(job_id) is True
@@ -125,8 +130,9 @@ def test_a_handler_that_swallows_leaselost_is_killed_after_the_grace(
         what="the stubborn child killed",
     )
     wait_for(lambda: child not in children_of(m.pid), what="the killed child gone")
-    assert _row(db, job_id)[0] == "canceled" and "end" not in _notes(db, job_id)
-    next_id, _ = queue.enqueue(brooq.Job("c.sleep"))
+    # The kill wrote nothing over the cancel: no attempt charged, no error.
+    assert _row(db, job_id) == ("canceled", 1, None, 0) and "end" not in _notes(db, job_id)
+    next_id, _ = queue.enqueue(brooq.Job(next_topic))
     _started(db, next_id)
     assert _pid_of(db, next_id) != child
     assert _row(db, job_id)[0] == "canceled"
