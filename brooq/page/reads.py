@@ -515,7 +515,7 @@ WINDOWS = {"hour": (60, 60), "day": (900, 96)}
 # TABLESAMPLE SYSTEM sample of about CHART_SAMPLE_PAGES pages, its counts scaled up.
 CHART_CAP = 100_000
 CHART_SAMPLE_PAGES = 2_000
-CHART_SERIES = ("done", "dead", "failed", "run", "pickup", "backlog")
+CHART_WORK_MEM = "32MB"  # the charts' transaction only (web_charts_memory)
 
 
 def charts(
@@ -545,6 +545,7 @@ def charts(
     with read_only(conn, timeout, q) as cur:
         clock = cur.execute(q.web_now).fetchone()
         assert clock is not None
+        cur.execute(q.web_charts_memory, {"work_mem": CHART_WORK_MEM})
         sizes = cur.execute(q.web_charts_sizes, params).fetchone() or {}
         rows = []
         cut = any(int(n) > CHART_CAP for n in sizes.values())

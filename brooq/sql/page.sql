@@ -288,6 +288,12 @@ WHERE s.job_id = %(id)s AND s.name LIKE '\_\_spawn:%%'
 ORDER BY s.created_at, c.id
 LIMIT %(limit)s
 
+-- name: web_charts_memory
+-- The charts' statement keeps its sources' rows (tens of thousands, narrow) for several
+-- aggregates: a transaction-local work_mem that holds them, so it writes no temporary
+-- file (with the server's default a busy hour's rows spill to disk).
+SELECT set_config('work_mem', %(work_mem)s, true)
+
 -- name: web_charts_sizes
 -- How many rows web_charts' sources hold, each counted up to `cap` + 1 (an index-only
 -- scan of its index, after VACUUM), so that a window whose source is past its cap is read
