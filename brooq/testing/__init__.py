@@ -120,6 +120,8 @@ async def drain_async(
 
 
 def _wanted(queue: Queue, topics: Collection[str] | None, max_jobs: int | None) -> list[str]:
+    # The handlers of the modules named in include= are the Queue's too, enqueued or not.
+    queue.load_includes()
     wanted = sorted(queue.handlers) if topics is None else sorted(set(topics))
     for topic in wanted:
         validate_topic(topic)

@@ -210,6 +210,18 @@ def test_include_is_imported_at_the_first_enqueue_and_places_each_job_in_its_han
     assert brooq.testing.drain(queue) == {"done": 4}
 
 
+def test_drain_runs_the_included_modules_handlers_without_an_enqueue_first(
+    shop: Callable[..., brooq.Queue], db: psycopg.Connection[Any]
+) -> None:
+    queue = shop()
+    # Jobs written by someone else (another process, a SQL INSERT): this Queue enqueued none.
+    with psycopg.connect(queue.dsn, autocommit=True) as other:
+        brooq.enqueue(other, brooq.Job("shop.refund.issue", queue="billing"))
+    assert queue.handlers == {}
+    assert brooq.testing.drain(queue) == {"done": 1}
+    assert "shop.refund.issue" in queue.handlers
+
+
 @pytest.mark.parametrize("door", list(DOORS))
 def test_strict_topics_refuses_a_topic_no_handler_declares_at_every_door(
     door: str, shop: Callable[..., brooq.Queue], dsn: str, db: psycopg.Connection[Any]
