@@ -39,6 +39,7 @@ The rooms, each a package (its own `__init__` maps it):
 from brooq.declare.handlers import HandlerFn
 from brooq.declare.rates import Rate
 from brooq.errors import (
+    AppLoadError,
     BrooqError,
     DatabaseUnavailable,
     EnqueueDeadlock,
@@ -98,6 +99,7 @@ from brooq.queue import Queue
 __version__ = "0.1.0"
 
 __all__ = [
+    "AppLoadError",
     "AttemptLog",
     "AttemptTimeout",
     "BrooqError",

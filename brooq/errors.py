@@ -12,7 +12,8 @@ class InvalidJob(BrooqError, ValueError):
 
 
 class InvalidTopic(InvalidJob):
-    """The topic does not match the topic format."""
+    """The topic does not match the topic format, or (a Queue with ``strict_topics=True``)
+    no handler of the Queue declares it."""
 
 
 class InvalidQueue(InvalidJob):
@@ -122,7 +123,9 @@ class InvalidTransition(BrooqError):
 
 
 class AppLoadError(BrooqError):
-    """``--app`` could not be imported or does not name a brooq.Queue. ``problems``: what
+    """``--app`` could not be imported or does not name a brooq.Queue, or a module named in
+    a Queue's ``include=`` could not be imported (at its first enqueue, a drain, or the
+    application's load). ``problems``: what
     the import refused, one each, when it raised InvalidSettings (a bad schedule or
     handler option at registration); else empty."""
 
