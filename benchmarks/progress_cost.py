@@ -41,7 +41,8 @@ def per_call(calls: int = 200_000) -> tuple[float, float]:
     board = Board(capacity=1)
     claim = brooq.Claim(uuid.uuid4(), "t", {}, 1, "w", None)  # type: ignore[arg-type]
     board.post(claim.id, "t", 1, time.monotonic(), 60.0, 30.0)
-    child = types.SimpleNamespace(board=board, db=types.SimpleNamespace(codec="utf-8"))
+    # A UTF-8 database: the codec a child keeps is None (brooq.worker.connection).
+    child = types.SimpleNamespace(board=board, db=types.SimpleNamespace(codec=None))
     timings = []
     for sink in (lambda *a: ChildProcess._progress(child, *a), None):  # type: ignore[arg-type]
         progress.sink = sink
