@@ -23,6 +23,8 @@ PERCENTILE_COLORS = (("p50", "#457b9d"), ("p95", "#e9c46a"), ("p99", "#c1121f"))
 def _labels(data: Row) -> tuple[str, str]:
     start: datetime = data["start"]
     last = start + timedelta(seconds=data["step"] * (data["buckets"] - 1))
+    if data["step"] >= 3600 // 4:  # a day: say which one
+        return f"{start:%b %d %H:%M}", f"{last:%b %d %H:%M} (now)"
     return f"{start:%H:%M}", f"{last:%H:%M} (now)"
 
 
@@ -80,9 +82,12 @@ def figures(data: Row, which: Sequence[str] = ("throughput", "failures", "pickup
             "job counts as ready until it ended: an upper bound)",
         ),
     }
+    empty = " None in this window."
     parts = []
     for name in which:
         caption, svg, note = charts[name]
+        if name in pct and all(v is None for v in pct[name]):
+            note += empty
         parts.append(
             f'<figure id="chart-{e(name)}"><figcaption>{e(caption)}</figcaption>{svg}'
             f'<p class="muted">{e(note)}</p></figure>'
