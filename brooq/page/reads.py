@@ -17,6 +17,7 @@ handed back idle, whether it was in autocommit or not).
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -518,6 +519,13 @@ CHART_SAMPLE_PAGES = 2_000
 CHART_WORK_MEM = "32MB"  # the charts' transaction only (web_charts_memory)
 
 
+# The charts a page process read last, by window, filter and database, for a caller that
+# takes figures up to `max_age` seconds old (the overview: several viewers, or one whose
+# page reloads every 10 s, share one read). At most CHART_CACHE_ENTRIES kept.
+_CHARTS_READ: dict[tuple[Any, ...], tuple[float, Row]] = {}
+CHART_CACHE_ENTRIES = 32
+
+
 def charts(
     conn: psycopg.Connection[Any],
     window: str = "hour",
@@ -525,6 +533,7 @@ def charts(
     topic: str | None = None,
     timeout: float = STATEMENT_TIMEOUT,
     q: Queries = Q,
+    max_age: float = 0.0,
 ) -> Row:
     """The charts' series over the last hour (60 one-minute buckets) or day (96 buckets
     of 15 minutes), of the jobs of ``queue`` and ``topic`` (None: all): ``counts`` per
@@ -532,7 +541,29 @@ def charts(
     first) and ``percentiles`` (run, pickup: per bucket (p50, p95, p99) in seconds, or
     None where no attempt was seen), with ``start`` (the first bucket's start), ``step``
     (seconds), ``now`` and ``sampled`` (the sample's per cent of the table's pages, None
-    when every figure is exact). web_charts says what each series counts."""
+    when every figure is exact). web_charts says what each series counts. ``max_age``:
+    the figures this process read for the same window, filter and database at most that
+    many seconds ago will do (0: read now)."""
+    info = conn.info
+    key = (window, queue, topic, id(q), info.host, info.port, info.dbname)
+    kept = _CHARTS_READ.get(key)
+    if max_age > 0 and kept is not None and time.monotonic() - kept[0] < max_age:
+        return kept[1]
+    data = _read_charts(conn, window, queue, topic, timeout, q)
+    if len(_CHARTS_READ) >= CHART_CACHE_ENTRIES:
+        _CHARTS_READ.clear()
+    _CHARTS_READ[key] = (time.monotonic(), data)
+    return data
+
+
+def _read_charts(
+    conn: psycopg.Connection[Any],
+    window: str,
+    queue: str | None,
+    topic: str | None,
+    timeout: float,
+    q: Queries,
+) -> Row:
     step, buckets = WINDOWS[window]
     params: dict[str, Any] = {
         "step": step,

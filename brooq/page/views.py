@@ -47,6 +47,7 @@ COUNTS_NOTE = (
 )
 CANCEL_RUNNING = "cancel: its handler is interrupted at once (LeaseLost)"
 REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
+CHARTS_AGE = 30.0  # seconds: how old the overview's charts may be (reads.charts' max_age)
 NO_HANDLER = (
     '<strong title="no live master handles this topic in this queue: its ready jobs wait '
     'until one does (see the fleet)">no handler</strong>'
@@ -73,7 +74,7 @@ def overview_page(
     note: str = "",
 ) -> bytes:
     data = reads.overview(conn, timeout, q)
-    hour = reads.charts(conn, "hour", timeout=timeout, q=q)
+    hour = reads.charts(conn, "hour", timeout=timeout, q=q, max_age=CHARTS_AGE)
     paused = {row["name"] for row in data["paused"]}
     live = handled(data["masters"])
     limits = data["limits"]

@@ -311,3 +311,15 @@ def test_held_counts_the_ready_jobs_a_topics_limits_hold_back(db: Conn) -> None:
     # tw: the group claimed first (A or B) is at its limit; its other ready jobs are held.
     assert ready_held["api.rated"] == (2, 2) and ready_held["plain"] == (2, 0)
     assert ready_held["tw"][0] == 4 and ready_held["tw"][1] in (1, 2), ready_held
+
+
+def test_the_overview_takes_charts_read_moments_ago_and_the_charts_page_reads_now(
+    db: Conn,
+) -> None:
+    first = reads.charts(db, "hour", max_age=30)
+    insert(db, state="dead", updated_at=datetime.now(timezone.utc))
+    assert reads.charts(db, "hour", max_age=30) is first  # one read for a refresh
+    fresh = reads.charts(db, "hour")
+    assert sum(fresh["counts"]["dead"]) == sum(first["counts"]["dead"]) + 1
+    assert reads.charts(db, "hour", max_age=30) is fresh  # the newest read is kept
+    assert reads.charts(db, "day", max_age=30) is not fresh  # by window (and filter)
