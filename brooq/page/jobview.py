@@ -37,7 +37,7 @@ from brooq.page.views import _n, stack_form
 _NOT_COLUMNS = frozenset(
     {"logs", "upstream", "downstream", "upstream_total", "downstream_total",
      "traceparent_chars", "steps", "steps_total", "children", "children_total",
-     "event_wait", "now"}
+     "event_wait", "now", "limits_held"}
 )  # fmt: skip
 SUMMARY_CHARS = 160  # of the payload's JSON in the job's summary (whole below it)
 TRACEBACK_CHARS = 16_384  # of an attempt's traceback (brooq keeps at most 8,192)
@@ -231,7 +231,20 @@ def standing(row: Row) -> tuple[str, str]:
             f"<code>{e(error)}</code>; the next attempt is due at {e(when(due))}{since(due)}"
         )
     if state in ("pending", "failed"):
-        return "ready", f"due since {e(when(due))}{since(due)}: a worker may claim it now"
+        held = row.get("limits_held") or {}
+        if held.get("held_by"):
+            return "held", (
+                f"ready since {e(when(due))}{since(due)}, held back now by its topic's "
+                f"<code>{e(held['held_by'])}</code> (a worker claims it once there is room)"
+            )
+        text = f"due since {e(when(due))}{since(due)}: a worker may claim it now"
+        if held.get("groups_held") and row.get("group_key"):
+            groups = int(held["groups_held"])
+            text += (
+                f"; {groups:,} group(s) of its topic are at their limit now, its group "
+                f"<code>{e(row['group_key'])}</code> may be one"
+            )
+        return "ready", text
     if state == "processing":
         host, pid = holder(row.get("locked_by"))
         return "processing", (

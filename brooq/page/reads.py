@@ -489,6 +489,17 @@ def job(
         row["event_wait"] = cur.execute(q.web_job_event_wait, wait).fetchone()
         clock = cur.execute(q.web_now).fetchone()
         row["now"] = clock["now"] if clock is not None else None  # the ages shown
+        # A ready job: whether its topic's limits hold it back now (held, in the counts'
+        # words); topic_limits_held reads the limited topics' processing rows and windows.
+        row["limits_held"] = None
+        due = row.get("available_at")
+        if row.get("state") in ("pending", "failed") and due is not None and row["now"] >= due:
+            for found in cur.execute(q.topic_limits_held).fetchall():
+                if found["topic"] == row.get("topic"):
+                    row["limits_held"] = {
+                        "held_by": found["held_by"],
+                        "groups_held": int(found["groups_held"] or 0),
+                    }
         return row
 
 

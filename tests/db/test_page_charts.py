@@ -323,3 +323,24 @@ def test_the_overview_takes_charts_read_moments_ago_and_the_charts_page_reads_no
     assert sum(fresh["counts"]["dead"]) == sum(first["counts"]["dead"]) + 1
     assert reads.charts(db, "hour", max_age=30) is fresh  # the newest read is kept
     assert reads.charts(db, "day", max_age=30) is not fresh  # by window (and filter)
+
+
+def test_a_ready_job_held_back_by_its_topics_limit_says_so(db: Conn) -> None:
+    from tests.db.test_rate_limits import claim, handler, jobs, publish
+
+    rated = handler("api.rated", rate_limit="1/m")
+    publish(db, {"api.rated": {"queue": "default", **rated.limits()}})
+    jobs(db, "api.rated", 2)
+    jobs(db, "plain", 1)
+    ready = db.execute("SELECT id FROM job WHERE topic = 'plain'").fetchone()
+    assert ready is not None
+    body = text(get(db, f"/jobs/{ready['id']}"))
+    assert '<span class="state">ready</span>: due since ' in body
+    assert claim(db, rated)[0]["id"]
+    waiting = db.execute(
+        "SELECT id FROM job WHERE topic = 'api.rated' AND state = 'pending'"
+    ).fetchone()
+    assert waiting is not None
+    body = text(get(db, f"/jobs/{waiting['id']}"))
+    assert '<span class="state">held</span>: ready since ' in body
+    assert "held back now by its topic's <code>rate_limit</code>" in body
