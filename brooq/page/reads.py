@@ -494,11 +494,11 @@ def job(
         row["limits_held"] = None
         due = row.get("available_at")
         if row.get("state") in ("pending", "failed") and due is not None and row["now"] >= due:
-            for found in cur.execute(q.topic_limits_held).fetchall():
-                if found["topic"] == row.get("topic"):
+            for limited in cur.execute(q.topic_limits_held).fetchall():
+                if limited["topic"] == row.get("topic"):
                     row["limits_held"] = {
-                        "held_by": found["held_by"],
-                        "groups_held": int(found["groups_held"] or 0),
+                        "held_by": limited["held_by"],
+                        "groups_held": int(limited["groups_held"] or 0),
                     }
         return row
 
