@@ -321,10 +321,10 @@ def test_the_down_step_refuses_while_a_job_is_parked(
     assert row(db, job_id)["parked"] == parked
     db.rollback()
     with pytest.raises(MigrationError, match="jobs are parked"):
-        brooq.migrate.down(dsn)
+        brooq.migrate.down(dsn, to=16)
     db.execute("UPDATE job SET state = 'canceled'")
     db.commit()
-    brooq.migrate.down(dsn)
+    brooq.migrate.down(dsn, to=16)
     assert db.execute("SELECT to_regclass('brooq_job_step')").fetchone() == (None,)
 
 

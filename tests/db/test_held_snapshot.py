@@ -132,7 +132,17 @@ def test_the_outcome_writes_find_their_row_by_key(db: Conn, child: Conn) -> None
             },
         ),
         "done": (Q.job_set_done, {"id": one, "worker": "w1", "result": None}),
-        "canceled": (Q.job_set_canceled, {"id": one, "worker": "w1", "error": "x"}),
+        "canceled": (
+            Q.job_set_canceled,
+            {
+                "id": one,
+                "worker": "w1",
+                "error": "x",
+                "history_error": "x",
+                "kind": "canceled",
+                "traceback": None,
+            },
+        ),
         "release": (Q.job_release_ids, {"ids": [one], "worker": "w1"}),
         "failed": (
             Q.job_set_failed,
@@ -144,6 +154,8 @@ def test_the_outcome_writes_find_their_row_by_key(db: Conn, child: Conn) -> None
                 "delay": 1.0,
                 "error": "x",
                 "history_error": "x",
+                "kind": "raised",
+                "traceback": None,
             },
         ),
     }

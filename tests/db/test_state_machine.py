@@ -247,7 +247,19 @@ class QueueMachine(RuleBasedStateMachine):
         if outcome == "done":
             ok = conn.execute(Q.job_set_done, {**params, "result": None}).rowcount == 1
         elif outcome == "canceled":
-            ok = conn.execute(Q.job_set_canceled, {**params, "error": "by handler"}).rowcount == 1
+            ok = (
+                conn.execute(
+                    Q.job_set_canceled,
+                    {
+                        **params,
+                        "error": "by handler",
+                        "history_error": "by handler",
+                        "kind": "canceled",
+                        "traceback": None,
+                    },
+                ).rowcount
+                == 1
+            )
         else:
             row = conn.execute(
                 Q.job_set_failed,
@@ -258,6 +270,8 @@ class QueueMachine(RuleBasedStateMachine):
                     "delay": delay,
                     "error": f"{outcome} by {worker}",
                     "history_error": f"{outcome} by {worker}",
+                    "kind": "raised",
+                    "traceback": None,
                 },
             ).fetchone()
             ok = row is not None
@@ -270,7 +284,11 @@ class QueueMachine(RuleBasedStateMachine):
         if outcome == "done":
             self.expected[job_id] = {"state": "done"}
         elif outcome == "canceled":
-            self.expected[job_id] = {"state": "canceled", "last_error": "by handler"}
+            self.expected[job_id] = {
+                "state": "canceled",
+                "last_error": "by handler",
+                "errors_added": (attempts, "by handler", worker),
+            }
         elif outcome == "refund":
             self.refunded.add(job_id)
             self.expected[job_id] = {

@@ -137,7 +137,7 @@ def test_the_status_pages_lists_filter_by_tag(queue: brooq.Queue, conn: Conn) ->
     assert job_ids(page) == [str(dead[2]), str(dead[0])]
     assert "eu, billing" in page
     # the filter itself, a GET form; the lists' links keep the tag
-    assert re.search(r'<form class="filter" method="get" action="/dead">', page)
+    assert re.search(r'<form class="filter" method="get" action="/list">', page)
     assert 'name="tag" value="eu"' in page
     assert "/dead?tag=eu" in hrefs(page) and "/dead" in hrefs(page)  # first page, every job
     assert job_ids(get(conn, "/dead")) == [str(dead[n]) for n in (3, 2, 1, 0)]

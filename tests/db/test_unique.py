@@ -73,6 +73,8 @@ def fail(db: Conn, job_id: uuid.UUID, *, max_attempts: int = 5, worker: str = "w
             "delay": 0.0,
             "error": "boom",
             "history_error": "boom",
+            "kind": "raised",
+            "traceback": None,
         },
     ).fetchone()
     return None if row is None else str(row["state"])

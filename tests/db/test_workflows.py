@@ -58,6 +58,8 @@ def fail(db: Conn, job_id: uuid.UUID, *, final: bool, worker: str = "w") -> str:
             "delay": 0.0,
             "error": "boom",
             "history_error": "boom",
+            "kind": "raised",
+            "traceback": None,
         },
     ).fetchone()
     assert row is not None
