@@ -176,9 +176,10 @@ LIMIT %(limit)s
 -- Failed (waiting for a retry) or dead jobs, newest first, one page before the cursor
 -- (after_at, after_id); the first page from a cursor after every row ('infinity', the
 -- max UUID). Through job_failed_dead_idx (migration 0008), (state, updated_at DESC, id
--- DESC): a page reads its 51 entries wherever the cursor is. The last error is cut to `error_chars` characters here, so a page never
--- carries megabytes of tracebacks. `tag`, `topic`, `group`: as in web_in_flight (a page then reads the
--- state's entries until 51 carry the tag: docs/status-page.md has the cost).
+-- DESC): a page reads its 51 entries wherever the cursor is. The last error is cut to
+-- `error_chars` characters here, so a page never carries megabytes of tracebacks. `tag`,
+-- `topic`, `group`: as in web_in_flight (a page then reads the state's entries until 51
+-- match: docs/status-page.md has the cost).
 SELECT id, topic, queue, state, attempts, updated_at, available_at,
        left(last_error, %(error_chars)s) AS last_error,
        length(last_error) AS last_error_length,

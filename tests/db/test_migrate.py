@@ -492,7 +492,8 @@ def test_status_page_index_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         conn.execute("ANALYZE job")
         conn.execute("SET enable_seqscan = off")  # a small table: is the index usable?
         params = {"state": "dead", "after_at": "infinity", "limit": 51, "error_chars": 300,
-                  "after_id": "ffffffff-ffff-ffff-ffff-ffffffffffff", "tag": None}  # fmt: skip
+                  "after_id": "ffffffff-ffff-ffff-ffff-ffffffffffff", "tag": None,
+                  "topic": None, "group": None}  # fmt: skip
         plan = conn.execute("EXPLAIN " + Q.web_finished_badly, params).fetchall()
         assert "job_failed_dead_idx" in " ".join(r[0] for r in plan), plan
     migrate.down(empty_dsn, newest - 8)
