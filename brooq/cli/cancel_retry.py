@@ -18,7 +18,7 @@ from collections.abc import Callable
 import click
 
 import brooq
-from brooq.cli.common import cli, emit_json, open_queue
+from brooq.cli.common import cli, emit_json, name_check, open_queue
 from brooq.cli.jobs import jobs
 from brooq.cli.terminal import say
 from brooq.job import BULK_FROM_STATES, Transition, bulk_rule, bulk_state_refusal
@@ -41,24 +41,13 @@ def _bulk_options(action: Transition) -> Callable[[Callable[..., None]], Callabl
             raise click.BadParameter(f"{value!r}: {bulk_rule(action)}", ctx=ctx, param=param)
         return value
 
-    def check_name(validate: Callable[[object], str]) -> Callable[..., str | None]:
-        def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-            if value is None:
-                return None
-            try:
-                return validate(value)
-            except brooq.InvalidJob as exc:
-                raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-
-        return check
-
     states = "|".join(BULK_FROM_STATES[action])
     options: list[Callable[[Callable[..., None]], Callable[..., None]]] = [
         click.argument("job_id", required=False),
         click.option(
             "--topic",
             metavar="TOPIC",
-            callback=check_name(brooq.job.validate_topic),
+            callback=name_check(brooq.job.validate_topic),
             help="Bulk: every job of this topic in --state (instead of JOB_ID).",
         ),
         click.option(
@@ -71,13 +60,13 @@ def _bulk_options(action: Transition) -> Callable[[Callable[..., None]], Callabl
             "--queue",
             "queue_name",
             metavar="QUEUE",
-            callback=check_name(brooq.job.validate_queue),
+            callback=name_check(brooq.job.validate_queue),
             help="Bulk: only in this queue.",
         ),
         click.option(
             "--tag",
             metavar="TAG",
-            callback=check_name(lambda value: check_tag(value, "--tag")),
+            callback=name_check(lambda value: check_tag(value, "--tag")),
             help="Bulk: only the jobs carrying this tag.",
         ),
         click.option("--yes", is_flag=True, help="Bulk: do not ask for confirmation."),

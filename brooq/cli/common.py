@@ -18,6 +18,7 @@ and an exit code), or print anything but what a command asked for.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -181,6 +182,21 @@ def reads_line(database: str, standing: ReplicaLag) -> str:
     """The line saying where a command read, and how far behind its primary that is:
     ``read from ops@db2:5432/app, a standby, 0.3s behind its primary``."""
     return f"read from {database}, {standing.summary()}"
+
+
+def name_check(validate: Callable[[object], str]) -> Callable[..., str | None]:
+    """A click callback: an option's name (a topic, a queue, a tag) as ``validate`` gives it
+    back, or a usage error (exit 2, one line) with the reason it refused."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return validate(value)
+        except brooq.InvalidJob as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+    return check
 
 
 def emit_json(value: Any) -> None:

@@ -10,25 +10,12 @@ Must never: change a job but through Queue.purge, or purge unconfirmed.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 
 import click
 
 import brooq
-from brooq.cli.common import cli, emit_json, open_queue
+from brooq.cli.common import cli, emit_json, name_check, open_queue
 from brooq.cli.terminal import say
-
-
-def _name(validate: Callable[[object], str]) -> Callable[..., str | None]:
-    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-        if value is None:
-            return None
-        try:
-            return validate(value)
-        except brooq.InvalidJob as exc:
-            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-
-    return check
 
 
 def can_ask() -> bool:
@@ -51,13 +38,13 @@ def _jobs(n: int) -> str:
     "--queue",
     "queue_name",
     metavar="QUEUE",
-    callback=_name(brooq.job.validate_queue),
+    callback=name_check(brooq.job.validate_queue),
     help="Every job of this queue not yet taken.",
 )
 @click.option(
     "--topic",
     metavar="TOPIC",
-    callback=_name(brooq.job.validate_topic),
+    callback=name_check(brooq.job.validate_topic),
     help="Every job of this topic not yet taken (with --queue: only in that queue).",
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
