@@ -28,6 +28,7 @@ from brooq.dsn import (
     preferred,
     session_options,
     timeout_kwargs,
+    without_driver,
 )
 from brooq.errors import DatabaseUnavailable, PoolerMismatch, ReadOnlyDatabase, SchemaMissing
 from brooq.sql import Q
@@ -61,7 +62,9 @@ def lost_connection(exc: psycopg.OperationalError) -> bool:
 def open_connection(dsn: str, **kwargs: Any) -> psycopg.Connection[tuple[Any, ...]]:
     """psycopg.connect on ``dsn``: its hosts in order, but the one that answered last in
     this process first; the DSN's connect_timeout (or PGCONNECT_TIMEOUT) per host, else
-    brooq's; UTF-8. psycopg's errors as they are."""
+    brooq's; UTF-8. SQLAlchemy's postgresql+psycopg:// form taken as postgresql://.
+    psycopg's errors as they are."""
+    dsn = without_driver(dsn)
     for key, value in timeout_kwargs(dsn).items():
         kwargs.setdefault(key, value)
     kwargs.setdefault("client_encoding", CLIENT_ENCODING)

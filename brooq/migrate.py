@@ -55,6 +55,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import scalar_row
 
+from brooq.dsn import without_driver
 from brooq.errors import MigrationError
 from brooq.schema.check import (
     APPLIED,
@@ -122,7 +123,7 @@ def _locked(dsn: str, schema: str | None = None, *, create: bool = False) -> Ite
     """The migrator's connection, under its advisory lock. With ``schema``, its
     search_path is that schema alone (created first when ``create``), so the migration
     files' bare names are brooq's relations there."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(without_driver(dsn), autocommit=True) as conn:
         lock = conn.cursor(row_factory=scalar_row)
         while not lock.execute(Q.migration_lock, {"key": LOCK_KEY}).fetchone():
             time.sleep(LOCK_POLL)  # another `migrate` runs: migrate.sql says why we poll
@@ -370,7 +371,7 @@ def status(dsn: str, *, schema: str | None = None) -> list[Status]:
     pending, or stopped part-way, with what to run."""
     q = queries(schema)
     migrations = load()
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(without_driver(dsn), autocommit=True) as conn:
         if schema is not None:
             conn.execute(_use_schema(schema))
         recs = records(conn, q)

@@ -23,6 +23,8 @@ import pytest
 from psycopg import conninfo
 
 import brooq
+import brooq.db
+import brooq.migrate
 import brooq.testing
 from brooq.errors import AppLoadError, InvalidTopic
 
@@ -410,3 +412,18 @@ def test_a_queue_on_a_sqlalchemy_url_works(dsn: str, driver: str) -> None:
         assert queue.get(asyncio.run(on_the_async_pool())) is not None
     finally:
         queue.close()
+
+
+def test_migrate_and_db_connect_take_sqlalchemys_url_form(empty_dsn: str) -> None:
+    """brooq.migrate and brooq.db.connect called from Python (an Alembic env.py, a
+    fixture) take the URL an application already has for SQLAlchemy."""
+    params = conninfo.conninfo_to_dict(empty_dsn)
+    url = (
+        f"postgresql+psycopg://{params.get('user', 'postgres')}@{params['host']}:"
+        f"{params.get('port', 5432)}/{params['dbname']}"
+    )
+    assert [m.version for m in brooq.migrate.up(url)][:1] == [1]
+    assert {s.state for s in brooq.migrate.status(url)} == {"applied"}
+    with brooq.db.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone() == (0,)
+    assert brooq.migrate.down(url.replace("+psycopg:", "+psycopg2:"))
