@@ -732,9 +732,7 @@ def test_tracebacks_up_and_down_on_a_live_table(empty_dsn: str) -> None:
             "INSERT INTO job (topic, errors) SELECT 't', %s::jsonb FROM generate_series(1, 2000)",
             (old,),
         )
-    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 18)] == [
-        ("tracebacks", True)
-    ]
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 18)] == [("tracebacks", True)]
     after = brooq_objects(empty_dsn)
     assert sorted(set(after) - set(before)) == ["function brooq_errors_append"]
     assert job_shape(empty_dsn) == shape
@@ -746,8 +744,8 @@ def test_tracebacks_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         assert appended is not None and [e["attempt"] for e in appended[0]] == [1, 2]
         conn.execute(
             "UPDATE job SET errors = brooq_errors_append(errors, "
-            "'{\"attempt\": 2, \"at\": \"x\", \"error\": \"e2\", \"worker\": \"w\", "
-            "\"kind\": \"raised\", \"traceback\": \"tb\"}')"
+            '\'{"attempt": 2, "at": "x", "error": "e2", "worker": "w", '
+            '"kind": "raised", "traceback": "tb"}\')'
         )
     assert [m.name for m in migrate.down(empty_dsn)] == ["tracebacks"]
     assert brooq_objects(empty_dsn) == before and job_shape(empty_dsn) == shape

@@ -51,8 +51,7 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
         chained = conn.execute(
             # Chained in the render's done transaction: one per done render, whether the
             # drain at the end left time to run it or not.
-            "SELECT count(*) FROM job WHERE topic = 'demo.notify' "
-            "AND payload ? 'rendered'"
+            "SELECT count(*) FROM job WHERE topic = 'demo.notify' AND payload ? 'rendered'"
         ).fetchone()
     assert chained is not None and chained[0] == done["demo.render"]
     assert done.get("demo.flaky", 0) > 0
