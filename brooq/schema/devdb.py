@@ -85,9 +85,18 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     if argv[0] in ("start", "url"):
-        print(f"DATABASE_URL='{url()}'")
+        if argv[0] == "start" and getenv("DATABASE_URL"):
+            # Set already: that database is the one to use; starting another would hide it.
+            print(
+                "DATABASE_URL is set, so no embedded PostgreSQL was started (unset it to "
+                "start one); it stays:",
+                file=sys.stderr,
+            )
+        print(f"export DATABASE_URL='{url()}'")
         if argv[0] == "start":
-            print("export it, or use `make migrate-up` / `make run`, which find it themselves")
+            print(
+                "paste that line, or use `make migrate-up` / `make run`, which find it themselves"
+            )
         return 0
     if argv[0] == "stop":
         stop()

@@ -36,3 +36,13 @@ def test_run_with_a_database_url_says_nothing_of_a_server(
     monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
     assert devdb.run([sys.executable, "-c", "pass"]) == 0
     assert "still running" not in capfd.readouterr().out
+
+
+def test_start_with_a_database_url_says_it_started_nothing_and_prints_the_url_to_export(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+    assert devdb.main(["start"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "export DATABASE_URL='postgresql://nobody@127.0.0.1:1/none'"
+    assert "no embedded PostgreSQL was started" in err and "unset it" in err

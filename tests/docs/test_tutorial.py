@@ -378,7 +378,7 @@ def check_db_up(reader: Reader, sample: Step | None) -> str:
             f"{sample.where()}: make db-up prints\n{printed}the page shows\n{sample.body}",
             pytrace=False,
         )
-    match = re.match(r"DATABASE_URL='(?P<dsn>[^']+)'\n", printed)
+    match = re.match(r"export DATABASE_URL='(?P<dsn>[^']+)'\n", printed)
     assert match, printed
     return match.group("dsn")
 
