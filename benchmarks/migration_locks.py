@@ -3,7 +3,8 @@
 and groups; `--migration 13` for 0013, workflows; `--migration 14` for 0014, progress,
 logs and trace context; `--migration 15` for 0015, lighter inserts; `--migration 16` for
 0016, flat cascades; `--migration 17` for 0017, durable handlers; `--migration 18` for
-0018, tracebacks kept) takes on a live table,
+0018, tracebacks kept; `--migration 19` for 0019, each attempt's start) takes on a live
+table,
 through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
@@ -22,7 +23,7 @@ generate_series), ANALYZE. Then, while
   the deploy only masters of the previous release run (a newer master refuses to start on
   a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011, 0012 and
   0013 to 0018 today's (none changes the statement the previous release sends for a topic
-  without limits),
+  without limits), for 0019 today's without `started_at = now()`,
 - a sampler reads pg_locks of the migrating backend every 5 ms (the lock modes it holds
   or waits for on job),
 
@@ -133,6 +134,14 @@ CLAIM_PARAMS = {
     "lease": 30.0,
     "queue": "default",  # unused by CLAIM_BEFORE_0003
 }
+# job_finish_and_claim of the release before migration 0019: today's without the
+# claim's start (the column that migration adds).
+_STARTED = (
+    "        -- The attempt's start, kept once it ended (updated_at is then its end).\n"
+    "        started_at = now(),\n"
+)
+assert Q.job_finish_and_claim.count(_STARTED) == 1, "the claim no longer sets started_at so"
+CLAIM_BEFORE_0019 = Q.job_finish_and_claim.replace(_STARTED, "")
 # The migrations this measures: version -> the claim the release before it sends.
 CLAIM_BEFORE = {
     3: CLAIM_BEFORE_0003,
@@ -145,6 +154,7 @@ CLAIM_BEFORE = {
     16: Q.job_finish_and_claim,
     17: Q.job_finish_and_claim,
     18: Q.job_finish_and_claim,
+    19: CLAIM_BEFORE_0019,
 }
 MIGRATION = 3  # set by --migration
 

@@ -373,10 +373,15 @@ class JobRecord:
     # A debounced job waiting for its key's running job: its earliest start once that ends.
     start_after: datetime | None = None
     group: str | None = None  # Job(group=...), None when it has none
-    # A running handler's last claim.progress(), as the last lease renewal wrote it.
+    # The handler's last claim.progress(): the running attempt's (written within about a
+    # quarter of a second), or the last attempt's, frozen with its outcome; None when the
+    # attempt reported nothing (each claim starts with none).
     progress: float | None = None
     progress_message: str | None = None
     traceparent: str | None = None  # its enqueue's W3C trace context (brooq.tracing)
+    # When the current (or, once it ended, the last) attempt was claimed; None until the
+    # first claim (and for a job last claimed before schema version 19).
+    started_at: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: UUID and datetimes as strings."""

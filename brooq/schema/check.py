@@ -139,6 +139,7 @@ JOB_COLUMNS = (
     "upstream_failed",  # 0013
     "on_upstream_failure",  # 0013
     "has_downstream",  # 0013
+    "started_at",  # 0019
 )
 
 

@@ -205,6 +205,8 @@ claimed AS (
         locked_until = now() + make_interval(secs => %(lease)s),
         -- Each attempt starts with no progress: an earlier attempt's is not this one's.
         progress = NULL, progress_message = NULL,
+        -- The attempt's start, kept once it ended (updated_at is then its end).
+        started_at = now(),
         updated_at = now()
     -- By primary key whatever the planner guesses of the LIMIT above (a join here
     -- may become a hash join over the whole table in a generic plan).

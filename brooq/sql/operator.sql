@@ -8,7 +8,7 @@ SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_unti
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
-       progress, progress_message, traceparent
+       progress, progress_message, traceparent, started_at
 FROM {job} WHERE id = %(id)s
 
 -- name: job_logs
@@ -396,7 +396,7 @@ SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_unti
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
-       progress, progress_message, traceparent
+       progress, progress_message, traceparent, started_at
 FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -462,7 +462,7 @@ SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_unti
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
-       progress, progress_message, traceparent
+       progress, progress_message, traceparent, started_at
 FROM {job}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)

@@ -303,6 +303,7 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
         "progress": None,
         "progress_message": None,
         "traceparent": None,
+        "started_at": None,
     }
     datetime.fromisoformat(dead["updated_at"])
 

@@ -101,6 +101,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "logs",
         "traceparent",
         "parked",
+        "started_at",
     ]
     nullable = {c[0] for c in columns if c[2] == "YES"}
     assert nullable == {
@@ -124,6 +125,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "logs",
         "traceparent",
         "parked",
+        "started_at",
     }
     assert {
         "job_pkey",
@@ -241,6 +243,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     assert "nothing to apply" in cli("up").stdout
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0019_started_at\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0018_tracebacks\n", out.stdout
     out = cli("down")
@@ -658,6 +662,8 @@ def test_lighter_inserts_up_and_down_on_a_live_table(empty_dsn: str) -> None:
             "INSERT INTO job (topic, queue) VALUES ('t', 'default'), ('t', 'mail.eu') RETURNING id"
         ).fetchall()
         conn.execute("DELETE FROM job WHERE id = ANY(%s)", ([row[0] for row in added],))
+    newest = migration_files.load()[-1].version
+    migrate.up(empty_dsn)  # today's claim writes columns of later migrations
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("ANALYZE job")
         conn.execute("SET enable_seqscan = off")  # as the children run
@@ -670,6 +676,7 @@ def test_lighter_inserts_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         )
         assert "job_ready_queue_idx" in plan and "Seq Scan on job" not in plan, plan
         assert " Sort " not in plan, plan
+    migrate.down(empty_dsn, newest - 15)
     assert [m.name for m in migrate.down(empty_dsn)] == ["lighter_inserts"]
     assert schema() == before
     with psycopg.connect(empty_dsn) as conn:
@@ -756,6 +763,79 @@ def test_tracebacks_up_and_down_on_a_live_table(empty_dsn: str) -> None:
         ).fetchone() == (2000, 2, 2000)
     migrate.up(empty_dsn, 18)
     assert brooq_objects(empty_dsn) == after
+
+
+CLAIM_FUNCTIONS = (
+    "brooq_claim_limited(text, integer, text[], uuid[], text, float8, integer)",
+    "brooq_claim_coordinated(text, integer, integer, float8, integer, integer, float8, "
+    "text[], uuid[], text, float8, integer)",
+)
+
+
+def claim_functions(dsn: str) -> list[tuple[str, list[str] | None]]:
+    """The limited claims' definitions and settings (their pinned search_path)."""
+    found = []
+    with psycopg.connect(dsn) as conn:
+        for fn in CLAIM_FUNCTIONS:
+            row = conn.execute(
+                "SELECT pg_get_functiondef(%s::regprocedure), proconfig FROM pg_proc "
+                "WHERE oid = %s::regprocedure",
+                (fn, fn),
+            ).fetchone()
+            assert row is not None, fn
+            found.append((row[0], row[1]))
+    return found
+
+
+def test_started_at_up_and_down_on_a_live_table(empty_dsn: str) -> None:
+    """0019 adds job.started_at (nullable, no default: the rows keep what they have, all
+    NULL) and redefines the limited claims (brooq_claim_limited, brooq_claim_coordinated)
+    to set it and to clear the progress, their search_path pinned as before, on a table
+    that holds jobs; down gives back exactly 0018's table and function bodies, rows
+    included, and up again the same as the first time."""
+    migrate.up(empty_dsn, 18)
+    before, functions = job_shape(empty_dsn), claim_functions(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO job (topic, progress, progress_message) "
+            "SELECT 'lim', 0.5, 'old' FROM generate_series(1, 2000)"
+        )
+    assert [(m.name, m.transactional) for m in migrate.up(empty_dsn, 19)] == [("started_at", False)]
+    after, redefined = job_shape(empty_dsn), claim_functions(empty_dsn)
+    assert sorted(set(after) - set(before)) == [("column", "started_at timestamp with time zone ")]
+    assert [c for _, c in redefined] == [c for _, c in functions]  # the settings kept
+    assert all(c and any(s.startswith("search_path=pg_catalog") for s in c) for _, c in redefined)
+    for (old, _), (new, _) in zip(functions, redefined, strict=True):
+        assert "started_at" not in old and "progress" not in old
+        assert new.count("started_at = now()") == 1
+        assert new.count("progress = NULL, progress_message = NULL") == 1
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*), count(started_at) FROM job").fetchone() == (2000, 0)
+        # Each function claims with its start and no progress, whatever the caller's
+        # search_path.
+        conn.execute("SET search_path = pg_catalog")
+        limited = conn.execute(
+            "SELECT id FROM public.brooq_claim_limited('lim', 5, '{default}', '{}', 'w', 30, 1)"
+        ).fetchall()
+        coordinated = conn.execute(
+            "SELECT id FROM public.brooq_claim_coordinated('lim', NULL, 100, 1.0, 1, NULL, "
+            "NULL, '{default}', '{}', 'w', 30, 1)"
+        ).fetchall()
+        conn.execute("RESET search_path")
+        claimed = [r[0] for r in limited + coordinated]
+        assert len(claimed) == 2
+        assert conn.execute(
+            "SELECT count(*) FROM job WHERE id = ANY(%s) AND started_at = updated_at "
+            "AND progress IS NULL AND progress_message IS NULL",
+            (claimed,),
+        ).fetchone() == (2,)
+    assert [m.name for m in migrate.down(empty_dsn)] == ["started_at"]
+    assert job_shape(empty_dsn) == before
+    assert claim_functions(empty_dsn) == functions
+    with psycopg.connect(empty_dsn) as conn:
+        assert conn.execute("SELECT count(*), count(progress) FROM job").fetchone() == (2000, 1998)
+    migrate.up(empty_dsn, 19)
+    assert job_shape(empty_dsn) == after and claim_functions(empty_dsn) == redefined
 
 
 def test_workflows_up_and_down_on_a_live_table(empty_dsn: str) -> None:
