@@ -19,7 +19,8 @@ generate_series, in the mix of a busy queue that keeps a day of history:
      0.95 % canceled
      0.05 % processing  leases held by 40 children on 4 hosts
 
-over three queues and eight topics (`--mix backlog`: the 94 % are pending and ready
+over three queues and eight topics, each started job with its last claim (started_at:
+a done job ran under a second) (`--mix backlog`: the 94 % are pending and ready
 instead, a queue far behind: the overview then estimates the pending figures from its
 sample instead of counting them; `--rows 8000000 --mix backlog` is the backlog that an
 exact count could not serve within the 2 s statement timeout), then VACUUM ANALYZE
@@ -65,7 +66,8 @@ TRACEBACK = (
 # i runs from 1 to rows; bucket = i % 10000 picks the state (per ten thousand).
 FILL = """
 INSERT INTO job (topic, queue, priority, payload, state, attempts, available_at,
-                 locked_by, locked_until, last_error, errors, result, created_at, updated_at)
+                 locked_by, locked_until, last_error, errors, result, created_at, updated_at,
+                 started_at)
 SELECT
     (ARRAY['mail.send', 'mail.bounce', 'report.build', 'image.resize', 'sync.crm',
            'billing.charge', 'webhook.deliver', 'search.index'])[1 + i %% 8],
@@ -95,7 +97,17 @@ SELECT
     now() - make_interval(secs => 86400.0 * i / %(rows)s) - interval '2 s',
     CASE WHEN s.state = 'processing' THEN now() - make_interval(secs => (i %% 600) + 0.5)
          WHEN b < 9600 THEN now() - make_interval(secs => 86400.0 * i / %(rows)s)
-         ELSE now() - make_interval(secs => 600.0 * b / 10000) END
+         ELSE now() - make_interval(secs => 600.0 * b / 10000) END,
+    -- The last claim: a processing job's is its updated_at; a done job ran 0.05 to 0.94 s
+    -- (claimed 0.06 to 0.95 s after its due time); a failed or dead one's last attempt
+    -- ran 1 s; a canceled one was never claimed.
+    CASE WHEN s.state = 'processing' THEN now() - make_interval(secs => (i %% 600) + 0.5)
+         WHEN s.state = 'done' THEN now() - make_interval(secs => 86400.0 * i / %(rows)s)
+                                    - make_interval(secs => 0.05 + (i %% 90) / 100.0)
+         WHEN s.state IN ('failed', 'dead') AND b < 9600
+              THEN now() - make_interval(secs => 86400.0 * i / %(rows)s + 1)
+         WHEN s.state IN ('failed', 'dead')
+              THEN now() - make_interval(secs => 600.0 * b / 10000 + 1) END
 FROM generate_series(1, %(rows)s) AS g(i)
 CROSS JOIN LATERAL (SELECT g.i %% 10000 AS b) AS bb
 CROSS JOIN LATERAL (SELECT CASE

@@ -66,20 +66,20 @@ def figures(data: Row, which: Sequence[str] = ("throughput", "failures", "pickup
         "pickup": (
             "Pickup latency (due to claimed), percentiles",
             line_chart(_percentile_series(pct["pickup"]), first, last, "pickup latency", unit=" s"),
-            "of the jobs being processed now, by the minute they were claimed (a job's "
-            "claim time is not kept once it ends)",
+            "due to claim, of the attempts claimed in each interval, whether they ended or "
+            "not (an attempt that failed is not counted: its retry moved the job's due time)",
         ),
         "run": (
             "Run time, percentiles",
             line_chart(_percentile_series(pct["run"]), first, last, "run time", unit=" s"),
-            "of the failed attempts whose history entry carries its start "
-            "(a done job's claim time is not kept)",
+            "claim to end, of the attempts that ended in each interval: done jobs' last "
+            "attempts and the failed ones their history keeps",
         ),
         "backlog": (
             "Backlog: ready jobs",
             line_chart([("ready", "#457b9d", counts["backlog"])], first, last, "ready jobs"),
-            "ready at the end of each interval, rebuilt from the rows kept (a finished "
-            "job counts as ready until it ended: an upper bound)",
+            "ready at the end of each interval, rebuilt from each job's due time and claim "
+            "(a retried job's earlier waits are not kept)",
         ),
     }
     empty = " None in this window."

@@ -325,15 +325,23 @@ SELECT (SELECT count(*) FROM (
 --   done, dead: jobs that ended so (updated_at is when a terminal row was written);
 --   failed: failed attempts, the entries of job.errors whose `at` falls in the bucket
 --     (a dead job's last attempt included; each job keeps its last 20 entries);
---   run: the run time of those attempts whose entry carries `started_at` (p = its
---     50th, 95th and 99th percentiles, in seconds);
---   pickup: due to claim of the jobs being processed now (claimed in the bucket:
---     updated_at is the claim while a job is processing), percentiles as run's;
---   backlog: +1 in the bucket a job became ready (available_at, or the window's
---     start), -1 in the bucket it left (the claim of a job processing now, the end of
---     a done or canceled one: its claim time is not kept, so its run counts as ready,
---     an upper bound); the page adds them up from the window's start.
+--   run: the run time of the attempts that ended in the bucket (p = its 50th, 95th and
+--     99th percentiles, in seconds): a done job's last attempt (updated_at, its end,
+--     less started_at, its claim) and the failed, canceled or dead attempts whose
+--     history entry carries `started_at`;
+--   pickup: due to claim of the attempts claimed in the bucket (started_at less
+--     available_at, the attempt's own due time), whether they ended or not, of the rows
+--     whose available_at is still that attempt's: the ones processing, done or
+--     canceled (a failed attempt moves available_at to its retry; a processing row an
+--     older master claimed has no started_at: its updated_at is the claim);
+--   backlog: +1 in the bucket a job became ready (available_at, or the window's start;
+--     a job given back to the ready ones, updated_at), -1 in the bucket it was claimed
+--     (started_at) or, never claimed, canceled (updated_at); the page adds them up from
+--     the window's start. Each row's current attempt only: an earlier attempt's due
+--     time is not kept.
 --   rows:<part>: the rows each source read, for the page to see a source cut short.
+-- A row's `claimed` is its current attempt's claim (started_at; NULL when the row's
+-- available_at has moved past it, i.e. the claim is an earlier attempt's).
 -- The exact variant reads four sources, each through its index and each at most
 -- `cap` + 1 rows before the queue and topic are compared (so a filter never makes a
 -- source read more): the terminal rows written since the window's start
@@ -348,6 +356,8 @@ WITH w AS MATERIALIZED (
 ), src AS (
 --#if sample
     SELECT 'sample' AS part, r.state, r.available_at, r.updated_at,
+           CASE WHEN r.state = 'processing' THEN coalesce(r.started_at, r.updated_at)
+                WHEN r.started_at >= r.available_at THEN r.started_at END AS claimed,
            h.ats, h.starts,
            r.state IN ('done', 'dead', 'canceled')
                AND r.updated_at >= (SELECT start FROM ws) AS ended,
@@ -366,11 +376,12 @@ WITH w AS MATERIALIZED (
     WHERE r.state <> 'waiting'
 --#else
     SELECT 'ended' AS part, r.state, r.available_at, r.updated_at,
+           CASE WHEN r.started_at >= r.available_at THEN r.started_at END AS claimed,
            h.ats, h.starts, true AS ended,
            true AS tried, false AS processing, false AS ready,
            (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
                AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text) AS mine
-    FROM (SELECT state, available_at, updated_at, errors, queue, topic FROM {job}
+    FROM (SELECT state, available_at, updated_at, started_at, errors, queue, topic FROM {job}
           WHERE state IN ('done', 'dead', 'canceled') AND updated_at >= (SELECT start FROM ws)
           LIMIT %(cap)s + 1) AS r
          CROSS JOIN LATERAL (
@@ -379,7 +390,8 @@ WITH w AS MATERIALIZED (
                  CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
              WHERE jsonb_typeof(x) = 'object') AS h
     UNION ALL
-    SELECT 'failed', r.state, r.available_at, r.updated_at,
+    -- A failed row's available_at is its retry: its last claim is no pickup to chart.
+    SELECT 'failed', r.state, r.available_at, r.updated_at, NULL,
            h.ats, h.starts, false, true, false,
            false,
            (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
@@ -394,11 +406,12 @@ WITH w AS MATERIALIZED (
              WHERE jsonb_typeof(x) = 'object') AS h
     UNION ALL
     SELECT 'processing', r.state, r.available_at, r.updated_at,
+           coalesce(r.started_at, r.updated_at),
            h.ats, h.starts, false, true, true,
            false,
            (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
                AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
-    FROM (SELECT state, available_at, updated_at, errors, queue, topic FROM {job}
+    FROM (SELECT state, available_at, updated_at, started_at, errors, queue, topic FROM {job}
           WHERE state = 'processing' LIMIT %(cap)s + 1) AS r
          CROSS JOIN LATERAL (
              SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
@@ -406,11 +419,13 @@ WITH w AS MATERIALIZED (
                  CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
              WHERE jsonb_typeof(x) = 'object') AS h
     UNION ALL
-    SELECT 'ready', r.state, r.available_at, r.updated_at, NULL, NULL, false, false, false,
+    SELECT 'ready', r.state, r.available_at, r.updated_at,
+           CASE WHEN r.started_at >= r.available_at THEN r.started_at END,
+           NULL, NULL, false, false, false,
            true,
            (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
                AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
-    FROM (SELECT state, available_at, updated_at, queue, topic FROM {job}
+    FROM (SELECT state, available_at, updated_at, started_at, queue, topic FROM {job}
           WHERE state IN ('pending', 'failed') AND available_at <= now()
           LIMIT %(cap)s + 1) AS r
 --#end
@@ -429,15 +444,31 @@ WITH w AS MATERIALIZED (
         OFFSET 0
     ) AS v
     WHERE v.at >= (SELECT start FROM ws) AND v.at <= now()
+), runs AS (
+    -- Each attempt that ended in the window, by its end, and how long it ran: the failed
+    -- ones from their history entries, a done job's last one from its row (not in its
+    -- history: no double count).
+    SELECT at AS e, date_part('epoch', at - started) AS d
+    FROM attempts WHERE started IS NOT NULL AND started <= at
+    UNION ALL
+    SELECT updated_at, date_part('epoch', updated_at - claimed)
+    FROM src WHERE mine AND ended AND state = 'done' AND claimed <= updated_at
 ), spans AS (
-    -- Each ready span: from `s` to `e` (NULL: ready now); dead rows are left out (their
-    -- available_at is the retry they did not get).
-    SELECT greatest(available_at, (SELECT start FROM ws)) AS s,
-           CASE WHEN ready THEN NULL ELSE updated_at END AS e
-    FROM src
-    WHERE mine AND available_at <= now()
-      AND (ready OR processing OR (ended AND state IN ('done', 'canceled')))
-      AND (ready OR (updated_at > available_at AND updated_at >= (SELECT start FROM ws)))
+    -- Each ready span of a row's current attempt, cut at the window's start: from `s`
+    -- to `e` (NULL: ready now). Dead rows and failed ones fall out (their available_at is
+    -- a retry, after their end).
+    SELECT greatest(x.s, (SELECT start FROM ws)) AS s, x.e
+    FROM (
+        SELECT CASE WHEN ready AND claimed IS NOT NULL THEN updated_at
+                    ELSE available_at END AS s,
+               CASE WHEN ready THEN NULL
+                    WHEN claimed IS NOT NULL THEN claimed
+                    WHEN ended THEN updated_at END AS e,
+               ready
+        FROM src
+        WHERE mine AND available_at <= now() AND (ready OR processing OR ended)
+    ) AS x
+    WHERE x.ready OR (x.e > x.s AND x.e >= (SELECT start FROM ws))
 )
 SELECT CASE WHEN state = 'done' THEN 'done' ELSE 'dead' END AS series,
        floor((date_part('epoch', updated_at) - (SELECT e0 FROM w)) / %(step)s)::int AS bucket,
@@ -448,17 +479,17 @@ SELECT 'failed', floor((date_part('epoch', at) - (SELECT e0 FROM w)) / %(step)s)
        count(*), NULL
 FROM attempts GROUP BY 2
 UNION ALL
-SELECT 'run', floor((date_part('epoch', at) - (SELECT e0 FROM w)) / %(step)s)::int, count(*),
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[])
-           WITHIN GROUP (ORDER BY date_part('epoch', at - started))
-FROM attempts WHERE started IS NOT NULL AND started <= at GROUP BY 2
+SELECT 'run', floor((date_part('epoch', e) - (SELECT e0 FROM w)) / %(step)s)::int, count(*),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[]) WITHIN GROUP (ORDER BY d)
+FROM runs GROUP BY 2
 UNION ALL
-SELECT 'pickup', floor((date_part('epoch', updated_at) - (SELECT e0 FROM w)) / %(step)s)::int,
+SELECT 'pickup', floor((date_part('epoch', claimed) - (SELECT e0 FROM w)) / %(step)s)::int,
        count(*),
        percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[])
-           WITHIN GROUP (ORDER BY greatest(date_part('epoch', updated_at - available_at), 0))
+           WITHIN GROUP (ORDER BY greatest(date_part('epoch', claimed - available_at), 0))
 FROM src
-WHERE mine AND processing AND updated_at >= (SELECT start FROM ws)
+WHERE mine AND claimed >= available_at AND claimed >= (SELECT start FROM ws)
+  AND claimed <= now()
 GROUP BY 2
 UNION ALL
 SELECT 'backlog', d.bucket, sum(d.delta), NULL

@@ -36,17 +36,22 @@ def minute_start(db: Conn) -> datetime:
 
 def seed(db: Conn) -> dict[str, Any]:
     """Jobs of queue "q", topic "t.a" (and a few of "t.b"), placed in known minutes of the
-    last hour, relative to the current minute `m`: done ones, dead ones, failures kept in
-    the error history with their starts, jobs being processed, jobs ready now."""
+    last hour, relative to the current minute `m`, each with its due time (available_at),
+    its last claim (started_at) and its end (updated_at): done ones, dead ones, failures
+    kept in the error history with their starts, jobs being processed, jobs ready now."""
     m = minute_start(db)
 
     def at(minutes: int, seconds: int = 10) -> datetime:
         return m - timedelta(minutes=minutes) + timedelta(seconds=seconds)
 
-    for _ in range(3):  # 3 done in the minute 5 minutes ago
+    for _ in range(3):  # 3 done in the minute 5 minutes ago: picked up in 4 s, ran 15 s
         insert(db, queue="q", topic="t.a", state="done", available_at=at(5, 1),
-               updated_at=at(5, 20))  # fmt: skip
-    insert(db, queue="q", topic="t.b", state="done", available_at=at(5, 1), updated_at=at(5, 20))
+               started_at=at(5, 5), updated_at=at(5, 20))  # fmt: skip
+    insert(db, queue="q", topic="t.b", state="done", available_at=at(5, 1), started_at=at(5, 5),
+           updated_at=at(5, 20))  # fmt: skip
+    # Due 8 minutes ago, claimed 140 s later, done after 20 s: ready through two minutes.
+    insert(db, queue="q", topic="t.a", state="done", available_at=at(8, 10),
+           started_at=at(6, 30), updated_at=at(6, 50))  # fmt: skip
     # A dead job 10 minutes ago, its three failed attempts in the minutes 12, 11 and 10
     # ago, each run 2, 4 and 6 seconds.
     errors = [
@@ -55,23 +60,30 @@ def seed(db: Conn) -> dict[str, Any]:
          "kind": "raised", "traceback": f"Traceback {n}"}
         for n in (1, 2, 3)
     ]  # fmt: skip
+    # Its available_at is the retry it never got: neither a pickup nor a ready span.
     dead = insert(db, queue="q", topic="t.a", state="dead", attempts=3, errors=errors,
-                  available_at=at(10, 40), updated_at=at(10, 30), last_error="E3")  # fmt: skip
+                  available_at=at(10, 40), started_at=at(10, 24), updated_at=at(10, 30),
+                  last_error="E3")  # fmt: skip
     # An entry of an older release (no started_at) and one that is not a time: counted
     # as failures when their `at` is one, never an error.
+    # Its retry is due in an hour: its claim (3 minutes ago) is no pickup to chart.
     insert(db, queue="q", topic="t.a", state="failed", attempts=1, updated_at=at(3),
-           available_at=m + timedelta(hours=1),
+           started_at=at(3, 2), available_at=m + timedelta(hours=1),
            errors=[{"attempt": 1, "at": at(3).isoformat(), "error": "old"},
                    {"attempt": 2, "at": "yesterday", "error": "odd"}, "not an object"])  # fmt: skip
     # Two jobs being processed, claimed a minute ago, due one and two minutes before.
     for due in (2, 3):
         insert(db, queue="q", topic="t.a", state="processing", attempts=1, locked_by="h:2:y",
                locked_until=m + timedelta(minutes=5), updated_at=at(1, 40),
-               available_at=at(due, 40))  # fmt: skip
+               started_at=at(1, 40), available_at=at(due, 40))  # fmt: skip
     # Four jobs ready since 20 minutes ago (and one scheduled, never ready yet).
     for _ in range(4):
         insert(db, queue="q", topic="t.a", state="pending", available_at=at(20))
     insert(db, queue="q", topic="t.a", state="pending", available_at=m + timedelta(hours=2))
+    # Due 25 minutes ago, claimed a minute later, given back 15 minutes ago (a released
+    # claim: updated_at), ready since.
+    insert(db, queue="q", topic="t.a", state="pending", available_at=at(25, 10),
+           started_at=at(24, 10), updated_at=at(15, 10))  # fmt: skip
     return {"m": m, "dead": dead}
 
 
@@ -86,47 +98,67 @@ def test_each_chart_counts_what_happened_in_its_minute(db: Conn) -> None:
     def only(series: list[Any]) -> dict[int, Any]:
         return {i: v for i, v in enumerate(series) if v}
 
-    assert only(counts["done"]) == {last - 5: 3}  # t.b's done job is not t.a's
+    assert only(counts["done"]) == {last - 6: 1, last - 5: 3}  # t.b's is not t.a's
     assert only(counts["dead"]) == {last - 10: 1}
     assert only(counts["failed"]) == {last - 12: 1, last - 11: 1, last - 10: 1, last - 3: 1}
+    # Run time by the minute an attempt ended: the failed ones from their history
+    # entries, the done ones from their rows (claim to end).
     assert only(pct["run"]) == {
         last - 12: (2.0, 2.0, 2.0),
         last - 11: (4.0, 4.0, 4.0),
         last - 10: (6.0, 6.0, 6.0),
+        last - 6: (20.0, 20.0, 20.0),
+        last - 5: (15.0, 15.0, 15.0),
     }
+    # Pickup by the minute of the claim, due to claim, ended or not: the released job's
+    # claim, the done ones', the processing ones' (60 s and 120 s); not the failed or
+    # the dead job's (their due time is a retry's).
     p50, p95, p99 = pct["pickup"][last - 1]
-    assert (p50, round(p95, 1), round(p99, 1)) == (90.0, 117.0, 119.4)  # of 60 s and 120 s
+    assert (p50, round(p95, 1), round(p99, 1)) == (90.0, 117.0, 119.4)
+    assert {i: v for i, v in only(pct["pickup"]).items() if i != last - 1} == {
+        last - 24: (60.0, 60.0, 60.0),
+        last - 6: (140.0, 140.0, 140.0),
+        last - 5: (4.0, 4.0, 4.0),
+    }
+    # Ready at each minute's end: the four pending ones from 20 minutes ago, the
+    # released one from 15; the late done one from 8 minutes ago to its claim 6 minutes
+    # ago; the three done 5 minutes ago were ready for 4 s within it; the processing ones
+    # from their due (3 and 2 minutes ago) to their claim, a minute ago.
     backlog = counts["backlog"]
-    # Ready from 20 minutes ago: the four pending ones; the done ones were ready for
-    # seconds within their minute; the processing ones from their due to their claim.
     assert backlog[: last - 20] == [0] * (last - 20)
-    assert backlog[last - 20] == 4 and backlog[last] == 4
-    # The processing jobs: ready from their due to their claim, a minute ago.
-    assert backlog[last - 3 : last] == [5, 6, 4], backlog[last - 4 :]
+    assert backlog[last - 20 :] == [4] * 5 + [5] * 7 + [6, 6, 5, 5, 5, 6, 7, 5, 5], backlog
     # Every queue and topic: t.b's done job too.
     every = reads.charts(db, "hour")
     assert every["counts"]["done"][last - 5] == 4
     # The day: 15-minute buckets; the same figures, summed.
     day = reads.charts(db, "day", queue="q", topic="t.a")
-    assert (day["step"], day["buckets"], sum(day["counts"]["done"])) == (900, 96, 3)
-    assert sum(day["counts"]["failed"]) == 4 and day["counts"]["backlog"][-1] == 4
+    assert (day["step"], day["buckets"], sum(day["counts"]["done"])) == (900, 96, 4)
+    assert sum(day["counts"]["failed"]) == 4 and day["counts"]["backlog"][-1] == 5
 
 
 def test_a_source_past_its_cap_is_charted_from_a_sample(
     db: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db.execute(
-        "INSERT INTO job (topic, state, available_at, updated_at) "
-        "SELECT 't', 'done', now() - interval '2 minutes', now() - interval '90 seconds' "
-        "FROM generate_series(1, 3000)"
+        "INSERT INTO job (topic, state, available_at, started_at, updated_at) "
+        "SELECT 't', 'done', now() - interval '2 minutes', now() - interval '100 seconds', "
+        "now() - interval '90 seconds' FROM generate_series(1, 3000)"
     )
+
+    def figures(data: dict[str, Any]) -> tuple[set[Any], set[Any]]:
+        pct = data["percentiles"]
+        return {v for v in pct["pickup"] if v}, {v for v in pct["run"] if v}
+
     exact = reads.charts(db, "hour")
     assert exact["sampled"] is None and sum(exact["counts"]["done"]) == 3000
+    # Each was picked up 20 s after its due time and ran 10 s.
+    assert figures(exact) == ({(20.0, 20.0, 20.0)}, {(10.0, 10.0, 10.0)})
     monkeypatch.setattr(reads, "CHART_CAP", 500)
     monkeypatch.setattr(reads, "CHART_SAMPLE_PAGES", 10)
     sampled = reads.charts(db, "hour")
     assert sampled["sampled"] is not None and sampled["sampled"] < 100
     assert 0.4 * 3000 < sum(sampled["counts"]["done"]) < 1.6 * 3000
+    assert figures(sampled) == figures(exact)
     body = text(get(db, "/charts"))
     assert "Sampled: more than 500 rows" in body
 
