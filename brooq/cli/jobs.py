@@ -165,18 +165,23 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
         fields.insert(6, ("tags", ", ".join(record.tags)))
     if record.group is not None:  # a line only for a job that has one
         fields.insert(6, ("group", record.group))
+    if record.started_at is not None:  # the last claim; a job never claimed has none
+        at = [name for name, _ in fields].index("updated")
+        fields.insert(at, ("started", _when(record.started_at, now)))
     if record.state == "processing" and record.locked_until is not None:
         left = (record.locked_until - now).total_seconds()
         lease = _when(record.locked_until, now)
         if left <= 0:
             lease += ", expired: the reaper will make the job pending again"
         fields += [("holder", record.locked_by or "-"), ("lease until", lease)]
-        if record.progress is not None:  # claim.progress(), as the last renewal wrote it
-            fields.append(("progress", progress.text(record.progress, record.progress_message)))
     elif record.locked_by:
         fields += [("holder", f"- (last held by {record.locked_by})"), ("lease until", "-")]
     else:
         fields += [("holder", "-"), ("lease until", "-")]
+    # claim.progress(): the running attempt's last report, or the last attempt's, frozen
+    # with its outcome (a job that ended keeps it; a new claim starts with none).
+    if record.progress is not None:
+        fields.append(("progress", progress.text(record.progress, record.progress_message)))
     lines = [f"{name + ':':<16} {value}" for name, value in fields]
 
     error = (record.last_error or "-").rstrip().splitlines() or ["-"]

@@ -247,13 +247,18 @@ def standing(row: Row) -> tuple[str, str]:
         return "ready", text
     if state == "processing":
         host, pid = holder(row.get("locked_by"))
+        claimed = row.get("started_at") or updated  # a claim of an older master: updated_at
         return "processing", (
-            f"attempt {attempts:,}, claimed at {e(when(updated))}{since(updated)} on host "
+            f"attempt {attempts:,}, claimed at {e(when(claimed))}{since(claimed)} on host "
             f"{e(host)}, child pid {e(pid)}; its lease runs until "
             f"{e(when(row.get('locked_until')))}"
         )
     if state == "done":
-        return "done", f"at {e(when(updated))}{since(updated)}, after {attempts:,} attempt(s)"
+        text = f"at {e(when(updated))}{since(updated)}, after {attempts:,} attempt(s)"
+        started: datetime | None = row.get("started_at")
+        if started is not None and updated is not None and started <= updated:
+            text += f"; the last one ran {e(duration((updated - started).total_seconds()))}"
+        return "done", text
     if state == "dead":
         return "dead", (
             f"given up at {e(when(updated))}{since(updated)} after {attempts:,} attempt(s): "
@@ -325,7 +330,8 @@ def timeline(row: Row) -> str:
     """The attempts, oldest first: each failed one from the error history (job.errors:
     attempt, at, started_at, worker, error, kind, traceback; entries of older releases
     carry the first four), then the attempt running now or the one that ended the job
-    well (its start is not kept once it ended)."""
+    well, from the row: its start (started_at, the claim) and, once done, its end
+    (updated_at) and how long it ran."""
     errors = row.get("errors")
     entries = [
         x if isinstance(x, dict) else {"error": x}
@@ -334,21 +340,29 @@ def timeline(row: Row) -> str:
     state = row.get("state")
     attempts = int(row.get("attempts") or 0)
     items = [_attempt_item(x, state, i == len(entries) - 1) for i, x in enumerate(entries)]
+    started: datetime | None = row.get("started_at")
+    ended: datetime | None = row.get("updated_at")
     if state == "processing":
         host, pid = holder(row.get("locked_by"))
+        started = started or ended  # claimed by an older master: updated_at is the claim
         running = ""
-        if row.get("now") is not None and row.get("updated_at") is not None:
-            running = f", running for {e(age((row['now'] - row['updated_at']).total_seconds()))}"
+        if row.get("now") is not None and started is not None:
+            running = f", running for {e(age((row['now'] - started).total_seconds()))}"
         items.append(
             f"<li><strong>attempt {attempts:,}</strong>: processing<br>started "
-            f"{e(when(row.get('updated_at')))} on host {e(host)}, child pid {e(pid)}"
+            f"{e(when(started))} on host {e(host)}, child pid {e(pid)}"
             f"{running}</li>"
         )
     elif state == "done":
-        items.append(
-            f'<li class="good"><strong>attempt {attempts:,}</strong>: done<br>ended '
-            f"{e(when(row.get('updated_at')))}</li>"
-        )
+        lines = [f"<strong>attempt {attempts:,}</strong>: done"]
+        if started is not None and ended is not None and started <= ended:
+            host, pid = holder(row.get("locked_by"))
+            lines.append(f"started {e(when(started))} on host {e(host)}, child pid {e(pid)}")
+            took = f", after {e(duration((ended - started).total_seconds()))}"
+        else:
+            took = ""
+        lines.append(f"ended {e(when(ended))}{took}")
+        items.append(f'<li class="good">{"<br>".join(lines)}</li>')
     kept = ""
     numbered = [int(x["attempt"]) for x in entries if isinstance(x.get("attempt"), int)]
     if numbered and min(numbered) > 1:

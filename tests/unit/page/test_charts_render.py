@@ -74,3 +74,38 @@ def test_the_job_page_pieces_take_any_row() -> None:
             "upstream_total": 12}  # fmt: skip
     svg = graph_svg(many)
     assert len(re.findall(r'<a class="node"', svg)) == 8 and "… 4 more" in svg
+
+
+def test_the_last_attempt_on_the_job_page_starts_at_its_claim() -> None:
+    """started_at is the last attempt's claim: a done job's timeline says when it started,
+    where and how long it ran; a processing one runs from it; a row claimed by an older
+    release (no started_at) falls back to updated_at while processing, and a done one
+    says only when it ended."""
+    now = datetime(2026, 12, 4, 10, 0, tzinfo=timezone.utc)
+    done = {
+        "id": uuid.uuid4(),
+        "state": "done",
+        "attempts": 2,
+        "now": now,
+        "locked_by": "web1:4711:child-1",
+        "started_at": now - timedelta(seconds=90),
+        "updated_at": now - timedelta(seconds=60),
+        "errors": [],
+    }
+    html = timeline(done)
+    assert (
+        '<li class="good"><strong>attempt 2</strong>: done<br>started 2026-12-04 09:58:30+00:00 '
+        "on host web1, child pid 4711<br>ended 2026-12-04 09:59:00+00:00, after 30s</li>"
+    ) in html, html
+    word, why = standing(done)
+    assert word == "done" and why.endswith("; the last one ran 30s"), why
+    older = timeline({**done, "started_at": None})
+    assert "<strong>attempt 2</strong>: done<br>ended 2026-12-04 09:59:00+00:00</li>" in older
+    assert standing({**done, "started_at": None})[1].endswith("after 2 attempt(s)")
+    running = {**done, "state": "processing", "locked_until": now + timedelta(seconds=30),
+               "updated_at": now - timedelta(seconds=20)}  # fmt: skip
+    html = timeline(running)
+    assert "started 2026-12-04 09:58:30+00:00 on host web1" in html and "running for 1m 30s" in html
+    assert "claimed at 2026-12-04 09:58:30+00:00" in standing(running)[1]
+    html = timeline({**running, "started_at": None})
+    assert "started 2026-12-04 09:59:40+00:00" in html and "running for 20s" in html
