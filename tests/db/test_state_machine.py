@@ -49,6 +49,8 @@ MAX_JOBS = 6
 # A row a step does not predict a change for must not change at all; a row it does predict
 # must show the predicted values, and may change only these columns besides:
 VOLATILE = ("updated_at", "available_at", "locked_until")
+# In an expectation: the column holds the time of the statement that wrote it.
+CLAIMED_NOW = object()
 
 
 def history(row: dict[str, Any] | None) -> list[tuple[Any, ...]]:
@@ -202,6 +204,7 @@ class QueueMachine(RuleBasedStateMachine):
                 "attempts": before["attempts"] + 1,
                 "locked_by": worker,
                 "locked_until": row["locked_until"],
+                "started_at": CLAIMED_NOW,  # the claim's own now(): set, never earlier
             }
 
     @precondition(lambda self: any(self.held.values()))
@@ -437,6 +440,10 @@ class QueueMachine(RuleBasedStateMachine):
                         assert row["available_at"] <= now
                     else:
                         assert row["available_at"] > now + timedelta(seconds=value / 2)
+                elif value is CLAIMED_NOW:
+                    assert row[column] is not None, (column, old, row)
+                    earlier = old[column] if old is not None else None
+                    assert earlier is None or row[column] >= earlier, (column, old, row)
                 elif column == "errors_added":  # one history entry appended, the last 20 kept
                     assert history(row) == [*history(old), value][-20:], (old, row)
                 else:
