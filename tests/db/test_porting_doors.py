@@ -11,6 +11,7 @@ import datetime as dt
 import importlib
 import sys
 import textwrap
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
@@ -418,10 +419,9 @@ def test_migrate_and_db_connect_take_sqlalchemys_url_form(empty_dsn: str) -> Non
     """brooq.migrate and brooq.db.connect called from Python (an Alembic env.py, a
     fixture) take the URL an application already has for SQLAlchemy."""
     params = conninfo.conninfo_to_dict(empty_dsn)
-    url = (
-        f"postgresql+psycopg://{params.get('user', 'postgres')}@{params['host']}:"
-        f"{params.get('port', 5432)}/{params['dbname']}"
-    )
+    # The host as a parameter: a TCP address or a Unix socket's directory alike.
+    query = urllib.parse.urlencode({"host": params["host"], "port": params.get("port", 5432)})
+    url = f"postgresql+psycopg://{params.get('user', 'postgres')}@/{params['dbname']}?{query}"
     assert [m.version for m in brooq.migrate.up(url)][:1] == [1]
     assert {s.state for s in brooq.migrate.status(url)} == {"applied"}
     with brooq.db.connect(url) as conn:
