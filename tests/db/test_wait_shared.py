@@ -121,8 +121,12 @@ def test_500_waiting_threads_share_a_few_server_connections(
         assert w.error is None, w.error
         assert w.record is not None and w.record.id == ids[n]
         assert (w.record.state, w.record.result) == ("done", {"n": n})
-    # the pool (4), the listener, the enqueue's own connection
-    assert peak <= queue.pool_size + 2, peak
+    # the pool (4), the listener, the enqueue's own connection; a connection the pool
+    # replaced may still show while its backend exits (a loaded machine), so each
+    # replacement the pool counted is allowed for, and no more.
+    opened = queue._pools._pool.get_stats()["connections_num"] if queue._pools._pool else 0
+    replaced = max(0, opened - queue.pool_size)
+    assert peak <= queue.pool_size + 2 + replaced, (peak, opened)
     listener = queue._waits._listener
     assert listener is not None and listener.waiting == 0
 
