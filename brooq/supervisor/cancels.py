@@ -27,6 +27,11 @@ from brooq.supervisor.childproc import ChildProc
 
 log = logging.getLogger("brooq.master")
 
+# At most this many ids kept unmatched: anyone who may connect may NOTIFY the channel, and a
+# flood must not grow the master; past it, the oldest go (the periodic renewal still
+# finds their jobs canceled).
+KEPT_MAX = 10_000
+
 
 class CancelsHeard:
     """Job ids heard on CANCEL_CHANNEL, each kept until a child of ours holds it or
@@ -44,6 +49,10 @@ class CancelsHeard:
                 self.pending[uuid.UUID(payload)] = now
             except ValueError:
                 continue
+        excess = len(self.pending) - KEPT_MAX
+        if excess > 0:  # dicts keep insertion order: the first are the oldest heard
+            for job_id in list(self.pending)[:excess]:
+                del self.pending[job_id]
 
     def match(self, children: Iterable[ChildProc], now: float) -> bool:
         """True when a child of ours holds a job heard canceled: the renewal must run now.

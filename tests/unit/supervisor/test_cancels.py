@@ -57,3 +57,15 @@ def test_a_child_being_killed_and_a_payload_that_is_no_job_id_are_ignored() -> N
     dying = _child(1, job)
     dying.kill_reason = LEASE_LOST
     assert heard.match([dying], now=0.0) is False
+
+
+def test_a_flood_of_notifications_keeps_at_most_kept_max_ids_the_newest() -> None:
+    from brooq.supervisor import cancels
+
+    heard = CancelsHeard(keep=10.0)
+    flood = [uuid.uuid4() for _ in range(cancels.KEPT_MAX + 5)]
+    heard.heard([str(j) for j in flood], now=0.0)
+    assert len(heard.pending) == cancels.KEPT_MAX
+    assert flood[0] not in heard.pending and flood[-1] in heard.pending
+    # The newest is still matched to the child holding it.
+    assert heard.match([_child(1, flood[-1])], now=0.1) is True
