@@ -1,5 +1,7 @@
-"""The documentation's sample outputs of `brooq stats`, `brooq queues` and `brooq top` are
-what brooq prints: each is run again, on a database seeded with the jobs the sample shows.
+"""The documentation's sample outputs are what brooq prints: `brooq stats`, `queues`, `top`,
+`jobs list/show/logs`, `cancel`, `retry` (one and in bulk), `purge`, `enqueue`,
+`periodic`, `fleet`, `migrate status`, brooq-master's refusals and the error lines; each is
+run again, on a database seeded with the jobs the sample shows.
 
 A sample is a fenced block right after a marker comment naming its scene (the jobs seeded,
 one function of SCENES below) and, when the block holds only what one command printed, that
@@ -9,11 +11,19 @@ command:
                                            by what it printed (run in order, on one database)
     <!-- sample: typo | brooq stats -->     the output of `brooq stats` alone
 
+A command line is run by bash (pipes, redirections and `python -c` included), with stdin
+not a terminal, but when the sample answers a prompt ("[y/N]: y"): then a terminal types
+the answer.
+
 Compared exactly, but for what a run cannot reproduce: ages (4.2s, 12.0m: the digits may
-differ, not the unit nor the width), job ids, `brooq top`'s database and clock, the times of
-its JSON, and a read target's last line ("read from ..."), which only a standby prints. In a
-JSON sample a list may end with "..." (the rest left out). Every block of the documentation
-that shows one of these tables must be marked (test_every_table_sample_is_marked).
+differ, not the unit nor the width), job ids, times ("2026-12-01 11:28:07 UTC", ISO 8601),
+`brooq top`'s database and clock, the times of its JSON, and a read target's last line
+("read from ..."), which only a standby prints. In a text sample a line "..." stands for
+any lines (the rest of the output, left out) and a line ending with "..." for any end of
+it; in a JSON sample a list may end with "..." (the rest left out). Every block of the
+documentation that shows one of these outputs must be marked, or say why it is not checked
+in a `<!-- sample not checked: why -->` comment, which only UNCHECKED may
+(test_every_table_sample_is_marked).
 """
 
 from __future__ import annotations
@@ -54,7 +64,8 @@ COMMAND_OUTPUT = re.compile(
     r"|ID +TOPIC +QUEUE +PRIORITY +STATE\b|NAME +SCHEDULE +TZ\b|TOPIC +QUEUE +GLOBAL LIMIT\b"
     r"|id: +[0-9a-f-]{36}$|errors \(\d+, oldest first\):|== attempt \d+, ended "
     r"|\S+ pid \d+: brooq \S+, app |\d{4}_\w+ +\d{4}-\d\d-\d\dT"
-    r"|(brooq-master: cannot start|error): .*(cannot reach the database|read-only standby))"
+    r"|(brooq-master: cannot start|error): .*(cannot reach the database|read-only standby"
+    r"|the brooq schema|is not brooq's))"
 )
 NOT_CHECKED = re.compile(r"<!--\s*sample not checked:\s*(?P<why>[^>]*?)\s*-->\s*\Z")
 # The samples left unchecked, each for what the suite cannot make here: page, the first
@@ -183,7 +194,11 @@ def run(dsn: str, line: str, shown: str = "") -> str:
     with tempfile.TemporaryDirectory() as workdir:
         bin_dir = Path(workdir, "bin")
         bin_dir.mkdir()
-        for name, args in (("brooq", " -m brooq"), ("python", "")):
+        for name, args in (
+            ("brooq", " -m brooq"),
+            ("brooq-master", " -m brooq.master_cli"),
+            ("python", ""),
+        ):
             shim = bin_dir / name
             shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)}{args} "$@"\n')
             shim.chmod(0o755)
@@ -528,6 +543,20 @@ def limits(queue: brooq.Queue, db: Connection) -> None:
         )
 
 
+def schemas(queue: brooq.Queue, db: Connection) -> None:
+    """Beside brooq's schema (public): older, brooq's schema one migration behind, and
+    foreign_app, whose table job is not brooq's."""
+    db.execute("CREATE SCHEMA older")
+    migrated = run(
+        db.info.dsn, 'brooq --database "$DATABASE_URL options=-csearch_path=older" migrate up'
+    )
+    last = int(migrated.split()[-1].split("_")[0])
+    run(db.info.dsn, 'brooq --database "$DATABASE_URL options=-csearch_path=older" migrate down')
+    assert last > 1, migrated
+    db.execute("CREATE SCHEMA foreign_app")
+    db.execute("CREATE TABLE foreign_app.job (id integer PRIMARY KEY, topic text)")
+
+
 def _many(db: Connection, n: int, topic: str, state: str, queue_name: str) -> None:
     db.execute(
         "INSERT INTO job (topic, payload, state, queue, attempts)"
@@ -582,6 +611,7 @@ SCENES: dict[str, Callable[[brooq.Queue, Connection], None]] = {
     "fleet": fleet,
     "periodic": periodic,
     "limits": limits,
+    "schemas": schemas,
 }
 SAMPLES = samples()
 
