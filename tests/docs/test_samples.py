@@ -33,9 +33,11 @@ import os
 import pty
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -71,8 +73,6 @@ NOT_CHECKED = re.compile(r"<!--\s*sample not checked:\s*(?P<why>[^>]*?)\s*-->\s*
 # The samples left unchecked, each for what the suite cannot make here: page, the first
 # 60 characters of the block.
 UNCHECKED = {
-    # A master running a handler of the reader's application, its files and lines.
-    ("docs/operator.md", "$ brooq jobs stack 01a2329c-1656-700b-9488-75fd64156e28"),
     # A read-only standby: the suite runs one PostgreSQL server, a primary.
     (
         "docs/how-to/high-availability.md",
@@ -87,6 +87,7 @@ ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 TOP_TITLE = re.compile(r"^brooq top  \S+  \d\d:\d\d:\d\d UTC  \(q quits\)$", re.M)
 READ_FROM = re.compile(r"^read from \S+, .+\n?", re.M)
 ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")
+WORKER = re.compile(r"\bworker [\w.-]+:\d+:[0-9a-f]+\)")
 UTC_TIME = re.compile(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\b")
 ISO_IN_TEXT = re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00")
 
@@ -129,6 +130,7 @@ def normal(text: str) -> str:
     text = ID.sub("ID", text)
     text = UTC_TIME.sub("YYYY-MM-DD HH:MM:SS UTC", text)
     text = ISO_IN_TEXT.sub("ISO-TIME", text)
+    text = WORKER.sub("worker HOST:PID:TAG)", text)
     return AGE.sub(lambda m: "#" * len(m.group()), text)
 
 
@@ -557,6 +559,92 @@ def schemas(queue: brooq.Queue, db: Connection) -> None:
     db.execute("CREATE TABLE foreign_app.job (id integer PRIMARY KEY, topic text)")
 
 
+# The application of `brooq jobs stack`'s sample, as the reader's: /srv/app.
+APP_DIR = "/srv/app"
+STACK_APP = {
+    "jobs.py": """import brooq
+
+import render as renderer
+
+queue = brooq.Queue()
+
+
+@queue.handler("report.render")
+def render(claim: brooq.Claim) -> None:
+    report = claim.payload
+    pdf = renderer.render(report)
+    print(pdf)
+""",
+    "render.py": """import time
+
+
+def render(report: dict) -> bytes:
+    time.sleep(float(report["sleep"]))
+    return b"%PDF"
+""",
+}
+
+
+@dataclass
+class Master:
+    """A brooq-master a scene started: stopped when the sample is done; ``where`` is the
+    directory of its application, shown as APP_DIR."""
+
+    process: subprocess.Popen[bytes]
+    where: str
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.where, ignore_errors=True)
+
+
+def stack(queue: brooq.Queue, db: Connection) -> Master:
+    """A master of STACK_APP running one report.render, asleep in render.py."""
+    job = "01a2329c-1656-700b-9488-75fd64156e28"
+    _job(queue, db, "report.render", f"id = '{job}', payload = '{{\"sleep\": 60}}'")
+    where = tempfile.mkdtemp(prefix="brooq-sample-app-")
+    for name, source in STACK_APP.items():
+        Path(where, name).write_text(source)
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CRED", "QUEUE_"))
+    }
+    environ.pop("PGOPTIONS", None)
+    environ.update(PYTHONPATH=os.pathsep.join([where, str(ROOT)]), DATABASE_URL=db.info.dsn)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "brooq.master_cli",
+            "--app",
+            "jobs:queue",
+            "--workers",
+            "1",
+            "--graceful-timeout",
+            "1s",
+        ],
+        cwd=where,
+        env=environ,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    master = Master(process, where)
+    deadline = time.monotonic() + 30
+    while db.execute("SELECT state <> 'processing' FROM job WHERE id = %s", (job,)).fetchone() != (
+        False,
+    ):
+        if time.monotonic() > deadline or process.poll() is not None:
+            master.stop()
+            raise AssertionError("the master did not take the job within 30 s")
+        time.sleep(0.05)
+    return master
+
+
 def _many(db: Connection, n: int, topic: str, state: str, queue_name: str) -> None:
     db.execute(
         "INSERT INTO job (topic, payload, state, queue, attempts)"
@@ -602,7 +690,7 @@ def periodic(queue: brooq.Queue, db: Connection) -> None:
     )
 
 
-SCENES: dict[str, Callable[[brooq.Queue, Connection], None]] = {
+SCENES: dict[str, Callable[[brooq.Queue, Connection], Master | None]] = {
     "empty": empty,
     "typo": typo,
     "operator": operator,
@@ -612,6 +700,7 @@ SCENES: dict[str, Callable[[brooq.Queue, Connection], None]] = {
     "periodic": periodic,
     "limits": limits,
     "schemas": schemas,
+    "stack": stack,
 }
 SAMPLES = samples()
 
@@ -654,16 +743,23 @@ def test_every_table_sample_is_marked() -> None:
 def test_sample_is_what_brooq_prints(
     sample: Sample, dsn: str, queue: brooq.Queue, db: Connection
 ) -> None:
-    SCENES[sample.scene](queue, db)
-    for line, shown in steps(sample):
-        printed = run(dsn, line, shown)
-        if "--json" in shlex.split(line, comments=True) and shown.lstrip().startswith(("{", "[")):
-            expected, found = json.loads(shown), json.loads(printed)
-            if isinstance(found, dict) and "read_from" not in found:
-                expected.pop("read_from", None)  # only a read target prints it
-            assert same_json(expected, found) == [], (line, printed)
-        else:
-            assert matches(shown, printed), f"$ {line}\n{printed}"
+    master = SCENES[sample.scene](queue, db)
+    try:
+        for line, shown in steps(sample):
+            printed = run(dsn, line, shown)
+            if master is not None:
+                printed = printed.replace(master.where, APP_DIR)
+            json_sample = shown.lstrip().startswith(("{", "["))
+            if "--json" in shlex.split(line, comments=True) and json_sample:
+                expected, found = json.loads(shown), json.loads(printed)
+                if isinstance(found, dict) and "read_from" not in found:
+                    expected.pop("read_from", None)  # only a read target prints it
+                assert same_json(expected, found) == [], (line, printed)
+            else:
+                assert matches(shown, printed), f"$ {line}\n{printed}"
+    finally:
+        if master is not None:
+            master.stop()
 
 
 def test_the_counts_split_the_jobs(queue: brooq.Queue, db: Connection) -> None:
