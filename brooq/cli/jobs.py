@@ -161,6 +161,8 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
     if record.start_after is not None:
         waits = f"the active job of its key, then from {_when(record.start_after, now)}"
         fields[-1] = ("available at", waits)
+    if record.state in ("done", "dead", "canceled"):
+        fields.pop()  # a finished job is claimable at no time: "available at" would mislead
     if record.tags:
         fields.insert(6, ("tags", ", ".join(record.tags)))
     if record.group is not None:  # a line only for a job that has one

@@ -63,7 +63,9 @@ def test_the_newest_traceback_is_shown_whole_when_it_fits() -> None:
 
 
 def test_a_traceback_short_of_room_keeps_its_frames_and_exception() -> None:
-    lines = show_lines(RECORD, NOW)  # two entries: one line less for the traceback
+    # Failed (waiting for its retry: an "available at" line) with two entries: the
+    # traceback has two lines less than its full screen.
+    lines = show_lines(dataclasses.replace(RECORD, state="failed"), NOW)
     at = lines.index("traceback (attempt 2, raised):")
     assert lines[at + 1 : at + 5] == [
         "  Traceback (most recent call last):",
