@@ -353,82 +353,64 @@ WITH w AS MATERIALIZED (
     SELECT (floor(date_part('epoch', now()) / %(step)s) - %(buckets)s + 1) * %(step)s AS e0
 ), ws AS MATERIALIZED (
     SELECT to_timestamp(e0) AS start FROM w
-), src AS (
+), raw AS (
 --#if sample
     SELECT 'sample' AS part, r.state, r.available_at, r.updated_at,
            CASE WHEN r.state = 'processing' THEN coalesce(r.started_at, r.updated_at)
                 WHEN r.started_at >= r.available_at THEN r.started_at END AS claimed,
-           h.ats, h.starts,
            r.state IN ('done', 'dead', 'canceled')
                AND r.updated_at >= (SELECT start FROM ws) AS ended,
            (r.state IN ('done', 'dead', 'canceled', 'failed')
                AND r.updated_at >= (SELECT start FROM ws)) OR r.state = 'processing' AS tried,
            r.state = 'processing' AS processing,
            r.state IN ('pending', 'failed') AND r.available_at <= now() AS ready,
-           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
-               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text) AS mine
+           r.errors, r.queue, r.topic
     FROM {job} AS r TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
-         CROSS JOIN LATERAL (
-             SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
-             FROM jsonb_array_elements(
-                 CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
-             WHERE jsonb_typeof(x) = 'object') AS h
     WHERE r.state <> 'waiting'
 --#else
-    SELECT 'ended' AS part, r.state, r.available_at, r.updated_at,
-           CASE WHEN r.started_at >= r.available_at THEN r.started_at END AS claimed,
-           h.ats, h.starts, true AS ended,
-           true AS tried, false AS processing, false AS ready,
-           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
-               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text) AS mine
-    FROM (SELECT state, available_at, updated_at, started_at, errors, queue, topic FROM {job}
+    SELECT 'ended' AS part, state, available_at, updated_at,
+           CASE WHEN started_at >= available_at THEN started_at END AS claimed,
+           true AS ended, true AS tried, false AS processing, false AS ready,
+           errors, queue, topic
+    FROM (SELECT state, available_at, updated_at, started_at, errors, queue, topic
+          FROM {job}
           WHERE state IN ('done', 'dead', 'canceled') AND updated_at >= (SELECT start FROM ws)
           LIMIT %(cap)s + 1) AS r
-         CROSS JOIN LATERAL (
-             SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
-             FROM jsonb_array_elements(
-                 CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
-             WHERE jsonb_typeof(x) = 'object') AS h
     UNION ALL
     -- A failed row's available_at is its retry: its last claim is no pickup to chart.
-    SELECT 'failed', r.state, r.available_at, r.updated_at, NULL,
-           h.ats, h.starts, false, true, false,
-           false,
-           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
-               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
-    FROM (SELECT state, available_at, updated_at, errors, queue, topic FROM {job}
+    SELECT 'failed', state, available_at, updated_at, NULL, false, true, false, false,
+           errors, queue, topic
+    FROM (SELECT state, available_at, updated_at, started_at, errors, queue, topic
+          FROM {job}
           WHERE state = 'failed' AND updated_at >= (SELECT start FROM ws)
           LIMIT %(cap)s + 1) AS r
-         CROSS JOIN LATERAL (
-             SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
-             FROM jsonb_array_elements(
-                 CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
-             WHERE jsonb_typeof(x) = 'object') AS h
     UNION ALL
-    SELECT 'processing', r.state, r.available_at, r.updated_at,
-           coalesce(r.started_at, r.updated_at),
-           h.ats, h.starts, false, true, true,
-           false,
-           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
-               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
-    FROM (SELECT state, available_at, updated_at, started_at, errors, queue, topic FROM {job}
-          WHERE state = 'processing' LIMIT %(cap)s + 1) AS r
-         CROSS JOIN LATERAL (
-             SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
-             FROM jsonb_array_elements(
-                 CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
-             WHERE jsonb_typeof(x) = 'object') AS h
+    SELECT 'processing', state, available_at, updated_at, coalesce(started_at, updated_at),
+           false, true, true, false, errors, queue, topic
+    FROM (SELECT state, available_at, updated_at, started_at, errors, queue, topic
+          FROM {job} WHERE state = 'processing' LIMIT %(cap)s + 1) AS r
     UNION ALL
-    SELECT 'ready', r.state, r.available_at, r.updated_at,
-           CASE WHEN r.started_at >= r.available_at THEN r.started_at END,
-           NULL, NULL, false, false, false,
-           true,
-           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
-               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text)
-    FROM (SELECT state, available_at, updated_at, started_at, queue, topic FROM {job}
+    SELECT 'ready', state, available_at, updated_at,
+           CASE WHEN started_at >= available_at THEN started_at END,
+           false, false, false, true, NULL, queue, topic
+    FROM (SELECT state, available_at, updated_at, started_at, errors, queue, topic
+          FROM {job}
           WHERE state IN ('pending', 'failed') AND available_at <= now()
           LIMIT %(cap)s + 1) AS r
 --#end
+), src AS (
+    -- Each row's history entries' times (the ready rows carry none: no attempt to chart),
+    -- and whether it is of the queue and topic asked for.
+    SELECT r.part, r.state, r.available_at, r.updated_at, r.claimed, h.ats, h.starts,
+           r.ended, r.tried, r.processing, r.ready,
+           (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
+               AND (%(topic)s::text IS NULL OR r.topic = %(topic)s::text) AS mine
+    FROM raw AS r
+         CROSS JOIN LATERAL (
+             SELECT array_agg(x->>'at') AS ats, array_agg(x->>'started_at') AS starts
+             FROM jsonb_array_elements(
+                 CASE WHEN jsonb_typeof(r.errors) = 'array' THEN r.errors ELSE '[]' END) AS x
+             WHERE jsonb_typeof(x) = 'object') AS h
 ), attempts AS (
     -- An entry's times as brooq writes them (jsonb_build_object of a timestamptz); any
     -- other text is left out, never an error. The arrays are unnested in the select list
