@@ -101,6 +101,14 @@ RELATIONS = (
     "brooq_park_event",
     "brooq_park_jobs",
     "brooq_errors_append",
+    "job_history",
+    "job_all",
+    "brooq_job_key",
+    "brooq_history_prepare",
+    "brooq_history_expired",
+    "brooq_history_release",
+    "brooq_history_drop",
+    "brooq_history_expire_default",
 )
 _MARK = re.compile(r"\{(" + "|".join(RELATIONS) + r")(:name)?\}")
 # The schema names QUEUE_SCHEMA takes: PostgreSQL's unquoted lower-case identifiers, so

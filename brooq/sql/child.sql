@@ -30,32 +30,52 @@
 -- (brooq.worker.floors: under a held snapshot), _results stores what the handlers
 -- returned and the last progress of those that reported one.
 WITH finished AS (
---#if results
-    -- `results` holds, for each id of `done`, its result as JSON text or NULL. Only
-    -- round trips with a result pay for it (the array lookup cost 1 us per job,
-    -- docs/decisions.md). `reported` names the jobs whose handler called claim.progress():
-    -- their last report (`fractions`, `messages`, in its order) is written with the done,
-    -- frozen from then on (job_set_done_progress says why); a round trip with a report
-    -- and no result takes this variant too, its results all NULL.
-    UPDATE {job} SET state = 'done', updated_at = now(),
-        result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb,
-        progress = CASE WHEN id = ANY(%(reported)b::uuid[])
-            THEN (%(fractions)b::float8[])[array_position(%(reported)b::uuid[], id)]
-            ELSE progress END,
-        progress_message = CASE WHEN id = ANY(%(reported)b::uuid[])
-            THEN (%(messages)b::text[])[array_position(%(reported)b::uuid[], id)]
-            ELSE progress_message END
---#else
-    UPDATE {job} SET state = 'done', updated_at = now()
---#end
-    -- `(state = 'processing') IS TRUE`, not `state = 'processing'`: the plain form lets the
-    -- planner read job_processing_lease_idx whole instead of the primary key (a generic
-    -- plan estimates a short partial index cheaper than ten key look-ups), and under a
-    -- held snapshot that index keeps an entry for every job that ever ran: each `done`
-    -- walked them all (docs/explanation/held-snapshots.md). The same guard, by key.
+    -- A finished job leaves job for job_history in this statement (migration 0020): its
+    -- row deleted here, inserted below with its outcome; no UPDATE first, no trigger on
+    -- job. `(state = 'processing') IS TRUE`, not `state = 'processing'`: the plain form
+    -- lets the planner read job_processing_lease_idx whole instead of the primary key (a
+    -- generic plan estimates a short partial index cheaper than ten key look-ups), and
+    -- under a held snapshot that index keeps an entry for every job that ever ran: each
+    -- `done` walked them all (docs/explanation/held-snapshots.md). The same guard, by key.
+    DELETE FROM {job}
     WHERE id = ANY(%(done)b::uuid[]) AND (state = 'processing') IS TRUE
       AND locked_by = %(worker)s
-    RETURNING id
+    RETURNING job.*
+),
+moved AS (
+    -- Every column of job in its order (tests/db/test_history.py holds the two tables'
+    -- columns equal). job_history_ended tells a waiter, carries a graph on and moves up a
+    -- debounced job, for the rows that need it.
+    INSERT INTO {job_history}
+    SELECT f.id, f.topic, f.payload, 'done', f.attempts, f.available_at, f.locked_by,
+           f.locked_until, f.last_error, f.idempotency_key, f.created_at, now(),
+           f.lease_expiries, f.queue, f.priority,
+--#if results
+           -- `results` holds, for each id of `done`, its result as JSON text or NULL. Only
+           -- round trips with a result pay for it (the array lookup cost 1 us per job,
+           -- docs/decisions.md). `reported` names the jobs whose handler called
+           -- claim.progress(): their last report (`fractions`, `messages`, in its order) is
+           -- written with the done, frozen from then on (job_set_done_progress says why);
+           -- a round trip with a report and no result takes this variant too, its results
+           -- all NULL.
+           (%(results)b::text[])[array_position(%(done)b::uuid[], f.id)]::jsonb,
+--#else
+           f.result,
+--#end
+           f.errors, f.waited, f.unique_key, f.start_after, f.tags, f.group_key,
+           f.upstream_open, f.upstream_failed, f.on_upstream_failure, f.has_downstream,
+--#if results
+           CASE WHEN f.id = ANY(%(reported)b::uuid[])
+               THEN (%(fractions)b::float8[])[array_position(%(reported)b::uuid[], f.id)]
+               ELSE f.progress END,
+           CASE WHEN f.id = ANY(%(reported)b::uuid[])
+               THEN (%(messages)b::text[])[array_position(%(reported)b::uuid[], f.id)]
+               ELSE f.progress_message END,
+--#else
+           f.progress, f.progress_message,
+--#end
+           f.logs, f.traceparent, f.parked, f.started_at
+    FROM finished AS f
 ),
 --#if limited
 -- First at most one job of the topic under global_limit (`limited`, its cap `cap`),
