@@ -44,6 +44,9 @@ class Settings:
     retention_ttl: float = 30 * 86400.0  # 0: retention disabled
     retention_batch: int = 1000
     retention_period: float = 0.0  # 0: computed
+    # The span of one partition of job_history (brooq.supervisor.history): whole hours
+    # that divide a day, or whole days.
+    history_partition: float = 86400.0
     graceful_timeout: float = 30.0
     watchdog_grace: float = 0.0  # 0: equal to the lease
     ops_addr: str = "127.0.0.1:8090"
@@ -116,6 +119,7 @@ _DURATIONS = {
     "reaper_period",
     "retention_ttl",
     "retention_period",
+    "history_partition",
     "graceful_timeout",
     "watchdog_grace",
     "stats_period",
@@ -160,6 +164,7 @@ ENVIRONMENT: dict[str, str] = {
     "QUEUE_RETENTION_TTL": "retention_ttl",
     "QUEUE_RETENTION_BATCH": "retention_batch",
     "QUEUE_RETENTION_PERIOD": "retention_period",
+    "QUEUE_HISTORY_PARTITION": "history_partition",
     "QUEUE_GRACEFUL_TIMEOUT": "graceful_timeout",
     "QUEUE_WATCHDOG_GRACE": "watchdog_grace",
     "QUEUE_OPS_ADDR": "ops_addr",
@@ -315,6 +320,24 @@ def _convert(name: str, value: Any, source: str, *, from_text: bool) -> Any:
     raise ValueError(f"{source}: unknown setting")
 
 
+# A partition of job_history spans whole hours that divide a day (1h, 2h, 3h, 4h, 6h,
+# 8h, 12h) or whole days, up to a week: its bounds then fall on the same hours every day
+# whatever the span was when earlier partitions were made.
+HOUR = 3600.0
+MAX_HISTORY_PARTITION = 7 * 86400.0
+
+
+def history_partition_problems(span: float) -> list[str]:
+    if span < HOUR or span > MAX_HISTORY_PARTITION:
+        return [f"history_partition must be between 1h and 7d, got {span:g}s"]
+    if span % HOUR or (span < 86400 and 86400 % span) or (span > 86400 and span % 86400):
+        return [
+            "history_partition must be whole hours dividing a day (1h, 2h, 3h, 4h, 6h, "
+            f"8h, 12h) or whole days, got {span:g}s"
+        ]
+    return []
+
+
 def validate(settings: Settings) -> list[str]:
     """Every rule a combination of settings breaks, as readable sentences."""
     problems: list[str] = []
@@ -357,6 +380,7 @@ def validate(settings: Settings) -> list[str]:
     ):
         if getattr(s, name) < 0:
             problems.append(f"{name} must not be negative (0 means default/off)")
+    problems += history_partition_problems(s.history_partition)
     if s.concurrency > MAX_CONCURRENCY:
         problems.append(f"concurrency must be at most {MAX_CONCURRENCY}, got {s.concurrency}")
     if s.loop_block_timeout < 1:

@@ -306,7 +306,7 @@ BEGIN
     END IF;
     WHILE lo < p_until AND made < p_max LOOP
         hi := to_timestamp((floor(extract(epoch FROM lo) / step) + 1) * step);
-        name := 'job_history_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"T"HH24MISS');
+        name := 'job_history_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD_HH24MISS');
         EXECUTE format('CREATE TABLE IF NOT EXISTS %I (LIKE job_history INCLUDING DEFAULTS)',
                        name);
         PERFORM set_config('brooq.moving', 'on', true);

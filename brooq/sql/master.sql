@@ -241,6 +241,43 @@ WITH gone AS (
 )
 SELECT topic FROM gone
 
+-- name: history_prepare
+-- The partitions of job_history from the end of the newest one until `until`, each
+-- `step` seconds long, at most `max` per call (migration 0020: made alone, rows of the
+-- default partition in its range moved in, then attached under SHARE UPDATE EXCLUSIVE,
+-- which outcomes do not wait for). Returns how many were made.
+SELECT {brooq_history_prepare}(make_interval(secs => %(step)s), now(),
+                               now() + make_interval(secs => %(ahead)s), %(max)s) AS made
+
+-- name: history_expired
+-- The partitions of job_history whose every job ended more than `ttl` seconds ago (their
+-- upper bound), oldest first, with an estimate of their rows (the catalog's: no count).
+SELECT e.name, e.upper_bound, greatest(c.reltuples, 0)::bigint AS rows
+FROM {brooq_history_expired}(now() - make_interval(secs => %(ttl)s)) AS e
+JOIN pg_class AS c ON c.relname = e.name
+    AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = {job_history:name}::regclass)
+
+-- name: history_release
+-- Before a partition's drop, in its own transaction: its jobs' idempotency keys, edges,
+-- steps and event waits. Returns the keys released.
+SELECT {brooq_history_release}(%(name)s) AS released
+
+-- name: history_lock_timeout
+-- The drop's own lock_timeout, for its transaction only: outcomes queue behind a waiting
+-- ACCESS EXCLUSIVE request, so it gives up soon and is tried again next pass.
+SELECT set_config('lock_timeout', %(timeout)s, true)
+
+-- name: history_drop
+-- A partition detached and dropped (ACCESS EXCLUSIVE on job_history for the catalog
+-- change: the caller's lock_timeout bounds what outcomes wait), upstream jobs a job not
+-- yet ended reads kept in the default partition. Returns the rows kept.
+SELECT {brooq_history_drop}(%(name)s) AS kept
+
+-- name: history_expire_default
+-- The default partition's jobs that ended more than `ttl` seconds ago, a batch.
+SELECT t AS topic
+FROM {brooq_history_expire_default}(now() - make_interval(secs => %(ttl)s), %(batch)s) AS t
+
 -- name: job_table_health
 -- The job table's upkeep, for the master's gauges: dead tuples (the statistics
 -- collector's estimate: what vacuum has yet to reclaim; a queue's claims and outcomes

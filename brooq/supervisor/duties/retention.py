@@ -1,8 +1,11 @@
 """Retention, as a duty: every effective_retention_period, the first after at most 5 s;
 again RETENTION_BEHIND_PAUSE later while a backlog is left.
 
-Owns: deleting terminal jobs older than retention_ttl in bounded passes
-(brooq.supervisor.maintenance.delete_expired), expiring stack requests left behind,
+Owns: the finished jobs' partitions made ahead and dropped whole past retention_ttl
+(brooq.supervisor.history), once per period; deleting terminal jobs older than
+retention_ttl still in job (written before job_history existed) and in job_history's
+default partition in bounded passes (brooq.supervisor.maintenance.delete_expired),
+expiring stack requests left behind,
 deleting the rates' windows no start needs any more (once per period, not between the
 passes of a backlog), and saying when it is behind. Must never hold the loop for more
 than one pass.
@@ -14,7 +17,7 @@ import logging
 
 from brooq.metrics import Metrics
 from brooq.settings import Settings
-from brooq.supervisor import maintenance
+from brooq.supervisor import history, maintenance
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.scheduler import Counts
 
@@ -47,6 +50,7 @@ class Retention:
         self.ttl = settings.retention_ttl
         self.batch = settings.retention_batch
         self.period = settings.effective_retention_period
+        self.span = settings.history_partition
         self.first_after = min(5.0, self.period)
         self.metrics = metrics
         self.behind_since: float | None = None  # when the current backlog was first seen
@@ -66,9 +70,24 @@ class Retention:
                     self.conns.q.rate_windows_sweep, {"windows": RATE_WINDOWS_PER_PASS}
                 ),
             )
+        if self.again_after is None:
+            self.conns.with_db(
+                "history_partitions", lambda conn: history.prepare(conn, self.span, self.conns.q)
+            )
         if self.ttl <= 0:
             return {}
         if self.again_after is None:
+            self.conns.with_db(
+                "history_drop",
+                lambda conn: history.drop_expired(conn, self.ttl, self.conns.q),
+            )
+            gone = self.conns.with_db(
+                "history_default",
+                lambda conn: history.expire_default(conn, self.ttl, self.batch, self.conns.q),
+            )
+            if gone and self.metrics is not None:
+                for topic, n in gone.items():
+                    self.metrics.retention_deleted.labels(topic).inc(n)
             # Events durable handlers waited for (migration 0017): those older than the
             # TTL that no job waits on, a batch per period.
             params = {"ttl": self.ttl, "batch": self.batch}

@@ -1,0 +1,119 @@
+"""The finished jobs' partitions: made ahead, dropped whole past retention.
+
+Finished jobs live in job_history, range-partitioned on their end (migration 0020,
+docs/explanation/history.md). Each retention period the master makes the partitions
+that the next HISTORY_AHEAD_SPANS spans (at least a day) need, so an outcome never
+finds its partition missing (if it did, the default partition takes the row). Past
+retention_ttl a partition is released (its jobs' idempotency keys, edges, steps: one
+transaction that outcomes do not wait for) and then detached and dropped under a short
+lock_timeout: the ACCESS EXCLUSIVE lock on job_history lasts a catalog change, and a
+drop that cannot have it soon gives up and is tried again next pass. The default
+partition's old rows go a batch at a time.
+
+Owns: ``prepare``, ``drop_expired`` and ``expire_default``, each on the maintenance
+connection in its own transactions. Must never: hold a lock on job_history for longer
+than DROP_LOCK_TIMEOUT, or drop a partition with a row that ended within retention_ttl.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg.rows import dict_row
+
+from brooq.sql import Q, Queries
+
+log = logging.getLogger("brooq.master")
+
+# Partitions are made for at least this many spans ahead, and at least a day.
+HISTORY_AHEAD_SPANS = 3
+HISTORY_AHEAD_MIN = 86400.0
+# At most this many partitions are made or dropped per pass (a first start on hourly
+# partitions makes a day's and more over a few passes).
+PARTITIONS_PER_PASS = 24
+# How long a drop waits for ACCESS EXCLUSIVE on job_history before it gives up.
+DROP_LOCK_TIMEOUT = "200ms"
+
+
+class Dropped(NamedTuple):
+    name: str
+    rows: int  # the catalog's estimate of the partition's rows
+    kept: int  # rows still read by a job not yet ended, kept in the default partition
+    released: int  # idempotency keys released
+
+
+def ahead(span: float) -> float:
+    """How far ahead of now partitions must exist."""
+    return max(HISTORY_AHEAD_SPANS * span, HISTORY_AHEAD_MIN)
+
+
+def prepare(conn: psycopg.Connection[Any], span: float, q: Queries = Q) -> int:
+    """Make the partitions the next ``ahead(span)`` seconds need; how many were made."""
+    with conn.transaction():
+        row = (
+            conn.cursor(row_factory=dict_row)
+            .execute(
+                q.history_prepare,
+                {"step": span, "ahead": ahead(span), "max": PARTITIONS_PER_PASS},
+            )
+            .fetchone()
+        )
+    made = int(row["made"]) if row else 0
+    if made:
+        log.info("event=history_partitions_made count=%d span=%gs", made, span)
+    return made
+
+
+def drop_expired(conn: psycopg.Connection[Any], ttl: float, q: Queries = Q) -> list[Dropped]:
+    """Release and drop the partitions whose every job ended more than ``ttl`` ago.
+    A drop that cannot have its lock within DROP_LOCK_TIMEOUT is left to the next pass."""
+    if ttl <= 0:
+        return []
+    cur = conn.cursor(row_factory=dict_row)
+    expired = cur.execute(q.history_expired, {"ttl": ttl}).fetchall()
+    dropped: list[Dropped] = []
+    for part in expired[:PARTITIONS_PER_PASS]:
+        name = str(part["name"])
+        with conn.transaction():
+            released = cur.execute(q.history_release, {"name": name}).fetchone()
+        try:
+            with conn.transaction():
+                cur.execute(q.history_lock_timeout, {"timeout": DROP_LOCK_TIMEOUT})
+                kept = cur.execute(q.history_drop, {"name": name}).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            log.info("event=history_drop_deferred partition=%s reason=lock_timeout", name)
+            break
+        done = Dropped(
+            name,
+            int(part["rows"]),
+            int(kept["kept"]) if kept else 0,
+            int(released["released"]) if released else 0,
+        )
+        log.info(
+            "event=history_partition_dropped partition=%s rows=%d kept=%d keys=%d",
+            done.name,
+            done.rows,
+            done.kept,
+            done.released,
+        )
+        dropped.append(done)
+    return dropped
+
+
+def expire_default(
+    conn: psycopg.Connection[Any], ttl: float, batch: int, q: Queries = Q
+) -> Counter[str]:
+    """One batch of the default partition's rows that ended more than ``ttl`` ago:
+    counts by topic."""
+    if ttl <= 0:
+        return Counter()
+    with conn.transaction():
+        rows = (
+            conn.cursor(row_factory=dict_row)
+            .execute(q.history_expire_default, {"ttl": ttl, "batch": batch})
+            .fetchall()
+        )
+    return Counter(str(r["topic"]) for r in rows)

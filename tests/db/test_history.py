@@ -1,0 +1,417 @@
+"""Finished jobs in job_history (migration 0020): how rows get there, the races of a row
+that leaves job while another session writes it, and the partitions' upkeep."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+
+from brooq import migrate
+from brooq.settings import history_partition_problems
+from brooq.sql import Q
+from brooq.supervisor import history, maintenance
+
+Conn = psycopg.Connection[Any]
+Row = dict[str, Any]
+
+LEASE = 30.0
+
+
+@pytest.fixture
+def db(connect: Callable[..., Conn]) -> Conn:
+    return connect()
+
+
+def insert(db: Conn, topic: str = "t", **columns: Any) -> uuid.UUID:
+    names = ["id", "topic", "available_at", *columns]
+    job_id = uuid.uuid4()
+    values = [job_id, topic, datetime.now(timezone.utc) - timedelta(seconds=1), *columns.values()]
+    marks = ", ".join(["%s"] * len(values))
+    db.execute(f"INSERT INTO job ({', '.join(names)}) VALUES ({marks})", values)
+    return job_id
+
+
+def round_trip(conn: Conn, worker: str, done: list[uuid.UUID], limit: int = 1) -> list[Row]:
+    """The hot-path statement: write `done` for ``done``, claim up to ``limit``."""
+    return conn.execute(
+        Q.job_finish_and_claim,
+        {
+            "done": done,
+            "topics": ["t"],
+            "limit": limit,
+            "children": 1,
+            "worker": worker,
+            "lease": LEASE,
+            "queue": "default",
+        },
+    ).fetchall()
+
+
+def claim_one(conn: Conn, worker: str) -> uuid.UUID:
+    rows = [r for r in round_trip(conn, worker, []) if r["claimed"]]
+    assert len(rows) == 1, rows
+    return uuid.UUID(str(rows[0]["id"]))
+
+
+def where(db: Conn, job_id: uuid.UUID) -> list[tuple[str, str]]:
+    """(relation, state) of every row with this id, in job and job_history."""
+    rows = db.execute(
+        "SELECT 'job' AS rel, state FROM job WHERE id = %(id)s "
+        "UNION ALL SELECT 'history', state FROM job_history WHERE id = %(id)s",
+        {"id": job_id},
+    ).fetchall()
+    return sorted((r["rel"], r["state"]) for r in rows)
+
+
+def test_job_history_has_the_columns_of_job_in_its_order(db: Conn) -> None:
+    def columns(table: str) -> list[tuple[str, str]]:
+        rows = db.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) AS type FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            [table],
+        ).fetchall()
+        return [(r["attname"], r["type"]) for r in rows]
+
+    assert columns("job_history") == columns("job")
+    assert columns("job_all") == columns("job")
+    # The claim statement's INSERT lists every column: one more column in job, and this
+    # would not hold (the statement would no longer run).
+    insert(db)
+    worker = "w1"
+    job_id = claim_one(db, worker)
+    round_trip(db, worker, [job_id], limit=0)
+    assert where(db, job_id) == [("history", "done")]
+
+
+def test_the_claim_statement_moves_its_done_rows_with_their_outcome(db: Conn) -> None:
+    ids = [insert(db) for _ in range(3)]
+    worker = "w1"
+    claimed = [r["id"] for r in round_trip(db, worker, [], limit=3) if r["claimed"]]
+    assert sorted(claimed) == sorted(ids)
+    before = db.execute("SELECT * FROM job WHERE id = %s", [ids[0]]).fetchone()
+    rows = round_trip(db, worker, ids, limit=0)
+    assert sorted(r["id"] for r in rows if not r["claimed"]) == sorted(ids)
+    for job_id in ids:
+        assert where(db, job_id) == [("history", "done")]
+    after = db.execute("SELECT * FROM job_history WHERE id = %s", [ids[0]]).fetchone()
+    assert after is not None and before is not None
+    assert after["updated_at"] > before["updated_at"]
+    for column in ("topic", "payload", "attempts", "available_at", "locked_by", "started_at"):
+        assert after[column] == before[column], column
+    # A second write of the same done finds nothing: written exactly once.
+    assert [r for r in round_trip(db, worker, ids, limit=0) if not r["claimed"]] == []
+    assert db.execute("SELECT count(*) AS n FROM job_history").fetchone() == {"n": 3}
+
+
+def test_every_other_end_moves_the_row_by_its_trigger(db: Conn) -> None:
+    worker = "w1"
+    dead, canceled, done = insert(db), insert(db), insert(db)
+    claimed = [r["id"] for r in round_trip(db, worker, [], limit=3) if r["claimed"]]
+    assert sorted(claimed) == sorted([dead, canceled, done])
+    db.execute(
+        "UPDATE job SET state = 'dead', last_error = 'x' WHERE id = %s RETURNING state", [dead]
+    )
+    db.execute(Q.job_set_done, {"id": done, "worker": worker, "result": '{"a": 1}'})
+    # By hand, as an operator would: the row moves all the same.
+    db.execute("UPDATE job SET state = 'canceled' WHERE id = %s", [canceled])
+    assert where(db, dead) == [("history", "dead")]
+    assert where(db, canceled) == [("history", "canceled")]
+    assert where(db, done) == [("history", "done")]
+    row = db.execute("SELECT result FROM job_all WHERE id = %s", [done]).fetchone()
+    assert row == {"result": {"a": 1}}
+
+
+def test_a_late_done_racing_the_reaper_neither_errors_nor_writes_twice(
+    connect: Callable[..., Conn],
+) -> None:
+    """The worker's done holds the row (moved, uncommitted) while the reaper's pass
+    looks for expired leases: the reaper skips the locked row (SKIP LOCKED), its next
+    pass finds the row gone, and the job ends done once."""
+    db = connect()
+    job_id = insert(db)
+    worker = "w1"
+    claim_one(db, worker)
+    db.execute("UPDATE job SET locked_until = now() - interval '1 second' WHERE id = %s", [job_id])
+    child = connect(autocommit=False)
+    reaper = connect(autocommit=False)
+    round_trip(child, worker, [job_id], limit=0)  # the move, not committed
+    returned, dead = maintenance.reap_expired(reaper, 5)
+    reaper.commit()
+    assert not returned and not dead
+    child.commit()
+    returned, dead = maintenance.reap_expired(reaper, 5)
+    reaper.commit()
+    assert not returned and not dead
+    assert where(db, job_id) == [("history", "done")]
+    row = db.execute("SELECT attempts, lease_expiries FROM job_all WHERE id = %s", [job_id])
+    assert row.fetchone() == {"attempts": 1, "lease_expiries": 0}
+
+
+def test_the_reaper_first_then_the_late_done_finds_no_claim(
+    connect: Callable[..., Conn],
+) -> None:
+    db = connect()
+    job_id = insert(db)
+    worker = "w1"
+    claim_one(db, worker)
+    db.execute("UPDATE job SET locked_until = now() - interval '1 second' WHERE id = %s", [job_id])
+    reaper = connect(autocommit=False)
+    child = connect(autocommit=False)
+    returned, _ = maintenance.reap_expired(reaper, 5)
+    assert sum(returned.values()) == 1
+    result: dict[str, Any] = {}
+
+    def late_done() -> None:
+        try:
+            result["rows"] = round_trip(child, worker, [job_id], limit=0)
+            child.commit()
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=late_done)
+    thread.start()
+    time.sleep(0.3)
+    assert thread.is_alive()
+    reaper.commit()
+    thread.join(10)
+    assert "error" not in result, result
+    assert result["rows"] == []  # its claim was lost: nothing written
+    assert where(db, job_id) == [("job", "pending")]
+
+
+def test_a_cancel_racing_the_claim_statements_done_reports_the_end(
+    connect: Callable[..., Conn],
+) -> None:
+    db = connect()
+    job_id = insert(db)
+    worker = "w1"
+    claim_one(db, worker)
+    child = connect(autocommit=False)
+    operator = connect()
+    round_trip(child, worker, [job_id], limit=0)
+    result: dict[str, Any] = {}
+
+    def cancel() -> None:
+        try:
+            result["updated"] = operator.execute(
+                "UPDATE job SET state = 'canceled' WHERE id = %s "
+                "AND state IN ('pending', 'failed', 'processing', 'waiting')",
+                [job_id],
+            ).rowcount
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=cancel)
+    thread.start()
+    time.sleep(0.3)
+    assert thread.is_alive()
+    child.commit()
+    thread.join(10)
+    assert result == {"updated": 0}
+    assert where(db, job_id) == [("history", "done")]
+
+
+def test_an_outcome_never_fails_for_a_missing_partition(db: Conn) -> None:
+    # No partition but the default one (a master never ran here): the row lands there.
+    parts = db.execute(
+        "SELECT count(*) AS n FROM pg_inherits WHERE inhparent = 'job_history'::regclass"
+    ).fetchone()
+    assert parts == {"n": 1}
+    job_id = insert(db)
+    claim_one(db, "w1")
+    round_trip(db, "w1", [job_id], limit=0)
+    row = db.execute(
+        "SELECT tableoid::regclass::text AS part FROM job_history WHERE id = %s", [job_id]
+    ).fetchone()
+    assert row == {"part": "job_history_default"}
+    # The partition made later takes the row in.
+    made = history.prepare(db, 3600.0)
+    assert made >= 24
+    row = db.execute(
+        "SELECT tableoid::regclass::text AS part FROM job_history WHERE id = %s", [job_id]
+    ).fetchone()
+    assert row is not None and row["part"].startswith("job_history_2")
+    # A day ahead takes two passes of at most 24 partitions; then nothing is left to make.
+    assert history.prepare(db, 3600.0) == 2
+    assert history.prepare(db, 3600.0) == 0
+    bounds = db.execute(
+        "SELECT count(*) AS n FROM pg_inherits WHERE inhparent = 'job_history'::regclass"
+    ).fetchone()
+    assert bounds == {"n": 27}  # the hour before now's, now's, 24 ahead, and the default
+
+
+def test_prepare_makes_partitions_ahead_aligned_and_never_twice(db: Conn) -> None:
+    made = history.prepare(db, 86400.0)
+    assert made == 5  # yesterday, today and three days ahead
+    assert history.prepare(db, 86400.0) == 0
+    names = [
+        r["relname"]
+        for r in db.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = 'job_history'::regclass ORDER BY 1"
+        ).fetchall()
+    ]
+    today = datetime.now(timezone.utc).strftime("%Y%m%d")
+    assert f"job_history_{today}_000000" in names
+    assert "job_history_default" in names
+    # A shorter span later goes on from the end of the last partition, without overlap.
+    assert history.prepare(db, 3600.0) == 0
+
+
+def _end_at(db: Conn, job_id: uuid.UUID, when: datetime, state: str = "done") -> None:
+    """Put a finished job's row in history with its end at ``when``."""
+    db.execute(
+        "WITH gone AS (DELETE FROM job WHERE id = %(id)s RETURNING *) "
+        "INSERT INTO job_history SELECT (gone).* FROM gone",
+        {"id": job_id},
+    )
+    db.execute(
+        "UPDATE job_history SET state = %(state)s, updated_at = %(at)s WHERE id = %(id)s",
+        {"id": job_id, "at": when, "state": state},
+    )
+
+
+def test_a_partition_past_retention_is_dropped_whole_with_its_keys_and_steps(
+    db: Conn,
+) -> None:
+    db.execute(
+        "SELECT brooq_history_prepare('1 day', now() - interval '10 days', "
+        "now() - interval '8 days', 10)"
+    )
+    old = datetime.now(timezone.utc) - timedelta(days=9, hours=12)
+    keyed = insert(db, idempotency_key="k-1")
+    plain = insert(db)
+    recent = insert(db)
+    _end_at(db, keyed, old)
+    _end_at(db, plain, old)
+    db.execute("INSERT INTO brooq_job_step (job_id, name) VALUES (%s, 'a')", [plain])
+    history.prepare(db, 86400.0)
+    _end_at(db, recent, datetime.now(timezone.utc))
+    assert db.execute("SELECT count(*) AS n FROM brooq_job_key").fetchone() == {"n": 1}
+    dropped = history.drop_expired(db, 7 * 86400.0)
+    assert "job_history_" + old.strftime("%Y%m%d") + "_000000" in [d.name for d in dropped]
+    assert sum(d.released for d in dropped) == 1
+    assert where(db, keyed) == [] and where(db, plain) == []
+    assert where(db, recent) == [("history", "done")]
+    assert db.execute("SELECT count(*) AS n FROM brooq_job_key").fetchone() == {"n": 0}
+    assert db.execute("SELECT count(*) AS n FROM brooq_job_step").fetchone() == {"n": 0}
+    # The key is free again for a new job.
+    insert(db, idempotency_key="k-1")
+
+
+def test_an_upstream_job_still_read_by_a_waiting_job_outlives_its_partition(
+    db: Conn,
+) -> None:
+    db.execute(
+        "SELECT brooq_history_prepare('1 day', now() - interval '10 days', "
+        "now() - interval '8 days', 10)"
+    )
+    old = datetime.now(timezone.utc) - timedelta(days=9, hours=12)
+    up = insert(db)
+    other = insert(db)
+    down = insert(db, state="waiting", upstream_open=1, on_upstream_failure="cancel")
+    db.execute("UPDATE job SET has_downstream = true WHERE id = %s", [up])
+    db.execute(
+        "INSERT INTO brooq_job_edge (downstream_id, position, upstream_id) VALUES (%s, 1, %s)",
+        [down, up],
+    )
+    _end_at(db, up, old)
+    _end_at(db, other, old)
+    history.prepare(db, 86400.0)
+    dropped = history.drop_expired(db, 7 * 86400.0)
+    assert sum(d.kept for d in dropped) == 1
+    assert where(db, up) == [("history", "done")]
+    assert where(db, other) == []
+    row = db.execute(
+        "SELECT tableoid::regclass::text AS part FROM job_history WHERE id = %s", [up]
+    ).fetchone()
+    assert row == {"part": "job_history_default"}
+    # Once nothing waits on it, the default partition's expiry takes it.
+    assert sum(history.expire_default(db, 7 * 86400.0, 100).values()) == 0
+    db.execute("UPDATE job SET state = 'canceled' WHERE id = %s", [down])
+    assert sum(history.expire_default(db, 7 * 86400.0, 100).values()) == 1
+    assert where(db, up) == []
+
+
+def test_a_drop_behind_a_reader_gives_up_soon_and_outcomes_go_on(
+    connect: Callable[..., Conn],
+) -> None:
+    db = connect()
+    db.execute(
+        "SELECT brooq_history_prepare('1 day', now() - interval '10 days', "
+        "now() - interval '8 days', 10)"
+    )
+    old = datetime.now(timezone.utc) - timedelta(days=9, hours=12)
+    job_id = insert(db)
+    _end_at(db, job_id, old)
+    history.prepare(db, 86400.0)
+    reader = connect(autocommit=False)
+    reader.execute("SELECT count(*) FROM job_history").fetchone()  # holds ACCESS SHARE
+    started = time.monotonic()
+    assert history.drop_expired(db, 7 * 86400.0) == []
+    assert time.monotonic() - started < 2.0
+    # Outcomes were never queued behind the drop: one goes through while the reader holds on.
+    ready = insert(db)
+    claim_one(db, "w1")
+    round_trip(db, "w1", [ready], limit=0)
+    assert where(db, ready) == [("history", "done")]
+    reader.rollback()
+    assert len(history.drop_expired(db, 7 * 86400.0)) == 4  # 11 to 8 days ago
+    assert where(db, job_id) == []
+
+
+def test_an_idempotency_key_stays_taken_after_its_job_moved(db: Conn) -> None:
+    job_id = insert(db, idempotency_key="once")
+    claim_one(db, "w1")
+    round_trip(db, "w1", [job_id], limit=0)
+    assert where(db, job_id) == [("history", "done")]
+    with pytest.raises(psycopg.errors.UniqueViolation, match="belongs to job"):
+        insert(db, idempotency_key="once")
+    row = db.execute(
+        "SELECT job_id FROM brooq_job_key WHERE topic = 't' AND idempotency_key = 'once'"
+    ).fetchone()
+    assert row == {"job_id": job_id}
+
+
+@pytest.mark.parametrize(
+    ("span", "ok"),
+    [
+        (3600.0, True),
+        (4 * 3600.0, True),
+        (86400.0, True),
+        (7 * 86400.0, True),
+        (5 * 3600.0, False),
+        (1800.0, False),
+        (36 * 3600.0, False),
+        (8 * 86400.0, False),
+    ],
+)
+def test_history_partition_spans(span: float, ok: bool) -> None:
+    assert (history_partition_problems(span) == []) is ok
+
+
+def test_the_down_step_brings_finished_jobs_back_into_job(dsn: str, db: Conn) -> None:
+    ended = insert(db, idempotency_key="k")
+    claim_one(db, "w1")
+    round_trip(db, "w1", [ended], limit=0)
+    db.execute("INSERT INTO brooq_job_step (job_id, name) VALUES (%s, 'a')", [ended])
+    db.execute("INSERT INTO brooq_job_step (job_id, name) VALUES (%s, 'a')", [uuid.uuid4()])
+    migrate.down(dsn, to=19)
+    row = db.execute("SELECT state FROM job WHERE id = %s", [ended]).fetchone()
+    assert row == {"state": "done"}
+    assert db.execute("SELECT to_regclass('job_history') AS t").fetchone() == {"t": None}
+    # The foreign key is back, orphans gone: the step of a job that never existed went.
+    assert db.execute("SELECT count(*) AS n FROM brooq_job_step").fetchone() == {"n": 1}
+    fk = db.execute(
+        "SELECT convalidated FROM pg_constraint WHERE conname = 'brooq_job_step_job_id_fkey'"
+    ).fetchone()
+    assert fk == {"convalidated": True}
+    migrate.up(dsn)
+    assert where(db, ended) == [("job", "done")]  # stays as a legacy row
