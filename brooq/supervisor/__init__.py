@@ -22,6 +22,7 @@ one list of sources (brooq.supervisor.source) in one select.
 - `cancels`: the processing jobs canceled, heard on LISTEN: the renewal brought forward
 - `duties`: the periodic duties, one module each, and the one scheduler that runs them
 - `maintenance`: the statements the duties run
+- `history`: the finished jobs' partitions, made ahead and dropped whole past retention
 - `offloop`: a statement sent on a connection of its own, its answer read when readable
 - `connections`: the maintenance and LISTEN connections, with backoff; LISTEN's source
 - `options`: the handler options it acts on; after a reload, the new children's

@@ -80,7 +80,7 @@ def test_a_name_defined_twice_is_refused_naming_both_files(tmp_path: Path) -> No
 
 
 SQL_DIR = Path(__file__).parents[3] / "brooq" / "sql"
-FINISHED = re.compile(r"WITH finished AS \(.*? RETURNING id \), ")
+FINISHED = re.compile(r"WITH finished AS \(.*? FROM finished AS f \), ")
 LOCK = re.compile(r"FOR NO KEY UPDATE (OF job )?SKIP LOCKED")
 BASES = (
     "job_finish_and_claim",
@@ -110,8 +110,8 @@ def test_each_results_variant_is_its_base_but_the_finished_cte(base: str) -> Non
     assert FINISHED.sub("", plain) == FINISHED.sub("", with_results)
     plain_cte, results_cte = FINISHED.search(plain), FINISHED.search(with_results)
     assert plain_cte is not None and results_cte is not None
-    assert "result" not in plain_cte.group()
-    assert "result = (%(results)b::text[])[array_position(%(done)b::uuid[], id)]::jsonb" in (
+    assert "%(results)b" not in plain_cte.group() and "f.result," in plain_cte.group()
+    assert "(%(results)b::text[])[array_position(%(done)b::uuid[], f.id)]::jsonb" in (
         results_cte.group()
     )
 

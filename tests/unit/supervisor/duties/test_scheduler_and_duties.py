@@ -364,7 +364,7 @@ def test_retention_sweeps_the_idle_rate_windows_once_per_period(
     follow each other while a backlog of old jobs is deleted."""
     from types import SimpleNamespace
 
-    from brooq.supervisor import maintenance
+    from brooq.supervisor import history, maintenance
 
     ran: list[str] = []
     q = SimpleNamespace(
@@ -374,9 +374,13 @@ def test_retention_sweeps_the_idle_rate_windows_once_per_period(
     conns: Any = SimpleNamespace(q=q, with_db=lambda what, fn: fn(conn))
     more = [True, False]
     monkeypatch.setattr(maintenance, "delete_expired", lambda *a, **k: ({"t": 1}, more.pop(0)))
+    monkeypatch.setattr(history, "prepare", lambda *a, **k: ran.append("prepare") or 0)
+    monkeypatch.setattr(history, "drop_expired", lambda *a, **k: ran.append("drop") or [])
+    monkeypatch.setattr(history, "expire_default", lambda *a, **k: ran.append("default") or {})
     duty = Retention(conns, Settings(retention_ttl=3600), None)
     duty.run_once(0.0)  # a period's run: behind after it
-    assert ran == ["expire", "sweep", "events"] and duty.again_after is not None
+    assert ran == ["expire", "sweep", "prepare", "drop", "default", "events"]
+    assert duty.again_after is not None
     ran.clear()
-    duty.run_once(0.01)  # the backlog's next pass
+    duty.run_once(0.01)  # the backlog's next pass: the partitions wait for the next period
     assert ran == ["expire"] and duty.again_after is None
