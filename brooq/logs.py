@@ -24,9 +24,9 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -55,15 +55,21 @@ _QUOTES = "'\""
 
 
 class _Clock:
-    """ISO 8601 timestamps with milliseconds, the date-and-second part made once per
-    second: a child finishing thousands of short jobs a second logs a line for each."""
+    """ISO 8601 timestamps with milliseconds, made once per millisecond: a child
+    finishing thousands of short jobs a second logs a line for each."""
 
     def __init__(self) -> None:
-        # (second, its text), replaced as one object: threads that log at once each
-        # read a pair that belongs together.
+        # (second, its text) and (from, until, text): the times ``text`` stands for, a
+        # little inside its millisecond (so that rounding to the microsecond, below,
+        # cannot move a time of the window into the next one). Each replaced as one
+        # object: threads that log at once each read values that belong together.
         self._cached: tuple[int, str] = (-1, "")
+        self._window: tuple[float, float, str] = (0.0, 0.0, "")
 
     def iso(self, created: float) -> str:
+        low, high, text = self._window
+        if low <= created < high:
+            return text
         # Rounded to the microsecond first, as datetime.fromtimestamp does.
         second = int(created)
         micros = round((created - second) * 1_000_000)
@@ -73,7 +79,11 @@ class _Clock:
         if cached[0] != second:
             text = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
             cached = self._cached = (second, text)
-        return f"{cached[1]}.{micros // 1000:03d}+00:00"
+        millis = micros // 1000
+        text = f"{cached[1]}.{millis:03d}+00:00"
+        start = second + millis / 1000
+        self._window = (start + 2e-6, start + 0.000998, text)
+        return text
 
 
 class Event(NamedTuple):
@@ -121,6 +131,16 @@ class _LineFormatter(logging.Formatter):
     def line(self, event: Event) -> str:
         raise NotImplementedError
 
+    def plain(self, level: str, logger: str, pid: int | None) -> Callable[[float, str], str]:
+        """What makes the line of a record without a job or an exception of ``level``,
+        ``logger`` and ``pid`` from its time and message (emit_plain's, made once per
+        batch)."""
+
+        def make(created: float, message: str) -> str:
+            return self.line(Event(level, logger, pid, created, message))
+
+        return make
+
 
 class KeyValueFormatter(_LineFormatter):
     """One line per record, whatever its texts hold: the message's first line with its
@@ -147,6 +167,20 @@ class KeyValueFormatter(_LineFormatter):
         if event.exception:
             line += " exception=" + _quoted(event.exception)
         return line
+
+    def plain(self, level: str, logger: str, pid: int | None) -> Callable[[float, str], str]:
+        """``line`` of such Events, their head (level, logger, pid) made once."""
+        head = f"level={level.lower()} logger={logger} pid={pid}"
+        line, iso, timestamps = self.line, self._clock.iso, self.timestamps
+
+        def make(created: float, message: str) -> str:
+            if not message.isprintable():
+                return line(Event(level, logger, pid, created, message))
+            if timestamps:
+                return f"time={iso(created)} {head} {message}"
+            return f"{head} {message}"
+
+        return make
 
 
 # What must not reach a log line raw: C0 controls (newline and CR among them), DEL, C1
@@ -314,6 +348,8 @@ class _Plain:
     formatter: _LineFormatter
     pending: list[str]
     pid: int | None
+    # Per level: what holds a line of it (its message formatted), made at its first line.
+    writers: dict[int, Callable[[str], None]] = field(default_factory=dict)
 
     def emit(self, level: int, msg: str, args: tuple[object, ...]) -> bool:
         if level < self.handler.level or not self.logger.isEnabledFor(level):
@@ -322,9 +358,28 @@ class _Plain:
             message = msg % args if args else msg
         except Exception:
             return False  # logging's own path reports the bad format
-        event = Event(logging.getLevelName(level), self.logger.name, self.pid, time.time(), message)
-        self.pending.append(self.formatter.line(event) + self.handler.terminator)
+        self.writer(level)(message)
         return True
+
+    def writer(self, level: int) -> Callable[[str], None]:
+        """What holds one line of ``level`` (enabled), given its message."""
+        write = self.writers.get(level)
+        if write is None:
+            if level < self.handler.level:
+                write = _discard
+            else:
+                make = self.formatter.plain(logging.getLevelName(level), self.logger.name, self.pid)
+                hold, end, now = self.pending.append, self.handler.terminator, time.time
+
+                def write(message: str) -> None:
+                    hold(make(now(), message) + end)
+
+            self.writers[level] = write
+        return write
+
+
+def _discard(message: str) -> None:
+    pass
 
 
 # The held logger of this thread, if any (one at a time per thread).
@@ -341,6 +396,16 @@ def emit_plain(logger: logging.Logger, level: int, msg: str, args: tuple[object,
     if plain is None or plain.logger is not logger:
         return False
     return plain.emit(level, msg, args)
+
+
+def held_lines(logger: logging.Logger, level: int) -> Callable[[str], None] | None:
+    """emit_plain for many lines of one ``level`` (enabled for ``logger``): what holds
+    one, given its message as ``msg % args`` makes it, or None when they must be logged
+    the usual way. Asked once, then called per line."""
+    plain: _Plain | None = getattr(_plain, "current", None)
+    if plain is None or plain.logger is not logger:
+        return None
+    return plain.writer(level)
 
 
 def _unwritten(pending: list[str]) -> logging.LogRecord:

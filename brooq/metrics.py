@@ -373,18 +373,23 @@ class Tally:
 
     def __init__(self) -> None:
         self._counts: dict[Any, float] = {}
-        self._histograms: dict[Any, _Bins] = {}
+        self._histograms: dict[Any, Bins] = {}
 
     def inc(self, counter: Any, *labels: str, amount: float = 1) -> None:
         key = (counter, labels)
         self._counts[key] = self._counts.get(key, 0) + amount
 
     def observe(self, histogram: Any, label: str, value: float) -> None:
+        self.bins(histogram, label).add(value)
+
+    def bins(self, histogram: Any, label: str) -> Bins:
+        """The tally of one labelled histogram, to add to directly (``add``): a caller
+        that observes it per job looks it up once."""
         key = (histogram, label)
         bins = self._histograms.get(key)
         if bins is None:
-            bins = self._histograms[key] = _Bins(histogram.labels(label))
-        bins.add(value)
+            bins = self._histograms[key] = Bins(histogram.labels(label))
+        return bins
 
     def flush(self) -> None:
         for (counter, labels), amount in self._counts.items():
@@ -394,7 +399,9 @@ class Tally:
             bins.flush()
 
 
-class _Bins:
+class Bins:
+    """One labelled histogram's observations since the last flush, per bucket."""
+
     def __init__(self, labelled: Any) -> None:
         self.labelled = labelled
         self.bounds: list[float] = list(labelled._upper_bounds)

@@ -65,6 +65,8 @@ _SETTLING_AT = 80
 _PROGRESS_COUNT_AT = 104
 _DOUBLE = struct.Struct("<d")
 _NO_JOB = bytes(16)
+# An empty slot's body, packed once: a clear copies it.
+_EMPTY_BODY = _BODY.pack(_NO_JOB, 0.0, 0.0, 0.0, 0, 0, b"")
 _READ_TRIES = 1000
 LOOP_BEAT = 0.1  # how often an async child's loop writes its beat
 
@@ -98,6 +100,7 @@ class Board:
         self._reports = 0  # the child's count of progress reports (_PROGRESS_COUNT_AT)
         self._found: dict[bytes, int] = {}  # job id -> the slot its last report found
         self._topics: dict[str, bytes] = {}  # topic -> its bytes on the board
+        self._at = [_SLOTS_AT + slot * _SLOT for slot in range(self.capacity)]
 
     # -- the child ---------------------------------------------------------------------------
 
@@ -116,9 +119,14 @@ class Board:
         raw = self._topics.get(topic)
         if raw is None:
             raw = self._topics[topic] = topic.encode()[:128]
-        self._write(
-            slot,
-            job_id.bytes,
+        # _write's, inline: a post per job.
+        mem, at = self._mem, self._at[slot]
+        seq = self._seqs[slot] + 1
+        _SEQ.pack_into(mem, at, seq)  # odd: being written
+        _BODY.pack_into(
+            mem,
+            at + _SEQ.size,
+            job_id.int.to_bytes(16, "big"),  # job_id.bytes, without its property
             started,
             max_execution_timeout,
             attempt_timeout,
@@ -126,6 +134,8 @@ class Board:
             len(raw),
             raw,
         )
+        self._seqs[slot] = seq = seq + 1
+        _SEQ.pack_into(mem, at, seq)  # even: consistent
 
     def post_running(self, job: Running, slot: int = 0) -> None:
         self.post(
@@ -139,7 +149,13 @@ class Board:
         )
 
     def clear(self, slot: int = 0) -> None:
-        self._write(slot, _NO_JOB, 0.0, 0.0, 0.0, 0, 0, b"")
+        mem, at = self._mem, self._at[slot]
+        seq = self._seqs[slot] + 1
+        _SEQ.pack_into(mem, at, seq)  # odd: being written
+        body = at + _SEQ.size
+        mem[body : body + _BODY.size] = _EMPTY_BODY
+        self._seqs[slot] = seq = seq + 1
+        _SEQ.pack_into(mem, at, seq)  # even: consistent
 
     def progress(self, job_id: uuid.UUID, fraction: float, message: bytes) -> bool:
         """A running job's progress, in the slot that runs it, and one more report in
@@ -191,14 +207,6 @@ class Board:
         _CULPRIT.pack_into(self._mem, _CULPRIT_AT, job_id.bytes if job_id else _NO_JOB, since)
         self._culprit_seq += 1
         _SEQ.pack_into(self._mem, _CULPRIT_SEQ_AT, self._culprit_seq)
-
-    def _write(self, slot: int, *body: object) -> None:
-        at = _SLOTS_AT + slot * _SLOT
-        seq = self._seqs[slot] + 1
-        _SEQ.pack_into(self._mem, at, seq)  # odd: being written
-        _BODY.pack_into(self._mem, at + _SEQ.size, *body)
-        self._seqs[slot] = seq = seq + 1
-        _SEQ.pack_into(self._mem, at, seq)  # even: consistent
 
     # -- the master --------------------------------------------------------------------------
 

@@ -217,10 +217,12 @@ class AsyncLoop:
             return None
         claims = trips.settle(finished, *trip)
         lost = child.state.lost
-        for claim in claims:
-            lost.discard(claim.id)  # claimed again: ours now
+        if lost:  # (a UUID's hash is Python code: not per job when none is lost)
+            for claim in claims:
+                lost.discard(claim.id)  # claimed again: ours now
         self._tell_held(claims)
-        lost.intersection_update(trips.held)
+        if lost:
+            lost.intersection_update(trips.held)
         child.meter.counted(claims)
         if child.spans is not None and claims:  # their trace context: brooq.worker.spans
             await loop.run_in_executor(self.db, child.spans.fetch, claims)
@@ -237,7 +239,8 @@ class AsyncLoop:
             *self.ahead.ids(),
             *self.to_release,
         ]
-        trips.hold(list(dict.fromkeys(held)))
+        # Each once, in order; by the id's int (hashed in C, a UUID's hash is Python).
+        trips.hold(list({i.int: i for i in held}.values()))
 
     def _set_busy(self) -> None:
         self.child.meter.running(len(self.in_flight))
@@ -287,7 +290,7 @@ class AsyncLoop:
             if child.keeps and claim.topic in child.keeps:
                 kept = joblogs.Kept(child.keeps[claim.topic])
                 joblogs.current.set(kept)  # this task's own context
-            if claim.id in child.state.lost:
+            if child.state.lost and claim.id in child.state.lost:
                 error = LeaseLost(f"lease of job {claim.id} lost")
             elif child.spans is None:
                 error, value = await slot.call(child.runners[claim.topic], policy.attempt_timeout)
@@ -302,7 +305,7 @@ class AsyncLoop:
             child.board.clear(slot.index)
             self.to_release.append(claim.id)  # given back by the claimer, attempt refunded
             return
-        if isinstance(error, KeyboardInterrupt | SystemExit):
+        if error is not None and isinstance(error, KeyboardInterrupt | SystemExit):
             log.warning("event=handler_exit job=%s raised=%s", claim.id, type(error).__name__)
         outcome, result, tb, duration = child.attempts.end(
             claim, policy, error, value, refused, slot.started, slot.index
@@ -341,7 +344,7 @@ class AsyncLoop:
             )
             self.crashed = exc
         self.child.jobs_done += 1
-        if not self.retiring and self.child.should_retire():
+        if not self.retiring and self.child.may_retire and self.child.should_retire():
             self.retiring = True
         self.ahead.on = True
         if self.ahead.claims and not (self.crashed or self.child.state.stopping):

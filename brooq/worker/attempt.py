@@ -104,7 +104,8 @@ class Attempts:
         """Clear the board (from here on the watchdog leaves the job alone), conclude
         what the handler raised or returned, and meter the attempt."""
         self.board.clear(slot)
-        duration = time.monotonic() - started
+        now = time.monotonic()
+        duration = now - started
         result = None
         result_refused = False
         if value is not None and error is None:
@@ -132,9 +133,11 @@ class Attempts:
                 # Kept in the error history entry; a timeout's says where it was.
                 kept = tracebacks.format_exception(error)
                 outcome = dataclasses.replace(outcome, traceback=kept)
-        if claim.id in self.lost and outcome.kind != "parked":
+        if self.lost and claim.id in self.lost and outcome.kind != "parked":
             outcome = execute.Outcome("abandon")
-        self.meter.attempt(claim.topic, duration, self.cpu_before if self.measure_cpu else None)
+        self.meter.attempt(
+            claim.topic, duration, self.cpu_before if self.measure_cpu else None, now
+        )
         return outcome, result, tb, duration
 
 
@@ -222,7 +225,7 @@ def call(
         try:
             signal.setitimer(signal.ITIMER_REAL, policy.attempt_timeout)
             state.in_handler = True
-            if claim.id in state.lost:
+            if state.lost and claim.id in state.lost:
                 raise LeaseLost(f"lease of job {claim.id} lost")
             value = fn(claim)
         except BaseException as exc:

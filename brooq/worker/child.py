@@ -104,15 +104,15 @@ class Child(ChildProcess):
                 continue
             duration = self._run_one(claim, claims, i + 1)
             elapsed += duration
-            rest = claims[i + 1 :]
-            if rest and duration >= LONG_JOB:
+            # The rest of the batch is sliced only when it goes back (not per job).
+            if duration >= LONG_JOB and i + 1 < len(claims):
                 # Others may run them sooner. The control thread asked the master to give
                 # them back already, at LONG_JOB into the job: this is a no-op for those.
-                self._release([c.id for c in rest])
+                self._release([c.id for c in claims[i + 1 :]])
                 self.batch = 1
                 return self.should_retire()
-            if self.should_retire():
-                self._release([c.id for c in rest])
+            if self.may_retire and self.should_retire():
+                self._release([c.id for c in claims[i + 1 :]])
                 return True
         self._adapt(len(claims), elapsed / len(claims))
         return False

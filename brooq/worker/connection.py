@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from psycopg.adapt import Buffer, Loader
 from psycopg.types.json import set_json_loads
 
 from brooq.db import (
@@ -131,6 +132,11 @@ class ChildConnection:
         # A payload that cannot be decoded (inserted by hand, nested too deep)
         # must fail its job, not crash the child on every claim.
         set_json_loads(_decode_payload, conn)
+        # The claims' payloads come as text: decoded by one call per payload (the
+        # loader of set_json_loads adds two), a JSON null (a job without a payload)
+        # without the decoder at all.
+        for name in ("json", "jsonb"):
+            conn.adapters.register_loader(name, _PayloadLoader)
         self.codec = server_codec(conn)
         return conn
 
@@ -188,3 +194,20 @@ def _decode_payload(data: bytes | str) -> Any:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:
         return Undecodable(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
+# json.loads without its checks of the argument: what PostgreSQL sends is UTF-8 text
+# (json.loads would find that out for every payload, and decode it as this does).
+_decode_text = json.JSONDecoder().decode
+
+
+class _PayloadLoader(Loader):
+    """A json or jsonb value in text format, decoded as _decode_payload does."""
+
+    def load(self, data: Buffer) -> Any:
+        if data == b"null":
+            return None
+        try:
+            return _decode_text(bytes(data).decode("utf-8", "surrogatepass"))
+        except (ValueError, RecursionError) as exc:
+            return Undecodable(f"{type(exc).__name__}: {str(exc)[:200]}")

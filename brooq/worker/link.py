@@ -49,9 +49,12 @@ class MasterLink:
         self.from_master = from_master
         self.title = ""
         self._to_master = _ToMaster(to_master)  # never blocks, see there
-        self._told_held: list[uuid.UUID] = []  # what the master was last told we hold
-        # Their text: the next list repeats most of them (an async child's is long).
-        self._held_text: dict[uuid.UUID, str] = {}
+        # What the master was last told we hold, the ids' ints (compared in C).
+        self._told_held: list[int] = []
+        # Their text, by the id's int (hashed in C, a UUID's hash is Python): the next
+        # list repeats most of them (an async child's is long), and the job_done lines
+        # name them (text_of).
+        self._held_text: dict[int, str] = {}
         os.set_blocking(from_master, True)
 
     def start(self) -> None:
@@ -63,12 +66,17 @@ class MasterLink:
 
     def tell_held(self, held: list[uuid.UUID]) -> None:
         """Tell the master what we hold (it renews those leases), if that changed."""
-        if held != self._told_held:
+        ints = [i.int for i in held]
+        if ints != self._told_held:
             known = self._held_text
-            text = [known.get(i) or str(i) for i in held]
-            self._held_text = dict(zip(held, text, strict=True))
+            text = [known.get(n) or str(i) for n, i in zip(ints, held, strict=True)]
+            self._held_text = dict(zip(ints, text, strict=True))
             self.tell({"held": text})
-            self._told_held = list(held)
+            self._told_held = ints
+
+    def text_of(self, job_id: uuid.UUID) -> str:
+        """``str(job_id)``, made once for the held list when the job was held."""
+        return self._held_text.get(job_id.int) or str(job_id)
 
     # -- the control thread ------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from brooq.job import Claim
-from brooq.metrics import Tally
+from brooq.metrics import Bins, Tally
 from brooq.worker.state import PEAK_RSS_MAX_AGE
 
 if TYPE_CHECKING:
@@ -33,24 +33,46 @@ class Meter:
         self.peak_rss_at = -PEAK_RSS_MAX_AGE
         self.busy = False  # what the busy gauge shows
         self.jobs = 0  # what the jobs-running gauge shows (an async child)
+        # Per topic: its duration and peak RSS histograms' tallies, found once.
+        self._attempt_bins: dict[str, tuple[Bins, Bins]] = {}
+        self._cpu_bins: dict[str, Bins] = {}  # and its CPU histogram's (a sync child)
 
     def cpu(self) -> float:
         """The CPU time so far, when metrics are kept (else 0: not worth a system call)."""
         return time.process_time() if self.metrics is not None else 0.0
 
-    def attempt(self, topic: str, duration: float, cpu_before: float | None) -> None:
+    def attempt(
+        self, topic: str, duration: float, cpu_before: float | None, now: float | None = None
+    ) -> None:
         """``cpu_before`` None: an async job, whose siblings share the process's CPU time,
-        so none is observed for it."""
+        so none is observed for it. ``now``: time.monotonic() at the attempt's end, when
+        the caller has it."""
         metrics = self.metrics
-        if metrics is not None:
-            self.tally.observe(metrics.attempt_duration, topic, duration)
-            if cpu_before is not None:
-                self.tally.observe(metrics.attempt_cpu, topic, time.process_time() - cpu_before)
-            self.tally.observe(metrics.attempt_rss, topic, self._peak_rss(duration))
+        if metrics is None:
+            return
+        bins = self._attempt_bins.get(topic)
+        if bins is None:
+            bins = self._attempt_bins[topic] = (
+                self.tally.bins(metrics.attempt_duration, topic),
+                self.tally.bins(metrics.attempt_rss, topic),
+            )
+        bins[0].add(duration)
+        if cpu_before is not None:  # its series made only then (an async child has none)
+            cpu = self._cpu_bins.get(topic)
+            if cpu is None:
+                cpu = self._cpu_bins[topic] = self.tally.bins(metrics.attempt_cpu, topic)
+            cpu.add(time.process_time() - cpu_before)
+        # The peak RSS, read again only when the last reading is old (_peak_rss).
+        if now is None:
+            now = time.monotonic()
+        if duration < PEAK_RSS_MAX_AGE and now - self.peak_rss_at < PEAK_RSS_MAX_AGE:
+            bins[1].add(self.peak_rss)
+        else:
+            bins[1].add(self._peak_rss(duration, now))
 
-    def outcome(self, topic: str, state: str) -> None:
+    def outcome(self, topic: str, state: str, jobs: int = 1) -> None:
         if self.metrics is not None:
-            self.tally.inc(self.metrics.outcomes, topic, state)
+            self.tally.inc(self.metrics.outcomes, topic, state, amount=jobs)
 
     def claimed(self, claims: list[Claim]) -> None:
         """Count the claims, set the busy gauge once per batch and write what the last
@@ -58,8 +80,7 @@ class Meter:
         metrics = self.metrics
         if metrics is None:
             return
-        for c in claims:
-            self.tally.inc(metrics.claims, c.topic)
+        self._count(metrics, claims)
         if bool(claims) != self.busy:
             self.busy = bool(claims)
             metrics.busy.set(1 if claims else 0)
@@ -72,9 +93,16 @@ class Meter:
         metrics = self.metrics
         if metrics is None:
             return
-        for c in claims:
-            self.tally.inc(metrics.claims, c.topic)
+        self._count(metrics, claims)
         self.tally.flush()
+
+    def _count(self, metrics: Metrics, claims: list[Claim]) -> None:
+        """The claims, counted once per topic."""
+        counts: dict[str, int] = {}
+        for c in claims:
+            counts[c.topic] = counts.get(c.topic, 0) + 1
+        for topic, n in counts.items():
+            self.tally.inc(metrics.claims, topic, amount=n)
 
     def running(self, jobs: int) -> None:
         """An async child: the jobs it runs now (set at most once per round trip and
@@ -91,11 +119,10 @@ class Meter:
     def flush(self) -> None:
         self.tally.flush()
 
-    def _peak_rss(self, duration: float) -> float:
+    def _peak_rss(self, duration: float, now: float) -> float:
         """The child's peak resident memory in bytes. getrusage costs more than a short
         job, so after short attempts a reading up to PEAK_RSS_MAX_AGE old is reused (the
         peak moves slowly and never down)."""
-        now = time.monotonic()
         if duration >= PEAK_RSS_MAX_AGE or now - self.peak_rss_at >= PEAK_RSS_MAX_AGE:
             self.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
             self.peak_rss_at = now

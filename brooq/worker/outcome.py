@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import uuid
+from collections.abc import Callable, Container, Iterable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
     from typing_extensions import LiteralString
 
 log = logging.getLogger("brooq.child")
+# The line of a job written done (``state``: done), the one line every job logs.
+_DONE_LINE = "event=job_%s job=%s topic=%s attempt=%d duration=%.3fs"
 
 WRITE_TRIES = 5
 # A kept traceback as the database can store it: its bound, and room for the escapes of
@@ -71,6 +75,9 @@ class OutcomeWriter:
         self.state = state
         self.board = board
         self.meter = meter
+        # A job id's text for the job_done line: the held list's (brooq.worker.link),
+        # made once per job, once the link is up.
+        self.id_text: Callable[[uuid.UUID], str] = str
 
     def write(
         self,
@@ -336,13 +343,44 @@ class OutcomeWriter:
         elif log.isEnabledFor(logging.INFO):
             _log_quick(
                 logging.INFO,
-                "event=job_%s job=%s topic=%s attempt=%d duration=%.3fs",
+                _DONE_LINE,
                 state,
-                claim.id,
+                self.id_text(claim.id),
                 claim.topic,
                 claim.attempt,
                 elapsed,
             )
+
+    def settled_done(
+        self, finished: Iterable[tuple[Claim, float, object]], written: Container[int]
+    ) -> None:
+        """``settled`` of a round trip's finished jobs (claim, duration, result): `done`
+        written for each whose id's int is in ``written``, nothing for the others. Their
+        job_done lines, the text settled makes, are made in one pass and counted once per
+        topic."""
+        counts: dict[str, int] = {}
+        write = None
+        info = log.isEnabledFor(logging.INFO)
+        if info:
+            write = logs.held_lines(log, logging.INFO)
+        text = self.id_text
+        for claim, duration, _ in finished:
+            if claim.id.int not in written:
+                self.settled(claim, None, duration)
+                continue
+            topic = claim.topic
+            counts[topic] = counts.get(topic, 0) + 1
+            if write is not None:  # _DONE_LINE % (...), without its tuple and parsing
+                write(
+                    f"event=job_done job={text(claim.id)} topic={topic} "
+                    f"attempt={claim.attempt:d} duration={duration:.3f}s"
+                )
+            elif info:
+                _log_quick(
+                    logging.INFO, _DONE_LINE, "done", text(claim.id), topic, claim.attempt, duration
+                )
+        for topic, n in counts.items():
+            self.meter.outcome(topic, "done", n)
 
 
 def report_policy_error(claim: Claim[Any], outcome: execute.Outcome) -> None:

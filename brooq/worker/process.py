@@ -66,6 +66,10 @@ class ChildProcess:
             config.identity, self.settings, self.db, self.state, self.board, self.meter
         )
         self.jobs_done = 0
+        # Whether should_retire can ever be true (a limit is set): the loops ask per job.
+        self.may_retire = bool(
+            self.settings.max_jobs_per_child or self.settings.max_memory_per_child
+        )
         self._stack_fh: IO[str] | None = None
 
     @property
@@ -103,6 +107,7 @@ class ChildProcess:
         found = tracing.tracer()
         self.spans = None if found is None else Spans(found, self.q, self.db)
         self.outcomes.handlers = self.handlers
+        self.outcomes.id_text = self.link.text_of
         self.trips = RoundTrips(
             self.config.identity,
             self.settings,

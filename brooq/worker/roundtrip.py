@@ -17,6 +17,7 @@ handler, and never hold a job the master was not told of before it runs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -65,15 +66,16 @@ class ClaimRow(NamedTuple):
 
     def claim(self) -> Claim[Any]:
         """The Claim a handler gets for a claimed row."""
+        # Positional: a call per claimed job, and keywords cost more to pass.
         return Claim(
-            id=self.id,
-            topic=self.topic,
-            payload=self.payload,
-            attempt=self.attempts,
-            locked_by=self.locked_by,
-            locked_until=self.locked_until,
-            queue=self.queue,
-            priority=self.priority,
+            self.id,
+            self.topic,
+            self.payload,
+            self.attempts,
+            self.locked_by,
+            self.locked_until,
+            self.queue,
+            self.priority,
         )
 
 
@@ -81,13 +83,18 @@ _CLAIM_COLUMNS = tuple(name.encode() for name in ClaimRow._fields)
 
 
 def claim_row(cursor: psycopg.Cursor[Any]) -> RowMaker[ClaimRow]:
-    """The row factory of the claim: ClaimRow._make (as cheap as a namedtuple_row and
-    typed), after checking once per result that the columns are the fields, by name."""
+    """The row factory of the claim: a ClaimRow made from the values (as cheap as a
+    tuple row, and typed), after checking once per result that the columns are the
+    fields, by name."""
     res = cursor.pgresult
     names = tuple(map(res.fname, range(res.nfields))) if res is not None else ()
     if names != _CLAIM_COLUMNS:
         raise psycopg.ProgrammingError(f"job_finish_and_claim returned {names}")
-    return ClaimRow._make
+    return _make_claim_row
+
+
+# ClaimRow._make without its Python frame and length check (the names are checked above).
+_make_claim_row: RowMaker[ClaimRow] = functools.partial(tuple.__new__, ClaimRow)
 
 
 # A job finished with a plain `done`, written with the next claim: the claim, how long
@@ -400,15 +407,16 @@ class RoundTrips:
         if turn is not None and turn.shape == "coordinated":
             assert self.pacing is not None
             rows = self.pacing.sift(rows, turn, self._sent_at)
-        written = {r.id for r in rows if not r.claimed}
-        with logs.batch(log):  # the round trip's job_done lines in one write
-            for claim, duration, _ in finished:
-                state = "done" if claim.id in written else None
-                self.outcomes.settled(claim, state, duration)
+        # Ids by their int here: a UUID's hash and comparisons are Python code, an
+        # int's are not (and order the same).
+        if finished:
+            written = {r.id.int for r in rows if not r.claimed}
+            with logs.batch(log):  # the round trip's job_done lines in one write
+                self.outcomes.settled_done(finished, written)
         rank = {name: i for i, name in enumerate(queues)}
         claimed = sorted(
             (r for r in rows if r.claimed),
-            key=lambda r: (rank.get(r.queue, 0), -r.priority, r.available_at, r.id),
+            key=lambda r: (rank.get(r.queue, 0), -r.priority, r.available_at, r.id.int),
         )
         if self.pacing is not None:
             if turn is not None:  # a claim, not a trip that only wrote

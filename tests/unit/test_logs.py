@@ -13,6 +13,8 @@ import pytest
 
 from brooq import logs
 
+# Texts a line must show escaped, or as they are (the held lines' slow path and fast one).
+TRICKY_TEXTS = ["it's", "two\nlines\r\tand a tab", "é ✓ 𝄞 \x00 \x7f \u200b \x1b[31m", ""]
 # -- logs --------------------------------------------------------------------------------
 
 
@@ -177,6 +179,82 @@ def test_log_timestamps_keep_their_milliseconds_across_seconds() -> None:
     for t in times:
         expected = datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
         assert clock.iso(t) == expected
+
+
+def test_the_clock_reuses_a_milliseconds_text_only_for_times_that_round_to_it() -> None:
+    import random
+    from datetime import datetime, timezone
+
+    from brooq.logs import _Clock
+
+    clock = _Clock()
+    base = 1764565508.0
+    # Steps of a tenth of a microsecond across millisecond and second ends, forwards and
+    # backwards (threads log out of order), and times at random.
+    times = [base + 0.9985 + i * 1e-7 for i in range(30_000)]
+    times += times[::-1] + [base + random.random() * 3 for _ in range(20_000)]
+    for t in times:
+        expected = datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+        assert clock.iso(t) == expected, t
+
+
+@pytest.mark.parametrize("fmt", ["kv", "json"])
+@pytest.mark.parametrize("value", ["j1", *TRICKY_TEXTS])
+def test_held_lines_are_the_lines_logged_the_usual_way(
+    fmt: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    monkeypatch.setenv("JOURNAL_STREAM", "8:1")  # no timestamps: the lines compare whole
+    logs.setup(fmt)
+    log = logging.getLogger("brooq.held_lines_test")
+    msg, args = "event=job_done job=%s attempt=%d duration=%.3fs", (value, 2, 0.0123)
+    try:
+        assert logs.held_lines(log, logging.INFO) is None  # outside a batch: the usual way
+        with logs.batch(log):
+            write = logs.held_lines(log, logging.INFO)
+            assert write is not None
+            assert logs.held_lines(logging.getLogger("brooq.other"), logging.INFO) is None
+            write(msg % args)
+            assert logs.emit_plain(log, logging.INFO, msg, args) is True
+        log.info(msg, *args)
+        held, plain, usual = stream.getvalue().splitlines()
+        assert held == plain == usual
+    finally:
+        logging.getLogger("brooq").handlers[:] = []
+
+
+def test_held_lines_have_the_time_they_were_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import time
+    from datetime import datetime
+
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    logs.setup("kv")
+    log = logging.getLogger("brooq.held_lines_test")
+    try:
+        with logs.batch(log):
+            write = logs.held_lines(log, logging.INFO)
+            assert write is not None
+            before = time.time()
+            write("event=first")
+            time.sleep(0.01)
+            write("event=second")
+            after = time.time()
+        first, second = stream.getvalue().splitlines()
+        stamps = [
+            datetime.fromisoformat(line.split()[0][5:]).timestamp() for line in (first, second)
+        ]
+        assert before - 0.001 <= stamps[0] < stamps[1] <= after
+        assert first.endswith(
+            f"level=info logger=brooq.held_lines_test pid={os.getpid()} event=first"
+        )
+    finally:
+        logging.getLogger("brooq").handlers[:] = []
 
 
 # -- JSON log lines --------------------------------------------------------------------------

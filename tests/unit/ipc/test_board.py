@@ -100,3 +100,24 @@ def test_a_sync_board_keeps_one_slot_and_one_page() -> None:
     board.clear()
     assert board.read_all() == () and board.read() is None
     board.close()
+
+
+def test_a_post_and_a_clear_write_the_slot_the_master_reads() -> None:
+    """The bytes of a post are the job's fields in the slot's layout (its id as
+    UUID.bytes), a clear leaves the body all zeros, and each write moves the slot's
+    sequence on by two (odd while it is written)."""
+    from brooq.ipc import board as board_mod
+
+    board = Board(2)
+    job = uuid.uuid4()
+    at = board_mod._SLOTS_AT + board_mod._SLOT  # slot 1
+    body = at + board_mod._SEQ.size
+    board.post(job, "t.x", 3, 12.5, 300.0, 60.0, slot=1)
+    assert board._mem[body : body + 16] == job.bytes
+    assert board_mod._BODY.unpack_from(board._mem, body)[1:6] == (12.5, 300.0, 60.0, 3, 3)
+    assert board_mod._SEQ.unpack_from(board._mem, at) == (2,)
+    board.clear(1)
+    assert board._mem[body : body + board_mod._BODY.size] == bytes(board_mod._BODY.size)
+    assert board_mod._SEQ.unpack_from(board._mem, at) == (4,)
+    assert board.read_all() == ()
+    board.close()
