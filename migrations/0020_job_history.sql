@@ -60,6 +60,20 @@ CREATE TABLE IF NOT EXISTS brooq_job_key (
 
 CREATE INDEX IF NOT EXISTS brooq_job_key_job_idx ON brooq_job_key (job_id);
 
+-- The earliest end a job with this id can have in job_history, for a read by id to skip
+-- the partitions before it: a UUIDv7 holds its enqueue time (its first 48 bits, Unix
+-- milliseconds), and a job ends after it is enqueued. A day of slack covers a producer's
+-- clock ahead of the server's; another id (a version 4 from an older producer, or one
+-- made by hand) has no such time: -infinity, every partition.
+CREATE OR REPLACE FUNCTION brooq_history_floor(p_id uuid) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN substr(p_id::text, 15, 1) = '7'
+        THEN to_timestamp(('x' || substr(replace(p_id::text, '-', ''), 1, 12))::bit(48)::bigint
+                          / 1000.0) - interval '1 day'
+        ELSE '-infinity'::timestamptz
+    END
+$$;
+
 CREATE OR REPLACE VIEW job_all AS
     SELECT * FROM job
     UNION ALL
@@ -452,6 +466,7 @@ BEGIN
     DROP FUNCTION IF EXISTS brooq_job_history_ended();
     DROP FUNCTION IF EXISTS brooq_job_to_history();
     DROP FUNCTION IF EXISTS brooq_job_key_taken();
+    DROP FUNCTION IF EXISTS brooq_history_floor(uuid);
     DELETE FROM brooq_job_step s WHERE NOT EXISTS (SELECT FROM job j WHERE j.id = s.job_id);
     DELETE FROM brooq_event_wait w WHERE NOT EXISTS (SELECT FROM job j WHERE j.id = w.job_id);
     IF NOT EXISTS (SELECT FROM pg_constraint WHERE conname = 'brooq_job_step_job_id_fkey') THEN

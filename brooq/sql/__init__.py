@@ -109,6 +109,7 @@ RELATIONS = (
     "brooq_history_release",
     "brooq_history_drop",
     "brooq_history_expire_default",
+    "brooq_history_floor",
 )
 _MARK = re.compile(r"\{(" + "|".join(RELATIONS) + r")(:name)?\}")
 # The schema names QUEUE_SCHEMA takes: PostgreSQL's unquoted lower-case identifiers, so
