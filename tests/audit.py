@@ -3,15 +3,22 @@
 - ok: enqueued, ended in a terminal state, and reached it exactly once;
 - lost: enqueued but not terminal at the end, or missing without a recorded terminal
   deletion (an active row deleted counts as lost too);
-- duplicated: more than one terminal transition for one id, or a terminal row that
-  changed state again;
+- duplicated: more than one terminal transition for one id, a terminal row that
+  changed state again (in job_history too), or a finished row back in job;
 - unexpected: a row, an outcome or an execution for an id nobody enqueued.
 
 Outcomes are observed by the database itself: `install` creates (for the test only, never
-in the migrations) a table `outcome_log` and row triggers on `job` that log every
-transition into or out of a terminal state and every deletion. Executions (the rows the
-test app's handlers write into `execution`) are counted apart: duplicate executions are
-allowed by the at-least-once promise and reported, not failed.
+in the migrations) a table `outcome_log` and row triggers that log every transition into
+or out of a terminal state on `job`, every deletion from `job`, and every row entering,
+changing state in or leaving `job_history` (migration 0020). A finished job leaves job
+for job_history in the statement that ends it, so one outcome is logged as one of:
+an UPDATE into a terminal state on job, then its move (the row deleted from job and
+inserted into job_history, same transaction, same state: no second outcome); or the
+claim statement's `done`, which deletes a processing row from job and inserts it into
+job_history as done (that pair is the outcome). `check` pairs them back. A partition
+dropped whole logs nothing: a test that audits must not let one expire.
+Executions (the rows the test app's handlers write into `execution`) are counted apart:
+duplicate executions are allowed by the at-least-once promise and reported, not failed.
 """
 
 from __future__ import annotations
@@ -30,13 +37,18 @@ INSTALL = """
 CREATE TABLE IF NOT EXISTS outcome_log (
     seq       bigserial PRIMARY KEY,
     job_id    uuid NOT NULL,
-    op        text NOT NULL,          -- 'UPDATE' or 'DELETE'
-    old_state text NOT NULL,
-    new_state text,                   -- NULL for a deletion
+    op        text NOT NULL,          -- on job: 'UPDATE', 'DELETE'; on job_history:
+                                      -- 'HISTORY_IN', 'HISTORY_UPDATE', 'HISTORY_OUT'
+    old_state text,                   -- NULL for HISTORY_IN
+    new_state text,                   -- NULL for a deletion; for HISTORY_OUT, the state
+                                      -- of the row back in job (a retry), if any
     locked_by text,
     txid      bigint NOT NULL DEFAULT txid_current(),
     at        timestamptz NOT NULL DEFAULT clock_timestamp(),
-    row_age   interval                -- for a deletion: now() - updated_at of the row
+    row_age   interval,               -- for a deletion: now() - updated_at of the row
+    -- brooq.moving: set while the master's partition upkeep moves a row inside
+    -- job_history (and while job_zz_history moves one out of job).
+    moving    boolean NOT NULL DEFAULT coalesce(current_setting('brooq.moving', true) = 'on', false)
 );
 
 CREATE OR REPLACE FUNCTION audit_log_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -49,6 +61,27 @@ BEGIN
     INSERT INTO outcome_log (job_id, op, old_state, new_state, locked_by)
     VALUES (NEW.id, 'UPDATE', OLD.state, NEW.state, NEW.locked_by);
     RETURN NEW;
+END;
+$$;
+
+-- An AFTER trigger sees its whole statement done: a row leaving job_history by a retry
+-- is already back in job (one statement: DELETE ... RETURNING feeding the INSERT).
+CREATE OR REPLACE FUNCTION audit_log_history() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO outcome_log (job_id, op, old_state, new_state, locked_by)
+        VALUES (NEW.id, 'HISTORY_IN', NULL, NEW.state, NEW.locked_by);
+        RETURN NEW;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO outcome_log (job_id, op, old_state, new_state, locked_by)
+        VALUES (NEW.id, 'HISTORY_UPDATE', OLD.state, NEW.state, NEW.locked_by);
+        RETURN NEW;
+    END IF;
+    INSERT INTO outcome_log (job_id, op, old_state, new_state, locked_by, row_age)
+    VALUES (OLD.id, 'HISTORY_OUT', OLD.state,
+            (SELECT j.state FROM job j WHERE j.id = OLD.id), OLD.locked_by,
+            now() - OLD.updated_at);
+    RETURN OLD;
 END;
 $$;
 
@@ -66,6 +99,25 @@ CREATE TRIGGER audit_outcome_delete
     AFTER DELETE ON job
     FOR EACH ROW
     EXECUTE FUNCTION audit_log_outcome();
+
+DROP TRIGGER IF EXISTS audit_history_insert ON job_history;
+CREATE TRIGGER audit_history_insert
+    AFTER INSERT ON job_history
+    FOR EACH ROW
+    EXECUTE FUNCTION audit_log_history();
+
+DROP TRIGGER IF EXISTS audit_history_update ON job_history;
+CREATE TRIGGER audit_history_update
+    AFTER UPDATE ON job_history
+    FOR EACH ROW
+    WHEN (OLD.state <> NEW.state)
+    EXECUTE FUNCTION audit_log_history();
+
+DROP TRIGGER IF EXISTS audit_history_delete ON job_history;
+CREATE TRIGGER audit_history_delete
+    AFTER DELETE ON job_history
+    FOR EACH ROW
+    EXECUTE FUNCTION audit_log_history();
 """
 
 
@@ -116,6 +168,55 @@ class Report:
         return "\n".join(lines)
 
 
+# One row of outcome_log: op, old_state, new_state, txid, moving.
+Logged = tuple[str, str | None, str | None, int, bool]
+# What check classes: op ('UPDATE' or 'DELETE'), the state left, the state reached.
+Entry = tuple[str, str | None, str | None]
+
+
+def as_one_table(rows: list[Logged]) -> list[Entry]:
+    """One job's log, in order, as if job and job_history were one table: UPDATEs and
+    DELETEs. A row leaving job (or job_history's default partition for another partition)
+    and entering job_history in the same transaction is one UPDATE from the state it left
+    to the state it arrived with, or nothing when they are equal (the move that follows an
+    UPDATE into a terminal state). A row leaving job_history back into job is an UPDATE
+    out of its terminal state; a row entering job_history from nowhere, an UPDATE into
+    one; a row leaving job_history for nowhere, a deletion. The master's partition upkeep
+    (brooq.moving on) moves rows inside job_history through a table not yet attached,
+    whose half of the move no trigger sees: its halves alone are nothing."""
+    out: list[Entry] = []
+    i = 0
+    while i < len(rows):
+        op, old, new, txid, moving = rows[i]
+        if i + 1 < len(rows):
+            op2, txid2 = rows[i + 1][0], rows[i + 1][3]
+            pair = {op, op2}
+            leaving = rows[i] if op2 == "HISTORY_IN" else rows[i + 1]
+            arriving = rows[i + 1] if op2 == "HISTORY_IN" else rows[i]
+            if (
+                txid2 == txid
+                and "HISTORY_IN" in pair
+                and leaving[0] in ("DELETE", "HISTORY_OUT")
+                and (leaving[0] == "DELETE" or leaving[2] is None)  # not back in job
+            ):
+                if leaving[1] != arriving[2]:
+                    out.append(("UPDATE", leaving[1], arriving[2]))
+                i += 2
+                continue
+        if moving and op in ("HISTORY_IN", "HISTORY_OUT") and (op == "HISTORY_IN" or new is None):
+            pass
+        elif op in ("UPDATE", "HISTORY_UPDATE"):
+            out.append(("UPDATE", old, new))
+        elif op == "HISTORY_IN":
+            out.append(("UPDATE", None, new))
+        elif op == "HISTORY_OUT" and new is not None:
+            out.append(("UPDATE", old, new))
+        else:
+            out.append(("DELETE", old, None))
+        i += 1
+    return out
+
+
 def check(
     conn: psycopg.Connection[Any],
     enqueued: Iterable[uuid.UUID],
@@ -128,14 +229,16 @@ def check(
     known = wanted | set(extra_ok)
     report = Report(enqueued=len(wanted))
 
+    # A job is in job or in job_history, never both (job_all is both).
     table = {
-        r[0]: r[1] for r in conn.execute("SELECT id, state FROM job").fetchall()
+        r[0]: r[1] for r in conn.execute("SELECT id, state FROM job_all").fetchall()
     }  # id -> state
-    log: dict[uuid.UUID, list[tuple[str, str, str | None]]] = {}
-    for job_id, op, old, new in conn.execute(
-        "SELECT job_id, op, old_state, new_state FROM outcome_log ORDER BY seq"
+    raw: dict[uuid.UUID, list[Logged]] = {}
+    for job_id, op, old, new, txid, moving in conn.execute(
+        "SELECT job_id, op, old_state, new_state, txid, moving FROM outcome_log ORDER BY seq"
     ).fetchall():
-        log.setdefault(job_id, []).append((op, old, new))
+        raw.setdefault(job_id, []).append((op, old, new, txid, moving))
+    log = {job_id: as_one_table(rows) for job_id, rows in raw.items()}
     runs = Counter(
         {
             r[0]: int(r[1])
@@ -175,8 +278,9 @@ def check(
             report.done_unexecuted += 1
             report.add_sample("done_unexecuted", str(job_id))
 
-        if len(into_terminal) > 1 or out_of_terminal:
-            # A second outcome, or a terminal row reopened: whatever the final state.
+        if len(into_terminal) > 1 or out_of_terminal or (deletions and job_id in table):
+            # A second outcome, a terminal row reopened, or a deleted row back: whatever
+            # the final state.
             report.duplicated += 1
             report.add_sample("duplicated", f"{job_id} {entries}")
         elif state is None or state not in TERMINAL or any(d[1] not in TERMINAL for d in deletions):

@@ -183,7 +183,8 @@ def process_alive(pid: int) -> bool:
 
 
 def states(conn: psycopg.Connection[Any]) -> dict[str, int]:
-    return dict(conn.execute("SELECT state, count(*) FROM job GROUP BY state").fetchall())
+    """How many jobs are in each state, the finished ones (in job_history) included."""
+    return dict(conn.execute("SELECT state, count(*) FROM job_all GROUP BY state").fetchall())
 
 
 def executions(conn: psycopg.Connection[Any], job_id: Any = None) -> int:

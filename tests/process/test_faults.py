@@ -173,6 +173,7 @@ def test_audit_classes_every_job(dsn: str, db: psycopg.Connection[Any]) -> None:
         ids = dict(zip(names, enqueue_all(q, [brooq.Job("t.ok") for _ in names]), strict=True))
         ids["deleted_done"] = q.enqueue(brooq.Job("t.ok"))[0]
         stranger = q.enqueue(brooq.Job("t.ok"))[0]
+        claimed = enqueue_all(q, [brooq.Job("t.claimed"), brooq.Job("t.claimed")])
     finally:
         q.close()
 
@@ -182,33 +183,90 @@ def test_audit_classes_every_job(dsn: str, db: psycopg.Connection[Any]) -> None:
             (ids[name],),
         )
         for state in states_:
+            # A finished row is in job_history: put it back in job first, as a retry does
+            # (one statement), to write it again.
+            db.execute(
+                "WITH gone AS (DELETE FROM job_history WHERE id = %s RETURNING *) "
+                "INSERT INTO job SELECT * FROM gone",
+                (ids[name],),
+            )
             db.execute(
                 "UPDATE job SET state = %s, locked_by = 'w', locked_until = now() WHERE id = %s",
                 (state, ids[name]),
             )
 
     run("ok", "processing", "done")
+    # The audit follows it there.
+    assert db.execute(
+        "SELECT count(*) FROM job_history WHERE id = %s", (ids["ok"],)
+    ).fetchone() == (1,)
     run("ok")  # a second execution: allowed, counted
     run("processing", "processing")
     run("twice", "processing", "done", "processing", "done")
     run("reopened", "processing", "dead", "pending")
     run("deleted_active", "processing", "failed")
     run("deleted_done", "processing", "done")
-    db.execute(
-        "DELETE FROM job WHERE id = ANY(%s)", ([ids["deleted_active"], ids["deleted_done"]],)
-    )
+    db.execute("DELETE FROM job WHERE id = %s", (ids["deleted_active"],))
+    db.execute("DELETE FROM job_history WHERE id = %s", (ids["deleted_done"],))  # a purge
     db.execute("UPDATE job SET state = 'canceled' WHERE id = %s", (stranger,))
+    # The master's partition upkeep moves the rows ended so far out of the default
+    # partition into the one made for them: no outcome, no deletion.
+    assert db.execute("SELECT count(*) FROM job_history_default").fetchone() == (3,)
+    db.execute("SELECT brooq_history_prepare('1 day', now(), now() + interval '1 day', 3)")
+    assert db.execute("SELECT count(*) FROM job_history_default").fetchone() == (0,)
 
-    report = audit.check(db, [v for v in ids.values()])
+    report = audit.check(db, [v for v in ids.values()], extra_ok=claimed)
     assert (report.ok, report.lost, report.duplicated, report.unexpected) == (2, 3, 2, 1), report
     assert report.active_deleted == 1
     assert report.duplicate_executions == 1 and report.executions == 7
     with pytest.raises(AssertionError, match="3 lost, 2 duplicated, 1 unexpected"):
         report.assert_clean()
-    # A done row whose handler never ran is not clean either.
-    db.execute("UPDATE job SET state = 'done' WHERE id = %s", (stranger,))
+    # A finished row written again where it is now is a second outcome.
+    db.execute("UPDATE job_history SET state = 'done' WHERE id = %s", (stranger,))
     report = audit.check(db, [stranger])
     assert report.duplicated == 1  # canceled -> done: a terminal row changed again
+    # A finished row copied back into job (a second row for one id) is one too.
+    db.execute("INSERT INTO job SELECT * FROM job_history WHERE id = %s", (ids["ok"],))
+    db.execute("DELETE FROM job_history WHERE id = %s", (ids["ok"],))
+    report = audit.check(db, [ids["ok"]])
+    assert report.duplicated == 1, report
+    # The claim statement's done (a processing row deleted from job, inserted into
+    # job_history as done in the same statement) is one outcome; a processing row deleted
+    # from job without its insert is an active row deleted.
+    rows = db.execute(
+        Q.job_finish_and_claim,
+        {
+            "done": [],
+            "topics": ["t.claimed"],
+            "limit": 2,
+            "children": 1,
+            "worker": "w:1:audit",
+            "lease": 30,
+            "queue": "default",
+        },
+    ).fetchall()
+    assert {r[1] for r in rows if r[0]} == set(claimed)
+    for job_id in claimed:
+        db.execute(
+            "INSERT INTO execution (job_id, pid, attempt, note) VALUES (%s, 1, 1, '')", (job_id,)
+        )
+    db.execute(
+        Q.job_finish_and_claim,
+        {
+            "done": [claimed[0]],
+            "topics": [],
+            "limit": 0,
+            "children": 1,
+            "worker": "w:1:audit",
+            "lease": 30,
+            "queue": "default",
+        },
+    ).fetchall()
+    db.execute("DELETE FROM job WHERE id = %s", (claimed[1],))
+    report = audit.check(db, claimed)
+    assert (report.ok, report.lost, report.active_deleted) == (1, 1, 1), report
+    assert report.final_states == {"done": 1, "processing": 1}, report
+    # A done row whose handler never ran is not clean either.
     fresh_id = uuid.uuid4()
     db.execute("INSERT INTO job (id, topic) VALUES (%s, 't.ok')", (fresh_id,))
     db.execute(
@@ -669,13 +727,15 @@ def test_drain_under_load_with_term_sent_five_times(
     assert late <= workers
     # In-flight jobs finished; what was never started waits, untouched, for the next master.
     assert all(states(db).get(s, 0) == 0 for s in ("processing", "failed"))
-    assert [r[0] for r in db.execute("SELECT state FROM job WHERE id = ANY(%s)", (slow,))] == [
+    assert [r[0] for r in db.execute("SELECT state FROM job_all WHERE id = ANY(%s)", (slow,))] == [
         "done",
         "done",
     ]
     assert count(db, "SELECT count(*) FROM job WHERE state = 'pending' AND attempts <> 0") == 0
     unfinished = count(
-        db, "SELECT count(*) FROM job j JOIN execution e ON e.job_id = j.id WHERE j.state <> 'done'"
+        db,
+        "SELECT count(*) FROM job_all j JOIN execution e ON e.job_id = j.id "
+        "WHERE j.state <> 'done'",
     )
     assert unfinished == 0
     report = audit.check(db, slow + quick)
@@ -711,7 +771,7 @@ def test_claim_exactness_16_children(
     report = audit.check(db, ids)
     report.assert_clean()
     assert report.executions == total and report.duplicate_executions == 0
-    assert db.execute("SELECT min(attempts), max(attempts) FROM job").fetchone() == (1, 1)
+    assert db.execute("SELECT min(attempts), max(attempts) FROM job_all").fetchone() == (1, 1)
     assert count(db, "SELECT count(DISTINCT pid) FROM execution") == 16
     figures(
         "11 claim exactness",
@@ -737,8 +797,26 @@ def test_retention_under_load_deletes_no_active_row(
 ) -> None:
     """Two masters with every maintenance loop on a short period (renewal, reaper,
     retention, stats), jobs of every outcome, cancels, and claims by a host that vanished
-    (only the reaper gives those back)."""
+    (only the reaper gives those back). Retention deletes row by row what a partition's
+    drop does not: terminal rows left in job from before job_history (made here by
+    hand), and the rows of job_history's default partition. The only partition here is a
+    month ahead, so the masters make none for now and every job of the run ends in the
+    default partition (what a fleet whose partitions are missing sees), then is deleted
+    from there in batches while the others run. A partition dropped whole (no row of an
+    unfinished job can be in one) is tests/db's."""
     audit.install(db)
+    db.execute(
+        "CREATE TABLE job_history_ahead PARTITION OF job_history "
+        "FOR VALUES FROM (now() + interval '30 days') TO (now() + interval '31 days')"
+    )
+    legacy = [
+        r[0]
+        for r in db.execute(
+            "INSERT INTO job (id, topic, state, attempts, updated_at) "
+            "SELECT gen_random_uuid(), 't.legacy', (ARRAY['done', 'dead', 'canceled'])[1 + i % 3],"
+            " 1, now() - interval '1 hour' FROM generate_series(1, 150) AS i RETURNING id"
+        ).fetchall()
+    ]
     before = deadlocks(db)
     batch = 50
     env = {
@@ -793,24 +871,31 @@ def test_retention_under_load_deletes_no_active_row(
         m.signal(signal.SIGTERM)
     assert all(m.wait() == 0 for m in masters)
 
+    # A deletion: a row leaving job or job_history without entering job_history in its
+    # transaction (a row leaving job for job_history is an outcome's move).
+    db.execute(
+        "CREATE TEMP VIEW deletion AS SELECT * FROM outcome_log d "
+        "WHERE d.op IN ('DELETE', 'HISTORY_OUT') AND d.new_state IS NULL AND NOT EXISTS ("
+        "    SELECT FROM outcome_log m WHERE m.op = 'HISTORY_IN' AND m.job_id = d.job_id "
+        "    AND m.txid = d.txid)"
+    )
     deleted = db.execute(
         "SELECT count(*), count(*) FILTER (WHERE old_state NOT IN ('done', 'dead', 'canceled')),"
-        " count(*) FILTER (WHERE row_age < interval '1 second') FROM outcome_log "
-        "WHERE op = 'DELETE'"
+        " count(*) FILTER (WHERE row_age < interval '1 second'),"
+        " count(*) FILTER (WHERE op = 'DELETE') FROM deletion"
     ).fetchone()
     assert deleted is not None
-    assert deleted[0] == len(ids)
-    assert deleted[1:] == (0, 0)  # no active row, no row younger than the TTL
+    assert deleted[0] == len(ids) + len(legacy)
+    assert deleted[1:] == (0, 0, len(legacy))  # no active row, none younger than the TTL
     largest, longest = db.execute(
         "SELECT max(n), max(took) FROM (SELECT txid, count(*) AS n, "
-        "extract(epoch FROM max(at) - min(at)) AS took FROM outcome_log "
-        "WHERE op = 'DELETE' GROUP BY txid) batches"
+        "extract(epoch FROM max(at) - min(at)) AS took FROM deletion GROUP BY txid) batches"
     ).fetchone() or (None, None)
     assert largest is not None and largest <= batch
     assert longest is not None and float(longest) < 0.5  # batches stay short
     assert deadlocks(db) == before
     assert reaped(masters) >= len(ghosts) > 0
-    report = audit.check(db, ids)
+    report = audit.check(db, ids, extra_ok=legacy)
     print(report)
     report.assert_clean()
     by_cancel = {job_id for job_id, job in zip(ids, jobs, strict=True) if job.topic == "t.cancel"}
@@ -826,7 +911,8 @@ def test_retention_under_load_deletes_no_active_row(
         assert "event=db_error" not in m.log()
     figures(
         "12 retention under load",
-        f"{len(ids)} jobs of 5 kinds, 2 masters x 3 workers, TTL 1s, every loop at 100 ms",
+        f"{len(ids)} jobs of 5 kinds and {len(legacy)} finished before job_history, "
+        "2 masters x 3 workers, TTL 1s, every loop at 100 ms",
         f"{len(canceled)} cancels, {len(ghosts)} claims by a vanished host",
         report,
         f"run {finished:.0f}s; {deleted[0]} rows deleted in batches of <= {largest}, "
@@ -1046,5 +1132,5 @@ def test_reaper_never_waits_for_a_row_lock(
         done.commit()
         undone.rollback()
     assert maintenance.reap_expired(db, 5) == ({"t.ok": 1}, [])  # b, on the next pass
-    found = dict(db.execute("SELECT id, state FROM job").fetchall())
+    found = dict(db.execute("SELECT id, state FROM job_all").fetchall())
     assert found == {a: "done", b: "pending", c: "pending"}
