@@ -222,6 +222,12 @@ RETURNING id
 """
 
 LOOKUP = "SELECT * FROM {rel} WHERE id = %(id)s::uuid"
+# b and c: the same with migration 0020's brooq_history_floor (a UUIDv7's enqueue time
+# less a day), so that the plan skips the finished partitions that ended before it.
+LOOKUP_FLOOR = (
+    "SELECT * FROM {rel} WHERE id = %(id)s::uuid"
+    " AND updated_at >= public.brooq_history_floor(%(id)s::uuid)"
+)
 
 TYPES = {
     "queue": "text",
@@ -237,11 +243,15 @@ TYPES = {
 def statements(design: str) -> dict[str, str]:
     hot = "\n      AND job.state IN ('pending', 'failed')" if design == "b" else ""
     guard = "state = 'processing'" if design == "b" else "(state = 'processing') IS TRUE"
-    return {
+    rel = "job_all" if design == "c" else "job"
+    out = {
         "claim": CLAIM.replace("{hot}", hot),
         "done": DONE_MOVE if design == "c" else DONE_UPDATE.replace("{guard}", guard),
-        "lookup": LOOKUP.replace("{rel}", "job_all" if design == "c" else "job"),
+        "lookup": LOOKUP.replace("{rel}", rel),
     }
+    if design != "a":
+        out["lookup_floor"] = LOOKUP_FLOOR.replace("{rel}", rel)
+    return out
 
 
 def sql_prepare(conn: psycopg.Connection[Any], name: str, text: str) -> list[str]:
@@ -471,6 +481,26 @@ class Session:
             out["lookup_client_ms"].append((time.perf_counter() - started) * 1000)
             out["lookup_cpu_ms"].append((cpu_ns(self.pid) - cpu) / 1e6)
             assert len(got) == 1
+            if "lookup_floor" not in self.text:
+                continue
+            if k % 8 == 0:
+                fig = plan_figures(
+                    explain_execute(
+                        self.conn,
+                        "s_lookup_floor",
+                        self.order["lookup_floor"],
+                        {"id": job_id},
+                        timing=True,
+                    )
+                )
+                assert fig["rows"] == 1, (self.design, fig)
+                out["lookup_floor_plan"].append(fig)
+            cpu = cpu_ns(self.pid)
+            got = self.conn.execute(
+                self.text["lookup_floor"], {"id": job_id}, prepare=True
+            ).fetchall()
+            out["lookup_floor_cpu_ms"].append((cpu_ns(self.pid) - cpu) / 1e6)
+            assert len(got) == 1
 
 
 def retention(dsn: str, design: str, days: list[dt.datetime]) -> dict[str, Any]:
@@ -677,6 +707,12 @@ def summarize(figs: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
             s[f"{what}_lsn_bytes_per_job"] = spread([v / BATCH for v in f[f"{what}_lsn_bytes"]])
         s["lookup_client_us"] = spread([v * 1000 for v in f["lookup_client_ms"]])
         s["lookup_cpu_us"] = spread([v * 1000 for v in f["lookup_cpu_ms"]])
+        s["lookup_floor_cpu_us"] = spread([v * 1000 for v in f.get("lookup_floor_cpu_ms", [])])
+        floor = f.get("lookup_floor_plan", [])
+        s["lookup_floor_execution_ms"] = spread([p["execution_ms"] for p in floor])
+        s["lookup_floor_buffers"] = spread(
+            [float(p["shared_hit"] + p["shared_read"]) for p in floor]
+        )
         s["lookup_generic_planning_ms"] = spread([p["planning_ms"] for p in f["lookup_plan"]])
         s["lookup_generic_execution_ms"] = spread([p["execution_ms"] for p in f["lookup_plan"]])
         s["lookup_generic_buffers"] = spread(
@@ -703,7 +739,8 @@ def write_markdown(path: Path, report: dict[str, Any]) -> None:
     lines = ["# Where finished jobs live: three designs measured", ""]
     lines += run_markdown(report, "##")
     for other in report.get("added", []):
-        lines += ["", f"## With {other['args']['finished']:,} finished rows", ""]
+        which = ", ".join(d.upper() for d in other["summary"])
+        lines += ["", f"## Another run: {other['args']['finished']:,} finished rows, {which}", ""]
         lines += run_markdown(other, "###")
     path.write_text("\n".join(lines) + "\n")
 
@@ -733,6 +770,9 @@ def run_markdown(report: dict[str, Any], level: str) -> list[str]:
         ("lookup, custom plan: planning ms", "lookup_custom_planning_ms", 3),
         ("lookup, custom plan: execution ms", "lookup_custom_execution_ms", 3),
         ("lookup, custom plan: buffers", "lookup_custom_buffers", 0),
+        ("lookup + brooq_history_floor, backend CPU µs", "lookup_floor_cpu_us", 0),
+        ("lookup + brooq_history_floor, generic: execution ms", "lookup_floor_execution_ms", 3),
+        ("lookup + brooq_history_floor, generic: buffers", "lookup_floor_buffers", 0),
     ]
     lines = [
         f"`benchmarks/history_options.py` on {report['date']}: {a['finished']:,} finished rows "
@@ -919,6 +959,8 @@ def main() -> None:
                     "claim_cpu_ms",
                     "done_cpu_ms",
                     "lookup_cpu_ms",
+                    "lookup_floor_plan",
+                    "lookup_floor_cpu_ms",
                 )
             }
             for d in designs
