@@ -39,6 +39,26 @@ CREATE TABLE IF NOT EXISTS job_history (LIKE job INCLUDING DEFAULTS)
 
 CREATE TABLE IF NOT EXISTS job_history_default PARTITION OF job_history DEFAULT;
 
+-- Today's partition and the next four days' (UTC), made here under ACCESS EXCLUSIVE on
+-- job_history for a moment (no insert can choose a partition while one is made): the
+-- master then only ever attaches partitions ahead of now (brooq_history_prepare),
+-- whatever its span (QUEUE_HISTORY_PARTITION).
+DO $$
+DECLARE
+    day date;
+BEGIN
+    FOR day IN SELECT generate_series((now() AT TIME ZONE 'UTC')::date,
+                                      (now() AT TIME ZONE 'UTC')::date + 4, '1 day')::date
+    LOOP
+        EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF job_history '
+                       'FOR VALUES FROM (%L) TO (%L)',
+                       'job_history_' || to_char(day, 'YYYYMMDD') || '_000000',
+                       day::timestamp AT TIME ZONE 'UTC',
+                       (day + 1)::timestamp AT TIME ZONE 'UTC');
+    END LOOP;
+END;
+$$;
+
 -- A job by its id (job_all's reads, a retry from history).
 CREATE INDEX IF NOT EXISTS job_history_id_idx ON job_history (id);
 
@@ -293,17 +313,25 @@ BEGIN
 END;
 $$;
 
--- The partitions from the end of the newest one (or from the start of the step before
--- p_now's, none yet) until p_until, each p_step long and aligned on multiples of it since
--- the epoch; at most p_max of them; returns how many were made. A partition is made
--- alone, then attached (SHARE UPDATE EXCLUSIVE on job_history: outcomes go on); rows of
--- job_history_default in its range move into it first, or the attach would refuse.
+-- The partitions from the end of the newest one until p_until, each p_step long and
+-- aligned on multiples of it since the epoch; at most p_max of them; returns how many
+-- were made. A partition is made alone, then attached (SHARE UPDATE EXCLUSIVE on
+-- job_history: outcomes go on). Never one whose range starts before p_now plus five
+-- minutes: an insert into job_history that chose its partition before an attach commits
+-- would send a row of the new range to the default partition, whose constraint then
+-- refuses it; a row's end (its transaction's now()) is never in the future. So after a
+-- gap (no partition made for a while) the next starts at the first boundary past that,
+-- and the rows of the gap stay in the default partition. Rows of the default partition
+-- in a new range (an end in the future: a clock set back) move into it first, or the
+-- attach would refuse.
 CREATE OR REPLACE FUNCTION brooq_history_prepare(
     p_step interval, p_now timestamptz, p_until timestamptz, p_max integer
 ) RETURNS integer
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     step float8 := extract(epoch FROM p_step);
+    safe timestamptz := to_timestamp(ceil(extract(epoch FROM p_now + interval '5 minutes')
+                                          / step) * step);
     lo timestamptz;
     hi timestamptz;
     name text;
@@ -315,9 +343,7 @@ BEGIN
     FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
     WHERE i.inhparent = 'job_history'::regclass
       AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT';
-    IF lo IS NULL THEN
-        lo := to_timestamp(floor(extract(epoch FROM p_now) / step) * step - step);
-    END IF;
+    lo := greatest(lo, safe);
     WHILE lo < p_until AND made < p_max LOOP
         hi := to_timestamp((floor(extract(epoch FROM lo) / step) + 1) * step);
         name := 'job_history_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD_HH24MISS');

@@ -2,7 +2,8 @@
 
 Finished jobs live in job_history, range-partitioned on their end (migration 0020,
 docs/explanation/history.md). Each retention period the master makes the partitions
-that the next HISTORY_AHEAD_SPANS spans (at least a day) need, so an outcome never
+that the next HISTORY_AHEAD_SPANS spans (at least a day) need, each starting after now
+(never one an insert may be routing a row to as it is attached), so an outcome never
 finds its partition missing (if it did, the default partition takes the row). Past
 retention_ttl a partition is released (its jobs' idempotency keys, edges, steps: one
 transaction that outcomes do not wait for) and then detached and dropped under a short
@@ -18,7 +19,9 @@ than DROP_LOCK_TIMEOUT, or drop a partition with a row that ended within retenti
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import psycopg
@@ -36,6 +39,8 @@ HISTORY_AHEAD_MIN = 86400.0
 PARTITIONS_PER_PASS = 24
 # How long a drop waits for ACCESS EXCLUSIVE on job_history before it gives up.
 DROP_LOCK_TIMEOUT = "200ms"
+# The default partition's old rows: deleted for at most this long per pass.
+DEFAULT_PASS_SECONDS = 0.05
 
 
 class Dropped(NamedTuple):
@@ -104,16 +109,28 @@ def drop_expired(conn: psycopg.Connection[Any], ttl: float, q: Queries = Q) -> l
 
 
 def expire_default(
-    conn: psycopg.Connection[Any], ttl: float, batch: int, q: Queries = Q
+    conn: psycopg.Connection[Any],
+    ttl: float,
+    batch: int,
+    q: Queries = Q,
+    budget: float = DEFAULT_PASS_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Counter[str]:
-    """One batch of the default partition's rows that ended more than ``ttl`` ago:
-    counts by topic."""
+    """The default partition's rows that ended more than ``ttl`` ago, ``batch`` at a
+    time until a batch comes back short or ``budget`` seconds have gone (at least one
+    batch): counts by topic. Rows land there for the spans no partition covered (a
+    master down past the partitions made ahead)."""
+    gone: Counter[str] = Counter()
     if ttl <= 0:
-        return Counter()
-    with conn.transaction():
-        rows = (
-            conn.cursor(row_factory=dict_row)
-            .execute(q.history_expire_default, {"ttl": ttl, "batch": batch})
-            .fetchall()
-        )
-    return Counter(str(r["topic"]) for r in rows)
+        return gone
+    start = clock()
+    while True:
+        with conn.transaction():
+            rows = (
+                conn.cursor(row_factory=dict_row)
+                .execute(q.history_expire_default, {"ttl": ttl, "batch": batch})
+                .fetchall()
+            )
+        gone.update(str(r["topic"]) for r in rows)
+        if len(rows) < batch or clock() - start >= budget:
+            return gone

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from brooq import migrate
 from brooq.settings import history_partition_problems
@@ -218,12 +219,48 @@ def test_a_cancel_racing_the_claim_statements_done_reports_the_end(
     assert where(db, job_id) == [("history", "done")]
 
 
+def partitions(db: Conn) -> list[str]:
+    rows = db.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'job_history'::regclass ORDER BY 1"
+    ).fetchall()
+    return [r["relname"] for r in rows]
+
+
+def drop_partitions(db: Conn) -> None:
+    """Every partition but the default one gone: a master down past those made ahead."""
+    for name in partitions(db):
+        if name != "job_history_default":
+            db.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
+
+
+def make_partition(db: Conn, start: datetime, end: datetime) -> str:
+    """A partition of a past range, as an earlier master made it."""
+    name = "job_history_" + start.strftime("%Y%m%d_%H%M%S")
+    db.execute(
+        sql.SQL("CREATE TABLE {} PARTITION OF job_history FOR VALUES FROM ({}) TO ({})").format(
+            sql.Identifier(name), sql.Literal(start), sql.Literal(end)
+        )
+    )
+    return name
+
+
+def day(days_ago: int) -> datetime:
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - timedelta(days=days_ago)
+
+
+def test_the_migration_makes_today_and_four_days_ahead(db: Conn) -> None:
+    today = day(0)
+    expected = [
+        "job_history_" + (today + timedelta(days=n)).strftime("%Y%m%d") + "_000000"
+        for n in range(5)
+    ]
+    assert partitions(db) == [*expected, "job_history_default"]
+
+
 def test_an_outcome_never_fails_for_a_missing_partition(db: Conn) -> None:
-    # No partition but the default one (a master never ran here): the row lands there.
-    parts = db.execute(
-        "SELECT count(*) AS n FROM pg_inherits WHERE inhparent = 'job_history'::regclass"
-    ).fetchone()
-    assert parts == {"n": 1}
+    drop_partitions(db)
     job_id = insert(db)
     claim_one(db, "w1")
     round_trip(db, "w1", [job_id], limit=0)
@@ -231,36 +268,74 @@ def test_an_outcome_never_fails_for_a_missing_partition(db: Conn) -> None:
         "SELECT tableoid::regclass::text AS part FROM job_history WHERE id = %s", [job_id]
     ).fetchone()
     assert row == {"part": "job_history_default"}
-    # The partition made later takes the row in.
+    # The master makes partitions from the first boundary after now again, never one that
+    # covers now (an insert routing a row as it is attached would fail): the row stays in
+    # the default partition, which retention empties row by row.
     made = history.prepare(db, 3600.0)
-    assert made >= 24
+    assert made == 24
+    first = min(p for p in partitions(db) if p != "job_history_default")
+    start = datetime.strptime(first, "job_history_%Y%m%d_%H%M%S").replace(tzinfo=timezone.utc)
+    assert start > datetime.now(timezone.utc)
     row = db.execute(
         "SELECT tableoid::regclass::text AS part FROM job_history WHERE id = %s", [job_id]
     ).fetchone()
-    assert row is not None and row["part"].startswith("job_history_2")
-    # A day ahead takes two passes of at most 24 partitions; then nothing is left to make.
-    assert history.prepare(db, 3600.0) == 2
+    assert row == {"part": "job_history_default"}
+    assert history.prepare(db, 3600.0) in (0, 1)  # the day ahead, its last span at most
     assert history.prepare(db, 3600.0) == 0
-    bounds = db.execute(
-        "SELECT count(*) AS n FROM pg_inherits WHERE inhparent = 'job_history'::regclass"
+
+
+def test_a_row_of_the_default_partition_moves_into_the_partition_made_for_it(db: Conn) -> None:
+    drop_partitions(db)
+    job_id = insert(db)
+    _end_at(db, job_id, datetime.now(timezone.utc) + timedelta(hours=6))  # a clock set back
+    history.prepare(db, 3600.0)
+    row = db.execute(
+        "SELECT tableoid::regclass::text AS part FROM job_history WHERE id = %s", [job_id]
     ).fetchone()
-    assert bounds == {"n": 27}  # the hour before now's, now's, 24 ahead, and the default
+    assert row is not None and row["part"] != "job_history_default"
+
+
+def test_an_outcome_goes_on_while_partitions_are_attached(connect: Callable[..., Conn]) -> None:
+    """Round trips in a thread while the master attaches partitions ahead: none fails."""
+    db = connect()
+    drop_partitions(db)
+    worker = connect()
+    ids = [insert(db) for _ in range(200)]
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def work() -> None:
+        left = list(ids)
+        try:
+            while left and not stop.is_set():
+                claimed = [r["id"] for r in round_trip(worker, "w1", [], limit=5) if r["claimed"]]
+                round_trip(worker, "w1", claimed, limit=0)
+                left = [i for i in left if i not in claimed]
+        except Exception as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    made = 0
+    for _ in range(10):
+        made += history.prepare(db, 3600.0)
+    thread.join(30)
+    stop.set()
+    assert errors == []
+    assert made >= 24
+    n = db.execute("SELECT count(*) AS n FROM job_history").fetchone()
+    assert n == {"n": 200}
 
 
 def test_prepare_makes_partitions_ahead_aligned_and_never_twice(db: Conn) -> None:
-    made = history.prepare(db, 86400.0)
-    assert made == 5  # yesterday, today and three days ahead
+    # The migration made five days; three days ahead are covered: nothing to make.
     assert history.prepare(db, 86400.0) == 0
-    names = [
-        r["relname"]
-        for r in db.execute(
-            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-            "WHERE i.inhparent = 'job_history'::regclass ORDER BY 1"
-        ).fetchall()
-    ]
-    today = datetime.now(timezone.utc).strftime("%Y%m%d")
-    assert f"job_history_{today}_000000" in names
-    assert "job_history_default" in names
+    drop_partitions(db)
+    assert history.prepare(db, 86400.0) == 3  # tomorrow and the two days after: 3 days ahead
+    names = partitions(db)
+    tomorrow = day(-1).strftime("%Y%m%d")
+    assert names[0] == f"job_history_{tomorrow}_000000"
+    assert history.prepare(db, 86400.0) == 0
     # A shorter span later goes on from the end of the last partition, without overlap.
     assert history.prepare(db, 3600.0) == 0
 
@@ -281,11 +356,9 @@ def _end_at(db: Conn, job_id: uuid.UUID, when: datetime, state: str = "done") ->
 def test_a_partition_past_retention_is_dropped_whole_with_its_keys_and_steps(
     db: Conn,
 ) -> None:
-    db.execute(
-        "SELECT brooq_history_prepare('1 day', now() - interval '10 days', "
-        "now() - interval '8 days', 10)"
-    )
-    old = datetime.now(timezone.utc) - timedelta(days=9, hours=12)
+    for n in (11, 10, 9):
+        make_partition(db, day(n), day(n - 1))
+    old = day(9) + timedelta(hours=12)
     keyed = insert(db, idempotency_key="k-1")
     plain = insert(db)
     recent = insert(db)
@@ -309,11 +382,9 @@ def test_a_partition_past_retention_is_dropped_whole_with_its_keys_and_steps(
 def test_an_upstream_job_still_read_by_a_waiting_job_outlives_its_partition(
     db: Conn,
 ) -> None:
-    db.execute(
-        "SELECT brooq_history_prepare('1 day', now() - interval '10 days', "
-        "now() - interval '8 days', 10)"
-    )
-    old = datetime.now(timezone.utc) - timedelta(days=9, hours=12)
+    for n in (11, 10, 9):
+        make_partition(db, day(n), day(n - 1))
+    old = day(9) + timedelta(hours=12)
     up = insert(db)
     other = insert(db)
     down = insert(db, state="waiting", upstream_open=1, on_upstream_failure="cancel")
@@ -344,11 +415,9 @@ def test_a_drop_behind_a_reader_gives_up_soon_and_outcomes_go_on(
     connect: Callable[..., Conn],
 ) -> None:
     db = connect()
-    db.execute(
-        "SELECT brooq_history_prepare('1 day', now() - interval '10 days', "
-        "now() - interval '8 days', 10)"
-    )
-    old = datetime.now(timezone.utc) - timedelta(days=9, hours=12)
+    for n in (11, 10, 9):
+        make_partition(db, day(n), day(n - 1))
+    old = day(9) + timedelta(hours=12)
     job_id = insert(db)
     _end_at(db, job_id, old)
     history.prepare(db, 86400.0)
@@ -363,7 +432,7 @@ def test_a_drop_behind_a_reader_gives_up_soon_and_outcomes_go_on(
     round_trip(db, "w1", [ready], limit=0)
     assert where(db, ready) == [("history", "done")]
     reader.rollback()
-    assert len(history.drop_expired(db, 7 * 86400.0)) == 4  # 11 to 8 days ago
+    assert len(history.drop_expired(db, 7 * 86400.0)) == 3  # 11 to 8 days ago
     assert where(db, job_id) == []
 
 
