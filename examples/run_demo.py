@@ -84,7 +84,7 @@ def show(queue: brooq.Queue, done_before: int) -> None:
     """One line per round: the jobs done since the start, then each queue's counts (the
     zeros left out)."""
     with queue.connection() as conn:
-        row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
+        row = conn.execute("SELECT count(*) FROM job_all WHERE state = 'done'").fetchone()
     done = int(row[0]) if row else 0
     parts = [
         f"{q.name}{' (paused)' if q.paused else ''}: "
@@ -229,7 +229,7 @@ def main() -> int:
     from demo_app import queue
 
     with queue.connection() as conn:
-        row = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
+        row = conn.execute("SELECT count(*) FROM job_all WHERE state = 'done'").fetchone()
     done_before = int(row[0]) if row else 0
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]))
     ops_addr = demo_ops_addr()

@@ -73,6 +73,25 @@ $$;
 CREATE TRIGGER log_transition AFTER UPDATE ON job FOR EACH ROW
     WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.state IN ('done', 'dead', 'canceled'))
     EXECUTE FUNCTION log_transition();
+-- A finished row is in job_history (migration 0020): any write to it there.
+CREATE TRIGGER log_transition AFTER UPDATE ON job_history FOR EACH ROW
+    EXECUTE FUNCTION log_transition();
+-- The claim statement's done writes no UPDATE: it deletes the processing row its worker
+-- holds from job and inserts it into job_history as done, every other column kept (the
+-- lease it ended, the attempts). Rows the move trigger or the master's partition upkeep
+-- insert (brooq.moving on) had their UPDATE logged above, or are no outcome.
+CREATE FUNCTION log_claimed_done() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO transition_log (job_id, old_state, new_state, old_locked_by, new_locked_by,
+                                old_until, old_attempts, new_attempts)
+    VALUES (NEW.id, 'processing', NEW.state, NEW.locked_by, NEW.locked_by, NEW.locked_until,
+            NEW.attempts, NEW.attempts);
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER log_claimed_done AFTER INSERT ON job_history FOR EACH ROW
+    WHEN (current_setting('brooq.moving', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION log_claimed_done();
 """
 
 
@@ -154,7 +173,7 @@ def enqueue_at_once(queue: brooq.Queue, jobs: list[brooq.Job]) -> tuple[list[uui
 
 def drain_rate(db: psycopg.Connection[Any], total: int, since: datetime) -> tuple[float, float]:
     """(seconds from the commit to the last outcome, jobs per second)."""
-    row = db.execute("SELECT max(updated_at) FROM job WHERE state = 'done'").fetchone()
+    row = db.execute("SELECT max(updated_at) FROM job_all WHERE state = 'done'").fetchone()
     assert row is not None and row[0] is not None
     seconds = (row[0] - since).total_seconds()
     return seconds, total / seconds
@@ -230,10 +249,10 @@ def test_three_hosts_drain_one_queue(
     seconds, rate = drain_rate(db, total, committed)
     relay = (fleet.forwarder.cpu_seconds() - relay_before) / seconds
     assert len(ids) == total
-    assert db.execute("SELECT count(*) FROM job WHERE attempts <> 1").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM job_all WHERE attempts <> 1").fetchone() == (0,)
     # A done row keeps its last holder: which host wrote each outcome.
     shares: Counter[str] = Counter()
-    for holder, n in db.execute("SELECT locked_by, count(*) FROM job GROUP BY 1").fetchall():
+    for holder, n in db.execute("SELECT locked_by, count(*) FROM job_all GROUP BY 1").fetchall():
         shares[next(name for name, p in pids.items() if pid_of(holder) in p)] += n
     assert set(shares) == set(pids), shares  # all three took part
     print(
@@ -285,7 +304,7 @@ def test_a_lost_host_s_jobs_come_back_after_the_lease(
     held, back = taken_back(history, lost_pids, since=killed_at)
     assert held, "the kill found no job held by the lost host: nothing was tested"
 
-    finals = dict(db.execute("SELECT id, attempts FROM job").fetchall())
+    finals = dict(db.execute("SELECT id, attempts FROM job_all").fetchall())
     runs = runs_by_host(db)
     twice = {job_id for job_id, hosts in runs.items() if sum(hosts.values()) > 1}
     for job_id in held:
@@ -375,7 +394,7 @@ def test_a_cut_off_host_heals_and_writes_no_outcome_twice(
     runs = runs_by_host(db)
     twice = {job_id for job_id, hosts in runs.items() if sum(hosts.values()) > 1}
     assert twice <= held, sorted(map(str, twice - held))[:5]
-    finals = dict(db.execute("SELECT id, attempts FROM job").fetchall())
+    finals = dict(db.execute("SELECT id, attempts FROM job_all").fetchall())
     assert all(finals[job_id] == 1 for job_id in held)
     log = cut_master.log()
     refused = log.count("event=outcome_skipped") + log.count("nothing written")

@@ -332,7 +332,7 @@ def read_standby(dsn: str, timeout: float = 20.0) -> AtFailover:
             assert time.monotonic() < deadline, "the standby did not replay what it received"
             time.sleep(0.02)
         with conn.transaction():
-            rows = conn.execute("SELECT id, state FROM job").fetchall()
+            rows = conn.execute("SELECT id, state FROM job_all").fetchall()
             recovery = conn.execute("SELECT pg_is_in_recovery()").fetchone()
     assert recovery == (True,), "the standby was promoted before it was read"
     return AtFailover({r[0]: r[1] for r in rows})
@@ -415,7 +415,7 @@ class FailoverRun:
 
         def waiting() -> bool:
             with connection(self.dsn) as conn:
-                row = conn.execute("SELECT waited FROM job WHERE id = %s", (self.waited,))
+                row = conn.execute("SELECT waited FROM job_all WHERE id = %s", (self.waited,))
                 flagged = row.fetchone() == (True,)
             return flagged and listener.waiting == 2 and listener.listening
 
@@ -534,7 +534,7 @@ class FailoverRun:
         def left() -> int:
             with connection(self.dsn) as conn:
                 row = conn.execute(
-                    "SELECT count(*) FROM job WHERE state NOT IN ('done', 'dead', 'canceled')"
+                    "SELECT count(*) FROM job_all WHERE state NOT IN ('done', 'dead', 'canceled')"
                 ).fetchone()
             return int(row[0]) if row else -1
 
@@ -586,7 +586,7 @@ class FailoverRun:
     def _count(self) -> None:
         f = self.figures
         with connection(self.dsn) as conn:
-            table = {r[0]: r[1] for r in conn.execute("SELECT id, state FROM job").fetchall()}
+            table = {r[0]: r[1] for r in conn.execute("SELECT id, state FROM job_all").fetchall()}
             into_terminal = Counter(
                 r[0]
                 for r in conn.execute(

@@ -68,7 +68,7 @@ def database(pair: PostgresPair) -> str:
 
 def state_on(dsn: str, job_id: uuid.UUID) -> str | None:
     with psycopg.connect(dsn, connect_timeout=3) as conn:
-        row = conn.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+        row = conn.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
     return None if row is None else str(row[0])
 
 
@@ -224,7 +224,9 @@ def test_an_unreachable_read_target_is_a_clear_503_and_the_actions_still_work(
     assert status == 303
     token = f"csrf={csrf_of(addr, cookie)}"
     assert request(addr, "POST", f"/jobs/{job_id}/cancel", token, cookie)[0] == 303
-    assert db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone() == ("canceled",)
+    assert db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone() == (
+        "canceled",
+    )
     log = m.log()
     assert log.count("event=pages_read_target_unreachable") == 1, log  # once per outage
     assert "database=ops@127.0.0.1:1/queue" in log and SECRET not in log

@@ -225,7 +225,7 @@ def test_producers_enqueue_through_pgbouncer(
     for t in threads:
         t.join(60)
     assert errors == []
-    assert db.execute("SELECT count(*) FROM job").fetchone() == (6 * 80,)
+    assert db.execute("SELECT count(*) FROM job_all").fetchone() == (6 * 80,)
     assert _server_connections(bouncer, dsn) <= POOL_SIZE
     _assert_servers_clean(bouncer, dsn)
 
@@ -364,7 +364,7 @@ def pooled_master(
 
 
 def _state(db: psycopg.Connection[Any], job_id: uuid.UUID) -> tuple[Any, ...] | None:
-    return db.execute("SELECT state, attempts FROM job WHERE id = %s", (job_id,)).fetchone()
+    return db.execute("SELECT state, attempts FROM job_all WHERE id = %s", (job_id,)).fetchone()
 
 
 def test_master_drains_through_pgbouncer(
@@ -385,7 +385,7 @@ def test_master_drains_through_pgbouncer(
         wait_for(
             lambda: (
                 db.execute(
-                    "SELECT count(*) FROM job WHERE topic = 'pgb.tick' AND state = 'done'"
+                    "SELECT count(*) FROM job_all WHERE topic = 'pgb.tick' AND state = 'done'"
                 ).fetchone()
                 >= (2,)
             ),
@@ -411,7 +411,7 @@ def test_master_drains_through_pgbouncer(
         wait_for(
             lambda: (
                 db.execute(
-                    "SELECT count(*) FROM job WHERE id = ANY(%s) AND state = 'done'", (many,)
+                    "SELECT count(*) FROM job_all WHERE id = ANY(%s) AND state = 'done'", (many,)
                 ).fetchone()
                 == (len(many),)
             ),
@@ -536,8 +536,8 @@ def test_cli_through_pgbouncer(bouncer: Bouncer, dsn: str, db: psycopg.Connectio
     for args in (("jobs", "list"), ("stats",), ("queues",), ("migrate", "status")):
         done = _brooq(env, *args)
         assert done.returncode == 0, (args, done.stderr)
-    assert db.execute("SELECT count(*) FROM job WHERE topic = 'pgb.ok'").fetchone() == (3,)
-    job_id = db.execute("SELECT id FROM job LIMIT 1").fetchone()
+    assert db.execute("SELECT count(*) FROM job_all WHERE topic = 'pgb.ok'").fetchone() == (3,)
+    job_id = db.execute("SELECT id FROM job_all LIMIT 1").fetchone()
     assert job_id is not None
     shown = _brooq(env, "jobs", "show", str(job_id[0]))
     assert shown.returncode == 0, shown.stderr

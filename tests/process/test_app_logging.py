@@ -20,7 +20,7 @@ APP = "brooq_logapp:queue"
 
 
 def _done(db: psycopg.Connection[Any], n: int) -> bool:
-    row = db.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()
+    row = db.execute("SELECT count(*) FROM job_all WHERE state = 'done'").fetchone()
     return row is not None and row[0] == n
 
 
@@ -132,7 +132,7 @@ def test_a_real_childs_json_line_keeps_its_keys_and_the_error(
     m = start_master(app="brooq_cli_app:queue", workers=1, args=("--log-format", "json"))
     wait_for(
         lambda: (
-            db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone() == ("dead",)
+            db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone() == ("dead",)
         ),
         what="the job dead",
     )

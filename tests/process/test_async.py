@@ -23,14 +23,14 @@ MIXED = "brooq_asyncapp:mixed"
 
 def rows(db: psycopg.Connection[Any], ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[Any, ...]]:
     found = db.execute(
-        "SELECT id, state, attempts, last_error FROM job WHERE id = ANY(%s)", (ids,)
+        "SELECT id, state, attempts, last_error FROM job_all WHERE id = ANY(%s)", (ids,)
     ).fetchall()
     return {r[0]: tuple(r[1:]) for r in found}
 
 
 def count(db: psycopg.Connection[Any], ids: list[uuid.UUID], state: str) -> int:
     row = db.execute(
-        "SELECT count(*) FROM job WHERE id = ANY(%s) AND state = %s", (ids, state)
+        "SELECT count(*) FROM job_all WHERE id = ANY(%s) AND state = %s", (ids, state)
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -89,14 +89,14 @@ def test_two_children_run_twenty_jobs_each_at_once(
     wait_for(lambda: count(db, ids, "done") == 200, timeout=30, what="200 done")
     # One at a time that is 200 x 0.2 s / 2 children = 20 s; 2 x 20 slots make it 1 s.
     span = db.execute(
-        "SELECT extract(epoch FROM max(j.updated_at) - min(e.at)) FROM job j, execution e "
+        "SELECT extract(epoch FROM max(j.updated_at) - min(e.at)) FROM job_all j, execution e "
         "WHERE j.id = ANY(%s) AND e.job_id = ANY(%s)",
         (ids, ids),
     ).fetchone()
     assert span is not None and float(span[0]) < 2.5, span
     assert most_at_once(db, ids) > 20  # more than one child's worth at once: both ran 20
     assert db.execute(
-        "SELECT count(*) FROM job WHERE id = ANY(%s) AND attempts = 1", (ids,)
+        "SELECT count(*) FROM job_all WHERE id = ANY(%s) AND attempts = 1", (ids,)
     ).fetchone() == (200,)
     assert time.monotonic() - started < 30
     m.signal(signal.SIGTERM)
@@ -217,13 +217,13 @@ def test_a_mixed_application_runs_both_kinds_in_children_of_their_own(
     wait_for(lambda: count(db, async_ids, "done") == 200, timeout=30, what="async done")
     # Each kind started at once: neither waited for the other.
     firsts = db.execute(
-        "SELECT topic, extract(epoch FROM min(updated_at) - (SELECT min(created_at) FROM job)) "
-        "FROM job WHERE topic IN ('s.work', 'a.sleep') GROUP BY topic"
+        "SELECT topic, extract(epoch FROM min(updated_at) - (SELECT min(created_at) FROM job_all)) "
+        "FROM job_all WHERE topic IN ('s.work', 'a.sleep') GROUP BY topic"
     ).fetchall()
     assert all(float(first) < 5 for _, first in firsts), firsts
     # Each middleware wrapped the handlers of its own kind only.
     results = dict(
-        db.execute("SELECT topic, result FROM job WHERE id = ANY(%s)", (values,)).fetchall()
+        db.execute("SELECT topic, result FROM job_all WHERE id = ANY(%s)", (values,)).fetchall()
     )
     assert results == {"a.value": {"mw": "async", "value": 42}, "s.value": {"mw": "sync"}}
     # Two sync children, one async child.

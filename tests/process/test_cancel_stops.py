@@ -58,7 +58,7 @@ def _heard_after(
     wait_for(lambda: note in _notes(db, job_id), timeout=15, what=f"the handler's {note}")
     row = db.execute(
         "SELECT extract(epoch FROM e.at - coalesce(%s, j.updated_at)) FROM execution e "
-        "JOIN job j ON j.id = e.job_id WHERE e.job_id = %s AND e.note = %s",
+        "JOIN job_all j ON j.id = e.job_id WHERE e.job_id = %s AND e.note = %s",
         (since, job_id, note),
     ).fetchone()
     assert row is not None
@@ -67,7 +67,7 @@ def _heard_after(
 
 def _row(db: psycopg.Connection[Any], job_id: Any) -> tuple[Any, ...]:
     row = db.execute(
-        "SELECT state, attempts, last_error, lease_expiries FROM job WHERE id = %s", (job_id,)
+        "SELECT state, attempts, last_error, lease_expiries FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert row is not None
     return tuple(row)

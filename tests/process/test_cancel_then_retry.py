@@ -22,7 +22,7 @@ from tests.harness import MasterProcess, executions, wait_for
 
 def _row(db: psycopg.Connection[Any], job_id: Any) -> tuple[str, Any, Any]:
     row = db.execute(
-        "SELECT state, errors, lease_expiries FROM job WHERE id = %s", (job_id,)
+        "SELECT state, errors, lease_expiries FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert row is not None
     return row[0], row[1], row[2]

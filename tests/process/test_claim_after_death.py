@@ -55,7 +55,7 @@ def test_a_claim_that_commits_after_its_child_died_comes_back_at_once_uncharged(
         lambda: (
             (
                 r := db.execute(
-                    "SELECT state, attempts, lease_expiries FROM job WHERE id = ANY(%s)", (ids,)
+                    "SELECT state, attempts, lease_expiries FROM job_all WHERE id = ANY(%s)", (ids,)
                 ).fetchall()
             )
             and all(s == "done" for s, _, _ in r)

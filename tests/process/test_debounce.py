@@ -33,7 +33,7 @@ def starts(db: psycopg.Connection[Any]) -> list[tuple[Any, dict[str, Any], datet
 
 
 def state(db: psycopg.Connection[Any], job_id: Any) -> str:
-    row = db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
     return "" if row is None else str(row[0])
 
 

@@ -40,7 +40,7 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn) as conn:
         done: dict[str, int] = dict(
             conn.execute(
-                "SELECT topic, count(*) FROM job WHERE state = 'done' GROUP BY topic"
+                "SELECT topic, count(*) FROM job_all WHERE state = 'done' GROUP BY topic"
             ).fetchall()
         )
     # CPU-heavy renders ran and chained their notifications; flaky jobs got through.
@@ -51,15 +51,15 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
         chained = conn.execute(
             # Chained in the render's done transaction: one per done render, whether the
             # drain at the end left time to run it or not.
-            "SELECT count(*) FROM job WHERE topic = 'demo.notify' AND payload ? 'rendered'"
+            "SELECT count(*) FROM job_all WHERE topic = 'demo.notify' AND payload ? 'rendered'"
         ).fetchone()
     assert chained is not None and chained[0] == done["demo.render"]
     assert done.get("demo.flaky", 0) > 0
     with psycopg.connect(empty_dsn) as conn:
         queues: dict[str, str] = dict(
-            conn.execute("SELECT topic, min(queue) FROM job GROUP BY topic").fetchall()
+            conn.execute("SELECT topic, min(queue) FROM job_all GROUP BY topic").fetchall()
         )
-        urgent = conn.execute("SELECT count(*) FROM job WHERE priority = 10").fetchone()
+        urgent = conn.execute("SELECT count(*) FROM job_all WHERE priority = 10").fetchone()
     assert queues["demo.render"] == "bulk" and queues["demo.flaky"] == "default"
     assert urgent is not None and urgent[0] > 0
     assert "default:" in out.stdout
@@ -69,7 +69,7 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
     # runs 4 s or until the video's story is told, so one job per tick of its run.
     with psycopg.connect(empty_dsn) as conn:
         beats = conn.execute(
-            "SELECT count(*) FROM job WHERE idempotency_key LIKE 'periodic:heartbeat:%%' "
+            "SELECT count(*) FROM job_all WHERE idempotency_key LIKE 'periodic:heartbeat:%%' "
             "AND payload ? 'heartbeat'"
         ).fetchone()
     assert beats is not None and 1 <= beats[0] <= int(took / 3) + 2
@@ -77,7 +77,7 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
     # Quotes: a typed payload stored as JSON, a result read back through queue.wait.
     with psycopg.connect(empty_dsn) as conn:
         quotes = conn.execute(
-            "SELECT payload, result FROM job WHERE topic = 'demo.quote' AND state = 'done' "
+            "SELECT payload, result FROM job_all WHERE topic = 'demo.quote' AND state = 'done' "
             "ORDER BY created_at LIMIT 1"
         ).fetchone()
     assert quotes == (
@@ -98,7 +98,7 @@ def test_demo_runs_and_drains(empty_dsn: str) -> None:
     reader = brooq.Queue(empty_dsn)
     try:
         with psycopg.connect(empty_dsn) as conn:
-            reports = conn.execute("SELECT id, state FROM job WHERE topic = 'demo.report'")
+            reports = conn.execute("SELECT id, state FROM job_all WHERE topic = 'demo.report'")
             reports_by_id: dict[Any, str] = dict(reports.fetchall())
         assert len(reports_by_id) >= 1
         for job_id, state in reports_by_id.items():
@@ -151,7 +151,7 @@ def test_ctrl_c_in_a_pause_stops_feeding_and_leaves_no_queue_paused(empty_dsn: s
         paused = conn.execute("SELECT paused FROM brooq_queue WHERE name = 'bulk'").fetchone()
         fed_after = conn.execute(
             # demo.notify: the heartbeat's ticks and the renders' chained jobs go on.
-            "SELECT count(*) FROM job WHERE created_at > %s AND topic <> 'demo.notify'",
+            "SELECT count(*) FROM job_all WHERE created_at > %s AND topic <> 'demo.notify'",
             (interrupted_at,),
         ).fetchone()
     assert paused == (False,)
@@ -182,7 +182,7 @@ def assert_video_resumed(stdout: str, dsn: str) -> None:
     killed_pid = int(killed.group(2))
     with psycopg.connect(dsn) as conn:
         job = conn.execute(
-            "SELECT state, attempts, errors FROM job WHERE id = %s", (job_id,)
+            "SELECT state, attempts, errors FROM job_all WHERE id = %s", (job_id,)
         ).fetchone()
         steps = conn.execute(
             "SELECT name, result FROM brooq_job_step WHERE job_id = %s ORDER BY created_at",

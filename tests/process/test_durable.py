@@ -52,7 +52,7 @@ def kill_rounds(start_master: StartMaster, dsn: str, kills: int, timeout: float)
         while killed < kills:
             assert time.monotonic() < deadline, f"{killed} kills of {kills} in {timeout}s"
             open_jobs = db.execute(
-                "SELECT count(*) FROM job WHERE topic = 'durable.five' "
+                "SELECT count(*) FROM job_all WHERE topic = 'durable.five' "
                 "AND state NOT IN ('done', 'dead', 'canceled')"
             ).fetchone()
             assert open_jobs is not None
@@ -63,7 +63,7 @@ def kill_rounds(start_master: StartMaster, dsn: str, kills: int, timeout: float)
             # The child running a job's step now: its pid, from the newest body row.
             rows = db.execute(
                 "SELECT DISTINCT ON (b.job_id) b.pid FROM step_body b "
-                "JOIN job j ON j.id = b.job_id WHERE j.state = 'processing' "
+                "JOIN job_all j ON j.id = b.job_id WHERE j.state = 'processing' "
                 "ORDER BY b.job_id, b.at DESC"
             ).fetchall()
             pids = [r[0] for r in rows if r[0] in master.children()]
@@ -77,7 +77,8 @@ def kill_rounds(start_master: StartMaster, dsn: str, kills: int, timeout: float)
         wait_for(
             lambda: (
                 db.execute(
-                    "SELECT count(*) = 0 FROM job WHERE topic = 'durable.five' AND state <> 'done'"
+                    "SELECT count(*) = 0 FROM job_all "
+                    "WHERE topic = 'durable.five' AND state <> 'done'"
                 ).fetchone()
                 == (True,)
             ),
@@ -85,7 +86,7 @@ def kill_rounds(start_master: StartMaster, dsn: str, kills: int, timeout: float)
             what="every job done",
         )
         results = dict(
-            db.execute("SELECT id, result FROM job WHERE topic = 'durable.five'").fetchall()
+            db.execute("SELECT id, result FROM job_all WHERE topic = 'durable.five'").fetchall()
         )
         assert results == {job_id: expected(seed) for job_id, seed in seeds.items()}
         again = db.execute("SELECT job_id, step FROM step_body WHERE recorded_before").fetchall()
@@ -95,7 +96,7 @@ def kill_rounds(start_master: StartMaster, dsn: str, kills: int, timeout: float)
         ).fetchone()
         assert ledger == (len(seeds) * 3, len(seeds) * 3)  # steps 0, 2, 4: once each
         resumed = db.execute(
-            "SELECT count(*) FROM job WHERE topic = 'durable.five' AND attempts > 1"
+            "SELECT count(*) FROM job_all WHERE topic = 'durable.five' AND attempts > 1"
         ).fetchone()
         assert resumed is not None and resumed[0] > 0  # kills landed in handlers
 
@@ -122,19 +123,20 @@ def test_a_sleep_holds_no_child_and_resumes(start_master: StartMaster, dsn: str)
 
         def parked() -> Any:
             return db.execute(
-                "SELECT state, locked_by, attempts, parked FROM job WHERE id = %s", (job_id,)
+                "SELECT state, locked_by, attempts, parked FROM job_all WHERE id = %s", (job_id,)
             ).fetchone()
 
         assert wait_for(lambda: parked() == ("pending", None, 0, "sleep"), what="parked")
         assert "event=job_parked" in master.log() and "reason=sleep" in master.log()
         wait_for(
             lambda: (
-                db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone() == ("done",)
+                db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
+                == ("done",)
             ),
             what="done after the sleep",
         )
         row = db.execute(
-            "SELECT attempts, result, parked FROM job WHERE id = %s", (job_id,)
+            "SELECT attempts, result, parked FROM job_all WHERE id = %s", (job_id,)
         ).fetchone()
         assert row is not None and row[0] == 1 and row[1] == "woke"
         runs = db.execute(
@@ -181,7 +183,7 @@ def emits_and_waits(start_master: StartMaster, dsn: str, jobs: int) -> None:
         wait_for(
             lambda: (
                 db.execute(
-                    "SELECT count(*) >= %s FROM job WHERE topic = 'durable.event' "
+                    "SELECT count(*) >= %s FROM job_all WHERE topic = 'durable.event' "
                     "AND state = 'waiting'",
                     (jobs // 4,),
                 ).fetchone()
@@ -199,7 +201,7 @@ def emits_and_waits(start_master: StartMaster, dsn: str, jobs: int) -> None:
         wait_for(
             lambda: (
                 db.execute(
-                    "SELECT count(*) FROM job WHERE topic = 'durable.event' AND state = 'done'"
+                    "SELECT count(*) FROM job_all WHERE topic = 'durable.event' AND state = 'done'"
                 ).fetchone()
                 == (jobs,)
             ),
@@ -208,7 +210,7 @@ def emits_and_waits(start_master: StartMaster, dsn: str, jobs: int) -> None:
         )
         events = dict(db.execute("SELECT key, payload FROM brooq_event").fetchall())
         rows = db.execute(
-            "SELECT id, result, attempts FROM job WHERE topic = 'durable.event'"
+            "SELECT id, result, attempts FROM job_all WHERE topic = 'durable.event'"
         ).fetchall()
         assert {r[0]: r[1] for r in rows} == {job_id: events[key] for job_id, key in ids.items()}
         assert {r[2] for r in rows} == {1}  # parking spent no attempt
@@ -248,8 +250,8 @@ def test_a_parent_killed_after_spawning_makes_its_children_once_and_is_woken_onc
         wait_for(
             lambda: (
                 db.execute(
-                    "SELECT (SELECT parked FROM job WHERE id = %s) = 'jobs' AND count(*) = 300 "
-                    "FROM job WHERE topic = 'durable.child' AND parked = 'event' "
+                    "SELECT (SELECT parked FROM job_all WHERE id = %s) = 'jobs' AND count(*) = 300 "
+                    "FROM job_all WHERE topic = 'durable.child' AND parked = 'event' "
                     "AND state = 'waiting'",
                     (wide,),
                 ).fetchone()
@@ -262,20 +264,22 @@ def test_a_parent_killed_after_spawning_makes_its_children_once_and_is_woken_onc
         for job_id in (killed, wide):
             wait_for(
                 lambda job_id=job_id: (
-                    db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+                    db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
                     == ("done",)
                 ),
                 timeout=60,
                 what="the parent done",
             )
         results = dict(
-            db.execute("SELECT id, result FROM job WHERE id IN (%s, %s)", (killed, wide)).fetchall()
+            db.execute(
+                "SELECT id, result FROM job_all WHERE id IN (%s, %s)", (killed, wide)
+            ).fetchall()
         )
         assert results[killed] == {"sum": sum(range(20)), "states": ["done"]}
         assert results[wide] == {"sum": sum(range(300)), "states": ["done"]}
-        assert db.execute("SELECT count(*) FROM job WHERE topic = 'durable.child'").fetchone() == (
-            320,
-        )  # the killed parent's resumed attempt made no second child
+        assert db.execute(
+            "SELECT count(*) FROM job_all WHERE topic = 'durable.child'"
+        ).fetchone() == (320,)  # the killed parent's resumed attempt made no second child
         runs = dict(
             db.execute(
                 "SELECT job_id, count(*) FROM step_body WHERE step = -3 GROUP BY job_id"
@@ -299,13 +303,13 @@ def test_an_async_handler_awaits_its_steps_sleeps_and_waits(
 
         def state() -> Any:
             return db.execute(
-                "SELECT state, parked, attempts FROM job WHERE id = %s", (job_id,)
+                "SELECT state, parked, attempts FROM job_all WHERE id = %s", (job_id,)
             ).fetchone()
 
         wait_for(lambda: state() == ("waiting", "event", 0), what="parked on its event")
         assert producer.emit_event("async-key", "go")
         wait_for(lambda: state() == ("done", "event", 1), what="done")
-        result = db.execute("SELECT result FROM job WHERE id = %s", (job_id,)).fetchone()
+        result = db.execute("SELECT result FROM job_all WHERE id = %s", (job_id,)).fetchone()
         assert result == ([42, "go"],)
         runs = db.execute(
             "SELECT count(*) FROM step_body WHERE job_id = %s AND step = -4", (job_id,)

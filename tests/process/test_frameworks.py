@@ -45,7 +45,8 @@ def load_example(relative: str, name: str) -> ModuleType:
 def jobs(dsn: str, topic: str | None = None) -> list[tuple[str, Any]]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
-            "SELECT topic, payload FROM job WHERE %(t)s::text IS NULL OR topic = %(t)s ORDER BY id",
+            "SELECT topic, payload FROM job_all WHERE %(t)s::text IS NULL OR topic = %(t)s "
+            "ORDER BY id",
             {"t": topic},
         ).fetchall()
     return [(t, p) for t, p in rows]
@@ -176,7 +177,7 @@ import psycopg, brooq
 from django.db import connection
 brooq.enqueue(connection, brooq.Job("outside.atomic", {{}}))
 with psycopg.connect({dsn!r}) as other:   # another session sees it before this one ends
-    print(other.execute("SELECT count(*) FROM job").fetchone()[0])
+    print(other.execute("SELECT count(*) FROM job_all").fetchone()[0])
 brooq.enqueue_many(connection, [brooq.Job("many.outside", {{"n": n}}) for n in range(3)])
 """
     assert django(dsn, code=code).stdout.strip().splitlines()[-1] == "1"
@@ -324,7 +325,7 @@ def test_fastapi_endpoint_enqueues_and_a_failed_request_does_not(dsn: str) -> No
     assert refused.status_code == 422 and malformed.status_code == 422
     assert jobs(dsn) == [("report.render", {"report_id": 7})]
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT id::text FROM job").fetchone()
+        row = conn.execute("SELECT id::text FROM job_all").fetchone()
     assert row == (accepted.json()["job"],)
     queue.close()
 

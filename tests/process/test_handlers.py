@@ -54,7 +54,7 @@ def traced(trace_dir: Path, job_id: uuid.UUID) -> list[tuple[str, str]]:
 def row(db: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
     cur = db.cursor(row_factory=psycopg.rows.dict_row)
     found = cur.execute(
-        "SELECT state, attempts, last_error, result FROM job WHERE id = %s", (job_id,)
+        "SELECT state, attempts, last_error, result FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert found is not None
     return found
@@ -142,7 +142,7 @@ def test_a_typed_payload_round_trips_as_an_instance(
     assert lines[0] == ("in:g1", "Signup")
     assert ("handler", f"Signup:{sent!r}") in lines
     assert row(db, job_id)["result"] == {"user_id": 7, "welcomed": True}
-    stored = db.execute("SELECT payload FROM job WHERE id = %s", (job_id,)).fetchone()
+    stored = db.execute("SELECT payload FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert stored == (signup(),)
 
 
@@ -177,7 +177,7 @@ def test_a_queue_with_a_typed_handler_refuses_a_payload_that_does_not_fit(
         typed_queue.enqueue_many(
             [brooq.Job("h.typed", signup()), brooq.Job("h.typed", signup(email=None))]
         )
-    assert db.execute("SELECT count(*) FROM job").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM job_all").fetchone() == (0,)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_a_result_that_cannot_be_stored_fails_the_attempt(
     assert re.match(error, found["last_error"]), found["last_error"]
     assert found["result"] is None
     # The chained job of the failed attempt was not written.
-    assert db.execute("SELECT count(*) FROM job").fetchone() == (1,)
+    assert db.execute("SELECT count(*) FROM job_all").fetchone() == (1,)
 
 
 def test_results_are_stored_from_batched_round_trips(
@@ -218,15 +218,17 @@ def test_results_are_stored_from_batched_round_trips(
     ids = [job_id for job_id, _ in queue.enqueue_many(jobs)]
     m = start(start_master, trace_dir, workers=2)
     wait_for(
-        lambda: db.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone() == (220,),
+        lambda: (
+            db.execute("SELECT count(*) FROM job_all WHERE state = 'done'").fetchone() == (220,)
+        ),
         what="all done",
     )
-    results = dict(db.execute("SELECT id, result FROM job").fetchall())
+    results = dict(db.execute("SELECT id, result FROM job_all").fetchall())
     assert [results[i] for i in ids[:200]] == [{"sum": i + 1} for i in range(200)]
     assert {results[i] for i in ids[200:]} == {"swallowed"}
     # Batches did form: jobs written `done` by one statement share its now().
     widest = db.execute(
-        "SELECT max(n) FROM (SELECT count(*) AS n FROM job WHERE state = 'done' "
+        "SELECT max(n) FROM (SELECT count(*) AS n FROM job_all WHERE state = 'done' "
         "GROUP BY updated_at) AS rounds"
     ).fetchone()
     assert widest is not None and widest[0] > 1

@@ -44,7 +44,7 @@ def enqueued(out: subprocess.CompletedProcess[str]) -> uuid.UUID:
 
 def job(db: psycopg.Connection[Any], job_id: uuid.UUID) -> tuple[Any, ...]:
     found = db.execute(
-        "SELECT topic, queue, state, result FROM job WHERE id = %s", (job_id,)
+        "SELECT topic, queue, state, result FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert found is not None
     return tuple(found)
@@ -125,7 +125,7 @@ def test_the_cli_with_app_refuses_what_the_application_refuses(
         brooq_cli(dsn, "enqueue", "--app", "brooq_incapp", "t.x"),
         "'brooq_incapp' holds no brooq.Queue; name one as --app brooq_incapp:ATTR",
     )
-    assert db.execute("SELECT count(*) FROM job").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM job_all").fetchone() == (0,)
 
 
 def test_a_master_whose_include_cannot_be_imported_exits_2_in_one_line(dsn: str) -> None:

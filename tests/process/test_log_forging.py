@@ -22,7 +22,7 @@ RECORD = re.compile(r"^(time=\S+ )?level=\w+ logger=\S+ pid=")
 
 
 def _settled(db: psycopg.Connection[Any]) -> bool:
-    row = db.execute("SELECT count(*) FROM job WHERE state IN ('dead', 'done')").fetchone()
+    row = db.execute("SELECT count(*) FROM job_all WHERE state IN ('dead', 'done')").fetchone()
     return row is not None and row[0] == 2
 
 

@@ -17,7 +17,7 @@ from tests.harness import APPS, StartMaster, executions, states, wait_for
 
 def job_row(db: psycopg.Connection, job_id: object) -> tuple:  # type: ignore[type-arg]
     row = db.execute(
-        "SELECT state, attempts, last_error, locked_by FROM job WHERE id = %s", (job_id,)
+        "SELECT state, attempts, last_error, locked_by FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert row is not None
     return tuple(row)
@@ -62,14 +62,14 @@ def test_every_outcome_path(
     assert executions(db, ids["fail"]) == 3
     # Delay: failed at now() + seconds, the attempt stays spent; clamped to backoff_max (30s).
     row = db.execute(
-        "SELECT state, attempts, extract(epoch FROM available_at - updated_at) FROM job "
+        "SELECT state, attempts, extract(epoch FROM available_at - updated_at) FROM job_all "
         "WHERE id = %s",
         (ids["delay"],),
     ).fetchone()
     assert row is not None and row[0] == "failed" and row[1] == 1
     assert 19.5 <= float(row[2]) <= 20.5
     row = db.execute(
-        "SELECT extract(epoch FROM available_at - updated_at) FROM job WHERE id = %s",
+        "SELECT extract(epoch FROM available_at - updated_at) FROM job_all WHERE id = %s",
         (ids["delay_clamped"],),
     ).fetchone()
     assert row is not None and 29.5 <= float(row[0]) <= 30.5
@@ -79,7 +79,7 @@ def test_every_outcome_path(
     assert job_row(db, ids["cancel"])[:2] == ("canceled", 1)
     # Chain and on_success only with done; a failed parent chains nothing.
     children = db.execute(
-        "SELECT payload->>'parent' FROM job WHERE topic = 't.ok' AND payload ? 'parent'"
+        "SELECT payload->>'parent' FROM job_all WHERE topic = 't.ok' AND payload ? 'parent'"
     ).fetchall()
     assert [c[0] for c in children] == [str(ids["chain"])]
     effects = db.execute("SELECT job_id, planner FROM side_effect").fetchall()
@@ -107,7 +107,7 @@ def test_claim_race_each_job_runs_once(
         "SELECT job_id FROM execution GROUP BY job_id HAVING count(*) > 1"
     ).fetchall()
     assert dupes == []
-    row = db.execute("SELECT min(attempts), max(attempts) FROM job").fetchone()
+    row = db.execute("SELECT min(attempts), max(attempts) FROM job_all").fetchone()
     assert row == (1, 1)
     pids = db.execute("SELECT count(DISTINCT pid) FROM execution").fetchone()
     assert pids is not None and pids[0] == 8  # every child took part
@@ -269,13 +269,13 @@ def test_batched_claims_give_back_the_rest_after_a_long_job(
     m = start_master(workers=1, env={"QUEUE_CLAIM_BATCH_MAX": "8"})
     wait_for(lambda: states(db) == {"done": 201}, timeout=60, what="all done")
     assert executions(db) == 201
-    row = db.execute("SELECT min(attempts), max(attempts) FROM job").fetchone()
+    row = db.execute("SELECT min(attempts), max(attempts) FROM job_all").fetchone()
     assert row == (1, 1)
     # FIFO within the child: executions follow the enqueue order.
     order = [
         r[0]
         for r in db.execute(
-            "SELECT (j.payload->>'n')::int FROM execution e JOIN job j ON j.id = e.job_id "
+            "SELECT (j.payload->>'n')::int FROM execution e JOIN job_all j ON j.id = e.job_id "
             "WHERE j.payload ? 'n' ORDER BY e.at"
         )
     ]
@@ -293,7 +293,7 @@ def test_a_payload_that_cannot_be_decoded_fails_its_job_not_the_child(
         "INSERT INTO job (topic, payload, available_at) VALUES ('t.fail', %s::jsonb, now())",
         (deep,),
     )
-    job_id = db.execute("SELECT id FROM job").fetchone()[0]  # type: ignore[index]
+    job_id = db.execute("SELECT id FROM job_all").fetchone()[0]  # type: ignore[index]
     after, _ = queue.enqueue(brooq.Job("t.ok"))
     m = start_master(workers=1)
     wait_for(lambda: state_of(db, after) == "done", what="the child goes on")

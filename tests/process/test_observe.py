@@ -60,7 +60,7 @@ SEEN_WITHIN = 1.0  # seconds: how long a test polls for a report to reach the ro
 
 def _row(db: psycopg.Connection[Any], job_id: uuid.UUID) -> tuple[Any, ...]:
     row = db.execute(
-        "SELECT state, attempts, progress, progress_message FROM job WHERE id = %s", (job_id,)
+        "SELECT state, attempts, progress, progress_message FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert row is not None
     return tuple(row)
@@ -134,7 +134,7 @@ def test_a_retry_starts_with_no_progress_and_a_failure_keeps_its_last(
     (tmp_path / "fail").touch()
     wait_for(lambda: _row(db, job_id)[1] == 2, what="the second attempt claimed")
     assert _row(db, job_id) == ("processing", 2, None, None)  # reset by the claim
-    errors = db.execute("SELECT errors FROM job WHERE id = %s", (job_id,)).fetchone()
+    errors = db.execute("SELECT errors FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert errors is not None and "first try fails" in json.dumps(errors[0])
     (tmp_path / "go2").touch()
     wait_for(

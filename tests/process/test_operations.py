@@ -356,23 +356,35 @@ def test_admin_endpoints_off_without_a_token(start_master: StartMaster) -> None:
     assert m.wait() == 0
 
 
-def test_retention_run_once(queue: brooq.Queue, db: psycopg.Connection) -> None:
-    queue.enqueue_many([brooq.Job("old") for _ in range(35)])
-    queue.enqueue_many([brooq.Job("recent") for _ in range(5)])
-    queue.enqueue_many([brooq.Job("active") for _ in range(6)])
+def finished_in_job(
+    db: psycopg.Connection, topic: str, n: int, ended: str, state: str = "'done'"
+) -> None:
+    """n finished jobs of ``topic`` left in job, as every finished job was before
+    job_history (migration 0020), ended ``ended`` ago (an interval); ``state`` is an SQL
+    expression, per row. An UPDATE into a terminal state would move them to job_history:
+    an INSERT keeps them in job, where only the row-by-row retention deletes them."""
     db.execute(
-        "UPDATE job SET state = (ARRAY['done','dead','canceled'])[1 + (random() * 2)::int], "
-        "updated_at = now() - interval '2 hours' WHERE topic = 'old'"
+        "INSERT INTO job (topic, state, attempts, updated_at) "
+        f"SELECT %s, {state}, 1, now() - %s::interval FROM generate_series(1, %s)",
+        (topic, ended, n),
     )
-    db.execute("UPDATE job SET state = 'done' WHERE topic = 'recent'")
+
+
+def test_retention_run_once(queue: brooq.Queue, db: psycopg.Connection) -> None:
+    finished_in_job(
+        db, "old", 35, "2 hours", state="(ARRAY['done','dead','canceled'])[1 + (random() * 2)::int]"
+    )
+    finished_in_job(db, "recent", 5, "0 s")
+    queue.enqueue_many([brooq.Job("active") for _ in range(6)])
     db.execute(
         "UPDATE job SET state = CASE WHEN random() < 0.5 THEN 'pending' ELSE 'failed' END, "
         "updated_at = now() - interval '400 days' WHERE topic = 'active'"
     )
     assert maintenance.delete_expired(db, ttl=0, batch=10) == ({}, False)  # 0 means off
-    deleted, more = maintenance.delete_expired(db, ttl=3600, batch=10)
+    # Budget enough for every batch on a loaded machine: the budget is the next test's.
+    deleted, more = maintenance.delete_expired(db, ttl=3600, batch=10, budget=60.0)
     assert deleted == {"old": 35} and more is False
-    left = dict(db.execute("SELECT topic, count(*) FROM job GROUP BY topic").fetchall())
+    left = dict(db.execute("SELECT topic, count(*) FROM job_all GROUP BY topic").fetchall())
     assert left == {"recent": 5, "active": 6}
 
 
@@ -382,8 +394,7 @@ def test_retention_reports_what_is_left_beyond_the_time_budget(
     """A pass deletes batch after batch until its budget is spent (a clock that moves one
     second per look, so two batches fit in 1.5 s), then says more may remain; a budget of
     0 still deletes one batch."""
-    queue.enqueue_many([brooq.Job("old") for _ in range(30)])
-    db.execute("UPDATE job SET state = 'done', updated_at = now() - interval '2 days'")
+    finished_in_job(db, "old", 30, "2 days")
     ticks = iter(range(100))
     deleted, more = maintenance.delete_expired(
         db, ttl=3600, batch=10, budget=1.5, clock=lambda: float(next(ticks))
@@ -401,8 +412,7 @@ def test_the_master_drains_a_retention_backlog_between_its_other_work(
     """20,000 expired rows, batches of 10 and a period of an hour: only passes that run
     again while behind (not a period later) delete them all, and the loop stays free
     meanwhile: jobs enqueued during the backlog are picked up and /healthz answers."""
-    queue.enqueue_many([brooq.Job("old") for _ in range(20_000)])
-    db.execute("UPDATE job SET state = 'done', updated_at = now() - interval '2 hours'")
+    finished_in_job(db, "old", 20_000, "2 hours")
     m = start_master(
         workers=1,
         env={
@@ -428,9 +438,17 @@ def test_the_master_drains_a_retention_backlog_between_its_other_work(
 def test_retention_in_the_master(
     queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
 ) -> None:
-    queue.enqueue_many([brooq.Job("old") for _ in range(25)] + [brooq.Job("keep")])
-    db.execute("UPDATE job SET state = 'done', updated_at = now() - interval '2 hours'")
-    db.execute("UPDATE job SET state = 'pending' WHERE topic = 'keep'")
+    finished_in_job(db, "old", 25, "2 hours")
+    queue.enqueue(brooq.Job("keep"))
+    # Ended through job_history, three days ago: the master makes partitions from the
+    # day before today, so these stay in the default partition, which retention deletes
+    # a batch a period.
+    queue.enqueue_many([brooq.Job("older") for _ in range(15)])
+    db.execute(
+        "UPDATE job SET state = 'dead', updated_at = now() - interval '3 days' "
+        "WHERE topic = 'older'"
+    )
+    assert db.execute("SELECT count(*) FROM job_history_default").fetchone() == (15,)
     later = datetime.now(timezone.utc) + timedelta(hours=1)
     queue.enqueue(brooq.Job("keep", available_at=later))
     m = start_master(
@@ -445,6 +463,7 @@ def test_retention_in_the_master(
     wait_for(lambda: states(db) == {"pending": 2}, what="old rows deleted")
     _, text = get(addr, "/metrics")
     assert sample(text, "brooq_retention_deleted_total", topic="old") == 25
+    assert sample(text, "brooq_retention_deleted_total", topic="older") == 15
     # The log accounts for every deleted row: one count per pass that caught up at once
     # (retention_deleted), or one total when passes ran behind (retention_caught_up).
     wait_for(lambda: _retention_logged(m.log()) == 25, what="the 25 deletions logged")

@@ -165,7 +165,9 @@ def test_a_rebound_name_gets_421_from_the_master_and_the_pages(
     # Probes answer whatever Host they send.
     assert ask(addr, "GET", "/healthz", EVIL) == (200, b"ok\n")
     assert ask(addr, "GET", "/readyz", "10.9.8.7:8090")[0] in (200, 503)
-    assert db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone() != ("canceled",)
+    assert db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone() != (
+        "canceled",
+    )
 
 
 def test_a_second_master_on_a_taken_port_says_what_to_do(start_master: StartMaster) -> None:

@@ -31,7 +31,7 @@ ASYNC_APP = "brooq_poisonapp:aio"
 
 def _job(db: psycopg.Connection[Any], job_id: uuid.UUID) -> tuple[str, int, str | None]:
     row = db.execute(
-        "SELECT state, attempts, last_error FROM job WHERE id = %s", (job_id,)
+        "SELECT state, attempts, last_error FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert row is not None
     return row[0], row[1], row[2]
@@ -44,7 +44,7 @@ def _runs(db: psycopg.Connection[Any]) -> dict[uuid.UUID, int]:
 
 def _settled(db: psycopg.Connection[Any], ids: list[uuid.UUID]) -> bool:
     row = db.execute(
-        "SELECT count(*) FROM job WHERE id = ANY(%s) AND state IN ('done', 'dead', 'canceled')",
+        "SELECT count(*) FROM job_all WHERE id = ANY(%s) AND state IN ('done', 'dead', 'canceled')",
         (ids,),
     ).fetchone()
     return row is not None and row[0] == len(ids)
@@ -78,7 +78,7 @@ def test_poisoned_errors_are_written_and_charged_to_their_own_job(
         assert (state, attempts) == (want_state, want_attempts), kind
         assert error is not None and error.endswith(want_error), (kind, error)
         assert runs[job_id] == want_attempts, kind  # its own attempts, not more
-    errors = db.execute("SELECT errors FROM job WHERE id = %s", (poisoned["nul"],)).fetchone()
+    errors = db.execute("SELECT errors FROM job_all WHERE id = %s", (poisoned["nul"],)).fetchone()
     assert (
         errors is not None
         and [e["error"] for e in errors[0]] == ["ValueError: before\\x00after"] * 2

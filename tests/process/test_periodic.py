@@ -53,7 +53,7 @@ def parse_key(key: str) -> datetime:
 
 def ticks(db: psycopg.Connection[Any], name: str = "tick") -> list[datetime]:
     rows = db.execute(
-        "SELECT idempotency_key FROM job WHERE idempotency_key LIKE %s",
+        "SELECT idempotency_key FROM job_all WHERE idempotency_key LIKE %s",
         (f"periodic:{name}:%",),
     ).fetchall()
     return sorted(parse_key(r[0]) for r in rows)
@@ -149,11 +149,14 @@ def test_duty_on_real_connections_and_a_clock_behind(dsn: str, db: psycopg.Conne
         # single; once ahead claimed T, behind's T-3 is refused.
         assert got[-1] == now[0].replace(microsecond=0)
         row = db.execute(
-            "SELECT queue FROM job WHERE idempotency_key LIKE 'periodic:hb:%%' LIMIT 1"
+            "SELECT queue FROM job_all WHERE idempotency_key LIKE 'periodic:hb:%%' LIMIT 1"
         ).fetchone()
         assert row == ("ticks",)  # the handler's queue
-        # Retention may delete the rows: the tick is still claimed, nothing enqueued again.
+        # Retention may delete the rows, and release their idempotency keys with them (a
+        # partition dropped): the tick is still claimed, nothing enqueued again.
         db.execute("DELETE FROM job")
+        db.execute("DELETE FROM job_history")
+        db.execute("DELETE FROM brooq_job_key")
         behind.settled.clear()
         ahead.settled.clear()
         ahead.run_once(0)
@@ -284,7 +287,7 @@ def test_two_masters_one_job_per_tick(
     assert a.wait() == 0 and b.wait() == 0
     got = ticks(db)
     keys = db.execute(
-        "SELECT idempotency_key FROM job WHERE idempotency_key LIKE 'periodic:tick:%%'"
+        "SELECT idempotency_key FROM job_all WHERE idempotency_key LIKE 'periodic:tick:%%'"
     ).fetchall()
     assert len(keys) == len({k for (k,) in keys}) == len(got)
     assert [y - x for x, y in itertools.pairwise(got)] == [timedelta(seconds=1)] * (len(got) - 1)
@@ -304,7 +307,7 @@ def test_two_masters_one_job_per_tick(
     assert logs.count("event=periodic_started name=digest ") == 1
     assert logs.count("event=periodic_started name=nightly-report ") == 1
     states = db.execute(
-        "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FROM job "
+        "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FROM job_all "
         "WHERE idempotency_key LIKE 'periodic:tick:%%'"
     ).fetchone()
     assert states is not None and states[0] >= states[1] - 2  # the jobs run too

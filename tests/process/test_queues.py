@@ -49,7 +49,7 @@ def max_overlap(spans: list[tuple[int, int]]) -> int:
 
 
 def count(db: psycopg.Connection[Any], where: str, *args: Any) -> int:
-    row = db.execute(f"SELECT count(*) FROM job WHERE {where}", args).fetchone()  # type: ignore[arg-type]
+    row = db.execute(f"SELECT count(*) FROM job_all WHERE {where}", args).fetchone()  # type: ignore[arg-type]
     assert row is not None
     return int(row[0])
 

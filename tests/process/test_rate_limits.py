@@ -39,14 +39,14 @@ def stamps(db: psycopg.Connection[Any], topic: str) -> list[tuple[uuid.UUID, int
         (r[0], int(r[1]), int(r[2]), int(r[3]), r[4])
         for r in db.execute(
             "SELECT s.job_id, s.started_ns, s.ended_ns, s.master, j.group_key FROM stamp s "
-            "JOIN job j ON j.id = s.job_id WHERE s.topic = %s ORDER BY s.started_ns",
+            "JOIN job_all j ON j.id = s.job_id WHERE s.topic = %s ORDER BY s.started_ns",
             (topic,),
         )
     ]
 
 
 def count(db: psycopg.Connection[Any], where: str) -> int:
-    row = db.execute(f"SELECT count(*) FROM job WHERE {where}").fetchone()  # type: ignore[arg-type]
+    row = db.execute(f"SELECT count(*) FROM job_all WHERE {where}").fetchone()  # type: ignore[arg-type]
     assert row is not None
     return int(row[0])
 

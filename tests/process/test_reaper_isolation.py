@@ -47,7 +47,7 @@ def expired(db: psycopg.Connection[Any], topic: str) -> uuid.UUID:
 
 
 def state_of(db: psycopg.Connection[Any], job_id: uuid.UUID) -> str:
-    row = db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert row is not None
     return str(row[0])
 
@@ -87,7 +87,7 @@ def test_a_refused_settlement_holds_up_no_other(
     good, _ = queue.enqueue(brooq.Job("t.exit", {"n": 2}))
 
     def charged() -> bool:
-        row = db.execute("SELECT errors FROM job WHERE id = %s", (good,)).fetchone()
+        row = db.execute("SELECT errors FROM job_all WHERE id = %s", (good,)).fetchone()
         return row is not None and any(
             "worker exited with status 7" in e["error"] for e in (row[0] or [])
         )
@@ -108,6 +108,6 @@ def test_crash_accounting_writes_dead_for_the_head_of_a_2000_chain(
     m = start_master(workers=1)
     wait_for(lambda: state_of(db, head) == "dead", timeout=40, what="the head dead")
     assert db.execute(
-        "SELECT state, count(*) FROM job WHERE topic = 'sink' GROUP BY 1"
+        "SELECT state, count(*) FROM job_all WHERE topic = 'sink' GROUP BY 1"
     ).fetchall() == [("canceled", 2000)]
     assert "event=maintenance_error" not in m.log()

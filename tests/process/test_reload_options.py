@@ -41,7 +41,7 @@ def write_app(path: Path, handlers: list[tuple[str, int, str | None]]) -> None:
 
 
 def row(db: psycopg.Connection[Any], job_id: object) -> tuple[Any, ...]:
-    found = db.execute("SELECT state, attempts FROM job WHERE id = %s", (job_id,)).fetchone()
+    found = db.execute("SELECT state, attempts FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert found is not None
     return tuple(found)
 

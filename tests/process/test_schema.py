@@ -127,6 +127,12 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
         "brooq_job_step",
         "brooq_event",
         "brooq_event_wait",
+        # Migration 0020: the finished jobs, their default partition, the view of both
+        # tables, the idempotency keys of every job.
+        "job_history",
+        "job_history_default",
+        "job_all",
+        "brooq_job_key",
     }
     assert pinned == ([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)
     assert pinned_0012 == [([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)]
@@ -338,7 +344,9 @@ def test_a_limited_topic_periodic_jobs_and_a_stack_under_a_master(own: str, tmp_
             lambda: all(q.get(i).state == "done" for i in ids),  # type: ignore[union-attr]
             what="the limited jobs done",
         )
-        ticks = f"SELECT count(*) FROM \"{SCHEMA}\".job WHERE topic = 'p.tick' AND state = 'done'"
+        ticks = (
+            f"SELECT count(*) FROM \"{SCHEMA}\".job_all WHERE topic = 'p.tick' AND state = 'done'"
+        )
         wait_for(lambda: _in_schema(dsn, ticks)[0][0] >= 1, what="a periodic tick done")
         names = _in_schema(dsn, f'SELECT name FROM "{SCHEMA}".brooq_periodic ORDER BY 1')
         assert ("tick",) in names

@@ -24,7 +24,7 @@ def stack_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def running(db: psycopg.Connection[Any], job_id: uuid.UUID) -> bool:
-    row = db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
     return row is not None and row[0] == "processing"
 
 

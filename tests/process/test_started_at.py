@@ -29,7 +29,8 @@ APP = "brooq_observeapp:queue"
 
 def _row(db: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
     row = db.execute(
-        "SELECT state, attempts, started_at, updated_at, progress, errors FROM job WHERE id = %s",
+        "SELECT state, attempts, started_at, updated_at, progress, errors FROM job_all "
+        "WHERE id = %s",
         (job_id,),
     ).fetchone()
     assert row is not None

@@ -112,12 +112,12 @@ def test_the_dsn_options_are_kept_by_the_master_and_the_children(
 
         def done() -> int:
             row = db.execute(
-                "SELECT count(*) FROM brooq.job WHERE id = ANY(%s) AND state = 'done'", (ids,)
+                "SELECT count(*) FROM brooq.job_all WHERE id = ANY(%s) AND state = 'done'", (ids,)
             ).fetchone()
             return row[0] == len(ids) if row else 0
 
-        wait_for(done, 20, what="every job done in brooq.job")
-        assert db.execute("SELECT count(*) FROM public.job").fetchone() == (0,)
+        wait_for(done, 20, what="every job done in schema brooq")
+        assert db.execute("SELECT count(*) FROM public.job_all").fetchone() == (0,)
         assert db.execute("SELECT count(*) FROM brooq.execution").fetchone() == (len(ids),)
 
         sessions = db.execute(

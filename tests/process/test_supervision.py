@@ -23,7 +23,7 @@ from tests.harness import (
 
 def row(db: psycopg.Connection, job_id: object) -> tuple:  # type: ignore[type-arg]
     found = db.execute(
-        "SELECT state, attempts, last_error FROM job WHERE id = %s", (job_id,)
+        "SELECT state, attempts, last_error FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert found is not None
     return tuple(found)
@@ -130,7 +130,9 @@ def test_drain_budget_exceeded_returns_the_job_with_the_attempt_refunded(
     assert time.monotonic() - sent < 1 + 1.5
     state, attempts, _ = row(db, job_id)
     assert (state, attempts) == ("pending", 0)
-    ready = db.execute("SELECT available_at <= now() FROM job WHERE id = %s", (job_id,)).fetchone()
+    ready = db.execute(
+        "SELECT available_at <= now() FROM job_all WHERE id = %s", (job_id,)
+    ).fetchone()
     assert ready == (True,)  # claimable at once
     assert "jobs_returned=1" in m.log()
 

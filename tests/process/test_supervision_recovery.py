@@ -25,7 +25,7 @@ LEASE = 2.0  # tests.harness.FAST
 
 def job_state(db: psycopg.Connection[Any], job_id: uuid.UUID) -> tuple[str, int, str | None]:
     row = db.execute(
-        "SELECT state, attempts, locked_by FROM job WHERE id = %s", (job_id,)
+        "SELECT state, attempts, locked_by FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert row is not None
     return row[0], row[1], row[2]
@@ -201,7 +201,7 @@ def test_a_job_of_a_vanished_host_gets_its_attempt_back(
     wait_for(lambda: job_state(db, lost)[0] == "dead", timeout=15, what="t.fail dead")
     assert executions(db, lost) == 3
     assert job_state(db, bound)[0] == "dead" and executions(db, bound) == 0
-    row = db.execute("SELECT last_error, lease_expiries FROM job WHERE id = %s", (bound,))
+    row = db.execute("SELECT last_error, lease_expiries FROM job_all WHERE id = %s", (bound,))
     assert row.fetchone() == (
         "lease expired 3 times: the workers running it vanished (host lost or frozen?)",
         3,

@@ -83,7 +83,7 @@ def test_a_jobs_consumer_span_is_in_the_trace_that_enqueued_it(
     (batch,) = [s for s in by_name["publish t.sync"] if len(s["attributes"]) == 5]
     assert batch["attributes"]["messaging.batch.message_count"] == 2
     # The trace context is stored with the job: W3C traceparent of the publish span.
-    stored = dict(db.execute("SELECT id::text, traceparent FROM job").fetchall())
+    stored = dict(db.execute("SELECT id::text, traceparent FROM job_all").fetchall())
     for job_id in ids.values():
         context = publishes[job_id]["context"]
         version, trace_id, span_id, flags = stored[job_id].split("-")
@@ -97,7 +97,7 @@ def test_a_jobs_consumer_span_is_in_the_trace_that_enqueued_it(
     trace_file = tmp_path / "spans.jsonl"
     env = {"BROOQ_TRACE_FILE": str(trace_file), "BROOQ_TRACE_SETUP": setup}
     m = start_master(workers=2, app=APP, env=env)
-    done = "SELECT count(*) FROM job WHERE state IN ('done', 'dead')"
+    done = "SELECT count(*) FROM job_all WHERE state IN ('done', 'dead')"
     wait_for(lambda: db.execute(done).fetchone() == (5,), what="every job ended")
 
     def consumer_spans() -> dict[str, dict[str, Any]]:
@@ -143,7 +143,7 @@ def test_a_jobs_consumer_span_is_in_the_trace_that_enqueued_it(
         (nested,) = [s for s in inner if s["name"] == name and s["parent_id"] == job_span]
         assert nested["context"]["trace_id"] == checkout["context"]["trace_id"]
     # The batch's jobs: each its own consumer span, children of the batch's publish span.
-    batch_ids = {r[0] for r in db.execute("SELECT id::text FROM job")} - set(ids.values())
+    batch_ids = {r[0] for r in db.execute("SELECT id::text FROM job_all")} - set(ids.values())
     for job_id in batch_ids:
         wait_for(lambda j=job_id: j in consumer_spans(), what="the batch's spans")
         assert consumer_spans()[job_id]["parent_id"] == batch["context"]["span_id"]

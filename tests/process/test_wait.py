@@ -27,7 +27,7 @@ def attempt_pids(db: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[int, in
 
 
 def waited(db: psycopg.Connection[Any], job_id: uuid.UUID) -> bool:
-    row = db.execute("SELECT waited FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT waited FROM job_all WHERE id = %s", (job_id,)).fetchone()
     return bool(row and row[0])
 
 

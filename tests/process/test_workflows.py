@@ -28,7 +28,7 @@ def notes(db: Conn) -> list[tuple[Any, str, datetime]]:
 
 
 def states(db: Conn, ids: list[Any]) -> list[str]:
-    by_id = dict(db.execute("SELECT id, state FROM job WHERE id = ANY(%s)", (ids,)).fetchall())
+    by_id = dict(db.execute("SELECT id, state FROM job_all WHERE id = ANY(%s)", (ids,)).fetchall())
     return [by_id.get(i, "") for i in ids]
 
 
@@ -108,12 +108,14 @@ def test_a_fan_in_of_ten_thousand_releases_its_callback_once(
     callback = brooq.Job("flow.step", {"cb": "fan-in"}, after=ups)
     ids = [i for i, _ in queue.enqueue_many([*ups, callback])]
     wait_for(lambda: states(db, ids[-1:]) == ["done"], timeout=120, what="the callback done")
-    (last_up,) = db.execute("SELECT max(updated_at) FROM job WHERE topic = 'flow.noop'").fetchone()  # type: ignore[misc]
+    (last_up,) = db.execute(
+        "SELECT max(updated_at) FROM job_all WHERE topic = 'flow.noop'"
+    ).fetchone()  # type: ignore[misc]
     runs = [at for j, note, at in notes(db) if j == ids[-1] and note == "start"]
     assert len(runs) == 1
     assert (runs[0] - last_up).total_seconds() < 1.0
     assert db.execute(
-        "SELECT count(*) FROM job WHERE topic = 'flow.noop' AND state = 'done'"
+        "SELECT count(*) FROM job_all WHERE topic = 'flow.noop' AND state = 'done'"
     ).fetchone() == (10_000,)
 
 
@@ -157,7 +159,8 @@ def test_many_graphs_at_once_each_job_once_and_in_order(
     ids = [i for i, _ in queue.enqueue_many([job for g in graphs for job in g])]
     wait_for(
         lambda: (
-            db.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone() == (len(ids),)
+            db.execute("SELECT count(*) FROM job_all WHERE state = 'done'").fetchone()
+            == (len(ids),)
         ),
         timeout=120,
         what="every job done",
