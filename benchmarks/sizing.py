@@ -896,6 +896,8 @@ def measure(args: argparse.Namespace) -> None:
         "client_cpus": sorted(client_cpus),
         "machine_cpus": os.cpu_count(),
         "commit": _git_head(),
+        # The code measured is the working tree's: what differs from the commit there.
+        "uncommitted": _git_dirty(),
         "single": args.single,
         "bulk": args.bulk,
         "workers": args.workers,
@@ -958,6 +960,17 @@ def _git_head() -> str:
         text=True,
     )
     return out.stdout.strip()
+
+
+def _git_dirty() -> list[str]:
+    import subprocess
+
+    out = subprocess.run(
+        ["git", "-C", str(BENCH_DIR.parent), "status", "--short", "--", "brooq", "migrations"],
+        capture_output=True,
+        text=True,
+    )
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
 def _line(phases: dict[str, dict[str, Any]]) -> str:
@@ -1163,6 +1176,11 @@ def _range(s: dict[str, float], fmt: str) -> str:
     return f"{_f(s['median'], fmt)} ({_f(s['min'], fmt)}–{_f(s['max'], fmt)})"
 
 
+def _uncommitted(run: dict[str, Any]) -> str:
+    files = [x.split()[-1] for x in run.get("uncommitted", [])]
+    return f", with uncommitted changes to {', '.join(files)}" if files else ""
+
+
 def markdown(runs: Sequence[dict[str, Any]], summary: dict[str, Any]) -> str:
     costs, checks, rows = summary["inputs"], summary["check"], summary["table"]
     lines = [
@@ -1177,7 +1195,9 @@ def markdown(runs: Sequence[dict[str, Any]], summary: dict[str, Any]) -> str:
     for run in runs:
         srv = run.get("server", {})
         lines.append(
-            f"- run of {run['started']} (commit {run['commit']}): server on CPUs "
+            f"- run of {run['started']} (commit {run['commit']}"
+            + _uncommitted(run)
+            + f"): server on CPUs "
             f"{run['server_cpus']}, driver and masters on {run['client_cpus']}, "
             f"{run['machine_cpus']} CPUs in all; rounds per setting "
             f"{', '.join(f'{k}: {len(v)}' for k, v in run['rounds'].items())} (of which "
