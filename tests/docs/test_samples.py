@@ -281,6 +281,13 @@ def _job(q: brooq.Queue, db: Connection, topic: str, set_: str, **options: Any) 
     return job_id
 
 
+def _write(db: Connection, job_id: str, set_: str, *params: Any) -> None:
+    """``set_`` (SQL, with ``params``) written to the job where it is: job, or job_history
+    once it has finished (the UPDATE that ended it moved it there)."""
+    for table in ("job", "job_history"):
+        db.execute(f"UPDATE {table} SET {set_} WHERE id = %s", (*params, job_id))
+
+
 def empty(queue: brooq.Queue, db: Connection) -> None:
     """No job at all."""
 
@@ -431,12 +438,11 @@ def jobs(queue: brooq.Queue, db: Connection) -> None:
             (3, "0.2 s", "vm:15146:0b2b77", refused.format(3)),
         ),
     )
-    db.execute(
-        "UPDATE job SET payload = %s WHERE id = %s",
-        (
-            json.dumps({"to": "dee@example.org", "invoice": 1042}),
-            "01a231e3-b1fb-727d-86cd-f1638fd45e5e",
-        ),
+    _write(
+        db,
+        "01a231e3-b1fb-727d-86cd-f1638fd45e5e",
+        "payload = %s",
+        json.dumps({"to": "dee@example.org", "invoice": 1042}),
     )
     lines = [
         "level=info logger=billing pid=19494 charging card visa-4242, attempt {}",
@@ -458,10 +464,7 @@ def jobs(queue: brooq.Queue, db: Connection) -> None:
         "billing.charge",
         "id = '01a23c84-117c-7383-8678-89c60d1baee8', state = 'dead', attempts = 2",
     )
-    db.execute(
-        "UPDATE job SET logs = %s WHERE id = '01a23c84-117c-7383-8678-89c60d1baee8'",
-        (json.dumps(logs),),
-    )
+    _write(db, "01a23c84-117c-7383-8678-89c60d1baee8", "logs = %s", json.dumps(logs))
     _job(queue, db, "email.send", "id = '2f2569c2-a34d-4fdc-a27c-a050cae4e71e'")
     _job(queue, db, "email.send", "id = '6e4b0de5-0db2-4be6-bccb-5e695a325999', state = 'done'")
     _job(
@@ -500,10 +503,7 @@ def jobs(queue: brooq.Queue, db: Connection) -> None:
         "id = '01a2397e-5b1c-7d2a-9e44-2c6f0b8a1d35', state = 'dead', attempts = 2, "
         f"last_error = '{raised}'",
     )
-    db.execute(
-        "UPDATE job SET errors = %s WHERE id = '01a2397e-5b1c-7d2a-9e44-2c6f0b8a1d35'",
-        (json.dumps(history),),
-    )
+    _write(db, "01a2397e-5b1c-7d2a-9e44-2c6f0b8a1d35", "errors = %s", json.dumps(history))
     # docs/how-to/results.md: one failed attempt.
     revoked = "PermissionError: the partner revoked our key"
     _job(
@@ -773,7 +773,7 @@ def test_the_counts_split_the_jobs(queue: brooq.Queue, db: Connection) -> None:
     counted = {
         (queue_name, topic): n
         for queue_name, topic, n in db.execute(
-            "SELECT queue, topic, count(*) FROM job WHERE state NOT IN ('done', 'canceled') "
+            "SELECT queue, topic, count(*) FROM job_all WHERE state NOT IN ('done', 'canceled') "
             "GROUP BY queue, topic"
         )
     }
