@@ -150,15 +150,24 @@ def overview(
                     margins[state] = margin(total, squares, len(blocks), pages)
             if "pending" in estimated or "failed" in estimated:
                 exact_queues = _small_queues_exactly(cur, by_state, scale, q)
+        history = _history_dead(cur, by_state, estimated, margins, q)
         done = cur.execute(q.web_done_per_minute, {"cap": EXACT_CAP}).fetchall()
         done_estimated = False
+        done_scale = 1.0
         if sum(int(r["jobs"]) for r in done) > EXACT_CAP:
-            sample = {"percent": percent, "seed": SAMPLE_SEED}
+            # The done jobs of the hour are in job_history's partitions of the hour (and,
+            # ended before migration 0020, in job): about SAMPLE_PAGES of their pages.
+            step, buckets = WINDOWS["hour"]
+            hour = cur.execute(q.web_charts_pages, {"step": step, "buckets": buckets}).fetchone()
+            done_pages = int(hour["pages"]) if hour is not None else 0
+            done_percent = min(100.0, 100.0 * SAMPLE_PAGES / max(done_pages, 1))
+            done_scale = 100.0 / done_percent
+            sample = {"percent": done_percent, "seed": SAMPLE_SEED}
             done = [
-                {"minute": r["minute"], "jobs": round(int(r["jobs"]) * scale)}
+                {"minute": r["minute"], "jobs": round(int(r["jobs"]) * done_scale)}
                 for r in cur.execute(q.web_done_per_minute_sample, sample).fetchall()
             ]
-            done_estimated = percent < 100.0
+            done_estimated = done_percent < 100.0
         paused = cur.execute(q.web_paused_queues, {"limit": MAX_PAUSED + 1}).fetchall()
         fleet = masters_mod.live(cur.connection, q)
         # What holds the table's cleanup back (its own snapshot, this page's, left out).
@@ -204,6 +213,7 @@ def overview(
                 "sampled": len(blocks),
                 "pages": pages,
                 "per_row": scale,
+                "history": history,
             }
             if estimated
             else None
@@ -212,7 +222,7 @@ def overview(
         "paused_cut": len(paused) > MAX_PAUSED,
         "done_per_minute": done,
         "done_estimated": done_estimated,
-        "done_per_row": scale,
+        "done_per_row": done_scale,
         "now": clock["now"],
         "minute": clock["minute"],
         "masters": fleet,
@@ -325,6 +335,71 @@ def _small_queues_exactly(
 _EMPTY: Row = {"jobs": 0, "ready": 0, "oldest_ready_at": None, "parked": 0}
 
 
+def _history_dead(
+    cur: psycopg.Cursor[Row],
+    by_state: dict[str, dict[tuple[str, str], Row]],
+    estimated: dict[str, int],
+    margins: dict[str, float],
+    q: Queries,
+) -> Row | None:
+    """Add job_history's dead jobs to ``by_state["dead"]`` (which holds those still in
+    job): counted exactly (at most EXACT_CAP read) when the catalog's count of them
+    (web_history_dead_guess) is under EXACT_BELOW, or when the history has no more than
+    SAMPLE_PAGES pages; else, or when the count is cut short, estimated from a sample of
+    about SAMPLE_PAGES of its pages (``estimated["dead"]`` and its margin then cover both
+    tables). The history's sample (``sampled``, ``pages``) when it was estimated."""
+    table = cur.execute(q.web_history_pages).fetchone()
+    pages = int(table["pages"]) if table is not None else 0
+    if pages == 0:
+        return None
+    sample: list[Row] | None = None
+    if pages > SAMPLE_PAGES:
+        counted = cur.execute(q.web_history_dead_guess).fetchone()
+        if counted is not None and int(counted["dead"]) >= EXACT_BELOW:
+            sample = _history_sample(cur, pages, q)
+    if sample is None:
+        params = {"cap": EXACT_CAP, "groups": MAX_GROUPS + 1}
+        rows = cur.execute(q.web_history_dead_exact, params).fetchall()
+        if not rows or int(rows[0]["state_jobs"]) <= EXACT_CAP:
+            for row in rows:
+                _add_dead(by_state, (row["queue"], row["topic"]), int(row["jobs"]))
+            return None
+        sample = _history_sample(cur, pages, q)  # more than EXACT_CAP: the count stands
+    summary = next(r for r in sample if r["queue"] is None)
+    read = int(summary["jobs"])
+    scale = pages / read if read else 0.0
+    total, squares = float(summary["dead_sum"]), float(summary["dead_squares"])
+    guess = round(total * scale)
+    error = margin(total, squares, read, pages) * guess / 100.0
+    if "dead" in estimated:  # the rows in job estimated too: their errors add up
+        in_job = estimated["dead"]
+        error = math.hypot(error, margins["dead"] * in_job / 100.0)
+    else:
+        in_job = sum(int(r["jobs"]) for r in by_state["dead"].values())
+    for row in sample:
+        if row["queue"] is not None:
+            _add_dead(by_state, (row["queue"], row["topic"]), round(int(row["jobs"]) * scale))
+    estimated["dead"] = in_job + guess
+    margins["dead"] = min(100.0 * error / (in_job + guess), 100.0) if in_job + guess else 100.0
+    return {"sampled": read, "pages": pages}
+
+
+def _history_sample(cur: psycopg.Cursor[Row], pages: int, q: Queries) -> list[Row]:
+    """About SAMPLE_PAGES of job_history's pages (web_history_dead_sample)."""
+    params = {"percent": min(100.0, 100.0 * SAMPLE_PAGES / pages), "seed": SAMPLE_SEED}
+    return cur.execute(q.web_history_dead_sample, params).fetchall()
+
+
+def _add_dead(
+    by_state: dict[str, dict[tuple[str, str], Row]], key: tuple[str, str], n: int
+) -> None:
+    row = by_state["dead"].get(key)
+    if row is None:
+        by_state["dead"][key] = {**_EMPTY, "jobs": n}
+    else:
+        row["jobs"] = int(row["jobs"]) + n
+
+
 def _group(
     key: tuple[str, str],
     by_state: dict[str, dict[tuple[str, str], Row]],
@@ -427,8 +502,10 @@ def finished_badly(
         "topic": topic,
         "group": group,
     }
+    # The dead ones are mostly in job_history (finished jobs move there).
+    statement = q.web_dead if state == "dead" else q.web_finished_badly
     with read_only(conn, timeout, q) as cur:
-        return _page(cur.execute(q.web_finished_badly, params).fetchall(), size)
+        return _page(cur.execute(statement, params).fetchall(), size)
 
 
 # The upstream and downstream jobs a job's page lists (a fan-out may hold many more),
@@ -595,7 +672,8 @@ def _read_charts(
             rows = cur.execute(q.web_charts, params).fetchall()
             cut = any(r["series"].startswith("rows:") and r["n"] > CHART_CAP for r in rows)
         if cut:
-            table = cur.execute(q.web_table_pages).fetchone()
+            # job's pages and those of job_history's partitions of the window.
+            table = cur.execute(q.web_charts_pages, params).fetchone()
             pages = int(table["pages"]) if table is not None else 0
             sampled = min(100.0, 100.0 * CHART_SAMPLE_PAGES / max(pages, 1))
             sample = {**params, "percent": sampled, "seed": SAMPLE_SEED}

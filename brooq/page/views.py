@@ -213,12 +213,21 @@ def estimate_note(estimate: Row) -> str:
         f"{e(s)} ({e(about(n))} jobs, ± {margins[s]:.2g} %)" for s, n in estimate["states"].items()
     )
     per_row = max(round(estimate["per_row"]), 1)
+    history = estimate.get("history")
+    finished = (
+        f"The dead jobs of job_history, where finished jobs are kept, are estimated from "
+        f"{history['sampled']:,} of its {history['pages']:,} pages (picked at random by "
+        "TABLESAMPLE SYSTEM), with those still in job. "
+        if history
+        else ""
+    )
     return (
         f'<p class="note">≈: estimated. {states}: more than the '
         f"{reads.EXACT_BELOW:,} jobs a state may hold to be counted one by one on this "
         f"page, so its figures are estimated from {estimate['sampled']:,} of the table's "
         f"{estimate['pages']:,} pages ({estimate['percent']:.2g} %, evenly spaced); the "
-        "margin is the sample's 95 % bound for the state's total. One sampled job stands "
+        "margin is the sample's 95 % bound for the state's total. "
+        f"{finished}One sampled job stands "
         f"for about {per_row:,}, so a small figure of such a state may be missing or off "
         "by that much, except the waiting jobs of a queue holding fewer than "
         f"{reads.EXACT_BELOW:,}, which are counted exactly. ≥: the oldest ready job is at "
@@ -243,7 +252,8 @@ def done_chart(data: Row) -> str:
     if data["done_estimated"]:
         return (
             f'{chart}<p class="muted">{e(about(total))} done in the last hour: more than '
-            f"{reads.EXACT_CAP:,}, so estimated from the same sample</p>"
+            f"{reads.EXACT_CAP:,}, so estimated from a sample of the hour's pages (of job and "
+            "of the finished jobs' job_history)</p>"
         )
     return f'{chart}<p class="muted">{_n(total)} done in the last hour</p>'
 

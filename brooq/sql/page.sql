@@ -39,6 +39,56 @@ WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid
   AND state IN ('pending', 'failed', 'processing', 'dead', 'waiting')
 GROUP BY state, queue, topic
 
+-- name: web_history_pages
+-- The finished jobs' table (job_history) in pages: the sum of its partitions' main forks
+-- (their files' sizes), for the overview's sample of its dead jobs; 0 without it.
+SELECT coalesce(sum(pg_relation_size(p.relid)), 0)
+           / current_setting('block_size')::int AS pages
+FROM pg_partition_tree(to_regclass({job_history:name})) AS p
+WHERE p.isleaf
+
+-- name: web_history_dead_guess
+-- How many dead jobs job_history holds, as its partitions' dead-job indexes
+-- (job_history_dead_idx, state = 'dead') last counted them (pg_class.reltuples: at their
+-- last VACUUM or ANALYZE; a partition never counted adds nothing): a catalog read, for
+-- the overview to choose between counting them (web_history_dead_exact, at most `cap`
+-- read: a guess too low costs that read) and sampling them.
+SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint AS dead
+FROM pg_partition_tree(to_regclass({job_history:name})) AS p
+     JOIN pg_index AS i ON i.indrelid = p.relid
+     JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE p.isleaf AND pg_get_expr(i.indpred, i.indrelid) = '(state = ''dead''::text)'
+
+-- name: web_history_dead_sample
+-- The dead jobs of `percent` per cent of job_history's pages (TABLESAMPLE SYSTEM over
+-- every partition, the same pages while the partitions keep their sizes): one row per
+-- queue and topic (`jobs`), and one summary row (queue NULL): `jobs` the pages the
+-- sample read (for the scale: their number varies by a few per cent), `dead_sum` and
+-- `dead_squares` the dead jobs per sampled page summed and their squares summed (for
+-- the estimate's margin).
+WITH s AS MATERIALIZED (
+    SELECT tableoid AS part, (ctid::text::point)[0] AS block, state = 'dead' AS dead,
+           queue, topic
+    FROM {job_history} TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
+), pages AS (
+    SELECT count(*) FILTER (WHERE dead) AS dead FROM s GROUP BY part, block
+)
+SELECT NULL::text AS queue, NULL::text AS topic, count(*) AS jobs,
+       coalesce(sum(dead), 0) AS dead_sum, coalesce(sum(dead * dead), 0) AS dead_squares
+FROM pages
+UNION ALL
+SELECT queue, topic, count(*), NULL, NULL FROM s WHERE dead GROUP BY queue, topic
+
+-- name: web_history_dead_exact
+-- The dead jobs of job_history, exactly, per queue and topic, through
+-- job_history_dead_idx (state = 'dead'); at most `cap` + 1 rows read (state_jobs above
+-- `cap`: cut short, not to be shown), the first `groups` groups.
+SELECT queue, topic, count(*) AS jobs, sum(count(*)) OVER () AS state_jobs
+FROM (SELECT queue, topic FROM {job_history} WHERE state = 'dead' LIMIT %(cap)s + 1) AS d
+GROUP BY queue, topic
+ORDER BY queue, topic
+LIMIT %(groups)s
+
 -- name: web_ready_queue_names
 -- The queues holding pending or failed jobs, by a loose scan of job_ready_queue_idx (one
 -- index probe per queue, however many jobs each holds), so that the overview can count
@@ -74,8 +124,8 @@ GROUP BY state, queue, topic
 -- false flag: that state is not read at all, a one-time filter). Each state's rows come
 -- through its partial index (job_ready_queue_idx or job_ready_idx for pending and failed,
 -- job_processing_lease_idx, job_failed_dead_idx of migration 0008, job_waiting_idx of
--- 0013), never the done and
--- canceled history, and at most `cap` + 1 of them: `state_jobs` above `cap` means that
+-- 0013), never the finished jobs (dead: the rows still in job, ended before migration
+-- 0020; job_history's are web_history_dead_*'s), and at most `cap` + 1 of them: `state_jobs` above `cap` means that
 -- state was cut short and its figures are not to be shown (the sample's stand instead),
 -- so this statement reads at most five times `cap` rows however large the backlog.
 -- jobs = the group's rows in that state; ready = those due now (pending and failed); the
@@ -127,12 +177,14 @@ SELECT name, updated_at FROM {brooq_queue} WHERE paused ORDER BY name LIMIT %(li
 
 -- name: web_done_per_minute
 -- Jobs written done in each minute of the last hour (minutes without any are missing;
--- the page fills them with 0). Through job_terminal_updated_idx (state = 'done' implies
--- its predicate), at most `cap` + 1 rows: more (a sum above `cap`) and the page shows
--- web_done_per_minute_sample's estimate instead.
+-- the page fills them with 0), wherever they are: job_history (its partitions of the
+-- last hour only: the bound on updated_at, its partition key, prunes the others when the
+-- statement starts) and the rows still in job (job_terminal_updated_idx: state = 'done'
+-- implies its predicate). At most `cap` + 1 rows: more (a sum above `cap`) and the page
+-- shows web_done_per_minute_sample's estimate instead.
 SELECT date_trunc('minute', updated_at) AS minute, count(*) AS jobs
 FROM (
-    SELECT updated_at FROM {job}
+    SELECT updated_at FROM {job_all}
     WHERE state = 'done'
       AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
     LIMIT %(cap)s + 1
@@ -141,13 +193,21 @@ GROUP BY 1
 ORDER BY 1
 
 -- name: web_done_per_minute_sample
--- The same, in `percent` per cent of the table's pages picked by TABLESAMPLE SYSTEM (the
--- number of pages it reads varies by a few per cent; a chart needs no more): a
--- throughput of more than `cap` jobs an hour is charted from a sample.
+-- The same, in `percent` per cent of the pages of job and of job_history's partitions
+-- of the last hour, picked by TABLESAMPLE SYSTEM (the number of pages it reads varies
+-- by a few per cent; a chart needs no more): a throughput of more than `cap` jobs an
+-- hour is charted from a sample. `percent` is of web_charts_pages' pages (window: the
+-- hour).
 SELECT date_trunc('minute', updated_at) AS minute, count(*) AS jobs
-FROM {job} TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
-WHERE state = 'done'
-  AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
+FROM (
+    SELECT updated_at FROM {job} TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
+    WHERE state = 'done'
+      AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
+    UNION ALL
+    SELECT updated_at FROM {job_history} TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
+    WHERE state = 'done'
+      AND updated_at >= date_trunc('minute', now()) - interval '59 minutes'
+) AS done
 GROUP BY 1
 ORDER BY 1
 
@@ -173,7 +233,8 @@ ORDER BY updated_at, id
 LIMIT %(limit)s
 
 -- name: web_finished_badly
--- Failed (waiting for a retry) or dead jobs, newest first, one page before the cursor
+-- Failed jobs (waiting for a retry; `state` 'failed': the dead ones are web_dead's, most
+-- of them in job_history) or the dead still in job, newest first, one page before the cursor
 -- (after_at, after_id); the first page from a cursor after every row ('infinity', the
 -- max UUID). Through job_failed_dead_idx (migration 0008), (state, updated_at DESC, id
 -- DESC): a page reads its 51 entries wherever the cursor is. The last error is cut to
@@ -194,12 +255,67 @@ WHERE state = %(state)s::text
 ORDER BY updated_at DESC, id DESC
 LIMIT %(limit)s
 
+-- name: web_dead
+-- Dead jobs, newest first, one page before the cursor (after_at, after_id), as
+-- web_finished_badly lists the failed ones, wherever they are: job_history's, through
+-- job_history_dead_idx (queue, updated_at DESC, id DESC) one queue at a time (its
+-- queues by a loose scan of the index: one probe per queue and partition), each queue's
+-- partitions newest first and each read until the page is full, merged with the rows
+-- still in job (job_failed_dead_idx); `tag`, `topic`, `group` as in web_in_flight.
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM {job_history} WHERE state = 'dead' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT h.queue FROM {job_history} AS h
+            WHERE h.state = 'dead' AND h.queue > q.queue
+            ORDER BY h.queue LIMIT 1)
+    FROM queues AS q WHERE q.queue IS NOT NULL
+), found AS (
+    SELECT h.*
+    FROM queues AS q
+         CROSS JOIN LATERAL (
+             SELECT id, topic, queue, state, attempts, updated_at, available_at,
+                    last_error, errors, tags
+             FROM {job_history}
+             WHERE state = 'dead' AND queue = q.queue
+               AND (updated_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
+               AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
+               AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+               AND (%(group)s::text IS NULL OR group_key = %(group)s::text)
+             ORDER BY updated_at DESC, id DESC
+             LIMIT %(limit)s
+         ) AS h
+    WHERE q.queue IS NOT NULL
+    UNION ALL
+    (SELECT id, topic, queue, state, attempts, updated_at, available_at, last_error, errors,
+            tags
+     FROM {job}
+     WHERE state = 'dead'
+       AND (updated_at, id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
+       AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
+       AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+       AND (%(group)s::text IS NULL OR group_key = %(group)s::text)
+     ORDER BY updated_at DESC, id DESC
+     LIMIT %(limit)s)
+)
+SELECT id, topic, queue, state, attempts, updated_at, available_at,
+       left(last_error, %(error_chars)s) AS last_error,
+       length(last_error) AS last_error_length,
+       coalesce(jsonb_array_length(errors), 0) AS errors_count,
+       coalesce(tags, '{}') AS tags
+FROM found
+ORDER BY updated_at DESC, id DESC
+LIMIT %(limit)s
+
 -- name: web_job_get
--- One job, every column whatever migrations added (the page lists them in table order),
--- bounded: the kept logs are not in it (web_job_logs reads their tails), and traceparent
--- is given only in the W3C form of version 00 (55 characters; NULL otherwise, its
--- length in traceparent_chars), so a page never carries megabytes of a column. The row
--- is the table's own, two of its fields replaced (jsonb_populate_record).
+-- One job, active or finished (job, then job_history: a job is in one of them; the
+-- history's partitions that ended before the job was enqueued are skipped when the
+-- statement is planned: brooq_history_floor of its id), every column whatever
+-- migrations added (the page lists them in table order), bounded: the kept logs are not
+-- in it (web_job_logs reads their tails), and traceparent is given only in the W3C form
+-- of version 00 (55 characters; NULL otherwise, its length in traceparent_chars), so a
+-- page never carries megabytes of a column. The row is the table's own, two of its
+-- fields replaced (jsonb_populate_record), each table's row read as its own (a row of
+-- job_all, a view, would be built whole first, its logs read in full).
 SELECT r.*, length(j.traceparent) AS traceparent_chars
 FROM {job} AS j,
      LATERAL jsonb_populate_record(j, jsonb_build_object(
@@ -208,45 +324,62 @@ FROM {job} AS j,
          CASE WHEN j.traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
               THEN j.traceparent END)) AS r
 WHERE j.id = %(id)s
+UNION ALL
+SELECT r.*, length(h.traceparent)
+FROM {job_history} AS h,
+     LATERAL jsonb_populate_record(h, jsonb_build_object(
+         'logs', NULL,
+         'traceparent',
+         CASE WHEN h.traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+              THEN h.traceparent END)) AS r
+WHERE h.id = %(id)s AND h.updated_at >= {brooq_history_floor}(%(id)s)
+LIMIT 1
 
 -- name: web_job_logs
--- The kept logs of a job (job.logs, one entry per attempt), the last `attempts` entries
+-- The kept logs of a job (job.logs, one entry per attempt; read as web_job_get reads the
+-- row), the last `attempts` entries
 -- (newest first), each cut to its last `chars` characters: `text_bytes` is the whole
 -- text's size in bytes, `shown_bytes` what is shown of it. A page of 20 attempts of
--- 1 MiB each carries 20 tails; `brooq jobs logs ID` prints them whole.
+-- 1 MiB each carries 20 tails; `brooq jobs logs ID` prints them whole. Each entry's
+-- text is taken out once and cut once (a LATERAL each), and `entries` counts the
+-- elements read: each expression of the select list would read its megabyte again, and
+-- jsonb_array_length(logs) the whole column for every row.
 SELECT l.position, l.entry->>'attempt' AS attempt, l.entry->>'at' AS at,
-       right(l.entry->>'text', %(chars)s) AS text,
-       coalesce(octet_length(l.entry->>'text'), 0) AS text_bytes,
-       coalesce(octet_length(right(l.entry->>'text', %(chars)s)), 0) AS shown_bytes,
-       jsonb_array_length(j.logs) AS entries
-FROM {job} AS j,
+       c.tail AS text,
+       coalesce(octet_length(t.full_text), 0) AS text_bytes,
+       coalesce(octet_length(c.tail), 0) AS shown_bytes,
+       count(*) OVER () AS entries
+FROM {job_all} AS j,
      LATERAL jsonb_array_elements(
          CASE WHEN jsonb_typeof(j.logs) = 'array' THEN j.logs ELSE '[]'::jsonb END
-     ) WITH ORDINALITY AS l(entry, position)
-WHERE j.id = %(id)s
+     ) WITH ORDINALITY AS l(entry, position),
+     LATERAL (SELECT l.entry->>'text' AS full_text OFFSET 0) AS t,
+     LATERAL (SELECT right(t.full_text, %(chars)s) AS tail OFFSET 0) AS c
+WHERE j.id = %(id)s AND j.updated_at >= {brooq_history_floor}(%(id)s)
 ORDER BY l.position DESC
 LIMIT %(attempts)s
 
 -- name: web_job_upstream
--- The jobs a job waits or waited for, in the order it named them, at most `limit` (no
--- result: the page shows id, topic and state); `total` counts them all, up to `cap` + 1.
+-- The jobs a job waits or waited for (in job or job_history), in the order it named
+-- them, at most `limit` (no result: the page shows id, topic and state); `total` counts them all, up to `cap` + 1.
 SELECT u.id, u.topic, u.state,
        (SELECT count(*) FROM (
-            SELECT 1 FROM {brooq_job_edge} AS x JOIN {job} AS y ON y.id = x.upstream_id
+            SELECT 1 FROM {brooq_job_edge} AS x JOIN {job_all} AS y ON y.id = x.upstream_id
             WHERE x.downstream_id = %(id)s AND x.position > 0 LIMIT %(cap)s + 1) AS c) AS total
-FROM {brooq_job_edge} AS e JOIN {job} AS u ON u.id = e.upstream_id
+FROM {brooq_job_edge} AS e JOIN {job_all} AS u ON u.id = e.upstream_id
 WHERE e.downstream_id = %(id)s AND e.position > 0  -- not a durable handler's children
 ORDER BY e.position
 LIMIT %(limit)s
 
 -- name: web_job_downstream
--- The jobs that wait or waited for a job, by id (enqueue order), at most `limit`;
+-- The jobs that wait or waited for a job (in job or job_history), by id (enqueue
+-- order), at most `limit`;
 -- `total` counts them all, up to `cap` + 1 (a fan-out may hold many more than a page).
 SELECT d.id, d.topic, d.state,
        (SELECT count(*) FROM (
-            SELECT 1 FROM {brooq_job_edge} AS x JOIN {job} AS y ON y.id = x.downstream_id
+            SELECT 1 FROM {brooq_job_edge} AS x JOIN {job_all} AS y ON y.id = x.downstream_id
             WHERE x.upstream_id = %(id)s LIMIT %(cap)s + 1) AS c) AS total
-FROM {brooq_job_edge} AS e JOIN {job} AS d ON d.id = e.downstream_id
+FROM {brooq_job_edge} AS e JOIN {job_all} AS d ON d.id = e.downstream_id
 WHERE e.upstream_id = %(id)s
 ORDER BY d.id
 LIMIT %(limit)s
@@ -277,14 +410,14 @@ SELECT left(key, %(key_chars)s) AS key, length(key) AS key_chars, since
 FROM {brooq_event_wait} WHERE job_id = %(id)s
 
 -- name: web_job_children
--- The jobs a job spawned (claim.spawn: its __spawn: steps), in the order spawned, at
--- most `limit`; `total` counts them all, up to `cap` + 1.
+-- The jobs a job spawned (claim.spawn: its __spawn: steps; in job or job_history), in
+-- the order spawned, at most `limit`; `total` counts them all, up to `cap` + 1.
 SELECT c.id, c.topic, c.state,
        (SELECT count(*) FROM (
             SELECT 1 FROM {brooq_job_step} AS x
             WHERE x.job_id = %(id)s AND x.name LIKE '\_\_spawn:%%'
             LIMIT %(cap)s + 1) AS n) AS total
-FROM {brooq_job_step} AS s JOIN {job} AS c ON c.id = (s.result #>> '{}')::uuid
+FROM {brooq_job_step} AS s JOIN {job_all} AS c ON c.id = (s.result #>> '{}')::uuid
 WHERE s.job_id = %(id)s AND s.name LIKE '\_\_spawn:%%'
 ORDER BY s.created_at, c.id
 LIMIT %(limit)s
@@ -295,14 +428,41 @@ LIMIT %(limit)s
 -- file (with the server's default a busy hour's rows spill to disk).
 SELECT set_config('work_mem', %(work_mem)s, true)
 
+-- name: web_charts_pages
+-- The pages web_charts_sample and web_done_per_minute_sample sample: job's and those
+-- of job_history's partitions that may hold a row of the window (the last `buckets` of
+-- `step` seconds: a partition whose upper bound is past the window's start, and the
+-- default one), for the per cent of them that makes about the pages wanted.
+SELECT (coalesce(pg_relation_size(to_regclass({job:name})), 0)
+        + coalesce((
+            SELECT sum(pg_relation_size(p.relid))
+            FROM pg_partition_tree(to_regclass({job_history:name})) AS p
+                 JOIN pg_class AS c ON c.oid = p.relid
+                 CROSS JOIN LATERAL (
+                     SELECT substring(pg_get_expr(c.relpartbound, c.oid)
+                                      FROM 'TO \(''([^'']+)''\)')::timestamptz AS upper_bound
+                 ) AS b
+            WHERE p.isleaf
+              AND (b.upper_bound IS NULL OR b.upper_bound > to_timestamp(
+                  (floor(date_part('epoch', now()) / %(step)s) - %(buckets)s + 1) * %(step)s))
+          ), 0))
+       / current_setting('block_size')::int AS pages
+
 -- name: web_charts_sizes
 -- How many rows web_charts' sources hold, each counted up to `cap` + 1 (an index-only
 -- scan of its index, after VACUUM), so that a window whose source is past its cap is read
--- from the sample at once instead of after reading `cap` rows for nothing.
+-- from the sample at once instead of after reading `cap` rows for nothing. The ended
+-- jobs: job_history's partitions of the window (the bound on updated_at, its partition
+-- key, prunes the others when the statement starts; every row there has ended) and the
+-- rows still in job.
 SELECT (SELECT count(*) FROM (
             SELECT 1 FROM {job}
             WHERE state IN ('done', 'dead', 'canceled')
               AND updated_at >= to_timestamp(
+                  (floor(date_part('epoch', now()) / %(step)s) - %(buckets)s + 1) * %(step)s)
+            UNION ALL
+            SELECT 1 FROM {job_history}
+            WHERE updated_at >= to_timestamp(
                   (floor(date_part('epoch', now()) / %(step)s) - %(buckets)s + 1) * %(step)s)
             LIMIT %(cap)s + 1) AS a) AS ended,
        (SELECT count(*) FROM (
@@ -344,11 +504,13 @@ SELECT (SELECT count(*) FROM (
 -- available_at has moved past it, i.e. the claim is an earlier attempt's).
 -- The exact variant reads four sources, each through its index and each at most
 -- `cap` + 1 rows before the queue and topic are compared (so a filter never makes a
--- source read more): the terminal rows written since the window's start
--- (job_terminal_updated_idx), the failed ones (job_failed_dead_idx), the processing ones
+-- source read more): the terminal rows written since the window's start (job_history's
+-- partitions of the window, the others pruned; job_terminal_updated_idx for the rows
+-- still in job), the failed ones (job_failed_dead_idx), the processing ones
 -- (job_processing_lease_idx) and the ready ones (job_ready_queue_idx). A source cut
 -- short: the page asks _sample instead, the same figures from `percent` per cent of the
--- table's pages (TABLESAMPLE SYSTEM), counts scaled up by the page.
+-- pages of job and of job_history's partitions of the window (TABLESAMPLE SYSTEM;
+-- web_charts_pages counts them), counts scaled up by the page.
 WITH w AS MATERIALIZED (
     SELECT (floor(date_part('epoch', now()) / %(step)s) - %(buckets)s + 1) * %(step)s AS e0
 ), ws AS MATERIALIZED (
@@ -367,13 +529,20 @@ WITH w AS MATERIALIZED (
            r.errors, r.queue, r.topic
     FROM {job} AS r TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
     WHERE r.state <> 'waiting'
+    UNION ALL
+    -- The finished jobs of the window's partitions (the others pruned at the start).
+    SELECT 'sample', r.state, r.available_at, r.updated_at,
+           CASE WHEN r.started_at >= r.available_at THEN r.started_at END,
+           true, true, false, false, r.errors, r.queue, r.topic
+    FROM {job_history} AS r TABLESAMPLE SYSTEM (%(percent)s) REPEATABLE (%(seed)s)
+    WHERE r.updated_at >= to_timestamp((SELECT e0 FROM w))
 --#else
     SELECT 'ended' AS part, state, available_at, updated_at,
            CASE WHEN started_at >= available_at THEN started_at END AS claimed,
            true AS ended, true AS tried, false AS processing, false AS ready,
            errors, queue, topic
     FROM (SELECT state, available_at, updated_at, started_at, errors, queue, topic
-          FROM {job}
+          FROM {job_all}
           WHERE state IN ('done', 'dead', 'canceled') AND updated_at >= (SELECT start FROM ws)
           LIMIT %(cap)s + 1) AS r
     UNION ALL

@@ -129,7 +129,7 @@ def test_signing_in_and_retrying_a_dead_job_with_its_button(
     browser.find_element(By.CSS_SELECTOR, f"form[action='/jobs/{job_id}/retry'] button").click()
     wait_for(
         lambda: (
-            db.execute("SELECT state, attempts FROM job WHERE id = %s", (job_id,)).fetchone()
+            db.execute("SELECT state, attempts FROM job_all WHERE id = %s", (job_id,)).fetchone()
             == ("pending", 0)
         ),
         what="the job pending",
@@ -181,7 +181,7 @@ def test_filtering_a_list_by_tag_and_coming_back_to_it_after_a_retry(
     browser.find_element(By.CSS_SELECTOR, f"form[action='/jobs/{tagged[0]}/retry'] button").click()
     wait_for(
         lambda: (
-            db.execute("SELECT state FROM job WHERE id = %s", (tagged[0],)).fetchone()
+            db.execute("SELECT state FROM job_all WHERE id = %s", (tagged[0],)).fetchone()
             == ("pending",)
         ),
         what="the job pending",

@@ -200,7 +200,7 @@ def test_the_stack_button_shows_the_running_jobs_traceback(
     job_id, _ = queue.enqueue(brooq.Job("t.ok", {"sleep": 20}))
     wait_for(
         lambda: (
-            db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+            db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
             == ("processing",)
         ),
         what="running",
@@ -222,7 +222,9 @@ def test_the_stack_button_shows_the_running_jobs_traceback(
     queue.cancel(job_id)
     done, _ = queue.enqueue(brooq.Job("t.ok"))
     wait_for(
-        lambda: db.execute("SELECT state FROM job WHERE id = %s", (done,)).fetchone() == ("done",),
+        lambda: (
+            db.execute("SELECT state FROM job_all WHERE id = %s", (done,)).fetchone() == ("done",)
+        ),
         what="done",
     )
     status, _, body = request(addr, "POST", f"/jobs/{done}/stack", signed, cookie)
@@ -299,12 +301,14 @@ def test_signing_in_with_the_token_then_acting_through_the_forms(
     assert (
         request(addr, "POST", "/bulk/retry", f"topic=ops.none&state=dead&{token_field}")[0] == 403
     )
-    assert db.execute("SELECT count(*) FROM job WHERE state = 'dead'").fetchone() == (3,)
+    assert db.execute("SELECT count(*) FROM job_all WHERE state = 'dead'").fetchone() == (3,)
 
     # One job by its form, then the rest in bulk, then a queue paused.
     status, head, _ = request(addr, "POST", f"/jobs/{dead[0]}/retry", token_field, cookie)
     assert status == 303 and f"Location: /jobs/{dead[0]}" in head
-    assert db.execute("SELECT state FROM job WHERE id = %s", (dead[0],)).fetchone() == ("pending",)
+    assert db.execute("SELECT state FROM job_all WHERE id = %s", (dead[0],)).fetchone() == (
+        "pending",
+    )
     status, _, body = request(
         addr, "POST", "/bulk/retry", f"topic=ops.none&state=dead&{token_field}", cookie
     )
@@ -396,16 +400,20 @@ def test_the_lists_carry_one_click_buttons_when_signed_in(
     _, _, page = request(addr, "GET", "/dead", cookie=cookie)
     assert b"Signed in" in page and TOKEN.encode() not in page
     assert click(addr, page, f"/jobs/{dead}/retry", cookie) == (303, "/dead")
-    assert db.execute("SELECT state FROM job WHERE id = %s", (dead,)).fetchone() == ("pending",)
+    assert db.execute("SELECT state FROM job_all WHERE id = %s", (dead,)).fetchone() == ("pending",)
 
     _, _, page = request(addr, "GET", "/failed", cookie=cookie)
     assert f"/jobs/{failed}/retry" not in forms(page)  # a failed job waits for its retry
     assert click(addr, page, f"/jobs/{failed}/cancel", cookie) == (303, "/failed")
-    assert db.execute("SELECT state FROM job WHERE id = %s", (failed,)).fetchone() == ("canceled",)
+    assert db.execute("SELECT state FROM job_all WHERE id = %s", (failed,)).fetchone() == (
+        "canceled",
+    )
 
     _, _, page = request(addr, "GET", "/in-flight", cookie=cookie)
     assert click(addr, page, f"/jobs/{running}/cancel", cookie) == (303, "/in-flight")
-    assert db.execute("SELECT state FROM job WHERE id = %s", (running,)).fetchone() == ("canceled",)
+    assert db.execute("SELECT state FROM job_all WHERE id = %s", (running,)).fetchone() == (
+        "canceled",
+    )
 
     # The overview: pause a queue from its row, resume the paused one from its list.
     _, _, page = request(addr, "GET", "/", cookie=cookie)
