@@ -2,12 +2,14 @@
 Python in the way.
 
 One job per claim: each pgbench "transaction" is one job, a claim (FOR NO KEY UPDATE
-SKIP LOCKED, LIMIT 1) in its own transaction, then the guarded done update in another,
-like a brooq child claiming one job at a time in autocommit mode.
+SKIP LOCKED, LIMIT 1) in its own transaction, then the guarded done in another, like a
+brooq child claiming one job at a time in autocommit mode. The done is the claim
+statement's: the row deleted from job and inserted into job_history (today's partition,
+which the migration makes) with its outcome.
 
 Batched (BATCH jobs per claim, synchronous_commit = off, as brooq's children run with
 QUEUE_WORKER_SYNCHRONOUS_COMMIT=off, their default): each script run claims
-a batch, then writes `done` for the whole batch with one guarded update -- the statements
+a batch, then moves the whole batch to job_history as `done` in one statement -- the statements
 of job_finish_and_claim without the fair-share count, taken apart so that the script can
 carry the ids from one to the other. Both read the ready index in its order (queue, priority
 DESC, available_at, id), as brooq's claim does.
@@ -28,18 +30,35 @@ from psycopg import conninfo
 
 from common import fresh_database, summary
 
-CLAIM = """\
+# The claim's SET as job_finish_and_claim's `claimed` writes it.
+CLAIM_SET = (
+    "state = 'processing', attempts = job.attempts + 1, locked_by = :worker, "
+    "locked_until = now() + make_interval(secs => 30), progress = NULL, "
+    "progress_message = NULL, started_at = now(), updated_at = now()"
+)
+
+# job_finish_and_claim's `finished` and `moved`: the finished rows deleted from job and
+# inserted into job_history with their outcome, every column of job in its order.
+DONE = """\
+WITH finished AS (DELETE FROM job WHERE id {match} AND (state = 'processing') IS TRUE \
+AND locked_by = :worker RETURNING job.*) \
+INSERT INTO job_history SELECT f.id, f.topic, f.payload, 'done', f.attempts, \
+f.available_at, f.locked_by, f.locked_until, f.last_error, f.idempotency_key, f.created_at, \
+now(), f.lease_expiries, f.queue, f.priority, f.result, f.errors, f.waited, f.unique_key, \
+f.start_after, f.tags, f.group_key, f.upstream_open, f.upstream_failed, \
+f.on_upstream_failure, f.has_downstream, f.progress, f.progress_message, f.logs, \
+f.traceparent, f.parked, f.started_at FROM finished AS f;
+"""
+
+CLAIM = f"""\
 WITH next AS (SELECT id FROM job WHERE queue = 'default' AND state IN ('pending', 'failed') \
 AND available_at <= now() AND topic = ANY(ARRAY['bench.noop']::text[]) \
 ORDER BY priority DESC, available_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) \
-UPDATE job SET state = 'processing', attempts = job.attempts + 1, locked_by = :worker, \
-locked_until = now() + make_interval(secs => 30), updated_at = now() \
+UPDATE job SET {CLAIM_SET} \
 FROM next WHERE job.id = next.id \
 RETURNING job.id AS jid
 \\gset
-UPDATE job SET state = 'done', updated_at = now() \
-WHERE id = :jid AND state = 'processing' AND locked_by = :worker;
-"""
+{DONE.format(match="= :jid")}"""
 
 
 # As brooq's children claim short jobs (QUEUE_CLAIM_BATCH_MAX's default).
@@ -50,14 +69,11 @@ WITH next AS MATERIALIZED (SELECT id FROM job WHERE queue = 'default' \
 AND state IN ('pending', 'failed') AND available_at <= now() \
 AND topic = ANY(ARRAY['bench.noop']::text[]) \
 ORDER BY priority DESC, available_at, id LIMIT {BATCH} FOR NO KEY UPDATE SKIP LOCKED), \
-claimed AS (UPDATE job SET state = 'processing', attempts = job.attempts + 1, \
-locked_by = :worker, locked_until = now() + make_interval(secs => 30), updated_at = now() \
+claimed AS (UPDATE job SET {CLAIM_SET} \
 WHERE job.id = ANY(ARRAY(SELECT id FROM next)) RETURNING job.id) \
 SELECT coalesce(array_agg(id), '{{}}')::text AS jids FROM claimed
 \\gset
-UPDATE job SET state = 'done', updated_at = now() \
-WHERE id = ANY(:jids::uuid[]) AND state = 'processing' AND locked_by = :worker;
-"""
+{DONE.format(match="= ANY(:jids::uuid[])")}"""
 
 
 def pgbench_binary(server_major: int) -> str:
@@ -150,7 +166,8 @@ def one(dsn: str, clients: int, jobs: int, batch: int = 1) -> dict[str, Any]:
     if not match:
         raise RuntimeError(f"cannot read pgbench's tps from:\n{out.stdout}")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        done = conn.execute("SELECT count(*) FROM job WHERE state = 'done'").fetchone()[0]  # type: ignore[index]
+        # The claim's done moves each finished row into job_history.
+        done = conn.execute("SELECT count(*) FROM job_history WHERE state = 'done'").fetchone()[0]  # type: ignore[index]
     if done != per_client * clients:
         raise RuntimeError(f"pgbench finished {done} jobs, expected {per_client * clients}")
     return {"clients": clients, "jobs": done, "jobs_per_s": float(match.group(1)) * batch}

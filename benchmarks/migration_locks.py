@@ -3,9 +3,8 @@
 and groups; `--migration 13` for 0013, workflows; `--migration 14` for 0014, progress,
 logs and trace context; `--migration 15` for 0015, lighter inserts; `--migration 16` for
 0016, flat cascades; `--migration 17` for 0017, durable handlers; `--migration 18` for
-0018, tracebacks kept; `--migration 19` for 0019, each attempt's start) takes on a live
-table,
-through the real migrator.
+0018, tracebacks kept; `--migration 19` for 0019, each attempt's start; `--migration 20`
+for 0020, the finished jobs' history) takes on a live table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
 
@@ -23,9 +22,13 @@ generate_series), ANALYZE. Then, while
   the deploy only masters of the previous release run (a newer master refuses to start on
   a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011, 0012 and
   0013 to 0018 today's (none changes the statement the previous release sends for a topic
-  without limits), for 0019 today's without `started_at = now()`,
+  without limits), for 0019 today's without `started_at = now()`, for 0020 today's with
+  its done an UPDATE (the release before moved no rows itself),
+- for 0020, an ending probe: every 20 ms the job the producer probe inserted last is
+  ended as the release before ends it (an UPDATE to done: after the up step the trigger
+  moves it to job_history, so the down step has rows to bring back),
 - a sampler reads pg_locks of the migrating backend every 5 ms (the lock modes it holds
-  or waits for on job),
+  or waits for on job, and on job_history, reported as "job_history <mode>"),
 
 it runs, each scenario in turn:
 
@@ -37,6 +40,12 @@ it runs, each scenario in turn:
    ~500 ms at a time;
 4. (`--control`, after an unmeasured down) the same with the migrator's lock_timeout
    switched off: how long producers wait without it.
+
+With `--ended N` (0020 only), N pending jobs are ended by one UPDATE after the up step
+(the trigger moves them to job_history): the down step's lock then covers copying them
+back. For 0020 the down step is verified: the rows in job_history before it (ids, states and
+ends, with the probes stopped) are in job after it with the same values, job_history and
+job_all are gone, the schema is at 0019, and up runs again.
 
 Every statement of the migration is timed by wrapping brooq.migrate._run, the one place
 the migrator sends a migration file's text (so the figures are of the real migrator's
@@ -142,6 +151,18 @@ _STARTED = (
 )
 assert Q.job_finish_and_claim.count(_STARTED) == 1, "the claim no longer sets started_at so"
 CLAIM_BEFORE_0019 = Q.job_finish_and_claim.replace(_STARTED, "")
+# job_finish_and_claim of the release before migration 0020: today's with the old done,
+# an UPDATE of the rows in place (job_history does not exist yet).
+_MOVE = re.compile(r"WITH finished AS \(\n.*?    FROM finished AS f\n\),\n", re.S)
+_DONE_IN_PLACE = """WITH finished AS (
+    UPDATE job SET state = 'done', updated_at = now()
+    WHERE id = ANY(%(done)b::uuid[]) AND (state = 'processing') IS TRUE
+      AND locked_by = %(worker)s
+    RETURNING id
+),
+"""
+assert len(_MOVE.findall(Q.job_finish_and_claim)) == 1, "the claim's done no longer moves so"
+CLAIM_BEFORE_0020 = _MOVE.sub(lambda _: _DONE_IN_PLACE, Q.job_finish_and_claim)
 # The migrations this measures: version -> the claim the release before it sends.
 CLAIM_BEFORE = {
     3: CLAIM_BEFORE_0003,
@@ -155,6 +176,7 @@ CLAIM_BEFORE = {
     17: Q.job_finish_and_claim,
     18: Q.job_finish_and_claim,
     19: CLAIM_BEFORE_0019,
+    20: CLAIM_BEFORE_0020,
 }
 MIGRATION = 3  # set by --migration
 
@@ -254,10 +276,31 @@ class Probe(threading.Thread):
         return [s * 1000 for t, s in self.samples if t <= end and t + s >= start]
 
 
+INSERTED: list[Any] = []  # the producer probe's jobs, newest last (the ending probe's)
+ENDED: list[Any] = []  # the jobs the ending probe ended
+
+
 def probe_insert(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute(
+        "INSERT INTO job (topic, payload) VALUES ('bench.probe', '{}'::jsonb) RETURNING id",
+        prepare=True,
+    ).fetchone()
+    if row:
+        INSERTED.append(row[0])
+
+
+def probe_end(conn: psycopg.Connection[Any]) -> None:
+    """The producer probe's newest job ended as the release before 0020 ends one (an
+    UPDATE to done; after 0020's up step its trigger moves the row to job_history)."""
+    if not INSERTED:
+        return
+    job_id = INSERTED.pop()
     conn.execute(
-        "INSERT INTO job (topic, payload) VALUES ('bench.probe', '{}'::jsonb)", prepare=True
+        "UPDATE job SET state = 'done', updated_at = now() WHERE id = %s AND state = 'pending'",
+        (job_id,),
+        prepare=True,
     )
+    ENDED.append(job_id)
 
 
 def probe_claim(conn: psycopg.Connection[Any]) -> None:
@@ -268,11 +311,15 @@ def probe_claim(conn: psycopg.Connection[Any]) -> None:
 class LockSampler(threading.Thread):
     """pg_locks of the migrator's backends on job, every SAMPLE_PERIOD."""
 
+    # job's modes as they are, job_history's (and its partitions') prefixed.
     QUERY = """
-        SELECT l.mode, l.granted
+        SELECT CASE WHEN l.relation = %(job)s::oid THEN l.mode
+                    ELSE 'job_history ' || l.mode END, l.granted
         FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
         WHERE a.application_name = %(app)s AND l.locktype = 'relation'
-          AND l.relation = %(job)s::oid
+          AND (l.relation = %(job)s::oid OR l.relation IN (
+              SELECT c.oid FROM pg_class c WHERE c.relname LIKE 'job\\_history%%'
+                AND c.relkind IN ('p', 'r')))
     """
 
     def __init__(self, dsn: str, job_oid: int) -> None:
@@ -341,6 +388,8 @@ class Scenario:
     claim: dict[str, Any] = field(default_factory=dict)
     baseline_insert: dict[str, Any] = field(default_factory=dict)
     baseline_claim: dict[str, Any] = field(default_factory=dict)
+    end: dict[str, Any] = field(default_factory=dict)
+    baseline_end: dict[str, Any] = field(default_factory=dict)
     lock_waits_timed_out: int = 0
     probe_errors: list[str] = field(default_factory=list)
     sampler_period_ms: float = 0.0
@@ -385,7 +434,11 @@ def measure(
     inserts = Probe(dsn, "insert", probe_insert)
     claims = Probe(dsn, "claim", probe_claim)
     sampler = LockSampler(dsn, job_oid)
-    for t in (inserts, claims, sampler):
+    threads: list[Probe | LockSampler] = [inserts, claims, sampler]
+    ender = Probe(dsn, "end", probe_end) if MIGRATION == 20 else None
+    if ender is not None:
+        threads.append(ender)
+    for t in threads:
         t.start()
     time.sleep(BASELINE)
     reader_thread = None
@@ -399,7 +452,7 @@ def measure(
         step()
         end = time.perf_counter()
     time.sleep(0.3)
-    for t in (inserts, claims, sampler):
+    for t in threads:
         t.stop()
     if reader_thread is not None:
         reader_thread.join()
@@ -439,6 +492,10 @@ def measure(
     sc.baseline_insert = stats(inserts.between(start - BASELINE, start - 0.001))
     sc.baseline_claim = stats(claims.between(start - BASELINE, start - 0.001))
     sc.probe_errors = inserts.errors[:5] + claims.errors[:5]
+    if ender is not None:
+        sc.end = stats(ender.between(start, end))
+        sc.baseline_end = stats(ender.between(start - BASELINE, start - 0.001))
+        sc.probe_errors += ender.errors[:5]
     sc.sampler_period_ms = sampler.period_ms()
     return sc
 
@@ -454,6 +511,70 @@ def load(dsn: str, rows: int) -> int:
         oid = conn.execute("SELECT 'job'::regclass::oid").fetchone()
         log(f"loaded in {time.perf_counter() - t:.1f} s; job with its indexes: {size[0]}")  # type: ignore[index]
     return int(oid[0])  # type: ignore[index]
+
+
+VERIFIED: list[str] = []  # what the 0020 down step was checked for
+
+
+HISTORY_STATE = """
+SELECT count(*), md5(coalesce(string_agg(id::text || state || updated_at::text, ','
+                                          ORDER BY id), ''))
+FROM {relation} WHERE id = ANY(%(ids)s::uuid[])
+"""
+
+
+def history_before_down(dsn: str) -> tuple[list[Any], tuple[Any, ...]]:
+    """The ids in job_history and their (count, digest of id, state, end)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ids = [r[0] for r in conn.execute("SELECT id FROM job_history").fetchall()]
+        q = sql.SQL(HISTORY_STATE).format(relation=sql.Identifier("job_history"))
+        row = conn.execute(q, {"ids": ids}).fetchone()
+    assert row is not None
+    return ids, tuple(row)
+
+
+def end_jobs(dsn: str, count: int) -> None:
+    """``count`` pending jobs ended by one UPDATE after the up step (the trigger moves them
+    to job_history): the rows the down step then copies back under its lock."""
+    log(f"ending {count:,} pending jobs (moved to job_history by the trigger)")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE job SET state = 'done', updated_at = now() WHERE id IN ("
+            " SELECT id FROM job WHERE state = 'pending' AND topic <> 'bench.probe'"
+            " LIMIT %s)",
+            (count,),
+        )
+        conn.execute("ANALYZE job_history_default")
+
+
+def verify_down(dsn: str, ids: list[Any], before: tuple[Any, ...]) -> None:
+    """The rows job_history held are in job with the same values; 0020's objects gone."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        q = sql.SQL(HISTORY_STATE).format(relation=sql.Identifier("job"))
+        after = tuple(conn.execute(q, {"ids": ids}).fetchone() or ())
+        gone = conn.execute(
+            "SELECT to_regclass('job_history'), to_regclass('job_all'),"
+            " to_regclass('brooq_job_key')"
+        ).fetchone()
+        steps_fk = conn.execute(
+            "SELECT convalidated FROM pg_constraint WHERE conname = 'brooq_job_step_job_id_fkey'"
+        ).fetchone()
+    applied = [st.version for st in migrate.status(dsn) if st.state == "applied"]
+    version = max(applied, default=0)
+    if after != before:
+        raise SystemExit(f"down lost or changed rows: before {before}, after {after}")
+    if gone != (None, None, None):
+        raise SystemExit(f"down left 0020's relations: {gone}")
+    if not steps_fk or not steps_fk[0]:
+        raise SystemExit("down did not put back brooq_job_step's validated foreign key")
+    VERIFIED.append(
+        f"the {before[0]:,} rows job_history held are in job, ids, states and ends equal"
+        f" (digest {before[1][:8]})"
+    )
+    VERIFIED.append("job_history, job_all and brooq_job_key gone; foreign keys validated")
+    if version != 19:
+        raise SystemExit(f"down left the schema at {version}, not 19")
+    VERIFIED.append("schema at 0019")
 
 
 def access_exclusive(sc: Scenario) -> tuple[float, str]:
@@ -522,6 +643,29 @@ def markdown(scenarios: list[Scenario], facts: dict[str, Any]) -> str:
             f"{fmt(sc.baseline_insert['max_ms'])} / "
             f"{fmt(sc.baseline_claim['max_ms'])} |"
         )
+    out += [
+        "",
+        "| step | lock (pg_locks of the migrator, on job or job_history) | stretches "
+        "| longest stretch seen – bound, ms |",
+        "|---|---|---:|---|",
+    ]
+    for sc in scenarios:
+        for mode, v in sorted(sc.locks.items()):
+            out.append(
+                f"| {sc.name} | {mode} | {v['stretches']} | {fmt(v['longest_seen_ms'])} – "
+                f"{fmt(v['longest_bound_ms'])} |"
+            )
+    if any(sc.end for sc in scenarios):
+        out += [
+            "",
+            "| step | ending probe mean / max ms (n, > 100 ms) | 1 s before: max ms |",
+            "|---|---|---|",
+        ]
+        for sc in scenarios:
+            if sc.end:
+                out.append(f"| {sc.name} | {probes(sc.end)} | {fmt(sc.baseline_end['max_ms'])} |")
+    if VERIFIED:
+        out += ["", "Down step verified: " + "; ".join(VERIFIED)]
     out.append("")
     return "\n".join(out)
 
@@ -535,6 +679,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="do not drop the scratch database")
     ap.add_argument("--json", help="write every figure to this file")
     ap.add_argument(
+        "--ended",
+        type=int,
+        default=0,
+        help="0020 only: pending jobs ended (moved to job_history) before the down step",
+    )
+    ap.add_argument(
         "--migration",
         type=int,
         choices=sorted(CLAIM_BEFORE),
@@ -542,6 +692,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the migration to measure (default 3)",
     )
     args = ap.parse_args(argv)
+    if args.ended and args.migration != 20:
+        raise SystemExit("--ended is for --migration 20 only")
+    if args.ended < 0 or args.ended > args.rows // 10:
+        raise SystemExit(f"--ended must be between 0 and the {args.rows // 10:,} pending jobs")
     global MIGRATION
     MIGRATION = args.migration
     n = MIGRATION
@@ -565,7 +719,14 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
         }
         scenarios.append(measure(f"up ({n:04d})", dsn, job_oid, lambda: migrate.up(mdsn, n)))
+        if n == 20 and args.ended:
+            end_jobs(dsn, args.ended)
+        if n == 20:
+            ids, before = history_before_down(dsn)
+            log(f"job_history holds {before[0]:,} rows before the down step")
         scenarios.append(measure(f"down ({n:04d})", dsn, job_oid, lambda: migrate.down(mdsn)))
+        if n == 20:
+            verify_down(dsn, ids, before)
         scenarios.append(
             measure(
                 f"up, a {READER_HOLD:g} s reader open",

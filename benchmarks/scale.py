@@ -1,29 +1,36 @@
-"""The scale workload: brooq on a table that has grown, then retention.
+"""The scale workload: brooq beside a long history of finished jobs, then retention.
 
     python benchmarks/scale.py [--dsn ADMIN_DSN] [--history 10000000] [--ready 1000000]
-                               [--workers 2] [--quick] [--out results/NAME.json]
+                               [--workers 2] [--history-in job_history|job] [--quick]
+                               [--out results/NAME.json]
 
-Two tables, each in a fresh database, the same code and settings:
+Two databases, fresh, the same code and settings:
 
 - small: READY ready no-op jobs and nothing else;
-- big:   the same READY ready jobs in a table that also holds HISTORY finished rows (done,
-  UUIDv7 ids and timestamps spread over 30 days ending a day and an hour ago, as a
-  month of history under the default retention would be; VACUUM ANALYZEd, as
-  autovacuum would have left it). Retention is off while it drains.
+- big:   the same READY ready jobs beside HISTORY finished rows (done, UUIDv7 ids and
+  timestamps spread over 30 days ending a day and an hour ago, as a month of history
+  under the default retention would be; VACUUM ANALYZEd, as autovacuum would have left
+  them). By default they are in job_history, in daily partitions made in place
+  (as the migration makes today's), where the claim statement's done puts finished jobs; with
+  --history-in job, in job itself (terminal rows left there from before migration
+  0020). Retention is off while it drains.
 
-For each table: the drain rate of the READY jobs with `brooq-master --workers N`, taken
-from the done rows' own updated_at (first to last finished; the driver only asks "any
-left?" every second, through the ready index, so it adds no load that grows with the
-table); then the pickup latency (PICKUP single jobs, one at a time, from the producer's
-commit to the handler's start, as run.py's pickup workload); table and index sizes and
-dead tuples (pg_stat_user_tables) sampled every 2 s. Then, on the big table only:
-retention deletes the HISTORY rows (QUEUE_RETENTION_TTL=1d, a period of 1 s, batches of
-QUEUE_RETENTION_BATCH) while a producer feeds single jobs at a steady rate; the pickup
-latency p50/p95/p99 of those jobs is the claim latency an application sees during
-retention, beside the deletion rate.
+For each: the drain rate of the READY jobs with `brooq-master --workers N`, taken from
+the done rows' own updated_at (first to last finished; the driver only asks "any left?"
+every second, through the ready index, so it adds no load that grows with the history);
+then the pickup latency (PICKUP single jobs, one at a time, from the producer's commit
+to the handler's start, as run.py's pickup workload); job's and job_history's table and
+index sizes and dead tuples sampled every 2 s. Then, on the big one only, retention
+while a producer feeds single jobs one at a time: in job_history, each partition ended
+over a day ago released and dropped in turn (brooq_history_release, then
+brooq_history_drop under lock_timeout 1 s: the master's upkeep), each call's database
+time recorded; in job, the master's row-by-row retention (QUEUE_RETENTION_TTL=1d, a
+period of 1 s, batches of QUEUE_RETENTION_BATCH). The pickup p50/p95/p99 of those jobs
+is the claim latency an application sees during retention.
 
-Prints one JSON document (and writes it to --out): per table, jobs/s, pickup p50/p95,
-sizes and dead tuples over time; the big/small ratios (the target: within 80 %).
+Prints one JSON document (and writes it to --out): per database, jobs/s, pickup p50/p95,
+sizes and dead tuples over time; the big/small ratios (the target: the drain beside the
+history at 95 % of the drain beside none).
 """
 
 from __future__ import annotations
@@ -65,10 +72,13 @@ $$
 """
 
 # One chunk of finished history: done rows created in order over 30 days, the newest a
-# day and an hour old (so that retention with a TTL of one day deletes all of them).
+# day and an hour old (so that retention with a TTL of one day removes all of them).
+# Into job_history (its daily partitions made first), or into job (--history-in job:
+# the table before migration 0020, its terminal rows kept in place).
 HISTORY_CHUNK = """
-INSERT INTO job (id, topic, payload, state, attempts, available_at, created_at, updated_at)
-SELECT pg_temp.bench_uuid7(t), 'bench.noop', '{"i": 0}'::jsonb, 'done', 1, t, t,
+INSERT INTO {table} (id, topic, payload, state, attempts, available_at, created_at,
+                     updated_at)
+SELECT pg_temp.bench_uuid7(t), 'bench.noop', '{{"i": 0}}'::jsonb, 'done', 1, t, t,
        t + interval '20 ms'
 FROM (SELECT now() - interval '31 days'
              + interval '29 days 23 hours' * (g::float8 / %(total)s) AS t
@@ -82,9 +92,15 @@ FROM generate_series(1, %(n)s) AS g
 """
 
 SIZES = """
+WITH h AS (SELECT t.relid FROM pg_partition_tree('job_history') t WHERE t.isleaf)
 SELECT pg_table_size('job') AS table_bytes, pg_indexes_size('job') AS index_bytes,
        n_live_tup, n_dead_tup, autovacuum_count, vacuum_count,
-       age(c.relfrozenxid) AS xid_age
+       age(c.relfrozenxid) AS xid_age,
+       (SELECT coalesce(sum(pg_table_size(relid)), 0) FROM h) AS history_table_bytes,
+       (SELECT coalesce(sum(pg_indexes_size(relid)), 0) FROM h) AS history_index_bytes,
+       (SELECT coalesce(sum(u.n_dead_tup), 0) FROM pg_stat_user_tables u
+        WHERE u.relid IN (SELECT relid FROM h)) AS history_dead_tup,
+       (SELECT count(*) FROM h) - 1 AS partitions
 FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
 WHERE s.relname = 'job'
 """
@@ -121,20 +137,31 @@ class Sampler(threading.Thread):
         return self.samples
 
 
-def build(dsn: str, history: int, ready: int) -> dict[str, Any]:
+def build(dsn: str, history: int, ready: int, table: str = "job_history") -> dict[str, Any]:
     from brooq import migrate
+    from psycopg import sql
+
+    from history_retention import make_partitions
 
     migrate.up(dsn)
     t0 = time.monotonic()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(UUID7)
+        # Daily partitions from the oldest row's day to the day after tomorrow.
+        days = conn.execute(
+            "SELECT now() - interval '32 days', now() + interval '2 days'"
+        ).fetchone()
+        assert days is not None
+        make_partitions(conn, 86400, days[0], days[1])
         chunk = 1_000_000
+        insert = sql.SQL(HISTORY_CHUNK).format(table=sql.Identifier(table))
         for first in range(1, history + 1, chunk):
             last = min(first + chunk - 1, history)
-            conn.execute(HISTORY_CHUNK, {"first": first, "last": last, "total": history})
-            log(f"  history {last:,} / {history:,}")
+            conn.execute(insert, {"first": first, "last": last, "total": history})
+            log(f"  history {last:,} / {history:,} into {table}")
         if history:
-            conn.execute("VACUUM (ANALYZE) job")
+            # VACUUM of a partitioned table vacuums each partition.
+            conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(table)))
         conn.execute(READY, {"n": ready})
         conn.execute("ANALYZE job")
         conn.execute("CHECKPOINT")
@@ -160,10 +187,11 @@ def drain(dsn: str, workers: int, ready: int) -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     raise TimeoutError("drain took over an hour")
                 time.sleep(1.0)
-            # The ready rows are the newest ones: their ids sort after the history's.
+            # The ready rows are the only ones that ended within the day (the history
+            # ended over a day ago): today's partition, or the newest rows of job.
             row = conn.execute(
                 "SELECT count(*), extract(epoch FROM max(updated_at) - min(updated_at))"
-                " FROM job WHERE state = 'done' AND created_at > now() - interval '1 day'"
+                " FROM job_all WHERE state = 'done' AND updated_at > now() - interval '1 day'"
             ).fetchone()
         assert row is not None
         count, seconds = int(row[0]), float(row[1] or 0.0)
@@ -287,11 +315,90 @@ def retention(dsn: str, workers: int, history: int, batch: int) -> dict[str, Any
     }
 
 
+def retention_partitions(dsn: str, workers: int, history: int) -> dict[str, Any]:
+    """The history's partitions released and dropped one after the other, as the
+    master's upkeep does past a TTL of one day, while single jobs flow (one every 20 ms
+    plus its pickup): their pickup latency during the drops, and each call's time."""
+    import brooq
+
+    from history_retention import drop_partition
+
+    env_master = start_master_of(dsn, workers, {})
+    queue = brooq.Queue(dsn)
+    latencies: list[float] = []
+    missed = 0
+    calls: list[dict[str, Any]] = []
+    errors: list[str] = []
+    finished = threading.Event()
+
+    def upkeep() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                names = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT name FROM brooq_history_expired(now() - interval '1 day')"
+                    ).fetchall()
+                ]
+                for name in names:
+                    calls.append(drop_partition(conn, name))
+                    log(f"  retention: dropped {name}: {calls[-1]}")
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            finished.set()
+
+    t0 = time.monotonic()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(5):  # warm up: the children are up and idle
+                _enqueue_and_time(queue, conn, f"warm{i}-{uuid.uuid4().hex[:6]}")
+            dropper = threading.Thread(target=upkeep, daemon=True)
+            t0 = time.monotonic()
+            dropper.start()
+            i = 0
+            while not finished.is_set():
+                if not env_master.alive():
+                    raise RuntimeError(f"master exited:\n{env_master.log_tail()}")
+                ms = _enqueue_and_time(queue, conn, f"r{i}-{uuid.uuid4().hex[:6]}")
+                i += 1
+                if ms is None:
+                    missed += 1
+                else:
+                    latencies.append(ms)
+                time.sleep(0.02)
+            dropper.join()
+            left = conn.execute(
+                "SELECT count(*) FROM job_history WHERE updated_at < now() - interval '1 day'"
+            ).fetchone()
+        seconds = time.monotonic() - t0
+    finally:
+        queue.close()
+        env_master.stop()
+    release = [c["release"]["db_ms"] for c in calls]
+    drop = [c["drop"]["db_ms"] for c in calls]
+    return {
+        "deleted": history,
+        "left": left[0] if left else None,
+        "partitions": len(calls),
+        "seconds": round(seconds, 1),
+        "deleted_per_s": round(history / seconds) if seconds else None,
+        "release_db_ms_max": max(release, default=None),
+        "release_db_ms_sum": round(sum(release), 1),
+        "drop_db_ms_max": max(drop, default=None),
+        "drop_db_ms_sum": round(sum(drop), 1),
+        "drop_tries_max": max((c["drop"]["tries"] for c in calls), default=None),
+        "calls": calls,
+        "errors": errors,
+        "pickup_during_retention": _latency_summary(latencies, missed),
+    }
+
+
 def one_table(admin: str, label: str, history: int, args: argparse.Namespace) -> dict[str, Any]:
     with fresh_database(admin, f"scale_{label}") as dsn:
         log(f"{label}: building ({history:,} finished rows, {args.ready:,} ready)")
         result: dict[str, Any] = {"history": history, "ready": args.ready}
-        result.update(build(dsn, history, args.ready))
+        result.update(build(dsn, history, args.ready, args.history_in))
         sampler = Sampler(dsn)
         sampler.start()
         log(f"{label}: draining")
@@ -301,14 +408,21 @@ def one_table(admin: str, label: str, history: int, args: argparse.Namespace) ->
         log(f"{label}: pickup {result['pickup']}")
         if history and not args.no_retention:
             log(f"{label}: retention of {history:,} rows while jobs flow")
-            result["retention"] = retention(dsn, args.workers, history, args.retention_batch)
-            log(f"{label}: retention {result['retention']}")
+            if args.history_in == "job_history":
+                result["retention"] = retention_partitions(dsn, args.workers, history)
+            else:
+                result["retention"] = retention(dsn, args.workers, history, args.retention_batch)
+            log(f"{label}: retention {dict(result['retention'], calls='...')}")
         samples = sampler.stop()
         result["samples"] = samples
         if samples:
             result["max_dead_tuples"] = max(s["n_dead_tup"] for s in samples)
             result["table_bytes"] = [samples[0]["table_bytes"], samples[-1]["table_bytes"]]
             result["index_bytes"] = [samples[0]["index_bytes"], samples[-1]["index_bytes"]]
+            result["history_bytes"] = [
+                samples[0]["history_table_bytes"] + samples[0]["history_index_bytes"],
+                samples[-1]["history_table_bytes"] + samples[-1]["history_index_bytes"],
+            ]
     return result
 
 
@@ -321,6 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pickup", type=int, default=PICKUP)
     ap.add_argument("--retention-batch", type=int, default=1000)
     ap.add_argument("--no-retention", action="store_true")
+    ap.add_argument(
+        "--history-in",
+        choices=("job_history", "job"),
+        default="job_history",
+        help="where the finished rows are put: job_history's daily partitions (dropped"
+        " whole by retention), or job (terminal rows left there before migration 0020,"
+        " deleted row by row)",
+    )
     ap.add_argument("--quick", action="store_true", help="1,000,000 history, 100,000 ready")
     ap.add_argument("--out", type=Path)
     ap.add_argument(
@@ -341,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         "server": where,
         "workers": args.workers,
         "master_env": MASTER_ENV,
+        "history_in": args.history_in,
     }
     tables = args.tables.split(",")
     for label in tables:
@@ -371,6 +494,12 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{label}: retention {ret['deleted_per_s']:,} rows/s; pickup during it p99 "
                 f"{ret['pickup_during_retention']['p99_ms']} ms"
+                + (
+                    f"; per partition release <= {ret['release_db_ms_max']} ms, drop <= "
+                    f"{ret['drop_db_ms_max']} ms (database time)"
+                    if "calls" in ret
+                    else ""
+                )
             )
     return 0
 
