@@ -71,6 +71,15 @@ def transition(conn: Connection, action: Transition, job_id: uuid.UUID, q: Queri
     statement: LiteralString = getattr(q, _TRANSITION_QUERIES[action])
     if action == "cancel":
         return conn.execute(statement, transition_params(action, job_id)).fetchone() is not None
+    if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        # No transaction of the caller's yet: the statement opens it, and the caller
+        # commits it (conn.transaction() here would commit it at once). A refusal rolls
+        # back only that transaction, which holds nothing else.
+        try:
+            return conn.execute(statement, transition_params(action, job_id)).fetchone() is not None
+        except psycopg.errors.UniqueViolation:
+            conn.rollback()
+            return False
     try:
         # A savepoint (or a transaction of its own in autocommit): a job whose unique_key
         # another active job holds fails the statement on job_unique_key_idx, and the

@@ -3,18 +3,19 @@
 
 -- name: job_get
 -- errors: [] when none (NULL until the first failed attempt, and on rows an older master
--- wrote); tags: [] when none.
+-- wrote); tags: [] when none. A job is in job while active, in job_history once finished
+-- (or, finished before migration 0020, still in job): job_all reads both, by id in each.
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
        progress, progress_message, traceparent, started_at
-FROM {job} WHERE id = %(id)s
+FROM {job_all} WHERE id = %(id)s
 
 -- name: job_logs
 -- A keep_logs job's log per attempt ({"attempt", "at", "text"}, the last 20 attempts,
 -- oldest first): [] when none were kept.
-SELECT coalesce(logs, '[]'::jsonb) AS logs FROM {job} WHERE id = %(id)s
+SELECT coalesce(logs, '[]'::jsonb) AS logs FROM {job_all} WHERE id = %(id)s
 
 -- name: job_cancel
 -- Operator or producer cancel. A processing row is canceled too, and only then is a
@@ -25,7 +26,10 @@ SELECT coalesce(logs, '[]'::jsonb) AS logs FROM {job} WHERE id = %(id)s
 -- leaves (RETURNING shows the new row only); a row changed meanwhile is read again under
 -- the lock, as an UPDATE would. from_states is brooq.job.CANCELABLE_STATES (bound by
 -- brooq.operator.changes.transition_params), the one spelling of which states may be
--- canceled.
+-- canceled. Only job is read: a finished job is never canceled, and one finishing while
+-- the cancel waits for its row leaves job in that outcome's statement (to job_history),
+-- so the cancel finds no row, writes nothing and answers no row; the caller reads how
+-- the job ended in a statement of its own (job_get), which sees that outcome.
 WITH prior AS MATERIALIZED (
     SELECT id, state = 'processing' AS held FROM {job}
     WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
@@ -44,16 +48,38 @@ FROM canceled JOIN prior ON prior.id = canceled.id
 -- the error history kept, the waited flag cleared (its waiter has returned: the next end
 -- would otherwise notify nobody's wait).
 -- from_states is brooq.job.RETRYABLE_STATES (bound by brooq.queue.transition_params).
+-- A finished job is in job_history: its row is moved back into job (deleted there,
+-- inserted here as the retry writes it, every column of job in its order: a test holds
+-- the list equal to the table's). One that finished before migration 0020 is still in
+-- job and is updated in place. A job is in one of them, never both: one of the two
+-- writes finds it. Its idempotency key stays its own (brooq_job_key, job_key_taken).
 -- A job with a unique_key comes back as its key's job (start_after cleared: a canceled
--- waiting job too), so not while another active job holds the key: the UPDATE then fails
--- on job_unique_key_idx, which brooq.operator.changes reads as a refusal (in a savepoint)
--- and explains, naming that job.
-WITH retried AS (
+-- waiting job too), so not while another active job holds the key: the INSERT (or the
+-- UPDATE) then fails on job_unique_key_idx, which brooq.operator.changes reads as a
+-- refusal (in a savepoint) and explains, naming that job.
+WITH moved AS (
+    DELETE FROM {job_history}
+    WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
+    RETURNING *
+), back AS (
+    INSERT INTO {job}
+    SELECT m.id, m.topic, m.payload, 'pending' AS state, 0 AS attempts,
+           now() AS available_at, NULL AS locked_by, NULL AS locked_until, m.last_error,
+           m.idempotency_key, m.created_at, now() AS updated_at, m.lease_expiries, m.queue,
+           m.priority, m.result, m.errors, NULL AS waited, m.unique_key, NULL AS start_after,
+           m.tags, m.group_key, m.upstream_open, m.upstream_failed, m.on_upstream_failure,
+           m.has_downstream, m.progress, m.progress_message, m.logs, m.traceparent,
+           m.parked, m.started_at
+    FROM moved AS m
+    RETURNING id
+), kept AS (
     UPDATE {job} SET state = 'pending', attempts = 0, available_at = now(),
                    locked_by = NULL, locked_until = NULL, waited = NULL, start_after = NULL,
                    updated_at = now()
     WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
     RETURNING id
+), retried AS (
+    SELECT id FROM back UNION ALL SELECT id FROM kept
 )
 -- The payload is the job table's schema: a master wakes its children only for its own
 -- (brooq.ipc.channel).
@@ -63,9 +89,10 @@ SELECT retried.id, pg_notify('brooq_job', (SELECT n.nspname::text FROM pg_namesp
 
 -- name: job_unique_key_holder
 -- The active job holding a job's unique_key (its key's job, not a waiting one), other
--- than the job itself: why a retry of it was refused. No row: the key is free.
+-- than the job itself: why a retry of it was refused. No row: the key is free. The job
+-- itself is finished (job_all); the holder is active (job).
 SELECT holder.id, holder.state
-FROM {job} AS mine
+FROM {job_all} AS mine
 JOIN {job} AS holder
   ON holder.topic = mine.topic AND holder.unique_key = mine.unique_key
  AND holder.start_after IS NULL AND holder.state IN ('pending', 'failed', 'processing')
@@ -77,12 +104,21 @@ LIMIT 1
 -- retry_many): how many jobs of a topic (and queue, and tag) are in a state, and the
 -- instant of that count. The batches below touch only rows not written since (updated_at <= as_of):
 -- a job that changed meanwhile is left alone, and rows arriving while a bulk change runs
--- cannot keep it going forever.
-SELECT count(*) AS matched, now() AS as_of
-FROM {job}
-WHERE topic = %(topic)s AND state = %(state)s
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
+-- cannot keep it going forever. A finished state is counted in job_history besides job
+-- (its rows from before migration 0020); an unfinished one in job only: the history's
+-- arm is not run at all then (a test of the parameter alone, made once).
+SELECT (SELECT count(*)
+        FROM {job}
+        WHERE topic = %(topic)s AND state = %(state)s
+          AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+          AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text]))
+       + (SELECT count(*)
+          FROM {job_history}
+          WHERE %(state)s::text IN ('done', 'dead', 'canceled')
+            AND topic = %(topic)s AND state = %(state)s
+            AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+            AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])) AS matched,
+       now() AS as_of
 
 -- name: job_cancel_batch
 -- One batch of a bulk cancel, its own transaction: at most `batch` rows are locked, and
@@ -160,14 +196,29 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 -- name: job_retry_batch
 -- One batch of a bulk retry: batched, locked, keyed and guarded as job_cancel_batch, and
 -- each row written as job_retry writes one (pending now, attempts reset, last_error and
--- the error history kept, the waited flag cleared, start_after cleared); from_states is
--- brooq.job.BULK_FROM_STATES['retry']. One pg_notify per batch that retried anything wakes
--- the masters, as job_retry's does for one job (NOTIFY must never run per row).
+-- the error history kept, the waited flag cleared, start_after cleared; moved back from
+-- job_history into job, or updated in place for a row from before migration 0020);
+-- from_states is brooq.job.BULK_FROM_STATES['retry']. The keyset walks both tables by
+-- id: each gives its first `batch` rows past `after`, and the batch is the first `batch`
+-- of the two together (rows of one locked past the other's are left for the next
+-- batch, which starts after this one's last id). One pg_notify per batch that retried
+-- anything wakes the masters, as job_retry's does for one job (NOTIFY must never run per
+-- row).
 -- A job with a unique_key comes back as its key's job, so it is left alone (`taken`,
 -- with the job holding its key) when an active job holds the key, or when a job of this
 -- batch with a smaller id and the same key comes back first. One taking the key meanwhile
--- makes the UPDATE fail on job_unique_key_idx: brooq.operator.changes runs the batch again.
-WITH picked AS MATERIALIZED (
+-- makes the INSERT (or UPDATE) fail on job_unique_key_idx: brooq.operator.changes runs
+-- the batch again.
+WITH picked_history AS MATERIALIZED (
+    SELECT id, topic, unique_key FROM {job_history}
+    WHERE id > %(after)s::uuid AND topic = %(topic)s AND state = %(state)s
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
+      AND updated_at <= %(as_of)s
+    ORDER BY id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), picked_job AS MATERIALIZED (
     SELECT id, topic, unique_key FROM {job}
     WHERE id > %(after)s::uuid AND topic = %(topic)s AND state = %(state)s
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -176,6 +227,11 @@ WITH picked AS MATERIALIZED (
     ORDER BY id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
+), picked AS MATERIALIZED (
+    SELECT id, topic, unique_key
+    FROM (SELECT * FROM picked_history UNION ALL SELECT * FROM picked_job) AS both_tables
+    ORDER BY id
+    LIMIT %(batch)s
 ), taken AS MATERIALIZED (
     SELECT p.id, coalesce(
         (SELECT holder.id FROM {job} AS holder
@@ -188,7 +244,25 @@ WITH picked AS MATERIALIZED (
          ORDER BY first.id LIMIT 1)) AS holder
     FROM picked AS p
     WHERE p.unique_key IS NOT NULL
-), retried AS (
+), moved AS (
+    DELETE FROM {job_history}
+    WHERE id = ANY(ARRAY(SELECT id FROM picked
+                         EXCEPT SELECT id FROM taken WHERE holder IS NOT NULL))
+      AND state = %(state)s AND state = ANY(%(from_states)s::text[])
+    RETURNING *
+), back AS (
+    -- Every column of job in its order, as job_retry writes them.
+    INSERT INTO {job}
+    SELECT m.id, m.topic, m.payload, 'pending' AS state, 0 AS attempts,
+           now() AS available_at, NULL AS locked_by, NULL AS locked_until, m.last_error,
+           m.idempotency_key, m.created_at, now() AS updated_at, m.lease_expiries, m.queue,
+           m.priority, m.result, m.errors, NULL AS waited, m.unique_key, NULL AS start_after,
+           m.tags, m.group_key, m.upstream_open, m.upstream_failed, m.on_upstream_failure,
+           m.has_downstream, m.progress, m.progress_message, m.logs, m.traceparent,
+           m.parked, m.started_at
+    FROM moved AS m
+    RETURNING id
+), kept AS (
     UPDATE {job} SET state = 'pending', attempts = 0, available_at = now(),
                    locked_by = NULL, locked_until = NULL, waited = NULL, start_after = NULL,
                    updated_at = now()
@@ -196,6 +270,8 @@ WITH picked AS MATERIALIZED (
                          EXCEPT SELECT id FROM taken WHERE holder IS NOT NULL))
       AND state = %(state)s AND state = ANY(%(from_states)s::text[])
     RETURNING id
+), retried AS (
+    SELECT id FROM back UNION ALL SELECT id FROM kept
 )
 SELECT (SELECT count(*) FROM picked) AS picked,
        (SELECT id FROM picked ORDER BY id DESC LIMIT 1) AS last_id,
@@ -218,33 +294,56 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 -- counted). held, part of ready, is job_held_by_topic's. Then the state counts the
 -- library's records keep: pending, failed, and busy (processing under a lease that has
 -- not expired, i.e. a child working on it; an expired lease waits for the reaper).
--- The WHERE is an OR of three arms, each the predicate of a partial index (as in
--- web_overview_exact): the planner reads the active and dead rows only, through a
--- BitmapOr, never the done and canceled history; as one IN list it matched no index and
--- scanned the whole table every stats period (1,000,000 jobs, 94 % done: 137 ms a run
--- before, 44 ms after; docs/status-page.md). Its cost still follows the backlog.
-SELECT queue, topic,
-       count(*) FILTER (WHERE state = 'waiting' AND parked IS NULL) AS waiting,
-       count(*) FILTER (WHERE state = 'pending' AND available_at > now() AND parked IS NULL)
-           AS scheduled,
-       count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now()) AS ready,
-       count(*) FILTER (WHERE state = 'failed' AND available_at > now()) AS retrying,
-       count(*) FILTER (WHERE parked IS NOT NULL AND (
-           state = 'waiting' OR (state = 'pending' AND available_at > now())))
-           AS parked,
-       count(*) FILTER (WHERE state = 'processing') AS processing,
-       count(*) FILTER (WHERE state = 'dead') AS dead,
-       coalesce(extract(epoch FROM now() - min(available_at) FILTER (
-           WHERE state IN ('pending', 'failed') AND available_at <= now())), 0)::float8
-           AS oldest_ready_age,
-       count(*) FILTER (WHERE state = 'pending') AS pending,
-       count(*) FILTER (WHERE state = 'failed') AS failed,
-       count(*) FILTER (WHERE state = 'processing' AND locked_until > now()) AS busy
-FROM {job}
-WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
-   OR state = 'waiting'
-GROUP BY queue, topic
-ORDER BY queue, topic
+-- The unfinished jobs are in job; the dead are in job_history (job_history_dead_idx),
+-- and in job those that died before migration 0020. A job is in one of the two: the
+-- one snapshot counts it once. On job, the WHERE is an OR of three arms, each the
+-- predicate of a partial index (as in web_overview_exact): the planner reads the active
+-- and legacy dead rows only, through a BitmapOr; as one IN list it matched no index and
+-- scanned the whole table every stats period (docs/status-page.md). Its cost follows
+-- the backlog and the dead jobs kept, never the done ones.
+WITH active AS (
+    SELECT queue, topic,
+           count(*) FILTER (WHERE state = 'waiting' AND parked IS NULL) AS waiting,
+           count(*) FILTER (WHERE state = 'pending' AND available_at > now()
+                              AND parked IS NULL) AS scheduled,
+           count(*) FILTER (WHERE state IN ('pending', 'failed') AND available_at <= now())
+               AS ready,
+           count(*) FILTER (WHERE state = 'failed' AND available_at > now()) AS retrying,
+           count(*) FILTER (WHERE parked IS NOT NULL AND (
+               state = 'waiting' OR (state = 'pending' AND available_at > now())))
+               AS parked,
+           count(*) FILTER (WHERE state = 'processing') AS processing,
+           count(*) FILTER (WHERE state = 'dead') AS dead,
+           min(available_at) FILTER (
+               WHERE state IN ('pending', 'failed') AND available_at <= now()) AS oldest_ready,
+           count(*) FILTER (WHERE state = 'pending') AS pending,
+           count(*) FILTER (WHERE state = 'failed') AS failed,
+           count(*) FILTER (WHERE state = 'processing' AND locked_until > now()) AS busy
+    FROM {job}
+    WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
+       OR state = 'waiting'
+    GROUP BY queue, topic
+), gone AS (
+    SELECT queue, topic, count(*) AS dead
+    FROM {job_history}
+    WHERE state = 'dead'
+    GROUP BY queue, topic
+)
+SELECT coalesce(a.queue, g.queue) AS queue, coalesce(a.topic, g.topic) AS topic,
+       coalesce(a.waiting, 0) AS waiting,
+       coalesce(a.scheduled, 0) AS scheduled,
+       coalesce(a.ready, 0) AS ready,
+       coalesce(a.retrying, 0) AS retrying,
+       coalesce(a.parked, 0) AS parked,
+       coalesce(a.processing, 0) AS processing,
+       coalesce(a.dead, 0) + coalesce(g.dead, 0) AS dead,
+       coalesce(extract(epoch FROM now() - a.oldest_ready), 0)::float8 AS oldest_ready_age,
+       coalesce(a.pending, 0) AS pending,
+       coalesce(a.failed, 0) AS failed,
+       coalesce(a.busy, 0) AS busy
+FROM active AS a
+FULL JOIN gone AS g ON g.queue = a.queue AND g.topic = a.topic
+ORDER BY 1, 2
 
 -- template: limits_held
 -- variant: topic_limits_held
@@ -343,8 +442,9 @@ ORDER BY lim.topic
 -- retrying). limited: the topics whose oldest ready job not held back the caller takes
 -- from job_held_by_topic, left out of oldest_ready_seconds here. Like
 -- job_stats_by_topic (and with its OR of partial-index predicates), only the unfinished
--- states and dead are read, never done or canceled rows.
-WITH counts AS (
+-- states and dead are read in job, and the dead in job_history, never done or canceled
+-- rows.
+WITH active AS (
     SELECT queue,
            count(*) FILTER (WHERE state = 'waiting' AND parked IS NULL) AS waiting,
            count(*) FILTER (WHERE state = 'pending' AND available_at > now()
@@ -366,6 +466,18 @@ WITH counts AS (
     WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
        OR state = 'waiting'
     GROUP BY queue
+), gone AS (
+    SELECT queue, count(*) AS dead
+    FROM {job_history}
+    WHERE state = 'dead'
+    GROUP BY queue
+), counts AS (
+    SELECT coalesce(a.queue, g.queue) AS queue, a.waiting, a.scheduled, a.ready,
+           a.retrying, a.parked, a.processing,
+           coalesce(a.dead, 0) + coalesce(g.dead, 0) AS dead, a.failed,
+           a.oldest_ready_seconds
+    FROM active AS a
+    FULL JOIN gone AS g ON g.queue = a.queue
 )
 SELECT coalesce(c.queue, q.name) AS name,
        coalesce(q.paused, false) AS paused,
@@ -392,12 +504,14 @@ ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
 -- name: job_list
 -- Newest first. A tag is a filter on the rows read in that order (no index on tags: a
 -- listing stops at `limit` matches; docs/how-to/unique-and-debounce.md has its cost).
+-- Active and finished jobs alike (job_all); a finished state is read in job_history
+-- (and job's rows from before migration 0020), an unfinished one in job.
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
        progress, progress_message, traceparent, started_at
-FROM {job}
+FROM {job_all}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -435,18 +549,21 @@ LIMIT %(limit)s
 -- name: job_count_finished_since
 -- Per queue and topic, the jobs that reached done, failed, dead or canceled in the last
 -- given number of seconds (each of those writes sets updated_at): the recent throughput.
+-- failed in job, the finished in job_history (only its partitions that may hold rows
+-- that recent are read: it is partitioned on updated_at) and, from before migration
+-- 0020, in job.
 SELECT queue, topic, count(*) AS jobs
-FROM {job}
+FROM {job_all}
 WHERE state IN ('done', 'dead', 'canceled', 'failed')
   AND updated_at >= now() - make_interval(secs => %(seconds)s)
 GROUP BY queue, topic
 
 -- name: periodic_list
--- `brooq periodic`: the last claimed tick of each named schedule and its job's state
--- (NULL state with a last_job: retention deleted the job).
+-- `brooq periodic`: the last claimed tick of each named schedule and its job's state,
+-- active or finished (NULL state with a last_job: retention deleted the job).
 SELECT p.name, p.last_tick, p.last_job, j.state
 FROM {brooq_periodic} p
-LEFT JOIN {job} j ON j.id = p.last_job
+LEFT JOIN {job_all} j ON j.id = p.last_job
 WHERE p.name = ANY(%(names)s::text[])
 
 -- name: testing_ready_queues
@@ -457,13 +574,14 @@ WHERE state IN ('pending', 'failed') AND available_at <= now() AND topic = ANY(%
 ORDER BY queue
 
 -- name: testing_jobs
--- brooq.testing.jobs: every job (of a topic, in a state), oldest first, for assertions.
+-- brooq.testing.jobs: every job (of a topic, in a state), oldest first, for assertions:
+-- active and finished alike (job_all).
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
        progress, progress_message, traceparent, started_at
-FROM {job}
+FROM {job_all}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
 ORDER BY created_at, id
@@ -477,7 +595,9 @@ WITH request AS (
 SELECT id, pg_notify('brooq_stack', %(job_id)s::text) FROM request
 
 -- name: stack_job_state
-SELECT state FROM {job} WHERE id = %(id)s
+-- Whether the job runs (no stack is asked of a job that does not): a finished job is
+-- named with how it ended, not as unknown.
+SELECT state FROM {job_all} WHERE id = %(id)s
 
 -- name: listen_stack_answers
 LISTEN brooq_stack_answer
@@ -588,14 +708,15 @@ SELECT pg_is_in_recovery() AS standby,
 -- (retention keeps those of a job not yet ended). Positions from 1: the child jobs a
 -- durable handler waited for (claim.wait_jobs) have edges at negative positions.
 SELECT u.id, u.topic, u.state, u.result
-FROM {brooq_job_edge} AS e JOIN {job} AS u ON u.id = e.upstream_id
+FROM {brooq_job_edge} AS e JOIN {job_all} AS u ON u.id = e.upstream_id
 WHERE e.downstream_id = %(id)s AND e.position > 0
 ORDER BY e.position
 
 -- name: job_downstream
--- The jobs that wait or waited for a job, by id (enqueue order), at most `limit`.
+-- The jobs that wait or waited for a job, by id (enqueue order), at most `limit`, active
+-- or finished.
 SELECT d.id, d.topic, d.state, d.result
-FROM {brooq_job_edge} AS e JOIN {job} AS d ON d.id = e.downstream_id
+FROM {brooq_job_edge} AS e JOIN {job_all} AS d ON d.id = e.downstream_id
 WHERE e.upstream_id = %(id)s
 ORDER BY d.id
 LIMIT %(limit)s

@@ -88,7 +88,7 @@ def test_a_row_changed_under_the_cancel_is_judged_by_its_state_then(
         thread.join(10)
     assert answer == [moved]
     assert _heard(listener) == ([str(job_id)] if notified else [])
-    row = db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert row == (("canceled",) if moved else (then,))
 
 
@@ -137,6 +137,6 @@ def test_brooq_cancel_async_and_its_refusals(
 
 
 def _state(db: psycopg.Connection[Any], job_id: Any) -> str:
-    row = db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert row is not None
     return str(row[0])

@@ -151,7 +151,7 @@ def world(queue: brooq.Queue, db: psycopg.Connection[Any]) -> Jobs:
 
 
 def state_of(db: psycopg.Connection[Any], job_id: str) -> tuple[str, int]:
-    row = db.execute("SELECT state, attempts FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT state, attempts FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert row is not None
     return row[0], row[1]
 
@@ -617,7 +617,7 @@ def test_enqueue_refuses_bad_input(dsn: str, db: psycopg.Connection[Any]) -> Non
     assert "no unit" in refused(dsn, "enqueue", "t", "--in", "300", code=2)
     assert "does not match" in refused(dsn, "enqueue", "Bad Topic", code=2)
     assert "Missing argument" in refused(dsn, "enqueue", code=2)
-    row = db.execute("SELECT count(*) FROM job").fetchone()
+    row = db.execute("SELECT count(*) FROM job_all").fetchone()
     assert row == (0,)
 
 
@@ -739,7 +739,7 @@ def test_pause_a_queue_before_any_job_then_resume_it(dsn: str, db: psycopg.Conne
     )
     assert paused_rows(db) == [("bulk", False)]
     assert as_json(dsn, "queues") == [{**idle, "paused": False}]  # still listed: it has a row
-    assert db.execute("SELECT count(*) FROM job").fetchone() == (0,)  # no job was made
+    assert db.execute("SELECT count(*) FROM job_all").fetchone() == (0,)  # no job was made
 
 
 def test_pause_a_queue_that_has_jobs(dsn: str, world: Jobs, db: psycopg.Connection[Any]) -> None:

@@ -33,7 +33,7 @@ def refused(dsn: str, *args: str, code: int = 2, **kwargs: Any) -> str:
 
 
 def count(db: psycopg.Connection[Any]) -> int:
-    row = db.execute("SELECT count(*) FROM job").fetchone()
+    row = db.execute("SELECT count(*) FROM job_all").fetchone()
     assert row is not None
     return int(row[0])
 

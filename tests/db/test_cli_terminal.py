@@ -37,8 +37,8 @@ def hostile(world: Jobs, db: psycopg.Connection[Any]) -> Jobs:  # noqa: F811
     history = [{"attempt": 1, "at": "2030-01-01T00:00:00+00:00", "worker": "w" + HOSTILE,
                 "error": "E: " + HOSTILE}]  # fmt: skip
     logs = [{"attempt": 1, "at": "2030-01-01T00:00:00+00:00", "text": "line " + HOSTILE}]
-    db.execute(
-        "UPDATE job SET last_error = %s, errors = %s, logs = %s WHERE id = %s",
+    db.execute(  # finished: in job_history
+        "UPDATE job_history SET last_error = %s, errors = %s, logs = %s WHERE id = %s",
         (LAST_ERROR, json.dumps(history), json.dumps(logs), world.dead),
     )
     db.execute(

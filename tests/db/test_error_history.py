@@ -67,7 +67,7 @@ def fail(db: psycopg.Connection[Any], job_id: uuid.UUID, n: int, tb: str | None)
 
 
 def history(db: psycopg.Connection[Any], job_id: uuid.UUID) -> list[dict[str, Any]]:
-    return db.execute("SELECT errors FROM job WHERE id = %s", (job_id,)).fetchone()[0]  # type: ignore[index,no-any-return]
+    return db.execute("SELECT errors FROM job_all WHERE id = %s", (job_id,)).fetchone()[0]  # type: ignore[index,no-any-return]
 
 
 def test_the_history_keeps_the_last_20_entries(db: psycopg.Connection[Any]) -> None:
@@ -186,7 +186,7 @@ def test_each_lease_expiry_appends_an_entry(db: psycopg.Connection[Any]) -> None
     expire("host:2:bbbbbb")
     expire("host:3:cccccc")
     state, attempts, errors = db.execute(
-        "SELECT state, attempts, errors FROM job WHERE id = %s", (job_id,)
+        "SELECT state, attempts, errors FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()  # type: ignore[misc]
     assert (state, attempts) == ("dead", 1)
     # The attempt is refunded at each expiry: the next claim charges attempt 1 again.

@@ -47,7 +47,7 @@ def dead_child(identity: str, kill_job: uuid.UUID | None = None) -> ChildProc:
 
 def jobs(db: psycopg.Connection[Any], ids: list[uuid.UUID]) -> list[tuple[Any, ...]]:
     return db.execute(
-        "SELECT state, attempts, locked_by, lease_expiries FROM job WHERE id = ANY(%s) "
+        "SELECT state, attempts, locked_by, lease_expiries FROM job_all WHERE id = ANY(%s) "
         "ORDER BY created_at, id",
         (ids,),
     ).fetchall()

@@ -26,7 +26,7 @@ def _job(db: psycopg.Connection[Any], worker: str, attempts: int = 1) -> uuid.UU
 
 def _progress(db: psycopg.Connection[Any], job_id: uuid.UUID) -> tuple[Any, ...] | None:
     return db.execute(
-        "SELECT progress, progress_message FROM job WHERE id = %s", (job_id,)
+        "SELECT progress, progress_message FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
 
 

@@ -48,7 +48,7 @@ def _states(db: psycopg.Connection[Any], **where: str) -> dict[str, int]:
     cond = " AND ".join(f"{k} = %({k})s" for k in where) or "true"
     rows = db.execute(
         "SELECT CASE WHEN parked IS NOT NULL THEN 'parked' ELSE state END, count(*) "
-        f"FROM job WHERE {cond} GROUP BY 1",
+        f"FROM job_all WHERE {cond} GROUP BY 1",
         where,
     ).fetchall()
     return dict(rows)
@@ -66,10 +66,12 @@ def _after_purge(before: dict[str, int]) -> dict[str, int]:
 
 
 def _transactions(db: psycopg.Connection[Any], **where: str) -> int:
-    """How many transactions canceled the set's jobs (one xmin each)."""
+    """How many transactions canceled the set's jobs (one xmin each: a canceled job's row
+    was moved into job_history by the cancel's own statement)."""
     cond = " AND ".join(f"{k} = %({k})s" for k in where)
     row = db.execute(
-        f"SELECT count(DISTINCT xmin::text) FROM job WHERE {cond} AND state = 'canceled' "
+        f"SELECT count(DISTINCT xmin::text) FROM job_history WHERE {cond} "
+        "AND state = 'canceled' "
         "AND locked_by IS NULL",
         where,
     ).fetchone()

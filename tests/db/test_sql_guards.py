@@ -51,7 +51,7 @@ def insert(
 
 
 def get(db: Conn, job_id: uuid.UUID) -> Row:
-    row = db.execute("SELECT * FROM job WHERE id = %s", [job_id]).fetchone()
+    row = db.execute("SELECT * FROM job_all WHERE id = %s", [job_id]).fetchone()
     assert row is not None
     return row
 
@@ -441,7 +441,7 @@ def test_handler_cancel_is_guarded_and_records_why(db: Conn) -> None:
     row = get(db, job_id)
     assert (row["state"], row["last_error"]) == ("canceled", "canceled by handler")
     # the cancel is the attempt's end: an entry in the error history, as a failure's
-    [entry] = db.execute("SELECT errors FROM job WHERE id = %s", (job_id,)).fetchone()["errors"]  # type: ignore[index]
+    [entry] = db.execute("SELECT errors FROM job_all WHERE id = %s", (job_id,)).fetchone()["errors"]  # type: ignore[index]
     assert (entry["kind"], entry["error"], entry["worker"]) == (
         "canceled",
         "canceled by handler",
@@ -649,14 +649,16 @@ def test_reaper_race_control_a_read_then_update_reaper_loses_the_outcome(
 ) -> None:
     """The same race against a reaper that checks the state in a SELECT and then
     updates by id (River before the fix): it waits for A's lock, then overwrites the
-    committed done. This shows that the schedule really reaches the race."""
+    committed outcome. This shows that the schedule really reaches the race. The outcome
+    is a failed attempt to retry later, which stays in job (a done one leaves job for
+    job_history in its own statement, where no UPDATE of job can reach it)."""
     job_id = insert(db)
     worker = connect(autocommit=False)
     reaper = connect(autocommit=False)
     assert claim_one(worker, "A") == job_id
     worker.commit()
     expire(db, job_id)
-    assert set_done(worker, job_id, "A") == 1
+    assert set_failed(worker, job_id, "A", delay=3600) == "failed"
 
     def read_then_update(conn: Conn) -> set[uuid.UUID]:
         # The SELECT does not wait for row locks: it sees the old, expired version.
@@ -716,12 +718,15 @@ def test_retention_deletes_old_terminal_rows_in_batches_oldest_first(db: Conn, p
     day = 86400
 
     def row_in(state: str, age_days: float) -> uuid.UUID:
-        job_id = insert(db)
+        # Inserted in its state: a finished row stays in job, as the rows that ended
+        # before migration 0020 do (an UPDATE ending a job moves it to job_history), and
+        # those are what this retention deletes.
+        job_id = uuid.uuid4()
         lock = state == "processing"
         db.execute(
-            "UPDATE job SET state = %(state)s, updated_at = now() - make_interval(secs => %(age)s),"
-            " locked_by = CASE WHEN %(lock)s THEN 'A' END,"
-            " locked_until = CASE WHEN %(lock)s THEN now() END WHERE id = %(id)s",
+            "INSERT INTO job (id, topic, state, updated_at, locked_by, locked_until) "
+            "VALUES (%(id)s, 't', %(state)s, now() - make_interval(secs => %(age)s),"
+            " CASE WHEN %(lock)s THEN 'A' END, CASE WHEN %(lock)s THEN now() END)",
             {"state": state, "age": age_days * day, "lock": lock, "id": job_id},
         )
         return job_id

@@ -66,6 +66,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.op = self.conns["operator"]
         self.master = self.conns["master"]
         self.op.execute("DELETE FROM job")
+        self.op.execute("DELETE FROM job_history")
+        self.op.execute("DELETE FROM brooq_job_key")
         self.jobs: list[uuid.UUID] = []
         # What each worker believes it holds; beliefs may be stale, the database decides.
         self.held: dict[str, set[uuid.UUID]] = {w: set() for w in WORKERS}
@@ -75,7 +77,8 @@ class QueueMachine(RuleBasedStateMachine):
     # -- bookkeeping ------------------------------------------------------------------
 
     def snapshot(self) -> tuple[dict[uuid.UUID, Row], datetime]:
-        rows = self.op.execute("SELECT * FROM job").fetchall()
+        # Active jobs in job, finished ones in job_history: each in one of them.
+        rows = self.op.execute("SELECT * FROM job_all").fetchall()
         now_row = self.op.execute("SELECT now() AS t").fetchone()
         assert now_row is not None
         return {row["id"]: row for row in rows}, now_row["t"]

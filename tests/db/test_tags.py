@@ -94,7 +94,7 @@ def test_bulk_cancel_and_retry_by_tag(queue: brooq.Queue, conn: Conn, dsn: str) 
     bare = queue.enqueue(brooq.Job("t", 9))[0]
     result = queue.cancel_many(topic="t", state="pending", tag="eu")
     assert (result.matched, result.changed) == (3, 3)
-    states = {r["id"]: r["state"] for r in conn.execute("SELECT id, state FROM job")}
+    states = {r["id"]: r["state"] for r in conn.execute("SELECT id, state FROM job_all")}
     assert [states[i] for i in tagged] == ["canceled"] * 3
     assert [states[i] for i in [*other, bare]] == ["pending"] * 3
     assert queue.retry_many(topic="t", state="canceled", tag="us").matched == 0
@@ -104,7 +104,7 @@ def test_bulk_cancel_and_retry_by_tag(queue: brooq.Queue, conn: Conn, dsn: str) 
     # the command
     out = ok(dsn, "jobs", "cancel", "--topic", "t", "--state", "pending", "--tag", "us", "--yes")
     assert out.splitlines()[0] == "2 jobs match (topic t, state pending, tag us)"
-    states = {r["id"]: r["state"] for r in conn.execute("SELECT id, state FROM job")}
+    states = {r["id"]: r["state"] for r in conn.execute("SELECT id, state FROM job_all")}
     assert [states[i] for i in other] == ["canceled"] * 2 and states[bare] == "pending"
     assert as_json(dsn, "retry", "--topic", "t", "--state", "canceled", "--tag", "us", "--yes") == {
         "matched": 2,
