@@ -16,9 +16,10 @@ connection or cursor that the caller owns (brooq.producer.targets says which); n
 committed here but a graph's transaction on a connection in autocommit.
 
 Owns: the insert path (job_insert, job_insert_many, job_copy_*, the COPY of tagged jobs,
-the options' and the graph's statements), the key lookups after a conflict, the checks a
+the options' and the graph's statements), the key lookups after a conflict (in
+brooq_job_key: a key is its job's while the job lives, finished or not), the checks a
 job passes before any I/O, a graph's transaction and its retries, and brooq's errors for
-what the graph's statements raise.
+what the graph's statements and the key's trigger raise.
 Must never: commit, roll back or change the caller's connection, nor retry a transaction
 it did not open; read a job once inserted beyond the ids; write edges for a job that was
 not created (an idempotency key's earlier job keeps its own); send a plain job through
@@ -370,6 +371,14 @@ def queue_of(job: Job, handlers: Handlers) -> str:
 KEY_ROUNDS = 3
 
 
+class KeyTaken(Exception):
+    """Thrown into an insert's steps by its driver: the statement inserted a key that
+    brooq_job_key gave to another job meanwhile (job_key_taken's unique_violation: that
+    job was enqueued after the statement began and ended before its row was written), on
+    a connection in autocommit, so nothing was written. The steps look the key up (or run
+    their statement again) as after a conflict."""
+
+
 def _insert_one(
     job: Job, handlers: Handlers, q: Queries, traceparent: str | None = None
 ) -> Steps[tuple[uuid.UUID, bool]]:
@@ -385,7 +394,10 @@ def _insert_one(
             params["traceparent"] = traceparent
         return (yield from _insert_with_options(job, params, q))
     for _ in range(KEY_ROUNDS):
-        inserted = yield One(q.job_insert, _params(job, uuid7(), handlers))
+        try:
+            inserted = yield One(q.job_insert, _params(job, uuid7(), handlers))
+        except KeyTaken:
+            inserted = None
         if inserted is not None:
             return inserted, True
         existing = yield One(q.job_get_id_by_key, {"topic": job.topic, "key": job.idempotency_key})
@@ -450,12 +462,23 @@ def _insert_batch(
         return [(job_id, True) for job_id in ids]
     params = _many_params(checked, ids, handlers)
     if traceparent is not None:
-        traced = {**_with_options(params, checked), "traceparents": [traceparent] * len(ids)}
-        inserted = set((yield All(q.job_insert_many_options_traced, traced)))
+        statement: LiteralString = q.job_insert_many_options_traced
+        params = {**_with_options(params, checked), "traceparents": [traceparent] * len(ids)}
     elif all(job.unique_key is None and job.tags is None for job in checked):
-        inserted = set((yield All(q.job_insert_many, params)))
+        statement = q.job_insert_many
     else:
-        inserted = set((yield All(q.job_insert_many_options, _with_options(params, checked))))
+        statement = q.job_insert_many_options
+        params = _with_options(params, checked)
+    for round_ in range(1, KEY_ROUNDS + 1):
+        try:
+            inserted = set((yield All(statement, params)))
+            break
+        except KeyTaken:  # nothing written: the statement again sees the key taken
+            if round_ == KEY_ROUNDS:
+                raise BrooqError(
+                    "could not enqueue the batch: the jobs holding its keys kept being "
+                    "enqueued and ending while it was written; enqueue it again"
+                ) from None
     result = [(job_id, job_id in inserted) for job_id in ids]
     missing = [i for i, (_, created) in enumerate(result) if not created]
     if not missing:
@@ -574,7 +597,10 @@ def _insert_with_options(
         statement = (
             q.job_insert_options if "traceparent" not in params else q.job_insert_options_traced
         )
-        inserted = yield One(statement, params)
+        try:
+            inserted = yield One(statement, params)
+        except KeyTaken:
+            inserted = None
         if inserted is not None:
             return inserted, True
         if job.idempotency_key is not None:
@@ -772,27 +798,32 @@ def drive(target: Target, steps: Steps[R]) -> R:
     try:
         with cursor(target) as cur:
             answer: Any = None
+            taken: KeyTaken | None = None
             while True:
                 try:
-                    step = steps.send(answer)
+                    step = steps.send(answer) if taken is None else steps.throw(taken)
                 except StopIteration as done:
                     result: R = done.value
                     return result
-                if isinstance(step, One):  # first: a single enqueue's only kind
-                    answer = cur.execute(step.statement, step.params).fetchone()
-                elif isinstance(step, Copy):
-                    with cur.copy(step.statement) as copy:
-                        if isinstance(step.rows, str):
-                            copy.write(step.rows)
-                        else:
-                            for row in step.rows:
-                                copy.write_row(row)
-                    answer = None
-                elif isinstance(step, Keyed):
-                    with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
-                        answer = by_key.execute(step.statement, step.params).fetchall()
-                else:
-                    answer = cur.execute(step.statement, step.params).fetchall()
+                taken = None
+                try:
+                    if isinstance(step, One):  # first: a single enqueue's only kind
+                        answer = cur.execute(step.statement, step.params).fetchone()
+                    elif isinstance(step, Copy):
+                        with cur.copy(step.statement) as copy:
+                            if isinstance(step.rows, str):
+                                copy.write(step.rows)
+                            else:
+                                for row in step.rows:
+                                    copy.write_row(row)
+                        answer = None
+                    elif isinstance(step, Keyed):
+                        with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
+                            answer = by_key.execute(step.statement, step.params).fetchall()
+                    else:
+                        answer = cur.execute(step.statement, step.params).fetchall()
+                except psycopg.errors.UniqueViolation as exc:
+                    taken = _key_taken(exc, cur.connection)
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
     except psycopg.errors.ReadOnlySqlTransaction:  # a standby: say which, and what to do
@@ -805,35 +836,69 @@ async def drive_async(target: AsyncTarget, steps: Steps[R]) -> R:
     try:
         async with async_cursor(target) as cur:
             answer: Any = None
+            taken: KeyTaken | None = None
             while True:
                 try:
-                    step = steps.send(answer)
+                    step = steps.send(answer) if taken is None else steps.throw(taken)
                 except StopIteration as done:
                     result: R = done.value
                     return result
-                if isinstance(step, One):
-                    await cur.execute(step.statement, step.params)
-                    answer = await cur.fetchone()
-                elif isinstance(step, Copy):
-                    async with cur.copy(step.statement) as copy:
-                        if isinstance(step.rows, str):
-                            await copy.write(step.rows)
-                        else:
-                            for row in step.rows:
-                                await copy.write_row(row)
-                    answer = None
-                elif isinstance(step, Keyed):
-                    async with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
-                        await by_key.execute(step.statement, step.params)
-                        answer = await by_key.fetchall()
-                else:
-                    await cur.execute(step.statement, step.params)
-                    answer = await cur.fetchall()
+                taken = None
+                try:
+                    if isinstance(step, One):
+                        await cur.execute(step.statement, step.params)
+                        answer = await cur.fetchone()
+                    elif isinstance(step, Copy):
+                        async with cur.copy(step.statement) as copy:
+                            if isinstance(step.rows, str):
+                                await copy.write(step.rows)
+                            else:
+                                for row in step.rows:
+                                    await copy.write_row(row)
+                        answer = None
+                    elif isinstance(step, Keyed):
+                        async with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
+                            await by_key.execute(step.statement, step.params)
+                            answer = await by_key.fetchall()
+                    else:
+                        await cur.execute(step.statement, step.params)
+                        answer = await cur.fetchall()
+                except psycopg.errors.UniqueViolation as exc:
+                    taken = _key_taken(exc, cur.connection)
     except psycopg.errors.UndefinedTable as exc:
         raise schema_missing(exc) from None
     except psycopg.errors.ReadOnlySqlTransaction:
         conn = target if isinstance(target, psycopg.AsyncConnection) else target.connection
         raise read_only(conn) from None
+
+
+# The constraint job_key_taken names when a key belongs to another job (migration 0020).
+KEY_CONSTRAINT = "brooq_job_key_pkey"
+
+
+class KeyRace(BrooqError):
+    """A key's job was enqueued and ended while an insert of the same key ran in a
+    transaction (the caller's, a graph's, or Queue.enqueue_many's): the transaction is
+    aborted; run again, the enqueue gives that job's id back."""
+
+
+def _key_taken(
+    exc: psycopg.errors.UniqueViolation,
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+) -> KeyTaken:
+    """KeyTaken, to throw into the steps, for job_key_taken's refusal on a connection in
+    autocommit outside a transaction (the statement was its own transaction: nothing
+    written, the next one sees the key's job); KeyRace when a transaction is aborted by
+    it; any other unique violation raised as it is."""
+    if exc.diag.constraint_name != KEY_CONSTRAINT:
+        raise exc
+    if conn.autocommit and conn.info.transaction_status == _IDLE:
+        return KeyTaken()
+    raise KeyRace(
+        f"could not enqueue: {exc.diag.message_primary}, which was enqueued and ended "
+        "while this transaction ran (its snapshot did not see it); the transaction is "
+        "aborted: roll it back and run it again (the enqueue then returns that job's id)"
+    ) from exc
 
 
 def drive_graph(target: Target, make: Callable[[], Steps[R]]) -> R:
@@ -850,8 +915,10 @@ def drive_graph(target: Target, make: Callable[[], Steps[R]]) -> R:
     writing the outcomes of the jobs named (brooq_job_after locks them in id order, a
     batched done in its own), at most DEADLOCK_ROUNDS times. In the caller's transaction
     nothing is retried: the deadlock is EnqueueDeadlock, for the caller to roll back and
-    run again. An upstream job deleted while the graph was written (brooq_job_after's
-    foreign_key_violation) is InvalidAfter, nothing of the graph committed."""
+    run again. A key given meanwhile to a job that also ended meanwhile (KeyRace: the
+    transaction's statements did not see it) is retried so too. An upstream job deleted
+    while the graph was written (brooq_job_after's foreign_key_violation) is InvalidAfter,
+    nothing of the graph committed."""
     conn = target if isinstance(target, psycopg.Connection) else target.connection
     owned = conn.autocommit and conn.info.transaction_status == _IDLE
     for round_ in range(1, DEADLOCK_ROUNDS + 1):
@@ -864,6 +931,16 @@ def drive_graph(target: Target, make: Callable[[], Steps[R]]) -> R:
             if owned and round_ < DEADLOCK_ROUNDS:
                 continue
             raise _deadlocked(owned) from exc
+        except KeyRace as exc:
+            if not owned:
+                raise
+            if round_ < DEADLOCK_ROUNDS:
+                continue  # brooq's own transaction: the next round sees the key's job
+            raise KeyRace(
+                f"could not enqueue the jobs with after: each of {DEADLOCK_ROUNDS} tries met "
+                "a key whose job was enqueued and ended meanwhile (nothing was written); "
+                "enqueue them again"
+            ) from exc
         except psycopg.errors.ForeignKeyViolation as exc:
             if (gone := _upstream_gone(exc, owned)) is None:
                 raise
@@ -885,6 +962,16 @@ async def drive_graph_async(target: AsyncTarget, make: Callable[[], Steps[R]]) -
             if owned and round_ < DEADLOCK_ROUNDS:
                 continue
             raise _deadlocked(owned) from exc
+        except KeyRace as exc:
+            if not owned:
+                raise
+            if round_ < DEADLOCK_ROUNDS:
+                continue  # brooq's own transaction: the next round sees the key's job
+            raise KeyRace(
+                f"could not enqueue the jobs with after: each of {DEADLOCK_ROUNDS} tries met "
+                "a key whose job was enqueued and ended meanwhile (nothing was written); "
+                "enqueue them again"
+            ) from exc
         except psycopg.errors.ForeignKeyViolation as exc:
             if (gone := _upstream_gone(exc, owned)) is None:
                 raise

@@ -14,10 +14,12 @@ it waits). Behind a transaction pooler nothing is prepared: ``exec_params`` send
 statement unnamed, still one round trip (docs/poolers.md).
 
 One thread at a time: a thread that finds the line busy is told so (``None``) and takes
-the pool instead, as does a job whose key conflicts (the pool's path looks the existing
-job up). The line opens on first use in a process, is forgotten unused after a fork (its
-socket is the parent's) and gets the pool's check before each use (brooq.producer.poolcheck: a
-look at the socket, a round trip after ``IDLE_CHECK_S`` idle); a connection found broken
+the pool instead, as does a job whose key is taken (the pool's path looks the existing
+job up in brooq_job_key), even by a job that was enqueued and ended while the statement
+ran (job_key_taken's unique violation: nothing was written). The line opens on first use
+in a process, is forgotten unused after a fork (its socket is the parent's) and gets the
+pool's check before each use (brooq.producer.poolcheck: a look at the socket, a round
+trip after ``IDLE_CHECK_S`` idle); a connection found broken
 is replaced, one lost during the statement is closed and the error raised (the caller
 cannot know whether the job was written: the same as any statement whose answer is lost).
 
@@ -67,6 +69,9 @@ _INT2 = struct.Struct("!h")
 _INT8 = struct.Struct("!q")
 _EPOCH_2000 = datetime(2000, 1, 1, tzinfo=timezone.utc)  # PostgreSQL's timestamp zero
 _TUPLES_OK = int(pq.ExecStatus.TUPLES_OK)  # an int: no enum lookup per call
+# job_key_taken's refusal of a key another job holds (migration 0020), by its constraint.
+_CONSTRAINT = pq.DiagnosticField.CONSTRAINT_NAME
+_KEY_CONSTRAINT = b"brooq_job_key_pkey"
 
 
 def _micros_since_2000(at: datetime) -> int:
@@ -124,6 +129,11 @@ class EnqueueLine:
                 self._drop()  # an answer lost, or a signal's exception: start afresh
                 raise
             if result.status != _TUPLES_OK:
+                if result.error_field(_CONSTRAINT) == _KEY_CONSTRAINT:
+                    # The key's job was enqueued and ended while the statement ran (its
+                    # snapshot did not see the key): nothing written, the pool's path
+                    # looks the job up.
+                    return None
                 self._raise(result)
             return (uuid_from_int(job_id), True) if result.ntuples == 1 else None
         finally:

@@ -66,18 +66,20 @@ LIMIT %(limit)s
 SELECT {brooq_park_jobs}(%(id)s, %(worker)s, %(ids)b::uuid[])
 
 -- name: jobs_records
--- The records of the jobs a handler waited for (any order: the caller orders them).
-SELECT id, topic, state, result, last_error FROM {job} WHERE id = ANY(%(ids)b::uuid[])
+-- The records of the jobs a handler waited for (any order: the caller orders them): ended
+-- jobs, so job_all (in job_history, or in job for one that ended before migration 0020).
+SELECT id, topic, state, result, last_error FROM {job_all} WHERE id = ANY(%(ids)b::uuid[])
 
 -- name: job_durable
 -- What `brooq jobs show` says of a job's durable side: its steps (names, when recorded,
 -- the size of each result's JSON text, oldest first), why it is parked (read with its
--- state), its available_at, and the key it waits for.
+-- state), its available_at, and the key it waits for. A finished job's steps stay (until
+-- its partition of job_history is dropped): job_all.
 SELECT j.state, j.parked, j.available_at,
        (SELECT w.key FROM {brooq_event_wait} AS w WHERE w.job_id = j.id) AS event_key,
        coalesce(s.names, '{}') AS names, coalesce(s.ats, '{}') AS ats,
        coalesce(s.sizes, '{}') AS sizes
-FROM {job} AS j
+FROM {job_all} AS j
 LEFT JOIN LATERAL (
     SELECT array_agg(st.name ORDER BY st.created_at, st.name) AS names,
            array_agg(st.created_at ORDER BY st.created_at, st.name) AS ats,
@@ -87,9 +89,10 @@ LEFT JOIN LATERAL (
 WHERE j.id = %(id)s
 
 -- name: job_children
--- The jobs a job spawned (claim.spawn), in the order spawned, at most `limit`.
+-- The jobs a job spawned (claim.spawn), in the order spawned, at most `limit`, ended or
+-- not (job_all).
 SELECT c.id, c.topic, c.state
-FROM {brooq_job_step} AS s JOIN {job} AS c ON c.id = (s.result #>> '{}')::uuid
+FROM {brooq_job_step} AS s JOIN {job_all} AS c ON c.id = (s.result #>> '{}')::uuid
 WHERE s.job_id = %(id)s AND s.name LIKE '\_\_spawn:%%'
 ORDER BY s.created_at, c.id
 LIMIT %(limit)s

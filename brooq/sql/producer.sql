@@ -2,11 +2,18 @@
 -- write jobs, and Queue.wait listens for a job's outcome.
 
 -- name: job_insert
--- One job. ON CONFLICT covers only keyed rows (the unique index is partial).
+-- One job. A key is the job's for its whole life (migration 0020): a key in
+-- brooq_job_key, its job active or finished (in job_history), inserts nothing; ON
+-- CONFLICT covers a key inserted by a transaction not yet committed when this statement
+-- began (job's unique index is partial: keyed rows only). A job without a key reads no
+-- key (the OR's first arm).
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
                    group_key)
-VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
-        %(queue)s, %(priority)s, %(group)s)
+SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
+       %(queue)s, %(priority)s, %(group)s
+WHERE %(key)s::text IS NULL OR NOT EXISTS (
+    SELECT FROM {brooq_job_key} AS k
+    WHERE k.topic = %(topic)s AND k.idempotency_key = %(key)s)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
@@ -17,14 +24,20 @@ RETURNING id
 -- enqueue_line._TYPES.
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
                    group_key)
-VALUES ($1, $2, $3::jsonb, $4, coalesce($5, now()), $6, $7, $8)
+SELECT $1, $2, $3::jsonb, $4, coalesce($5, now()), $6, $7, $8
+WHERE $4 IS NULL OR NOT EXISTS (
+    SELECT FROM {brooq_job_key} AS k WHERE k.topic = $2 AND k.idempotency_key = $4)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
 -- name: job_insert_many
 -- Many jobs in one statement (one round trip, one NOTIFY). Ids are made by the client,
--- so the caller knows every id before the answer; rows skipped by a key conflict are
--- missing from RETURNING.
+-- so the caller knows every id before the answer; rows skipped for their key (in
+-- brooq_job_key, or a conflict: as job_insert) are missing from RETURNING. The key's
+-- look-up is one probe of brooq_job_key's primary key per row (none for a row without a
+-- key: a NULL key matches no entry): OFFSET 0 keeps the LATERAL subquery a parameterised
+-- scan. As a NOT EXISTS, the planner read the whole table (every finished job's key)
+-- into a hash once a batch held some hundreds of keys.
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
                    group_key)
 SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
@@ -34,6 +47,11 @@ FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b:
             %(groups)b::text[])
      WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, group_key,
                           ord)
+LEFT JOIN LATERAL (
+    SELECT true AS taken FROM {brooq_job_key} AS k
+    WHERE k.topic = i.topic AND k.idempotency_key = i.key OFFSET 0
+) AS k ON true
+WHERE k.taken IS NULL
 ORDER BY i.ord
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
@@ -49,12 +67,14 @@ COPY {job} (id, topic, payload, queue, priority) FROM STDIN
 COPY {job} (id, topic, payload, available_at, queue, priority) FROM STDIN
 
 -- name: job_get_id_by_key
-SELECT id FROM {job} WHERE topic = %(topic)s AND idempotency_key = %(key)s
+-- The job holding an idempotency key, active or finished: brooq_job_key has every key
+-- for its job's life (written by job_key_taken with the job's row).
+SELECT job_id AS id FROM {brooq_job_key} WHERE topic = %(topic)s AND idempotency_key = %(key)s
 
 -- name: job_get_ids_by_keys
-SELECT k.topic, k.key, job.id
+SELECT k.topic, k.key, t.job_id AS id
 FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
-JOIN {job} ON job.topic = k.topic AND job.idempotency_key = k.key
+JOIN {brooq_job_key} AS t ON t.topic = k.topic AND t.idempotency_key = k.key
 
 -- template: job_insert_options
 -- variant: job_insert_options
@@ -62,13 +82,17 @@ JOIN {job} ON job.topic = k.topic AND job.idempotency_key = k.key
 -- One job with a unique_key or tags (brooq.producer.insert); job_insert stays the plain
 -- job's. No conflict target: the row may collide on the idempotency key's index or on
 -- job_unique_key_idx (one active job per topic and unique_key, migration 0011), and
--- either means "already there". _traced: a job enqueued under a producer span
+-- either means "already there"; an idempotency key in brooq_job_key (its job finished,
+-- maybe) too, as in job_insert. _traced: a job enqueued under a producer span
 -- (brooq.tracing), with its W3C traceparent; a job without one never takes it.
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
                    unique_key, tags, group_key{if traced:, traceparent})
-VALUES (%(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
-        %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[],
-        %(group)s{if traced:, %(traceparent)s})
+SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
+       %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[],
+       %(group)s{if traced:, %(traceparent)s}
+WHERE %(key)s::text IS NULL OR NOT EXISTS (
+    SELECT FROM {brooq_job_key} AS k
+    WHERE k.topic = %(topic)s AND k.idempotency_key = %(key)s)
 ON CONFLICT DO NOTHING
 RETURNING id
 
@@ -168,6 +192,11 @@ FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b:
             )
      WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, unique_key,
                           tags, group_key, {if traced:traceparent, }ord)
+LEFT JOIN LATERAL (  -- a key in brooq_job_key: as job_insert_many
+    SELECT true AS taken FROM {brooq_job_key} AS k
+    WHERE k.topic = i.topic AND k.idempotency_key = i.key OFFSET 0
+) AS k ON true
+WHERE k.taken IS NULL
 ORDER BY i.ord
 ON CONFLICT DO NOTHING
 RETURNING id
@@ -210,9 +239,10 @@ WHERE id = %(id)s AND state IN ('waiting', 'pending', 'processing', 'failed')
 LISTEN brooq_outcome
 
 -- name: job_ids_present
--- Which of the ids `after` names are jobs: read before a graph's insert, so that a name
--- that is no job is refused with nothing written.
-SELECT id FROM {job} WHERE id = ANY(%(ids)b::uuid[])
+-- Which of the ids `after` names are jobs, active or finished (job_all: a finished one
+-- may be in job_history): read before a graph's insert, so that a name that is no job is
+-- refused with nothing written.
+SELECT id FROM {job_all} WHERE id = ANY(%(ids)b::uuid[])
 
 -- name: job_after
 -- A graph's edges, after its jobs were inserted pending in this transaction: each job of
@@ -228,12 +258,18 @@ SELECT {brooq_job_after}(%(jobs)b::uuid[], %(policies)b::text[], %(downs)b::uuid
 -- a job that is to wait), each gets its own available_at (NULL: now). When one of them
 -- stayed pending and is ready now (every job it names had ended), the children are woken
 -- as the insert's trigger would have woken them: one NOTIFY naming the table's schema
--- (the same payload as brooq_job_notify's TG_TABLE_SCHEMA), sent at commit.
+-- (the same payload as brooq_job_notify's TG_TABLE_SCHEMA), sent at commit. A job that
+-- job_after canceled (a job it names ended dead or canceled) is in job_history already:
+-- it gets its available_at there (looked for there only when job has it not).
 WITH released AS (
     UPDATE {job} j SET available_at = coalesce(a.at, now())
     FROM unnest(%(ids)b::uuid[], %(available_ats)b::timestamptz[]) AS a(id, at)
     WHERE j.id = a.id
-    RETURNING j.tableoid, j.state = 'pending' AND j.available_at <= now() AS ready
+    RETURNING j.id, j.tableoid, j.state = 'pending' AND j.available_at <= now() AS ready
+), ended AS (
+    UPDATE {job_history} h SET available_at = coalesce(a.at, now())
+    FROM unnest(%(ids)b::uuid[], %(available_ats)b::timestamptz[]) AS a(id, at)
+    WHERE h.id = a.id AND a.id <> ALL(ARRAY(SELECT r.id FROM released r))
 )
 SELECT pg_notify('brooq_job', n.nspname)
 FROM (SELECT r.tableoid FROM released r WHERE r.ready LIMIT 1) AS woken

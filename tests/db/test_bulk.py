@@ -47,7 +47,7 @@ def put(db: Conn, topic: str, state: str, *, queue: str = "default", n: int = 1)
 
 def rows(db: Conn) -> dict[uuid.UUID, dict[str, Any]]:
     cur = db.cursor(row_factory=dict_row)
-    return {row["id"]: row for row in cur.execute("SELECT * FROM job")}
+    return {row["id"]: row for row in cur.execute("SELECT * FROM job_all")}
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_an_exact_multiple_of_the_batch_ends(queue: brooq.Queue, db: Conn) -> No
     assert queue.cancel_many(topic="mail", state="pending", batch_size=4) == (
         brooq.BulkResult(matched=8, changed=8)
     )
-    assert db.execute("SELECT count(*) FROM job WHERE state = 'canceled'").fetchone() == (8,)
+    assert db.execute("SELECT count(*) FROM job_all WHERE state = 'canceled'").fetchone() == (8,)
 
 
 # -- the SQL's guards ----------------------------------------------------------------------------

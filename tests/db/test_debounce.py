@@ -35,7 +35,7 @@ def conn(connect: Callable[..., Conn]) -> Conn:
 
 def row(db: Conn, job_id: uuid.UUID) -> dict[str, Any]:
     found = db.execute(
-        "SELECT *, now() AS now, available_at <= now() AS ready FROM job WHERE id = %s",
+        "SELECT *, now() AS now, available_at <= now() AS ready FROM job_all WHERE id = %s",
         (job_id,),
     ).fetchone()
     assert found is not None
@@ -187,13 +187,13 @@ def test_racing_producers_fold_into_one_job(connect: Callable[..., Conn], conn: 
         assert sum(created for _, created in answers) == 1, answers
         # Phase 0 made the key's job, each later one the job waiting behind it: the running
         # one ends (the waiting one moves up) and the key's job is claimed, for the next.
-        running_ids = conn.execute("SELECT id FROM job WHERE state = 'processing'").fetchall()
+        running_ids = conn.execute("SELECT id FROM job_all WHERE state = 'processing'").fetchall()
         finish(conn, [r["id"] for r in running_ids])
         conn.execute("UPDATE job SET available_at = now() WHERE available_at < '9000-01-01'")
         assert claim(conn) == [answers[0][0]]
         counts = conn.execute(
             "SELECT count(*) FILTER (WHERE state = 'processing') AS running, "
-            "count(*) FILTER (WHERE state = 'pending') AS waiting FROM job"
+            "count(*) FILTER (WHERE state = 'pending') AS waiting FROM job_all"
         ).fetchone()
         assert counts == {"running": 1, "waiting": 0}
 

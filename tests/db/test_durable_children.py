@@ -55,7 +55,7 @@ def test_a_parent_waits_for_its_children_and_reads_their_records(
     got = row(db, parent_id)
     assert got["state"] == "done" and got["attempts"] == 1
     children = db.execute(
-        "SELECT id, topic FROM job WHERE topic IN ('c.child', 'c.bad') ORDER BY id"
+        "SELECT id, topic FROM job_all WHERE topic IN ('c.child', 'c.bad') ORDER BY id"
     ).fetchall()
     assert len(children) == 4
     result = got["result"]
@@ -79,7 +79,7 @@ def test_a_parent_that_fails_after_spawning_makes_its_children_once(
     drain(queue, db, parent_id)
     assert row(db, parent_id)["state"] == "done"
     assert db.execute(
-        "SELECT count(*) FROM job WHERE topic IN ('c.child', 'c.bad')"
+        "SELECT count(*) FROM job_all WHERE topic IN ('c.child', 'c.bad')"
     ).fetchone() == (4,)
     assert sorted(r for r in ran if r.startswith("child")) == ["child:0", "child:1", "child:2"]
 
@@ -134,7 +134,7 @@ def test_an_async_parent_awaits_spawn_and_wait_jobs(queue: brooq.Queue, db: Conn
     got = row(db, parent_id)
     assert got["state"] == "done" and got["attempts"] == 1
     assert got["result"] == [["done", 1], ["done", 2], ["done", 3]]
-    made = db.execute("SELECT count(*) FROM job WHERE topic = 'c.async_child'").fetchone()
+    made = db.execute("SELECT count(*) FROM job_all WHERE topic = 'c.async_child'").fetchone()
     assert made == (3,)
     assert ran.count("parent:1") == 2  # parked once, woken once
     assert sorted(r for r in ran if r.startswith("child")) == ["child:0", "child:1", "child:2"]

@@ -24,7 +24,7 @@ Conn = psycopg.Connection[Any]
 def row(db: Conn, job_id: uuid.UUID) -> dict[str, Any]:
     cur = db.execute(
         "SELECT state, attempts, locked_by, parked, available_at, last_error, result "
-        "FROM job WHERE id = %s",
+        "FROM job_all WHERE id = %s",
         (job_id,),
     )
     names = [d.name for d in cur.description or ()]

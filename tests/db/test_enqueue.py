@@ -17,7 +17,7 @@ from brooq.producer import insert
 
 
 def count(db: psycopg.Connection[tuple[object, ...]]) -> int:
-    row = db.execute("SELECT count(*) FROM job").fetchone()
+    row = db.execute("SELECT count(*) FROM job_all").fetchone()
     assert row is not None
     return int(row[0])  # type: ignore[call-overload]
 
@@ -62,7 +62,7 @@ def test_enqueue_many_in_one_statement(queue: brooq.Queue, db: psycopg.Connectio
     result = queue.enqueue_many(jobs)
     assert len(result) == 500 and all(created for _, created in result)
     assert len({job_id for job_id, _ in result}) == 500
-    payloads = dict(db.execute("SELECT id, payload FROM job").fetchall())
+    payloads = dict(db.execute("SELECT id, payload FROM job_all").fetchall())
     assert [payloads[job_id]["n"] for job_id, _ in result] == list(range(500))
     assert queue.enqueue_many([]) == []
 
@@ -87,7 +87,7 @@ def test_a_ready_batch_keeps_text_that_copy_must_escape(
     assert all(created for _, created in result)
     stored = {
         r[0]: r[1:]
-        for r in db.execute("SELECT id, payload, topic, queue, priority, state FROM job")
+        for r in db.execute("SELECT id, payload, topic, queue, priority, state FROM job_all")
     }
     assert len(stored) == 12
     for n, (job_id, _) in enumerate(result):
@@ -118,7 +118,7 @@ def test_enqueue_many_without_keys_keeps_every_field(
     rows = {
         r[0]: r[1:]
         for r in db.execute(
-            "SELECT id, payload, available_at, available_at <= now() FROM job"
+            "SELECT id, payload, available_at, available_at <= now() FROM job_all"
         ).fetchall()
     }
     for i, (job_id, _) in enumerate(result):

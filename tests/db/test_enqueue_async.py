@@ -34,7 +34,7 @@ def app_queue(dsn: str) -> brooq.Queue:
 
 def rows(db: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     return db.execute(
-        "SELECT topic, queue, idempotency_key, available_at > now() FROM job ORDER BY id"
+        "SELECT topic, queue, idempotency_key, available_at > now() FROM job_all ORDER BY id"
     ).fetchall()
 
 
@@ -141,7 +141,7 @@ def test_the_async_pool_follows_the_event_loop_and_the_process(
         await q.close_async()
 
     asyncio.run(last())
-    got = db.execute("SELECT payload->>'n' FROM job ORDER BY id").fetchall()
+    got = db.execute("SELECT payload->>'n' FROM job_all ORDER BY id").fetchall()
     assert [r[0] for r in got] == ["1", "2", "3", "4"]
 
 
@@ -156,4 +156,4 @@ def test_module_level_enqueue_many_async_is_in_the_callers_transaction(
             await conn.commit()
 
     asyncio.run(main())
-    assert db.execute("SELECT payload->>'n' FROM job").fetchall() == [("9",)]
+    assert db.execute("SELECT payload->>'n' FROM job_all").fetchall() == [("9",)]

@@ -47,7 +47,7 @@ def _row(db: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
     cur = db.cursor(row_factory=dict_row)
     row = cur.execute(
         "SELECT topic, payload, idempotency_key, available_at, queue, priority, state, "
-        "attempts FROM job WHERE id = %s",
+        "attempts FROM job_all WHERE id = %s",
         (job_id,),
     ).fetchone()
     assert row is not None
@@ -115,7 +115,7 @@ def test_a_taken_key_answers_the_existing_job_through_the_pool(
     assert created is True
     again, created = queue.enqueue(brooq.Job("line.key", {"other": 1}, idempotency_key="k"))
     assert (again, created) == (first, False)
-    assert db.execute("SELECT count(*) FROM job WHERE topic = 'line.key'").fetchone() == (1,)
+    assert db.execute("SELECT count(*) FROM job_all WHERE topic = 'line.key'").fetchone() == (1,)
 
 
 def test_a_busy_line_sends_the_enqueue_through_the_pool(queue: brooq.Queue) -> None:
@@ -154,7 +154,7 @@ def test_threads_enqueueing_at_once_lose_nothing(
         t.join()
     assert not errors
     assert len(set(ids)) == 900
-    assert db.execute("SELECT count(*) FROM job WHERE topic = 'line.t'").fetchone() == (900,)
+    assert db.execute("SELECT count(*) FROM job_all WHERE topic = 'line.t'").fetchone() == (900,)
     # Six threads on one line: some enqueues found it busy and took the pool (with 900
     # calls whose I/O releases the GIL, some always do; 678 of 900 in one run).
     assert 0 < _executions(queue) - before < 900
@@ -261,7 +261,7 @@ def test_a_latin1_database_keeps_what_it_can_hold_and_refuses_the_rest(latin1_ds
         with psycopg.connect(latin1_dsn) as conn:  # the database holds LATIN1 text
             row = conn.execute(
                 "SELECT payload->>'s' = 'café', idempotency_key, "
-                "convert_to(payload->>'s', 'LATIN1') FROM job WHERE id = %s",
+                "convert_to(payload->>'s', 'LATIN1') FROM job_all WHERE id = %s",
                 (job_id,),
             ).fetchone()
         assert row == (True, "clé", b"caf\xe9")
@@ -278,7 +278,7 @@ def test_a_latin1_database_keeps_what_it_can_hold_and_refuses_the_rest(latin1_ds
             q.enqueue_many([brooq.Job("line.l1", {"s": "ok"}), brooq.Job("line.l1", {"s": "€"})])
         assert q.enqueue(brooq.Job("line.l1", {"s": "ok"}))[1] is True
         with psycopg.connect(latin1_dsn) as conn:
-            assert conn.execute("SELECT count(*) FROM job").fetchone() == (2,)
+            assert conn.execute("SELECT count(*) FROM job_all").fetchone() == (2,)
     finally:
         q.close()
 

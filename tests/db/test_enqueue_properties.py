@@ -200,7 +200,7 @@ def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 def rows(db: psycopg.Connection[Any]) -> int:
-    row = db.execute("SELECT count(*) FROM job").fetchone()
+    row = db.execute("SELECT count(*) FROM job_all").fetchone()
     assert row is not None
     return int(row[0])
 

@@ -55,7 +55,7 @@ def tree(queue: brooq.Queue, fanout: int, depth: int) -> tuple[uuid.UUID, int]:
 
 
 def counts(db: Conn, topic: str = "sink") -> dict[str, int]:
-    rows = db.execute("SELECT state, count(*) FROM job WHERE topic = %s GROUP BY 1", (topic,))
+    rows = db.execute("SELECT state, count(*) FROM job_all WHERE topic = %s GROUP BY 1", (topic,))
     return {str(s): int(n) for s, n in rows.fetchall()}
 
 
@@ -73,7 +73,7 @@ def test_a_failed_head_of_a_2000_chain_is_dead_and_the_chain_canceled(
     # Each edge ended once; the upstream job each names is its own.
     assert db.execute("SELECT count(*) FROM brooq_job_edge WHERE NOT ended").fetchone() == (0,)
     failed_by = db.execute(
-        "SELECT count(*) FROM job d JOIN brooq_job_edge e ON e.downstream_id = d.id "
+        "SELECT count(*) FROM job_all d JOIN brooq_job_edge e ON e.downstream_id = d.id "
         "WHERE d.upstream_failed = e.upstream_id"
     ).fetchone()
     assert failed_by == (2000,)
@@ -97,7 +97,7 @@ def test_a_tree_of_3280_jobs_is_canceled_and_run_jobs_below_it_run(
     root, below = tree(queue, 3, 7)
     assert below == 3279
     leaves = db.execute(
-        "SELECT id FROM job d WHERE topic = 'sink' AND has_downstream IS NULL LIMIT 2"
+        "SELECT id FROM job_all d WHERE topic = 'sink' AND has_downstream IS NULL LIMIT 2"
     ).fetchall()
     # A job that runs whatever its upstream jobs' ends, after two canceled leaves, and a
     # job that cancels, after the same leaves and a job still pending.

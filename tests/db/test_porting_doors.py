@@ -176,13 +176,13 @@ def shop(dsn: str, tmp_path: Path) -> Iterator[Callable[..., brooq.Queue]]:
 
 def rows(db: psycopg.Connection[Any], ids: Sequence[uuid.UUID]) -> list[tuple[Any, ...]]:
     return [
-        db.execute("SELECT topic, queue, state FROM job WHERE id = %s", (i,)).fetchone()
+        db.execute("SELECT topic, queue, state FROM job_all WHERE id = %s", (i,)).fetchone()
         for i in ids
     ]
 
 
 def count(db: psycopg.Connection[Any]) -> int:
-    return int(db.execute("SELECT count(*) FROM job").fetchone()[0])
+    return int(db.execute("SELECT count(*) FROM job_all").fetchone()[0])
 
 
 @pytest.mark.parametrize("door", list(DOORS))
@@ -425,5 +425,5 @@ def test_migrate_and_db_connect_take_sqlalchemys_url_form(empty_dsn: str) -> Non
     assert [m.version for m in brooq.migrate.up(url)][:1] == [1]
     assert {s.state for s in brooq.migrate.status(url)} == {"applied"}
     with brooq.db.connect(url) as conn:
-        assert conn.execute("SELECT count(*) FROM job").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM job_all").fetchone() == (0,)
     assert brooq.migrate.down(url.replace("+psycopg:", "+psycopg2:"))

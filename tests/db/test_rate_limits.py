@@ -76,7 +76,7 @@ def jobs(conn: Conn, topic: str, n: int, group: str | None = None) -> None:
 
 def group_of(conn: Conn, job_id: uuid.UUID) -> str | None:
     cur = conn.cursor(row_factory=dict_row)
-    row = cur.execute("SELECT group_key FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = cur.execute("SELECT group_key FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert row is not None
     return None if row["group_key"] is None else str(row["group_key"])
 
@@ -96,7 +96,7 @@ def test_a_full_window_holds_the_next_start_back_and_says_until_when(db: Conn) -
     assert 0.85 < wait <= 1.05, wait
     # Held back: pending, no attempt spent.
     assert db.execute(
-        "SELECT count(*) AS n, max(attempts) AS attempts FROM job WHERE state = 'pending'"
+        "SELECT count(*) AS n, max(attempts) AS attempts FROM job_all WHERE state = 'pending'"
     ).fetchone() == {"n": 7, "attempts": 0}
     time.sleep(wait + 0.01)
     assert claim(db, h, "w3")[0]["id"] is not None  # the window had room again

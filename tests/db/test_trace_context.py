@@ -19,7 +19,7 @@ PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def _stored(db: psycopg.Connection[Any]) -> list[str | None]:
-    return [r[0] for r in db.execute("SELECT traceparent FROM job ORDER BY id")]
+    return [r[0] for r in db.execute("SELECT traceparent FROM job_all ORDER BY id")]
 
 
 def test_without_a_tracer_provider_a_job_stores_nothing(

@@ -82,7 +82,7 @@ def fail(db: Conn, job_id: uuid.UUID, *, max_attempts: int = 5, worker: str = "w
 
 def active(db: Conn, key: str, topic: str = "t") -> list[uuid.UUID]:
     rows = db.execute(
-        "SELECT id FROM job WHERE topic = %s AND unique_key = %s AND state = ANY(%s) "
+        "SELECT id FROM job_all WHERE topic = %s AND unique_key = %s AND state = ANY(%s) "
         "ORDER BY created_at, id",
         (topic, key, list(ACTIVE)),
     ).fetchall()
@@ -90,7 +90,7 @@ def active(db: Conn, key: str, topic: str = "t") -> list[uuid.UUID]:
 
 
 def state(db: Conn, job_id: uuid.UUID) -> str:
-    row = db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert row is not None
     return str(row["state"])
 
@@ -237,7 +237,7 @@ def test_racing_producers_never_make_two_active_jobs(
         assert len(created) == (0 if r >= 2 and (r - 2) % 3 == 2 else 1), (r, got)
     assert all(len(active(conn, key)) <= 1 for key in ("k0", "k1"))
     duplicates = conn.execute(
-        "SELECT topic, unique_key FROM job WHERE unique_key IS NOT NULL AND state = ANY(%s) "
+        "SELECT topic, unique_key FROM job_all WHERE unique_key IS NOT NULL AND state = ANY(%s) "
         "GROUP BY 1, 2 HAVING count(*) > 1",
         (list(ACTIVE),),
     ).fetchall()
@@ -272,7 +272,9 @@ def test_random_transitions_keep_one_active_job_per_key(
                 "retry",
             ]
         )
-        ids = [r["id"] for r in conn.execute("SELECT id FROM job WHERE unique_key = %s", (key,))]
+        ids = [
+            r["id"] for r in conn.execute("SELECT id FROM job_all WHERE unique_key = %s", (key,))
+        ]
         pick = rng.choice(ids) if ids else None
         if move == "enqueue":
             queue.enqueue(brooq.Job("t", step, unique_key=key))
@@ -282,7 +284,7 @@ def test_random_transitions_keep_one_active_job_per_key(
             conn.execute("UPDATE job SET available_at = now() WHERE available_at < '9000-01-01'")
             claim(conn, limit=rng.randint(1, 3))
         elif move == "done":
-            running = conn.execute("SELECT id FROM job WHERE state = 'processing'").fetchall()
+            running = conn.execute("SELECT id FROM job_all WHERE state = 'processing'").fetchall()
             finish(conn, [r["id"] for r in running][: rng.randint(1, 3)])
         elif move == "fail" and pick is not None:
             fail(conn, pick, max_attempts=rng.choice([1, 5]))
@@ -301,7 +303,7 @@ def test_random_transitions_keep_one_active_job_per_key(
             refused_retries += "unique_key" in refusal
         for k in keys:
             rows = conn.execute(
-                "SELECT id, state, start_after, available_at FROM job "
+                "SELECT id, state, start_after, available_at FROM job_all "
                 "WHERE unique_key = %s AND state = ANY(%s)",
                 (k, list(ACTIVE)),
             ).fetchall()
@@ -390,7 +392,9 @@ def test_a_retried_waiting_job_comes_back_as_its_keys_job(queue: brooq.Queue, co
     assert queue.cancel(waiting)
     finish(conn, [head])
     assert queue.retry(waiting)
-    row = conn.execute("SELECT state, start_after FROM job WHERE id = %s", (waiting,)).fetchone()
+    row = conn.execute(
+        "SELECT state, start_after FROM job_all WHERE id = %s", (waiting,)
+    ).fetchone()
     assert row == {"state": "pending", "start_after": None}
     assert claim(conn) == [waiting]
 
@@ -406,7 +410,9 @@ def test_brooq_enqueue_takes_the_options(dsn: str, conn: Conn) -> None:
     assert ok(dsn, "enqueue", "t", "--unique-key", "d", "--debounce", "2s", "--payload", "2") == (
         folded.replace("enqueued", "exists")
     )
-    rows = conn.execute("SELECT unique_key, tags, payload FROM job ORDER BY unique_key").fetchall()
+    rows = conn.execute(
+        "SELECT unique_key, tags, payload FROM job_all ORDER BY unique_key"
+    ).fetchall()
     assert [tuple(r.values()) for r in rows] == [("d", None, 2), ("k", ["a", "b:1"], None)]
     for args, option in (
         (["--debounce", "2s"], "--debounce"),

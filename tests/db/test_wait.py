@@ -22,7 +22,7 @@ from tests.harness import wait_for
 
 
 def waited(db: psycopg.Connection[Any], job_id: uuid.UUID) -> bool:
-    row = db.execute("SELECT waited FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT waited FROM job_all WHERE id = %s", (job_id,)).fetchone()
     return bool(row and row[0])
 
 
@@ -80,7 +80,7 @@ def test_a_retried_job_is_no_longer_flagged_waited(
     )
     assert queue.retry(job_id)
     assert not waited(db, job_id)
-    assert db.execute("SELECT errors FROM job WHERE id = %s", (job_id,)).fetchone() == (
+    assert db.execute("SELECT errors FROM job_all WHERE id = %s", (job_id,)).fetchone() == (
         [{"attempt": 1}],
     )
 

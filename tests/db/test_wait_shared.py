@@ -45,7 +45,7 @@ def server_connections(db: psycopg.Connection[Any]) -> int:
 
 
 def flagged(db: psycopg.Connection[Any]) -> int:
-    row = db.execute("SELECT count(*) FROM job WHERE waited").fetchone()
+    row = db.execute("SELECT count(*) FROM job_all WHERE waited").fetchone()
     assert row is not None
     return int(row[0])
 

@@ -214,12 +214,14 @@ def blocked_in_after(db: Conn) -> int:
 
 
 def visible(db: Conn, topic: str) -> list[str]:
-    return [row[0] for row in db.execute("SELECT state FROM job WHERE topic = %s", (topic,))]
+    return [row[0] for row in db.execute("SELECT state FROM job_all WHERE topic = %s", (topic,))]
 
 
 def lock_rows(conn: Conn, *ids: uuid.UUID) -> None:
-    """Take the lock brooq_job_after takes on these rows, in ``conn``'s transaction."""
+    """Take the lock brooq_job_after takes on these rows, in ``conn``'s transaction: in
+    job, or in job_history for a job that ended (brooq_job_after flags it there)."""
     conn.execute("SELECT 1 FROM job WHERE id = ANY(%s) FOR NO KEY UPDATE", (list(ids),))
+    conn.execute("SELECT 1 FROM job_history WHERE id = ANY(%s) FOR NO KEY UPDATE", (list(ids),))
 
 
 def upstream_in(queue: brooq.Queue, db: Conn, state: str) -> uuid.UUID:
@@ -235,7 +237,7 @@ def upstream_in(queue: brooq.Queue, db: Conn, state: str) -> uuid.UUID:
 
 
 def state_of(db: Conn, job_id: uuid.UUID) -> str:
-    row = db.execute("SELECT state FROM job WHERE id = %s", (job_id,)).fetchone()
+    row = db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
     assert row is not None
     return str(row[0])
 
@@ -373,7 +375,7 @@ def test_a_graph_job_keeps_its_available_at(queue: brooq.Queue, db: Conn) -> Non
     now_id, _ = queue.enqueue(brooq.Job("sink", after=[up]))
     rows = dict(
         db.execute(
-            "SELECT id, available_at FROM job WHERE id = ANY(%s)", ([later, waits, now_id],)
+            "SELECT id, available_at FROM job_all WHERE id = ANY(%s)", ([later, waits, now_id],)
         ).fetchall()
     )
     assert rows[later] == at and rows[waits] == at
@@ -477,7 +479,7 @@ def test_an_int_enum_priority_is_stored_as_its_value_by_every_door(
     with psycopg.connect(dsn) as conn:
         ((plain, _),) = brooq.enqueue_many(conn, [job])
     ids = [one, copied, keyed, plain]
-    rows = db.execute("SELECT priority FROM job WHERE id = ANY(%s)", (ids,)).fetchall()
+    rows = db.execute("SELECT priority FROM job_all WHERE id = ANY(%s)", (ids,)).fetchall()
     assert [r[0] for r in rows] == [int(priority)] * 4
 
 

@@ -68,7 +68,7 @@ def fail(db: Conn, job_id: uuid.UUID, *, final: bool, worker: str = "w") -> str:
 
 def state(db: Conn, job_id: uuid.UUID) -> tuple[str, int | None, str | None]:
     row = db.execute(
-        "SELECT state, upstream_open, last_error FROM job WHERE id = %s", (job_id,)
+        "SELECT state, upstream_open, last_error FROM job_all WHERE id = %s", (job_id,)
     ).fetchone()
     assert row is not None
     return row[0], row[1], row[2]
@@ -106,7 +106,7 @@ def test_a_graph_is_created_in_one_call_and_waits(queue: brooq.Queue, db: Conn) 
         (ids[4], 1, ids[3]),
         (ids[4], 2, ids[0]),
     ]
-    flagged = db.execute("SELECT id FROM job WHERE has_downstream ORDER BY id").fetchall()
+    flagged = db.execute("SELECT id FROM job_all WHERE has_downstream ORDER BY id").fetchall()
     assert [r[0] for r in flagged] == sorted(ids[:4])
     # No claim reaches a waiting job.
     assert claim(db, "merge") == [] and claim(db, "report") == []
@@ -126,7 +126,7 @@ def test_names_that_are_no_job_are_refused_with_nothing_written(
         queue.enqueue_many([brooq.Job("a"), brooq.Job("merge", after=[missing])])
     with pytest.raises(brooq.InvalidAfter, match=f"after names job {missing}"):
         queue.enqueue(brooq.Job("merge", after=[missing]))
-    assert db.execute("SELECT count(*) FROM job").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM job_all").fetchone() == (0,)
     for bad, words in (
         ([], "after is empty"),
         ("abc", "after must be a list"),
@@ -323,19 +323,22 @@ def test_retention_keeps_what_a_waiting_job_needs_and_deletes_the_edges(
     ids = [i for i, _ in queue.enqueue_many([*ups, down, plain])]
     claimed = claim(db, "t")
     finish(db, [i for i in claimed if i != ids[2]])
-    db.execute("UPDATE job SET updated_at = now() - interval '1 day'")
+    # Finished jobs are in job_history (its default partition: no partition made here),
+    # ended a day ago.
+    db.execute("UPDATE job_history SET updated_at = now() - interval '1 day'")
 
     def expire() -> list[str]:
-        rows = db.execute(Q.job_delete_expired, {"ttl": 3600.0, "batch": 100}).fetchall()
+        rows = db.execute(Q.history_expire_default, {"ttl": 3600.0, "batch": 100}).fetchall()
         return [r[0] for r in rows]
 
     assert expire() == ["t"]  # the plain job; the upstream jobs are still needed
     finish(db, [ids[2]])
     claim(db, "d")
     finish(db, [ids[3]])
-    db.execute("UPDATE job SET updated_at = now() - interval '1 day'")
+    db.execute("UPDATE job_history SET updated_at = now() - interval '1 day'")
     assert sorted(expire()) == ["d", "t", "t", "t"]
     assert db.execute("SELECT count(*) FROM brooq_job_edge").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM job_all").fetchone() == (0,)
 
 
 def test_stats_and_cancel_many_know_the_waiting_state(queue: brooq.Queue, db: Conn) -> None:
@@ -343,7 +346,7 @@ def test_stats_and_cancel_many_know_the_waiting_state(queue: brooq.Queue, db: Co
     for _ in range(3):
         queue.enqueue(brooq.Job("d", after=[up]))
     cur = db.cursor(row_factory=dict_row)
-    assert cur.execute("SELECT count(*) AS n FROM job WHERE state = 'waiting'").fetchone() == {
+    assert cur.execute("SELECT count(*) AS n FROM job_all WHERE state = 'waiting'").fetchone() == {
         "n": 3
     }
     changed = queue.cancel_many(topic="d", state="waiting")
@@ -421,14 +424,14 @@ def test_brooq_enqueue_after(queue: brooq.Queue, db: Conn, dsn: str) -> None:
     out = ok(dsn, "enqueue", "d", "--after", str(up), "--on-upstream-failure", "run")
     down = uuid.UUID(out.split()[1])
     assert state(db, down)[:2] == ("waiting", 1)
-    row = db.execute("SELECT on_upstream_failure FROM job WHERE id = %s", (down,)).fetchone()
+    row = db.execute("SELECT on_upstream_failure FROM job_all WHERE id = %s", (down,)).fetchone()
     assert row == ("run",)
     missing = uuid.UUID(int=5)
     line = refused(dsn, "enqueue", "d", "--after", str(missing), code=2)
     assert f"after names job {missing}, which does not exist" in line and "--after" in line
     line = refused(dsn, "enqueue", "d", "--after", "nope", code=2)
     assert "after names 'nope', which is not a job id" in line
-    assert db.execute("SELECT count(*) FROM job").fetchone() == (2,)
+    assert db.execute("SELECT count(*) FROM job_all").fetchone() == (2,)
 
 
 def test_queue_wait_sees_a_waiting_job_end_down_the_graph(queue: brooq.Queue) -> None:
@@ -441,7 +444,8 @@ def test_queue_wait_sees_a_waiting_job_end_down_the_graph(queue: brooq.Queue) ->
         # Registered first (the flag set), so the cancel cannot fall before the LISTEN.
         wait_for(
             lambda: (
-                conn.execute("SELECT waited FROM job WHERE id = %s", (down,)).fetchone() == (True,)
+                conn.execute("SELECT waited FROM job_all WHERE id = %s", (down,)).fetchone()
+                == (True,)
             ),
             what="the waiter registered",
         )
@@ -515,7 +519,7 @@ def test_a_deadlock_between_two_outcomes_loses_and_doubles_nothing(
         one.close()
         two.close()
     rows = db.execute(
-        "SELECT id, state FROM job WHERE topic = 't' AND state = 'processing'"
+        "SELECT id, state FROM job_all WHERE topic = 't' AND state = 'processing'"
     ).fetchall()
     assert len(rows) == 2  # the aborted transaction's two jobs
     finish(db, [r[0] for r in rows])  # written again, as the child's next pass does
