@@ -80,8 +80,9 @@ def test_pages_are_answered_while_a_bulk_action_waits_on_a_lock(
     try:
         wait_for(
             lambda: db.execute(
+                # The statement's first words: pg_stat_activity keeps its first 1 kB.
                 "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%%picked%%'"
+                "AND query LIKE '%%One batch of a bulk retry%%'"
             ).fetchone(),
             what="the bulk retry waiting on the lock",
         )
