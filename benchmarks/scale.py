@@ -177,6 +177,8 @@ def start_master_of(dsn: str, workers: int, extra: dict[str, str]) -> Worker:
 
 
 def drain(dsn: str, workers: int, ready: int) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        start = conn.execute("SELECT now()").fetchone()
     master = start_master_of(dsn, workers, {})
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -187,11 +189,12 @@ def drain(dsn: str, workers: int, ready: int) -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     raise TimeoutError("drain took over an hour")
                 time.sleep(1.0)
-            # The ready rows are the only ones that ended within the day (the history
-            # ended over a day ago): today's partition, or the newest rows of job.
+            # The ready rows are the only ones that ended since the drain's start (the
+            # history ended over a day ago, an earlier round before it).
             row = conn.execute(
                 "SELECT count(*), extract(epoch FROM max(updated_at) - min(updated_at))"
-                " FROM job_all WHERE state = 'done' AND updated_at > now() - interval '1 day'"
+                " FROM job_all WHERE state = 'done' AND updated_at > %s",
+                (start[0] if start else None,),
             ).fetchone()
         assert row is not None
         count, seconds = int(row[0]), float(row[1] or 0.0)
@@ -426,6 +429,48 @@ def one_table(admin: str, label: str, history: int, args: argparse.Namespace) ->
     return result
 
 
+def paired(admin: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Both databases built first, then their drains in alternation, ROUNDS each (the
+    order swapped every round), READY ready rows loaded again before each: on a machine
+    whose speed drifts, each round's ratio compares two drains minutes apart."""
+    from contextlib import ExitStack
+
+    out: dict[str, Any] = {"rounds": []}
+    with ExitStack() as stack:
+        dsns = {
+            label: stack.enter_context(fresh_database(admin, f"scale_{label}"))
+            for label in ("small", "big")
+        }
+        for label, dsn in dsns.items():
+            history = args.history if label == "big" else 0
+            log(f"{label}: building ({history:,} finished rows, {args.ready:,} ready)")
+            out[label] = build(dsn, history, args.ready, args.history_in)
+        for n in range(args.paired):
+            order = ["small", "big"] if n % 2 == 0 else ["big", "small"]
+            result: dict[str, Any] = {"order": order}
+            for label in order:
+                dsn = dsns[label]
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    if conn.execute(ANY_LEFT).fetchone() != (True,):  # drained last round
+                        conn.execute(UUID7)
+                        conn.execute(READY, {"n": args.ready})
+                        conn.execute("VACUUM (ANALYZE) job")
+                        conn.execute("CHECKPOINT")
+                result[label] = drain(dsn, args.workers, args.ready)
+                log(f"round {n + 1}: {label} {result[label]}")
+            result["big_over_small"] = round(
+                result["big"]["jobs_per_s"] / result["small"]["jobs_per_s"], 3
+            )
+            out["rounds"].append(result)
+    ratios = sorted(r["big_over_small"] for r in out["rounds"])
+    out["big_over_small"] = {
+        "median": ratios[len(ratios) // 2],
+        "min": ratios[0],
+        "max": ratios[-1],
+    }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dsn", help="an admin DSN (default: 127.0.0.1:5432, else embedded)")
@@ -453,6 +498,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a setting for every master (e.g. QUEUE_STATS_PERIOD=1h); repeatable",
     )
     ap.add_argument("--tables", default="small,big", help="which tables to run (small,big)")
+    ap.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="only the drains: both databases built, then ROUNDS drains of each in"
+        " alternation (no pickup, no retention)",
+    )
     args = ap.parse_args(argv)
     MASTER_ENV.update(master_env(args.master_env))
     if args.quick:
@@ -465,6 +518,13 @@ def main(argv: list[str] | None = None) -> int:
         "master_env": MASTER_ENV,
         "history_in": args.history_in,
     }
+    if args.paired:
+        report["paired"] = paired(admin, args)
+        text = json.dumps(report, indent=2, default=str)
+        if args.out:
+            args.out.write_text(text + "\n")
+        print(json.dumps(report["paired"]["big_over_small"]))
+        return 0
     tables = args.tables.split(",")
     for label in tables:
         report[label] = one_table(admin, label, args.history if label == "big" else 0, args)
