@@ -162,11 +162,25 @@ def fresh(dsn: str, fn: Callable[[psycopg.Connection[Any]], Any], default: Any =
 # -- the audit can fail ------------------------------------------------------------------------
 
 
+def no_dated_partitions(db: psycopg.Connection[Any]) -> None:
+    """Drop job_history's dated partitions (the migration makes today's and the next
+    days'): finished rows then go to its default partition."""
+    db.execute(
+        "DO $$ DECLARE r record; BEGIN FOR r IN SELECT c.relname FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'job_history'::regclass "
+        "AND c.relname <> 'job_history_default' LOOP EXECUTE format('DROP TABLE %I', r.relname); "
+        "END LOOP; END $$"
+    )
+
+
 def test_audit_classes_every_job(dsn: str, db: psycopg.Connection[Any]) -> None:
     from tests.harness import prepare
 
     prepare(dsn)
     audit.install(db)
+    # No dated partition: the rows ended here go to the default partition, for the
+    # partition upkeep's move below.
+    no_dated_partitions(db)
     q = brooq.Queue(dsn)
     try:
         names = ["ok", "pending", "processing", "twice", "reopened", "deleted_active"]
@@ -209,10 +223,12 @@ def test_audit_classes_every_job(dsn: str, db: psycopg.Connection[Any]) -> None:
     db.execute("DELETE FROM job WHERE id = %s", (ids["deleted_active"],))
     db.execute("DELETE FROM job_history WHERE id = %s", (ids["deleted_done"],))  # a purge
     db.execute("UPDATE job SET state = 'canceled' WHERE id = %s", (stranger,))
-    # The master's partition upkeep moves the rows ended so far out of the default
-    # partition into the one made for them: no outcome, no deletion.
+    # The master's partition upkeep moves rows out of the default partition into the one
+    # it makes for them: no outcome, no deletion. It makes partitions that start after
+    # now only: these rows are dated two days ahead (no state change, nothing logged).
     assert db.execute("SELECT count(*) FROM job_history_default").fetchone() == (3,)
-    db.execute("SELECT brooq_history_prepare('1 day', now(), now() + interval '1 day', 3)")
+    db.execute("UPDATE job_history SET updated_at = now() + interval '2 days'")
+    db.execute("SELECT brooq_history_prepare('1 day', now(), now() + interval '4 days', 5)")
     assert db.execute("SELECT count(*) FROM job_history_default").fetchone() == (0,)
 
     report = audit.check(db, [v for v in ids.values()], extra_ok=claimed)
@@ -799,12 +815,14 @@ def test_retention_under_load_deletes_no_active_row(
     retention, stats), jobs of every outcome, cancels, and claims by a host that vanished
     (only the reaper gives those back). Retention deletes row by row what a partition's
     drop does not: terminal rows left in job from before job_history (made here by
-    hand), and the rows of job_history's default partition. The only partition here is a
-    month ahead, so the masters make none for now and every job of the run ends in the
+    hand), and the rows of job_history's default partition. The migration's dated
+    partitions are dropped and the only one left is a month ahead, so the masters make
+    none for now and every job of the run ends in the
     default partition (what a fleet whose partitions are missing sees), then is deleted
     from there in batches while the others run. A partition dropped whole (no row of an
     unfinished job can be in one) is tests/db's."""
     audit.install(db)
+    no_dated_partitions(db)
     db.execute(
         "CREATE TABLE job_history_ahead PARTITION OF job_history "
         "FOR VALUES FROM (now() + interval '30 days') TO (now() + interval '31 days')"
