@@ -68,7 +68,10 @@ SELECT {brooq_park_jobs}(%(id)s, %(worker)s, %(ids)b::uuid[])
 -- name: jobs_records
 -- The records of the jobs a handler waited for (any order: the caller orders them): ended
 -- jobs, so job_all (in job_history, or in job for one that ended before migration 0020).
-SELECT id, topic, state, result, last_error FROM {job_all} WHERE id = ANY(%(ids)b::uuid[])
+-- Only job_history's partitions from the earliest enqueue time of the ids on.
+SELECT id, topic, state, result, last_error FROM {job_all}
+WHERE id = ANY(%(ids)b::uuid[])
+  AND updated_at >= (SELECT min({brooq_history_floor}(i)) FROM unnest(%(ids)b::uuid[]) AS i)
 
 -- name: job_durable
 -- What `brooq jobs show` says of a job's durable side: its steps (names, when recorded,
@@ -86,7 +89,7 @@ LEFT JOIN LATERAL (
            array_agg(octet_length(st.result::text) ORDER BY st.created_at, st.name) AS sizes
     FROM {brooq_job_step} AS st WHERE st.job_id = j.id
 ) AS s ON true
-WHERE j.id = %(id)s
+WHERE j.id = %(id)s AND j.updated_at >= {brooq_history_floor}(%(id)s)
 
 -- name: job_children
 -- The jobs a job spawned (claim.spawn), in the order spawned, at most `limit`, ended or

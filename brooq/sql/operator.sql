@@ -4,18 +4,20 @@
 -- name: job_get
 -- errors: [] when none (NULL until the first failed attempt, and on rows an older master
 -- wrote); tags: [] when none. A job is in job while active, in job_history once finished
--- (or, finished before migration 0020, still in job): job_all reads both, by id in each.
+-- (or, finished before migration 0020, still in job): job_all reads both, by id in each,
+-- job_history's partitions from the job's enqueue time on (brooq_history_floor).
 SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_until,
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
        progress, progress_message, traceparent, started_at
-FROM {job_all} WHERE id = %(id)s
+FROM {job_all} WHERE id = %(id)s AND updated_at >= {brooq_history_floor}(%(id)s)
 
 -- name: job_logs
 -- A keep_logs job's log per attempt ({"attempt", "at", "text"}, the last 20 attempts,
 -- oldest first): [] when none were kept.
-SELECT coalesce(logs, '[]'::jsonb) AS logs FROM {job_all} WHERE id = %(id)s
+SELECT coalesce(logs, '[]'::jsonb) AS logs FROM {job_all}
+WHERE id = %(id)s AND updated_at >= {brooq_history_floor}(%(id)s)
 
 -- name: job_cancel
 -- Operator or producer cancel. A processing row is canceled too, and only then is a
@@ -96,7 +98,8 @@ FROM {job_all} AS mine
 JOIN {job} AS holder
   ON holder.topic = mine.topic AND holder.unique_key = mine.unique_key
  AND holder.start_after IS NULL AND holder.state IN ('pending', 'failed', 'processing')
-WHERE mine.id = %(id)s AND holder.id <> mine.id
+WHERE mine.id = %(id)s AND mine.updated_at >= {brooq_history_floor}(%(id)s)
+  AND holder.id <> mine.id
 LIMIT 1
 
 -- name: job_count_matching
@@ -597,7 +600,7 @@ SELECT id, pg_notify('brooq_stack', %(job_id)s::text) FROM request
 -- name: stack_job_state
 -- Whether the job runs (no stack is asked of a job that does not): a finished job is
 -- named with how it ended, not as unknown.
-SELECT state FROM {job_all} WHERE id = %(id)s
+SELECT state FROM {job_all} WHERE id = %(id)s AND updated_at >= {brooq_history_floor}(%(id)s)
 
 -- name: listen_stack_answers
 LISTEN brooq_stack_answer

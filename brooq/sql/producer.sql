@@ -242,7 +242,9 @@ LISTEN brooq_outcome
 -- Which of the ids `after` names are jobs, active or finished (job_all: a finished one
 -- may be in job_history): read before a graph's insert, so that a name that is no job is
 -- refused with nothing written.
-SELECT id FROM {job_all} WHERE id = ANY(%(ids)b::uuid[])
+SELECT id FROM {job_all}
+WHERE id = ANY(%(ids)b::uuid[])
+  AND updated_at >= (SELECT min({brooq_history_floor}(i)) FROM unnest(%(ids)b::uuid[]) AS i)
 
 -- name: job_after
 -- A graph's edges, after its jobs were inserted pending in this transaction: each job of

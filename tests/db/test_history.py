@@ -272,7 +272,7 @@ def test_an_outcome_never_fails_for_a_missing_partition(db: Conn) -> None:
     # covers now (an insert routing a row as it is attached would fail): the row stays in
     # the default partition, which retention empties row by row.
     made = history.prepare(db, 3600.0)
-    assert made == 24
+    assert made in (23, 24)  # the hours from the next one that starts 5 min away to now + 24 h
     first = min(p for p in partitions(db) if p != "job_history_default")
     start = datetime.strptime(first, "job_history_%Y%m%d_%H%M%S").replace(tzinfo=timezone.utc)
     assert start > datetime.now(timezone.utc)
@@ -322,7 +322,7 @@ def test_an_outcome_goes_on_while_partitions_are_attached(connect: Callable[...,
     thread.join(30)
     stop.set()
     assert errors == []
-    assert made >= 24
+    assert made >= 23
     n = db.execute("SELECT count(*) AS n FROM job_history").fetchone()
     assert n == {"n": 200}
 
