@@ -43,6 +43,8 @@ from brooq.operator.records import (
 )
 from brooq.producer.events import emit_event, emit_event_async
 from brooq.producer.insert import (
+    KEY_ROUNDS,
+    KeyRace,
     check_job,
     check_jobs,
     insert_checked,
@@ -179,8 +181,17 @@ class Queue(Registry):
             # deadlock with the workers ending the jobs named.
             with self._pools.autocommit() as conn:
                 return insert_many_checked(conn, checked, self.handlers, q=self._q)
-        with self.transaction() as conn:
-            return insert_many_checked(conn, checked, self.handlers, q=self._q)
+        # The transaction is brooq's own: a key enqueued and ended while the INSERT ran
+        # (KeyRace, the transaction aborted) is seen by the next round, which returns
+        # its job's id.
+        for round_ in range(1, KEY_ROUNDS + 1):
+            try:
+                with self.transaction() as conn:
+                    return insert_many_checked(conn, checked, self.handlers, q=self._q)
+            except KeyRace:
+                if round_ == KEY_ROUNDS:
+                    raise
+        raise AssertionError("unreachable")  # the last round returned or raised
 
     def _check_many(self, jobs: Sequence[Job]) -> list[Job]:
         """check_jobs with this Queue's handlers (include= imported first), and
@@ -208,8 +219,14 @@ class Queue(Registry):
         """``enqueue_many`` from asyncio code, in one transaction on the async pool."""
         checked = self._check_many(jobs)
         graph = any(job.after is not None for job in checked)  # as enqueue_many
-        async with self._pools.async_connection(autocommit=graph) as conn:
-            return await insert_many_checked_async(conn, checked, self.handlers, q=self._q)
+        for round_ in range(1, KEY_ROUNDS + 1):
+            try:
+                async with self._pools.async_connection(autocommit=graph) as conn:
+                    return await insert_many_checked_async(conn, checked, self.handlers, q=self._q)
+            except KeyRace:  # as enqueue_many: brooq's own transaction, run again
+                if graph or round_ == KEY_ROUNDS:
+                    raise
+        raise AssertionError("unreachable")  # the last round returned or raised
 
     def emit_event(self, key: str, payload: Any = None) -> bool:
         """Emit the event ``key`` (committed at once): whether this emit was the first

@@ -209,7 +209,9 @@ FROM (
 ) AS orphan
 
 -- name: job_delete_expired
--- Retention: one batch of terminal rows older than the TTL, oldest first. SKIP LOCKED
+-- Retention of the terminal rows left in job (those that ended before migration 0020, or
+-- written there by hand): one batch of those older than the TTL, oldest first, with their
+-- idempotency keys, steps and event waits. SKIP LOCKED
 -- lets several masters delete different rows instead of waiting for each other. A job
 -- that a job not yet ended waits for or reads (has_downstream, and an edge to a row in
 -- waiting, pending, failed or processing: claim.upstream reads it) stays; the edges of
@@ -229,7 +231,16 @@ WITH gone AS (
         LIMIT %(batch)s
         FOR UPDATE OF t SKIP LOCKED
     )
-    RETURNING id, topic, has_downstream, upstream_open
+    RETURNING id, topic, has_downstream, upstream_open, idempotency_key
+), keys AS (
+    -- The idempotency keys of the rows deleted (brooq_job_key, migration 0020) go with them.
+    DELETE FROM {brooq_job_key} AS k USING gone
+    WHERE gone.idempotency_key IS NOT NULL AND k.topic = gone.topic
+      AND k.idempotency_key = gone.idempotency_key AND k.job_id = gone.id
+), steps AS (
+    DELETE FROM {brooq_job_step} AS s WHERE s.job_id = ANY(ARRAY(SELECT id FROM gone))
+), waits AS (
+    DELETE FROM {brooq_event_wait} AS w WHERE w.job_id = ANY(ARRAY(SELECT id FROM gone))
 ), edges_in AS (
     -- By index, whatever the planner guesses: the edges' key for a deleted downstream
     -- job, brooq_job_edge_upstream_idx for a deleted upstream one.
