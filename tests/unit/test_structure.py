@@ -29,6 +29,11 @@ LARGE: dict[str, str] = {
         "one insert path, read top to bottom: the public calls, one job, a batch, the keyed "
         "options, a graph, then the sync and async drivers each step runs on"
     ),
+    "brooq/page/reads.py": (
+        "one read per page, each in the one read-only transaction it shares, and the "
+        "overview's counts with their estimates (the table's sample, the history's), whose "
+        "margins combine"
+    ),
 }
 STANDS_ALONE = re.compile(r"^\s*Stands alone:", re.MULTILINE)
 # brooq/*.py besides __init__ and __main__: what every room uses, and the public faces.
