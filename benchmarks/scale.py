@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import threading
 import time
@@ -464,7 +465,7 @@ def paired(admin: str, args: argparse.Namespace) -> dict[str, Any]:
             out["rounds"].append(result)
     ratios = sorted(r["big_over_small"] for r in out["rounds"])
     out["big_over_small"] = {
-        "median": ratios[len(ratios) // 2],
+        "median": round(statistics.median(ratios), 3),
         "min": ratios[0],
         "max": ratios[-1],
     }
