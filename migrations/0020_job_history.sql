@@ -77,10 +77,15 @@ CREATE INDEX IF NOT EXISTS job_history_updated_brin ON job_history
 CREATE INDEX IF NOT EXISTS job_history_retry_idx ON job_history (topic, state, id)
     WHERE state IN ('dead', 'canceled');
 
--- The rows a partition's drop must look after: keys to release, edges to delete,
--- upstream jobs a job not yet ended still reads.
-CREATE INDEX IF NOT EXISTS job_history_linked_idx ON job_history (id)
-    WHERE has_downstream IS TRUE OR upstream_open IS NOT NULL OR idempotency_key IS NOT NULL;
+-- The rows a partition's drop must look after, each kind by its own index (one index
+-- of both would make the edges' deletes read every keyed row): the jobs of a graph
+-- (edges to delete, upstream jobs a job not yet ended still reads), the keyed ones (keys
+-- to release).
+CREATE INDEX IF NOT EXISTS job_history_graph_idx ON job_history (id)
+    WHERE has_downstream IS TRUE OR upstream_open IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS job_history_keyed_idx ON job_history (id)
+    WHERE idempotency_key IS NOT NULL;
 
 CREATE TABLE IF NOT EXISTS brooq_job_key (
     topic           text NOT NULL,
@@ -393,7 +398,8 @@ $$;
 -- Before a partition is dropped, in its own transaction (no lock that outcomes wait for):
 -- the idempotency keys of its jobs released, the edges into its jobs and out of those no
 -- job still waits on deleted, the steps and event waits of its jobs deleted. Returns the
--- keys released. Only its linked rows are read (job_history_linked_idx), and the steps.
+-- keys released. Only its graph's and keyed rows are read (job_history_graph_idx,
+-- job_history_keyed_idx), and the steps.
 CREATE OR REPLACE FUNCTION brooq_history_release(p_name text) RETURNS integer
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE

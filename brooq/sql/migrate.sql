@@ -167,8 +167,12 @@ SELECT a.pid,
            || ', transaction open for ' || date_trunc('second', now() - a.xact_start)::text AS what
 FROM pg_stat_activity a
 WHERE a.pid <> pg_backend_pid()
+  AND a.datname = current_database()
   AND a.xact_start <= now() - %(waited)s::interval
   AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL
-       OR EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.relation = to_regclass({job:name})))
+       OR EXISTS (SELECT FROM pg_locks l
+                  WHERE l.pid = a.pid AND l.relation = to_regclass({job:name})
+                    AND l.database = (SELECT d.oid FROM pg_database d
+                                      WHERE d.datname = current_database())))
 ORDER BY a.xact_start
 LIMIT 5

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import psycopg
 import pytest
@@ -243,6 +244,10 @@ def test_cli_migrate(empty_dsn: str) -> None:
     assert "nothing to apply" in cli("up").stdout
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0021_enqueue_contract\n", out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0020_job_history\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0019_started_at\n", out.stdout
     out = cli("down")
@@ -843,7 +848,6 @@ def test_workflows_up_and_down_on_a_live_table(empty_dsn: str) -> None:
     (the rows keep theirs), brooq_job_edge, the trigger and the producer's function, on a
     table that holds jobs; down refuses while a job waits, then gives back exactly
     0012's schema, rows included, and up again the same as the first time."""
-    import brooq
 
     def schema() -> tuple[list[tuple[object, ...]], list[str]]:
         return job_shape(empty_dsn), brooq_objects(empty_dsn)
@@ -874,8 +878,14 @@ def test_workflows_up_and_down_on_a_live_table(empty_dsn: str) -> None:
             "SELECT conname, convalidated FROM pg_constraint "
             "WHERE conname IN ('job_state_check', 'job_on_upstream_failure_check') ORDER BY 1"
         ).fetchall() == [("job_on_upstream_failure_check", True), ("job_state_check", True)]
-        (up, _), (down, _) = brooq.enqueue_many(
-            conn, [up_job := brooq.Job("t"), brooq.Job("t", after=[up_job])]
+        # The graph as 0013's producer wrote it (today's producer needs a later schema):
+        # the two rows, then brooq_job_after for the edge.
+        up, down = uuid.uuid4(), uuid.uuid4()
+        conn.execute("INSERT INTO job (id, topic) VALUES (%s, 't'), (%s, 't')", (up, down))
+        conn.execute(
+            "SELECT brooq_job_after(ARRAY[%s]::uuid[], ARRAY['cancel'], ARRAY[%s]::uuid[], "
+            "ARRAY[%s]::uuid[])",
+            (down, down, up),
         )
         # The functions find brooq's tables whatever the caller's search_path.
         conn.execute("SET search_path = pg_catalog")
