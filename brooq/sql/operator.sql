@@ -20,18 +20,13 @@ SELECT coalesce(logs, '[]'::jsonb) AS logs FROM {job_all}
 WHERE id = %(id)s AND updated_at >= {brooq_history_floor}(%(id)s)
 
 -- name: job_cancel
--- Operator or producer cancel. A processing row is canceled too, and only then is a
--- NOTIFY brooq_cancel sent, the job id as payload, delivered when the cancel commits: the
--- master whose child holds the job renews its leases at once, finds this one lost and
--- interrupts the handler (brooq.supervisor.master); its own outcome write then matches no
--- row. Every other cancel notifies nobody. The row is locked first to read the state it
--- leaves (RETURNING shows the new row only); a row changed meanwhile is read again under
--- the lock, as an UPDATE would. from_states is brooq.job.CANCELABLE_STATES (bound by
--- brooq.operator.changes.transition_params), the one spelling of which states may be
--- canceled. Only job is read: a finished job is never canceled, and one finishing while
--- the cancel waits for its row leaves job in that outcome's statement (to job_history),
--- so the cancel finds no row, writes nothing and answers no row; the caller reads how
--- the job ended in a statement of its own (job_get), which sees that outcome.
+-- Operator or producer cancel. A processing row is canceled too, and then a NOTIFY
+-- brooq_cancel (the job id) goes out at commit: the holder's master renews at once,
+-- finds the lease lost and interrupts the handler. The row is locked first to read the
+-- state it leaves. from_states is brooq.job.CANCELABLE_STATES (transition_params). Only
+-- job is read: a job finishing while the cancel waits for its row leaves job (for
+-- job_history) in that outcome's statement, so the cancel finds no row and writes
+-- nothing; the caller reads how the job ended in a statement of its own (job_get).
 WITH prior AS MATERIALIZED (
     SELECT id, state = 'processing' AS held FROM {job}
     WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])

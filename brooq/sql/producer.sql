@@ -25,8 +25,8 @@ RETURNING id
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
                    group_key)
 SELECT $1, $2, $3::jsonb, $4, coalesce($5, now()), $6, $7, $8
-WHERE $4 IS NULL OR NOT EXISTS (
-    SELECT FROM {brooq_job_key} AS k WHERE k.topic = $2 AND k.idempotency_key = $4)
+WHERE $4::text IS NULL OR NOT EXISTS (
+    SELECT FROM {brooq_job_key} AS k WHERE k.topic = $2 AND k.idempotency_key = $4::text)
 ON CONFLICT (topic, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-import brooq
 from brooq import migrate
 from brooq.errors import SchemaMissing
 from brooq.schema import check as migration_check
@@ -92,6 +93,20 @@ def wait_for_lock_wait(dsn: str, pid_not: int) -> None:
             time.sleep(0.02)
 
 
+def enqueue_at_0013(conn: psycopg.Connection[Any], after: uuid.UUID | None = None) -> uuid.UUID:
+    """A job as the producer of migration 0013 wrote it (today's producer needs a later
+    schema): its row, and with ``after`` its edge through brooq_job_after."""
+    job_id = uuid.uuid4()
+    conn.execute("INSERT INTO job (id, topic) VALUES (%s, 't')", (job_id,))
+    if after is not None:
+        conn.execute(
+            "SELECT brooq_job_after(ARRAY[%s]::uuid[], ARRAY['cancel'], ARRAY[%s]::uuid[], "
+            "ARRAY[%s]::uuid[])",
+            (job_id, job_id, after),
+        )
+    return job_id
+
+
 def test_down_beside_an_open_graph_enqueue_is_all_or_nothing(empty_dsn: str) -> None:
     """A producer's transaction holds a waiting job (uncommitted) while 0013 is reverted:
     the down step waits for it, then sees the job and refuses with nothing changed; 0013
@@ -102,9 +117,9 @@ def test_down_beside_an_open_graph_enqueue_is_all_or_nothing(empty_dsn: str) -> 
     assert out.returncode == 0, out.stderr
     assert applied(empty_dsn)[-1] == 13
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        upstream, _ = brooq.enqueue(conn, brooq.Job("t"))
+        upstream = enqueue_at_0013(conn)
     producer = psycopg.connect(empty_dsn)
-    downstream, _ = brooq.enqueue(producer, brooq.Job("t", after=[upstream]))
+    downstream = enqueue_at_0013(producer, after=upstream)
     down = subprocess.Popen(
         [sys.executable, "-m", "brooq", "--database", empty_dsn, "migrate", "down"],
         stdout=subprocess.PIPE,
@@ -148,9 +163,9 @@ def test_down_beside_a_rolled_back_graph_enqueue_reverts_wholly(empty_dsn: str) 
     """The same producer rolls back: the down step, which waited for it, reverts 0013."""
     migrate.up(empty_dsn, 13)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        upstream, _ = brooq.enqueue(conn, brooq.Job("t"))
+        upstream = enqueue_at_0013(conn)
     producer = psycopg.connect(empty_dsn)
-    brooq.enqueue(producer, brooq.Job("t", after=[upstream]))
+    enqueue_at_0013(producer, after=upstream)
     down = subprocess.Popen(
         [sys.executable, "-m", "brooq", "--database", empty_dsn, "migrate", "down"],
         stdout=subprocess.PIPE,
