@@ -936,16 +936,21 @@ def drive_graph(target: Target, make: Callable[[], Steps[R]]) -> R:
                 raise
             if round_ < DEADLOCK_ROUNDS:
                 continue  # brooq's own transaction: the next round sees the key's job
-            raise KeyRace(
-                f"could not enqueue the jobs with after: each of {DEADLOCK_ROUNDS} tries met "
-                "a key whose job was enqueued and ended meanwhile (nothing was written); "
-                "enqueue them again"
-            ) from exc
+            raise _keys_raced() from exc
         except psycopg.errors.ForeignKeyViolation as exc:
             if (gone := _upstream_gone(exc, owned)) is None:
                 raise
             raise gone from exc
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _keys_raced() -> KeyRace:
+    """Every round of a graph's own transaction met a key enqueued and ended meanwhile."""
+    return KeyRace(
+        f"could not enqueue the jobs with after: each of {DEADLOCK_ROUNDS} tries met "
+        "a key whose job was enqueued and ended meanwhile (nothing was written); "
+        "enqueue them again"
+    )
 
 
 async def drive_graph_async(target: AsyncTarget, make: Callable[[], Steps[R]]) -> R:
@@ -967,11 +972,7 @@ async def drive_graph_async(target: AsyncTarget, make: Callable[[], Steps[R]]) -
                 raise
             if round_ < DEADLOCK_ROUNDS:
                 continue  # brooq's own transaction: the next round sees the key's job
-            raise KeyRace(
-                f"could not enqueue the jobs with after: each of {DEADLOCK_ROUNDS} tries met "
-                "a key whose job was enqueued and ended meanwhile (nothing was written); "
-                "enqueue them again"
-            ) from exc
+            raise _keys_raced() from exc
         except psycopg.errors.ForeignKeyViolation as exc:
             if (gone := _upstream_gone(exc, owned)) is None:
                 raise
