@@ -15,8 +15,9 @@ enqueueing single jobs (`Queue.enqueue`, one every 20 ms): each job's pickup is 
 handler's start minus the enqueue's return (its commit), as run.py's pickup workload.
 
 BEFORE seconds of flow, then the partition goes as the master's upkeep does it:
-`SELECT brooq_history_release(name)` in its own transaction (the keys released, the
-steps and edges deleted), then `SELECT brooq_history_drop(name)` under a lock_timeout
+its idempotency keys released a batch per transaction in short passes
+(brooq_history_release_keys, with the master's batch, pass and pause), its steps and edges
+deleted (brooq_history_release_links), then `SELECT brooq_history_drop(name)` under a lock_timeout
 of 1 s (DETACH and DROP, ACCESS EXCLUSIVE on job_history for the catalog change only),
 then AFTER seconds more. Database time of each: the statement's duration as its session
 sees it (clock_timestamp() around it, on the server) and the client's wall time.
@@ -158,10 +159,38 @@ def timed_call(conn: psycopg.Connection[Any], call: str, params: Sequence[Any]) 
 
 
 def drop_partition(conn: psycopg.Connection[Any], name: str, lock_timeout: str = "1s") -> dict:
-    """The master's upkeep for one expired partition: release, then drop (retried on a
-    lock timeout, as the master retries on its next period)."""
+    """The master's upkeep for one expired partition (brooq.supervisor.history): its keys
+    released history.KEYS_BATCH per transaction, for KEYS_PASS_SECONDS per pass with
+    KEYS_PAUSE between passes; then its edges, steps and event waits; then the drop
+    (retried on a lock timeout, as the master retries on its next period). Database time
+    summed over the key batches, and the wall time from the first batch to the drop."""
+    from brooq.supervisor import history
+
     out: dict[str, Any] = {"name": name}
-    out["release"] = timed_call(conn, "brooq_history_release(%s)", (name,))
+    started = time.monotonic()
+    after, batches, db_ms, released = str(history.NO_ID), 0, 0.0, 0
+    pass_start = time.monotonic()
+    while True:
+        if batches and time.monotonic() - pass_start >= history.KEYS_PASS_SECONDS:
+            time.sleep(history.KEYS_PAUSE)
+            pass_start = time.monotonic()
+        call = timed_call(
+            conn, "to_jsonb(brooq_history_release_keys(%s, %s::uuid, %s))",
+            (name, after, history.KEYS_BATCH),
+        )  # fmt: skip
+        batches += 1
+        db_ms += call["db_ms"]
+        released += call["result"]["released"]
+        after = call["result"]["last_id"] or after
+        if call["result"]["seen"] < history.KEYS_BATCH:
+            break
+    out["keys"] = {
+        "released": released,
+        "batches": batches,
+        "db_ms": round(db_ms, 1),
+        "wall_ms": round((time.monotonic() - started) * 1000, 1),
+    }
+    out["release"] = timed_call(conn, "brooq_history_release_links(%s)", (name,))
     conn.execute(f"SET lock_timeout = '{lock_timeout}'")
     tries = 0
     while True:
@@ -389,9 +418,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Retention of one partition ({report['date']}, {report['server']})",
         "",
-        "| round | rows | release db ms | drop db ms | drop tries | pickup p50/p99 before |"
-        " during | after |",
-        "|---|---|---|---|---|---|---|---|",
+        "| round | rows | keys released (batches) | keys db ms (wall ms) | links db ms |"
+        " drop db ms | drop tries | pickup p50/p99 before | during | after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(report["rounds"]):
         up = r["upkeep"]
@@ -404,8 +433,10 @@ def markdown(report: dict[str, Any]) -> str:
             return f"{x['p50_ms']} / {x['p99_ms']} ms (n={x['jobs']}, missed {x['missed']})"
 
         lines.append(
-            f"| {i + 1} | {r['rows']:,} | {up['release']['db_ms']} | {up['drop']['db_ms']} |"
-            f" {up['drop']['tries']} | {pp('before')} | {pp('during')} | {pp('after')} |"
+            f"| {i + 1} | {r['rows']:,} | {up['keys']['released']:,} ({up['keys']['batches']})"
+            f" | {up['keys']['db_ms']} ({up['keys']['wall_ms']}) | {up['release']['db_ms']}"
+            f" | {up['drop']['db_ms']} | {up['drop']['tries']} | {pp('before')}"
+            f" | {pp('during')} | {pp('after')} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -107,6 +107,8 @@ RELATIONS = (
     "brooq_history_prepare",
     "brooq_history_expired",
     "brooq_history_release",
+    "brooq_history_release_keys",
+    "brooq_history_release_links",
     "brooq_history_drop",
     "brooq_history_expire_default",
     "brooq_history_floor",

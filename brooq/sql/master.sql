@@ -268,10 +268,16 @@ FROM {brooq_history_expired}(now() - make_interval(secs => %(ttl)s)) AS e
 JOIN pg_class AS c ON c.relname = e.name
     AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = {job_history:name}::regclass)
 
--- name: history_release
--- Before a partition's drop, in its own transaction: its jobs' idempotency keys, edges,
--- steps and event waits. Returns the keys released.
-SELECT {brooq_history_release}(%(name)s) AS released
+-- name: history_release_keys
+-- A partition's idempotency keys, a batch in id order after `after`, in its own
+-- transaction: the last id read, the jobs read (fewer than `batch`: the last batch) and
+-- the keys released.
+SELECT r.last_id, r.seen, r.released
+FROM {brooq_history_release_keys}(%(name)s, %(after)s::uuid, %(batch)s) AS r
+
+-- name: history_release_links
+-- Once its keys are released, a partition's edges, steps and event waits.
+SELECT {brooq_history_release_links}(%(name)s)
 
 -- name: history_lock_timeout
 -- The drop's own lock_timeout, for its transaction only: outcomes queue behind a waiting

@@ -5,9 +5,10 @@ docs/explanation/history.md). Each retention period the master makes the partiti
 that the next HISTORY_AHEAD_SPANS spans (at least a day) need, each starting after now
 (never one an insert may be routing a row to as it is attached), so an outcome never
 finds its partition missing (if it did, the default partition takes the row). Past
-retention_ttl a partition is released (its jobs' idempotency keys, edges, steps: one
-transaction that outcomes do not wait for) and then detached and dropped under a short
-lock_timeout: the ACCESS EXCLUSIVE lock on job_history lasts a catalog change, and a
+retention_ttl a partition is released (its jobs' idempotency keys a batch per
+transaction over as many short passes as they need, then its edges, steps and event
+waits: transactions that outcomes do not wait for) and then detached and dropped under
+a short lock_timeout: the ACCESS EXCLUSIVE lock on job_history lasts a catalog change, and a
 drop that cannot have it soon gives up and is tried again next pass. The default
 partition's old rows go a batch at a time.
 
@@ -22,7 +23,9 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
+from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
@@ -39,8 +42,25 @@ HISTORY_AHEAD_MIN = 86400.0
 PARTITIONS_PER_PASS = 24
 # How long a drop waits for ACCESS EXCLUSIVE on job_history before it gives up.
 DROP_LOCK_TIMEOUT = "200ms"
+# A partition's idempotency keys are released this many per transaction (about 12 us of
+# the server's time each), for at most KEYS_PASS_SECONDS per pass; the retention duty
+# comes back KEYS_PAUSE later while some are left, so that a day of keyed jobs goes in
+# short transactions with the server free in between.
+KEYS_BATCH = 2000
+NO_ID = UUID(int=0)  # sorts before every id
+KEYS_PASS_SECONDS = 0.05
+KEYS_PAUSE = 0.05
 # The default partition's old rows: deleted for at most this long per pass.
 DEFAULT_PASS_SECONDS = 0.05
+
+
+@dataclass
+class Releasing:
+    """Where a partition's key release stands between passes."""
+
+    after: UUID = NO_ID  # the last keyed job whose key was released, in id order
+    released: int = 0
+    done: bool = False
 
 
 class Dropped(NamedTuple):
@@ -72,18 +92,51 @@ def prepare(conn: psycopg.Connection[Any], span: float, q: Queries = Q) -> int:
     return made
 
 
-def drop_expired(conn: psycopg.Connection[Any], ttl: float, q: Queries = Q) -> list[Dropped]:
+def drop_expired(
+    conn: psycopg.Connection[Any],
+    ttl: float,
+    q: Queries = Q,
+    releasing: dict[str, Releasing] | None = None,
+    budget: float = KEYS_PASS_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Dropped]:
     """Release and drop the partitions whose every job ended more than ``ttl`` ago.
-    A drop that cannot have its lock within DROP_LOCK_TIMEOUT is left to the next pass."""
+
+    A partition's idempotency keys go first, KEYS_BATCH per transaction, for at most
+    ``budget`` seconds per call (at least one batch in all): a partition whose keys are not all
+    released yet is left in ``releasing`` (the caller's, kept between calls: where to go
+    on) and dropped by a later call. A drop that cannot have its lock within
+    DROP_LOCK_TIMEOUT is left to the next pass."""
     if ttl <= 0:
         return []
+    if releasing is None:
+        releasing = {}
+    start = clock()
     cur = conn.cursor(row_factory=dict_row)
-    expired = cur.execute(q.history_expired, {"ttl": ttl}).fetchall()
+    expired = cur.execute(q.history_expired, {"ttl": ttl}).fetchall()[:PARTITIONS_PER_PASS]
+    for gone in set(releasing) - {str(part["name"]) for part in expired}:
+        del releasing[gone]  # dropped meanwhile (by another master)
     dropped: list[Dropped] = []
-    for part in expired[:PARTITIONS_PER_PASS]:
+    batches = 0  # this call's
+    for part in expired:
         name = str(part["name"])
+        state = releasing.setdefault(name, Releasing())
+        while not state.done:
+            if batches and clock() - start >= budget:
+                return dropped  # the rest on the next call
+            with conn.transaction():
+                row = cur.execute(
+                    q.history_release_keys,
+                    {"name": name, "after": state.after, "batch": KEYS_BATCH},
+                ).fetchone()
+            assert row is not None
+            batches += 1
+            state.released += int(row["released"])
+            if row["last_id"] is not None:
+                state.after = row["last_id"]
+            state.done = int(row["seen"]) < KEYS_BATCH
         with conn.transaction():
-            released = cur.execute(q.history_release, {"name": name}).fetchone()
+            cur.execute(q.history_release_links, {"name": name})
         try:
             with conn.transaction():
                 cur.execute(q.history_lock_timeout, {"timeout": DROP_LOCK_TIMEOUT})
@@ -91,12 +144,8 @@ def drop_expired(conn: psycopg.Connection[Any], ttl: float, q: Queries = Q) -> l
         except psycopg.errors.LockNotAvailable:
             log.info("event=history_drop_deferred partition=%s reason=lock_timeout", name)
             break
-        done = Dropped(
-            name,
-            int(part["rows"]),
-            int(kept["kept"]) if kept else 0,
-            int(released["released"]) if released else 0,
-        )
+        del releasing[name]
+        done = Dropped(name, int(part["rows"]), int(kept["kept"]) if kept else 0, state.released)
         log.info(
             "event=history_partition_dropped partition=%s rows=%d kept=%d keys=%d",
             done.name,

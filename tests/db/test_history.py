@@ -379,6 +379,58 @@ def test_a_partition_past_retention_is_dropped_whole_with_its_keys_and_steps(
     insert(db, idempotency_key="k-1")
 
 
+def test_a_partitions_keys_are_released_a_batch_per_pass_before_it_is_dropped(
+    db: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no time budget each call releases one batch of keys; the partition is dropped
+    by the call that finds its last batch short, its keys counted over every call, and
+    each released key free for a new job even before the drop."""
+    monkeypatch.setattr(history, "KEYS_BATCH", 2)
+    make_partition(db, day(9), day(8))  # the one expired partition
+    old = day(9) + timedelta(hours=12)
+    keyed = {f"k-{n}": insert(db, idempotency_key=f"k-{n}") for n in range(5)}
+    order = sorted(keyed, key=lambda k: keyed[k])  # the keys in their jobs' id order
+    plain = insert(db)
+    for job_id in [*keyed.values(), plain]:
+        _end_at(db, job_id, old)
+    history.prepare(db, 86400.0)
+    name = "job_history_" + old.strftime("%Y%m%d") + "_000000"
+
+    def keys() -> list[str]:
+        rows = db.execute("SELECT idempotency_key AS k FROM brooq_job_key ORDER BY 1").fetchall()
+        return [r["k"] for r in rows]
+
+    releasing: dict[str, history.Releasing] = {}
+    assert history.drop_expired(db, 7 * 86400.0, releasing=releasing, budget=0.0) == []
+    assert keys() == sorted(order[2:]) and list(releasing) == [name]
+    assert releasing[name].released == 2
+    assert where(db, keyed[order[0]]) == [("history", "done")]  # released, not yet dropped
+    assert history.drop_expired(db, 7 * 86400.0, releasing=releasing, budget=0.0) == []
+    assert keys() == [order[4]]
+    insert(db, idempotency_key=order[0])  # a released key is free again
+    dropped = history.drop_expired(db, 7 * 86400.0, releasing=releasing, budget=0.0)
+    assert [(d.name, d.released) for d in dropped] == [(name, 5)]
+    assert releasing == {} and keys() == [order[0]]  # the new job's
+    assert all(where(db, job_id) == [] for job_id in [*keyed.values(), plain])
+
+
+def test_a_partition_dropped_by_another_master_is_forgotten(
+    db: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(history, "KEYS_BATCH", 1)
+    make_partition(db, day(9), day(8))  # the one expired partition
+    old = day(9) + timedelta(hours=12)
+    for n in range(3):
+        _end_at(db, insert(db, idempotency_key=f"k-{n}"), old)
+    history.prepare(db, 86400.0)
+    mine: dict[str, history.Releasing] = {}
+    assert history.drop_expired(db, 7 * 86400.0, releasing=mine, budget=0.0) == []
+    assert len(mine) == 1
+    assert len(history.drop_expired(db, 7 * 86400.0)) == 1  # the other master, unhurried
+    assert history.drop_expired(db, 7 * 86400.0, releasing=mine, budget=0.0) == []
+    assert mine == {}
+
+
 def test_an_upstream_job_still_read_by_a_waiting_job_outlives_its_partition(
     db: Conn,
 ) -> None:

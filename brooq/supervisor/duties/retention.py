@@ -55,6 +55,8 @@ class Retention:
         self.metrics = metrics
         self.behind_since: float | None = None  # when the current backlog was first seen
         self.behind_count = 0  # rows deleted since then
+        # Expired partitions whose idempotency keys are being released, between passes.
+        self.releasing: dict[str, history.Releasing] = {}
         self.logged_at = 0.0
 
     def run_once(self, now: float) -> Counts:
@@ -76,11 +78,12 @@ class Retention:
             )
         if self.ttl <= 0:
             return {}
-        if self.again_after is None:
+        if self.again_after is None or self.releasing:
             self.conns.with_db(
                 "history_drop",
-                lambda conn: history.drop_expired(conn, self.ttl, self.conns.q),
+                lambda conn: history.drop_expired(conn, self.ttl, self.conns.q, self.releasing),
             )
+        if self.again_after is None:
             gone = self.conns.with_db(
                 "history_default",
                 lambda conn: history.expire_default(conn, self.ttl, self.batch, self.conns.q),
@@ -98,6 +101,8 @@ class Retention:
             "retention",
             lambda conn: maintenance.delete_expired(conn, self.ttl, self.batch, q=self.conns.q),
         )
+        # Keys still to release: back soon, with the server left alone in between.
+        self.again_after = history.KEYS_PAUSE if self.releasing else None
         if not result:
             return {}
         deleted, more = result
@@ -106,7 +111,8 @@ class Retention:
                 self.metrics.retention_deleted.labels(topic).inc(n)
         count = sum(deleted.values())
         self._log(now, count, more)
-        self.again_after = RETENTION_BEHIND_PAUSE if more else None
+        if more:
+            self.again_after = RETENTION_BEHIND_PAUSE
         return {"deleted": count, "behind": int(more)}
 
     def _log(self, now: float, count: int, more: bool) -> None:

@@ -384,3 +384,45 @@ def test_retention_sweeps_the_idle_rate_windows_once_per_period(
     ran.clear()
     duty.run_once(0.01)  # the backlog's next pass: the partitions wait for the next period
     assert ran == ["expire"] and duty.again_after is None
+
+
+def test_retention_comes_back_soon_while_a_partitions_keys_are_being_released(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass that leaves keys to release is followed by another KEYS_PAUSE later, which
+    goes on releasing (the partitions' other upkeep waits for the next period); once the
+    partition is dropped, the duty waits for its period again."""
+    from types import SimpleNamespace
+
+    from brooq.supervisor import history, maintenance
+
+    ran: list[str] = []
+    q = SimpleNamespace(
+        stack_requests_expire="expire", rate_windows_sweep="sweep", events_expire="events"
+    )
+    conn = SimpleNamespace(execute=lambda statement, *args: ran.append(statement))
+    conns: Any = SimpleNamespace(q=q, with_db=lambda what, fn: fn(conn))
+    monkeypatch.setattr(maintenance, "delete_expired", lambda *a, **k: ({}, False))
+    monkeypatch.setattr(history, "prepare", lambda *a, **k: ran.append("prepare") or 0)
+    monkeypatch.setattr(history, "expire_default", lambda *a, **k: ran.append("default") or {})
+    passes = ["part_a", "part_a", None]
+
+    def drop_expired(conn: Any, ttl: float, q: Any, releasing: dict[str, Any]) -> list[Any]:
+        ran.append("drop")
+        left = passes.pop(0)
+        releasing.clear()
+        if left:
+            releasing[left] = history.Releasing()
+        return []
+
+    monkeypatch.setattr(history, "drop_expired", drop_expired)
+    duty = Retention(conns, Settings(retention_ttl=3600), None)
+    duty.run_once(0.0)
+    assert ran == ["expire", "sweep", "prepare", "drop", "default", "events"]
+    assert duty.again_after == history.KEYS_PAUSE
+    ran.clear()
+    duty.run_once(0.05)
+    assert ran == ["expire", "drop"] and duty.again_after == history.KEYS_PAUSE
+    ran.clear()
+    duty.run_once(0.1)
+    assert ran == ["expire", "drop"] and duty.again_after is None
