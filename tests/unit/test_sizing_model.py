@@ -87,6 +87,26 @@ def test_two_workers_through_two_single_cores_reach_less_than_the_bound() -> Non
     assert sizing.closed_loop(stations, 400) == pytest.approx(1e6 / 30, rel=1e-3)
 
 
+def test_two_workers_in_step_through_two_single_cores_take_turns_with_both() -> None:
+    # In step, each station works for both workers in turn while the other waits: a
+    # cycle of 2 jobs costs 2 x 30 + 2 x 28.5 us.
+    stations = [sizing.Station("server", 1, 30.0), sizing.Station("clients", 1, 28.5)]
+    assert sizing.in_step(stations, 2) == pytest.approx(1e6 / 58.5)
+    assert sizing.in_step(stations, 2) < sizing.closed_loop(stations, 2)
+    # As many workers as cores: no one waits, in step or not.
+    shared = [sizing.Station("shared", 2, 58.5)]
+    assert sizing.in_step(shared, 2) == pytest.approx(sizing.closed_loop(shared, 2))
+    # One worker: the stations one after the other, as closed_loop.
+    assert sizing.in_step(stations, 1) == pytest.approx(sizing.closed_loop(stations, 1))
+
+
+def test_in_step_refuses_no_worker_and_a_station_without_cores() -> None:
+    with pytest.raises(ValueError, match="customers"):
+        sizing.in_step([sizing.Station("s", 1, 1.0)], 0)
+    with pytest.raises(ValueError, match="station 's'"):
+        sizing.in_step([sizing.Station("s", 0, 1.0)], 1)
+
+
 def test_closed_loop_refuses_no_worker_and_a_station_without_cores() -> None:
     with pytest.raises(ValueError, match="customers"):
         sizing.closed_loop([sizing.Station("s", 1, 1.0)], 0)
