@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +39,16 @@ def wait_for(
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or fn}: last={last!r}")
+
+
+def covering(doors: Sequence[str], cases: Sequence[Any]) -> list[tuple[str, Any]]:
+    """(door, case) pairs where every door meets a case and every case a door: each door
+    once, its case taken in turn; then the first door with every case. For a matrix whose
+    doors share the path a case tests (the same statement, driven differently), this runs
+    each door and each case without their whole product."""
+    pairs = [(door, cases[i % len(cases)]) for i, door in enumerate(doors)]
+    pairs += [(doors[0], case) for case in cases if (doors[0], case) not in pairs]
+    return pairs
 
 
 def prepare(dsn: str) -> None:

@@ -39,7 +39,7 @@ from brooq.sql import Q
 from tests.db.test_cli import run
 from tests.db.test_workflow_atomic import DOORS, Call, blocked_in_after
 from tests.db.test_workflows import claim, fail
-from tests.harness import wait_for
+from tests.harness import covering, wait_for
 
 Conn = psycopg.Connection[Any]
 KeyDoor = Callable[[str, brooq.Queue, str, str], tuple[uuid.UUID, bool]]
@@ -326,8 +326,11 @@ AUTOCOMMIT_DOORS = [
 # -- idempotency keys ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["done", "dead", "canceled", "legacy"])
-@pytest.mark.parametrize("door", list(KEY_DOORS))
+# Every door meets every way a job ends, not each pair: the doors share the key's lookup,
+# the ends share where the key is kept (brooq_job_key).
+@pytest.mark.parametrize(
+    ("door", "how"), covering(list(KEY_DOORS), ["done", "dead", "canceled", "legacy"])
+)
 def test_a_key_whose_job_ended_gives_that_job_back(
     door: str, how: str, dsn: str, queue: brooq.Queue, db: Conn
 ) -> None:
@@ -457,17 +460,19 @@ def test_a_key_released_with_its_partition_is_free_again(queue: brooq.Queue, db:
 # -- workflows -----------------------------------------------------------------------------
 
 
+AFTER_ENDED = [
+    ("done", "cancel", "pending"),
+    ("legacy", "cancel", "pending"),
+    ("dead", "cancel", "canceled"),
+    ("canceled", "cancel", "canceled"),
+    ("canceled", "run", "pending"),
+]
+
+
 @pytest.mark.parametrize(
-    ("how", "policy", "expected"),
-    [
-        ("done", "cancel", "pending"),
-        ("legacy", "cancel", "pending"),
-        ("dead", "cancel", "canceled"),
-        ("canceled", "cancel", "canceled"),
-        ("canceled", "run", "pending"),
-    ],
+    ("door", "how", "policy", "expected"),
+    [(door, *case) for door, case in covering(list(DOORS), AFTER_ENDED)],
 )
-@pytest.mark.parametrize("door", list(DOORS))
 def test_after_names_a_job_in_history(
     door: str, how: str, policy: str, expected: str, dsn: str, queue: brooq.Queue, db: Conn
 ) -> None:
@@ -530,8 +535,7 @@ def test_a_graph_goes_on_when_its_upstream_moves_to_history(
     assert where(db, below) == ("job", "pending")
 
 
-@pytest.mark.parametrize("outcome", ["commit", "rollback"])
-@pytest.mark.parametrize("door", list(DOORS))
+@pytest.mark.parametrize(("door", "outcome"), covering(list(DOORS), ["commit", "rollback"]))
 def test_an_enqueue_racing_its_upstreams_done(
     door: str, outcome: str, dsn: str, queue: brooq.Queue, db: Conn, connect: Callable[..., Conn]
 ) -> None:
