@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-RESULTS = BENCH_DIR / "results" / "2026-12-05-sizing.json"
+RESULTS = BENCH_DIR / "results" / "2026-12-05-sizing-quiet.json"
 LAYOUTS = ("split", "routed")
 TICK = 0.1  # seconds
 BACKLOG_LIMIT = 0.05  # seconds of a database's capacity: more at the end is not keeping up

@@ -42,10 +42,11 @@ HISTORY_AHEAD_MIN = 86400.0
 PARTITIONS_PER_PASS = 24
 # How long a drop waits for ACCESS EXCLUSIVE on job_history before it gives up.
 DROP_LOCK_TIMEOUT = "200ms"
-# A partition's idempotency keys are released this many per transaction (about 12 us of
-# the server's time each), for at most KEYS_PASS_SECONDS per pass; the retention duty
-# comes back KEYS_PAUSE later while some are left, so that a day of keyed jobs goes in
-# short transactions with the server free in between.
+# A partition's idempotency keys are released this many per transaction (a row of
+# brooq_job_key each: docs/explanation/history.md has the cost), for at most
+# KEYS_PASS_SECONDS per pass; the retention duty comes back KEYS_PAUSE later while some
+# are left, so that a day of keyed jobs goes in short transactions with the server free
+# in between.
 KEYS_BATCH = 2000
 NO_ID = UUID(int=0)  # sorts before every id
 KEYS_PASS_SECONDS = 0.05
