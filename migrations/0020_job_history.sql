@@ -485,11 +485,53 @@ LANGUAGE sql SET search_path FROM CURRENT AS $$
 $$;
 
 -- migrate:down
--- One transaction, all or nothing: ACCESS EXCLUSIVE on job and job_history first (under
--- the migrator's lock_timeout, retried), every finished row back into job (its cost is
--- the history's size: a downgrade is an operator's planned stop), the objects dropped,
--- the foreign keys back once the orphans they would refuse are gone (NOT VALID, then
--- validated below without the ACCESS EXCLUSIVE lock).
+-- First the finished rows go back into job while everything runs: partition by partition,
+-- in id order, 10,000 rows a transaction (a DELETE from the partition and an INSERT into
+-- job in one statement: a reader of job_all sees each row once), no lock beyond the rows'.
+-- A key released with its expired partition (and perhaps taken since by another job) is
+-- left off its old row first: job's unique index on the key would refuse the row. A
+-- procedure, so that it can commit between batches (no SET clause: a procedure with one
+-- cannot); CALL runs outside a transaction block.
+CREATE OR REPLACE PROCEDURE brooq_history_move_back(p_batch integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    part regclass;
+    after uuid;
+    moved integer;
+BEGIN
+    UPDATE job_history h SET idempotency_key = NULL
+    WHERE h.idempotency_key IS NOT NULL AND NOT EXISTS (
+        SELECT FROM brooq_job_key k
+        WHERE k.topic = h.topic AND k.idempotency_key = h.idempotency_key AND k.job_id = h.id);
+    COMMIT;
+    FOR part IN SELECT t.relid FROM pg_partition_tree('job_history'::regclass) AS t
+                WHERE t.isleaf LOOP
+        after := '00000000-0000-0000-0000-000000000000';
+        LOOP
+            EXECUTE format(
+                'WITH batch AS MATERIALIZED (SELECT o.id FROM %s o WHERE o.id > $1'
+                '    ORDER BY o.id LIMIT $2),'
+                ' gone AS (DELETE FROM %s t USING batch b WHERE t.id = b.id RETURNING t.*),'
+                ' back AS (INSERT INTO job SELECT * FROM gone RETURNING id)'
+                ' SELECT (SELECT b.id FROM batch b ORDER BY b.id DESC LIMIT 1),'
+                '        (SELECT count(*) FROM back)::integer', part, part)
+            INTO after, moved USING after, p_batch;
+            COMMIT;
+            EXIT WHEN after IS NULL;
+        END LOOP;
+    END LOOP;
+END;
+$$;
+
+CALL brooq_history_move_back(10000);
+
+DROP PROCEDURE IF EXISTS brooq_history_move_back(integer);
+
+-- Then one transaction, all or nothing: ACCESS EXCLUSIVE on job and job_history (under
+-- the migrator's lock_timeout, retried), the rows that ended since back into job (a few:
+-- those of the moments above), the objects dropped, the foreign keys back once the
+-- orphans they would refuse are gone (NOT VALID, then validated below without the ACCESS
+-- EXCLUSIVE lock).
 DO $$
 BEGIN
     LOCK TABLE job IN ACCESS EXCLUSIVE MODE;
@@ -497,6 +539,10 @@ BEGIN
     DROP TRIGGER IF EXISTS job_zz_history ON job;
     DROP TRIGGER IF EXISTS job_key_taken ON job;
     DROP TRIGGER IF EXISTS job_history_ended ON job_history;
+    UPDATE job_history h SET idempotency_key = NULL
+    WHERE h.idempotency_key IS NOT NULL AND NOT EXISTS (
+        SELECT FROM brooq_job_key k
+        WHERE k.topic = h.topic AND k.idempotency_key = h.idempotency_key AND k.job_id = h.id);
     INSERT INTO job SELECT * FROM job_history;
     DROP VIEW IF EXISTS job_all;
     DROP TABLE IF EXISTS job_history;

@@ -56,7 +56,9 @@ _OBJECT = re.compile(
 _ALTERED = re.compile(
     r"^\s*ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:ONLY\s+)?([a-z_][a-z0-9_]*)", re.IGNORECASE
 )
-_AUTOCOMMIT = re.compile(r"\bCONCURRENTLY\b|^\s*VACUUM\b", re.IGNORECASE)
+# CALL: a procedure that commits between its batches (a down step's move of rows) cannot
+# run in a transaction block.
+_AUTOCOMMIT = re.compile(r"\bCONCURRENTLY\b|^\s*VACUUM\b|^\s*CALL\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -536,3 +536,52 @@ def test_the_down_step_brings_finished_jobs_back_into_job(dsn: str, db: Conn) ->
     assert fk == {"convalidated": True}
     migrate.up(dsn)
     assert where(db, ended) == [("job", "done")]  # stays as a legacy row
+
+
+def test_the_down_step_moves_a_large_history_back_in_batches(dsn: str, db: Conn) -> None:
+    """More rows than a batch, in two partitions (today's and the default), come back
+    before the locked step; a row whose key was released with its partition and taken
+    since by an active job comes back without it, the active job keeps it."""
+    db.execute(
+        "INSERT INTO job_history (id, topic, state, updated_at) "
+        "SELECT gen_random_uuid(), 'bulk', 'done', now() - (g % 2) * interval '30 days' "
+        "FROM generate_series(1, 25000) AS g"
+    )
+    old = insert(db, idempotency_key="reused")
+    claim_one(db, "w1")
+    round_trip(db, "w1", [old], limit=0)
+    db.execute("DELETE FROM brooq_job_key WHERE idempotency_key = 'reused'")  # released
+    taker = insert(db, idempotency_key="reused")
+    parts = db.execute(
+        "SELECT count(DISTINCT tableoid) AS n FROM job_history WHERE topic = 'bulk'"
+    ).fetchone()
+    assert parts == {"n": 2}
+    # Each statement that inserts into job notes its transaction: the rows must come back
+    # in several (a batch of 10,000 each), not in the locked one alone.
+    db.execute("CREATE TABLE moves (tx bigint, n bigint)")
+    db.execute(
+        "CREATE FUNCTION note_move() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO moves SELECT txid_current(), count(*) FROM added; RETURN NULL; END $$"
+    )
+    db.execute(
+        "CREATE TRIGGER note_move AFTER INSERT ON job REFERENCING NEW TABLE AS added "
+        "FOR EACH STATEMENT EXECUTE FUNCTION note_move()"
+    )
+    migrate.down(dsn, to=19)
+    assert db.execute("SELECT count(*) AS n FROM job WHERE topic = 'bulk'").fetchone() == {
+        "n": 25000
+    }
+    sizes = [r["n"] for r in db.execute("SELECT n FROM moves WHERE n > 0 ORDER BY tx")]
+    assert sum(sizes) == 25001 and len(sizes) >= 3 and max(sizes) <= 10000, sizes
+    rows = db.execute(
+        "SELECT id, state, idempotency_key AS k FROM job WHERE id IN (%s, %s) ORDER BY state",
+        [old, taker],
+    ).fetchall()
+    assert rows == [
+        {"id": old, "state": "done", "k": None},
+        {"id": taker, "state": "pending", "k": "reused"},
+    ]
+    assert db.execute(
+        "SELECT count(*) AS n FROM pg_proc WHERE proname = 'brooq_history_move_back'"
+    ).fetchone() == {"n": 0}
+    migrate.up(dsn)

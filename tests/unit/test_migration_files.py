@@ -49,3 +49,13 @@ def test_the_shipped_no_transaction_files_split_into_whole_statements() -> None:
         for part in (m.up, m.down):
             for statement in statements(part):
                 assert statement.count("$$") % 2 == 0, (m.name, statement[:80])
+
+
+def test_what_runs_outside_a_transaction_block() -> None:
+    needs = migration_files.needs_autocommit
+    assert needs("CREATE INDEX CONCURRENTLY i ON job (id)")
+    assert needs("-- a batch per transaction\nCALL brooq_history_move_back(10000)")
+    assert needs("VACUUM job")
+    assert not needs("CREATE PROCEDURE p() LANGUAGE plpgsql AS $$ BEGIN CALL q(); END $$")
+    assert not needs("SELECT 'CALL me' AS text")
+    assert not needs("ALTER TABLE job ADD COLUMN concurrently_seen int")
