@@ -88,6 +88,8 @@ class Retention:
                 "history_default",
                 lambda conn: history.expire_default(conn, self.ttl, self.batch, self.conns.q),
             )
+            if gone:
+                log.info("event=history_default_expired count=%d", sum(gone.values()))
             if gone and self.metrics is not None:
                 for topic, n in gone.items():
                     self.metrics.retention_deleted.labels(topic).inc(n)

@@ -426,3 +426,25 @@ def test_retention_comes_back_soon_while_a_partitions_keys_are_being_released(
     ran.clear()
     duty.run_once(0.1)
     assert ran == ["expire", "drop"] and duty.again_after is None
+
+
+def test_retention_says_how_many_rows_of_the_default_partition_it_deleted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from brooq.supervisor import history, maintenance
+
+    q = SimpleNamespace(
+        stack_requests_expire="expire", rate_windows_sweep="sweep", events_expire="events"
+    )
+    conn = SimpleNamespace(execute=lambda statement, *args: None)
+    conns: Any = SimpleNamespace(q=q, with_db=lambda what, fn: fn(conn))
+    monkeypatch.setattr(maintenance, "delete_expired", lambda *a, **k: ({}, False))
+    monkeypatch.setattr(history, "prepare", lambda *a, **k: 0)
+    monkeypatch.setattr(history, "drop_expired", lambda *a, **k: [])
+    monkeypatch.setattr(history, "expire_default", lambda *a, **k: Counter({"a": 2, "b": 1}))
+    with caplog.at_level("INFO", logger="brooq.master"):
+        Retention(conns, Settings(retention_ttl=3600), None).run_once(0.0)
+    assert "event=history_default_expired count=3" in caplog.messages
