@@ -7,8 +7,8 @@ brooq child claiming one job at a time in autocommit mode. The done is the claim
 statement's: the row deleted from job and inserted into job_history (today's partition,
 which the migration makes) with its outcome.
 
-Batched (BATCH jobs per claim, synchronous_commit = off, as brooq's children run with
-QUEUE_WORKER_SYNCHRONOUS_COMMIT=off, their default): each script run claims
+Batched (BATCH jobs per claim, synchronous_commit as brooq's children run by default,
+QUEUE_WORKER_SYNCHRONOUS_COMMIT's default): each script run claims
 a batch, then moves the whole batch to job_history as `done` in one statement -- the statements
 of job_finish_and_claim without the fair-share count, taken apart so that the script can
 carry the ids from one to the other. Both read the ready index in its order (queue, priority
@@ -74,6 +74,11 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM next)) RETURNING job.id) \
 SELECT coalesce(array_agg(id), '{{}}')::text AS jids FROM claimed
 \\gset
 {DONE.format(match="= ANY(:jids::uuid[])")}"""
+
+
+# The children's synchronous_commit at brooq's default: the batched ceiling commits as
+# they do.
+CHILDREN_COMMIT = Settings().worker_synchronous_commit
 
 
 def pgbench_binary(server_major: int) -> str:
@@ -154,8 +159,8 @@ def one(dsn: str, clients: int, jobs: int, batch: int = 1) -> dict[str, Any]:
             env={
                 **os.environ,
                 **env,
-                # as brooq's children with QUEUE_WORKER_SYNCHRONOUS_COMMIT=off (docs/design.md)
-                **({"PGOPTIONS": "-c synchronous_commit=off"} if batch > 1 else {}),
+                # as brooq's children commit by default (QUEUE_WORKER_SYNCHRONOUS_COMMIT)
+                **({"PGOPTIONS": f"-c synchronous_commit={CHILDREN_COMMIT}"} if batch > 1 else {}),
             },
         )
     finally:
@@ -190,6 +195,7 @@ def run(admin_dsn: str, clients: list[int], jobs: int, reps: int, batch: int = 1
         "pgbench": version,
         "script": CLAIM if batch == 1 else CLAIM_BATCH,
         "batch": batch,
+        "synchronous_commit": CHILDREN_COMMIT if batch > 1 else "on",
         "runs": runs,
         "summary": {
             str(c): summary([r["jobs_per_s"] for r in runs if r["clients"] == c]) for c in clients

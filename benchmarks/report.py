@@ -325,8 +325,8 @@ def markdown(result: dict[str, Any]) -> str:
         (
             batched,
             f"one script run = {batched.get('batch')} jobs, "
-            "`PGOPTIONS='-c synchronous_commit=off'` like brooq's children with "
-            "`QUEUE_WORKER_SYNCHRONOUS_COMMIT=off`",
+            f"`PGOPTIONS='-c synchronous_commit={batched.get('synchronous_commit', 'on')}'` "
+            "as brooq's children commit by default (`QUEUE_WORKER_SYNCHRONOUS_COMMIT`)",
         ),
     ):
         if c_result.get("script"):
