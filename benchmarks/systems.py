@@ -247,12 +247,17 @@ class Brooq(System):
         return {k: f"{state} (attempts={a}; {err})" for k, state, a, err in rows}
 
     def settings(self, workload: str, variant: str = "") -> dict[str, Any]:
+        from brooq.settings import Settings
+
+        commit = Settings().worker_synchronous_commit  # the children's, by default
         masters, n = self._masters(workload, variant)
         s: dict[str, Any] = {
             "command": (f"{masters} x " if masters > 1 else "")
             + "brooq-master "
             + " ".join(self._argv(workload, variant)),
-            "settings": "defaults (poll_interval 1s, lease 30s, log level INFO)",
+            "settings": "defaults (poll_interval 1s, lease 30s, log level INFO, the "
+            f"children's synchronous_commit {commit}"
+            + (": durable, as the peers' workers)" if commit == "on" else ")"),
             "enqueue": "Queue.enqueue (one transaction per job); bulk: one "
             f"Queue.enqueue_many of all the jobs (other workloads' set-up: chunks of {CHUNK})",
         }
@@ -269,7 +274,10 @@ class Brooq(System):
                 "tenant.work, @queue.handler(group_limit=1), 20 groups of 50 jobs, time.sleep(0.02)"
             )
         if workload == "durability":
-            s["settings"] += f"; QUEUE_WORKER_SYNCHRONOUS_COMMIT={variant}"
+            s["settings"] = (
+                "defaults (poll_interval 1s, lease 30s, log level INFO); "
+                f"QUEUE_WORKER_SYNCHRONOUS_COMMIT={variant}"
+            )
         if variant in self.ASYNC_VARIANTS:
             c, flags = self._concurrency(variant)
             default = "" if flags else " (--concurrency left at brooq's default)"
