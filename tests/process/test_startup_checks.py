@@ -30,10 +30,10 @@ from tests.harness import APPS, FAST, StartMaster, prepare, wait_for
 
 # What the user puts in the DSN: their schema, a setting of their own with a space in its
 # value (libpq's backslash escape), a statement_timeout of their own, and a
-# synchronous_commit=on that brooq's own value for its children (off) wins over.
+# synchronous_commit=off that brooq's own value for its children (on) wins over.
 USER_OPTIONS = (
     r"-csearch_path=brooq -c brooq_test.marker=kept\ here -c statement_timeout=1234 "
-    r"-c synchronous_commit=on"
+    r"-c synchronous_commit=off"
 )
 
 # Every UPDATE of brooq.job records the session it ran in: the master's lease renewals and
@@ -133,11 +133,11 @@ def test_the_dsn_options_are_kept_by_the_master_and_the_children(
     masters = {s[:5] for s in sessions if s[0] == "brooq-master"}
     assert masters == {("brooq-master", "brooq", "kept here", "10s", "2s")}, sessions
     # The children claimed with the user's settings (statement_timeout included: they set
-    # none of their own) and brooq's three: synchronous_commit off by default, even where
-    # the user's options turn it on (on measured at 13-16 % of a drain: kept off), and
+    # none of their own) and brooq's three: synchronous_commit on by default, even where
+    # the user's options turn it off (QUEUE_WORKER_SYNCHRONOUS_COMMIT decides), and
     # neither bitmap nor sequential scans nor sorts.
     children = {(*s[:4], *s[5:]) for s in sessions if s[0] == "brooq-child"}
-    expected = ("brooq-child", "brooq", "kept here", "1234ms", "off", "off", "off", "off")
+    expected = ("brooq-child", "brooq", "kept here", "1234ms", "on", "off", "off", "off")
     assert children == {expected}, sessions
     assert {s[0] for s in sessions} == {"brooq-master", "brooq-child"}
 
