@@ -28,6 +28,7 @@ import pytest
 
 import brooq
 from brooq import migrate
+from brooq.schema import files as migration_files
 from tests.harness import MasterProcess, StartMaster, children_of, wait_for
 from tests.pgpair import PostgresPair
 from tests.process.test_ops_sessions import csrf_of, sign_in
@@ -55,10 +56,17 @@ def database(pair: PostgresPair) -> str:
     pair.create_database(name)
     migrate.up(pair.primary.dsn(name))
 
+    newest = migration_files.load()[-1].version
+
     def on_standby() -> bool:
+        # Every migration replayed, not only the first (the views and functions the reads
+        # use come with the later ones).
         try:
             with psycopg.connect(pair.standby.dsn(name), connect_timeout=3) as conn:
-                return conn.execute("SELECT to_regclass('job') IS NOT NULL").fetchone() == (True,)
+                if conn.execute("SELECT to_regclass('brooq_migration')").fetchone() == (None,):
+                    return False
+                row = conn.execute("SELECT max(version) FROM brooq_migration").fetchone()
+                return row == (newest,)
         except psycopg.OperationalError:
             return False
 
