@@ -78,7 +78,7 @@ class Retention:
             )
         if self.ttl <= 0:
             return {}
-        if self.again_after is None or self.releasing:
+        if self.again_after is None or any(not s.done for s in self.releasing.values()):
             self.conns.with_db(
                 "history_drop",
                 lambda conn: history.drop_expired(conn, self.ttl, self.conns.q, self.releasing),
@@ -103,8 +103,10 @@ class Retention:
             "retention",
             lambda conn: maintenance.delete_expired(conn, self.ttl, self.batch, q=self.conns.q),
         )
-        # Keys still to release: back soon, with the server left alone in between.
-        self.again_after = history.KEYS_PAUSE if self.releasing else None
+        # Keys still to release: back soon, with the server left alone in between. (A drop
+        # deferred behind a lock, its keys all released, waits for the next period.)
+        keys_left = any(not state.done for state in self.releasing.values())
+        self.again_after = history.KEYS_PAUSE if keys_left else None
         if not result:
             return {}
         deleted, more = result

@@ -390,8 +390,9 @@ def test_retention_comes_back_soon_while_a_partitions_keys_are_being_released(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A pass that leaves keys to release is followed by another KEYS_PAUSE later, which
-    goes on releasing (the partitions' other upkeep waits for the next period); once the
-    partition is dropped, the duty waits for its period again."""
+    goes on releasing (the partitions' other upkeep waits for the next period); a drop
+    deferred behind a lock once the keys are released waits for the next period, as
+    before (retrying it every 50 ms would queue outcomes behind each attempt)."""
     from types import SimpleNamespace
 
     from brooq.supervisor import history, maintenance
@@ -405,14 +406,15 @@ def test_retention_comes_back_soon_while_a_partitions_keys_are_being_released(
     monkeypatch.setattr(maintenance, "delete_expired", lambda *a, **k: ({}, False))
     monkeypatch.setattr(history, "prepare", lambda *a, **k: ran.append("prepare") or 0)
     monkeypatch.setattr(history, "expire_default", lambda *a, **k: ran.append("default") or {})
-    passes = ["part_a", "part_a", None]
+    # Keys left twice, then a drop deferred behind a lock (its keys all released).
+    passes: list[bool | None] = [False, False, True]
 
     def drop_expired(conn: Any, ttl: float, q: Any, releasing: dict[str, Any]) -> list[Any]:
         ran.append("drop")
-        left = passes.pop(0)
+        done = passes.pop(0)
         releasing.clear()
-        if left:
-            releasing[left] = history.Releasing()
+        if done is not None:
+            releasing["part_a"] = history.Releasing(done=done)
         return []
 
     monkeypatch.setattr(history, "drop_expired", drop_expired)
