@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import conninfo
+from psycopg import conninfo, sql
 
 import brooq
 from brooq.supervisor import maintenance
@@ -467,6 +467,48 @@ def test_retention_in_the_master(
     # The log accounts for every deleted row: one count per pass that caught up at once
     # (retention_deleted), or one total when passes ran behind (retention_caught_up).
     wait_for(lambda: _retention_logged(m.log()) == 25, what="the 25 deletions logged")
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_the_master_releases_an_expired_partitions_keys_in_passes_and_drops_it(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster
+) -> None:
+    """A day of keyed jobs that ended nine days ago, with a TTL of 7 days and a retention
+    period of an hour: its 40,000 keys take more than one pass of key releases, so only
+    passes that come back while keys are left (not a period later) release them all and
+    drop the partition. Jobs run meanwhile, and a released key is free again."""
+    start = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    start -= timedelta(days=9)
+    name = "job_history_" + start.strftime("%Y%m%d") + "_000000"
+    db.execute(
+        sql.SQL("CREATE TABLE {} PARTITION OF job_history FOR VALUES FROM ({}) TO ({})").format(
+            sql.Identifier(name), sql.Literal(start), sql.Literal(start + timedelta(days=1))
+        )
+    )
+    db.execute(
+        "INSERT INTO job_history (id, topic, state, idempotency_key, updated_at) "
+        "SELECT gen_random_uuid(), 'old', 'done', 'k' || g, %s "
+        "FROM generate_series(1, 40000) AS g",
+        (start + timedelta(hours=12),),
+    )
+    db.execute(
+        "INSERT INTO brooq_job_key (topic, idempotency_key, job_id) "
+        "SELECT topic, idempotency_key, id FROM job_history WHERE topic = 'old'"
+    )
+    m = start_master(workers=1, env={"QUEUE_RETENTION_TTL": "7d", "QUEUE_RETENTION_PERIOD": "1h"})
+    queue.enqueue(brooq.Job("t.ok"))
+    wait_for(
+        lambda: f"event=history_partition_dropped partition={name} " in m.log(),
+        timeout=60,
+        what="the partition dropped",
+    )
+    assert re.search(rf"partition={name} rows=\d+ kept=0 keys=40000", m.log()), m.log()
+    assert db.execute("SELECT to_regclass(%s)", (name,)).fetchone() == (None,)
+    assert db.execute("SELECT count(*) FROM brooq_job_key WHERE topic = 'old'").fetchone() == (0,)
+    _, created = queue.enqueue(brooq.Job("old", idempotency_key="k1"))
+    assert created
+    wait_for(lambda: states(db).get("done") == 1, what="the job enqueued meanwhile ran")
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
 
