@@ -183,6 +183,15 @@ class Station:
     us_per_job: float
 
 
+def _check_loop(stations: Sequence[Station], customers: int) -> None:
+    """A closed loop needs a worker and stations with cores and no negative work."""
+    if customers < 1:
+        raise ValueError(f"customers must be at least 1, got {customers!r}")
+    for st in stations:
+        if st.cores < 1 or st.us_per_job < 0:
+            raise ValueError(f"station {st.name!r}: cores >= 1 and work >= 0, got {st!r}")
+
+
 def closed_loop(stations: Sequence[Station], customers: int) -> float:
     """Jobs/s of ``customers`` workers (a master's children) that each, in turn, have
     their statement run by the server and then run the jobs it claimed: exact mean value
@@ -190,11 +199,7 @@ def closed_loop(stations: Sequence[Station], customers: int) -> float:
     With few workers it stays below the bounds above (a worker waits while the server
     runs its statement, and the server waits while every worker runs jobs); as workers
     are added it rises to the least of them, cores x 1e6 / (work per job)."""
-    if customers < 1:
-        raise ValueError(f"customers must be at least 1, got {customers!r}")
-    for st in stations:
-        if st.cores < 1 or st.us_per_job < 0:
-            raise ValueError(f"station {st.name!r}: cores >= 1 and work >= 0, got {st!r}")
+    _check_loop(stations, customers)
     # p[k][j]: the probability that j customers are at station k (load-dependent MVA).
     p = [[1.0] + [0.0] * customers for _ in stations]
     x = 0.0
@@ -225,11 +230,7 @@ def in_step(stations: Sequence[Station], customers: int) -> float:
     The few children of one master on a small machine do this (measured: each backend
     waits on its core's run queue as long as it runs, the cores half idle); closed_loop
     (workers that arrive at random) is the other end, which many workers approach."""
-    if customers < 1:
-        raise ValueError(f"customers must be at least 1, got {customers!r}")
-    for st in stations:
-        if st.cores < 1 or st.us_per_job < 0:
-            raise ValueError(f"station {st.name!r}: cores >= 1 and work >= 0, got {st!r}")
+    _check_loop(stations, customers)
     cycle = sum(st.us_per_job / min(customers, st.cores) for st in stations)
     return 1e6 / cycle if cycle > 0 else math.inf
 
