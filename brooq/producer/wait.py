@@ -10,12 +10,13 @@ one while they wait. It reads the row again on its notification, when the listen
 WAIT_POLL_MAX) passes, the fallback for a notification missed.
 
 A wait rides over a database it cannot reach for a while (a failover: the primary gone,
-a standby promoted; docs/how-to/high-availability.md): once it has read its row, a read
-that fails with DatabaseUnavailable is tried again at the poll interval (within
-WAIT_LOST_RETRY whatever the poll), for up to
-WAIT_OUTAGE seconds in a row and never past its timeout; then that error is raised. A
-first read that fails is raised at once (a wrong DSN is said at once), as is a read-only
-server (ReadOnlyDatabase: a misconfiguration, not an outage).
+a standby promoted; docs/how-to/high-availability.md): once the database has answered it
+(a read held a connection, even one that was lost midway), a read that fails with
+DatabaseUnavailable is tried again at the poll interval (within WAIT_LOST_RETRY whatever
+the poll), for up to WAIT_OUTAGE seconds in a row and never past its timeout; then that
+error is raised. A first read that cannot get a connection at all is raised at once (a
+wrong DSN is said at once), as is a read-only server (ReadOnlyDatabase: a
+misconfiguration, not an outage).
 
 The loop is written once, without I/O (``_wait_steps``: a generator that yields what it
 needs next, a read or a wait of so many seconds, and is sent the answer); ``Waits.wait``
@@ -74,10 +75,12 @@ _READ = None
 class Lost:
     """What a driver sends for a read that could not reach the database."""
 
-    __slots__ = ("error",)
+    __slots__ = ("error", "reached")
 
-    def __init__(self, error: DatabaseUnavailable) -> None:
+    def __init__(self, error: DatabaseUnavailable, reached: bool) -> None:
         self.error = error
+        # The read held a connection before it failed: the DSN answers, this is an outage.
+        self.reached = reached
 
 
 class Owner(Protocol):
@@ -103,7 +106,7 @@ class WaitClock:
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.poll = WAIT_POLL_FIRST
-        self.read_once = False  # a read has reached the database
+        self.reached = False  # the database has answered this wait
         self.lost_since: float | None = None  # the first of the failed reads in a row
 
     def finished(self, job_id: uuid.UUID, record: JobRecord | None) -> bool:
@@ -129,17 +132,20 @@ class WaitClock:
 
     def read(self) -> None:
         """A read reached the database."""
-        self.read_once = True
+        self.reached = True
         self.lost_since = None
 
-    def lost(self, error: DatabaseUnavailable) -> None:
-        """A read could not reach the database: raise ``error`` unless the wait rides
-        over it (it has read once, for less than WAIT_OUTAGE, before its deadline)."""
+    def lost(self, error: DatabaseUnavailable, reached: bool = False) -> None:
+        """A read could not reach the database (``reached``: it held a connection before
+        it failed): raise ``error`` unless the wait rides over it (the database has
+        answered it, for less than WAIT_OUTAGE, before its deadline)."""
         now = time.monotonic()
+        if reached:
+            self.reached = True
         if self.lost_since is None:
             self.lost_since = now
         if (
-            not self.read_once
+            not self.reached
             or now - self.lost_since >= WAIT_OUTAGE
             or (self.deadline is not None and now >= self.deadline)
         ):
@@ -154,7 +160,7 @@ def _wait_steps(
     while True:
         record = yield _READ
         if isinstance(record, Lost):
-            clock.lost(record.error)  # raises unless the wait rides over it
+            clock.lost(record.error, record.reached)  # raises unless it rides over it
         else:
             assert record is None or isinstance(record, JobRecord)
             clock.read()
@@ -170,11 +176,11 @@ def _wait_steps(
             clock.polled()
 
 
-def _lost(exc: DatabaseUnavailable) -> Lost:
+def _lost(exc: DatabaseUnavailable, reached: list[bool]) -> Lost:
     """A failed read as the wait's loop is told of it; a read-only server is raised."""
     if isinstance(exc, ReadOnlyDatabase):
         raise exc
-    return Lost(exc)
+    return Lost(exc, reached[0])
 
 
 class Waits:
@@ -200,10 +206,11 @@ class Waits:
                 answer: object
                 if step is _READ:
                     woken.clear()  # before the read: a wake-up from now on is not lost
+                    reached = [False]
                     try:
-                        answer = self._read(jid)
+                        answer = self._read(jid, reached)
                     except DatabaseUnavailable as exc:
-                        answer = _lost(exc)
+                        answer = _lost(exc, reached)
                 else:
                     answer = woken.wait(step)
                 step = steps.send(answer)
@@ -225,10 +232,11 @@ class Waits:
                 answer: object
                 if step is _READ:
                     woken.clear()  # before the read
+                    reached = [False]
                     try:
-                        answer = await self._read_async(jid)
+                        answer = await self._read_async(jid, reached)
                     except DatabaseUnavailable as exc:
-                        answer = _lost(exc)
+                        answer = _lost(exc, reached)
                 else:
                     try:
                         answer = await asyncio.wait_for(woken.wait(), step)
@@ -262,19 +270,22 @@ class Waits:
                 self._listener_pid = os.getpid()
             return self._listener
 
-    def _read(self, jid: uuid.UUID) -> JobRecord | None:
+    def _read(self, jid: uuid.UUID, reached: list[bool]) -> JobRecord | None:
         """Flag the row as waited for, then read it: two statements in autocommit, so
         the flag is committed (and the outcome's trigger sees it) before the read, and
-        no row lock is held across a round trip."""
+        no row lock is held across a round trip. ``reached[0]`` is set once the pool
+        gave a connection (a failure after it is the session lost, not a wrong DSN)."""
         q = self._q
         with self._pools.autocommit() as conn:
+            reached[0] = True
             conn.execute(q.job_wait_register, {"id": jid})
             cur = conn.cursor(row_factory=class_row(JobRecord))
             return cur.execute(q.job_get, {"id": jid}).fetchone()
 
-    async def _read_async(self, jid: uuid.UUID) -> JobRecord | None:
+    async def _read_async(self, jid: uuid.UUID, reached: list[bool]) -> JobRecord | None:
         q = self._q
         async with self._pools.async_connection(autocommit=True) as conn:
+            reached[0] = True
             await conn.execute(q.job_wait_register, {"id": jid})
             cur = conn.cursor(row_factory=class_row(JobRecord))
             await cur.execute(q.job_get, {"id": jid})

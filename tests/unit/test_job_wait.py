@@ -58,8 +58,10 @@ def test_the_wait_names_an_unknown_job_and_a_lost_listener() -> None:
         steps.send(_record("pending"))
 
 
-def _lost() -> job_wait.Lost:
-    return job_wait.Lost(DatabaseUnavailable("cannot reach the database u@h:5432/db: refused"))
+def _lost(reached: bool = False) -> job_wait.Lost:
+    return job_wait.Lost(
+        DatabaseUnavailable("cannot reach the database u@h:5432/db: refused"), reached
+    )
 
 
 def test_a_wait_rides_over_a_lost_database_and_reads_again(
@@ -110,6 +112,13 @@ def test_a_wait_says_a_database_lost_for_too_long_a_first_read_lost_and_a_deadli
     next(steps)
     with pytest.raises(DatabaseUnavailable, match="refused"):
         steps.send(_lost())
+    # The very first read lost midway, its connection in hand: the database answered
+    # (the DSN is right), so this is an outage the wait rides over.
+    steps = job_wait._wait_steps(JOB_ID, job_wait.WaitClock(None), _Sub(), _Owner())
+    next(steps)
+    assert steps.send(_lost(reached=True)) == job_wait.WAIT_POLL_FIRST
+    assert steps.send(False) is job_wait._READ
+    assert steps.send(_lost()) == 2 * job_wait.WAIT_POLL_FIRST  # still riding over
     # Past the wait's own deadline while the database is lost: the database's error.
     steps = job_wait._wait_steps(JOB_ID, job_wait.WaitClock(5.0), _Sub(), _Owner())
     next(steps)
