@@ -67,6 +67,8 @@ WORKERS = 3  # two sync children and one async child (QUEUE_ASYNC_WORKERS=1)
 FLOW_BOUND = 10.0
 # Enqueue errors expected while no primary answers: brooq's own, or psycopg's.
 EXPECTED_ERRORS = ("DatabaseUnavailable", "OperationalError")
+# The two waits under way through the failover, each on a job of its own.
+WAITS = ("wait", "wait_async")
 
 
 def job(n: int, topic: str = "ha.work") -> brooq.Job:
@@ -361,7 +363,7 @@ class FailoverRun:
         self.masters: list[MasterProcess] = []
         self.producers = Producers(dsn)
         self.figures: dict[str, Any] = {}
-        self.waited: uuid.UUID | None = None
+        self.waited: dict[str, uuid.UUID] = {}
         self.waits: dict[str, Future[brooq.JobRecord]] = {}
         self.addrs: list[tuple[str, int]] = []
         self.page_pids: list[int | None] = []
@@ -396,28 +398,33 @@ class FailoverRun:
             60,
             what="every producer enqueueing and both masters running jobs",
         )
-        # A job due after the failover, waited for by queue.wait and wait_async.
+        # A job each, due after the failover, waited for by queue.wait and wait_async: its
+        # own flag says that wait's first read reached the database.
         later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=4)
-        self.waited = self.producers.queue.enqueue(
-            brooq.Job("ha.work", {"waited": True}, available_at=later)
-        )[0]
+        jobs = self.producers.queue.enqueue_many(
+            [brooq.Job("ha.work", {"waited": name}, available_at=later) for name in WAITS]
+        )
+        self.waited = {name: job_id for name, (job_id, _) in zip(WAITS, jobs, strict=True)}
         self.waits = {
-            "wait": self.producers.wait_sync(self.waited, 90),
-            "wait_async": self.producers.wait_async(self.waited, 90),
+            "wait": self.producers.wait_sync(self.waited["wait"], 90),
+            "wait_async": self.producers.wait_async(self.waited["wait_async"], 90),
         }
         self.wait_ended: dict[str, float] = {}
         for name, future in self.waits.items():
             future.add_done_callback(
                 lambda _, n=name: self.wait_ended.setdefault(n, time.monotonic())
             )
-        # Both waits subscribed on the shared listener, and the row flagged by a first read.
+        # Both waits subscribed on the shared listener, and each row flagged by its first read.
         listener = self.producers.queue._waits._outcomes()
 
         def waiting() -> bool:
             with connection(self.dsn) as conn:
-                row = conn.execute("SELECT waited FROM job_all WHERE id = %s", (self.waited,))
-                flagged = row.fetchone() == (True,)
-            return flagged and listener.waiting == 2 and listener.listening
+                rows = conn.execute(
+                    "SELECT count(*) FROM job_all WHERE id = ANY(%s) AND waited",
+                    (list(self.waited.values()),),
+                )
+                flagged = rows.fetchone() == (len(WAITS),)
+            return flagged and listener.waiting == len(WAITS) and listener.listening
 
         wait_for(waiting, 20, what="both waits under way")
 
@@ -624,7 +631,9 @@ class FailoverRun:
             jobs=len(table),
             # Enqueues that raised although their job was written (the commit happened,
             # its answer was lost with the server): allowed, counted.
-            rows_without_a_returned_id=len(set(table) - returned - {self.waited, *self.probes}),
+            rows_without_a_returned_id=len(
+                set(table) - returned - {*self.waited.values(), *self.probes}
+            ),
             returned_missing=len(returned - set(table)),
             returned_not_done=sum(1 for i in returned if table.get(i) != "done"),
             returned_never_run=len(returned - set(starts)),
