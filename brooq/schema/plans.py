@@ -50,6 +50,7 @@ PARAM_TYPES = {
     "lows": "int2[]",
     "highs": "int2[]",
     "floors": "timestamptz[]",
+    "floor_ids": "uuid[]",
     "refund": "bool",
     "max_attempts": "int4",
     "delay": "float8",

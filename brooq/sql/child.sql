@@ -27,7 +27,7 @@
 -- job_finish_and_claim works one queue (every deployment that names no queues); the
 -- variants: _queues several queues in a chosen order, _limited a topic under
 -- global_limit besides, _floored the queues' ranges of priorities each from a floor
--- (brooq.worker.floors: under a held snapshot), _results stores what the handlers
+-- (brooq.worker.floors: past the jobs claimed before), _results stores what the handlers
 -- returned and the last progress of those that reported one.
 WITH finished AS (
     -- A finished job leaves job for job_history in this statement (migration 0020): its
@@ -118,12 +118,14 @@ next AS MATERIALIZED (
     SELECT j.id
 --#if floored
     -- _floored: each row of the arrays is a queue's range of priorities [lo, hi], read from
-    -- `floor` on (brooq.worker.floors), the ranges in claim order (a queue's from the
-    -- highest priority down). For a range of one priority the index is entered at
-    -- (queue, priority, floor): the entries of older jobs, which a held snapshot keeps
-    -- from VACUUM, are never read; the other ranges are read whole.
+    -- the position (`floor`, `floor_id`) on (brooq.worker.floors), the ranges in claim
+    -- order (a queue's from the highest priority down). For a range of one priority the
+    -- index is entered at (queue, priority, floor, floor_id), past the entries of the jobs
+    -- claimed before, which stay until a VACUUM (longer under a held snapshot); the other
+    -- ranges are read whole.
     FROM unnest(%(queues)b::text[], %(lows)b::int2[], %(highs)b::int2[],
-                %(floors)b::timestamptz[]) AS q(name, lo, hi, floor)
+                %(floors)b::timestamptz[], %(floor_ids)b::uuid[]) AS q(name, lo, hi, floor,
+                                                                     floor_id)
 --#else
     FROM unnest(%(queues)b::text[]) AS q(name)
 --#end
@@ -132,7 +134,8 @@ next AS MATERIALIZED (
         FROM {job}
         WHERE job.queue = q.name
 --#if floored
-          AND job.priority <= q.hi AND job.priority >= q.lo AND job.available_at >= q.floor
+          AND job.priority <= q.hi AND job.priority >= q.lo
+          AND (job.available_at, job.id) >= (q.floor, q.floor_id)
 --#end
           AND job.state IN ('pending', 'failed')
           AND job.available_at <= now()
@@ -192,7 +195,8 @@ next AS MATERIALIZED (
         FROM (
 --#if floored
             SELECT FROM unnest(%(queues)b::text[], %(lows)b::int2[], %(highs)b::int2[],
-                               %(floors)b::timestamptz[]) AS q(name, lo, hi, floor)
+                               %(floors)b::timestamptz[], %(floor_ids)b::uuid[])
+                        AS q(name, lo, hi, floor, floor_id)
 --#else
             SELECT FROM unnest(%(queues)b::text[]) AS q(name)
 --#end
@@ -201,7 +205,7 @@ next AS MATERIALIZED (
                 WHERE job.queue = q.name
 --#if floored
                   AND job.priority <= q.hi AND job.priority >= q.lo
-                  AND job.available_at >= q.floor
+                  AND (job.available_at, job.id) >= (q.floor, q.floor_id)
 --#end
                   AND job.state IN ('pending', 'failed')
                   AND job.available_at <= now()

@@ -1,29 +1,27 @@
-"""Where a claim enters the ready index: a floor on available_at per queue and priority,
-used while reading the index whole has become expensive, and when to read it whole again.
+"""Where a claim enters the ready index: a floor per queue and priority, past the jobs
+claimed before it, and when to read the index whole again.
 
-Why (docs/explanation/held-snapshots.md): each claimed job leaves its entry at
-the front of the ready index until a VACUUM removes it, and no VACUUM can while a session
-holds a snapshot older than the claim. A claim reads the index in order from its front
-and visits the row of every entry on its way, so under a snapshot held for minutes each
-claim visits every job claimed since. Entered at (queue, priority, floor), a claim reads
-none of them.
+Why (docs/explanation/claim-walk.md): each claimed job leaves its entry at the front of
+the ready index until a VACUUM removes it (and none can while a session holds an older
+snapshot: docs/explanation/held-snapshots.md). A claim reads the index in order from its
+front, so each claim read the entries of every job claimed since the last VACUUM; entered
+at (queue, priority, floor), a claim reads none of them.
 
-The floor of a queue's priority is the oldest available_at among the jobs of that
-priority the child's last claims returned, less SLACK. Claims take jobs in order, so what
-is older and still ready is being claimed by another child, or of a topic this child
-does not run. What can become ready below a floor: a job whose enqueue committed more
-than SLACK after its available_at was taken (an enqueue inside a long transaction), a
-claim given back (a release keeps the job's place), a claim whose statement failed.
-Such a job waits for the next whole read.
+A floor is a position in the index order, (available_at, id). After a claim that returned
+jobs of a queue's priority, the floor moves to the last of them, M, when M's available_at
+is older than the claim's own start (the statement's now()) less SLACK; else to that
+start less SLACK. Why that is safe: a job the claim could not see (it committed later) but
+that sorts before M has an available_at from before M's; with the default available_at,
+its transaction's start, and a transaction shorter than SLACK, it is after the claim's
+start less SLACK. Claims take jobs in order, so what is older and was visible is claimed,
+by this child or by another (SKIP LOCKED), or of a topic this child does not run.
 
-A queue is read whole (the plain claim statement) while a whole read of it costs less
-than WORTH, so on a table that VACUUM keeps clean nothing changes. Past WORTH the claims
-use the floors (job_finish_and_claim_floored: the priorities seen, each from its floor,
-and the ranges between them whole), and a whole read comes again once the time since
-the last one is FACTOR times what it took, stretched by up to half as much again at
-random so that sibling children, started together, do not read whole at the same
-moment (whole reads then cost at most about 1/FACTOR of the child's time), and at the
-latest MAX_APART after it.
+What can become ready below a floor: a job enqueued in a transaction longer than SLACK, or
+with an available_at given in the past; a claim given back (a release keeps the job's
+place); a claim whose statement failed. Such a job waits for the next whole read, which
+comes FACTOR times as long after the last one as it took, at least MIN_APART and at most
+MAX_APART after it, stretched by up to half as much again at random so that sibling
+children, started together, do not read whole at the same moment.
 
 Owns: the floors, the ranges a floored claim reads, the choice of a whole read. Must
 never do I/O or read the clock (the times are passed in, the randomness too).
@@ -32,24 +30,29 @@ never do I/O or read the clock (the times are passed in, the randomness too).
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 
-__all__ = ["FACTOR", "MAX_APART", "SLACK", "WHOLE", "WORTH", "Floors", "Range"]
+__all__ = ["FACTOR", "MAX_APART", "MIN_APART", "SLACK", "WHOLE", "Floor", "Floors", "Range"]
 
-WHOLE = datetime.min.replace(tzinfo=timezone.utc)  # the floor of a range read whole
+# A position in the ready index's order within a queue's priority: (available_at, id).
+Floor = tuple[datetime, uuid.UUID]
+WHOLE: Floor = (datetime.min.replace(tzinfo=timezone.utc), uuid.UUID(int=0))  # read whole
 LOWEST, HIGHEST = -32768, 32767  # priority is a smallint
 # Covers the commit of an autocommit enqueue (available_at is its transaction's start)
-# and the order in which concurrent producers' commits land. Each claim visits the rows
-# of the jobs claimed within SLACK before its floor: under a held snapshot, a longer
-# slack reads more buffers per job.
+# and the order in which concurrent producers' commits land. A claim of a queue whose
+# jobs are claimed as they come reads again the entries of the jobs claimed within SLACK
+# before its start: a longer slack reads more buffers per claim.
 SLACK = timedelta(milliseconds=100)
-WORTH = 0.005  # seconds: a whole read cheaper than this is always taken
 FACTOR = 20.0
+MIN_APART = 1.0  # seconds: a job below a floor waits at most about this (and half again)
 MAX_APART = 60.0  # seconds
 
 # One row of a floored claim's arrays: the queue, its priorities lo..hi, the floor.
-Range = tuple[str, int, int, datetime]
+Range = tuple[str, int, int, datetime, uuid.UUID]
+# What a claim tells of each job it returned: queue, priority, available_at, id.
+Claimed = tuple[str, int, datetime, uuid.UUID]
 
 
 class Floors:
@@ -57,34 +60,27 @@ class Floors:
 
     def __init__(self, spread: Callable[[], float] = random.random) -> None:
         self._spread = spread  # a number in [0, 1): how far to stretch the next wait
-        self._floors: dict[str, dict[int, datetime]] = {}  # queue -> priority -> floor
-        self._whole_took: dict[str, float] = {}  # queue -> seconds of its last whole read
+        self._floors: dict[str, dict[int, Floor]] = {}  # queue -> priority -> floor
         self._whole_due: dict[str, float] = {}  # queue -> monotonic time of the next one
         self._reading_whole: list[str] = []  # the queues the claim under way reads whole
-        self._floored = False  # whether the claim under way enters some queue at floors
 
     def start(self, queues: list[str], now: float) -> list[Range] | None:
         """The ranges of a floored claim of ``queues`` (in claim order), or None when the
         claim reads every queue whole (the plain statement)."""
         whole = [q for q in queues if self._whole(q, now)]
         self._reading_whole = whole
-        self._floored = len(whole) < len(queues)
-        if not self._floored:
+        if len(whole) == len(queues):
             return None
         ranges: list[Range] = []
         for queue in queues:
             if queue in whole:
-                ranges.append((queue, LOWEST, HIGHEST, WHOLE))
+                ranges.append((queue, LOWEST, HIGHEST, *WHOLE))
             else:
                 ranges.extend(self.ranges(queue))
         return ranges
 
     def _whole(self, queue: str, now: float) -> bool:
-        return (
-            not self._floors.get(queue)
-            or self._whole_took.get(queue, 0.0) < WORTH
-            or now >= self._whole_due.get(queue, 0.0)
-        )
+        return not self._floors.get(queue) or now >= self._whole_due.get(queue, 0.0)
 
     def ranges(self, queue: str) -> list[Range]:
         """A queue's priorities seen, highest first, each from its floor, and the ranges
@@ -93,39 +89,39 @@ class Floors:
         top = HIGHEST
         for priority in sorted(self._floors[queue], reverse=True):
             if priority < top:
-                out.append((queue, priority + 1, top, WHOLE))
-            out.append((queue, priority, priority, self._floors[queue][priority]))
+                out.append((queue, priority + 1, top, *WHOLE))
+            out.append((queue, priority, priority, *self._floors[queue][priority]))
             top = priority - 1
         if top >= LOWEST:
-            out.append((queue, LOWEST, top, WHOLE))
+            out.append((queue, LOWEST, top, *WHOLE))
         return out
 
-    def tracks(self, took: float) -> bool:
-        """Whether the claim under way, ``took`` seconds long, moves the floors: not a
-        cheap whole read (the common case, a table VACUUM keeps clean), whose floors
-        would never be used; the first claim past WORTH sets them. Asked before ``end``,
-        so that the caller lists the claimed jobs only when they count."""
-        return self._floored or took >= WORTH
-
     def end(
-        self, claimed: Iterable[tuple[str, int, datetime]], started: float, ended: float
+        self,
+        claimed: Iterable[Claimed],
+        claimed_at: datetime | None,
+        started: float,
+        ended: float,
     ) -> None:
-        """After the claim: the (queue, priority, available_at) of the jobs it returned,
-        and when it started and ended."""
+        """After the claim: the jobs it returned, the start of its statement by the
+        database's clock (None when it returned none), and when it started and ended by
+        the child's monotonic clock."""
         took = max(0.0, ended - started)
         for queue in self._reading_whole:
-            self._whole_took[queue] = took
-            wait = FACTOR * took * (1.0 + self._spread() / 2)
-            self._whole_due[queue] = ended + min(MAX_APART, wait)
+            wait = min(MAX_APART, max(MIN_APART, FACTOR * took) * (1.0 + self._spread() / 2))
+            self._whole_due[queue] = ended + wait
         self._reading_whole = []
-        oldest: dict[tuple[str, int], datetime] = {}
-        for queue, priority, available_at in claimed:
-            key = (queue, priority)
-            if key not in oldest or available_at < oldest[key]:
-                oldest[key] = available_at
-        for (queue, priority), available_at in oldest.items():
+        if claimed_at is None:
+            return
+        last: dict[tuple[str, int], Floor] = {}
+        for queue, priority, available_at, job_id in claimed:
+            key, position = (queue, priority), (available_at, job_id)
+            if key not in last or position > last[key]:
+                last[key] = position
+        cut = (claimed_at - SLACK, WHOLE[1])
+        for (queue, priority), position in last.items():
             floors = self._floors.setdefault(queue, {})
-            floor = available_at - SLACK
+            floor = min(position, cut)
             if floor > floors.get(priority, WHOLE):
                 floors[priority] = floor
 
@@ -133,4 +129,3 @@ class Floors:
         """The next claim reads every queue whole (a claim failed, say)."""
         self._whole_due.clear()
         self._reading_whole = []
-        self._floored = False

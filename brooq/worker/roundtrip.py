@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
@@ -170,6 +170,7 @@ def claim_plan(
         params["lows"] = [r[1] for r in ranges]
         params["highs"] = [r[2] for r in ranges]
         params["floors"] = [r[3] for r in ranges]
+        params["floor_ids"] = [r[4] for r in ranges]
     elif len(queues) == 1:
         shape = "one"
         params["queue"] = queues[0]
@@ -361,12 +362,11 @@ class RoundTrips:
             return [], plan.queues, self._write_apart(finished)
         if plan.limit and self.pacing is None:
             ended = time.monotonic()
-            claimed = (
-                [(r.queue, r.priority, r.available_at) for r in rows if r.claimed]
-                if self.floors.tracks(ended - started)
-                else []
-            )
-            self.floors.end(claimed, started, ended)
+            claimed = [(r.queue, r.priority, r.available_at, r.id) for r in rows if r.claimed]
+            # The statement's now(), from a lease it gave: locked_until = now() + lease.
+            at = next((r.locked_until for r in rows if r.claimed), None)
+            claimed_at = None if at is None else at - timedelta(seconds=self.settings.lease)
+            self.floors.end(claimed, claimed_at, started, ended)
         if self.claims_failing:
             self.claims_failing = False
             self._tell({"claims": "ok"})

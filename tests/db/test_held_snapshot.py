@@ -81,9 +81,10 @@ def claim_values(limit: int = 1) -> dict[str, Any]:
 
 def floored_values(floor: datetime, limit: int = 1) -> dict[str, Any]:
     """The floored claim's values for queue default with jobs of priority 0 seen: its
-    ranges as brooq.worker.floors makes them."""
+    ranges as brooq.worker.floors makes them, the priority's floor at ``floor`` (a claim
+    that started SLACK after it returned a job from after it)."""
     floors = Floors()
-    floors.end([("default", 0, floor + SLACK)], 0.0, 0.0)
+    floors.end([("default", 0, floor + SLACK, uuid.uuid4())], floor + SLACK, 0.0, 0.0)
     ranges = floors.ranges("default")
     return {
         **claim_values(limit),
@@ -91,6 +92,7 @@ def floored_values(floor: datetime, limit: int = 1) -> dict[str, Any]:
         "lows": [r[1] for r in ranges],
         "highs": [r[2] for r in ranges],
         "floors": [r[3] for r in ranges],
+        "floor_ids": [r[4] for r in ranges],
     }
 
 
@@ -205,6 +207,46 @@ def test_a_claim_with_a_floor_passes_the_claimed_entries_without_visiting_them(
         with child.transaction(force_rollback=True):
             got = child.execute(statement, values).fetchall()
         assert [r[1] for r in got] == [fresh_id]
+
+
+def test_a_floor_passes_the_claimed_jobs_of_one_enqueue_by_their_ids(
+    db: Conn, child: Conn, held: Conn
+) -> None:
+    """3,001 jobs of one transaction share their available_at; the first 3,000 claimed
+    and done: entered at (available_at, the last claimed id), the claim reads none of
+    their entries and takes the 3,001st. An available_at floor alone would read them all."""
+    db.execute(
+        "INSERT INTO job (id, topic) SELECT gen_random_uuid(), 't' FROM generate_series(1, 3001)"
+    )
+    db.execute("ANALYZE job")
+    rows = db.execute("SELECT id, available_at FROM job ORDER BY id").fetchall()
+    last_claimed, fresh = rows[-2], rows[-1]
+    db.execute(
+        "UPDATE job SET state = 'processing', locked_by = 'w0', locked_until = now(), "
+        "attempts = 1 WHERE id <= %s",
+        (last_claimed["id"],),
+    )
+    db.execute("DELETE FROM job WHERE state = 'processing'")  # done: gone to the history
+    floors = Floors()
+    at = last_claimed["available_at"]
+    floors.end([("default", 0, at, last_claimed["id"])], at + 10 * SLACK, 0.0, 0.0)
+    ranges = floors.ranges("default")
+    assert ranges[1][3:] == (at, last_claimed["id"])
+    values = {
+        **claim_values(),
+        "queues": [r[0] for r in ranges],
+        "lows": [r[1] for r in ranges],
+        "highs": [r[2] for r in ranges],
+        "floors": [r[3] for r in ranges],
+        "floor_ids": [r[4] for r in ranges],
+    }
+    whole = explain(child, Q.job_finish_and_claim, claim_values(), analyze=True)
+    floored = explain(child, Q.job_finish_and_claim_floored, values, analyze=True)
+    assert shared_hits(whole) > 1000, whole
+    assert shared_hits(floored) < 100, floored
+    with child.transaction(force_rollback=True):
+        got = child.execute(Q.job_finish_and_claim_floored, values).fetchall()
+    assert [r[1] for r in got] == [fresh["id"]]
 
 
 def test_a_job_below_the_floor_waits_for_a_whole_read(db: Conn, child: Conn) -> None:

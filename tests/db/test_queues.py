@@ -326,7 +326,8 @@ def test_the_claims_are_index_driven_on_a_big_table(big: Conn) -> None:
                 "queues": ["urgent"] * 5 + ["default"],
                 "lows": [21, 20, 1, 0, -32768, -32768],
                 "highs": [32767, 20, 19, 0, -1, 32767],
-                "floors": [WHOLE, AN_HOUR_AGO, WHOLE, AN_HOUR_AGO, WHOLE, WHOLE],
+                "floors": [WHOLE[0], AN_HOUR_AGO, WHOLE[0], AN_HOUR_AGO, WHOLE[0], WHOLE[0]],
+                "floor_ids": [WHOLE[1]] * 6,
             },
         ),
         (

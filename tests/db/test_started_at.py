@@ -61,7 +61,7 @@ def _params(flags: frozenset[str], topic: str) -> dict[str, Any]:
         "queues": ["default"],
     }
     if "floored" in flags:
-        params.update(lows=[-32768], highs=[32767], floors=[WHOLE])
+        params.update(lows=[-32768], highs=[32767], floors=[WHOLE[0]], floor_ids=[WHOLE[1]])
     if "results" in flags:
         params.update(results=[], reported=[], fractions=[], messages=[])
     if "limited" in flags:

@@ -167,14 +167,17 @@ def test_the_queues_variant_is_the_limited_one_without_the_limited_topic() -> No
 
 
 def test_the_floored_variant_is_the_queues_one_with_ranges_from_floors() -> None:
-    """_floored reads each row of its arrays (a queue, its priorities lo..hi, a floor) as
-    _queues reads a queue, and differs in nothing else."""
+    """_floored reads each row of its arrays (a queue, its priorities lo..hi, a floor's
+    position) as _queues reads a queue, and differs in nothing else."""
     queues, floored = _sql(Q.job_finish_and_claim_queues), _sql(Q.job_finish_and_claim_floored)
     unnest = (
         "unnest(%(queues)b::text[], %(lows)b::int2[], %(highs)b::int2[], "
-        "%(floors)b::timestamptz[]) AS q(name, lo, hi, floor)"
+        "%(floors)b::timestamptz[], %(floor_ids)b::uuid[]) AS q(name, lo, hi, floor, floor_id)"
     )
-    ranges = "AND job.priority <= q.hi AND job.priority >= q.lo AND job.available_at >= q.floor "
+    ranges = (
+        "AND job.priority <= q.hi AND job.priority >= q.lo "
+        "AND (job.available_at, job.id) >= (q.floor, q.floor_id) "
+    )
     assert floored.count(unnest) == 2 and floored.count(ranges) == 2
     plain = floored.replace(unnest, "unnest(%(queues)b::text[]) AS q(name)").replace(ranges, "")
     assert plain == queues

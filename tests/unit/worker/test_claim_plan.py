@@ -57,12 +57,14 @@ def test_several_queues_claim_with_the_queues_statement_in_their_order() -> None
 
 
 def test_ranges_make_a_floored_claim() -> None:
-    ranges: list[Range] = [("a", 0, 9, AT), ("b", -1, 4, AT)]
+    first, last = uuid.UUID(int=1), uuid.UUID(int=2)
+    ranges: list[Range] = [("a", 0, 9, AT, first), ("b", -1, 4, AT, last)]
     plan = claim_plan([], False, 5, ["a", "b"], COMMON, ranges=ranges)
     assert (plan.shape, plan.statement) == ("floored", "job_finish_and_claim_floored")
     assert plan.params["queues"] == ["a", "b"]
     assert (plan.params["lows"], plan.params["highs"]) == ([0, -1], [9, 4])
     assert plan.params["floors"] == [AT, AT]
+    assert plan.params["floor_ids"] == [first, last]
     assert set(plan.params) == placeholders(plan)
 
 
