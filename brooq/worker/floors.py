@@ -46,7 +46,7 @@ LOWEST, HIGHEST = -32768, 32767  # priority is a smallint
 # before its start: a longer slack reads more buffers per claim.
 SLACK = timedelta(milliseconds=100)
 FACTOR = 20.0
-MIN_APART = 1.0  # seconds: a job below a floor waits at most about this (and half again)
+MIN_APART = 0.25  # seconds: a job below a floor waits at most about this (and half again)
 MAX_APART = 60.0  # seconds
 
 # One row of a floored claim's arrays: the queue, its priorities lo..hi, the floor.
