@@ -90,7 +90,14 @@ from brooq.operator.records import (
     TopicLimits,
     TopicStats,
 )
-from brooq.producer.cancel import cancel, cancel_async
+from brooq.producer.cancel import (
+    cancel,
+    cancel_async,
+    hold,
+    hold_async,
+    release,
+    release_async,
+)
 from brooq.producer.events import emit_event, emit_event_async
 from brooq.producer.insert import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from brooq.producer.stacks import JobStack
@@ -158,4 +165,8 @@ __all__ = [
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "hold",
+    "hold_async",
+    "release",
+    "release_async",
 ]

@@ -58,23 +58,36 @@ FAILED: Final = "failed"
 DONE: Final = "done"
 DEAD: Final = "dead"
 CANCELED: Final = "canceled"
+ON_HOLD: Final = "on_hold"  # held by an operator (queue.hold, Job(held=True)) until released
 
-STATES: Final = (WAITING, PENDING, PROCESSING, FAILED, DONE, DEAD, CANCELED)
+STATES: Final = (WAITING, PENDING, PROCESSING, FAILED, DONE, DEAD, CANCELED, ON_HOLD)
 ACTIVE_STATES: Final = (PENDING, PROCESSING, FAILED)
 TERMINAL_STATES: Final = (DONE, DEAD, CANCELED)
 
-# The operator's transitions (brooq cancel/retry, Queue.cancel/retry, POST /admin/jobs/...).
-# job_cancel and job_retry take these as their from_states parameter, so the SQL cannot
-# disagree with the refusals below. Cancel also takes a processing job: its holder learns
-# as the cancel commits (LeaseLost), and its own outcome write then matches no row.
-Transition = Literal["cancel", "retry"]
-CANCELABLE_STATES: Final = (PENDING, FAILED, PROCESSING, WAITING)
+# The operator's transitions (brooq jobs cancel/retry/hold/release, Queue.cancel/retry/
+# hold/release, POST /admin/jobs/...). job_cancel, job_retry, job_hold and job_release
+# take these as their from_states parameter, so the SQL cannot disagree with the refusals
+# below. Cancel also takes a processing job: its holder learns as the cancel commits
+# (LeaseLost), and its own outcome write then matches no row. Hold takes a job no worker
+# has taken (not one a durable handler parked: it has started), and not one with a
+# unique_key (on hold it would give its key up to the next enqueue).
+Transition = Literal["cancel", "retry", "hold", "release"]
+CANCELABLE_STATES: Final = (PENDING, FAILED, PROCESSING, WAITING, ON_HOLD)
 RETRYABLE_STATES: Final = (DEAD, CANCELED)
+HOLDABLE_STATES: Final = (PENDING, FAILED)
+RELEASABLE_STATES: Final = (ON_HOLD,)
 FROM_STATES: Final[dict[Transition, tuple[str, ...]]] = {
     "cancel": CANCELABLE_STATES,
     "retry": RETRYABLE_STATES,
+    "hold": HOLDABLE_STATES,
+    "release": RELEASABLE_STATES,
 }
-_DONE_WORD: Final[dict[Transition, str]] = {"cancel": "canceled", "retry": "retried"}
+_DONE_WORD: Final[dict[Transition, str]] = {
+    "cancel": "canceled",
+    "retry": "retried",
+    "hold": "held",
+    "release": "released",
+}
 # The bulk forms (brooq jobs cancel/retry --topic T --state S, Queue.cancel_many/retry_many)
 # take one state at a time, from these. Bulk cancel leaves processing out: canceling every
 # running job of a topic interrupts handlers mid-work (LeaseLost), which an operator does to
@@ -82,6 +95,8 @@ _DONE_WORD: Final[dict[Transition, str]] = {"cancel": "canceled", "retry": "retr
 BULK_FROM_STATES: Final[dict[Transition, tuple[str, ...]]] = {
     "cancel": tuple(s for s in CANCELABLE_STATES if s != PROCESSING),
     "retry": RETRYABLE_STATES,
+    "hold": HOLDABLE_STATES,
+    "release": RELEASABLE_STATES,
 }
 
 TOPIC_PATTERN: Final = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*$")
@@ -118,7 +133,7 @@ def bulk_state_refusal(action: Transition, state: object) -> str | None:
     """None when the bulk ``action`` may take jobs in ``state``; else why not, naming the
     states it takes ("state 'done': only dead or canceled jobs can be retried in bulk")."""
     if action not in BULK_FROM_STATES:
-        raise ValueError(f"action must be cancel or retry, got {action!r}")
+        raise ValueError(f"action must be cancel, retry, hold or release, got {action!r}")
     if isinstance(state, str) and state in BULK_FROM_STATES[action]:
         return None
     return f"state {state!r}: {bulk_rule(action)}"
@@ -131,7 +146,7 @@ def transition_refusal(action: Transition, state: str, job_id: object = None) ->
     cancel job ID: it is done; only ..."). A state the action accepts means the job changed
     between the write and the read that explains it: try again."""
     if action not in FROM_STATES:
-        raise ValueError(f"action must be cancel or retry, got {action!r}")
+        raise ValueError(f"action must be cancel, retry, hold or release, got {action!r}")
     if state in FROM_STATES[action]:
         if job_id is None:
             return f"job is now {state}: its state changed meanwhile; try again"
@@ -237,6 +252,25 @@ def require_aware(value: object, name: str) -> datetime:
     return value
 
 
+def check_held(held: object, unique_key: str | None, after: object) -> bool:
+    """Job(held=...): a bool; not beside a unique_key (a job on hold gives its key up, so
+    the next enqueue of the key would run while this one waits) nor beside after (a
+    waiting job is released by its upstream jobs, not by an operator)."""
+    if not isinstance(held, bool):
+        raise InvalidJob(f"held must be True or False, not {type(held).__name__}")
+    if held and unique_key is not None:
+        raise InvalidJob(
+            "held cannot be combined with unique_key: a job on hold gives its key up "
+            "(hold the key's job once enqueued, or enqueue without the key)"
+        )
+    if held and after is not None:
+        raise InvalidJob(
+            "held cannot be combined with after: a waiting job starts when its upstream "
+            "jobs end; hold it once it is pending"
+        )
+    return held
+
+
 def parse_job_id(value: object) -> uuid.UUID:
     if isinstance(value, uuid.UUID):
         return value
@@ -254,13 +288,15 @@ class Job:
     pending, failed or processing job per (topic, key). ``debounce`` (with it): a burst
     folds into one run, the last payload. ``tags``: up to 8 labels to list, cancel and
     retry by (docs/how-to/unique-and-debounce.md). ``after``: the job ids or Jobs of the
-    same batch it waits for, ``on_upstream_failure`` (docs/how-to/workflows.md)."""
+    same batch it waits for, ``on_upstream_failure`` (docs/how-to/workflows.md).
+    ``held``: enqueued on hold, never claimed until released (docs/how-to/hold.md)."""
 
     __slots__ = (
         "after",
         "available_at",
         "debounce",
         "group",
+        "held",
         "idempotency_key",
         "on_upstream_failure",
         "payload",
@@ -287,6 +323,7 @@ class Job:
         group: str | None = None,
         after: Iterable[Any] | None = None,
         on_upstream_failure: Literal["cancel", "run"] = "cancel",
+        held: bool = False,
     ) -> None:
         # The common case (a known topic, no queue, key, time or option, priority 0) skips
         # the validators' calls: a web request builds one Job per enqueue.
@@ -322,6 +359,7 @@ class Job:
         self.after = None
         if after is not None or on_upstream_failure != "cancel":
             self.after = check_after(after, on_upstream_failure, Job)
+        self.held = False if held is False else check_held(held, self.unique_key, self.after)
 
     def __repr__(self) -> str:
         options = "".join(
@@ -332,6 +370,7 @@ class Job:
                 ("tags", self.tags),
                 ("group", self.group),
                 ("after", self.after),
+                ("held", self.held or None),
             )
             if value is not None
         )

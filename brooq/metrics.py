@@ -209,7 +209,7 @@ TABLE = (
         ("name",),
     ),
     # One label set per (queue, topic) that holds jobs or has a handler: queues x
-    # topics at most, 7 series per pair. A pair whose jobs are gone reads 0. The state
+    # topics at most, 8 series per pair. A pair whose jobs are gone reads 0. The state
     # label's values are the counts of docs/explanation/guarantees.md ("Counts") but held
     # (brooq_jobs_held): each unfinished or dead job is in exactly one.
     Metric(
@@ -217,7 +217,7 @@ TABLE = (
         "brooq_jobs",
         "gauge",
         "Jobs by topic, count (state: waiting, scheduled, ready, retrying, parked, "
-        "processing, dead) and queue, from the table",
+        "on_hold, processing, dead) and queue, from the table",
         ("topic", "state", "queue"),
         mode="mostrecent",
     ),

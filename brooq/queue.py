@@ -29,7 +29,15 @@ from psycopg.rows import class_row
 from brooq.declare.registry import Registry
 from brooq.durations import Duration, to_seconds
 from brooq.errors import BrooqError
-from brooq.job import Job, JobRecord, Transition, UpstreamJob, parse_job_id, validate_queue
+from brooq.job import (
+    ON_HOLD,
+    Job,
+    JobRecord,
+    Transition,
+    UpstreamJob,
+    parse_job_id,
+    validate_queue,
+)
 from brooq.operator import changes, reads
 from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk, transition_params
 from brooq.operator.records import (
@@ -141,12 +149,13 @@ class Queue(Registry):
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
         if self.strict_topics:
             self.require_topics((checked.topic,))
-        # The line's INSERT is the plain job's: a unique_key, debounce, tags or after take
-        # the pool; so does a traced enqueue, which stores its trace context (brooq.tracing).
+        # The line's INSERT is the plain job's: a unique_key, debounce, tags, after or held
+        # take the pool; so does a traced enqueue, which stores its trace context (brooq.tracing).
         if (
             checked.unique_key is None
             and checked.tags is None
             and checked.after is None
+            and not checked.held
             and tracer() is None
         ):
             line = self._line
@@ -299,6 +308,32 @@ class Queue(Registry):
             cur = await conn.execute(self._q.job_cancel, transition_params("cancel", jid))
             return await cur.fetchone() is not None
 
+    def hold(self, job_id: uuid.UUID | str) -> bool:
+        """pending or failed -> on_hold: no worker claims it until ``release``; its place
+        in line and its attempts are kept, and ``cancel`` still works on it. False when
+        the job is unknown, taken by a worker, finished, waiting for other jobs, parked by
+        a durable handler, or has a unique_key (``explain_refusal`` says which)."""
+        return self._on(changes.hold, parse_job_id(job_id))
+
+    async def hold_async(self, job_id: uuid.UUID | str) -> bool:
+        """``hold`` from asyncio code, on the async pool (the same statement and answer)."""
+        return await self._transition_async("hold", parse_job_id(job_id))
+
+    def release(self, job_id: uuid.UUID | str) -> bool:
+        """on_hold -> pending, its place in line kept: it runs as soon as its time has
+        come (the masters are woken). False when the job is unknown or not on hold."""
+        return self._on(changes.release, parse_job_id(job_id))
+
+    async def release_async(self, job_id: uuid.UUID | str) -> bool:
+        """``release`` from asyncio code, on the async pool."""
+        return await self._transition_async("release", parse_job_id(job_id))
+
+    async def _transition_async(self, action: Transition, jid: uuid.UUID) -> bool:
+        statement = self._q.job_hold if action == "hold" else self._q.job_hold_release
+        async with self._pools.async_connection() as conn:
+            cur = await conn.execute(statement, transition_params(action, jid))
+            return await cur.fetchone() is not None
+
     def retry(self, job_id: uuid.UUID | str, *, fresh: bool = False) -> bool:
         """dead or canceled -> pending now, attempts reset, last_error kept. False when
         the job is unknown, not in one of those states, or another active job holds its
@@ -393,6 +428,57 @@ class Queue(Registry):
             tag=tag,
         )
 
+    def hold_many(
+        self,
+        *,
+        topic: str,
+        state: str,
+        queue: str | None = None,
+        dry_run: bool = False,
+        batch_size: int = BULK_BATCH_SIZE,
+        tag: str | None = None,
+    ) -> BulkResult:
+        """Hold every job of ``topic`` in ``state`` (pending or failed), only in ``queue``
+        and only those carrying ``tag`` if given, as ``hold`` holds one (parked jobs and
+        jobs with a unique_key are left alone). Otherwise as ``cancel_many``."""
+        check_bulk("hold", topic=topic, state=state, queue=queue, batch_size=batch_size, tag=tag)
+        return self._on(
+            changes.change_many,
+            "hold",
+            topic=topic,
+            state=state,
+            queue=queue,
+            dry_run=dry_run,
+            batch_size=batch_size,
+            tag=tag,
+        )
+
+    def release_many(
+        self,
+        *,
+        topic: str,
+        queue: str | None = None,
+        dry_run: bool = False,
+        batch_size: int = BULK_BATCH_SIZE,
+        tag: str | None = None,
+    ) -> BulkResult:
+        """Release every held job of ``topic``, only in ``queue`` and only those carrying
+        ``tag`` if given, as ``release`` releases one; the masters are woken. Otherwise
+        as ``cancel_many``."""
+        check_bulk(
+            "release", topic=topic, state=ON_HOLD, queue=queue, batch_size=batch_size, tag=tag
+        )
+        return self._on(
+            changes.change_many,
+            "release",
+            topic=topic,
+            state=ON_HOLD,
+            queue=queue,
+            dry_run=dry_run,
+            batch_size=batch_size,
+            tag=tag,
+        )
+
     def stack(self, job_id: uuid.UUID | str, timeout: Duration = 5.0) -> JobStack:
         """The current Python stack of the handler running the job, from whichever host
         runs it (the request and the answer travel through PostgreSQL: brooq.producer.stacks).
@@ -403,7 +489,7 @@ class Queue(Registry):
         )
 
     def explain_refusal(self, job_id: uuid.UUID | str, action: Transition) -> BrooqError:
-        """Why cancel or retry did nothing, as an error to show an operator:
+        """Why cancel, retry, hold or release did nothing, as an error to show an operator:
         JobNotFound, or InvalidTransition naming the job's state (or the job holding its
         unique_key)."""
         return self._on(changes.explain_refusal, parse_job_id(job_id), action)

@@ -42,8 +42,18 @@ if TYPE_CHECKING:
 Connection = psycopg.Connection[Any]
 
 # The statements' names: each schema has its own set (brooq.sql.queries).
-_TRANSITION_QUERIES: dict[Transition, str] = {"cancel": "job_cancel", "retry": "job_retry"}
-_BULK_QUERIES: dict[Transition, str] = {"cancel": "job_cancel_batch", "retry": "job_retry_batch"}
+_TRANSITION_QUERIES: dict[Transition, str] = {
+    "cancel": "job_cancel",
+    "retry": "job_retry",
+    "hold": "job_hold",
+    "release": "job_hold_release",
+}
+_BULK_QUERIES: dict[Transition, str] = {
+    "cancel": "job_cancel_batch",
+    "retry": "job_retry_batch",
+    "hold": "job_hold_batch",
+    "release": "job_hold_release_batch",
+}
 # Rows one batch of cancel_many/retry_many locks and writes in its own transaction: big
 # enough that a million jobs take a hundred round trips, small enough that no batch holds
 # its locks for long.
@@ -59,17 +69,17 @@ TAKEN_SHOWN = 20
 
 
 def transition_params(action: Transition, job_id: uuid.UUID) -> dict[str, Any]:
-    """The parameters of job_cancel (job_retry): the job and the states it may leave,
-    brooq.job.CANCELABLE_STATES (RETRYABLE_STATES)."""
+    """The parameters of job_cancel (job_retry, job_hold, job_hold_release): the job and
+    the states it may leave, brooq.job.FROM_STATES[action]."""
     return {"id": job_id, "from_states": list(FROM_STATES[action])}
 
 
 def transition(conn: Connection, action: Transition, job_id: uuid.UUID, q: Queries = Q) -> bool:
-    """Cancel or retry ``job_id`` on the caller's connection (nothing committed here);
-    True when the job moved, False when it is unknown, its state does not allow it, or
-    (retry) another active job holds its unique_key."""
+    """Cancel, retry, hold or release ``job_id`` on the caller's connection (nothing
+    committed here); True when the job moved, False when it is unknown, its state does
+    not allow it, or (retry) another active job holds its unique_key."""
     statement: LiteralString = getattr(q, _TRANSITION_QUERIES[action])
-    if action == "cancel":
+    if action != "retry":  # only a retry can meet job_unique_key_idx (held jobs have no key)
         return conn.execute(statement, transition_params(action, job_id)).fetchone() is not None
     if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         # No transaction of the caller's yet: the statement opens it, and the caller
@@ -104,10 +114,23 @@ def retry(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> bool:
     return transition(conn, "retry", parse_job_id(job_id), q)
 
 
+def hold(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> bool:
+    """pending or failed -> on_hold: never claimed until released, its place in line
+    kept. False when the job is unknown, taken by a worker, finished, waiting, parked by
+    a durable handler or has a unique_key (job_hold says why)."""
+    return transition(conn, "hold", parse_job_id(job_id), q)
+
+
+def release(conn: Connection, job_id: uuid.UUID | str, q: Queries = Q) -> bool:
+    """on_hold -> pending, its place in line kept (ready at once when its time has
+    passed; the masters are woken). False when the job is unknown or not on hold."""
+    return transition(conn, "release", parse_job_id(job_id), q)
+
+
 def explain_refusal(
     conn: Connection, job_id: uuid.UUID | str, action: Transition, q: Queries = Q
 ) -> BrooqError:
-    """Why cancel or retry did nothing, as an error to show an operator: JobNotFound,
+    """Why cancel, retry, hold or release did nothing, as an error to show an operator: JobNotFound,
     or InvalidTransition naming the job's state."""
     record = get(conn, job_id, q)
     if record is None:
@@ -116,7 +139,23 @@ def explain_refusal(
         holder = key_holder(conn, record.id, q)
         if holder is not None:
             return InvalidTransition(key_taken(record.id, record.unique_key, *holder))
+    if action == "hold" and record.state in FROM_STATES["hold"]:
+        if record.unique_key is not None:
+            return InvalidTransition(
+                f"cannot hold job {record.id}: it has a unique_key ({record.unique_key!r}), "
+                "which a job on hold would give up; cancel it, or let it run"
+            )
+        if parked(conn, record.id, q):
+            return InvalidTransition(
+                f"cannot hold job {record.id}: a durable handler parked it (it has started "
+                "and sleeps or waits); cancel it to stop it"
+            )
     return InvalidTransition(transition_refusal(action, record.state, record.id))
+
+
+def parked(conn: Connection, job_id: uuid.UUID, q: Queries = Q) -> bool:
+    """Whether ``job_id`` is a durable handler's parked job (it sleeps or waits)."""
+    return conn.execute(q.job_is_parked, {"id": job_id}).fetchone() is not None
 
 
 def key_holder(conn: Connection, job_id: uuid.UUID, q: Queries = Q) -> tuple[uuid.UUID, str] | None:

@@ -20,7 +20,17 @@ from brooq.job import DEFAULT_QUEUE
 # the CLI's columns (upper-cased), the JSON keys, the demo's words. ``held`` is part of
 # ``ready``; the others split the unfinished jobs (and the dead) so that each is in exactly
 # one: SPLIT, the values of the brooq_jobs gauge's ``state`` label.
-COUNTS = ("waiting", "scheduled", "ready", "held", "retrying", "parked", "processing", "dead")
+COUNTS = (
+    "waiting",
+    "scheduled",
+    "ready",
+    "held",
+    "retrying",
+    "parked",
+    "on_hold",
+    "processing",
+    "dead",
+)
 SPLIT = tuple(name for name in COUNTS if name != "held")
 
 
@@ -53,7 +63,8 @@ class TopicStats:
     ``waiting`` (for the jobs named in its after), ``scheduled`` (pending, due later),
     ``ready`` (pending or failed, due now), ``retrying`` (failed, due later: its backoff),
     ``parked`` (a durable handler's job sleeping or waiting for an event or its child
-    jobs) and ``processing``; ``dead`` counts the dead. ``held``, part of ``ready``: ready
+    jobs), ``on_hold`` (held by an operator until released: queue.hold) and
+    ``processing``; ``dead`` counts the dead. ``held``, part of ``ready``: ready
     jobs a limit of the topic holds back now (its global_limit or rate_limit, their
     group's group_limit or group_rate_limit: docs/how-to/rate-limits.md);
     ``oldest_ready_age`` is then the age of the oldest ready job not held back, so a topic
@@ -79,6 +90,7 @@ class TopicStats:
     parked: int = 0
     scheduled: int = 0
     retrying: int = 0
+    on_hold: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The counts in the vocabulary's order, then the state counts kept."""
@@ -91,6 +103,7 @@ class TopicStats:
             "held": self.held,
             "retrying": self.retrying,
             "parked": self.parked,
+            "on_hold": self.on_hold,
             "processing": self.processing,
             "dead": self.dead,
             "oldest_ready_age_seconds": round(self.oldest_ready_age, 3),
@@ -177,8 +190,8 @@ class TopicLimits:
 class QueueStats:
     """One queue: paused or not, and its jobs, counted as TopicStats counts them (its
     topics' counts summed): ``waiting``, ``scheduled``, ``ready`` (``held``: part of it),
-    ``retrying``, ``parked``, ``processing``, ``dead``, and the age of the oldest ready job
-    not held back. ``failed``, kept for the callers that read it, is the state's count
+    ``retrying``, ``parked``, ``on_hold``, ``processing``, ``dead``, and the age of the
+    oldest ready job not held back. ``failed``, kept for the callers that read it, is the state's count
     (its jobs are ready or retrying). A queue paused before any job came shows with
     zeros."""
 
@@ -194,6 +207,7 @@ class QueueStats:
     held: int = 0
     retrying: int = 0
     parked: int = 0
+    on_hold: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The counts in the vocabulary's order, then the state count kept."""
@@ -206,6 +220,7 @@ class QueueStats:
             "held": self.held,
             "retrying": self.retrying,
             "parked": self.parked,
+            "on_hold": self.on_hold,
             "processing": self.processing,
             "dead": self.dead,
             "oldest_ready_seconds": round(self.oldest_ready_seconds, 3),

@@ -45,7 +45,7 @@ from psycopg.rows import class_row
 from brooq.db import read_only, schema_missing
 from brooq.encoding import check_payload_size
 from brooq.errors import BrooqError, EnqueueDeadlock, InvalidAfter, InvalidJob
-from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, Job
+from brooq.job import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_QUEUE, ON_HOLD, PENDING, Job
 from brooq.job_options import check_after
 from brooq.producer.ids import uuid7, uuid7_many
 from brooq.producer.targets import (
@@ -388,7 +388,7 @@ def _insert_one(
     job with after, the graph's steps (``_insert_many``)."""
     if job.after is not None:
         return (yield from _insert_many([job], handlers, q, traceparent))[0]
-    if job.unique_key is not None or job.tags is not None or traceparent is not None:
+    if job.unique_key is not None or job.tags is not None or job.held or traceparent is not None:
         params = _params(job, uuid7(), handlers)
         if traceparent is not None:
             params["traceparent"] = traceparent
@@ -453,7 +453,7 @@ def _insert_batch(
     if traceparent is None and all(
         job.idempotency_key is None and job.unique_key is None for job in checked
     ):
-        wide = any(job.tags is not None or job.group is not None for job in checked)
+        wide = any(job.tags is not None or job.group is not None or job.held for job in checked)
         ready, scheduled = copy_rows(checked, ids, handlers, wide)
         if ready:
             yield Copy(q.job_copy_ready_options if wide else q.job_copy_ready, ready)
@@ -464,7 +464,7 @@ def _insert_batch(
     if traceparent is not None:
         statement: LiteralString = q.job_insert_many_options_traced
         params = {**_with_options(params, checked), "traceparents": [traceparent] * len(ids)}
-    elif all(job.unique_key is None and job.tags is None for job in checked):
+    elif all(job.unique_key is None and job.tags is None and not job.held for job in checked):
         statement = q.job_insert_many
     else:
         statement = q.job_insert_many_options
@@ -521,7 +521,7 @@ def copy_rows(
 ) -> tuple[list[tuple[Any, ...]] | str, list[tuple[Any, ...]]]:
     """The COPY rows of jobs without keys, ready ones and scheduled ones apart, so that
     "ready now" is the server's now(), never the client's clock; ``wide``: each row ends
-    with its tags and its group (the _options statements). Plain ready rows come as COPY
+    with its tags, its group and its state (the _options statements). Plain ready rows come as COPY
     text, made here in one pass (psycopg's write_row per row was the producer's largest
     cost in a bulk enqueue)."""
     if not wide and all(job.available_at is None for job in checked):
@@ -532,12 +532,17 @@ def copy_rows(
         queue = queue_of(job, handlers)
         if job.available_at is None:
             row: tuple[Any, ...] = (job_id, job.topic, job.payload_json, queue, job.priority)
-            ready.append((*row, tags_literal(job.tags), job.group) if wide else row)
+            ready.append((*row, *_wide(job)) if wide else row)
         else:
             at = job.available_at
             row = (job_id, job.topic, job.payload_json, at, queue, job.priority)
-            scheduled.append((*row, tags_literal(job.tags), job.group) if wide else row)
+            scheduled.append((*row, *_wide(job)) if wide else row)
     return ready, scheduled
+
+
+def _wide(job: Job) -> tuple[str | None, str | None, str]:
+    """What the _options COPY adds to a row: its tags, its group and its state."""
+    return tags_literal(job.tags), job.group, ON_HOLD if job.held else PENDING
 
 
 def _ready_copy_text(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -> str:
@@ -582,6 +587,7 @@ def _insert_with_options(
         **params,
         "unique_key": job.unique_key,
         "tags": list(job.tags) if job.tags is not None else None,
+        "state": ON_HOLD if job.held else PENDING,
     }
     if job.debounce is not None:
         params["debounce"] = job.debounce
@@ -623,11 +629,13 @@ def _insert_with_options(
 
 
 def _with_options(params: dict[str, Any], checked: list[Job]) -> dict[str, Any]:
-    """job_insert_many's arrays, and the unique keys and tags of job_insert_many_options."""
+    """job_insert_many's arrays, and the unique keys, tags and states of
+    job_insert_many_options."""
     return {
         **params,
         "unique_keys": [j.unique_key for j in checked],
         "tags": [tags_literal(j.tags) for j in checked],
+        "states": [ON_HOLD if j.held else PENDING for j in checked],
     }
 
 

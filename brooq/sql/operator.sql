@@ -84,6 +84,38 @@ SELECT retried.id, pg_notify('brooq_job', (SELECT n.nspname::text FROM pg_namesp
                                   JOIN pg_class c ON c.relnamespace = n.oid
                                   WHERE c.oid = {job:name}::regclass)) FROM retried
 
+-- name: job_hold
+-- Operator or producer hold: a job no worker has taken (from_states is
+-- brooq.job.HOLDABLE_STATES: pending, ready or scheduled, or failed, waiting out a
+-- retry's backoff) goes on hold, out of the ready index, until released; its place in
+-- line (available_at) and its attempts are kept. Not a durable handler's parked job (it
+-- has started), nor one with a unique_key (on hold it would give its key up: the next
+-- enqueue of the key would run while it waits). A claim holding the row makes this wait
+-- for the claim's commit, after which the row is processing and is left alone.
+UPDATE {job} SET state = 'on_hold', updated_at = now()
+WHERE id = %(id)s AND state = ANY(%(from_states)s::text[]) AND parked IS NULL
+  AND unique_key IS NULL
+RETURNING id
+
+-- name: job_hold_release
+-- A held job back to pending (from_states is brooq.job.RELEASABLE_STATES), its place in
+-- line kept: ready at once when its available_at has passed (the masters are woken, as
+-- job_retry wakes them), else when it comes.
+WITH released AS (
+    UPDATE {job} SET state = 'pending', updated_at = now()
+    WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
+    RETURNING id, available_at <= now() AS ready
+)
+SELECT released.id,
+       CASE WHEN released.ready THEN pg_notify('brooq_job', (
+           SELECT n.nspname::text FROM pg_namespace n JOIN pg_class c
+               ON c.relnamespace = n.oid WHERE c.oid = {job:name}::regclass)) END
+FROM released
+
+-- name: job_is_parked
+-- One row when the job is a durable handler's parked job (why a hold was refused).
+SELECT 1 FROM {job} WHERE id = %(id)s AND parked IS NOT NULL
+
 -- name: job_unique_key_holder
 -- The active job holding a job's unique_key (its key's job, not a waiting one), other
 -- than the job itself: why a retry of it was refused. No row: the key is free. The job
@@ -118,7 +150,10 @@ SELECT (SELECT count(*)
             AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])) AS matched,
        now() AS as_of
 
--- name: job_cancel_batch
+-- template: job_cancel_batch
+-- variant: job_cancel_batch
+-- variant: job_hold_batch: hold
+-- variant: job_hold_release_batch: release
 -- One batch of a bulk cancel, its own transaction: at most `batch` rows are locked, and
 -- only until its commit, so canceling a million jobs never holds a million row locks (nor
 -- blocks claims and outcome writes for the whole run). Rows locked by someone else are
@@ -130,6 +165,9 @@ SELECT (SELECT count(*)
 -- planned as a hash join over every row in the state (0.83 s a batch instead of 0.35 s,
 -- 200,000 dead jobs in a 1,000,000-job table). Guarded as job_cancel is: from_states is
 -- brooq.job.BULK_FROM_STATES['cancel'], re-checked under the row lock.
+-- _hold: the rows go on hold as job_hold puts one (not parked, not keyed: those are
+-- left alone); _release: back to pending as job_release, one pg_notify per batch that
+-- released anything (NOTIFY must never run per row).
 WITH picked AS MATERIALIZED (
     SELECT id FROM {job}
     WHERE id > %(after)s::uuid AND topic = %(topic)s AND state = %(state)s
@@ -139,15 +177,33 @@ WITH picked AS MATERIALIZED (
     ORDER BY id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
-), canceled AS (
+), changed AS (
+--#if hold
+    UPDATE {job} SET state = 'on_hold', updated_at = now()
+--#else
+--#if release
+    UPDATE {job} SET state = 'pending', updated_at = now()
+--#else
     UPDATE {job} SET state = 'canceled', updated_at = now()
+--#end
+--#end
     WHERE id = ANY(ARRAY(SELECT id FROM picked)) AND state = %(state)s
       AND state = ANY(%(from_states)s::text[])
+--#if hold
+      AND parked IS NULL AND unique_key IS NULL
+--#end
     RETURNING id
 )
 SELECT (SELECT count(*) FROM picked) AS picked,
        (SELECT id FROM picked ORDER BY id DESC LIMIT 1) AS last_id,
-       (SELECT count(*) FROM canceled) AS changed
+--#if release
+       (SELECT count(*) FROM changed) AS changed,
+       CASE WHEN EXISTS (SELECT FROM changed) THEN pg_notify('brooq_job', (
+           SELECT n.nspname::text FROM pg_namespace n JOIN pg_class c
+               ON c.relnamespace = n.oid WHERE c.oid = {job:name}::regclass)) END AS woken
+--#else
+       (SELECT count(*) FROM changed) AS changed
+--#end
 
 -- name: job_purge_count
 -- brooq purge --queue Q / --topic T, Queue.purge(dry_run=True): how many jobs a purge
@@ -288,13 +344,14 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 -- a paused queue's ready jobs are still counted: they wait), retrying (failed, due later:
 -- its backoff), parked (a durable handler's job sleeping or waiting for an event or its
 -- child jobs: job.parked read with the state, pending until a wake time or a wait's
--- deadline, or waiting), processing, and dead (done grows without bound and is never
--- counted). held, part of ready, is job_held_by_topic's. Then the state counts the
+-- deadline, or waiting), on_hold (held by an operator until released), processing, and
+-- dead (done grows without bound and is never counted). held, part of ready, is
+-- job_held_by_topic's. Then the state counts the
 -- library's records keep: pending, failed, and busy (processing under a lease that has
 -- not expired, i.e. a child working on it; an expired lease waits for the reaper).
 -- The unfinished jobs are in job; the dead are in job_history (job_history_dead_idx),
 -- and in job those that died before migration 0020. A job is in one of the two: the
--- one snapshot counts it once. On job, the WHERE is an OR of three arms, each the
+-- one snapshot counts it once. On job, the WHERE is an OR of arms, each the
 -- predicate of a partial index (as in web_overview_exact): the planner reads the active
 -- and legacy dead rows only, through a BitmapOr; as one IN list it matched no index and
 -- scanned the whole table every stats period (docs/status-page.md). Its cost follows
@@ -310,6 +367,7 @@ WITH active AS (
            count(*) FILTER (WHERE parked IS NOT NULL AND (
                state = 'waiting' OR (state = 'pending' AND available_at > now())))
                AS parked,
+           count(*) FILTER (WHERE state = 'on_hold') AS on_hold,
            count(*) FILTER (WHERE state = 'processing') AS processing,
            count(*) FILTER (WHERE state = 'dead') AS dead,
            min(available_at) FILTER (
@@ -319,7 +377,7 @@ WITH active AS (
            count(*) FILTER (WHERE state = 'processing' AND locked_until > now()) AS busy
     FROM {job}
     WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
-       OR state = 'waiting'
+       OR state = 'waiting' OR state = 'on_hold'
     GROUP BY queue, topic
 ), gone AS (
     SELECT queue, topic, count(*) AS dead
@@ -333,6 +391,7 @@ SELECT coalesce(a.queue, g.queue) AS queue, coalesce(a.topic, g.topic) AS topic,
        coalesce(a.ready, 0) AS ready,
        coalesce(a.retrying, 0) AS retrying,
        coalesce(a.parked, 0) AS parked,
+       coalesce(a.on_hold, 0) AS on_hold,
        coalesce(a.processing, 0) AS processing,
        coalesce(a.dead, 0) + coalesce(g.dead, 0) AS dead,
        coalesce(extract(epoch FROM now() - a.oldest_ready), 0)::float8 AS oldest_ready_age,
@@ -453,6 +512,7 @@ WITH active AS (
            count(*) FILTER (WHERE parked IS NOT NULL AND (
                state = 'waiting' OR (state = 'pending' AND available_at > now())))
                AS parked,
+           count(*) FILTER (WHERE state = 'on_hold') AS on_hold,
            count(*) FILTER (WHERE state = 'processing') AS processing,
            count(*) FILTER (WHERE state = 'dead') AS dead,
            count(*) FILTER (WHERE state = 'failed') AS failed,
@@ -462,7 +522,7 @@ WITH active AS (
                AS oldest_ready_seconds
     FROM {job}
     WHERE state IN ('pending', 'failed') OR state = 'processing' OR state = 'dead'
-       OR state = 'waiting'
+       OR state = 'waiting' OR state = 'on_hold'
     GROUP BY queue
 ), gone AS (
     SELECT queue, count(*) AS dead
@@ -471,7 +531,7 @@ WITH active AS (
     GROUP BY queue
 ), counts AS (
     SELECT coalesce(a.queue, g.queue) AS queue, a.waiting, a.scheduled, a.ready,
-           a.retrying, a.parked, a.processing,
+           a.retrying, a.parked, a.on_hold, a.processing,
            coalesce(a.dead, 0) + coalesce(g.dead, 0) AS dead, a.failed,
            a.oldest_ready_seconds
     FROM active AS a
@@ -484,6 +544,7 @@ SELECT coalesce(c.queue, q.name) AS name,
        coalesce(c.ready, 0) AS ready,
        coalesce(c.retrying, 0) AS retrying,
        coalesce(c.parked, 0) AS parked,
+       coalesce(c.on_hold, 0) AS on_hold,
        coalesce(c.processing, 0) AS processing,
        coalesce(c.dead, 0) AS dead,
        coalesce(c.failed, 0) AS failed,

@@ -83,13 +83,14 @@ JOIN {brooq_job_key} AS t ON t.topic = k.topic AND t.idempotency_key = k.key
 -- job's. No conflict target: the row may collide on the idempotency key's index or on
 -- job_unique_key_idx (one active job per topic and unique_key, migration 0011), and
 -- either means "already there"; an idempotency key in brooq_job_key (its job finished,
--- maybe) too, as in job_insert. _traced: a job enqueued under a producer span
+-- maybe) too, as in job_insert. `state`: pending, or on_hold for Job(held=True), which
+-- takes this statement for it. _traced: a job enqueued under a producer span
 -- (brooq.tracing), with its W3C traceparent; a job without one never takes it.
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
-                   unique_key, tags, group_key{if traced:, traceparent})
+                   unique_key, tags, group_key, state{if traced:, traceparent})
 SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
        %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[],
-       %(group)s{if traced:, %(traceparent)s}
+       %(group)s, %(state)s{if traced:, %(traceparent)s}
 WHERE %(key)s::text IS NULL OR NOT EXISTS (
     SELECT FROM {brooq_job_key} AS k
     WHERE k.topic = %(topic)s AND k.idempotency_key = %(key)s)
@@ -175,23 +176,26 @@ SELECT id FROM inserted
 -- template: job_insert_many_options
 -- variant: job_insert_many_options
 -- variant: job_insert_many_options_traced: traced
--- job_insert_many for a batch holding unique keys or tags (brooq.producer.insert): the
--- same arrays (the groups among them), and two more; `tags` holds each job's tags as a text[] literal (NULL: none).
+-- job_insert_many for a batch holding unique keys, tags or held jobs (brooq.producer.insert):
+-- the same arrays (the groups among them), and three more; `tags` holds each job's tags
+-- as a text[] literal (NULL: none), `states` pending or on_hold (Job(held=True)).
 -- No conflict target, as job_insert_options. _traced: a batch enqueued under a producer
 -- span, each job with its traceparent (any batch then takes this statement, never COPY).
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
-                   unique_key, tags, group_key{if traced:, traceparent})
+                   unique_key, tags, group_key, state{if traced:, traceparent})
 SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
-       i.priority, i.unique_key, i.tags::text[], i.group_key{if traced:, i.traceparent}
+       i.priority, i.unique_key, i.tags::text[], i.group_key,
+       i.state{if traced:, i.traceparent}
 FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
             %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[],
-            %(unique_keys)b::text[], %(tags)b::text[], %(groups)b::text[]
+            %(unique_keys)b::text[], %(tags)b::text[], %(groups)b::text[],
+            %(states)b::text[]
             --#if traced
             , %(traceparents)b::text[]
             --#end
             )
      WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, unique_key,
-                          tags, group_key, {if traced:traceparent, }ord)
+                          tags, group_key, state, {if traced:traceparent, }ord)
 LEFT JOIN LATERAL (  -- a key in brooq_job_key: as job_insert_many
     SELECT true AS taken FROM {brooq_job_key} AS k
     WHERE k.topic = i.topic AND k.idempotency_key = i.key OFFSET 0
@@ -202,12 +206,14 @@ ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: job_copy_ready_options
--- job_copy_ready for a batch in which some jobs have tags (a text[] literal, or NULL) or
--- a group (Job(group=...)): a batch with neither keeps the narrower COPY.
-COPY {job} (id, topic, payload, queue, priority, tags, group_key) FROM STDIN
+-- job_copy_ready for a batch in which some jobs have tags (a text[] literal, or NULL), a
+-- group (Job(group=...)) or are held (state on_hold, else pending): a batch with none of
+-- them keeps the narrower COPY.
+COPY {job} (id, topic, payload, queue, priority, tags, group_key, state) FROM STDIN
 
 -- name: job_copy_scheduled_options
-COPY {job} (id, topic, payload, available_at, queue, priority, tags, group_key) FROM STDIN
+COPY {job} (id, topic, payload, available_at, queue, priority, tags, group_key, state)
+FROM STDIN
 
 -- name: job_get_ids_by_unique_keys
 -- The active jobs holding these unique keys, each key's waiting job first (as

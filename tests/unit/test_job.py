@@ -22,6 +22,8 @@ from brooq.job import (
     BULK_FROM_STATES,
     CANCELABLE_STATES,
     FROM_STATES,
+    HOLDABLE_STATES,
+    RELEASABLE_STATES,
     RETRYABLE_STATES,
     STATES,
     TOPIC_MAX_LENGTH,
@@ -148,20 +150,31 @@ JOB = uuid.UUID("7d4c5e0a-3f41-4c77-9d3e-2b1f6a0c9e51")
 
 
 def test_the_transitions_are_the_documented_ones() -> None:
-    assert CANCELABLE_STATES == ("pending", "failed", "processing", "waiting")
+    assert CANCELABLE_STATES == ("pending", "failed", "processing", "waiting", "on_hold")
     assert RETRYABLE_STATES == ("dead", "canceled")
-    assert FROM_STATES == {"cancel": CANCELABLE_STATES, "retry": RETRYABLE_STATES}
+    assert HOLDABLE_STATES == ("pending", "failed")
+    assert RELEASABLE_STATES == ("on_hold",)
+    assert FROM_STATES == {
+        "cancel": CANCELABLE_STATES,
+        "retry": RETRYABLE_STATES,
+        "hold": HOLDABLE_STATES,
+        "release": RELEASABLE_STATES,
+    }
     assert set(CANCELABLE_STATES) | set(RETRYABLE_STATES) <= set(STATES)
     assert not set(CANCELABLE_STATES) & set(RETRYABLE_STATES)  # no state allows both
+    assert not set(HOLDABLE_STATES) & set(RELEASABLE_STATES)
+    assert "processing" not in HOLDABLE_STATES  # a running job is not held: cancel it
     assert "done" not in CANCELABLE_STATES + RETRYABLE_STATES  # done is final
 
 
 def test_the_rule_in_words() -> None:
     assert (
         transition_rule("cancel")
-        == "only pending, failed, processing or waiting jobs can be canceled"
+        == "only pending, failed, processing, waiting or on_hold jobs can be canceled"
     )
     assert transition_rule("retry") == "only dead or canceled jobs can be retried"
+    assert transition_rule("hold") == "only pending or failed jobs can be held"
+    assert transition_rule("release") == "only on_hold jobs can be released"
 
 
 @pytest.mark.parametrize(
@@ -171,7 +184,7 @@ def test_the_rule_in_words() -> None:
             "cancel",
             "done",
             f"cannot cancel job {JOB}: it is done; "
-            "only pending, failed, processing or waiting jobs can be canceled",
+            "only pending, failed, processing, waiting or on_hold jobs can be canceled",
         ),
         (
             "retry",
@@ -188,6 +201,16 @@ def test_the_rule_in_words() -> None:
             "dead",
             f"cannot retry job {JOB}: its state changed meanwhile and is now dead; try again",
         ),
+        (
+            "hold",
+            "processing",
+            f"cannot hold job {JOB}: it is processing; only pending or failed jobs can be held",
+        ),
+        (
+            "release",
+            "pending",
+            f"cannot release job {JOB}: it is pending; only on_hold jobs can be released",
+        ),
     ],
 )
 def test_the_refusal_an_operator_reads(action: Transition, state: str, expected: str) -> None:
@@ -198,7 +221,7 @@ def test_the_refusal_an_operator_reads(action: Transition, state: str, expected:
 def test_the_refusal_of_the_admin_http() -> None:
     """The 409 of POST /admin/jobs/<id>/cancel|retry, as the master words it."""
     assert transition_refusal("cancel", "canceled") == (
-        "job is canceled; only pending, failed, processing or waiting jobs can be canceled"
+        "job is canceled; only pending, failed, processing, waiting or on_hold jobs can be canceled"
     )
     assert (
         transition_refusal("retry", "done")
@@ -210,7 +233,7 @@ def test_the_refusal_of_the_admin_http() -> None:
 
 
 @pytest.mark.parametrize("state", STATES)
-@pytest.mark.parametrize("action", ["cancel", "retry"])
+@pytest.mark.parametrize("action", ["cancel", "retry", "hold", "release"])
 def test_every_state_and_action_has_one_answer(action: Transition, state: str) -> None:
     allowed = state in FROM_STATES[action]
     for text in (transition_refusal(action, state), transition_refusal(action, state, JOB)):
@@ -220,13 +243,13 @@ def test_every_state_and_action_has_one_answer(action: Transition, state: str) -
 
 
 def test_an_unknown_action_is_refused() -> None:
-    with pytest.raises(ValueError, match="cancel or retry"):
+    with pytest.raises(ValueError, match="cancel, retry, hold or release"):
         transition_refusal("delete", "pending")  # type: ignore[arg-type]
 
 
 def test_the_sql_takes_the_states_as_a_parameter() -> None:
     """job_cancel and job_retry name no state they start from: the constants are bound."""
-    for text in (Q.job_cancel, Q.job_retry):
+    for text in (Q.job_cancel, Q.job_retry, Q.job_hold, Q.job_hold_release):
         assert "state = ANY(%(from_states)s::text[])" in text
         # Every WHERE line: job_cancel's SET and its notification name states, its
         # conditions do not.
@@ -236,36 +259,42 @@ def test_the_sql_takes_the_states_as_a_parameter() -> None:
             assert not any(f"'{state}'" in where for state in STATES), where
     assert transition_params("cancel", JOB) == {"id": JOB, "from_states": list(CANCELABLE_STATES)}
     assert transition_params("retry", JOB) == {"id": JOB, "from_states": list(RETRYABLE_STATES)}
+    assert transition_params("hold", JOB) == {"id": JOB, "from_states": list(HOLDABLE_STATES)}
 
 
 def test_the_bulk_forms_take_a_subset_of_the_transitions() -> None:
     """Bulk cancel leaves processing out (a running handler is canceled by id only)."""
     assert BULK_FROM_STATES == {
-        "cancel": ("pending", "failed", "waiting"),
+        "cancel": ("pending", "failed", "waiting", "on_hold"),
         "retry": RETRYABLE_STATES,
+        "hold": HOLDABLE_STATES,
+        "release": RELEASABLE_STATES,
     }
-    for action in ("cancel", "retry"):
+    for action in ("cancel", "retry", "hold", "release"):
         assert set(BULK_FROM_STATES[action]) <= set(FROM_STATES[action])  # type: ignore[index]
-    assert bulk_rule("cancel") == "only pending, failed or waiting jobs can be canceled in bulk"
+    assert (
+        bulk_rule("cancel")
+        == "only pending, failed, waiting or on_hold jobs can be canceled in bulk"
+    )
     assert bulk_rule("retry") == "only dead or canceled jobs can be retried in bulk"
 
 
 @pytest.mark.parametrize("state", [*STATES, "bogus", None, 3])
-@pytest.mark.parametrize("action", ["cancel", "retry"])
+@pytest.mark.parametrize("action", ["cancel", "retry", "hold", "release"])
 def test_the_bulk_refusal(action: Transition, state: Any) -> None:
     refusal = bulk_state_refusal(action, state)
     if state in BULK_FROM_STATES[action]:
         assert refusal is None
     else:
         assert refusal == f"state {state!r}: {bulk_rule(action)}"
-    with pytest.raises(ValueError, match="cancel or retry"):
+    with pytest.raises(ValueError, match="cancel, retry, hold or release"):
         bulk_state_refusal("delete", "dead")  # type: ignore[arg-type]
 
 
 def test_the_bulk_sql_takes_the_states_as_a_parameter() -> None:
     """Like job_cancel and job_retry: the UPDATE re-checks the bound from_states and names
     no state it starts from."""
-    for text in (Q.job_cancel_batch, Q.job_retry_batch):
+    for text in (Q.job_cancel_batch, Q.job_retry_batch, Q.job_hold_batch, Q.job_hold_release_batch):
         update = text[text.index("UPDATE job") :]
         assert "state = ANY(%(from_states)s::text[])" in update
         where = update[update.index("WHERE") :]
@@ -281,7 +310,7 @@ def test_the_cli_help_spells_the_same_rule() -> None:
     the constants' states."""
     cancel_help = cli_cancel_retry.cancel.help or ""
     retry_help = cli_cancel_retry.retry.help or ""
-    assert "pending, failed, processing or waiting -> canceled" in cancel_help
+    assert "pending, failed, processing, waiting or on_hold -> canceled" in cancel_help
     assert "dead or canceled -> pending" in retry_help
     for state in CANCELABLE_STATES:
         assert state in cancel_help.split("->")[0]
@@ -342,3 +371,22 @@ def test_no_group() -> None:
 def test_a_bad_group_is_refused_naming_it(group: Any, text: str) -> None:
     with pytest.raises(brooq.InvalidGroup, match=text):
         Job("t", group=group)
+
+
+# -- a job enqueued on hold -------------------------------------------------------------------
+
+
+def test_held_is_a_bool_and_off_by_default() -> None:
+    assert Job("t").held is False
+    assert Job("t", held=True).held is True
+    assert "held=True" in repr(Job("t", held=True)) and "held" not in repr(Job("t"))
+    with pytest.raises(brooq.InvalidJob, match="held must be True or False, not int"):
+        Job("t", held=1)  # type: ignore[arg-type]
+
+
+def test_held_is_refused_beside_a_unique_key_or_after() -> None:
+    with pytest.raises(brooq.InvalidJob, match="held cannot be combined with unique_key"):
+        Job("t", held=True, unique_key="k")
+    with pytest.raises(brooq.InvalidJob, match="held cannot be combined with after"):
+        Job("t", held=True, after=[Job("u")])
+    assert Job("t", held=True, tags=["x"], group="g", priority=3).held

@@ -247,7 +247,16 @@ def test_stats_label_the_queue_and_zero_a_label_set_once_it_is_gone() -> None:
     assert metrics.oldest_ready.values[(("queue", "bulk"), ("topic", "mail"))] == 2.5
     # Every count but held (a gauge of its own) is a state label, each written.
     states = {dict(key)["state"] for key in metrics.jobs.values}
-    assert states == {"waiting", "scheduled", "ready", "retrying", "parked", "processing", "dead"}
+    assert states == {
+        "waiting",
+        "scheduled",
+        "ready",
+        "retrying",
+        "parked",
+        "on_hold",
+        "processing",
+        "dead",
+    }
     assert ready(metrics, "bulk", "mail", "scheduled") == 0
 
     duty.apply([stats_row("bulk", "mail", 2)])  # the other queue emptied
