@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -406,6 +406,68 @@ def backends_cpu(conn: psycopg.Connection[Any]) -> dict[int, float]:
 def spent(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds between two readings (a process born between them counts whole)."""
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def sessions_cpu(sids: Collection[int]) -> dict[int, float]:
+    """The CPU so far of every process in the given sessions (the workers we started and
+    everything they forked), by pid, in one pass over /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) in sids:
+            found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _CLK
+    return found
+
+
+class CpuWindow:
+    """The CPU per job of one measured window: the client's (the sessions of the workers
+    the harness started, and this process when it is the producer) and the server's (what
+    ``server`` reads: the database's backends, say), from a reading at the window's start
+    and one at its end. Take the end reading before the workers stop and the connections
+    close: a process gone from /proc takes its CPU with it, and one born inside the window
+    counts whole."""
+
+    def __init__(
+        self,
+        server: Callable[[], dict[int, float]],
+        sessions: Collection[int] = (),
+        producer: bool = False,
+    ) -> None:
+        self.server = server
+        self.sessions = set(sessions)
+        self.producer = producer
+        self.first: tuple[dict[int, float], dict[int, float], float] | None = None
+        self.last: tuple[dict[int, float], dict[int, float], float] | None = None
+
+    def start(self) -> None:
+        # The server first and this process last, so that the readings' own work (a
+        # query, a walk of /proc) stays out of the producer's window; stop() mirrors it.
+        server = self.server()
+        client = sessions_cpu(self.sessions) if self.sessions else {}
+        self.first = (client, server, time.process_time() if self.producer else 0.0)
+
+    def stop(self) -> None:
+        mine = time.process_time() if self.producer else 0.0
+        client = sessions_cpu(self.sessions) if self.sessions else {}
+        self.last = (client, self.server(), mine)
+
+    def per_job(self, jobs: int) -> dict[str, float]:
+        """client_cpu_us_per_job, server_cpu_us_per_job and the jobs they are per (none
+        without both readings or without a job inside the window)."""
+        if self.first is None or self.last is None or jobs <= 0:
+            return {}
+        client = spent(self.first[0], self.last[0]) + self.last[2] - self.first[2]
+        server = spent(self.first[1], self.last[1])
+        return {
+            "client_cpu_us_per_job": client / jobs * 1e6,
+            "server_cpu_us_per_job": server / jobs * 1e6,
+            "cpu_jobs": jobs,
+        }
 
 
 def venv_bin(name: str) -> str:

@@ -628,19 +628,39 @@ def durability_section(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cpu_cell(result: dict[str, Any], system: str, workload: str, variant: str = "") -> str:
+    """The median client and server CPU per job of a workload, in µs (a dash when the run
+    measured none)."""
+    e = _s(result, system, workload, variant)
+    client, server = _med(e, "client_cpu_us_per_job"), _med(e, "server_cpu_us_per_job")
+    if client is None or server is None:
+        return "–"
+    return f"{_us(client)} + {_us(server)} µs"
+
+
+def _us(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}"
+
+
 def glance(result: dict[str, Any]) -> list[str]:
     """One row per workload: brooq's best, the best peer's, the ceiling where the run has
     one, and brooq ÷ the best peer (for a latency, the best peer's ÷ brooq's: above 1 is
-    brooq ahead), so that a regression shows without reading the sections below."""
-    rows: list[tuple[str, str, str, str, str]] = []
+    brooq ahead), so that a regression shows without reading the sections below; beside
+    them the CPU per job of brooq's figure and of the peer's, where the workload measures
+    it, so that a rate that moves with the machine's load can be told from a cost that
+    moved."""
+    rows: list[tuple[str, ...]] = []
 
     def add(
-        workload: str,
-        mine: tuple[str, float] | None,
-        peer: tuple[str, float] | None,
+        title: str,
+        mine: tuple[str, float, str] | None,
+        peer: tuple[str, float, str] | None,
         ceiling: tuple[str, float] | None = None,
         lower_is_better: bool = False,
+        workload: str = "",
     ) -> None:
+        """``mine``: (label, figure, variant); ``peer``: (system, figure, variant);
+        ``workload``: whose CPU per job to show ("" for none)."""
         if mine is None:
             return
         ratio = "–"
@@ -649,34 +669,44 @@ def glance(result: dict[str, Any]) -> list[str]:
             ratio = f"{value:.2f}×"
         rows.append(
             (
-                workload,
+                title,
                 f"{_num(mine[1])} ({mine[0]})" if mine[0] else _num(mine[1]),
                 f"{_num(peer[1])} ({peer[0]})" if peer else "–",
                 f"{_num(ceiling[1])} ({ceiling[0]})" if ceiling else "–",
                 ratio,
+                cpu_cell(result, "brooq", workload, mine[2]) if workload else "–",
+                cpu_cell(result, peer[0], workload, peer[2]) if workload and peer else "–",
             )
         )
 
-    def brooq_best(workload: str, metric: str, variants: list[str]) -> tuple[str, float] | None:
-        best: tuple[str, float] | None = None
+    def brooq_best(
+        workload: str, metric: str, variants: list[str]
+    ) -> tuple[str, float, str] | None:
+        best: tuple[str, float, str] | None = None
         for v in variants:
             value = _med(_s(result, "brooq", workload, v), metric)
             if value is not None and (best is None or value > best[1]):
-                best = (_variant_label(workload, v), value)
+                best = (_variant_label(workload, v), value, v)
         return best
+
+    def peer_of(workload: str, metric: str) -> tuple[str, float, str] | None:
+        found = best_peer(result, workload, metric)
+        return (*found, "") if found else None
 
     single = brooq_best("enqueue_single", "jobs_per_s", [""])
     pg = _med(_s(result, "pgbench", "enqueue_single", "prepared"), "jobs_per_s")
     add(
         "single enqueue (jobs/s)",
         single,
-        best_peer(result, "enqueue_single", "jobs_per_s"),
+        peer_of("enqueue_single", "jobs_per_s"),
         ("pgbench -M prepared", pg) if pg else None,
+        workload="enqueue_single",
     )
     add(
         "bulk enqueue (jobs/s)",
         brooq_best("enqueue_bulk", "jobs_per_s", [""]),
-        best_peer(result, "enqueue_bulk", "jobs_per_s"),
+        peer_of("enqueue_bulk", "jobs_per_s"),
+        workload="enqueue_bulk",
     )
     batched = (result.get("ceiling_batched") or {}).get("summary", {})
     drain = brooq_best("drain", "jobs_per_s", ["2", "4", "8"])
@@ -685,53 +715,63 @@ def glance(result: dict[str, Any]) -> list[str]:
         clients = drain[0].split()[0]
         median = batched.get(clients, {}).get("median")
         ceiling = (f"pgbench, {clients} clients", median) if median else None
-    add("no-op drain (jobs/s)", drain, best_peer(result, "drain", "jobs_per_s"), ceiling)
+    add(
+        "no-op drain (jobs/s)",
+        drain,
+        peer_of("drain", "jobs_per_s"),
+        ceiling,
+        workload="drain",
+    )
     for wl in ("io", "io_http"):
         mine = brooq_best(wl, "jobs_per_s", io_variants(result, "brooq"))
         peer = io_best_peer(result, wl)
         bound = None
         if mine is not None:
-            for v in io_variants(result, "brooq"):
-                if _variant_label(wl, v) == mine[0]:
-                    slots = io_slots(result, "brooq", v)
-                    bound = ("slots ÷ 50 ms", slots / IO_SECONDS) if slots else None
+            slots = io_slots(result, "brooq", mine[2])
+            bound = ("slots ÷ 50 ms", slots / IO_SECONDS) if slots else None
         label = "I/O-bound, 50 ms sleeps" if wl == "io" else "I/O-bound, 50 ms HTTP calls"
-        add(f"{label} (jobs/s)", mine, (peer[0], peer[1]) if peer else None, bound)
+        add(f"{label} (jobs/s)", mine, peer, bound, workload=wl)
     mine_best, peer_best = io_best_of(result, "brooq"), io_best_of(result, "pgqueuer")
     if mine_best is not None:
         add(
             "I/O-bound, steady state, best configurations (jobs/s)",
-            (_variant_label("io", mine_best[0]), mine_best[1]),
-            ("pgqueuer", peer_best[1]) if peer_best else None,
+            (_variant_label("io", mine_best[0]), mine_best[1], mine_best[0]),
+            ("pgqueuer", peer_best[1], peer_best[0]) if peer_best else None,
+            workload="io_best",
         )
     cpu = _med(_s(result, "brooq", "cpu"), "parallelism")
     if cpu is not None:
         add(
             "CPU-bound parallelism, 2 workers",
-            ("", cpu),
-            best_peer(result, "cpu", "parallelism"),
+            ("", cpu, ""),
+            peer_of("cpu", "parallelism"),
             ("the CPUs", float(result["machine"]["nproc"])),
         )
     p50 = _med(_s(result, "brooq", "pickup"), "p50_ms")
     if p50 is not None:
-        peer50: tuple[str, float] | None = None
+        peer50: tuple[str, float, str] | None = None
         for name in systems_in(result):
             value = _med(_s(result, name, "pickup"), "p50_ms") if name != "brooq" else None
             if value is not None and (peer50 is None or value < peer50[1]):
-                peer50 = (name, value)
-        add("pickup p50 (ms; lower is better)", ("", p50), peer50, lower_is_better=True)
+                peer50 = (name, value, "")
+        add("pickup p50 (ms; lower is better)", ("", p50, ""), peer50, lower_is_better=True)
     if not rows:
         return []
     out = [
         "## At a glance",
         "",
         "brooq's best configuration and the best peer's, per workload; details in the "
-        "sections below.",
+        "sections below. CPU per job: the client's (the worker processes the run started, "
+        "and the producer for an enqueue) + the server's (the workload database's "
+        "PostgreSQL backends; Celery's Redis server), in µs, over the measured window "
+        "only: the timed enqueue call, or (a drain, the I/O-bound workloads) from the "
+        "first job seen done to the last.",
         "",
-        "| workload | brooq | best peer | ceiling | brooq ÷ best peer |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| workload | brooq | best peer | ceiling | brooq ÷ best peer "
+        "| brooq CPU/job (client + server) | best peer CPU/job (client + server) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    out += [f"| {w} | {b} | {p} | {c} | {r} |" for w, b, p, c, r in rows]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
     return [*out, ""]
 
 

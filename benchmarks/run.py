@@ -47,6 +47,8 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
                   held REPEATABLE READ snapshot (--quick: 1 min each)
   fan_in          brooq only (fan_in.py): 10,000 no-op jobs alone, then with one
                   callback after all of them, 3 rounds (--quick: 1)
+The throughput workloads (enqueue_*, drain, io*, durability) also record the CPU per job
+of the system's client and of its server over the measured window (common.CpuWindow).
 enqueue_single also runs pgbench's single-insert ceiling (brooq's INSERT, one client,
 -M prepared and -M simple) in the same rounds, unless --no-ceiling.
 plus a pgbench ceiling: brooq's own claim and done statements, no Python in the way.
@@ -80,6 +82,7 @@ import report
 from common import (
     BENCH_DIR,
     PLACEMENTS,
+    CpuWindow,
     LoadMeter,
     Worker,
     calibrated_iterations,
@@ -187,20 +190,26 @@ def log(msg: str) -> None:
 
 
 def w_enqueue(system: System, dsn: str, n: int, bulk: bool) -> dict[str, Any]:
+    """N jobs enqueued by this process; jobs/s and the CPU per job over the timed call
+    (this process, the producer, and the database's backends)."""
     system.prepare(dsn)
     items = [{"i": i} for i in range(n)]
+    cpu = CpuWindow(system.server_cpu, producer=True)
+    cpu.start()
     t0 = time.perf_counter()
     if bulk:
         system.enqueue_bulk("noop", items, chunk=n)
     else:
         system.enqueue_single("noop", items)
     seconds = time.perf_counter() - t0
+    cpu.stop()
     left = system.remaining()
     if left != n:
         raise RuntimeError(f"expected {n} jobs enqueued, the queue holds {left}")
     # pgbench's single-insert ceiling counts its own time, without starting and connecting.
     rate = getattr(system, "tps", None) or n / seconds
-    return {"jobs": n, "seconds": seconds, "jobs_per_s": rate}
+    m = {"jobs": n, "seconds": seconds, "jobs_per_s": rate}
+    return {**m, **cpu.per_job(n)} if system.measures_cpu else m
 
 
 METER: LoadMeter | None = None  # the current run's; knows the workers' sessions
@@ -232,12 +241,15 @@ def w_drain(
     workload: str = "drain",
 ) -> dict[str, Any]:
     """N ready jobs, then the workers start; timed from the first look that sees a job
-    finished to the first look that sees none left (POLL apart)."""
+    finished to the first look that sees none left (POLL apart), and the CPU per job of
+    the workers' sessions and of the database's backends over the same stretch (so the
+    workers' start-up is left out of both)."""
     system.prepare(dsn)
     system.enqueue_bulk("noop", [{"i": i} for i in range(n)])
     if analyze:
         system.analyze()
     workers = start_all(system, workload, variant)
+    cpu = CpuWindow(system.server_cpu, [w.pid for w in workers])
     try:
         deadline = time.monotonic() + 60
         left = n
@@ -247,6 +259,7 @@ def w_drain(
             check_alive(workers)
             time.sleep(POLL)
             left = system.remaining()
+        cpu.start()
         t0, left0, stalled0 = time.perf_counter(), left, io_stalled_us()
         deadline = time.monotonic() + 600
         while left > 0:
@@ -256,9 +269,11 @@ def w_drain(
             left = system.remaining()
         seconds = time.perf_counter() - t0
         stalled = io_stalled_us()
+        cpu.stop()
     finally:
         stop_all(workers)
     m = {"jobs": n, "jobs_timed": left0, "seconds": seconds, "jobs_per_s": left0 / seconds}
+    m.update(cpu.per_job(left0))
     if stalled is not None and stalled0 is not None:
         # Share of the time some task waited on I/O (PSI): commits that wait for their WAL
         # flush slow down when other processes write to the same disk.
@@ -613,22 +628,34 @@ def w_io(system: System, dsn: str, n: int, workload: str, variant: str) -> dict[
     """N ready I/O-bound jobs (each waits IO_SECONDS: asleep, or for the local HTTP
     server), then the workers start. From the handlers' own (start, end) records
     (benchwork.record_span, time.time_ns(), one host): jobs/s from the first start to
-    the last end, the most running at once, each job's duration."""
+    the last end, the most running at once, each job's duration. The CPU per job as the
+    drain's: from the first look that sees a job finished to the first that sees every
+    one recorded and none left (the HTTP server's CPU is the instrument's, not counted)."""
     system.prepare(dsn)
     system.enqueue_bulk(workload, [{"k": f"i{i}"} for i in range(n)])
     system.analyze()
     server = None
+    left0: int | None = None  # jobs left at the window's start
     try:
         if workload == "io_http":
             server, system.http_url = start_http_server()
         workers = start_all(system, workload, variant)
+        cpu = CpuWindow(system.server_cpu, [w.pid for w in workers])
         try:
-            wait_until(
-                lambda: check_alive(workers) or len({s[0] for s in span_events(dsn)}) >= n,
-                timeout=600,
-                interval=0.1,
-                what=f"{n} {workload} jobs",
-            )
+            deadline = time.monotonic() + 600
+            while True:
+                check_alive(workers)
+                left = system.remaining()
+                if left0 is None and left < n:
+                    cpu.start()
+                    left0 = left
+                # The handlers' records are read once none is left: a read walks every file.
+                if not left and len({s[0] for s in span_events(dsn)}) >= n:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"timed out after 600s waiting for {n} {workload} jobs")
+                time.sleep(POLL)
+            cpu.stop()
         finally:
             stop_all(workers)
     finally:
@@ -658,6 +685,7 @@ def w_io(system: System, dsn: str, n: int, workload: str, variant: str) -> dict[
         "job_ms_p50": percentile(durations, 0.5),
         "job_ms_p95": percentile(durations, 0.95),
         "processes_seen": len({span[3] for span in spans}),
+        **cpu.per_job(left0 or 0),
     }
     if server is not None:
         found = re.search(r"served (\d+) requests", server.log_tail())

@@ -26,11 +26,12 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from common import APPS_DIR, REDIS_URL, Worker, base_env, venv_bin
+from common import APPS_DIR, REDIS_URL, Worker, backends_cpu, base_env, cpu_of, venv_bin
 
 CHUNK = 1000  # jobs per bulk call
 
@@ -50,6 +51,8 @@ class System:
     skip_workloads: dict[str, str] = {}
     # The io_http workload's server (run.py sets it while one runs); passed to workers.
     http_url = ""
+    # Whether run.py measures the CPU per job of its throughput workloads.
+    measures_cpu = True
 
     def available(self) -> str | None:
         """None when the system can run here, else why not."""
@@ -92,16 +95,26 @@ class System:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute("ANALYZE")
 
-    def _count(self, query: str) -> int:
-        """One number from the run's database, over one connection kept for the run
-        (a new connection per look would fork a backend every 50 ms)."""
+    def poll_conn(self) -> psycopg.Connection[Any]:
+        """The harness's one connection to the run's database, kept for the run (a new
+        connection per look would fork a backend every 50 ms)."""
         conn = self.__dict__.get("_poll_conn")
         if conn is None or conn.closed or self.__dict__.get("_poll_dsn") != self.dsn:
             self.close_poll()
             conn = self.__dict__["_poll_conn"] = psycopg.connect(self.dsn, autocommit=True)
             self.__dict__["_poll_dsn"] = self.dsn
-        row = conn.execute(query, prepare=True).fetchone()  # type: ignore[arg-type]
+        return conn  # type: ignore[no-any-return]
+
+    def _count(self, query: str) -> int:
+        """One number from the run's database, over the poll connection."""
+        row = self.poll_conn().execute(query, prepare=True).fetchone()  # type: ignore[arg-type]
         return int(row[0]) if row else 0
+
+    def server_cpu(self) -> dict[int, float]:
+        """The CPU so far of the processes serving the system's queue, by pid: the run
+        database's backends, the harness's poll connection left out (its counting is the
+        instrument's, not the system's)."""
+        return backends_cpu(self.poll_conn())
 
     def _io_env(self) -> dict[str, str]:
         return {"BENCH_HTTP_URL": self.http_url} if self.http_url else {}
@@ -661,6 +674,17 @@ class Celery(System):
     def analyze(self) -> None:
         pass  # the jobs are in Redis
 
+    def server_cpu(self) -> dict[int, float]:
+        """The broker's: the Redis server's process, when it runs on this machine (the
+        jobs never reach PostgreSQL)."""
+        pid = int(self.redis.info("server")["process_id"])
+        try:
+            local = Path(f"/proc/{pid}/comm").read_text().startswith("redis")
+        except OSError:
+            local = False
+        cpu = cpu_of(pid) if local else None
+        return {} if cpu is None else {pid: cpu}
+
     def remaining(self) -> int:
         if self.acks_late:
             # Waiting in the list, or taken by the worker and not yet acknowledged.
@@ -708,6 +732,9 @@ class PgbenchInsert(Brooq):
 
     name = "pgbench"
     MODES = ("prepared", "simple")
+    # Its client is pgbench, a process of its own that connects inside the timed call,
+    # and its backend is gone before the window's end.
+    measures_cpu = False
 
     def __init__(self, mode: str) -> None:
         super().__init__()
