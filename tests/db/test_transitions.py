@@ -49,9 +49,13 @@ def _job_in(db: psycopg.Connection[Any], state: str, *, moved: bool = False) -> 
     return job_id
 
 
+# Where each transition puts a job.
+_AFTER = {"cancel": "canceled", "retry": "pending", "hold": "on_hold", "release": "pending"}
+
+
 @pytest.mark.parametrize("moved", [False, True], ids=["in-place", "moved"])
 @pytest.mark.parametrize("state", STATES)
-@pytest.mark.parametrize("action", ["cancel", "retry"])
+@pytest.mark.parametrize("action", ["cancel", "retry", "hold", "release"])
 def test_queue_transitions_follow_the_constants(
     queue: brooq.Queue,
     db: psycopg.Connection[Any],
@@ -63,12 +67,12 @@ def test_queue_transitions_follow_the_constants(
     finished = state in ("done", "dead", "canceled")
     if moved and finished:
         assert db.execute("SELECT 1 FROM job_history WHERE id = %s", (job_id,)).fetchone()
-    changed = queue.cancel(job_id) if action == "cancel" else queue.retry(job_id)
+    changed = getattr(queue, action)(job_id)
     assert changed == (state in FROM_STATES[action])
     record = queue.get(job_id)
     assert record is not None
     if changed:
-        assert record.state == ("canceled" if action == "cancel" else "pending")
+        assert record.state == _AFTER[action]
         # Where it is now: an active job in job, a finished one in job_history only.
         tables = [
             table
