@@ -3,7 +3,7 @@
 Exit codes: 0 success; 1 refused (unknown id, a transition the job's state does not allow,
 database unreachable or schema missing) or an internal error; 2 bad usage (unknown option,
 malformed id or value, no database configured, a database that is a read-only standby,
-a bulk cancel or retry not confirmed).
+a bulk change not confirmed).
 Errors are one line on stderr, never a traceback.
 
 The commands live in modules of their own, each registering on the group of
@@ -12,7 +12,8 @@ brooq.cli.common:
 - `common`: the `brooq` group and what its commands share (the databases, output, times)
 - `migrate`: `brooq migrate up|down|status|sql`, the schema as a deployment step
 - `jobs`: the `jobs` group and `brooq jobs list|show|stack`, one job or a listing read
-- `cancel_retry`: `brooq [jobs] cancel|retry`, one job or every job of a topic in a state
+- `cancel_retry`: `brooq [jobs] cancel|retry|hold|release`, one job or every job of a topic
+  in a state
 - `purge`: `brooq purge --queue Q / --topic T`, every job not yet taken canceled
 - `enqueue`: `brooq enqueue TOPIC`, one job from the command line
 - `events`: `brooq events emit KEY` and `brooq events waits`, durable handlers' events

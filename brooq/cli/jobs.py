@@ -44,7 +44,7 @@ def _when(moment: datetime, now: datetime) -> str:
 
 @cli.group()
 def jobs() -> None:
-    """List jobs, show one, cancel or retry one or many."""
+    """List jobs, show one, cancel, retry, hold or release one or many."""
 
 
 def _last_line(text: str | None, width: int = 60) -> str:
@@ -163,6 +163,11 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
         fields[-1] = ("available at", waits)
     if record.state in ("done", "dead", "canceled"):
         fields.pop()  # a finished job is claimable at no time: "available at" would mislead
+    elif record.state == brooq.job.ON_HOLD:  # its time holds its place in line, no more
+        fields[-1] = (
+            "available at",
+            f"when released, in line from {_when(record.available_at, now)}",
+        )
     if record.tags:
         fields.insert(6, ("tags", ", ".join(record.tags)))
     if record.group is not None:  # a line only for a job that has one

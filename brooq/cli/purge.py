@@ -1,5 +1,5 @@
 """`brooq purge --queue Q / --topic T`: cancel every job of a queue or topic that no worker
-has taken yet (pending, failed, waiting; not processing, not parked), as `celery purge`
+has taken yet (pending, failed, waiting, on_hold; not processing, not parked), as `celery purge`
 discards the messages not yet taken; confirmed unless --yes.
 
 Owns: the command, its options and its confirmation (the bulk cancel's: a count and a
@@ -54,11 +54,11 @@ def purge(
     ctx: click.Context, queue_name: str | None, topic: str | None, yes: bool, as_json: bool
 ) -> None:
     """Cancel every job of a queue or topic that no worker has taken yet: pending (ready
-    or scheduled), failed (waiting to be retried) and waiting (on the jobs named in its
-    `after`). Processing and finished jobs, and a durable handler's parked jobs, are left
-    alone; the jobs waiting on a purged job are canceled with it. In batches, each its own
-    transaction; jobs enqueued once it has started are left alone. It prints how many
-    match and asks first, unless --yes."""
+    or scheduled), failed (waiting to be retried), waiting (on the jobs named in its
+    `after`) and on_hold. Processing and finished jobs, and a durable handler's parked
+    jobs, are left alone; the jobs waiting on a purged job are canceled with it. In
+    batches, each its own transaction; jobs enqueued once it has started are left alone.
+    It prints how many match and asks first, unless --yes."""
     if queue_name is None and topic is None:
         raise click.UsageError("give --queue, --topic or both: nothing was purged", ctx=ctx)
     if as_json and not yes:

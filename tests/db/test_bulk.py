@@ -154,7 +154,9 @@ def test_bad_arguments_are_refused_before_any_write(
     before = rows(db)
     with pytest.raises(brooq.InvalidTransition, match="only dead or canceled jobs can be"):
         queue.retry_many(topic="mail", state="done")
-    with pytest.raises(brooq.InvalidTransition, match="only pending, failed or waiting jobs"):
+    with pytest.raises(
+        brooq.InvalidTransition, match="only pending, failed, waiting or on_hold jobs"
+    ):
         queue.cancel_many(topic="mail", state="processing")  # one by one, by id only
     with pytest.raises(brooq.InvalidTopic):
         queue.cancel_many(topic="Mail!", state="pending")
@@ -298,8 +300,12 @@ def test_without_yes_and_without_a_terminal_nothing_changes(
 @pytest.mark.parametrize(
     ("command", "state", "rule"),
     [
-        ("cancel", "processing", "only pending, failed or waiting jobs can be canceled in bulk"),
-        ("cancel", "done", "only pending, failed or waiting jobs can be canceled in bulk"),
+        (
+            "cancel",
+            "processing",
+            "only pending, failed, waiting or on_hold jobs can be canceled in bulk",
+        ),
+        ("cancel", "done", "only pending, failed, waiting or on_hold jobs can be canceled in bulk"),
         ("retry", "failed", "only dead or canceled jobs can be retried in bulk"),
         ("retry", "bogus", "only dead or canceled jobs can be retried in bulk"),
     ],
@@ -315,6 +321,20 @@ def test_a_state_the_command_does_not_take(
     assert rows(db) == before
 
 
+def test_a_dry_run_of_the_command_changes_nothing(
+    dsn: str, db: Conn, mixed: dict[str, list[uuid.UUID]]
+) -> None:
+    before = rows(db)
+    out = ok(dsn, "jobs", "cancel", "--topic", "mail", "--state", "pending", "--dry-run")
+    assert out.splitlines() == [
+        "5 jobs match (topic mail, state pending)",
+        "nothing was canceled (--dry-run)",
+    ]
+    args = ["retry", "--topic", "mail", "--state", "dead", "--queue", "bulk", "--dry-run"]
+    assert as_json_out(dsn, *args) == {"matched": 2, "changed": 0}  # no --yes needed
+    assert rows(db) == before
+
+
 def test_usage_errors(dsn: str, db: Conn, mixed: dict[str, list[uuid.UUID]]) -> None:
     before = rows(db)
     some_id = str(mixed["mail/dead"][0])
@@ -323,7 +343,10 @@ def test_usage_errors(dsn: str, db: Conn, mixed: dict[str, list[uuid.UUID]]) -> 
     line = refused(dsn, "retry", some_id, "--yes", code=2)
     assert "not both: --yes with JOB_ID" in line
     line = refused(dsn, "jobs", "cancel", "--topic", "mail", code=2)
-    assert "give a job id, or --state for the bulk form (--state pending|failed|waiting)" in line
+    assert (
+        "give a job id, or --state for the bulk form (--state pending|failed|waiting|on_hold)"
+        in line
+    )
     line = refused(dsn, "jobs", "cancel", "--queue", "bulk", "--state", "pending", code=2)
     assert "or --topic for the bulk form" in line
     assert "does not match" in refused(

@@ -172,6 +172,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "held": 0,
             "retrying": 0,
             "parked": 0,
+            "on_hold": 0,
             "processing": 2,
             "dead": 1,
             "pending": 2,
@@ -189,6 +190,7 @@ def test_stats_json(dsn: str, world: Jobs) -> None:
             "held": 0,
             "retrying": 0,
             "parked": 0,
+            "on_hold": 0,
             "processing": 1,
             "dead": 0,
             "pending": 1,
@@ -213,6 +215,7 @@ def test_stats_plain(dsn: str, world: Jobs) -> None:
         "HELD",
         "RETRYING",
         "PARKED",
+        "ON_HOLD",
         "PROCESSING",
         "DEAD",
         "OLDEST",
@@ -220,13 +223,13 @@ def test_stats_plain(dsn: str, world: Jobs) -> None:
         "HANDLER",
     ]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[1:-1]}
-    assert rows[("default", "mail")][:8] == ["0", "1", "2", "0", "0", "0", "2", "1"]
-    assert rows[("default", "mail")][8].endswith("m")  # 90 s and more shows as 1.5m
-    assert rows[("default", "mail")][9] == "none"  # no master running
-    assert rows[("reports", "report")][:8] == ["0", "0", "1", "0", "0", "0", "1", "0"]
+    assert rows[("default", "mail")][:9] == ["0", "1", "2", "0", "0", "0", "0", "2", "1"]
+    assert rows[("default", "mail")][9].endswith("m")  # 90 s and more shows as 1.5m
+    assert rows[("default", "mail")][10] == "none"  # no master running
+    assert rows[("reports", "report")][:9] == ["0", "0", "1", "0", "0", "0", "0", "1", "0"]
     total = lines[-1].split()
-    assert total[0] == "(total)" and total[1:9] == ["0", "1", "3", "0", "0", "0", "3", "1"]
-    assert len(total) == 10  # the age; no HANDLER
+    assert total[0] == "(total)" and total[1:10] == ["0", "1", "3", "0", "0", "0", "0", "3", "1"]
+    assert len(total) == 11  # the age; no HANDLER
 
 
 def test_stats_of_an_empty_queue(dsn: str) -> None:
@@ -535,7 +538,7 @@ def test_cancel_refused(dsn: str, world: Jobs, db: psycopg.Connection[Any], name
     line = refused(dsn, "cancel", job_id, code=1)
     assert line == (
         f"error: cannot cancel job {job_id}: it is {before[0]}; "
-        "only pending, failed, processing or waiting jobs can be canceled"
+        "only pending, failed, processing, waiting or on_hold jobs can be canceled"
     )
     assert state_of(db, job_id) == before
 
@@ -652,6 +655,7 @@ def test_queues_json(dsn: str, world: Jobs) -> None:
             "held": 0,
             "retrying": 0,
             "parked": 0,
+            "on_hold": 0,
             "processing": 2,
             "dead": 1,
             "failed": 1,
@@ -666,6 +670,7 @@ def test_queues_json(dsn: str, world: Jobs) -> None:
             "held": 0,
             "retrying": 0,
             "parked": 0,
+            "on_hold": 0,
             "processing": 1,
             "dead": 0,
             "failed": 0,
@@ -686,15 +691,17 @@ def test_queues_plain(dsn: str, world: Jobs) -> None:
         "HELD",
         "RETRYING",
         "PARKED",
+        "ON_HOLD",
         "PROCESSING",
         "DEAD",
         "OLDEST",
         "READY",
     ]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    assert rows["default"][:9] == ["no", "0", "1", "2", "0", "0", "0", "2", "1"]
-    assert rows["default"][9].endswith("m")  # 90 s and more
-    assert rows["reports"] == ["no", "0", "0", "1", "0", "0", "0", "1", "0", rows["reports"][9]]
+    assert rows["default"][:10] == ["no", "0", "1", "2", "0", "0", "0", "0", "2", "1"]
+    assert rows["default"][10].endswith("m")  # 90 s and more
+    assert rows["reports"][:10] == ["no", "0", "0", "1", "0", "0", "0", "0", "1", "0"]
+    assert len(rows["reports"]) == 11  # then the age
     assert len(rows) == 2
 
 
@@ -723,6 +730,7 @@ def test_pause_a_queue_before_any_job_then_resume_it(dsn: str, db: psycopg.Conne
         "held": 0,
         "retrying": 0,
         "parked": 0,
+        "on_hold": 0,
         "processing": 0,
         "dead": 0,
         "oldest_ready_seconds": 0.0,
@@ -730,7 +738,7 @@ def test_pause_a_queue_before_any_job_then_resume_it(dsn: str, db: psycopg.Conne
         "limits": {},
     }
     assert as_json(dsn, "queues") == [idle]
-    assert ok(dsn, "queues").splitlines()[1].split() == ["bulk", "yes", *["0"] * 8, "-"]
+    assert ok(dsn, "queues").splitlines()[1].split() == ["bulk", "yes", *["0"] * 9, "-"]
     assert ok(dsn, "queues", "pause", "bulk").startswith("paused queue bulk")  # again: fine
     assert paused_rows(db) == [("bulk", True)]
 
@@ -846,6 +854,7 @@ def test_top_once(dsn: str, world: Jobs) -> None:
         "HELD",
         "RETRYING",
         "PARKED",
+        "ON_HOLD",
         "PROCESSING",
         "DEAD",
         "FINISHED/60S",
@@ -853,8 +862,8 @@ def test_top_once(dsn: str, world: Jobs) -> None:
         "READY",
     ]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines[3:5]}
-    assert rows[("default", "mail")][:9] == ["0", "1", "2", "0", "0", "0", "2", "1", "3"]
-    assert rows[("reports", "report")][:9] == ["0", "0", "1", "0", "0", "0", "1", "0", "1"]
+    assert rows[("default", "mail")][:10] == ["0", "1", "2", "0", "0", "0", "0", "2", "1", "3"]
+    assert rows[("reports", "report")][:10] == ["0", "0", "1", "0", "0", "0", "0", "1", "0", "1"]
     assert "IN FLIGHT  3 processing, 1 lease expired" in lines
     flying = lines[lines.index("IN FLIGHT  3 processing, 1 lease expired") + 2 :]
     assert [line.split()[:4] for line in flying] == [
@@ -1070,12 +1079,12 @@ def snapshot(in_flight: int, processing: int | None = None) -> top.Snapshot:
 def test_render_lists_topics_that_only_finished_jobs() -> None:
     lines = top.render(snapshot(0))
     assert lines[3:6] == [  # by queue, then topic
-        "bulk     render        0          0      0     0         0       0           0     0"
-        "             1             -",
-        "default  gone          0          0      0     0         0       0           0     0"
-        "             2             -",
-        "default  render        0          0      0     0         0       0           0     0"
-        "             4             -",
+        "bulk     render        0          0      0     0         0       0        0           0"
+        "     0             1             -",
+        "default  gone          0          0      0     0         0       0        0           0"
+        "     0             2             -",
+        "default  render        0          0      0     0         0       0        0           0"
+        "     0             4             -",
     ]
     assert lines[-1] == "IN FLIGHT  0 processing"
     expired = top.render(
