@@ -1,20 +1,22 @@
 """The status page's process: server-rendered HTML of the ops port, stdlib only.
 
     GET  /                  the overview: per queue and topic the counts (waiting,
-                            scheduled, ready, held, retrying, parked, processing, dead),
-                            done per minute, the last hour's charts, paused queues, the
-                            masters alive
+                            scheduled, ready, held, retrying, parked, on_hold,
+                            processing, dead), done per minute, the last hour's charts,
+                            paused queues, the masters alive
     GET  /charts            throughput, failures, latency, run time and backlog, per queue
                             and topic, over the last hour or day
     GET  /in-flight         jobs being processed (keyset pages)
     GET  /failed, /dead     jobs waiting for a retry, jobs given up on (keyset pages)
+    GET  /on-hold           jobs held by an operator until released (keyset pages)
                             (each filtered by topic, group and tag; /list picks the state)
     GET  /jobs/<id>         one job: what it is, where it stands, its attempts, its graph,
                             every column behind a toggle; /find?id= finds one
     GET  /fleet             the live masters (brooq.operator.masters) and their children
     POST /jobs/<id>/stack   the stack button (signed in)
-    GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
-         /queues/<name>/{pause,resume}, /bulk/{retry,cancel}   the actions (signed in)
+    GET  /sign-in, /actions; POST /sign-in, /sign-out,
+         /jobs/<id>/{cancel,retry,hold,release}, /queues/<name>/{pause,resume},
+         /bulk/{retry,cancel,hold,release}   the actions (signed in)
 
 Everything here runs in the page process, which the master forks on demand and hands
 each page request with its socket (brooq.supervisor.pagekeeper, over
@@ -33,9 +35,9 @@ without escaping it.
 
 - `process`: the page process's loop, its signal table and its reports to the master
 - `dispatch`: one handed request in, its whole answer out: Host check, actions, stack, pages
-- `bulk`: the helper process a bulk retry or cancel runs in, one at a time
+- `bulk`: the helper process a bulk action runs in, one at a time
 - `signin`: the session cookie, the CSRF tokens, the wrong-token budget, revocation (pure)
-- `actions`: sign-in, cancel, retry, pause, resume and the bulk actions, answered
+- `actions`: sign-in, cancel, retry, hold, release, pause, resume and the bulk actions
 - `routes`: a read-only page's method and target in, a Response out; the error pages
 - `views`: each page's HTML assembled from its reads and render's pieces
 - `jobview`: one job's page: what it is, where it stands, its attempts, graph, logs, raw row

@@ -1,13 +1,14 @@
 """The status page's actions, in the page process: sign in with the admin token, then
-cancel or retry a job, pause or resume a queue, retry or cancel in bulk.
+cancel, retry, hold or release a job, pause or resume a queue, do any of the four in bulk.
 
     GET  /sign-in                  the sign-in form (the token is posted, never in a URL)
     POST /sign-in                  token=... -> the session cookie (brooq.page.signin)
     POST /sign-out
     GET  /actions                  the forms of every action (signed in), or how to sign in
-    POST /jobs/<id>/cancel, /jobs/<id>/retry
+    POST /jobs/<id>/cancel, /jobs/<id>/retry, /jobs/<id>/hold, /jobs/<id>/release
     POST /queues/<name>/pause, /queues/<name>/resume
-    POST /bulk/retry, /bulk/cancel topic=T state=S [queue=Q]
+    POST /bulk/retry, /bulk/cancel, /bulk/hold topic=T state=S [queue=Q]
+    POST /bulk/release topic=T [queue=Q]
 
 Every POST but /sign-in (the stack button's included: brooq.page.dispatch asks
 refusal()) needs a valid session, the form's CSRF token and a request from this site
@@ -37,7 +38,7 @@ from urllib.parse import parse_qs
 
 import psycopg
 
-from brooq.job import Transition
+from brooq.job import ON_HOLD, Transition
 from brooq.operator import changes
 from brooq.opsport.httpmsg import plain_response
 from brooq.page import signin
@@ -49,9 +50,16 @@ Conn = psycopg.Connection[Any]
 log = logging.getLogger("brooq.pages")
 
 _ROUTES = re.compile(
-    r"^/(?:(sign-in|sign-out|actions)|jobs/([0-9a-fA-F-]{36})/(cancel|retry)"
-    r"|queues/([^/?#]{1,128})/(pause|resume)|bulk/(retry|cancel))$"
+    r"^/(?:(sign-in|sign-out|actions)|jobs/([0-9a-fA-F-]{36})/(cancel|retry|hold|release)"
+    r"|queues/([^/?#]{1,128})/(pause|resume)|bulk/(retry|cancel|hold|release))$"
 )
+# The routes' words as brooq.job's transitions (the pattern above admits no other).
+_TRANSITIONS: dict[str, Transition] = {
+    "cancel": "cancel",
+    "retry": "retry",
+    "hold": "hold",
+    "release": "release",
+}
 HTML = "text/html; charset=utf-8"
 
 
@@ -241,7 +249,7 @@ class Actions:
     def _job(
         self, conn: Conn, q: Queries, jid: uuid.UUID, action: str, form: dict[str, str]
     ) -> bytes:
-        verb: Transition = "cancel" if action == "cancel" else "retry"
+        verb = _TRANSITIONS[action]
         if not changes.transition(conn, verb, jid, q):
             raise changes.explain_refusal(conn, jid, verb, q)
         log.info("event=page_%s job=%s", action, jid)
@@ -262,19 +270,28 @@ class Actions:
         form: dict[str, str],
         session: signin.Session | None,
     ) -> bytes:
+        verb = _TRANSITIONS[bulk]
+        # A release takes the held jobs only: its form has no state to choose.
+        state = ON_HOLD if verb == "release" else form.get("state", "")
         result = changes.change_many(
             conn,
-            "retry" if bulk == "retry" else "cancel",
+            verb,
             q=q,
             topic=form.get("topic", ""),
-            state=form.get("state", ""),
+            state=state,
             queue=form.get("queue") or None,
         )
         log.info("event=page_bulk_%s matched=%d changed=%d", bulk, result.matched, result.changed)
+        left = ""
+        if verb == "hold" and result.changed < result.matched:
+            left = (
+                " Jobs with a unique_key, a durable handler's parked jobs and those a "
+                "worker took meanwhile are left alone."
+            )
         return self._page(
             200,
             f"Bulk {bulk}",
-            f"<p>{result.matched} matched, {result.changed} changed.</p>",
+            f"<p>{result.matched} matched, {result.changed} changed.{left}</p>",
             session,
         )
 
@@ -330,6 +347,8 @@ class Actions:
         if jid is not None:
             chosen += f"<h3>Job {_e(jid)}</h3>" + form(f"/jobs/{jid}/cancel", "", "Cancel")
             chosen += form(f"/jobs/{jid}/retry", "", "Retry")
+            chosen += form(f"/jobs/{jid}/hold", "", "Hold")
+            chosen += form(f"/jobs/{jid}/release", "", "Release")
         if name and re.fullmatch(r"[^/?#]{1,128}", name):
             chosen += f"<h3>Queue {_e(name)}</h3>" + form(f"/queues/{name}/pause", "", "Pause")
             chosen += form(f"/queues/{name}/resume", "", "Resume")
@@ -353,6 +372,19 @@ class Actions:
                 '<input name="queue" placeholder="queue (any)"> ',
                 "Cancel all",
             )
+            + form(
+                "/bulk/hold",
+                '<input name="topic" placeholder="topic" required> '
+                '<select name="state"><option>pending</option><option>failed</option></select> '
+                '<input name="queue" placeholder="queue (any)"> ',
+                "Hold all",
+            )
+            + form(
+                "/bulk/release",
+                '<input name="topic" placeholder="topic" required> '
+                '<input name="queue" placeholder="queue (any)"> ',
+                "Release all held",
+            )
             + "<h2>Sign out</h2>"
             + form("/sign-out", "", "Sign out")
         )
@@ -373,7 +405,7 @@ def form_of(body: bytes) -> dict[str, str]:
 # cursor and its tag filter (urlencoded: brooq.job_options.TAG_FORM's characters, some as
 # %XX); anything else (another site, a scheme, //host) is ignored: no open redirect.
 _BACK = re.compile(
-    r"^/(?:in-flight|failed|dead|jobs/[0-9a-f-]{36})?"
+    r"^/(?:in-flight|failed|dead|on-hold|jobs/[0-9a-f-]{36})?"
     r"(?:\?after=[0-9]{1,18}_[0-9a-f-]{36}(?:&tag=[A-Za-z0-9_.%-]{1,200})?"
     r"|\?tag=[A-Za-z0-9_.%-]{1,200})?$"
 )

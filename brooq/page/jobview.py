@@ -17,10 +17,12 @@ from datetime import datetime
 from typing import Any
 
 from brooq.ipc import progress
+from brooq.job import FROM_STATES, Transition
 from brooq.page.reads import GRAPH_COUNT_CAP, Row
 from brooq.page.render import (
     STATE_COLORS,
     age,
+    button,
     e,
     holder,
     href,
@@ -31,7 +33,7 @@ from brooq.page.render import (
     table,
     when,
 )
-from brooq.page.views import _n, stack_form
+from brooq.page.views import CANCEL_RUNNING, HINTS, _n, stack_form
 
 # What the page shows in sections of their own, or not as a column.
 _NOT_COLUMNS = frozenset(
@@ -202,7 +204,8 @@ def duration(seconds: float) -> str:
 
 def standing(row: Row) -> tuple[str, str]:
     """The job's standing in the counts' words (waiting, scheduled, ready, retrying,
-    parked, processing, or the finished states) and a sentence of when and why, as HTML."""
+    parked, on_hold, processing, or the finished states) and a sentence of when and why,
+    as HTML."""
     state, now = row.get("state"), row.get("now")
     due: datetime | None = row.get("available_at")
     updated: datetime | None = row.get("updated_at")
@@ -219,6 +222,12 @@ def standing(row: Row) -> tuple[str, str]:
         return "parked", parked
     later = due is not None and now is not None and due > now
     error = (str(row.get("last_error") or "").splitlines() or [""])[0][:300]
+    if state == "on_hold":
+        place = f"due at {e(when(due))}{since(due)}" if later else "ready at once"
+        return "on_hold", (
+            f"on hold since {e(when(updated))}{since(updated)}: never claimed until "
+            f"released; released, it keeps its place in line ({place})"
+        )
     if state == "waiting":
         open_ = row.get("upstream_open")
         count = "its upstream jobs" if open_ is None else f"{_n(int(open_))} upstream job(s)"
@@ -467,6 +476,39 @@ def raw_fields(row: Row) -> str:
     )
 
 
+# The job page's buttons, in this order, each shown when brooq.job's rules allow it from
+# the job's state.
+ACTIONS: tuple[Transition, ...] = ("hold", "release", "retry", "cancel")
+
+
+def job_actions(row: Row, csrf: str | None) -> str:
+    """The buttons of what may be done to the job now (hold a pending or failed job,
+    release a held one, retry a dead or canceled one, cancel an unfinished one), each
+    coming back to this page; signed out, a link to the job's forms on /actions. A hold
+    the statement would refuse whatever the state (a unique_key, a parked job) is no
+    button but a line saying why."""
+    job_id, state = row["id"], row.get("state")
+    if csrf is None:
+        words = "Cancel, retry, hold or release this job"
+        return f"<p>{link('/actions', words, job=str(job_id))}</p>"
+    here = f"/jobs/{job_id}"
+    buttons, why_not = [], ""
+    for action in ACTIONS:
+        if state not in FROM_STATES[action]:
+            continue
+        if action == "hold" and row.get("unique_key") is not None:
+            why_not = "no hold: a job on hold would give its unique_key up"
+            continue
+        if action == "hold" and row.get("parked") is not None:
+            why_not = "no hold: a durable handler's parked job has started"
+            continue
+        hint = CANCEL_RUNNING if action == "cancel" and state == "processing" else HINTS[action]
+        buttons.append(button(f"/jobs/{job_id}/{action}", action, csrf, here, hint))
+    if why_not:
+        buttons.append(f'<span class="muted">{e(why_not)}</span>')
+    return f'<div class="actions">{"".join(buttons)}</div>' if buttons else ""
+
+
 def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str = "") -> bytes:
     job_id = row["id"]
     word, why = standing(row)
@@ -480,6 +522,8 @@ def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str
         f'<h2>Where it stands</h2><p id="standing">{swatch} <span class="state">{e(word)}</span>'
         f"{': ' + why if why else ''}</p>",
     ]
+    if actions_enabled:
+        parts.append(job_actions(row, csrf))
     state = row.get("state")
     if state == "processing":
         parts.append(
@@ -493,8 +537,6 @@ def job_page(row: Row, actions_enabled: bool, csrf: str | None = None, note: str
             f'<h2>Progress</h2><p><progress max="1" value="{e(f"{fraction:.3f}")}"></progress> '
             f"{e(progress.text(fraction, row.get('progress_message')))}</p>"
         )
-    if actions_enabled:
-        parts.append(f"<p>{link('/actions', 'Cancel or retry this job', job=str(job_id))}</p>")
     parts.append(timeline(row))
     if state == "done":
         parts.append("<h2>Result</h2>")

@@ -53,7 +53,7 @@ SAMPLE_PAGES = 500
 # keeps its size, so a refresh does not move an estimate by chance alone, and the pages
 # it reads stay in the cache (a new seed per render reads cold pages).
 SAMPLE_SEED = 1.0
-STATES = ("pending", "failed", "processing", "dead", "waiting")
+STATES = ("pending", "failed", "processing", "dead", "waiting", "on_hold")
 ERROR_CHARS = 300  # of last_error in a list; the job page shows it whole
 
 # The first page's cursors: before (or after) every row, so each list is one statement
@@ -410,11 +410,14 @@ def _group(
     """One (queue, topic) row of the overview from its states' figures. ready and
     scheduled are pending's and failed's, parked (a durable handler's jobs sleeping or
     waiting for an event or child jobs) pending's and waiting's, counted in neither
-    scheduled nor waiting; an estimated state makes the figures it
-    contributes to estimates, and the oldest ready age a lower bound (the sample may have
-    missed an older job). ``exact_queue``: its queue's pending and failed jobs were
-    counted exactly, whatever the state's estimate elsewhere."""
-    pending, failed, processing, dead, waits = (by_state[s].get(key, _EMPTY) for s in STATES)
+    scheduled nor waiting; on_hold (held by an operator until released) its own state's,
+    never in ready or scheduled whatever its available_at. An estimated state makes the
+    figures it contributes to estimates, and the oldest ready age a lower bound (the
+    sample may have missed an older job). ``exact_queue``: its queue's pending and
+    failed jobs were counted exactly, whatever the state's estimate elsewhere."""
+    pending, failed, processing, dead, waits, on_hold = (
+        by_state[s].get(key, _EMPTY) for s in STATES
+    )
     waiting = (pending, failed)
     oldest = [r["oldest_ready_at"] for r in waiting if r["oldest_ready_at"] is not None]
     marks = set()
@@ -422,7 +425,7 @@ def _group(
         marks |= {"ready", "held", "oldest_ready"}
     if "pending" in estimated and not exact_queue:
         marks.add("scheduled")
-    marks |= {s for s in ("processing", "dead", "waiting") if s in estimated}
+    marks |= {s for s in ("processing", "dead", "waiting", "on_hold") if s in estimated}
     if ("pending" in estimated and not exact_queue) or "waiting" in estimated:
         marks.add("parked")
     if "failed" in estimated and not exact_queue:
@@ -441,6 +444,7 @@ def _group(
         "dead": int(dead["jobs"]),
         "waiting": max(int(waits["jobs"]) - int(waits["parked"]), 0),
         "parked": int(pending["parked"]) + int(waits["parked"]),
+        "on_hold": int(on_hold["jobs"]),
         "oldest_ready_seconds": (now - min(oldest)).total_seconds() if oldest else None,
         "estimated": marks,
     }
@@ -488,9 +492,9 @@ def finished_badly(
     topic: str | None = None,
     group: str | None = None,
 ) -> Page:
-    """Failed or dead jobs (state; carrying ``tag``, of ``topic`` and ``group``, if
-    given), newest first."""
-    if state not in ("failed", "dead"):
+    """Failed, dead or held jobs (state: failed, dead or on_hold; carrying ``tag``, of
+    ``topic`` and ``group``, if given), newest first (the held ones: most recently held)."""
+    if state not in ("failed", "dead", "on_hold"):
         raise ValueError(f"not a list of the status page: {state!r}")
     params = {
         "state": state,

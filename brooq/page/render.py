@@ -176,6 +176,7 @@ STATE_COLORS = {
     "retrying": "#f4a261",
     "failed": "#f4a261",
     "parked": "#b5838d",
+    "on_hold": "#7b5ea7",
     "processing": "#e9c46a",
     "done": "#2a9d8f",
     "dead": "#c1121f",
@@ -262,22 +263,22 @@ def button(action: str, label: str, csrf: str, back: str, hint: str = "") -> str
 def read_only_notice(actions_enabled: bool, signed_in: bool = False) -> str:
     if not actions_enabled:
         return (
-            '<p class="note">Read-only: actions (cancel, retry, pause, resume) are off '
-            "because no admin token is configured. To enable them, give brooq-master a "
-            "token in a file named by <code>QUEUE_ADMIN_TOKEN_FILE</code>, or as the systemd "
-            "credential <code>admin-token</code> (<code>LoadCredential=admin-token:/path"
-            "</code> in the unit), and restart it.</p>"
+            '<p class="note">Read-only: actions (cancel, retry, hold, release, pause, '
+            "resume) are off because no admin token is configured. To enable them, give "
+            "brooq-master a token in a file named by <code>QUEUE_ADMIN_TOKEN_FILE</code>, or "
+            "as the systemd credential <code>admin-token</code> (<code>LoadCredential="
+            "admin-token:/path</code> in the unit), and restart it.</p>"
         )
     if signed_in:
         return (
-            '<p class="note">Signed in: the lists carry their buttons (retry, cancel, '
-            f"pause, resume); bulk operations and signing out are on {link('/actions', 'actions')}"
-            ".</p>"
+            '<p class="note">Signed in: the lists and job pages carry their buttons (retry, '
+            "cancel, hold, release, pause, resume); bulk operations and signing out are on "
+            f"{link('/actions', 'actions')}.</p>"
         )
     return (
-        '<p class="note">Actions (cancel, retry, bulk, pause, resume): '
-        f"{link('/sign-in', 'sign in')} once with the admin token; the lists then carry "
-        f"their buttons, and {link('/actions', 'actions')} the bulk forms.</p>"
+        '<p class="note">Actions (cancel, retry, hold, release, bulk, pause, resume): '
+        f"{link('/sign-in', 'sign in')} once with the admin token; the lists and job pages "
+        f"then carry their buttons, and {link('/actions', 'actions')} the bulk forms.</p>"
     )
 
 
@@ -287,6 +288,7 @@ NAV = (
     ("/in-flight", "In flight"),
     ("/failed", "Failed"),
     ("/dead", "Dead"),
+    ("/on-hold", "On hold"),
     ("/fleet", "Fleet"),
     ("/actions", "Actions"),
 )

@@ -81,6 +81,7 @@ def _error_page(
             ("/in-flight", "in flight: the jobs being processed"),
             ("/failed", "failed: the jobs waiting for a retry"),
             ("/dead", "dead: the jobs given up on"),
+            ("/on-hold", "on hold: the jobs held until released"),
             ("/charts", "charts: throughput, failures, latency, backlog"),
         )
     )
@@ -244,7 +245,7 @@ def serve(
         kept = {"after": after[0] if after else None, **filters}
         here = path + (f"?{urlencode(given)}" if (given := _given(kept)) else "")
         known = not segments or segments in (["in-flight"], ["fleet"], ["failed"], ["dead"],
-                                             ["charts"])  # fmt: skip
+                                             ["on-hold"], ["charts"])  # fmt: skip
         if not known and not (len(segments) == 2 and segments[0] == "jobs"):
             raise _ClientError(HTTPStatus.NOT_FOUND, f"nothing here at {path[:200]!r}")
         # Read before the page: its figures are at least as recent as the lag it shows.
@@ -267,8 +268,8 @@ def serve(
             queue, topic = _text(query, "queue"), _text(query, "topic")
             data = reads.charts(conn, window, queue, topic, timeout=timeout, q=q)
             body = charts_page(data, actions_enabled, csrf is not None, note)
-        elif len(segments) == 1 and segments[0] in ("failed", "dead"):
-            state = segments[0]
+        elif len(segments) == 1 and segments[0] in ("failed", "dead", "on-hold"):
+            state = segments[0].replace("-", "_")  # on-hold: the state on_hold
             cursor = _cursor(query)
             page = reads.finished_badly(
                 conn, state, cursor, timeout=timeout, q=q, tag=filters["tag"],

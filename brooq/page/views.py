@@ -36,14 +36,25 @@ from brooq.sql import Q, Queries
 
 # The overview's counts, in the order every surface shows them
 # (docs/explanation/guarantees.md).
-COUNTS = ("waiting", "scheduled", "ready", "held", "retrying", "parked", "processing", "dead")
+COUNTS = (
+    "waiting",
+    "scheduled",
+    "ready",
+    "held",
+    "retrying",
+    "parked",
+    "on_hold",
+    "processing",
+    "dead",
+)
 COUNTS_NOTE = (
     '<p class="muted">waiting: for the jobs named in their <code>after</code>; scheduled: '
     "due later; ready: due now, a worker may claim them; held: part of ready, held back "
     "now by a limit of their topic; retrying: failed, waiting out their backoff; parked: "
     "a durable handler's jobs sleeping or waiting for an event or their child jobs; "
-    "processing: held by a worker under a lease; dead: given up on. Each unfinished job "
-    "is in exactly one of them (held is part of ready).</p>"
+    "on_hold: held by an operator, never claimed until released; processing: taken by a "
+    "worker under a lease; dead: given up on. Each unfinished job is in exactly one of "
+    "them (held is part of ready).</p>"
 )
 CANCEL_RUNNING = "cancel: its handler is interrupted at once (LeaseLost)"
 REFRESH = 10  # seconds, the overview and in-flight pages (a meta refresh, no script)
@@ -108,7 +119,7 @@ def overview_page(
                 e(g["topic"]),
                 *(figure(count) for count in ("waiting", "scheduled", "ready")),
                 held,
-                *(figure(count) for count in ("retrying", "parked", "processing", "dead")),
+                *(figure(count) for count in COUNTS[COUNTS.index("retrying") :]),
                 e(oldest),
                 limits_cell(topic_limits),
                 NO_HANDLER if no_handler(name, g["topic"], g["ready"], live) else "",
@@ -119,7 +130,7 @@ def overview_page(
     parts = [
         fleet_line(data["masters"]),
         snapshot_line(data["oldest_snapshot"], data.get("snapshots_unseen", False)),
-        table(headers, rows, numeric=set(range(2, 11))),
+        table(headers, rows, numeric=set(range(2, 3 + len(COUNTS)))),
         COUNTS_NOTE,
     ]
     if limits:
@@ -261,7 +272,12 @@ def done_chart(data: Row) -> str:
 # A list's filters (brooq.page.routes checks them): topic, group and tag; None: any.
 Filters = dict[str, "str | None"]
 # The lists a filter form goes to by state (GET /list?state=... answers a redirect).
-LISTS = (("processing", "/in-flight"), ("failed", "/failed"), ("dead", "/dead"))
+LISTS = (
+    ("processing", "/in-flight"),
+    ("failed", "/failed"),
+    ("dead", "/dead"),
+    ("on_hold", "/on-hold"),
+)
 
 
 def _pages(path: str, page: Page, filters: Filters | None = None) -> str:
@@ -382,15 +398,42 @@ def in_flight_page(
     )
 
 
+# The one-click buttons' hints, by action (a running job's cancel: CANCEL_RUNNING).
+HINTS = {
+    "retry": "back to pending, now",
+    "cancel": "no more attempts",
+    "hold": "never claimed until released; its place in line kept",
+    "release": "back to pending, its place in line kept",
+}
+
+
 def row_actions(state: str, job_id: object, csrf: str | None, here: str) -> str:
-    """A failed or dead row's buttons: what brooq.job's rules allow from that state (a
-    dead job can be retried; a failed one, which waits for its next attempt already, can
-    be canceled), or, signed out, a link to the job's forms on /actions."""
+    """A failed, dead or held row's buttons: what brooq.job's rules allow from that
+    state (a dead job can be retried; a failed one, which waits for its next attempt
+    already, can be canceled; a held one released or canceled), or, signed out, a link
+    to the job's forms on /actions."""
     if csrf is None:
-        return link("/actions", "retry/cancel…", job=str(job_id))
+        words = "release/cancel…" if state == "on_hold" else "retry/cancel…"
+        return link("/actions", words, job=str(job_id))
     if state == "dead":
-        return button(f"/jobs/{job_id}/retry", "retry", csrf, here, "back to pending, now")
-    return button(f"/jobs/{job_id}/cancel", "cancel", csrf, here, "no more attempts")
+        return button(f"/jobs/{job_id}/retry", "retry", csrf, here, HINTS["retry"])
+    cancel = button(f"/jobs/{job_id}/cancel", "cancel", csrf, here, HINTS["cancel"])
+    if state == "on_hold":
+        return button(f"/jobs/{job_id}/release", "release", csrf, here, HINTS["release"]) + cancel
+    return cancel
+
+
+TITLES = {
+    "failed": "Failed (waiting for a retry)",
+    "dead": "Dead",
+    "on_hold": "On hold (until released)",
+}
+HELD_NOTE = (
+    '<p class="muted">Held by an operator (a hold button, <code>queue.hold</code>, or '
+    "enqueued with <code>held=True</code>): never claimed until released. A release "
+    "puts the job back to pending with its place in line: due at once when its time has "
+    "passed. Most recently held first.</p>"
+)
 
 
 def finished_badly_page(
@@ -404,7 +447,8 @@ def finished_badly_page(
     filters: Filters | None = None,
 ) -> bytes:
     filters = filters if filters is not None else {"tag": tag}
-    here = here or f"/{state}"
+    path = dict(LISTS)[state]
+    here = here or path
     rows = []
     for r in page.rows:
         error = e(r["last_error"] or "")
@@ -417,7 +461,7 @@ def finished_badly_page(
                 e(r["queue"]),
                 _n(r["attempts"]),
                 e(when(r["updated_at"])),
-                e(when(r["available_at"])) if state == "failed" else "",
+                e(when(r["available_at"])) if state != "dead" else "",
                 f"<pre>{error}</pre>",
                 _n(r["errors_count"]),
                 _tags(r["tags"]),
@@ -429,11 +473,14 @@ def finished_badly_page(
     headers.append("" if not actions_enabled else "actions")
     if state == "dead":
         headers[5] = ""
-    title = "Failed (waiting for a retry)" if state == "failed" else "Dead"
+    if state == "on_hold":  # held at (the hold writes updated_at); due once released
+        headers[4:6] = ["held at", "due"]
+    title = TITLES[state]
     body = (
-        list_filter(f"/{state}", filters)
+        (HELD_NOTE if state == "on_hold" else "")
+        + list_filter(path, filters)
         + table(headers, rows, numeric={3, 7})
-        + _pages(f"/{state}", page, filters)
+        + _pages(path, page, filters)
     )
     return layout(
         title, body, actions_enabled=actions_enabled, signed_in=csrf is not None, note=note

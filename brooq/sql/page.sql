@@ -29,6 +29,8 @@ SELECT coalesce(pg_relation_size(to_regclass({job:name})), 0)
 -- table per block (PostgreSQL parameterises no TID range by an outer column).
 -- parked: a durable handler's jobs sleeping or waiting for an event or child jobs
 -- (job.parked, read with the state: pending until a wake time or deadline, or waiting).
+-- on_hold: held by an operator until released; only its jobs count (never ready: its
+-- available_at is its place in line, kept for the release).
 SELECT state, queue, topic, count(*) AS jobs,
        count(*) FILTER (WHERE available_at <= now()) AS ready,
        min(available_at) FILTER (
@@ -36,7 +38,7 @@ SELECT state, queue, topic, count(*) AS jobs,
        count(*) FILTER (WHERE parked IS NOT NULL AND (state = 'waiting' OR (state = 'pending' AND available_at > now()))) AS parked
 FROM {job}
 WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid
-  AND state IN ('pending', 'failed', 'processing', 'dead', 'waiting')
+  AND state IN ('pending', 'failed', 'processing', 'dead', 'waiting', 'on_hold')
 GROUP BY state, queue, topic
 
 -- name: web_history_pages
@@ -124,13 +126,14 @@ GROUP BY state, queue, topic
 -- false flag: that state is not read at all, a one-time filter). Each state's rows come
 -- through its partial index (job_ready_queue_idx or job_ready_idx for pending and failed,
 -- job_processing_lease_idx, job_failed_dead_idx of migration 0008, job_waiting_idx of
--- 0013), never the finished jobs (dead: the rows still in job, ended before migration
--- 0020; job_history's are web_history_dead_*'s), and at most `cap` + 1 of them: `state_jobs` above `cap` means that
--- state was cut short and its figures are not to be shown (the sample's stand instead),
--- so this statement reads at most five times `cap` rows however large the backlog.
+-- 0013, job_on_hold_idx of 0023), never the finished jobs (dead: the rows still in job,
+-- ended before migration 0020; job_history's are web_history_dead_*'s), and at most
+-- `cap` + 1 of them: `state_jobs` above `cap` means that state was cut short and its
+-- figures are not to be shown (the sample's stand instead), so this statement reads at
+-- most six times `cap` rows however large the backlog.
 -- jobs = the group's rows in that state; ready = those due now (pending and failed); the
 -- first `groups` groups of each state (by queue, topic), state_jobs counting them all;
--- parked as in web_overview_page (pending and waiting only).
+-- parked as in web_overview_page (pending and waiting only); on_hold: jobs only.
 WITH pending AS (
     SELECT queue, topic, available_at, parked FROM {job}
     WHERE state = 'pending' AND %(pending)s LIMIT %(cap)s + 1
@@ -146,6 +149,9 @@ WITH pending AS (
 ), waiting AS (
     SELECT queue, topic, parked FROM {job}
     WHERE state = 'waiting' AND %(waiting)s LIMIT %(cap)s + 1
+), on_hold AS (
+    SELECT queue, topic FROM {job}
+    WHERE state = 'on_hold' AND %(on_hold)s LIMIT %(cap)s + 1
 )
 (SELECT 'pending' AS state, queue, topic, count(*) AS jobs,
         count(*) FILTER (WHERE available_at <= now()) AS ready,
@@ -167,6 +173,9 @@ UNION ALL
 (SELECT 'waiting', queue, topic, count(*), 0, NULL, sum(count(*)) OVER (),
         count(*) FILTER (WHERE parked IS NOT NULL)
  FROM waiting GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
+UNION ALL
+(SELECT 'on_hold', queue, topic, count(*), 0, NULL, sum(count(*)) OVER (), 0
+ FROM on_hold GROUP BY queue, topic ORDER BY queue, topic LIMIT %(groups)s)
 
 -- name: web_now
 -- The snapshot's clock, for the chart's minutes and the ages shown.
@@ -240,7 +249,10 @@ LIMIT %(limit)s
 -- DESC): a page reads its 51 entries wherever the cursor is. The last error is cut to
 -- `error_chars` characters here, so a page never carries megabytes of tracebacks. `tag`,
 -- `topic`, `group`: as in web_in_flight (a page then reads the state's entries until 51
--- match: docs/status-page.md has the cost).
+-- match: docs/status-page.md has the cost). `state` 'on_hold': the held jobs, most
+-- recently held first (a hold writes updated_at), through job_on_hold_idx (migration
+-- 0023), which has no order of its own: a page reads every held row and keeps the top
+-- 51, so its cost follows the number of held jobs (docs/status-page.md).
 SELECT id, topic, queue, state, attempts, updated_at, available_at,
        left(last_error, %(error_chars)s) AS last_error,
        length(last_error) AS last_error_length,

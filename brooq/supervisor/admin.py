@@ -1,10 +1,11 @@
 """What the ops surface asks the master: readiness, the metrics scrape, and the admin
-endpoints that cancel or retry a job.
+endpoints that cancel, retry, hold or release a job.
 
 Owns the answers behind brooq.supervisor.ops's hooks -- /readyz's reason, /metrics's
-body, and the status and JSON body of POST /admin/jobs/<id>/{cancel,retry} -- and
-starting the ops server. Which states may be canceled or retried is not decided here:
-the statements guard it (brooq/sql/operator.sql) and brooq.job words the refusal.
+body, and the status and JSON body of POST /admin/jobs/<id>/{cancel,retry,hold,release}
+-- and starting the ops server. Which states allow which transition is not decided
+here: the statements guard it (brooq/sql/operator.sql) and brooq.job words the refusal
+(brooq.operator.changes.explain_refusal when the state alone does not say why).
 
 It runs inside the master's loop, so it must never wait: one short guarded statement per
 request on the maintenance connection, and an unreachable database answers 503 at once.
@@ -21,6 +22,7 @@ from typing import Any
 from brooq import metrics as metrics_mod
 from brooq.job import (
     FROM_STATES,
+    HOLDABLE_STATES,
     RETRYABLE_STATES,
     Transition,
     parse_job_id,
@@ -34,6 +36,9 @@ from brooq.supervisor.fleet import Fleet
 from brooq.supervisor.ops import OpsHooks, OpsServer
 
 log = logging.getLogger("brooq.master")
+
+# The actions' path segments as brooq.job's transitions.
+_TRANSITIONS: dict[str, Transition] = {action: action for action in FROM_STATES}
 
 
 class Admin:
@@ -70,9 +75,9 @@ class Admin:
             job_id = parse_job_id(raw_id)
         except ValueError as exc:
             return 400, {"error": str(exc)}
-        if action not in FROM_STATES:
-            return 404, {"error": f"no admin action {action!r}"}  # ops routes only these two
-        verb: Transition = "cancel" if action == "cancel" else "retry"
+        verb = _TRANSITIONS.get(action)
+        if verb is None:  # ops routes only brooq.job's transitions here
+            return 404, {"error": f"no admin action {action!r}"}
         moved = self.conns.with_db(
             f"admin_{action}", lambda conn: changes.transition(conn, verb, job_id, self.conns.q)
         )
@@ -93,6 +98,15 @@ class Admin:
             if holder is not None:
                 body = {"error": key_taken(job_id, key, *holder), "state": state}
                 return 409, {**body, "held_by": str(holder[0])}
+        if verb == "hold" and state in HOLDABLE_STATES:
+            # Refused in a state it takes: a unique_key, or a durable handler's parked
+            # job; explain_refusal names which (or that the state changed meanwhile).
+            refusal = self.conns.with_db(
+                "admin_get",
+                lambda conn: changes.explain_refusal(conn, job_id, "hold", self.conns.q),
+            )
+            if refusal is not None:
+                return 409, {"error": str(refusal), "state": state}
         return 409, {"error": transition_refusal(verb, state), "state": state}
 
 

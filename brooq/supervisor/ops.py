@@ -1,15 +1,18 @@
 """The master's HTTP surface for operations: /healthz, /readyz, /metrics, and admin
-endpoints to cancel or retry a job. Binds 127.0.0.1 by default.
+endpoints to cancel, retry, hold or release a job. Binds 127.0.0.1 by default.
 
     GET  /healthz                   200 while the master loop runs
     GET  /readyz                    200, or 503 with the reason (draining, database down)
     GET  /metrics                   the whole fleet, Prometheus text format
     POST /admin/jobs/<id>/cancel    bearer token required (wrong ones budgeted:
     POST /admin/jobs/<id>/retry     brooq.opsport.budget, 429 with Retry-After past it)
-    GET  /, /in-flight, /failed, /dead, /charts, /jobs/<id>, /find, any other GET
-         (the pages' not-found page); POST /jobs/<id>/stack
-    GET  /sign-in, /actions; POST /sign-in, /sign-out, /jobs/<id>/{cancel,retry},
-         /queues/<name>/{pause,resume}, /bulk/{retry,cancel}
+    POST /admin/jobs/<id>/hold
+    POST /admin/jobs/<id>/release
+    GET  /, /in-flight, /failed, /dead, /on-hold, /charts, /jobs/<id>, /find, any other
+         GET (the pages' not-found page); POST /jobs/<id>/stack
+    GET  /sign-in, /actions; POST /sign-in, /sign-out,
+         /jobs/<id>/{cancel,retry,hold,release}, /queues/<name>/{pause,resume},
+         /bulk/{retry,cancel,hold,release}
                                     the status page, answered by the page
                                     process (brooq.page), not here
 
@@ -54,11 +57,13 @@ from brooq.supervisor.source import Source
 
 log = logging.getLogger("brooq.ops")
 
-_ADMIN = re.compile(r"^/admin/jobs/([0-9a-fA-F-]{1,64})/(cancel|retry)$")
+_ADMIN = re.compile(r"^/admin/jobs/([0-9a-fA-F-]{1,64})/(cancel|retry|hold|release)$")
 # The status page's paths (a query string may follow); brooq.page answers what they hold.
 _PAGE = re.compile(
-    r"^/(in-flight|failed|dead|fleet|actions|sign-in|sign-out|bulk/(retry|cancel)"
-    r"|jobs/[^/?#]*(/(stack|cancel|retry))?|queues/[^/?#]*/(pause|resume))?(\?.*)?$"
+    r"^/(in-flight|failed|dead|on-hold|fleet|actions|sign-in|sign-out"
+    r"|bulk/(retry|cancel|hold|release)"
+    r"|jobs/[^/?#]*(/(stack|cancel|retry|hold|release))?|queues/[^/?#]*/(pause|resume))?"
+    r"(\?.*)?$"
 )
 
 REQUEST_TIMEOUT = 5.0  # from accept to the whole request received

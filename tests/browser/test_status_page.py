@@ -192,6 +192,65 @@ def test_filtering_a_list_by_tag_and_coming_back_to_it_after_a_retry(
     )
 
 
+def test_holding_and_releasing_a_job_from_its_page(
+    queue: brooq.Queue,
+    db: Any,
+    start_master: StartMaster,
+    browser: Any,
+    tmp_path: Path,
+) -> None:
+    """Signed in, a pending job's page has a hold button: clicked, the browser is back on
+    the page, which says on_hold and offers release instead; released, the job is
+    pending (ready, in the counts' words) and can be held again."""
+    token = "browser-token-0123456789"
+    (tmp_path / "token").write_text(token)
+    m = start_master(
+        workers=1,
+        app="brooq_opsslow:queue",
+        env={"QUEUE_ADMIN_TOKEN_FILE": str(tmp_path / "token")},
+    )
+    m.wait_ready(1)
+    url = base_url(m)
+    job_id, _ = queue.enqueue(brooq.Job("ops.unhandled", {"n": 1}))  # no handler: it waits
+
+    def state() -> str:
+        row = db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
+        db.commit()
+        return str(row[0])
+
+    browser.get(url + "/sign-in")
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "form[action='/sign-in'] button").click()
+    wait_for(lambda: browser.current_url.endswith("/actions"), what="signed in")
+    page = f"{url}/jobs/{job_id}"
+    browser.get(page)
+    assert browser.find_element(By.ID, "standing").text.startswith("ready: ")
+    assert not browser.find_elements(By.CSS_SELECTOR, f"form[action='/jobs/{job_id}/release']")
+    browser.find_element(By.CSS_SELECTOR, f"form[action='/jobs/{job_id}/hold'] button").click()
+    wait_for(lambda: state() == "on_hold", what="the job on hold")
+    wait_for(
+        lambda: browser.find_element(By.ID, "standing").text.startswith("on_hold: on hold since"),
+        what="the page saying on_hold",
+    )
+    assert browser.current_url == page
+    assert "never claimed until released" in browser.find_element(By.ID, "standing").text
+    assert not browser.find_elements(By.CSS_SELECTOR, f"form[action='/jobs/{job_id}/hold']")
+    browser.save_screenshot(str(tmp_path / "job-on-hold.png"))
+    browser.find_element(By.CSS_SELECTOR, f"form[action='/jobs/{job_id}/release'] button").click()
+    wait_for(lambda: state() == "pending", what="the job pending")
+    wait_for(
+        lambda: browser.find_element(By.ID, "standing").text.startswith("ready: "),
+        what="the page saying ready",
+    )
+    assert browser.current_url == page
+    raw = browser.find_element(By.CSS_SELECTOR, "details.raw summary")
+    raw.click()
+    state_row = browser.find_element(By.XPATH, "//details[@class='raw']//tr[th='state']/td")
+    assert state_row.text == "pending"
+    assert browser.find_elements(By.CSS_SELECTOR, f"form[action='/jobs/{job_id}/hold']")
+    assert token not in browser.page_source
+
+
 SHOTS = os.environ.get("BROOQ_SCREENSHOTS")  # a folder: the docs' screenshots, taken again
 
 
@@ -298,9 +357,9 @@ def test_charts_the_job_page_the_search_and_the_not_found_page_in_a_browser(
     # The overview: the counts in their order, the last hour's charts with points.
     browser.get(url + "/")
     headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "main table th")]
-    counts = ["waiting", "scheduled", "ready", "held", "retrying", "parked", "processing",
-              "dead"]  # fmt: skip
-    assert [h.lower() for h in headers[2:10]] == counts, headers
+    counts = ["waiting", "scheduled", "ready", "held", "retrying", "parked", "on_hold",
+              "processing", "dead"]  # fmt: skip
+    assert [h.lower() for h in headers[2:11]] == counts, headers
     for name in ("failures", "backlog", "pickup"):
         points = browser.find_elements(By.CSS_SELECTOR, f"#chart-{name} svg circle.pt")
         assert points, name

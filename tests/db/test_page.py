@@ -83,8 +83,9 @@ def test_hostile_text_is_shown_as_text_everywhere(db: Conn) -> None:
         payload=HOSTILE,
     )
     done = insert(db, state="done", result={"r": HOSTILE})
-    pages = ["/", "/failed", "/dead", "/in-flight"] + [
-        f"/jobs/{j}" for j in (failed, dead, running, done)
+    held = insert(db, state="on_hold", attempts=1, last_error=HOSTILE, errors=errors)
+    pages = ["/", "/failed", "/dead", "/in-flight", "/on-hold"] + [
+        f"/jobs/{j}" for j in (failed, dead, running, done, held)
     ]
     for target in pages:
         response = get(db, target)
@@ -92,7 +93,8 @@ def test_hostile_text_is_shown_as_text_everywhere(db: Conn) -> None:
         body = text(response)
         assert "<script>" not in body, target
         assert "alert(1)</script>" not in body, target
-    for target in ["/failed", "/dead", f"/jobs/{failed}", f"/jobs/{dead}"]:
+    for target in ["/failed", "/dead", "/on-hold", f"/jobs/{failed}", f"/jobs/{dead}",
+                   f"/jobs/{held}"]:  # fmt: skip
         assert ESCAPED in text(get(db, target)), target
     in_flight = text(get(db, "/in-flight"))
     assert ESCAPED in in_flight and "1234" in in_flight  # host and pid from locked_by
@@ -110,9 +112,9 @@ def test_a_page_link_never_carries_a_raw_value(db: Conn) -> None:
     assert "&quot;&gt;&lt;a href=&quot;x&quot;&gt;" in body
 
 
-@pytest.mark.parametrize("target", ["/failed", "/dead", "/in-flight"])
+@pytest.mark.parametrize("target", ["/failed", "/dead", "/in-flight", "/on-hold"])
 def test_pages_follow_each_other_without_overlap(db: Conn, target: str) -> None:
-    state = target.strip("/").replace("in-flight", "processing")
+    state = target.strip("/").replace("in-flight", "processing").replace("-", "_")
     total = 2 * reads.PAGE_SIZE + 7
     # Several rows per updated_at, so the keyset's tie-breaker (id) is exercised.
     db.execute(
@@ -292,11 +294,13 @@ def test_the_overview_counts_what_the_table_holds(db: Conn) -> None:
     row = re.search(r"<tr><td>default</td><td>a</td>(.*?)</tr>", body)
     assert row is not None
     cells = re.findall(r'<td class="n">([^<]*)</td>', row.group(1))
-    # waiting, scheduled, ready, held, retrying, parked, processing, dead, oldest ready
-    assert cells[:8] == ["0", "3", "5", "0", "2", "0", "6", "7"] and cells[8].startswith("5m ")
+    # waiting, scheduled, ready, held, retrying, parked, on_hold, processing, dead, oldest
+    assert cells[:9] == ["0", "3", "5", "0", "2", "0", "0", "6", "7"], cells
+    assert cells[9].startswith("5m "), cells
     headers = re.findall(r"<th>([^<]*)</th>", body)
-    counts = ["waiting", "scheduled", "ready", "held", "retrying", "parked", "processing", "dead"]
-    assert headers[2:11] == [*counts, "oldest ready"], headers
+    counts = ["waiting", "scheduled", "ready", "held", "retrying", "parked", "on_hold",
+              "processing", "dead"]  # fmt: skip
+    assert headers[2:12] == [*counts, "oldest ready"], headers
     assert "low <strong>(paused)</strong>" in body
     assert "14 done in the last hour" in body and "<svg" in body
 
@@ -358,9 +362,9 @@ def test_a_large_state_is_estimated_from_a_sample_and_a_small_one_counted(
     row = re.search(r"<tr><td>default</td><td>a</td>(.*?)</tr>", body)
     assert row is not None
     cells = re.findall(r'<td class="n">([^<]*)</td>', row.group(1))
-    # waiting, scheduled, ready, held, retrying, parked, processing, dead, oldest ready
+    # waiting, scheduled, ready, held, retrying, parked, on_hold, processing, dead, oldest
     assert cells[0] == "0" and cells[2].startswith("≈ ") and cells[4] == "5", cells
-    assert cells[6:8] == ["3", "40"] and cells[8].startswith("≥ 1h "), cells
+    assert cells[6:9] == ["0", "3", "40"] and cells[9].startswith("≥ 1h "), cells
     assert "≈: estimated. pending (≈ " in body and "brooq queues" in body
     assert "done in the last hour: more than 1,000, so estimated" in body
 

@@ -226,6 +226,7 @@ def test_pause_resume_and_the_queues(queue: brooq.Queue, db: psycopg.Connection)
         "held": 0,
         "retrying": 0,
         "parked": 0,
+        "on_hold": 0,
         "processing": 1,
         "dead": 0,
         "oldest_ready_seconds": round(bulk.oldest_ready_seconds, 3),
@@ -336,12 +337,60 @@ def test_admin_endpoints_need_the_token(
     assert status == 200 and json.loads(body)["ok"] is True
     assert states(db) == {"canceled": 1}
     status, body = get(addr, path, token=token, method="POST")
-    assert status == 409 and "only pending, failed, processing or waiting" in body
+    assert status == 409 and "only pending, failed, processing, waiting or on_hold" in body
     status, body = get(addr, f"/admin/jobs/{job_id}/retry", token=token, method="POST")
     assert status == 200 and states(db) == {"pending": 1}
     unknown = "00000000-0000-4000-8000-000000000000"
     assert get(addr, f"/admin/jobs/{unknown}/retry", token=token, method="POST")[0] == 404
     assert get(addr, "/healthz") == (200, "ok\n")  # stays open
+    m.signal(signal.SIGTERM)
+    assert m.wait() == 0
+
+
+def test_admin_endpoints_hold_and_release(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, tmp_path: Path
+) -> None:
+    """POST /admin/jobs/<id>/hold and /release: the token as for cancel and retry, 200
+    when the job moved, 409 worded as brooq.job words it (or, for a hold its state
+    allows, explain_refusal: a unique_key), 404 for an unknown id; cancel takes a held
+    job."""
+    token = "t0k3n-" + "x" * 26
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(token + "\n")
+    m = start_master(workers=1, env={"QUEUE_ADMIN_TOKEN_FILE": str(token_file)})
+    addr = ops_addr(m)
+    # A topic without a handler here: nothing claims the job once released.
+    job_id, _ = queue.enqueue(brooq.Job("nobody.handles.this"))
+    hold, release = f"/admin/jobs/{job_id}/hold", f"/admin/jobs/{job_id}/release"
+    assert get(addr, hold, method="POST")[0] == 401
+    assert get(addr, hold, token="wrong", method="POST")[0] == 401
+    assert states(db) == {"pending": 1}
+    status, body = get(addr, hold, token=token, method="POST")
+    assert status == 200 and json.loads(body) == {"id": str(job_id), "action": "hold", "ok": True}
+    assert states(db) == {"on_hold": 1}
+    status, body = get(addr, hold, token=token, method="POST")
+    assert status == 409 and json.loads(body) == {
+        "error": "job is on_hold; only pending or failed jobs can be held",
+        "state": "on_hold",
+    }
+    status, body = get(addr, release, token=token, method="POST")
+    assert status == 200 and json.loads(body)["action"] == "release"
+    assert states(db) == {"pending": 1}
+    status, body = get(addr, release, token=token, method="POST")
+    assert status == 409 and "job is pending; only on_hold jobs can be released" in body
+    assert get(addr, hold, token=token, method="POST")[0] == 200
+    status, _ = get(addr, f"/admin/jobs/{job_id}/cancel", token=token, method="POST")
+    assert status == 200 and states(db) == {"canceled": 1}
+    keyed, _ = queue.enqueue(brooq.Job("nobody.handles.this", unique_key="k"))
+    status, body = get(addr, f"/admin/jobs/{keyed}/hold", token=token, method="POST")
+    answer = json.loads(body)
+    assert status == 409 and answer["state"] == "pending"
+    assert f"cannot hold job {keyed}: it has a unique_key ('k')" in answer["error"]
+    unknown = "00000000-0000-4000-8000-000000000000"
+    for action in ("hold", "release"):
+        path = f"/admin/jobs/{unknown}/{action}"
+        assert get(addr, path, token=token, method="POST")[0] == 404
+    assert get(addr, f"/admin/jobs/{job_id}/pause", token=token, method="POST")[0] == 404
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
 

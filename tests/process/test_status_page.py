@@ -440,6 +440,75 @@ def test_the_lists_carry_one_click_buttons_when_signed_in(
     assert TOKEN not in m.log()
 
 
+def test_a_job_page_holds_releases_and_cancels_with_its_buttons(
+    queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, tmp_path: Path
+) -> None:
+    """Through the master and its page process: a pending job's page has hold and cancel,
+    a held one's release and cancel; each click comes back to the job's page with the
+    job moved; the bulk hold and release of a topic are answered by the bulk helper."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    m = start_master(
+        workers=1, app="brooq_opsslow:queue", env={"QUEUE_ADMIN_TOKEN_FILE": str(token_file)}
+    )
+    found = wait_for(lambda: re.search(r"event=ops_listening addr=(\S+)", m.log()), what="ops")
+    host, _, port = found.group(1).rpartition(":")
+    addr = (host, int(port))
+    job_id, _ = queue.enqueue(brooq.Job("ops.none"))  # no handler here: it stays pending
+    others = [queue.enqueue(brooq.Job("ops.none", {"n": i}))[0] for i in range(3)]
+
+    def job_state() -> str:
+        row = db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    status, head, _ = request(addr, "POST", "/sign-in", f"token={TOKEN}")
+    assert status == 303
+    cookie = next(h for h in head.split("\r\n") if h.startswith("Set-Cookie:"))
+    cookie = cookie.split(":", 1)[1].split(";", 1)[0].strip()
+    page_path = f"/jobs/{job_id}"
+
+    _, _, page = request(addr, "GET", page_path, cookie=cookie)
+    assert set(forms(page)) == {f"{page_path}/hold", f"{page_path}/cancel"}
+    assert click(addr, page, f"{page_path}/hold", cookie) == (303, page_path)
+    assert job_state() == "on_hold"
+    _, _, page = request(addr, "GET", page_path, cookie=cookie)
+    assert b'<span class="state">on_hold</span>' in page
+    assert set(forms(page)) == {f"{page_path}/release", f"{page_path}/cancel"}
+    assert click(addr, page, f"{page_path}/release", cookie) == (303, page_path)
+    assert job_state() == "pending"
+    # A held job canceled from its page.
+    _, _, page = request(addr, "GET", page_path, cookie=cookie)
+    assert click(addr, page, f"{page_path}/hold", cookie) == (303, page_path)
+    _, _, page = request(addr, "GET", page_path, cookie=cookie)
+    assert click(addr, page, f"{page_path}/cancel", cookie) == (303, page_path)
+    assert job_state() == "canceled"
+    _, _, page = request(addr, "GET", page_path, cookie=cookie)
+    assert set(forms(page)) == {f"{page_path}/retry"}
+    # Signed out: no button, and a POST is refused.
+    _, _, page = request(addr, "GET", page_path)
+    assert not forms(page)
+    assert request(addr, "POST", f"/jobs/{others[0]}/hold", "csrf=x", cookie)[0] == 403
+
+    # In bulk, from the forms of /actions.
+    _, _, page = request(addr, "GET", "/actions", cookie=cookie)
+    csrf = re.search(rb'name="csrf" value="([0-9a-f]+)"', page)
+    assert csrf is not None and b'action="/bulk/hold"' in page and b'action="/bulk/release"' in page
+    signed = f"csrf={csrf.group(1).decode()}"
+    status, _, body = request(
+        addr, "POST", "/bulk/hold", f"topic=ops.none&state=pending&{signed}", cookie
+    )
+    assert status == 200 and b"3 matched, 3 changed." in body
+    held = db.execute("SELECT count(*) FROM job WHERE state = 'on_hold'").fetchone()
+    assert held == (3,)
+    _, _, page = request(addr, "GET", "/on-hold", cookie=cookie)
+    assert {f"/jobs/{o}/release" for o in others} <= set(forms(page))
+    status, _, body = request(addr, "POST", "/bulk/release", f"topic=ops.none&{signed}", cookie)
+    assert status == 200 and b"3 matched, 3 changed." in body
+    assert db.execute("SELECT count(*) FROM job WHERE state = 'pending'").fetchone() == (3,)
+    assert TOKEN not in m.log()
+
+
 def test_a_wedged_page_process_is_killed_and_the_next_page_has_a_new_one(
     queue: brooq.Queue, db: psycopg.Connection, start_master: StartMaster, connect: Any
 ) -> None:
