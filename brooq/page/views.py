@@ -429,8 +429,9 @@ TITLES = {
     "on_hold": "On hold (until released)",
 }
 HELD_NOTE = (
-    '<p class="muted">Held by an operator (a hold button, <code>queue.hold</code>, or '
-    "enqueued with <code>held=True</code>): never claimed until released. A release "
+    '<p class="muted">Held by an operator (a hold button, <code>brooq jobs hold</code>, '
+    "<code>queue.hold</code>, or enqueued with <code>held=True</code>): never claimed "
+    "until released. A release "
     "puts the job back to pending with its place in line: due at once when its time has "
     "passed. Most recently held first.</p>"
 )
