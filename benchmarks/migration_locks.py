@@ -4,8 +4,8 @@ and groups; `--migration 13` for 0013, workflows; `--migration 14` for 0014, pro
 logs and trace context; `--migration 15` for 0015, lighter inserts; `--migration 16` for
 0016, flat cascades; `--migration 17` for 0017, durable handlers; `--migration 18` for
 0018, tracebacks kept; `--migration 19` for 0019, each attempt's start; `--migration 20`
-for 0020, the finished jobs' history; `--migration 23` for 0023, jobs on hold) takes on a
-live table, through the real migrator.
+for 0020, the finished jobs' history; `--migration 23` for 0023, jobs on hold; `--migration 24`
+for 0024, groups taken in turn) takes on a live table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
 
@@ -22,7 +22,7 @@ generate_series), ANALYZE. Then, while
   limit 1, rolled back: the rows stay ready) every 20 ms -- that statement, because during
   the deploy only masters of the previous release run (a newer master refuses to start on
   a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011, 0012 and
-  0013 to 0018 and 0023 today's (none changes the statement the previous release sends
+  0013 to 0018, 0023 and 0024 today's (none changes the statement the previous release sends
   for a topic without limits), for 0019 today's without `started_at = now()`, for 0020 today's with
   its done an UPDATE (the release before moved no rows itself),
 - for 0020, an ending probe: every 20 ms the job the producer probe inserted last is
@@ -179,6 +179,7 @@ CLAIM_BEFORE = {
     19: CLAIM_BEFORE_0019,
     20: CLAIM_BEFORE_0020,
     23: Q.job_finish_and_claim,
+    24: Q.job_finish_and_claim,
 }
 MIGRATION = 3  # set by --migration
 

@@ -78,14 +78,24 @@ class Handler:
     group_rate_limit: Rate | None = None
     # keep_logs: the bytes of log text kept per attempt (0: none kept).
     keep_logs: int = 0
+    # Its claims take the groups in turn, each an equal share (docs/how-to/rate-limits.md).
+    fair_groups: bool = False
 
     @property
     def coordinated(self) -> bool:
-        """Claimed through brooq_claim_coordinated: a rate, or a limit per group."""
+        """Claimed apart from the other topics: a rate, a limit per group, or the
+        groups taken in turn."""
+        return self.rate_limit is not None or self.grouped or self.group_rate_limit is not None
+
+    @property
+    def grouped(self) -> bool:
+        """Claimed in batches through brooq_claim_groups, the groups in turn: a
+        group_limit or fair_groups, and no rate (a rated topic starts one job per claim,
+        through brooq_claim_coordinated)."""
         return (
-            self.rate_limit is not None
-            or self.group_limit is not None
-            or self.group_rate_limit is not None
+            (self.group_limit is not None or self.fair_groups)
+            and self.rate_limit is None
+            and self.group_rate_limit is None
         )
 
     def limits(self) -> dict[str, object]:
@@ -99,6 +109,8 @@ class Handler:
             given["group_limit"] = self.group_limit
         if self.group_rate_limit is not None:
             given["group_rate_limit"] = self.group_rate_limit.to_dict()
+        if self.fair_groups:
+            given["fair_groups"] = True
         return given
 
     def policy(self, settings: Settings) -> Policy:
@@ -140,6 +152,7 @@ def build(
     group_limit: int | None = None,
     group_rate_limit: Rate | str | None = None,
     keep_logs: bool | int = False,
+    fair_groups: bool = False,
 ) -> Handler:
     """Validate what was given at registration and return the Handler. Every step reads
     one group of options, appends why it refuses any of them to ``problems`` (in the order
@@ -164,6 +177,8 @@ def build(
     max_attempts = _read_max_attempts(topic, max_attempts, problems)
     _check_seconds(topic, seconds, problems)
     kept = _read_keep_logs(topic, keep_logs, problems)
+    if not isinstance(fair_groups, bool):
+        problems.append(f"{topic}: fair_groups must be True or False, not {fair_groups!r}")
     if problems:
         raise InvalidSettings(problems)
     return Handler(
@@ -180,6 +195,7 @@ def build(
         group_limit=group_limit,
         group_rate_limit=rates["group_rate_limit"],
         keep_logs=kept,
+        fair_groups=fair_groups,
         **seconds,
     )
 

@@ -236,6 +236,7 @@ class Registry:
         group_limit: int | None = None,
         group_rate_limit: Rate | str | None = None,
         keep_logs: bool | int = False,
+        fair_groups: bool = False,
     ) -> Callable[[H], H]:
         """Register ``fn(claim)`` for ``topic``; the decorator returns ``fn`` itself, its
         type unchanged (a typed checker sees the function you wrote). Unset options take
@@ -252,7 +253,9 @@ class Registry:
         N starts in any window of a period across every master (``"N/s"``, ``"N/m"``,
         ``"N/h"`` or ``brooq.Rate(N, per=timedelta(...))``); ``group_limit``: at most N
         jobs processing per group (``Job(group=...)``); ``group_rate_limit``: a rate per
-        group (docs/how-to/rate-limits.md). ``keep_logs``: keep the log records the
+        group; ``fair_groups``: the claims take the groups in turn, an equal share each,
+        so that one group's backlog never holds the others back
+        (docs/how-to/rate-limits.md). ``keep_logs``: keep the log records the
         handler emits during each attempt with the job (True: up to 64 KiB per attempt,
         or a number of bytes; ``queue.logs(id)``, docs/how-to/job-logs-and-progress.md)."""
 
@@ -276,6 +279,7 @@ class Registry:
                 group_limit=group_limit,
                 group_rate_limit=group_rate_limit,
                 keep_logs=keep_logs,
+                fair_groups=fair_groups,
             )
             return fn
 

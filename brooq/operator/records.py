@@ -134,6 +134,7 @@ class TopicLimits:
     group_rate_limit: str | None = None
     held_by: str | None = None
     groups_held: int = 0
+    fair_groups: bool = False  # its claims take the groups in turn
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> TopicLimits:
@@ -157,6 +158,7 @@ class TopicLimits:
             group_rate_limit=rate("group_rate_limit"),
             held_by=row.get("held_by"),
             groups_held=int(row.get("groups_held") or 0),
+            fair_groups=given.get("fair_groups") is True,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,13 +171,16 @@ class TopicLimits:
             "group_rate_limit": self.group_rate_limit,
             "held_by": self.held_by,
             "groups_held": self.groups_held,
+            "fair_groups": self.fair_groups,
         }
 
     def summary(self) -> str:
-        """The limits in a few words: "rate_limit 50/s, group_limit 1"."""
-        return ", ".join(
+        """The limits in a few words: "rate_limit 50/s, group_limit 1" (and "fair_groups"
+        when the groups are taken in turn)."""
+        words = [
             f"{name} {value}" for name in LIMIT_NAMES if (value := getattr(self, name)) is not None
-        )
+        ]
+        return ", ".join([*words, "fair_groups"] if self.fair_groups else words)
 
     def holding(self) -> str:
         """What it holds back now, in a few words ("" when nothing)."""
@@ -191,9 +196,9 @@ class QueueStats:
     """One queue: paused or not, and its jobs, counted as TopicStats counts them (its
     topics' counts summed): ``waiting``, ``scheduled``, ``ready`` (``held``: part of it),
     ``retrying``, ``parked``, ``on_hold``, ``processing``, ``dead``, and the age of the
-    oldest ready job not held back. ``failed``, kept for the callers that read it, is the state's count
-    (its jobs are ready or retrying). A queue paused before any job came shows with
-    zeros."""
+    oldest ready job not held back. ``failed``, kept for the callers that read it, is the
+    state's count (its jobs are ready or retrying). A queue paused before any job came
+    shows with zeros."""
 
     name: str
     paused: bool = False

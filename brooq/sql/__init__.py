@@ -90,6 +90,7 @@ RELATIONS = (
     "brooq_master",
     "brooq_job_promote",
     "brooq_claim_coordinated",
+    "brooq_claim_groups",
     "brooq_rate_slot",
     "brooq_window_sweep",
     "brooq_job_edge",

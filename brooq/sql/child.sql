@@ -10,6 +10,8 @@
 -- variant: job_finish_and_claim_limited_results: queues, limited, results
 -- variant: job_finish_and_claim_coordinated: queues, limited, coordinated
 -- variant: job_finish_and_claim_coordinated_results: queues, limited, coordinated, results
+-- variant: job_finish_and_claim_grouped: queues, limited, grouped
+-- variant: job_finish_and_claim_grouped_results: queues, limited, grouped, results
 -- variant: job_finish_and_claim_floored: queues, floored
 -- variant: job_finish_and_claim_floored_results: queues, floored, results
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
@@ -100,8 +102,16 @@ limited AS MATERIALIZED (
                                  %(queues)b::text[], %(done)b::uuid[], %(worker)s,
                                  %(lease)s, least(%(limit)s, 1)) AS c
 --#else
+--#if grouped
+    -- _grouped: a topic whose groups are taken in turn (group_limit or fair_groups, no
+    -- rate) through brooq_claim_groups (migration 0024), a whole batch at a time.
+    FROM {brooq_claim_groups}(%(limited)s, %(cap)s::integer, %(group_cap)s::integer,
+                            %(queues)b::text[], %(done)b::uuid[], %(worker)s, %(lease)s,
+                            %(limit)s::integer) AS c
+--#else
     FROM {brooq_claim_limited}(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
                              %(worker)s, %(lease)s, least(%(limit)s, 1)) AS c
+--#end
 --#end
 ),
 --#end

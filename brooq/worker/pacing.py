@@ -1,6 +1,8 @@
 """The topics a child claims apart, one per round trip in turn: those under a
-``global_limit`` (brooq_claim_limited) and those under a ``rate_limit``, a ``group_limit``
-or a ``group_rate_limit`` (brooq_claim_coordinated, migration 0012).
+``global_limit`` (brooq_claim_limited), those whose groups are taken in turn (a
+``group_limit`` or ``fair_groups`` without a rate: brooq_claim_groups, migration 0024, a
+batch a claim) and those under a ``rate_limit`` or a ``group_rate_limit``
+(brooq_claim_coordinated, migration 0012, a job a claim).
 
 Owns: each such topic's turn (its parameters of the claim statement), which turn a
 round takes (one whose window has room again first, else the next in order), what a
@@ -50,7 +52,7 @@ class Turn:
     """One topic claimed apart: the claim statement's shape and its parameters."""
 
     topic: str
-    shape: str  # "limited" (global_limit alone) or "coordinated"
+    shape: str  # "limited" (global_limit alone), "grouped" or "coordinated"
     params: dict[str, Any] = field(hash=False)
     # Seconds a handler of it may start after its claim was sent; None: no rate, no
     # deadline.
@@ -62,7 +64,14 @@ def turns(handlers: Mapping[str, Handler]) -> list[Turn]:
     found: list[Turn] = []
     for topic in sorted(handlers):
         h = handlers[topic]
-        if h.coordinated:
+        if h.grouped:
+            grouped: dict[str, Any] = {
+                "limited": topic,
+                "cap": h.global_limit,
+                "group_cap": h.group_limit,
+            }
+            found.append(Turn(topic, "grouped", grouped))
+        elif h.coordinated:
             rate, group_rate = h.rate_limit, h.group_rate_limit
             allowances = [r.allowance for r in (rate, group_rate) if r is not None]
             params = {

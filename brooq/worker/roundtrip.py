@@ -119,6 +119,7 @@ _STATEMENTS = {
         "job_finish_and_claim_coordinated",
         "job_finish_and_claim_coordinated_results",
     ),
+    "grouped": ("job_finish_and_claim_grouped", "job_finish_and_claim_grouped_results"),
     "floored": ("job_finish_and_claim_floored", "job_finish_and_claim_floored_results"),
 }
 

@@ -1,7 +1,8 @@
-"""The application of tests/process/test_rate_limits.py: a topic under a rate_limit and
-one under a group_limit. Each handler takes its start stamp first thing, runs, and then
-writes (topic, job id, start, end, master pid) into the table stamp of the test database
-(created by the test), outside the stamped span."""
+"""The application of tests/process/test_rate_limits.py: a topic under a rate_limit, one
+under a group_limit and one whose groups are taken in turn (fair_groups). Each handler
+takes its start stamp first thing, runs, and then writes (topic, job id, start, end,
+master pid) into the table stamp of the test database (created by the test), outside
+the stamped span."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def rated(claim: brooq.Claim) -> None:
 
 @queue.handler("tenant.work", group_limit=int(os.environ.get("BROOQ_GROUP_LIMIT", "1")))
 def tenant_work(claim: brooq.Claim) -> None:
+    started = time.time_ns()
+    time.sleep(float(os.environ.get("BROOQ_JOB_SLEEP", "0.01")))
+    record(claim, started)
+
+
+# Groups taken in turn, no cap: one tenant's backlog never holds the others back.
+@queue.handler("tenant.fair", fair_groups=True)
+def tenant_fair(claim: brooq.Claim) -> None:
     started = time.time_ns()
     time.sleep(float(os.environ.get("BROOQ_JOB_SLEEP", "0.01")))
     record(claim, started)

@@ -61,7 +61,8 @@ def claim(
         **turn.params,
     }
     cur = conn.cursor(row_factory=dict_row)
-    rows = cur.execute(Q.job_finish_and_claim_coordinated, params).fetchall()
+    statement = getattr(Q, f"job_finish_and_claim_{turn.shape}")  # coordinated or grouped
+    rows = cur.execute(statement, params).fetchall()
     return [r for r in rows if r["claimed"]]  # the finished rows (claimed false) left out
 
 
@@ -234,17 +235,17 @@ def test_a_group_at_its_limit_is_stepped_over_not_read_through(db: Conn) -> None
 def claim_buffers(db: Conn, h: Handler) -> int:
     """The buffers (shared, hit or read) a claim that finds nothing to take touches, A at
     its limit with its backlog ahead and B's one job held by another worker: counted by
-    EXPLAIN (ANALYZE, BUFFERS) of brooq_claim_coordinated, every statement inside it
-    included (deterministic, where a time on a shared machine is not). After one call
-    that plans the function's statements."""
+    EXPLAIN (ANALYZE, BUFFERS) of brooq_claim_groups (a topic under group_limit alone),
+    every statement inside it included (deterministic, where a time on a shared machine
+    is not). After one call that plans the function's statements."""
     [turn] = turns({h.topic: h})
+    assert turn.shape == "grouped"
     p = turn.params
     call = (
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM brooq_claim_coordinated("
-        "%s, %s, %s, %s, %s, %s, %s, '{default}', '{}', 'probe', 30, 1)"
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM brooq_claim_groups("
+        "%s, %s, %s, '{default}', '{}', 'probe', 30, 1)"
     )
-    args = [p[k] for k in ("limited", "cap", "rate", "window", "group_cap", "group_rate",
-                           "group_window")]  # fmt: skip
+    args = [p[k] for k in ("limited", "cap", "group_cap")]
     cur = db.cursor(row_factory=tuple_row)
     cur.execute(call, args)
     [[plan]] = cur.execute(call, args).fetchall()
@@ -253,9 +254,10 @@ def claim_buffers(db: Conn, h: Handler) -> int:
 
 
 def test_a_claim_behind_a_blocked_backlog_costs_the_same_at_1000_and_20000(db: Conn) -> None:
-    """The look-ahead reads 32 rows, then the groups by name from the last turn, one index
-    probe each: a claim behind 20,000 blocked jobs touches about the buffers it touches
-    behind 1,000 (reading the backlog through would touch thousands)."""
+    """The groups by name from the last turn, one index probe each, and the jobs without a
+    group looked for in at most 256 rows: a claim behind 20,000 blocked jobs touches about
+    the buffers it touches behind 1,000 (reading the backlog through would touch
+    thousands)."""
     h = handler("tenant.work", group_limit=1)
     jobs(db, "tenant.work", 1000, "A")
     jobs(db, "tenant.work", 1, "B")
@@ -273,9 +275,9 @@ def test_a_claim_behind_a_blocked_backlog_costs_the_same_at_1000_and_20000(db: C
 
 
 def test_the_groups_take_turns_behind_a_blocked_head(db: Conn) -> None:
-    """A's 40 jobs fill the look-ahead and A is at its limit: a worker that finishes and
-    claims again goes on from the group the last such claim stopped at (G1, G2, G3, G1),
-    not from the first group by name each time."""
+    """A is at its limit: a worker that finishes and claims again goes on from the group
+    the last claim stopped at (G1, G2, G3, G1), not from the first group by name each
+    time."""
     h = handler("tenant.work", group_limit=1)
     jobs(db, "tenant.work", 40, "A")
     for g in ("G1", "G2", "G3"):
@@ -408,6 +410,7 @@ def test_brooq_queues_and_stats_show_the_limits_and_what_they_hold(dsn: str, db:
             "group_rate_limit": None,
             "held_by": "rate_limit",
             "groups_held": 0,
+            "fair_groups": False,
         }
     }
     stats = {t["topic"]: t for t in as_json(dsn, "stats")["topics"]}

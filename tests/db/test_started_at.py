@@ -25,7 +25,11 @@ Conn = psycopg.Connection[Any]
 
 # The limited topic's options, per flag set: brooq_claim_limited for global_limit alone,
 # brooq_claim_coordinated for a rate or a group limit.
-LIMITS = {"limited": {"global_limit": 2}, "coordinated": {"rate_limit": "100/s", "group_limit": 1}}
+LIMITS = {
+    "limited": {"global_limit": 2},
+    "coordinated": {"rate_limit": "100/s", "group_limit": 1},
+    "grouped": {"group_limit": 1},
+}
 
 
 @pytest.fixture
@@ -45,7 +49,7 @@ def _variants() -> list[Any]:
         for s in catalog()
         if s.template == "job_finish_and_claim"
     ]
-    assert len(found) == 10, found  # the template's every variant is tried below
+    assert len(found) == 12, found  # the template's every variant is tried below
     return found
 
 
@@ -65,7 +69,7 @@ def _params(flags: frozenset[str], topic: str) -> dict[str, Any]:
     if "results" in flags:
         params.update(results=[], reported=[], fractions=[], messages=[])
     if "limited" in flags:
-        kind = "coordinated" if "coordinated" in flags else "limited"
+        kind = next((k for k in ("coordinated", "grouped") if k in flags), "limited")
         [turn] = turns({topic: _handler(topic, **LIMITS[kind])})
         assert turn.shape == kind
         params.update(turn.params, topics=[])  # the limited topic goes through its function

@@ -190,3 +190,59 @@ def test_a_held_back_topic_is_counted_held_and_not_stuck_in_the_gauges(
     [stats] = [s for s in queue.stats() if s.topic == "api.rated"]
     assert stats.ready == stats.held >= 4 and stats.oldest_ready_age == 0.0
     stop([m])
+
+
+def test_fair_groups_start_small_tenants_before_a_big_backlog(
+    queue: brooq.Queue,
+    db: psycopg.Connection[Any],
+    start_master: StartMaster,
+    stamp_table: None,
+) -> None:
+    """fair_groups, no cap: 2,000 jobs of tenant A enqueued before 3 of each of tenants B
+    to F. The claims take the groups in turn, so the small tenants are done while nearly
+    all of A's backlog still waits (in FIFO order they would wait for all of it)."""
+    queue.enqueue_many([brooq.Job("tenant.fair", group="A") for _ in range(2000)])
+    queue.enqueue_many([brooq.Job("tenant.fair", group=g) for g in "BCDEF" for _ in range(3)])
+    masters = [start_master(app=APP, workers=2, env={"BROOQ_JOB_SLEEP": "0.002"})]
+    wait_for(
+        lambda: count(db, "group_key <> 'A' AND state = 'done'") == 15,
+        timeout=60,
+        what="the small tenants done",
+    )
+    a_left = count(db, "group_key = 'A' AND state <> 'done'")
+    stop(masters)
+    print(f"A's jobs still waiting when B to F were done: {a_left} of 2000")
+    assert a_left > 1800, a_left
+
+
+def test_group_limit_holds_under_two_masters_at_speed_and_through_a_kill(
+    queue: brooq.Queue,
+    db: psycopg.Connection[Any],
+    dsn: str,
+    start_master: StartMaster,
+    stamp_table: None,
+) -> None:
+    """group_limit=2, 100 tenants of 30 jobs each, two masters of 3 children (batched
+    claims of the groups in turn), one child SIGKILLed half-way: sampled every few
+    milliseconds, no tenant ever has more than 2 jobs processing, and every job ends
+    done."""
+    queue.enqueue_many([brooq.Job("tenant.work", group=f"t{i % 100}") for i in range(3000)])
+    env = {"BROOQ_GROUP_LIMIT": "2", "BROOQ_JOB_SLEEP": "0.002"}
+    masters = [start_master(app=APP, workers=3, env=env) for _ in range(2)]
+    most, samples = 0, 0
+    killed = False
+    with psycopg.connect(dsn, autocommit=True) as watcher:
+        while count(db, "state = 'done'") < 3000:
+            row = watcher.execute(
+                "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM job "
+                "WHERE state = 'processing' AND topic = 'tenant.work' GROUP BY group_key) g"
+            ).fetchone()
+            most, samples = max(most, int(row[0]) if row else 0), samples + 1
+            if not killed and count(db, "state = 'done'") >= 1500:
+                os.kill(masters[0].children()[0], signal.SIGKILL)
+                killed = True
+            assert samples < 20_000, "the jobs did not end"
+    stop(masters)
+    print(f"most jobs of one tenant processing at once: {most} ({samples} samples)")
+    assert killed and 0 < most <= 2, most
+    assert count(db, "state <> 'done'") == 0

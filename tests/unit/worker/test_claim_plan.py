@@ -109,7 +109,7 @@ def test_results_choose_the_statement_that_writes_them() -> None:
 
 
 def test_every_shape_names_a_statement_with_and_without_results() -> None:
-    for shape in ("one", "queues", "limited", "coordinated", "floored"):
+    for shape in ("one", "queues", "limited", "coordinated", "grouped", "floored"):
         for with_results in (False, True):
             name = Plan(shape, with_results, [], 0, {}).statement
             assert name.startswith("job_finish_and_claim")

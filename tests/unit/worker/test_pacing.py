@@ -8,6 +8,8 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
 
+import pytest
+
 import brooq
 from brooq.worker.pacing import Pacing, turns
 
@@ -108,3 +110,28 @@ def test_nothing_to_claim_from_sleeps_at_once() -> None:
     assert pacing.idle_wait(1.0) == 0.0
     pacing.claimed(False, every_turn=True)
     assert pacing.idle_wait(1.0) == 1.0
+
+
+def test_groups_in_turn_without_a_rate_take_the_batched_claim() -> None:
+    """group_limit alone, or fair_groups (with or without a global_limit), claims a batch
+    through brooq_claim_groups; a rate, on the topic or per group, keeps the coordinated
+    claim of one job."""
+    q = brooq.Queue("postgresql://unused")
+    q.handler("e.limited", group_limit=2)(print)
+    q.handler("f.fair", fair_groups=True, global_limit=10)(print)
+    q.handler("g.fair.rated", fair_groups=True, rate_limit="5/s")(print)
+    q.handler("h.per.group", group_limit=2, group_rate_limit="1/s")(print)
+    by_topic = {t.topic: t for t in turns(q.handlers)}
+    assert by_topic["e.limited"].shape == "grouped"
+    assert by_topic["e.limited"].params == {"limited": "e.limited", "cap": None, "group_cap": 2}
+    assert by_topic["f.fair"].shape == "grouped"
+    assert by_topic["f.fair"].params == {"limited": "f.fair", "cap": 10, "group_cap": None}
+    assert by_topic["g.fair.rated"].shape == "coordinated"
+    assert by_topic["h.per.group"].shape == "coordinated"
+    assert q.handlers["f.fair"].limits() == {"global_limit": 10, "fair_groups": True}
+
+
+def test_fair_groups_is_a_bool() -> None:
+    q = brooq.Queue("postgresql://unused")
+    with pytest.raises(brooq.InvalidSettings, match="fair_groups must be True or False"):
+        q.handler("x.fair", fair_groups="yes")(print)  # type: ignore[arg-type]
