@@ -120,7 +120,7 @@ def _either(words: tuple[str, ...]) -> str:
 
 
 def transition_rule(action: Transition) -> str:
-    """The rule in words: "only pending, failed, processing or waiting jobs can be canceled"."""
+    """The rule in words: "only dead or canceled jobs can be retried"."""
     return f"only {_either(FROM_STATES[action])} jobs can be {_DONE_WORD[action]}"
 
 

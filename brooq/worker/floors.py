@@ -110,6 +110,9 @@ class Floors:
         for queue in self._reading_whole:
             wait = min(MAX_APART, max(MIN_APART, FACTOR * took) * (1.0 + self._spread() / 2))
             self._whole_due[queue] = ended + wait
+            # A whole read saw the queue from its front: its floors start again from what
+            # it took (jobs given back behind the old floors come first now).
+            self._floors.pop(queue, None)
         self._reading_whole = []
         if claimed_at is None:
             return
@@ -126,6 +129,7 @@ class Floors:
                 floors[priority] = floor
 
     def forget(self) -> None:
-        """The next claim reads every queue whole (a claim failed, say)."""
+        """The next claim reads every queue whole (a claim failed, jobs were given back),
+        and the floors start again from what it takes."""
         self._whole_due.clear()
         self._reading_whole = []

@@ -483,3 +483,6 @@ class RoundTrips:
                 self.start_by.pop(job_id, None)
         conn = self.db.get()
         conn.execute(self.q.job_release_ids, {"ids": ids, "worker": self.identity})
+        # They keep their place in line, behind this child's floors: its next claim reads
+        # the ready index whole, so it takes them first.
+        self.floors.forget()

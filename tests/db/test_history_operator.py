@@ -466,7 +466,7 @@ def test_a_cancel_racing_an_outcome_reports_the_job_finished(
     ended = "dead" if outcome == "dead" else "done"
     refusal = (
         f"error: cannot cancel job {job_id}: it is {ended}; "
-        "only pending, failed, processing or waiting jobs can be canceled"
+        "only pending, failed, processing, waiting or on_hold jobs can be canceled"
     )
     if door is _cancel_by_cli:
         [out] = answer

@@ -127,7 +127,9 @@ def test_a_sleep_holds_no_child_and_resumes(start_master: StartMaster, dsn: str)
             ).fetchone()
 
         assert wait_for(lambda: parked() == ("pending", None, 0, "sleep"), what="parked")
-        assert "event=job_parked" in master.log() and "reason=sleep" in master.log()
+        # The line is logged once the park committed: right after the row reads parked.
+        wait_for(lambda: "event=job_parked" in master.log(), what="the park logged")
+        assert "reason=sleep" in master.log()
         wait_for(
             lambda: (
                 db.execute("SELECT state FROM job_all WHERE id = %s", (job_id,)).fetchone()

@@ -153,3 +153,21 @@ def test_after_a_failed_claim_the_next_reads_whole() -> None:
     assert floors.start(["q"], end + 0.001) is not None
     floors.forget()
     assert floors.start(["q"], end + 0.002) is None
+
+
+def test_a_whole_read_sets_the_floors_again_from_what_it_took() -> None:
+    """Jobs given back behind the floors (a long job's batchmates) keep their place in
+    line: the whole read that follows takes them, and the floors start again from them,
+    not from the old, later floors."""
+    floors = Floors(spread=lambda: 0.0)
+    end = whole_read(floors, ["q"], [("q", 0, T, C)])
+    floors.forget()  # the child gave back jobs
+    assert floors.start(["q"], end + 0.001) is None
+    floors.end([("q", 0, T, A)], LATER, end + 0.001, end + 0.002)
+    ranges = floors.start(["q"], end + 0.003)
+    assert ranges is not None and ranges[1] == ("q", 0, 0, T, A)
+    # A whole read that found nothing leaves no floor: the next claim reads whole too.
+    floors.forget()
+    assert floors.start(["q"], end + 0.004) is None
+    floors.end([], None, end + 0.004, end + 0.005)
+    assert floors.start(["q"], end + 0.006) is None
