@@ -18,10 +18,11 @@ by this child or by another (SKIP LOCKED), or of a topic this child does not run
 
 What can become ready below a floor: a job enqueued in a transaction longer than SLACK, or
 with an available_at given in the past; a claim given back (a release keeps the job's
-place); a claim whose statement failed. Such a job waits for the next whole read, which
-comes FACTOR times as long after the last one as it took, at least MIN_APART and at most
-MAX_APART after it, stretched by up to half as much again at random so that sibling
-children, started together, do not read whole at the same moment.
+place: the child that gave it back reads whole next, ``forget``); a claim whose statement
+failed. Such a job waits for the next whole read, which sets the floors again from what
+it took, and which comes FACTOR times as long after the last one as it took, at least
+MIN_APART and at most MAX_APART after it, stretched by up to half as much again at random
+so that sibling children, started together, do not read whole at the same moment.
 
 Owns: the floors, the ranges a floored claim reads, the choice of a whole read. Must
 never do I/O or read the clock (the times are passed in, the randomness too).
