@@ -84,6 +84,7 @@ from brooq.job import (
 from brooq.operator.records import (
     AttemptLog,
     BulkResult,
+    GroupLimit,
     HolderStats,
     InFlight,
     QueueStats,
@@ -117,6 +118,7 @@ __all__ = [
     "DatabaseUnavailable",
     "Delay",
     "EnqueueDeadlock",
+    "GroupLimit",
     "HandlerFn",
     "HolderStats",
     "InFlight",

@@ -43,6 +43,7 @@ from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk, transition_param
 from brooq.operator.records import (
     AttemptLog,
     BulkResult,
+    GroupLimit,
     HolderStats,
     InFlight,
     QueueStats,
@@ -537,6 +538,22 @@ class Queue(Registry):
         """Every topic the live masters publish limits for (global_limit, rate_limit,
         group_limit, group_rate_limit), by topic, with what they hold back now."""
         return self._on(reads.topic_limits)
+
+    def set_group_limit(self, topic: str, group: str, limit: int | None) -> bool:
+        """Give ``group`` of ``topic`` its own group_limit (a tenant's plan), replacing the
+        topic's for that group: at most ``limit`` of its jobs processing at once, fleet-wide
+        (0: its jobs wait); None goes back to the topic's. Stored in the database: every
+        master obeys it at its next claim of the topic. For a topic whose groups are
+        taken in turn (group_limit or fair_groups, without a rate; docs/how-to/rate-limits.md).
+        True when something changed. InvalidTopic, InvalidGroup or BrooqError before any
+        I/O for a bad argument."""
+        changes.check_group_limit(topic, group, limit)
+        return self._on(changes.set_group_limit, topic, group, limit)
+
+    def group_limits(self, topic: str | None = None) -> list[GroupLimit]:
+        """The groups' own limits set with ``set_group_limit``, by topic and group (only
+        ``topic``'s if given)."""
+        return self._on(reads.group_limits, topic)
 
     def in_flight(self, limit: int = 100) -> list[InFlight]:
         """Jobs in state processing, longest running first; at most ``limit`` (1,000)."""

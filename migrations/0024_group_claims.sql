@@ -11,6 +11,8 @@
 --     a bounded scan of the topic's ready jobs that goes on from where the last one
 --     stopped (the ungrouped_* cursor), so none waits for ever behind a large backlog.
 --     The cursor moves to the last group visited: the next claim begins after it.
+--   brooq_group_limit: a group's own group_limit, set at runtime (brooq limits set), read
+--     by every claim of the topic: every master obeys a change at its next claim.
 --   brooq_group_turn.ungrouped_priority, ungrouped_at, ungrouped_id: that scan's position
 --     (NULL: from the front); ungrouped_scanned_at: when it last ran (it runs at most
 --     every 50 ms unless the last one filled its share).
@@ -23,6 +25,18 @@ ALTER TABLE brooq_group_turn ADD COLUMN IF NOT EXISTS ungrouped_priority smallin
                              ADD COLUMN IF NOT EXISTS ungrouped_at timestamptz,
                              ADD COLUMN IF NOT EXISTS ungrouped_id uuid,
                              ADD COLUMN IF NOT EXISTS ungrouped_scanned_at timestamptz;
+
+-- A group's own limit, set at runtime (a tenant's plan): it replaces the topic's
+-- group_limit for that group (0: its jobs wait), in the claims of topics whose groups
+-- are taken in turn.
+CREATE TABLE IF NOT EXISTS brooq_group_limit (
+    topic       text        NOT NULL,
+    group_key   text        NOT NULL,
+    group_limit integer     NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT brooq_group_limit_pkey PRIMARY KEY (topic, group_key),
+    CONSTRAINT brooq_group_limit_check CHECK (group_limit >= 0)
+);
 
 CREATE OR REPLACE FUNCTION brooq_claim_groups(
     p_topic text, p_cap integer, p_group_cap integer, p_queues text[], p_done uuid[],
@@ -66,6 +80,8 @@ DECLARE
     owner boolean := true;
     scan boolean;
     u_scanned_at timestamptz;
+    own_groups text[];
+    own_limits integer[];
 BEGIN
     IF p_max < 1 OR p_topic IS NULL THEN
         RETURN;
@@ -73,7 +89,12 @@ BEGIN
     -- Under a limit the count and the claim must not interleave with another claimer's:
     -- the topic's lock. Without one (fair_groups alone) claimers go side by side, each
     -- skipping the rows the other locked.
-    IF p_cap IS NOT NULL OR p_group_cap IS NOT NULL THEN
+    -- The groups' own limits set at runtime (brooq limits set): each replaces the
+    -- topic's group_limit for its group, read at every claim.
+    SELECT coalesce(array_agg(o.group_key), '{}'), coalesce(array_agg(o.group_limit), '{}')
+    INTO own_groups, own_limits
+    FROM brooq_group_limit o WHERE o.topic = p_topic;
+    IF p_cap IS NOT NULL OR p_group_cap IS NOT NULL OR cardinality(own_groups) > 0 THEN
         PERFORM pg_advisory_xact_lock(1651666799, hashtext(p_topic));
         -- What the topic runs now, by group (a job this statement writes done is not
         -- running).
@@ -135,8 +156,9 @@ BEGIN
             UNION ALL
             SELECT b.g FROM up_to_turn b WHERE b.g IS NOT NULL AND b.g <= cursor_group
         ) AS c
-        WHERE p_group_cap IS NULL
-           OR coalesce(busy_counts[array_position(busy_groups, c.g)], 0) < p_group_cap
+        WHERE coalesce(own_limits[array_position(own_groups, c.g)], p_group_cap) IS NULL
+           OR coalesce(busy_counts[array_position(busy_groups, c.g)], 0)
+              < coalesce(own_limits[array_position(own_groups, c.g)], p_group_cap)
         LIMIT room
     ) AS x;
     -- The jobs without a group take at most one share among the groups', no more, and
@@ -218,7 +240,8 @@ BEGIN
         FOR NO KEY UPDATE OF j SKIP LOCKED
     ) AS j;
     allow := ARRAY(
-        SELECT coalesce(p_group_cap - coalesce(busy_counts[array_position(busy_groups, g)], 0),
+        SELECT coalesce(coalesce(own_limits[array_position(own_groups, g)], p_group_cap)
+                        - coalesce(busy_counts[array_position(busy_groups, g)], 0),
                         room)
         FROM unnest(groups) AS g);
     active := array_fill(true, ARRAY[cardinality(groups)]);
@@ -285,6 +308,8 @@ $$;
 -- migrate:down
 DROP FUNCTION IF EXISTS brooq_claim_groups(text, integer, integer, text[], uuid[], text,
                                            float8, integer);
+
+DROP TABLE IF EXISTS brooq_group_limit;
 
 ALTER TABLE brooq_group_turn DROP COLUMN IF EXISTS ungrouped_scanned_at,
                              DROP COLUMN IF EXISTS ungrouped_id,

@@ -20,6 +20,7 @@ brooq.cli.common:
 - `stats`: `brooq stats`, jobs per queue, topic and state
 - `top`: `brooq top`, a live view of the queue on a terminal
 - `queues`: `brooq queues [pause|resume NAME]`, the queues and pausing one
+- `limits`: `brooq limits list|set|clear`, the groups' own limits set at runtime
 - `periodic`: `brooq periodic --app MODULE:ATTR`, the schedules an application registers
 - `fleet`: `brooq fleet`, the live masters and their children
 - `terminal`: what every command prints for a person, made harmless on a terminal
@@ -49,6 +50,7 @@ from brooq.cli import (  # noqa: F401  (they register)
     events,
     fleet,
     jobs,
+    limits,
     migrate,
     periodic,
     purge,

@@ -18,6 +18,7 @@ import click
 
 import brooq
 from brooq.cli.common import cli, emit_json, open_queue, open_reads, table
+from brooq.cli.limits import group_limits_lines
 from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age
 from brooq.errors import InvalidQueue
@@ -72,15 +73,21 @@ def limits_lines(limits: list[brooq.TopicLimits]) -> list[str]:
 
 
 def _with_limits(
-    rows: list[brooq.QueueStats], limits: list[brooq.TopicLimits]
+    rows: list[brooq.QueueStats],
+    limits: list[brooq.TopicLimits],
+    own: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The queues as JSON, each with the limits of the topics whose handler declares it;
-    a queue known only that way is listed with zeros."""
+    """The queues as JSON, each with the limits of the topics whose handler declares it
+    (and, under "group_limits", the groups' own limits set at runtime, when any is); a
+    queue known only that way is listed with zeros."""
     found: dict[str, dict[str, Any]] = {r.name: r.to_dict() for r in rows}
     by_queue: dict[str, dict[str, Any]] = {}
     for t in limits:
         found.setdefault(t.queue, brooq.QueueStats(name=t.queue).to_dict())
         entry = {k: v for k, v in t.to_dict().items() if k not in ("topic", "queue")}
+        groups = {g["group"]: g["limit"] for g in own or () if g["topic"] == t.topic}
+        if groups:
+            entry["group_limits"] = groups
         by_queue.setdefault(t.queue, {})[t.topic] = entry
     return [{**found[name], "limits": by_queue.get(name, {})} for name in sorted(found)]
 
@@ -114,8 +121,9 @@ def queues(ctx: click.Context, as_json: bool) -> None:
     state's count: its jobs are ready or retrying). Then each topic's limits of the fleet, as the
     live masters publish them (global_limit, rate_limit, group_limit, group_rate_limit),
     and what they hold back now: every ready job of the topic (at its global_limit, or
-    its rate's window full) or some groups. With --json, each queue lists the limits of
-    the topics whose handler declares it."""
+    its rate's window full) or some groups; then the groups' own limits set at runtime
+    (`brooq limits set`). With --json, each queue lists the limits of the topics whose
+    handler declares it, and their groups' own limits."""
     if ctx.invoked_subcommand is not None:
         if as_json:
             raise click.UsageError("give --json without pause or resume: it lists the queues")
@@ -124,12 +132,16 @@ def queues(ctx: click.Context, as_json: bool) -> None:
     rows = queue.queues()
     limits = queue.limits()
     if as_json:
-        emit_json(_with_limits(rows, limits))
+        emit_json(_with_limits(rows, limits, [g.to_dict() for g in queue.group_limits()]))
         return
     say_lines(queues_lines(rows))
     if limits:
         say("")
         say_lines(limits_lines(limits))
+    own_lines = group_limits_lines(queue.group_limits())
+    if own_lines:
+        say("")
+        say_lines(own_lines)
 
 
 @queues.command("pause")

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from brooq.errors import BrooqError, InvalidTransition, JobNotFound
+from brooq.declare.handlers import MAX_GLOBAL_LIMIT as MAX_LIMIT
+from brooq.errors import BrooqError, InvalidGroup, InvalidTransition, JobNotFound
 from brooq.job import (
     BULK_FROM_STATES,
     FROM_STATES,
@@ -31,7 +32,7 @@ from brooq.job import (
     validate_queue,
     validate_topic,
 )
-from brooq.job_options import check_tag, key_taken
+from brooq.job_options import check_tag, key_taken, validate_group
 from brooq.operator.reads import get
 from brooq.operator.records import BulkResult
 from brooq.sql import Q, Queries
@@ -318,6 +319,37 @@ def purge(
         if batch["picked"] < batch_size:  # the keyset reached the end
             return changed
         params["after"], params["as_of"] = batch["last_id"], batch["as_of"]
+
+
+def check_group_limit(topic: object, group: object, limit: object) -> tuple[str, str]:
+    """The topic and group of a group's own limit, or the error naming what is wrong:
+    InvalidTopic, InvalidGroup, BrooqError for a limit that is not a whole number from 0
+    (or None, which clears it) within PostgreSQL's integer."""
+    checked_topic = validate_topic(topic)
+    checked_group = validate_group(group)
+    if checked_group is None:
+        raise InvalidGroup("a group's own limit needs a group (1 to 128 characters)")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT
+    ):
+        raise BrooqError(
+            f"limit must be a whole number from 0 to {MAX_LIMIT} (0: the group's jobs wait), "
+            f"or None to go back to the topic's group_limit; got {limit!r}"
+        )
+    return checked_topic, checked_group
+
+
+def set_group_limit(
+    conn: Connection, topic: str, group: str, limit: int | None, q: Queries = Q
+) -> bool:
+    """Give ``group`` of ``topic`` its own group_limit (None: back to the topic's). True
+    when something changed (None on a group without one: nothing to clear)."""
+    checked_topic, checked_group = check_group_limit(topic, group, limit)
+    params = {"topic": checked_topic, "group": checked_group, "limit": limit}
+    if limit is None:
+        return conn.execute(q.group_limit_clear, params).fetchone() is not None
+    conn.execute(q.group_limit_set, params)
+    return True
 
 
 def set_paused(conn: Connection, name: str, *, paused: bool, q: Queries = Q) -> None:

@@ -31,6 +31,7 @@ from brooq.job import (
 from brooq.job_options import check_tag
 from brooq.operator.records import (
     AttemptLog,
+    GroupLimit,
     HolderStats,
     InFlight,
     QueueStats,
@@ -156,6 +157,14 @@ def topic_limits(conn: Connection, q: Queries = Q) -> list[TopicLimits]:
     except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
         return []
     return [TopicLimits.from_row(r) for r in rows]
+
+
+def group_limits(conn: Connection, topic: str | None = None, q: Queries = Q) -> list[GroupLimit]:
+    """The groups' own limits set at runtime, by topic and group (all topics by default)."""
+    if topic is not None:
+        validate_topic(topic)
+    cur = conn.cursor(row_factory=class_row(GroupLimit))
+    return cur.execute(q.group_limit_list, {"topic": topic}).fetchall()
 
 
 def check_limit(limit: int) -> None:

@@ -113,6 +113,27 @@ class TopicStats:
         }
 
 
+@dataclass(frozen=True)
+class GroupLimit:
+    """A group's own group_limit, set at runtime (``brooq limits set``,
+    Queue.set_group_limit): it replaces the topic's group_limit for that group (0: its
+    jobs wait) in the claims of a topic whose groups are taken in turn (group_limit or
+    fair_groups, without a rate)."""
+
+    topic: str
+    group: str
+    limit: int
+    updated_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "group": self.group,
+            "limit": self.limit,
+            "updated_at": self.updated_at.isoformat(),
+        }
+
+
 # A topic's limits as a master publishes them (brooq.declare.handlers.Handler.limits), and their
 # names in the order shown.
 LIMIT_NAMES = ("global_limit", "rate_limit", "group_limit", "group_rate_limit")

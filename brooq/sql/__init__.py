@@ -91,6 +91,7 @@ RELATIONS = (
     "brooq_job_promote",
     "brooq_claim_coordinated",
     "brooq_claim_groups",
+    "brooq_group_limit",
     "brooq_rate_slot",
     "brooq_window_sweep",
     "brooq_job_edge",

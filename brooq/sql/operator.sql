@@ -779,3 +779,24 @@ FROM {brooq_job_edge} AS e JOIN {job_all} AS d ON d.id = e.downstream_id
 WHERE e.upstream_id = %(id)s
 ORDER BY d.id
 LIMIT %(limit)s
+
+-- name: group_limit_set
+-- A group's own group_limit (brooq limits set, Queue.set_group_limit): it replaces the
+-- topic's for that group in the claims of topics whose groups are taken in turn
+-- (brooq_claim_groups reads it at every claim: every master obeys at its next claim).
+INSERT INTO {brooq_group_limit} (topic, group_key, group_limit)
+VALUES (%(topic)s, %(group)s, %(limit)s)
+ON CONFLICT (topic, group_key)
+DO UPDATE SET group_limit = EXCLUDED.group_limit, updated_at = now()
+
+-- name: group_limit_clear
+-- The group back to the topic's group_limit; a row when there was an own limit.
+DELETE FROM {brooq_group_limit} WHERE topic = %(topic)s AND group_key = %(group)s
+RETURNING group_limit
+
+-- name: group_limit_list
+-- The groups' own limits, by topic and group; all topics when `topic` is NULL.
+SELECT topic, group_key AS "group", group_limit AS "limit", updated_at
+FROM {brooq_group_limit}
+WHERE %(topic)s::text IS NULL OR topic = %(topic)s::text
+ORDER BY topic, group_key

@@ -246,3 +246,39 @@ def test_group_limit_holds_under_two_masters_at_speed_and_through_a_kill(
     print(f"most jobs of one tenant processing at once: {most} ({samples} samples)")
     assert killed and 0 < most <= 2, most
     assert count(db, "state <> 'done'") == 0
+
+
+def test_a_groups_own_limit_set_from_the_command_line_holds_on_every_master(
+    queue: brooq.Queue,
+    db: psycopg.Connection[Any],
+    dsn: str,
+    start_master: StartMaster,
+    stamp_table: None,
+) -> None:
+    """group_limit=1 declared, two masters of 3 children running 50 ms jobs of tenant A:
+    `brooq limits set tenant.work --group A --limit 3` lets three run at once on the
+    fleet (and never more), `--limit 0` stops A's starts while its jobs wait."""
+    import subprocess
+    import sys
+
+    def limits(*args: str) -> None:
+        cmd = [sys.executable, "-m", "brooq", "--database", dsn, "limits", "set", *args]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    queue.enqueue_many([brooq.Job("tenant.work", group="A") for _ in range(400)])
+    env = {"BROOQ_GROUP_LIMIT": "1", "BROOQ_JOB_SLEEP": "0.05"}
+    masters = [start_master(app=APP, workers=3, env=env) for _ in range(2)]
+    busy = "state = 'processing' AND group_key = 'A'"
+    wait_for(lambda: count(db, "state = 'done'") >= 3, what="A's jobs running one at a time")
+    assert count(db, busy) <= 1
+    limits("tenant.work", "--group", "A", "--limit", "3")
+    seen: list[int] = []
+    wait_for(lambda: seen.append(count(db, busy)) or seen[-1] == 3, what="three of A at once")
+    for _ in range(100):
+        seen.append(count(db, busy))
+    assert max(seen) == 3, seen
+    limits("tenant.work", "--group", "A", "--limit", "0")
+    wait_for(lambda: count(db, busy) == 0, what="A's starts stopped")
+    done = count(db, "state = 'done'")
+    stop(masters)
+    assert count(db, "state = 'done'") == done < 400  # none started since; the rest wait
