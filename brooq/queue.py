@@ -38,7 +38,7 @@ from brooq.job import (
     parse_job_id,
     validate_queue,
 )
-from brooq.operator import changes, reads
+from brooq.operator import changes, reads, schedules
 from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk, transition_params
 from brooq.operator.records import (
     AttemptLog,
@@ -50,6 +50,7 @@ from brooq.operator.records import (
     TopicLimits,
     TopicStats,
 )
+from brooq.operator.schedules import StoredSchedule
 from brooq.producer.events import emit_event, emit_event_async
 from brooq.producer.insert import (
     KEY_ROUNDS,
@@ -554,6 +555,77 @@ class Queue(Registry):
         """The groups' own limits set with ``set_group_limit``, by topic and group (only
         ``topic``'s if given)."""
         return self._on(reads.group_limits, topic)
+
+    # -- schedules stored in the database (brooq.operator.schedules) ------------------------
+
+    def add_schedule(
+        self,
+        name: str,
+        topic: str,
+        payload: Any = None,
+        *,
+        cron: str | None = None,
+        every: Duration | None = None,
+        tz: str = "UTC",
+        queue: str | None = None,
+        priority: int = 0,
+        backfill: int = 0,
+        paused: bool = False,
+    ) -> StoredSchedule:
+        """Store a periodic schedule in the database, beside those the application
+        declares with ``periodic``: ``cron`` or ``every`` in ``tz``, as ``periodic`` takes
+        them, and the job of each tick (``topic``, ``payload``, ``queue``, ``priority``).
+        Every master's periodic duty reads it within a second and enqueues each tick once.
+        ``backfill``: after downtime, so many missed ticks before the due one are
+        enqueued too (0: only the due one). A name the application declares stays the
+        application's. InvalidSettings or BrooqError before any write for a bad argument
+        or a name stored already."""
+        stored = schedules.make(
+            name,
+            topic,
+            payload,
+            cron=cron,
+            every=every,
+            tz=tz,
+            queue=queue,
+            priority=priority,
+            backfill=backfill,
+            paused=paused,
+        )
+        self._on(schedules.add, stored)
+        return stored
+
+    def change_schedule(self, name: str, **fields: Any) -> StoredSchedule:
+        """Change a stored schedule: any of ``add_schedule``'s arguments but the name
+        (``cron`` and ``every`` replace each other). Masters follow within a second."""
+        unknown = set(fields) - {
+            "topic", "payload", "cron", "every", "tz", "queue", "priority", "backfill", "paused"
+        }  # fmt: skip
+        if unknown:
+            raise BrooqError(f"change_schedule takes no {', '.join(sorted(unknown))}")
+        return self._on(schedules.change, name, **fields)
+
+    def pause_schedule(self, name: str) -> StoredSchedule:
+        """No tick of the stored schedule is enqueued until ``resume_schedule``."""
+        return self.change_schedule(name, paused=True)
+
+    def resume_schedule(self, name: str) -> StoredSchedule:
+        """The stored schedule's ticks come again (missed ones as its backfill says)."""
+        return self.change_schedule(name, paused=False)
+
+    def remove_schedule(self, name: str) -> bool:
+        """Remove a stored schedule; False when there is none of that name."""
+        return self._on(schedules.remove, name)
+
+    def run_schedule(self, name: str) -> uuid.UUID:
+        """Enqueue the stored schedule's job now, outside its ticks; its id."""
+        stored = self._on(schedules.get, name)
+        job_id, _ = self.enqueue(stored.job())
+        return job_id
+
+    def stored_schedules(self, name: str | None = None) -> list[StoredSchedule]:
+        """The schedules stored in the database, by name, with their last claimed tick."""
+        return self._on(schedules.listed, name)
 
     def in_flight(self, limit: int = 100) -> list[InFlight]:
         """Jobs in state processing, longest running first; at most ``limit`` (1,000)."""

@@ -58,6 +58,8 @@ class Schedule:
     tz: str
     zone: ZoneInfo
     job: JobSpec
+    # After downtime, how many missed ticks before the due one are enqueued too.
+    backfill: int = 0
 
     @property
     def expression(self) -> str:
@@ -81,6 +83,7 @@ def build_schedule(
     tz: object = "UTC",
     job: object = None,
     taken: object = (),
+    backfill: object = 0,
 ) -> Schedule:
     """A Schedule, or InvalidSettings listing every problem of these arguments
     (``taken``: the names already registered)."""
@@ -120,6 +123,11 @@ def build_schedule(
             zone = ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError, OSError):
             problems.append(f"periodic {label}: unknown time zone {tz!r}")
+    if isinstance(backfill, bool) or not isinstance(backfill, int) or not 0 <= backfill <= 1000:
+        problems.append(
+            f"periodic {label}: backfill must be a whole number of ticks from 0 to 1000, "
+            f"got {backfill!r}"
+        )
     if not isinstance(job, Job) and not callable(job):
         problems.append(
             f"periodic {label}: job must be a brooq.Job or a callable taking the tick and "
@@ -135,6 +143,7 @@ def build_schedule(
         tz=tz,
         zone=zone,
         job=job,  # type: ignore[arg-type]
+        backfill=backfill,  # type: ignore[arg-type]
     )
 
 
@@ -210,6 +219,19 @@ def due_tick(schedule: Schedule, now: datetime) -> datetime | None:
     tick = previous_tick(schedule, now)
     period = next_tick(schedule, tick) - tick
     return tick if _utc(now) - tick < period else None
+
+
+def missed_ticks(schedule: Schedule, last: datetime, now: datetime) -> list[datetime]:
+    """The ticks after ``last`` (the last one claimed) up to ``now`` that a schedule with
+    ``backfill`` N enqueues: the most recent N + 1 of them, oldest first (the due tick
+    last, when it is one). Empty when nothing is past ``last``."""
+    last, now = _utc(last), _utc(now)
+    found: list[datetime] = []
+    tick = previous_tick(schedule, now)
+    while tick > last and len(found) <= schedule.backfill:
+        found.append(tick)
+        tick = previous_tick(schedule, tick - timedelta(microseconds=1))
+    return found[::-1]
 
 
 def tick_key(schedule: Schedule, tick: datetime) -> str:

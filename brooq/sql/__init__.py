@@ -92,6 +92,7 @@ RELATIONS = (
     "brooq_claim_coordinated",
     "brooq_claim_groups",
     "brooq_group_limit",
+    "brooq_schedule",
     "brooq_rate_slot",
     "brooq_window_sweep",
     "brooq_job_edge",

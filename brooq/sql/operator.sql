@@ -800,3 +800,36 @@ SELECT topic, group_key AS "group", group_limit AS "limit", updated_at
 FROM {brooq_group_limit}
 WHERE %(topic)s::text IS NULL OR topic = %(topic)s::text
 ORDER BY topic, group_key
+
+-- name: schedule_add
+-- A periodic schedule stored in the database (Queue.add_schedule, `brooq periodic add`);
+-- no row when one of that name exists (the caller says so).
+INSERT INTO {brooq_schedule} (name, cron, every_seconds, tz, topic, payload, queue,
+                              priority, backfill, paused)
+VALUES (%(name)s, %(cron)s, %(every)s, %(tz)s, %(topic)s, %(payload)s::jsonb, %(queue)s,
+        %(priority)s, %(backfill)s, %(paused)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+
+-- name: schedule_update
+-- A stored schedule changed whole (the caller merged the fields given with the row);
+-- no row when there is none of that name.
+UPDATE {brooq_schedule}
+SET cron = %(cron)s, every_seconds = %(every)s, tz = %(tz)s, topic = %(topic)s,
+    payload = %(payload)s::jsonb, queue = %(queue)s, priority = %(priority)s,
+    backfill = %(backfill)s, paused = %(paused)s, updated_at = now()
+WHERE name = %(name)s
+RETURNING name
+
+-- name: schedule_remove
+DELETE FROM {brooq_schedule} WHERE name = %(name)s RETURNING name
+
+-- name: schedule_list
+-- The stored schedules, by name, with the last tick claimed and its job (brooq_periodic):
+-- what the masters' periodic duty reads at each pass, and what `brooq periodic` lists.
+SELECT s.name, s.cron, s.every_seconds, s.tz, s.topic, s.payload, s.queue, s.priority,
+       s.backfill, s.paused, s.created_at, s.updated_at, p.last_tick, p.last_job
+FROM {brooq_schedule} s
+LEFT JOIN {brooq_periodic} p ON p.name = s.name
+WHERE %(name)s::text IS NULL OR s.name = %(name)s::text
+ORDER BY s.name

@@ -245,6 +245,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0025_schedules\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0024_group_claims\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0023_on_hold\n", out.stdout

@@ -473,7 +473,9 @@ def test_cli_lists_the_schedules(dsn: str, db: psycopg.Connection[Any], queue: b
     [
         (("periodic", "--app", "no_such_module_x:queue"), None, "cannot import"),
         (("periodic", "--app", "brooq_periodicapp:"), None, "--app must be MODULE:ATTR"),
-        (("periodic",), None, "Missing option '--app'"),
+        (("periodic", "add", "x", "--topic", "t.x"), None, "exactly one of --cron and --every"),
+        (("periodic", "add", "x", "--topic", "t.x", "--every", "0s"), None, "at least 1s"),
+        (("periodic", "--json", "pause", "x"), None, "give --app and --json without a command"),
         (("periodic", "--app", APP), {"BROOQ_PERIODIC_BAD": "1"}, "unknown time zone"),
     ],
 )
@@ -484,3 +486,81 @@ def test_cli_bad_input_is_one_line_exit_2(
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert len(out.stderr.splitlines()) == 1 and expected in out.stderr, out.stderr
     assert out.stdout == ""
+
+
+def test_a_schedule_added_from_the_command_line_runs_once_per_tick_on_two_masters(
+    dsn: str, db: psycopg.Connection[Any], start_master: StartMaster
+) -> None:
+    """Two masters running: `brooq periodic add` stores a 1 s schedule; its ticks come
+    within a second of the add, one job each, none twice; paused, none; resumed, they come
+    again; `run` enqueues one now; removed, none."""
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "brooq", "--database", dsn, "periodic", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    masters = [start_master(app=APP, workers=1) for _ in range(2)]
+    for m in masters:
+        m.wait_ready(1)
+    added = cli("add", "stored", "--topic", "p.tick", "--every", "1s", "--payload", '{"a": 1}')
+    assert added.returncode == 0, added.stderr
+    wait_for(lambda: len(ticks(db, "stored")) >= 4, timeout=20, what="4 ticks")
+    got = ticks(db, "stored")
+    assert [y - x for x, y in itertools.pairwise(got)] == [timedelta(seconds=1)] * (len(got) - 1)
+    assert cli("pause", "stored").returncode == 0
+    time.sleep(1.5)  # a pass of the duty reads the pause
+    paused = len(ticks(db, "stored"))
+    time.sleep(2.2)  # two ticks go by paused
+    assert len(ticks(db, "stored")) == paused
+    assert cli("resume", "stored").returncode == 0
+    wait_for(lambda: len(ticks(db, "stored")) > paused, timeout=20, what="ticks again")
+    ran = cli("run", "stored")
+    assert ran.returncode == 0 and ran.stdout.startswith("enqueued ")
+    job_id = ran.stdout.split()[1]
+    row = db.execute("SELECT topic, payload FROM job_all WHERE id = %s", (job_id,)).fetchone()
+    assert row == ("p.tick", {"a": 1})
+    assert cli("remove", "stored").returncode == 0
+    time.sleep(1.5)
+    removed = len(ticks(db, "stored"))
+    time.sleep(2.2)
+    assert len(ticks(db, "stored")) == removed
+    for m in masters:
+        m.signal(15)
+    assert [m.wait() for m in masters] == [0, 0]
+    keys = db.execute(
+        "SELECT idempotency_key FROM job_all WHERE idempotency_key LIKE 'periodic:stored:%%'"
+    ).fetchall()
+    assert len(keys) == len({k for (k,) in keys})  # once per tick across both masters
+
+
+def test_a_stored_schedule_backfills_the_ticks_missed_while_no_master_ran(
+    db: psycopg.Connection[Any], queue: brooq.Queue, start_master: StartMaster
+) -> None:
+    """backfill=2, every 1 s, the master stopped for about 4 s: at the restart the two
+    ticks before the due one come too, and no more."""
+    queue.add_schedule("filled", "p.tick", every="1s", backfill=2)
+    m = start_master(app=APP, workers=1)
+    wait_for(lambda: len(ticks(db, "filled")) >= 2, timeout=20, what="2 ticks")
+    m.signal(15)
+    assert m.wait() == 0
+    before = ticks(db, "filled")
+    time.sleep(4.2)  # four ticks go by
+    m2 = start_master(app=APP, workers=1)
+    wait_for(lambda: len(ticks(db, "filled")) >= len(before) + 3, timeout=20, what="backfill")
+    m2.signal(15)
+    assert m2.wait() == 0
+    after = ticks(db, "filled")[len(before) :]
+    # The first pass after the restart enqueued the due tick and the two before it
+    # (created together), consecutive; the ones before those were missed for good.
+    created = db.execute(
+        "SELECT idempotency_key, created_at FROM job_all "
+        "WHERE idempotency_key LIKE 'periodic:filled:%%' ORDER BY created_at"
+    ).fetchall()[len(before) :]
+    first_pass = [parse_key(k) for k, at in created if at - created[0][1] < timedelta(seconds=0.3)]
+    assert len(first_pass) == 3, created
+    assert [y - x for x, y in itertools.pairwise(sorted(first_pass))] == [timedelta(seconds=1)] * 2
+    assert [y - x for x, y in itertools.pairwise(after)] == [timedelta(seconds=1)] * (
+        len(after) - 1
+    )
+    assert after[0] - before[-1] >= timedelta(seconds=2)  # at least one missed for good
+    assert queue.stored_schedules("filled")[0].last_tick == ticks(db, "filled")[-1]

@@ -1,6 +1,8 @@
 """The periodic schedules, as a duty: every second, the first at once.
 
-Owns: enqueueing each schedule's due tick once across every master: the tick claimed in
+Owns: reading the schedules stored in the database (brooq_schedule) at each pass beside
+the application's, and enqueueing each schedule's due tick (and the missed ticks its
+backfill names) once across every master: the tick claimed in
 brooq_periodic and its job inserted (brooq.producer.insert) in one transaction
 (periodic_claim, periodic_set_job), and the warning of a master whose clock is ahead
 of the database's (ClockAhead). Must never wait: a database out of reach leaves the tick
@@ -22,6 +24,7 @@ import psycopg
 from brooq.declare import periodic as periodic_mod
 from brooq.errors import BrooqError
 from brooq.metrics import Metrics
+from brooq.operator import schedules
 from brooq.producer import insert
 from brooq.producer.insert import Handlers
 from brooq.settings import Settings
@@ -96,24 +99,81 @@ class Periodic:
         # successor, take the next ones (the catch-up rule covers a gap).
         self.draining = draining
         self.settled: dict[str, datetime] = {}  # name -> the last tick decided here
+        # The stored schedules (brooq_schedule) not paused, as the last pass read them.
+        self.stored: dict[str, periodic_mod.Schedule] = {}
+        self.said: set[tuple[str, object]] = set()  # stored rows already warned about
         # When the loop last warned that this master's clock is ahead (None: never).
         self.ahead_logged_at: float | None = None
 
-    def pending(self, now: datetime) -> list[tuple[periodic_mod.Schedule, datetime]]:
-        """The (schedule, tick) pairs to try at ``now``: due and not decided here yet."""
+    def pending(
+        self, now: datetime, last: Mapping[str, datetime] | None = None
+    ) -> list[tuple[periodic_mod.Schedule, datetime]]:
+        """The (schedule, tick) pairs to try at ``now``: due and not decided here yet, and
+        for a schedule with a backfill, the ticks it missed since ``last[name]`` (the last
+        claimed), oldest first, as many as it names."""
         out = []
-        for name, schedule in sorted(self.schedules.items()):
-            tick = periodic_mod.due_tick(schedule, now)
-            if tick is None or self.settled.get(name) == tick:
-                continue
-            out.append((schedule, tick))
+        for name, schedule in sorted(self.running().items()):
+            claimed = (last or {}).get(name)
+            if schedule.backfill and claimed is not None:
+                ticks = periodic_mod.missed_ticks(schedule, claimed, now)
+            else:
+                tick = periodic_mod.due_tick(schedule, now)
+                ticks = [] if tick is None else [tick]
+            done = self.settled.get(name)
+            out += [(schedule, t) for t in ticks if done is None or t > done]
         return out
+
+    def running(self) -> dict[str, periodic_mod.Schedule]:
+        """The schedules this master runs: the stored ones not paused (as last read),
+        and the application's, which keep a name both have."""
+        return {**self.stored, **self.schedules}
+
+    def refresh(self) -> dict[str, datetime] | None:
+        """Read the stored schedules (brooq_schedule); the last claimed tick of each by
+        name. None when the database could not be read (the last reading stays)."""
+        rows = self.conns.with_db(
+            "stored schedules", lambda conn: schedules.listed(conn, q=self.conns.q)
+        )
+        if rows is None:
+            return None
+        stored: dict[str, periodic_mod.Schedule] = {}
+        last: dict[str, datetime] = {}
+        for row in rows:
+            if row.last_tick is not None:
+                last[row.name] = row.last_tick
+            if row.paused:
+                continue
+            if row.name in self.schedules:
+                self._once(
+                    row,
+                    "event=periodic_shadowed name=%s: the application declares a "
+                    "schedule of this name, which runs instead of the stored one",
+                )
+                continue
+            try:
+                stored[row.name] = row.schedule()
+            except (BrooqError, ValueError) as exc:
+                self._once(
+                    row,
+                    "event=periodic_refused name=%s error=%r: the stored schedule is left out",
+                    str(exc),
+                )
+        self.stored = stored
+        return last
+
+    def _once(self, row: schedules.StoredSchedule, message: str, *args: object) -> None:
+        """Log ``message`` for a stored schedule once per version of its row."""
+        seen = (row.name, row.updated_at)
+        if seen not in self.said:
+            self.said.add(seen)
+            log.warning(message, row.name, *args)
 
     def run_once(self, now: float) -> Counts:
         enqueued = lost = failed = 0
         if self.draining():
             return {"enqueued": 0, "lost": 0, "failed": 0}
-        for schedule, tick in self.pending(self.clock()):
+        last = self.refresh()
+        for schedule, tick in self.pending(self.clock(), last):
             try:
                 job = periodic_mod.build_job(schedule, tick)
                 # A typed topic's payload is checked too: a tick's job that cannot fit

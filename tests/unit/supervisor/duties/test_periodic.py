@@ -41,9 +41,12 @@ class FakeConns:
     def __init__(self) -> None:
         self.answer: Any = None
         self.calls: list[str] = []
+        self.stored: Any = []  # brooq_schedule's rows (StoredSchedule), or None: down
         self.connected = False
 
     def with_db(self, what: str, fn: Any) -> Any:
+        if what == "stored schedules":
+            return self.stored
         self.calls.append(what)
         return self.answer() if callable(self.answer) else self.answer
 
@@ -172,3 +175,66 @@ def test_a_master_ahead_of_the_database_is_told_once_a_minute(
     assert {r.levelno for r in warnings} == {logging.WARNING}
     message = warnings[0].getMessage()
     assert "skew=3600.2s" in message and "ahead of the database" in message
+
+
+# -- schedules stored in the database ---------------------------------------------------------
+
+
+def stored(name: str, **kw: Any) -> Any:
+    from brooq.operator.schedules import StoredSchedule
+
+    fields: dict[str, Any] = {
+        "cron": None,
+        "every": 2,
+        "tz": "UTC",
+        "topic": "t.x",
+        "payload": {"n": 1},
+        "queue": None,
+        "priority": 0,
+        "backfill": 0,
+        "paused": False,
+        "updated_at": at(2026, 12, 1),
+    }
+    fields.update(kw)
+    return StoredSchedule(name=name, **fields)
+
+
+def test_a_stored_schedule_runs_beside_the_declared_ones_and_a_paused_one_does_not() -> None:
+    clock = Clock(at(2026, 12, 1, 12, 0, 0, 100000))
+    d, conns = duty({"code": sched(name="code", every="2s")}, clock)
+    conns.stored = [stored("db"), stored("off", paused=True)]
+    conns.answer = uuid.uuid4
+    assert d.run_once(0)["enqueued"] == 2  # code's tick and db's, not off's
+    assert sorted(d.running()) == ["code", "db"]
+    conns.stored = [stored("db", paused=True)]  # paused meanwhile
+    clock.now += timedelta(seconds=2)
+    assert d.run_once(1)["enqueued"] == 1 and sorted(d.running()) == ["code"]
+    conns.stored = None  # the database away: the last reading stays
+    assert sorted(d.running()) == ["code"]
+
+
+def test_a_stored_schedule_backfills_what_it_missed_up_to_its_bound() -> None:
+    clock = Clock(at(2026, 12, 1, 12, 0, 11))
+    d, conns = duty({}, clock)
+    # Its last tick claimed at 12:00:00; masters down until 12:00:11: ticks 02 to 10.
+    conns.stored = [stored("db", backfill=3, last_tick=at(2026, 12, 1, 12))]
+    conns.answer = uuid.uuid4
+    d.refresh()
+    ticks = [t for _, t in d.pending(clock(), {"db": at(2026, 12, 1, 12)})]
+    assert ticks == [at(2026, 12, 1, 12, 0, s) for s in (4, 6, 8, 10)]  # 3 missed + due
+    assert d.run_once(0)["enqueued"] == 4
+
+
+def test_a_declared_schedule_keeps_its_name_over_a_stored_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock(at(2026, 12, 1, 12, 0, 0, 100000))
+    code = sched(name="same", every="2s")
+    d, conns = duty({"same": code}, clock)
+    conns.stored = [stored("same", every=60), stored("broken", cron="61 * * * *", every=None)]
+    with caplog.at_level(logging.WARNING, logger="brooq.master"):
+        d.refresh()
+        d.refresh()  # said once per version of the row
+    assert d.running() == {"same": code}
+    assert caplog.text.count("event=periodic_shadowed name=same") == 1
+    assert caplog.text.count("event=periodic_refused name=broken") == 1
