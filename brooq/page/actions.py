@@ -1,5 +1,6 @@
 """The status page's actions, in the page process: sign in with the admin token, then
-cancel, retry, hold or release a job, pause or resume a queue, do any of the four in bulk.
+cancel, retry, hold or release a job, pause or resume a queue, do any of the four in bulk,
+pause, resume, run now or remove a stored schedule.
 
     GET  /sign-in                  the sign-in form (the token is posted, never in a URL)
     POST /sign-in                  token=... -> the session cookie (brooq.page.signin)
@@ -7,6 +8,7 @@ cancel, retry, hold or release a job, pause or resume a queue, do any of the fou
     GET  /actions                  the forms of every action (signed in), or how to sign in
     POST /jobs/<id>/cancel, /jobs/<id>/retry, /jobs/<id>/hold, /jobs/<id>/release
     POST /queues/<name>/pause, /queues/<name>/resume
+    POST /schedules/<name>/pause, /resume, /run, /remove   (the name percent-encoded)
     POST /bulk/retry, /bulk/cancel, /bulk/hold topic=T state=S [queue=Q]
     POST /bulk/release topic=T [queue=Q]
 
@@ -19,8 +21,10 @@ every source (brooq.opsport.budget): a few cost nothing, then the source waits (
 Retry-After; one log line per wait).
 Without an admin token configured every action answers 403 and the pages say how to
 enable them. The writes are brooq.operator's functions (the guarded statements, the bulk
-batches), each action on a connection of its own (brooq.operator.connect); a refusal is
-worded by brooq.job as for the CLI.
+batches, brooq.operator.schedules), each action on a connection of its own
+(brooq.operator.connect); a schedule run now is its job inserted as brooq.enqueue inserts
+one (brooq.producer.insert); a refusal is worded by brooq.job or brooq.operator as for the
+CLI.
 
 Owns: routing and answering these requests. Must never write the token into a page, a
 log line or a URL, or change anything on a GET.
@@ -34,12 +38,12 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 import psycopg
 
 from brooq.job import ON_HOLD, Transition
-from brooq.operator import changes
+from brooq.operator import changes, schedules
 from brooq.opsport.httpmsg import plain_response
 from brooq.page import signin
 from brooq.page.signin import revoke
@@ -51,7 +55,8 @@ log = logging.getLogger("brooq.pages")
 
 _ROUTES = re.compile(
     r"^/(?:(sign-in|sign-out|actions)|jobs/([0-9a-fA-F-]{36})/(cancel|retry|hold|release)"
-    r"|queues/([^/?#]{1,128})/(pause|resume)|bulk/(retry|cancel|hold|release))$"
+    r"|queues/([^/?#]{1,128})/(pause|resume)|bulk/(retry|cancel|hold|release)"
+    r"|schedules/([^?#]{1,1024})/(pause|resume|run|remove))$"
 )
 # The routes' words as brooq.job's transitions (the pattern above admits no other).
 _TRANSITIONS: dict[str, Transition] = {
@@ -134,7 +139,7 @@ class Actions:
         form = form_of(body)
         now = time.time()
         session = self.session(request.headers, now)
-        page, job_id, job_action, queue_name, queue_action, bulk = match.groups()
+        page, job_id, job_action, queue_name, queue_action, bulk, schedule, verb = match.groups()
         if request.method == "GET":
             if page == "sign-in":
                 return self._page(200, "Sign in", self._sign_in_form(), session)
@@ -154,6 +159,13 @@ class Actions:
             self._revoke(session, now)
             log.info("event=page_signed_out")
             return _redirect("/", signin.clear_cookie())
+        if schedule and verb:
+            # Percent-encoded by the page's buttons (a name written by hand in SQL may
+            # hold any character); a "/" in it is matched by the pattern above whole.
+            name = unquote(schedule)
+            return self._refused_or(
+                form, session, lambda c, q: self._schedule(c, q, name, verb, form)
+            )
         return self._act(job_id, job_action, queue_name, queue_action, bulk, form, session)
 
     def _sign_in(self, request: Any, form: dict[str, str], peer: str, now: float) -> bytes:
@@ -261,6 +273,32 @@ class Actions:
         changes.set_paused(conn, name, paused=action == "pause", q=q)
         log.info("event=page_%s queue=%s", action, name)
         return _redirect(_back(form, "/"))
+
+    def _schedule(
+        self, conn: Conn, q: Queries, name: str, action: str, form: dict[str, str]
+    ) -> bytes:
+        """Pause, resume, run now or remove the stored schedule ``name``; BrooqError (a
+        refusal) when there is none, or when its row is one queue.periodic would refuse."""
+        from brooq.errors import BrooqError
+
+        if action == "run":
+            from brooq.producer import insert
+            from brooq.settings import load
+
+            job = insert.check_job(
+                schedules.get(conn, name, q).job(),
+                load(overrides={"schema": self.schema}).max_payload_bytes,
+            )
+            job_id, _ = insert.insert_checked(conn, job, q=q)
+            log.info("event=page_schedule_run schedule=%r job=%s", name, job_id)
+            return _redirect(f"/jobs/{job_id}")
+        if action == "remove":
+            if not schedules.remove(conn, name, q):
+                raise BrooqError(f"no stored schedule named {name!r} (brooq periodic lists them)")
+        else:
+            schedules.change(conn, name, q, paused=action == "pause")
+        log.info("event=page_schedule_%s schedule=%r", action, name)
+        return _redirect(_back(form, "/schedules"))
 
     def _bulk(
         self,
@@ -405,7 +443,7 @@ def form_of(body: bytes) -> dict[str, str]:
 # cursor and its tag filter (urlencoded: brooq.job_options.TAG_FORM's characters, some as
 # %XX); anything else (another site, a scheme, //host) is ignored: no open redirect.
 _BACK = re.compile(
-    r"^/(?:in-flight|failed|dead|on-hold|jobs/[0-9a-f-]{36})?"
+    r"^/(?:in-flight|failed|dead|on-hold|schedules|jobs/[0-9a-f-]{36})?"
     r"(?:\?after=[0-9]{1,18}_[0-9a-f-]{36}(?:&tag=[A-Za-z0-9_.%-]{1,200})?"
     r"|\?tag=[A-Za-z0-9_.%-]{1,200})?$"
 )

@@ -289,6 +289,7 @@ NAV = (
     ("/failed", "Failed"),
     ("/dead", "Dead"),
     ("/on-hold", "On hold"),
+    ("/schedules", "Schedules"),
     ("/fleet", "Fleet"),
     ("/actions", "Actions"),
 )

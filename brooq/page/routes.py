@@ -10,7 +10,8 @@ which. Every response, errors included, carries
 brooq.page.headers.security_headers().
 
 Owns: routing, the validation of ids and cursors in URLs, and the error pages; each
-page's HTML is brooq.page.views', brooq.page.charts' or brooq.page.jobview's.
+page's HTML is brooq.page.views', brooq.page.charts', brooq.page.jobview's or
+brooq.page.schedules'.
 Must never: write to the database, raise for anything a client sends, or let a value
 reach a page without brooq.page.render.e().
 """
@@ -27,7 +28,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 import psycopg
 
 from brooq.job_options import TAG_FORM, TAG_PATTERN
-from brooq.page import reads
+from brooq.page import reads, schedules
 from brooq.page.charts import charts_page
 from brooq.page.headers import security_headers
 from brooq.page.jobview import job_page
@@ -83,6 +84,7 @@ def _error_page(
             ("/dead", "dead: the jobs given up on"),
             ("/on-hold", "on hold: the jobs held until released"),
             ("/charts", "charts: throughput, failures, latency, backlog"),
+            ("/schedules", "schedules: the periodic schedules stored in the database"),
         )
     )
     body = (
@@ -245,7 +247,7 @@ def serve(
         kept = {"after": after[0] if after else None, **filters}
         here = path + (f"?{urlencode(given)}" if (given := _given(kept)) else "")
         known = not segments or segments in (["in-flight"], ["fleet"], ["failed"], ["dead"],
-                                             ["on-hold"], ["charts"])  # fmt: skip
+                                             ["on-hold"], ["charts"], ["schedules"])  # fmt: skip
         if not known and not (len(segments) == 2 and segments[0] == "jobs"):
             raise _ClientError(HTTPStatus.NOT_FOUND, f"nothing here at {path[:200]!r}")
         # Read before the page: its figures are at least as recent as the lag it shows.
@@ -261,6 +263,9 @@ def serve(
         elif segments == ["fleet"]:
             masters = reads.fleet(conn, timeout=timeout, q=q)
             body = fleet_page(masters, actions_enabled, csrf is not None, note)
+        elif segments == ["schedules"]:
+            stored = schedules.read(conn, timeout=timeout, q=q)
+            body = schedules.schedules_page(stored, actions_enabled, csrf, note)
         elif segments == ["charts"]:
             window = (query.get("window") or ["hour"])[0]
             if window not in reads.WINDOWS:

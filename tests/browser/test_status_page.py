@@ -251,6 +251,62 @@ def test_holding_and_releasing_a_job_from_its_page(
     assert token not in browser.page_source
 
 
+def test_pausing_and_resuming_a_stored_schedule_from_the_schedules_page(
+    queue: brooq.Queue,
+    db: Any,
+    start_master: StartMaster,
+    browser: Any,
+    tmp_path: Path,
+) -> None:
+    """Signed in, the schedules page (in the header's links) lists a stored schedule with
+    a pause button: clicked, the browser is back on the page, which says paused and offers
+    resume instead; resumed, the schedule has its next tick again."""
+    token = "browser-token-0123456789"
+    (tmp_path / "token").write_text(token)
+    queue.add_schedule("browser-tick", "ops.unhandled", {"n": 1}, every="1h")
+    m = start_master(
+        workers=1,
+        app="brooq_opsslow:queue",
+        env={"QUEUE_ADMIN_TOKEN_FILE": str(tmp_path / "token")},
+    )
+    m.wait_ready(1)
+    url = base_url(m)
+
+    def paused() -> bool:
+        row = db.execute("SELECT paused FROM brooq_schedule WHERE name = 'browser-tick'")
+        found = row.fetchone()
+        db.commit()
+        return bool(found[0])
+
+    def cells() -> list[str]:
+        row = browser.find_element(By.XPATH, "//tr[td[1]='browser-tick']")
+        return [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+
+    browser.get(url + "/sign-in")
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "form[action='/sign-in'] button").click()
+    wait_for(lambda: browser.current_url.endswith("/actions"), what="signed in")
+    browser.find_element(By.CSS_SELECTOR, "header a[href='/schedules']").click()
+    wait_for(lambda: browser.current_url == url + "/schedules", what="the schedules page")
+    assert cells()[1:4] == ["every 3600s", "UTC", "ops.unhandled"]
+    assert cells()[6] != "paused"
+    pause = "form[action='/schedules/browser-tick/pause'] button"
+    resume = "form[action='/schedules/browser-tick/resume'] button"
+    assert not browser.find_elements(By.CSS_SELECTOR, resume)
+    browser.find_element(By.CSS_SELECTOR, pause).click()
+    wait_for(paused, what="the schedule paused")
+    wait_for(lambda: cells()[6] == "paused", what="the page saying paused")
+    assert browser.current_url == url + "/schedules"
+    assert not browser.find_elements(By.CSS_SELECTOR, pause)
+    browser.save_screenshot(str(tmp_path / "schedule-paused.png"))
+    browser.find_element(By.CSS_SELECTOR, resume).click()
+    wait_for(lambda: not paused(), what="the schedule resumed")
+    wait_for(lambda: cells()[6] not in ("paused", ""), what="the page showing its next tick")
+    assert browser.current_url == url + "/schedules"
+    assert browser.find_elements(By.CSS_SELECTOR, pause)
+    assert token not in browser.page_source
+
+
 SHOTS = os.environ.get("BROOQ_SCREENSHOTS")  # a folder: the docs' screenshots, taken again
 
 

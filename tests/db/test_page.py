@@ -84,7 +84,13 @@ def test_hostile_text_is_shown_as_text_everywhere(db: Conn) -> None:
     )
     done = insert(db, state="done", result={"r": HOSTILE})
     held = insert(db, state="on_hold", attempts=1, last_error=HOSTILE, errors=errors)
-    pages = ["/", "/failed", "/dead", "/in-flight", "/on-hold"] + [
+    # A stored schedule's name and payload written by hand in SQL (the Queue and the CLI
+    # take a name of a topic's form only).
+    db.execute(
+        "INSERT INTO brooq_schedule (name, every_seconds, topic, payload) VALUES (%s, 60, 't', %s)",
+        [HOSTILE, json.dumps({HOSTILE: HOSTILE})],
+    )
+    pages = ["/", "/failed", "/dead", "/in-flight", "/on-hold", "/schedules"] + [
         f"/jobs/{j}" for j in (failed, dead, running, done, held)
     ]
     for target in pages:
@@ -93,8 +99,8 @@ def test_hostile_text_is_shown_as_text_everywhere(db: Conn) -> None:
         body = text(response)
         assert "<script>" not in body, target
         assert "alert(1)</script>" not in body, target
-    for target in ["/failed", "/dead", "/on-hold", f"/jobs/{failed}", f"/jobs/{dead}",
-                   f"/jobs/{held}"]:  # fmt: skip
+    for target in ["/failed", "/dead", "/on-hold", "/schedules", f"/jobs/{failed}",
+                   f"/jobs/{dead}", f"/jobs/{held}"]:  # fmt: skip
         assert ESCAPED in text(get(db, target)), target
     in_flight = text(get(db, "/in-flight"))
     assert ESCAPED in in_flight and "1234" in in_flight  # host and pid from locked_by
