@@ -420,6 +420,23 @@ def brooq_features(result: dict[str, Any]) -> list[str]:
             f"| {fmt(e, 'share_of_rate_pct')} % | {fmt(e, 'drain_s', 2)} "
             f"| {fmt(e, 'processes_seen')} / {fmt(e, 'masters_seen')} |",
         ]
+    e = _s(result, "brooq", "grouped_drain")
+    if e:
+        plain = _med(_s(result, "brooq", "drain", "2"), "jobs_per_s")
+        limited = _med(e, "jobs_per_s")
+        share = f"{100 * limited / plain:.0f} %" if plain and limited else "–"
+        lines += [
+            "",
+            f"## group_limit at speed (brooq): {sizes.get('drain', 0):,} no-op jobs in 1,000 "
+            "groups, `group_limit=2`, `--workers 2`",
+            "",
+            "The drain's jobs, each in a group; the claims take the groups in turn, a batch "
+            "at a time, under the topic's lock. Beside the unlimited drain of the same run.",
+            "",
+            "| jobs/s under group_limit | the unlimited drain, 2 children | share |",
+            "| ---: | ---: | ---: |",
+            f"| {fmt(e, 'jobs_per_s')} | {_num(plain) if plain else '–'} | {share} |",
+        ]
     e = _s(result, "brooq", "grouped")
     if e:
         lines += [

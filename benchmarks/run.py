@@ -29,6 +29,9 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
   grouped         brooq only: 1,000 jobs of 20 ms on a group_limit=1 topic, 20 groups of
                   50, 2 masters x 8 children: the most running at once in a group, and
                   jobs/s against 16 children / 0.020 s = 800
+  grouped_drain   brooq only: the drain's no-op jobs spread over 1,000 groups of a
+                  group_limit=2 topic, --workers 2 (claims of the groups in turn, a batch
+                  at a time): jobs/s beside the unlimited drain's
   io              2,000 ready jobs that each wait 50 ms (async handlers:
                   asyncio.sleep; brooq's sync variants: time.sleep), jobs/s from the
                   first handler start to the last handler end, and its share of the
@@ -98,7 +101,7 @@ from common import (
     wait_for_quiet,
     wait_until,
 )
-from systems import Celery, PgbenchInsert, System, all_systems
+from systems import GROUPED_DRAIN_GROUPS, Celery, PgbenchInsert, System, all_systems
 
 WORKLOADS = [
     "enqueue_single",
@@ -111,6 +114,7 @@ WORKLOADS = [
     "limited",
     "rated",
     "grouped",
+    "grouped_drain",
     "io",
     "io_http",
     "io_best",
@@ -125,7 +129,7 @@ TOOLS = ["ab", "ab_drain", "ab_bulk", "migration_locks", "snapshot_walk", "web_p
 TOOLS += ["cold_enqueue"]
 # Features the peers are not compared on here: run only by systems naming them in
 # System.extra_workloads.
-BROOQ_ONLY = {"priority", "limited", "rated", "grouped", "durability", *SUITES}
+BROOQ_ONLY = {"priority", "limited", "rated", "grouped", "grouped_drain", "durability", *SUITES}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
 # The I/O-bound workloads run brooq once per variant: "N" is
 # `brooq-master --workers N` with the sync handlers of apps/bench_brooq_app.py; "async"
@@ -239,13 +243,17 @@ def w_drain(
     variant: str,
     analyze: bool = True,
     workload: str = "drain",
+    items: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """N ready jobs, then the workers start; timed from the first look that sees a job
     finished to the first look that sees none left (POLL apart), and the CPU per job of
     the workers' sessions and of the database's backends over the same stretch (so the
     workers' start-up is left out of both)."""
     system.prepare(dsn)
-    system.enqueue_bulk("noop", [{"i": i} for i in range(n)])
+    if items is None:
+        system.enqueue_bulk("noop", [{"i": i} for i in range(n)])
+    else:  # the grouped drain's jobs, each with its group
+        system.enqueue_bulk(workload, items)
     if analyze:
         system.analyze()
     workers = start_all(system, workload, variant)
@@ -821,6 +829,10 @@ def run_plan(
                             m = w_rated(s, dsn, sizes.rated)
                         elif wl == "grouped":
                             m = w_grouped(s, dsn, sizes.grouped)
+                        elif wl == "grouped_drain":  # as the drain, under group_limit
+                            groups = GROUPED_DRAIN_GROUPS
+                            items = [{"i": i, "g": f"t{i % groups}"} for i in range(sizes.drain)]
+                            m = w_drain(s, dsn, sizes.drain, "2", workload=wl, items=items)
                         elif wl in IO_WORKLOADS:
                             m = w_io(s, dsn, sizes.io, wl, variant)
                         elif wl == "io_best":  # the io jobs, more of them

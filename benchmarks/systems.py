@@ -128,9 +128,14 @@ class System:
 # -- brooq ---------------------------------------------------------------------------------
 
 
+# The grouped drain: no-op jobs spread over so many groups, each at most so many at once.
+GROUPED_DRAIN_GROUPS = 1_000
+GROUPED_DRAIN_LIMIT = 2
+
+
 class Brooq(System):
     name = "brooq"
-    extra_workloads = ("priority", "limited", "rated", "grouped", "durability")
+    extra_workloads = ("priority", "limited", "rated", "grouped", "grouped_drain", "durability")
     TOPIC = {
         "noop": "bench.noop",
         "cpu": "bench.cpu",
@@ -141,6 +146,7 @@ class Brooq(System):
         "limited": "api.limited",
         "rated": "api.rated",
         "grouped": "tenant.work",
+        "grouped_drain": "bench.groups",
         "io": "bench.io",
         "io_http": "bench.io_http",
     }
@@ -174,7 +180,7 @@ class Brooq(System):
     def _job(self, kind: str, item: dict[str, Any], priority: int = 0) -> Any:
         import brooq
 
-        group = item.get("g") if kind == "grouped" else None
+        group = item.get("g") if kind in ("grouped", "grouped_drain") else None
         return brooq.Job(self.TOPIC[kind], item, priority=priority, group=group)
 
     def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
@@ -197,6 +203,8 @@ class Brooq(System):
         # handlers are all async (so are its children).
         if workload in ("limited", "rated", "grouped"):
             return f"bench_brooq_{workload}_app:queue"
+        if workload == "grouped_drain":  # bench.groups under group_limit (BENCH_GROUPS)
+            return "bench_groups_app:queue"
         if variant in self.ASYNC_VARIANTS:
             return "bench_brooq_async_app:queue"
         return "bench_brooq_app:queue"
@@ -237,6 +245,8 @@ class Brooq(System):
         extra = {"QUEUE_OPS_ADDR": "127.0.0.1:0", **self._io_env()}
         if workload == "durability":
             extra["QUEUE_WORKER_SYNCHRONOUS_COMMIT"] = variant  # named, whatever the default
+        if workload == "grouped_drain":
+            extra["BENCH_GROUPS"] = f"limit:{GROUPED_DRAIN_LIMIT}"
         env = base_env(self.dsn, extra)
         argv = [venv_bin("brooq-master"), *self._argv(workload, variant)]
         name = f"brooq-{workload}-{variant or n}"
@@ -285,6 +295,11 @@ class Brooq(System):
         if workload == "grouped":
             s["jobs"] = (
                 "tenant.work, @queue.handler(group_limit=1), 20 groups of 50 jobs, time.sleep(0.02)"
+            )
+        if workload == "grouped_drain":
+            s["jobs"] = (
+                f"bench.groups, no-op, @queue.handler(group_limit={GROUPED_DRAIN_LIMIT}), "
+                f"{GROUPED_DRAIN_GROUPS:,} groups"
             )
         if workload == "durability":
             s["settings"] = (
