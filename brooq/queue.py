@@ -39,7 +39,12 @@ from brooq.job import (
     validate_queue,
 )
 from brooq.operator import changes, reads, schedules
-from brooq.operator.changes import BULK_BATCH_SIZE, check_bulk, transition_params
+from brooq.operator.changes import (
+    BULK_BATCH_SIZE,
+    check_bulk,
+    transition_params,
+    transition_statement,
+)
 from brooq.operator.records import (
     AttemptLog,
     BulkResult,
@@ -305,10 +310,7 @@ class Queue(Registry):
     async def cancel_async(self, job_id: uuid.UUID | str) -> bool:
         """``cancel`` from asyncio code, on the async pool (the same statement, the same
         answer: False when the job is unknown or already finished)."""
-        jid = parse_job_id(job_id)
-        async with self._pools.async_connection() as conn:
-            cur = await conn.execute(self._q.job_cancel, transition_params("cancel", jid))
-            return await cur.fetchone() is not None
+        return await self._transition_async("cancel", parse_job_id(job_id))
 
     def hold(self, job_id: uuid.UUID | str) -> bool:
         """pending or failed -> on_hold: no worker claims it until ``release``; its place
@@ -331,7 +333,9 @@ class Queue(Registry):
         return await self._transition_async("release", parse_job_id(job_id))
 
     async def _transition_async(self, action: Transition, jid: uuid.UUID) -> bool:
-        statement = self._q.job_hold if action == "hold" else self._q.job_hold_release
+        """Cancel, hold or release one job on the async pool (retry's unique-key refusal
+        needs the sync path's savepoint)."""
+        statement = transition_statement(action, self._q)
         async with self._pools.async_connection() as conn:
             cur = await conn.execute(statement, transition_params(action, jid))
             return await cur.fetchone() is not None
@@ -369,17 +373,7 @@ class Queue(Registry):
         (job_cancel_batch says why); a job written after the count started is left alone.
         InvalidTransition for a state the bulk cancel does not take, InvalidTopic or
         InvalidQueue for a malformed name, all before any I/O."""
-        check_bulk("cancel", topic=topic, state=state, queue=queue, batch_size=batch_size, tag=tag)
-        return self._on(
-            changes.change_many,
-            "cancel",
-            topic=topic,
-            state=state,
-            queue=queue,
-            dry_run=dry_run,
-            batch_size=batch_size,
-            tag=tag,
-        )
+        return self._many("cancel", topic, state, queue, dry_run, batch_size, tag)
 
     def purge(
         self,
@@ -418,17 +412,7 @@ class Queue(Registry):
         ``retry`` sends one (attempts reset, last error and error history kept), and the
         masters are woken. A job whose unique_key another active job holds is left alone
         and named in the result's ``taken``. Otherwise as ``cancel_many``."""
-        check_bulk("retry", topic=topic, state=state, queue=queue, batch_size=batch_size, tag=tag)
-        return self._on(
-            changes.change_many,
-            "retry",
-            topic=topic,
-            state=state,
-            queue=queue,
-            dry_run=dry_run,
-            batch_size=batch_size,
-            tag=tag,
-        )
+        return self._many("retry", topic, state, queue, dry_run, batch_size, tag)
 
     def hold_many(
         self,
@@ -443,17 +427,7 @@ class Queue(Registry):
         """Hold every job of ``topic`` in ``state`` (pending or failed), only in ``queue``
         and only those carrying ``tag`` if given, as ``hold`` holds one (parked jobs and
         jobs with a unique_key are left alone). Otherwise as ``cancel_many``."""
-        check_bulk("hold", topic=topic, state=state, queue=queue, batch_size=batch_size, tag=tag)
-        return self._on(
-            changes.change_many,
-            "hold",
-            topic=topic,
-            state=state,
-            queue=queue,
-            dry_run=dry_run,
-            batch_size=batch_size,
-            tag=tag,
-        )
+        return self._many("hold", topic, state, queue, dry_run, batch_size, tag)
 
     def release_many(
         self,
@@ -467,14 +441,25 @@ class Queue(Registry):
         """Release every held job of ``topic``, only in ``queue`` and only those carrying
         ``tag`` if given, as ``release`` releases one; the masters are woken. Otherwise
         as ``cancel_many``."""
-        check_bulk(
-            "release", topic=topic, state=ON_HOLD, queue=queue, batch_size=batch_size, tag=tag
-        )
+        return self._many("release", topic, ON_HOLD, queue, dry_run, batch_size, tag)
+
+    def _many(
+        self,
+        action: Transition,
+        topic: str,
+        state: str,
+        queue: str | None,
+        dry_run: bool,
+        batch_size: int,
+        tag: str | None,
+    ) -> BulkResult:
+        """A bulk ``action`` (changes.change_many), its arguments checked before any I/O."""
+        check_bulk(action, topic=topic, state=state, queue=queue, batch_size=batch_size, tag=tag)
         return self._on(
             changes.change_many,
-            "release",
+            action,
             topic=topic,
-            state=ON_HOLD,
+            state=state,
             queue=queue,
             dry_run=dry_run,
             batch_size=batch_size,

@@ -75,11 +75,18 @@ def transition_params(action: Transition, job_id: uuid.UUID) -> dict[str, Any]:
     return {"id": job_id, "from_states": list(FROM_STATES[action])}
 
 
+def transition_statement(action: Transition, q: Queries = Q) -> LiteralString:
+    """The statement of one job's ``action`` in ``q``'s schema (job_cancel, job_retry,
+    job_hold, job_hold_release): every door sends the same one."""
+    statement: LiteralString = getattr(q, _TRANSITION_QUERIES[action])
+    return statement
+
+
 def transition(conn: Connection, action: Transition, job_id: uuid.UUID, q: Queries = Q) -> bool:
     """Cancel, retry, hold or release ``job_id`` on the caller's connection (nothing
     committed here); True when the job moved, False when it is unknown, its state does
     not allow it, or (retry) another active job holds its unique_key."""
-    statement: LiteralString = getattr(q, _TRANSITION_QUERIES[action])
+    statement = transition_statement(action, q)
     if action != "retry":  # only a retry can meet job_unique_key_idx (held jobs have no key)
         return conn.execute(statement, transition_params(action, job_id)).fetchone() is not None
     if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:

@@ -18,39 +18,30 @@ import uuid
 
 import psycopg
 
-from brooq.job import FROM_STATES, Transition, parse_job_id
+from brooq.job import Transition, parse_job_id
+from brooq.operator.changes import transition_params, transition_statement
 from brooq.producer.targets import AnyTarget, AsyncTarget, async_cursor, cursor, resolve_target
-from brooq.sql import Queries, queries
+from brooq.sql import queries
 
 __all__ = ["cancel", "cancel_async", "hold", "hold_async", "release", "release_async"]
-
-
-def _params(action: Transition, job_id: uuid.UUID | str) -> dict[str, object]:
-    return {"id": parse_job_id(job_id), "from_states": list(FROM_STATES[action])}
-
-
-def _statement(q: Queries, action: Transition) -> str:
-    if action == "cancel":
-        return q.job_cancel
-    return q.job_hold if action == "hold" else q.job_hold_release
 
 
 def _change(
     target: AnyTarget, action: Transition, job_id: uuid.UUID | str, schema: str | None
 ) -> bool:
-    params = _params(action, job_id)
+    params = transition_params(action, parse_job_id(job_id))
     if not isinstance(target, psycopg.Connection | psycopg.Cursor):
         target = resolve_target(target, f"brooq.{action}")
-    statement = _statement(queries(schema), action)
+    statement = transition_statement(action, queries(schema))
     return cursor(target).execute(statement, params).fetchone() is not None
 
 
 async def _change_async(
     target: AsyncTarget, action: Transition, job_id: uuid.UUID | str, schema: str | None
 ) -> bool:
-    params = _params(action, job_id)
+    params = transition_params(action, parse_job_id(job_id))
     cur = async_cursor(target)
-    await cur.execute(_statement(queries(schema), action), params)
+    await cur.execute(transition_statement(action, queries(schema)), params)
     return await cur.fetchone() is not None
 
 
