@@ -50,6 +50,7 @@ from brooq.errors import (
     InvalidIdempotencyKey,
     InvalidJob,
     InvalidJobId,
+    InvalidOrderingKey,
     InvalidPayload,
     InvalidPriority,
     InvalidQueue,
@@ -81,6 +82,7 @@ from brooq.job import (
     PreserveAttempt,
     UpstreamJob,
 )
+from brooq.operator.keys import BlockedKey
 from brooq.operator.records import (
     AttemptLog,
     BulkResult,
@@ -110,6 +112,7 @@ __all__ = [
     "AppLoadError",
     "AttemptLog",
     "AttemptTimeout",
+    "BlockedKey",
     "BrooqError",
     "BulkResult",
     "CancelJob",
@@ -129,6 +132,7 @@ __all__ = [
     "InvalidIdempotencyKey",
     "InvalidJob",
     "InvalidJobId",
+    "InvalidOrderingKey",
     "InvalidPayload",
     "InvalidPriority",
     "InvalidQueue",

@@ -24,6 +24,11 @@ class InvalidGroup(InvalidJob):
     """A job's group is not None or 1 to 128 printable characters."""
 
 
+class InvalidOrderingKey(InvalidJob):
+    """A job's ordering_key is not None or 1 to 256 printable characters, or is combined
+    with an option that cannot keep its order (unique_key, after, held)."""
+
+
 class InvalidAfter(InvalidJob):
     """A job's ``after`` names something that is not a job id or a Job of its batch, or
     its ``on_upstream_failure`` is neither "cancel" nor "run"."""

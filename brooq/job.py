@@ -35,6 +35,7 @@ from brooq.job_options import (
     check_after,
     check_combination,
     check_debounce,
+    check_ordering_key,
     check_tags,
     check_unique_key,
     validate_group,
@@ -289,7 +290,9 @@ class Job:
     folds into one run, the last payload. ``tags``: up to 8 labels to list, cancel and
     retry by (docs/how-to/unique-and-debounce.md). ``after``: the job ids or Jobs of the
     same batch it waits for, ``on_upstream_failure`` (docs/how-to/workflows.md).
-    ``held``: enqueued on hold, never claimed until released (docs/how-to/hold.md)."""
+    ``held``: enqueued on hold, never claimed until released (docs/how-to/hold.md).
+    ``ordering_key``: the jobs of one (topic, key) start one at a time, in enqueue order
+    (docs/how-to/ordered-keys.md)."""
 
     __slots__ = (
         "after",
@@ -299,6 +302,7 @@ class Job:
         "held",
         "idempotency_key",
         "on_upstream_failure",
+        "ordering_key",
         "payload",
         "payload_json",
         "priority",
@@ -324,6 +328,7 @@ class Job:
         after: Iterable[Any] | None = None,
         on_upstream_failure: Literal["cancel", "run"] = "cancel",
         held: bool = False,
+        ordering_key: str | None = None,
     ) -> None:
         # The common case (a known topic, no queue, key, time or option, priority 0) skips
         # the validators' calls: a web request builds one Job per enqueue.
@@ -360,6 +365,12 @@ class Job:
         if after is not None or on_upstream_failure != "cancel":
             self.after = check_after(after, on_upstream_failure, Job)
         self.held = False if held is False else check_held(held, self.unique_key, self.after)
+        # Its key's turn (brooq.job_options.check_ordering_key); None: none.
+        self.ordering_key = (
+            None
+            if ordering_key is None
+            else check_ordering_key(ordering_key, self.unique_key, self.after, self.held)
+        )
 
     def __repr__(self) -> str:
         options = "".join(
@@ -371,6 +382,7 @@ class Job:
                 ("group", self.group),
                 ("after", self.after),
                 ("held", self.held or None),
+                ("ordering_key", self.ordering_key),
             )
             if value is not None
         )
@@ -421,6 +433,8 @@ class JobRecord:
     # When the current (or, once it ended, the last) attempt was claimed; None until the
     # first claim (and for a job last claimed before schema version 19).
     started_at: datetime | None = None
+    # Job(ordering_key=...): its jobs start one at a time, in enqueue order; None: none.
+    ordering_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: UUID and datetimes as strings."""

@@ -29,6 +29,7 @@ from brooq.errors import (
     InvalidAfter,
     InvalidDebounce,
     InvalidGroup,
+    InvalidOrderingKey,
     InvalidTags,
     InvalidUniqueKey,
 )
@@ -171,6 +172,37 @@ def validate_group(group: object) -> str | None:
     if not group.isprintable():
         raise InvalidGroup(f"group {group!r} holds a control character")
     return group
+
+
+# A job's ordering key (Job(ordering_key=...)): a customer's id, an account's, a document's.
+ORDERING_KEY_MAX_LENGTH: Final = 256
+
+
+def check_ordering_key(
+    key: object, unique_key: str | None, after: object, held: bool
+) -> str | None:
+    """A job's ordering key: None (none; "" too, as for idempotency_key) or 1 to
+    ORDERING_KEY_MAX_LENGTH printable characters; refused beside a unique_key (a debounced
+    or unique job waits by its own rule), after (a waiting job starts when its upstream
+    jobs end, not in its key's turn) and held (a job enqueued on hold would be released
+    beside its key's running job)."""
+    if key is None or key == "":
+        return None
+    if not isinstance(key, str):
+        raise InvalidOrderingKey(f"ordering_key must be a string or None, not {type(key).__name__}")
+    if len(key) > ORDERING_KEY_MAX_LENGTH:
+        raise InvalidOrderingKey(
+            f"ordering_key is {len(key)} characters long; the limit is {ORDERING_KEY_MAX_LENGTH}"
+        )
+    if not key.isprintable():
+        raise InvalidOrderingKey(f"ordering_key {key!r} holds a control character")
+    for name, given in (("unique_key", unique_key), ("after", after), ("held", held or None)):
+        if given is not None:
+            raise InvalidOrderingKey(
+                f"ordering_key cannot be combined with {name}: its jobs start one at a time "
+                "in their key's order, which that option would break"
+            )
+    return key
 
 
 # What happens to a job when a job it waits for ends dead or canceled (migration 0013's

@@ -38,13 +38,14 @@ from brooq.job import (
     parse_job_id,
     validate_queue,
 )
-from brooq.operator import changes, reads, schedules
+from brooq.operator import changes, keys, reads, schedules
 from brooq.operator.changes import (
     BULK_BATCH_SIZE,
     check_bulk,
     transition_params,
     transition_statement,
 )
+from brooq.operator.keys import BlockedKey
 from brooq.operator.records import (
     AttemptLog,
     BulkResult,
@@ -156,13 +157,15 @@ class Queue(Registry):
         checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
         if self.strict_topics:
             self.require_topics((checked.topic,))
-        # The line's INSERT is the plain job's: a unique_key, debounce, tags, after or held
-        # take the pool; so does a traced enqueue, which stores its trace context (brooq.tracing).
+        # The line's INSERT is the plain job's: a unique_key, debounce, tags, after, held or
+        # an ordering_key take the pool; so does a traced enqueue, which stores its trace
+        # context (brooq.tracing).
         if (
             checked.unique_key is None
             and checked.tags is None
             and checked.after is None
             and not checked.held
+            and checked.ordering_key is None
             and tracer() is None
         ):
             line = self._line
@@ -540,6 +543,20 @@ class Queue(Registry):
         """The groups' own limits set with ``set_group_limit``, by topic and group (only
         ``topic``'s if given)."""
         return self._on(reads.group_limits, topic)
+
+    # -- ordered keys (brooq.operator.keys) --------------------------------------------------
+
+    def blocked_keys(self, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
+        """The ordered keys (``Job(ordering_key=...)``) whose next job cannot start, oldest
+        first: a dead job blocks them, or their job waits for a retry
+        (docs/how-to/ordered-keys.md); ``topic``'s only, if given; at most ``limit``."""
+        return self._on(keys.blocked, topic, limit)
+
+    def unblock_key(self, topic: str, key: str) -> uuid.UUID | None:
+        """Let the key's next job start although a job of the key is dead (the dead job
+        stays dead; retrying it instead puts it first again). The id of the job started, or
+        None when none could (nothing waits). BrooqError when no dead job blocks the key."""
+        return self._on(keys.unblock, topic, key)
 
     # -- schedules stored in the database (brooq.operator.schedules) ------------------------
 

@@ -80,6 +80,9 @@ class Handler:
     keep_logs: int = 0
     # Its claims take the groups in turn, each an equal share (docs/how-to/rate-limits.md).
     fair_groups: bool = False
+    # A dead job of an ordered key (Job(ordering_key=...)) hands the key on instead of
+    # blocking it (docs/how-to/ordered-keys.md).
+    ordering_skip_dead: bool = False
 
     @property
     def coordinated(self) -> bool:
@@ -153,6 +156,7 @@ def build(
     group_rate_limit: Rate | str | None = None,
     keep_logs: bool | int = False,
     fair_groups: bool = False,
+    ordering_skip_dead: bool = False,
 ) -> Handler:
     """Validate what was given at registration and return the Handler. Every step reads
     one group of options, appends why it refuses any of them to ``problems`` (in the order
@@ -177,8 +181,9 @@ def build(
     max_attempts = _read_max_attempts(topic, max_attempts, problems)
     _check_seconds(topic, seconds, problems)
     kept = _read_keep_logs(topic, keep_logs, problems)
-    if not isinstance(fair_groups, bool):
-        problems.append(f"{topic}: fair_groups must be True or False, not {fair_groups!r}")
+    for name, flag in (("fair_groups", fair_groups), ("ordering_skip_dead", ordering_skip_dead)):
+        if not isinstance(flag, bool):
+            problems.append(f"{topic}: {name} must be True or False, not {flag!r}")
     if problems:
         raise InvalidSettings(problems)
     return Handler(
@@ -196,6 +201,7 @@ def build(
         group_rate_limit=rates["group_rate_limit"],
         keep_logs=kept,
         fair_groups=fair_groups,
+        ordering_skip_dead=ordering_skip_dead,
         **seconds,
     )
 

@@ -237,6 +237,7 @@ class Registry:
         group_rate_limit: Rate | str | None = None,
         keep_logs: bool | int = False,
         fair_groups: bool = False,
+        ordering_skip_dead: bool = False,
     ) -> Callable[[H], H]:
         """Register ``fn(claim)`` for ``topic``; the decorator returns ``fn`` itself, its
         type unchanged (a typed checker sees the function you wrote). Unset options take
@@ -255,7 +256,9 @@ class Registry:
         jobs processing per group (``Job(group=...)``); ``group_rate_limit``: a rate per
         group; ``fair_groups``: the claims take the groups in turn, an equal share each,
         so that one group's backlog never holds the others back
-        (docs/how-to/rate-limits.md). ``keep_logs``: keep the log records the
+        (docs/how-to/rate-limits.md). ``ordering_skip_dead``: a dead job of an ordered key
+        (``Job(ordering_key=...)``) hands its key on within a second instead of blocking
+        it (docs/how-to/ordered-keys.md). ``keep_logs``: keep the log records the
         handler emits during each attempt with the job (True: up to 64 KiB per attempt,
         or a number of bytes; ``queue.logs(id)``, docs/how-to/job-logs-and-progress.md)."""
 
@@ -280,6 +283,7 @@ class Registry:
                 group_rate_limit=group_rate_limit,
                 keep_logs=keep_logs,
                 fair_groups=fair_groups,
+                ordering_skip_dead=ordering_skip_dead,
             )
             return fn
 

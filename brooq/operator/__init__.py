@@ -15,5 +15,6 @@ own, so they want a connection outside any transaction of the caller's).
 - `snapshots`: who holds back the cleanup of dead rows: a session, standby, slot, prepared xact
 - `masters`: the masters' table as its readers see it: live masters, what no master handles
 - `records`: TopicStats, QueueStats, InFlight, HolderStats, BulkResult: what reads return
+- `keys`: ordered keys: the blocked ones and an operator's unblock
 - `schedules`: the periodic schedules stored in the database: add, change, list, remove
 """

@@ -388,7 +388,13 @@ def _insert_one(
     job with after, the graph's steps (``_insert_many``)."""
     if job.after is not None:
         return (yield from _insert_many([job], handlers, q, traceparent))[0]
-    if job.unique_key is not None or job.tags is not None or job.held or traceparent is not None:
+    if (
+        job.unique_key is not None
+        or job.tags is not None
+        or job.held
+        or job.ordering_key is not None
+        or traceparent is not None
+    ):
         params = _params(job, uuid7(), handlers)
         if traceparent is not None:
             params["traceparent"] = traceparent
@@ -453,7 +459,13 @@ def _insert_batch(
     if traceparent is None and all(
         job.idempotency_key is None and job.unique_key is None for job in checked
     ):
-        wide = any(job.tags is not None or job.group is not None or job.held for job in checked)
+        wide = any(
+            job.tags is not None
+            or job.group is not None
+            or job.held
+            or job.ordering_key is not None
+            for job in checked
+        )
         ready, scheduled = copy_rows(checked, ids, handlers, wide)
         if ready:
             yield Copy(q.job_copy_ready_options if wide else q.job_copy_ready, ready)
@@ -464,7 +476,10 @@ def _insert_batch(
     if traceparent is not None:
         statement: LiteralString = q.job_insert_many_options_traced
         params = {**_with_options(params, checked), "traceparents": [traceparent] * len(ids)}
-    elif all(job.unique_key is None and job.tags is None and not job.held for job in checked):
+    elif all(
+        job.unique_key is None and job.tags is None and not job.held and job.ordering_key is None
+        for job in checked
+    ):
         statement = q.job_insert_many
     else:
         statement = q.job_insert_many_options
@@ -540,9 +555,10 @@ def copy_rows(
     return ready, scheduled
 
 
-def _wide(job: Job) -> tuple[str | None, str | None, str]:
-    """What the _options COPY adds to a row: its tags, its group and its state."""
-    return tags_literal(job.tags), job.group, ON_HOLD if job.held else PENDING
+def _wide(job: Job) -> tuple[str | None, str | None, str, str | None]:
+    """What the _options COPY adds to a row: its tags, its group, its state and its
+    ordering key."""
+    return tags_literal(job.tags), job.group, ON_HOLD if job.held else PENDING, job.ordering_key
 
 
 def _ready_copy_text(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -> str:
@@ -588,6 +604,7 @@ def _insert_with_options(
         "unique_key": job.unique_key,
         "tags": list(job.tags) if job.tags is not None else None,
         "state": ON_HOLD if job.held else PENDING,
+        "ordering_key": job.ordering_key,
     }
     if job.debounce is not None:
         params["debounce"] = job.debounce
@@ -636,6 +653,7 @@ def _with_options(params: dict[str, Any], checked: list[Job]) -> dict[str, Any]:
         "unique_keys": [j.unique_key for j in checked],
         "tags": [tags_literal(j.tags) for j in checked],
         "states": [ON_HOLD if j.held else PENDING for j in checked],
+        "ordering_keys": [j.ordering_key for j in checked],
     }
 
 

@@ -93,6 +93,8 @@ RELATIONS = (
     "brooq_claim_groups",
     "brooq_group_limit",
     "brooq_schedule",
+    "brooq_key_block",
+    "brooq_order_next",
     "brooq_rate_slot",
     "brooq_window_sweep",
     "brooq_job_edge",

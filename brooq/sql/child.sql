@@ -76,7 +76,7 @@ moved AS (
 --#else
            f.progress, f.progress_message,
 --#end
-           f.logs, f.traceparent, f.parked, f.started_at
+           f.logs, f.traceparent, f.parked, f.started_at, f.ordering_key
     FROM finished AS f
 ),
 --#if limited

@@ -10,7 +10,7 @@ SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_unti
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
-       progress, progress_message, traceparent, started_at
+       progress, progress_message, traceparent, started_at, ordering_key
 FROM {job_all} WHERE id = %(id)s AND updated_at >= {brooq_history_floor}(%(id)s)
 
 -- name: job_logs
@@ -66,7 +66,7 @@ WITH moved AS (
            m.priority, m.result, m.errors, NULL AS waited, m.unique_key, NULL AS start_after,
            m.tags, m.group_key, m.upstream_open, m.upstream_failed, m.on_upstream_failure,
            m.has_downstream, m.progress, m.progress_message, m.logs, m.traceparent,
-           m.parked, m.started_at
+           m.parked, m.started_at, m.ordering_key
     FROM moved AS m
     RETURNING id
 ), kept AS (
@@ -313,7 +313,7 @@ WITH picked_history AS MATERIALIZED (
            m.priority, m.result, m.errors, NULL AS waited, m.unique_key, NULL AS start_after,
            m.tags, m.group_key, m.upstream_open, m.upstream_failed, m.on_upstream_failure,
            m.has_downstream, m.progress, m.progress_message, m.logs, m.traceparent,
-           m.parked, m.started_at
+           m.parked, m.started_at, m.ordering_key
     FROM moved AS m
     RETURNING id
 ), kept AS (
@@ -569,7 +569,7 @@ SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_unti
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
-       progress, progress_message, traceparent, started_at
+       progress, progress_message, traceparent, started_at, ordering_key
 FROM {job_all}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -639,7 +639,7 @@ SELECT id, topic, payload, state, attempts, available_at, locked_by, locked_unti
        last_error, idempotency_key, created_at, updated_at, queue, priority,
        result, coalesce(errors, '[]'::jsonb) AS errors, unique_key,
        coalesce(tags, '{}') AS tags, start_after, group_key AS "group",
-       progress, progress_message, traceparent, started_at
+       progress, progress_message, traceparent, started_at, ordering_key
 FROM {job_all}
 WHERE (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -833,3 +833,83 @@ FROM {brooq_schedule} s
 LEFT JOIN {brooq_periodic} p ON p.name = s.name
 WHERE %(name)s::text IS NULL OR s.name = %(name)s::text
 ORDER BY s.name
+
+-- name: key_blocked_list
+-- The ordered keys whose next job cannot start (brooq keys, Queue.blocked_keys, the
+-- page): a dead job blocks them (its row in brooq_key_block, the job dead in
+-- job_history), or their job waits for a retry (failed). `waiting`: the key's jobs waiting
+-- their turn. Oldest first; `topic` NULL: every topic.
+SELECT * FROM (
+    SELECT b.topic, b.ordering_key, 'dead' AS reason, b.job_id, h.queue,
+           b.blocked_at AS since, NULL::timestamptz AS retry_at,
+           (SELECT count(*) FROM {job} w
+            WHERE w.topic = b.topic AND w.ordering_key = b.ordering_key
+              AND w.state = 'waiting' AND w.parked IS NULL) AS waiting
+    FROM {brooq_key_block} b
+    JOIN {job_history} h ON h.id = b.job_id AND h.state = 'dead'
+    WHERE %(topic)s::text IS NULL OR b.topic = %(topic)s::text
+    UNION ALL
+    SELECT j.topic, j.ordering_key, 'retrying', j.id, j.queue, j.updated_at, j.available_at,
+           (SELECT count(*) FROM {job} w
+            WHERE w.topic = j.topic AND w.ordering_key = j.ordering_key
+              AND w.state = 'waiting' AND w.parked IS NULL)
+    FROM {job} j
+    WHERE j.ordering_key IS NOT NULL AND j.state = 'failed'
+      AND (%(topic)s::text IS NULL OR j.topic = %(topic)s::text)
+) AS blocked
+ORDER BY since, topic, ordering_key
+LIMIT %(limit)s
+
+-- name: key_blocked_counts
+-- The blocked ordered keys by queue (brooq queues): keys a dead job blocks, keys whose
+-- job waits for a retry.
+SELECT queue, count(*) FILTER (WHERE reason = 'dead') AS dead,
+       count(*) FILTER (WHERE reason = 'retrying') AS retrying
+FROM (
+    SELECT h.queue, 'dead' AS reason
+    FROM {brooq_key_block} b
+    JOIN {job_history} h ON h.id = b.job_id AND h.state = 'dead'
+    UNION ALL
+    SELECT j.queue, 'retrying' FROM {job} j
+    WHERE j.ordering_key IS NOT NULL AND j.state = 'failed'
+) AS blocked
+GROUP BY queue
+
+-- name: key_unblock
+-- The key's dead jobs no longer block it (Queue.unblock_key, brooq keys unblock); the
+-- dead jobs stay dead. key_next then starts its next job.
+DELETE FROM {brooq_key_block}
+WHERE topic = %(topic)s AND ordering_key = %(key)s
+RETURNING job_id
+
+-- name: key_next
+-- The first waiting job of each key made pending when nothing of its key is in the way
+-- (brooq_order_next, migration 0026); `wait`: wait for a producer holding the key's lock
+-- (an operator's call) or not (a master's duty: that key again next pass). The ids made
+-- pending, NULL for a key left as it was.
+SELECT k.topic, k.ordering_key, {brooq_order_next}(k.topic, k.ordering_key, %(wait)s) AS id
+FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS k(topic, ordering_key)
+
+-- name: key_skip_dead
+-- The blocks of the topics whose handler says ordering_skip_dead=True (a master's keys
+-- duty): deleted, their keys handed on by key_next.
+DELETE FROM {brooq_key_block} WHERE topic = ANY(%(topics)s::text[])
+RETURNING topic, ordering_key
+
+-- name: key_sweep
+-- A master's keys duty: the next `batch` keys with jobs waiting their turn, in (topic,
+-- key) order past the cursor, each given brooq_order_next without waiting. It hands on
+-- a key whose hand-over a worker could not make (a producer held the key's lock as its
+-- job ended), whose job was deleted outside a transition, whose dead job's partition was
+-- dropped, or whose producer ran in REPEATABLE READ; the ids made pending come back.
+WITH keys AS (
+    SELECT DISTINCT j.topic, j.ordering_key FROM {job} j
+    WHERE j.ordering_key IS NOT NULL AND j.state = 'waiting' AND j.parked IS NULL
+      AND j.upstream_open IS NULL
+      AND (j.topic, j.ordering_key) > (%(after_topic)s::text, %(after_key)s::text)
+    ORDER BY j.topic, j.ordering_key
+    LIMIT %(batch)s
+)
+SELECT k.topic, k.ordering_key, {brooq_order_next}(k.topic, k.ordering_key, false) AS id
+FROM keys k
+ORDER BY k.topic, k.ordering_key

@@ -84,13 +84,15 @@ JOIN {brooq_job_key} AS t ON t.topic = k.topic AND t.idempotency_key = k.key
 -- job_unique_key_idx (one active job per topic and unique_key, migration 0011), and
 -- either means "already there"; an idempotency key in brooq_job_key (its job finished,
 -- maybe) too, as in job_insert. `state`: pending, or on_hold for Job(held=True), which
--- takes this statement for it. _traced: a job enqueued under a producer span
--- (brooq.tracing), with its W3C traceparent; a job without one never takes it.
+-- takes this statement for it; so does a job with an ordering_key (the job_ordered
+-- trigger of migration 0026 makes it wait for its key's turn). _traced: a job enqueued
+-- under a producer span (brooq.tracing), with its W3C traceparent; a job without one
+-- never takes it.
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
-                   unique_key, tags, group_key, state{if traced:, traceparent})
+                   unique_key, tags, group_key, state, ordering_key{if traced:, traceparent})
 SELECT %(id)s, %(topic)s, %(payload)s::jsonb, %(key)s, coalesce(%(available_at)s, now()),
        %(queue)s, %(priority)s, %(unique_key)s, %(tags)s::text[],
-       %(group)s, %(state)s{if traced:, %(traceparent)s}
+       %(group)s, %(state)s, %(ordering_key)s{if traced:, %(traceparent)s}
 WHERE %(key)s::text IS NULL OR NOT EXISTS (
     SELECT FROM {brooq_job_key} AS k
     WHERE k.topic = %(topic)s AND k.idempotency_key = %(key)s)
@@ -176,26 +178,27 @@ SELECT id FROM inserted
 -- template: job_insert_many_options
 -- variant: job_insert_many_options
 -- variant: job_insert_many_options_traced: traced
--- job_insert_many for a batch holding unique keys, tags or held jobs (brooq.producer.insert):
--- the same arrays (the groups among them), and three more; `tags` holds each job's tags
--- as a text[] literal (NULL: none), `states` pending or on_hold (Job(held=True)).
+-- job_insert_many for a batch holding unique keys, tags, held jobs or ordering keys
+-- (brooq.producer.insert): the same arrays (the groups among them), and four more; `tags`
+-- holds each job's tags as a text[] literal (NULL: none), `states` pending or on_hold
+-- (Job(held=True)), `ordering_keys` each job's key or NULL.
 -- No conflict target, as job_insert_options. _traced: a batch enqueued under a producer
 -- span, each job with its traceparent (any batch then takes this statement, never COPY).
 INSERT INTO {job} (id, topic, payload, idempotency_key, available_at, queue, priority,
-                   unique_key, tags, group_key, state{if traced:, traceparent})
+                   unique_key, tags, group_key, state, ordering_key{if traced:, traceparent})
 SELECT i.id, i.topic, i.payload::jsonb, i.key, coalesce(i.available_at, now()), i.queue,
        i.priority, i.unique_key, i.tags::text[], i.group_key,
-       i.state{if traced:, i.traceparent}
+       i.state, i.ordering_key{if traced:, i.traceparent}
 FROM unnest(%(ids)b::uuid[], %(topics)b::text[], %(payloads)b::text[], %(keys)b::text[],
             %(available_ats)b::timestamptz[], %(queues)b::text[], %(priorities)b::int2[],
             %(unique_keys)b::text[], %(tags)b::text[], %(groups)b::text[],
-            %(states)b::text[]
+            %(states)b::text[], %(ordering_keys)b::text[]
             --#if traced
             , %(traceparents)b::text[]
             --#end
             )
      WITH ORDINALITY AS i(id, topic, payload, key, available_at, queue, priority, unique_key,
-                          tags, group_key, state, {if traced:traceparent, }ord)
+                          tags, group_key, state, ordering_key, {if traced:traceparent, }ord)
 LEFT JOIN LATERAL (  -- a key in brooq_job_key: as job_insert_many
     SELECT true AS taken FROM {brooq_job_key} AS k
     WHERE k.topic = i.topic AND k.idempotency_key = i.key OFFSET 0
@@ -207,12 +210,14 @@ RETURNING id
 
 -- name: job_copy_ready_options
 -- job_copy_ready for a batch in which some jobs have tags (a text[] literal, or NULL), a
--- group (Job(group=...)) or are held (state on_hold, else pending): a batch with none of
--- them keeps the narrower COPY.
-COPY {job} (id, topic, payload, queue, priority, tags, group_key, state) FROM STDIN
+-- group (Job(group=...)), are held (state on_hold, else pending) or have an ordering key:
+-- a batch with none of them keeps the narrower COPY.
+COPY {job} (id, topic, payload, queue, priority, tags, group_key, state, ordering_key)
+FROM STDIN
 
 -- name: job_copy_scheduled_options
-COPY {job} (id, topic, payload, available_at, queue, priority, tags, group_key, state)
+COPY {job} (id, topic, payload, available_at, queue, priority, tags, group_key, state,
+            ordering_key)
 FROM STDIN
 
 -- name: job_get_ids_by_unique_keys

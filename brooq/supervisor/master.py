@@ -49,6 +49,7 @@ from brooq.supervisor.admintoken import TokenWatch
 from brooq.supervisor.cancels import CancelsHeard
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.beat import BEAT, Beat
+from brooq.supervisor.duties.keys import KeyUpkeep
 from brooq.supervisor.duties.periodic import Periodic
 from brooq.supervisor.duties.progress import ProgressWrites
 from brooq.supervisor.duties.reaper import Reaper
@@ -219,6 +220,7 @@ class Master:
             self.stats,
             SnapshotWatch(self.conns, settings.snapshot_warn, self.metrics),
             Retention(self.conns, settings, self.metrics),
+            KeyUpkeep(self.conns, queue.handlers),
         ]
         if settings.vacuum_dead_tuples > 0:
             duties.append(self.vacuum)

@@ -20,6 +20,8 @@ period; a long statement (the job count, a VACUUM) goes off the loop
 - `stats`: the job-count gauges, counted off the loop and paced by their duration
 - `snapshot`: the oldest snapshot holding back cleanup: its gauge, each holder named once
 - `retention`: deleting terminal jobs older than retention_ttl, in bounded passes
+- `keys`: ordered keys handed on where the database could not, and the dead ones of the
+  topics that skip them
 - `periodic`: each schedule's due tick enqueued once across every master; ClockAhead
 - `vacuum`: the master's own VACUUM of the job table when its dead tuples pile up
 """
