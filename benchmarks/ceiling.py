@@ -47,7 +47,7 @@ f.available_at, f.locked_by, f.locked_until, f.last_error, f.idempotency_key, f.
 now(), f.lease_expiries, f.queue, f.priority, f.result, f.errors, f.waited, f.unique_key, \
 f.start_after, f.tags, f.group_key, f.upstream_open, f.upstream_failed, \
 f.on_upstream_failure, f.has_downstream, f.progress, f.progress_message, f.logs, \
-f.traceparent, f.parked, f.started_at FROM finished AS f;
+f.traceparent, f.parked, f.started_at, f.ordering_key FROM finished AS f;
 """
 
 CLAIM = f"""\

@@ -216,7 +216,8 @@ SELECT f.id, f.topic, f.payload, 'done', f.attempts, f.available_at, f.locked_by
        f.lease_expiries, f.queue, f.priority, f.result,
        f.errors, f.waited, f.unique_key, f.start_after, f.tags, f.group_key,
        f.upstream_open, f.upstream_failed, f.on_upstream_failure, f.has_downstream,
-       f.progress, f.progress_message, f.logs, f.traceparent, f.parked, f.started_at
+       f.progress, f.progress_message, f.logs, f.traceparent, f.parked, f.started_at,
+       f.ordering_key
 FROM finished AS f
 RETURNING id
 """

@@ -5,7 +5,8 @@ logs and trace context; `--migration 15` for 0015, lighter inserts; `--migration
 0016, flat cascades; `--migration 17` for 0017, durable handlers; `--migration 18` for
 0018, tracebacks kept; `--migration 19` for 0019, each attempt's start; `--migration 20`
 for 0020, the finished jobs' history; `--migration 23` for 0023, jobs on hold; `--migration 24`
-for 0024, groups taken in turn) takes on a live table, through the real migrator.
+for 0024, groups taken in turn; `--migration 26` for 0026, ordered keys) takes on a live
+table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
 
@@ -22,9 +23,10 @@ generate_series), ANALYZE. Then, while
   limit 1, rolled back: the rows stay ready) every 20 ms -- that statement, because during
   the deploy only masters of the previous release run (a newer master refuses to start on
   a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011, 0012 and
-  0013 to 0018, 0023 and 0024 today's (none changes the statement the previous release sends
-  for a topic without limits), for 0019 today's without `started_at = now()`, for 0020 today's with
-  its done an UPDATE (the release before moved no rows itself),
+  0013 to 0018, 0023, 0024 and 0026 today's without the ordering key moved into
+  job_history (none changes the statement the previous release sends for a topic without
+  limits), for 0019 that without `started_at = now()`, for 0020 that with its done an
+  UPDATE (the release before moved no rows itself),
 - for 0020, an ending probe: every 20 ms the job the producer probe inserted last is
   ended as the release before ends it (an UPDATE to done: after the up step the trigger
   moves it to job_history, so the down step has rows to bring back),
@@ -144,14 +146,19 @@ CLAIM_PARAMS = {
     "lease": 30.0,
     "queue": "default",  # unused by CLAIM_BEFORE_0003
 }
+# job_finish_and_claim of the release before migration 0026: today's without the ordering
+# key it carries into job_history (the column that migration adds).
+_ORDERING = ", f.ordering_key\n"
+assert Q.job_finish_and_claim.count(_ORDERING) == 1, "the claim no longer moves ordering_key so"
+CLAIM_BEFORE_0026 = Q.job_finish_and_claim.replace(_ORDERING, "\n")
 # job_finish_and_claim of the release before migration 0019: today's without the
 # claim's start (the column that migration adds).
 _STARTED = (
     "        -- The attempt's start, kept once it ended (updated_at is then its end).\n"
     "        started_at = now(),\n"
 )
-assert Q.job_finish_and_claim.count(_STARTED) == 1, "the claim no longer sets started_at so"
-CLAIM_BEFORE_0019 = Q.job_finish_and_claim.replace(_STARTED, "")
+assert CLAIM_BEFORE_0026.count(_STARTED) == 1, "the claim no longer sets started_at so"
+CLAIM_BEFORE_0019 = CLAIM_BEFORE_0026.replace(_STARTED, "")
 # job_finish_and_claim of the release before migration 0020: today's with the old done,
 # an UPDATE of the rows in place (job_history does not exist yet).
 _MOVE = re.compile(r"WITH finished AS \(\n.*?    FROM finished AS f\n\),\n", re.S)
@@ -162,24 +169,25 @@ _DONE_IN_PLACE = """WITH finished AS (
     RETURNING id
 ),
 """
-assert len(_MOVE.findall(Q.job_finish_and_claim)) == 1, "the claim's done no longer moves so"
-CLAIM_BEFORE_0020 = _MOVE.sub(lambda _: _DONE_IN_PLACE, Q.job_finish_and_claim)
+assert len(_MOVE.findall(CLAIM_BEFORE_0026)) == 1, "the claim's done no longer moves so"
+CLAIM_BEFORE_0020 = _MOVE.sub(lambda _: _DONE_IN_PLACE, CLAIM_BEFORE_0026)
 # The migrations this measures: version -> the claim the release before it sends.
 CLAIM_BEFORE = {
     3: CLAIM_BEFORE_0003,
-    6: Q.job_finish_and_claim,
-    11: Q.job_finish_and_claim,
-    12: Q.job_finish_and_claim,
-    13: Q.job_finish_and_claim,
-    14: Q.job_finish_and_claim,
-    15: Q.job_finish_and_claim,
-    16: Q.job_finish_and_claim,
-    17: Q.job_finish_and_claim,
-    18: Q.job_finish_and_claim,
+    6: CLAIM_BEFORE_0026,
+    11: CLAIM_BEFORE_0026,
+    12: CLAIM_BEFORE_0026,
+    13: CLAIM_BEFORE_0026,
+    14: CLAIM_BEFORE_0026,
+    15: CLAIM_BEFORE_0026,
+    16: CLAIM_BEFORE_0026,
+    17: CLAIM_BEFORE_0026,
+    18: CLAIM_BEFORE_0026,
     19: CLAIM_BEFORE_0019,
     20: CLAIM_BEFORE_0020,
-    23: Q.job_finish_and_claim,
-    24: Q.job_finish_and_claim,
+    23: CLAIM_BEFORE_0026,
+    24: CLAIM_BEFORE_0026,
+    26: CLAIM_BEFORE_0026,
 }
 MIGRATION = 3  # set by --migration
 

@@ -140,6 +140,7 @@ JOB_COLUMNS = (
     "on_upstream_failure",  # 0013
     "has_downstream",  # 0013
     "started_at",  # 0019
+    "ordering_key",  # 0026
 )
 
 

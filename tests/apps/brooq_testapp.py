@@ -233,3 +233,19 @@ def hooksleep(claim: brooq.Claim) -> None:
         conn.execute("SELECT pg_sleep(%s)", (seconds,))
 
     claim.on_success(slow_commit)
+
+
+def _ordered(claim: brooq.Claim) -> None:
+    """An ordered key's job: its start and end recorded, a short sleep between; the first
+    attempt of a job whose payload says "fail_once" fails, and every attempt of one that
+    says "die" raises."""
+    record(claim, "start")
+    time.sleep(float(claim.payload.get("sleep", 0.02)))
+    record(claim, "end")
+    if claim.payload.get("die") or (claim.payload.get("fail_once") and claim.attempt == 1):
+        raise ValueError(f"ordered job fails on attempt {claim.attempt}")
+
+
+queue.handler("t.ordered", max_attempts=3, backoff_base="50ms", backoff_max="100ms")(_ordered)
+queue.handler("t.ordered_dead", max_attempts=1)(_ordered)
+queue.handler("t.ordered_skip", max_attempts=1, ordering_skip_dead=True)(_ordered)

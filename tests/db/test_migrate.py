@@ -103,6 +103,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "traceparent",
         "parked",
         "started_at",
+        "ordering_key",
     ]
     nullable = {c[0] for c in columns if c[2] == "YES"}
     assert nullable == {
@@ -127,6 +128,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "traceparent",
         "parked",
         "started_at",
+        "ordering_key",
     }
     assert {
         "job_pkey",
@@ -138,6 +140,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "job_unique_key_idx",
         "job_unique_key_waiting_idx",
         "job_ready_group_idx",
+        "job_ordering_idx",
     } <= indexes
     assert options is not None
     assert set(options[0]) >= {
@@ -244,6 +247,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     assert "nothing to apply" in cli("up").stdout
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
+    out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0026_ordering_keys\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0025_schedules\n", out.stdout
     out = cli("down")

@@ -104,6 +104,10 @@ def test_a_key_whose_job_finished_still_names_that_job(
         ("brooq_enqueue('t.ok', tags => ARRAY['no spaces'])", "job_tags_check"),
         ("brooq_enqueue(NULL)", "topic is required"),
         ("brooq_enqueue('t.ok', '{not json')", "invalid input syntax for type json"),
+        (
+            "brooq_enqueue('t.ok', ordering_key => 'k', held => true)",
+            "held cannot be combined with ordering_key",
+        ),
     ],
 )
 def test_a_bad_value_is_refused_by_name_and_writes_nothing(
@@ -121,3 +125,27 @@ def test_in_the_callers_transaction_a_rollback_leaves_no_job(
     done = psql(dsn, "BEGIN; SELECT brooq_enqueue('t.ok'); ROLLBACK;")
     assert done.returncode == 0, done.stderr
     assert count(db) == 0
+
+
+def test_jobs_enqueued_from_psql_with_an_ordering_key_run_in_order(
+    dsn: str, db: psycopg.Connection[Any], queue: brooq.Queue, start_master: StartMaster
+) -> None:
+    calls = "; ".join(
+        f"""SELECT brooq_enqueue('t.ordered', '{{"n": {n}}}', ordering_key => 'cus_A')"""
+        for n in range(3)
+    )
+    done = psql(dsn, calls + "; SELECT brooq_enqueue('t.ok', held => true)")
+    assert done.returncode == 0, done.stderr
+    *ordered, held = [uuid.UUID(line) for line in done.stdout.split()]
+    states = dict(db.execute("SELECT id, state FROM job").fetchall())
+    assert [states[i] for i in ordered] == ["pending", "waiting", "waiting"]
+    assert states[held] == "on_hold"
+    start_master(workers=2)
+    wait_for(
+        lambda: all((r := queue.get(i)) is not None and r.state == "done" for i in ordered),
+        what="the key's jobs done",
+    )
+    starts = db.execute("SELECT job_id FROM execution WHERE note = 'start' ORDER BY at").fetchall()
+    assert [row[0] for row in starts] == ordered
+    record = queue.get(held)
+    assert record is not None and record.state == "on_hold"

@@ -135,9 +135,11 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
         "job_history_default",
         "job_all",
         "brooq_job_key",
-        # Migration 0024: the groups' own limits; 0025: the schedules stored at runtime.
+        # Migration 0024: the groups' own limits; 0025: the schedules stored at runtime;
+        # 0026: the keys dead jobs block.
         "brooq_group_limit",
         "brooq_schedule",
+        "brooq_key_block",
     }
     assert pinned == ([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)
     assert pinned_0012 == [([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)]
