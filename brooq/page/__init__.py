@@ -15,11 +15,14 @@
     GET  /fleet             the live masters (brooq.operator.masters) and their children
     GET  /schedules         the periodic schedules stored in the database
                             (brooq.operator.schedules): when, the job, next and last tick
+    GET  /keys              the ordered keys whose next job cannot start
+                            (brooq.operator.keys): why, the job in the way, jobs waiting
     POST /jobs/<id>/stack   the stack button (signed in)
     GET  /sign-in, /actions; POST /sign-in, /sign-out,
          /jobs/<id>/{cancel,retry,hold,release}, /queues/<name>/{pause,resume},
          /bulk/{retry,cancel,hold,release},
-         /schedules/<name>/{pause,resume,run,remove}   the actions (signed in)
+         /schedules/<name>/{pause,resume,run,remove},
+         /keys/unblock      the actions (signed in)
 
 Everything here runs in the page process, which the master forks on demand and hands
 each page request with its socket (brooq.supervisor.pagekeeper, over
@@ -40,12 +43,13 @@ without escaping it.
 - `dispatch`: one handed request in, its whole answer out: Host check, actions, stack, pages
 - `bulk`: the helper process a bulk action runs in, one at a time
 - `signin`: the session cookie, the CSRF tokens, the wrong-token budget, revocation (pure)
-- `actions`: sign-in, cancel, retry, hold, release, pause, resume, the bulk actions and a
-  stored schedule's pause, resume, run now and remove
+- `actions`: sign-in, cancel, retry, hold, release, pause, resume, the bulk actions, a
+  stored schedule's pause, resume, run now and remove, and an ordered key's unblock
 - `routes`: a read-only page's method and target in, a Response out; the error pages
 - `views`: each page's HTML assembled from its reads and render's pieces
 - `jobview`: one job's page: what it is, where it stands, its attempts, graph, logs, raw row
 - `schedules`: the stored periodic schedules' page, with each one's buttons
+- `keys`: the blocked ordered keys' page, with a dead key's unblock button
 - `charts`: the charts (throughput, failures, latency, run time, backlog) as inline SVG
 - `lines`: the pages' one-line notes: the replica's lag, the fleet, the oldest snapshot
 - `reads`: the pages' read-only reads under a statement timeout, and the keyset cursors

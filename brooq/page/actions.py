@@ -1,6 +1,6 @@
 """The status page's actions, in the page process: sign in with the admin token, then
 cancel, retry, hold or release a job, pause or resume a queue, do any of the four in bulk,
-pause, resume, run now or remove a stored schedule.
+pause, resume, run now or remove a stored schedule, unblock an ordered key.
 
     GET  /sign-in                  the sign-in form (the token is posted, never in a URL)
     POST /sign-in                  token=... -> the session cookie (brooq.page.signin)
@@ -9,6 +9,7 @@ pause, resume, run now or remove a stored schedule.
     POST /jobs/<id>/cancel, /jobs/<id>/retry, /jobs/<id>/hold, /jobs/<id>/release
     POST /queues/<name>/pause, /queues/<name>/resume
     POST /schedules/<name>/pause, /resume, /run, /remove   (the name percent-encoded)
+    POST /keys/unblock topic=T key=K
     POST /bulk/retry, /bulk/cancel, /bulk/hold topic=T state=S [queue=Q]
     POST /bulk/release topic=T [queue=Q]
 
@@ -21,10 +22,10 @@ every source (brooq.opsport.budget): a few cost nothing, then the source waits (
 Retry-After; one log line per wait).
 Without an admin token configured every action answers 403 and the pages say how to
 enable them. The writes are brooq.operator's functions (the guarded statements, the bulk
-batches, brooq.operator.schedules), each action on a connection of its own
-(brooq.operator.connect); a schedule run now is its job inserted as brooq.enqueue inserts
-one (brooq.producer.insert); a refusal is worded by brooq.job or brooq.operator as for the
-CLI.
+batches, brooq.operator.schedules, brooq.operator.keys), each action on a connection of
+its own (brooq.operator.connect); a schedule run now is its job inserted as brooq.enqueue
+inserts one (brooq.producer.insert); a refusal is worded by brooq.job or brooq.operator as
+for the CLI.
 
 Owns: routing and answering these requests. Must never write the token into a page, a
 log line or a URL, or change anything on a GET.
@@ -43,7 +44,7 @@ from urllib.parse import parse_qs, unquote
 import psycopg
 
 from brooq.job import ON_HOLD, Transition
-from brooq.operator import changes, schedules
+from brooq.operator import changes, keys, schedules
 from brooq.opsport.httpmsg import plain_response
 from brooq.page import signin
 from brooq.page.signin import revoke
@@ -56,7 +57,7 @@ log = logging.getLogger("brooq.pages")
 _ROUTES = re.compile(
     r"^/(?:(sign-in|sign-out|actions)|jobs/([0-9a-fA-F-]{36})/(cancel|retry|hold|release)"
     r"|queues/([^/?#]{1,128})/(pause|resume)|bulk/(retry|cancel|hold|release)"
-    r"|schedules/([^?#]{1,1024})/(pause|resume|run|remove))$"
+    r"|schedules/([^?#]{1,1024})/(pause|resume|run|remove)|keys/(unblock))$"
 )
 # The routes' words as brooq.job's transitions (the pattern above admits no other).
 _TRANSITIONS: dict[str, Transition] = {
@@ -139,7 +140,8 @@ class Actions:
         form = form_of(body)
         now = time.time()
         session = self.session(request.headers, now)
-        page, job_id, job_action, queue_name, queue_action, bulk, schedule, verb = match.groups()
+        (page, job_id, job_action, queue_name, queue_action, bulk, schedule, verb,
+         key_action) = match.groups()  # fmt: skip
         if request.method == "GET":
             if page == "sign-in":
                 return self._page(200, "Sign in", self._sign_in_form(), session)
@@ -166,6 +168,9 @@ class Actions:
             return self._refused_or(
                 form, session, lambda c, q: self._schedule(c, q, name, verb, form)
             )
+        if key_action:
+            # The topic and key travel in the form: a key may hold any printable character.
+            return self._refused_or(form, session, lambda c, q: self._unblock(c, q, form))
         return self._act(job_id, job_action, queue_name, queue_action, bulk, form, session)
 
     def _sign_in(self, request: Any, form: dict[str, str], peer: str, now: float) -> bytes:
@@ -299,6 +304,18 @@ class Actions:
             schedules.change(conn, name, q, paused=action == "pause")
         log.info("event=page_schedule_%s schedule=%r", action, name)
         return _redirect(_back(form, "/schedules"))
+
+    def _unblock(self, conn: Conn, q: Queries, form: dict[str, str]) -> bytes:
+        """Unblock the ordered key of the form's topic and key (brooq.operator.keys): its
+        dead jobs stay dead and stop blocking it, its next waiting job starts; BrooqError
+        (a refusal) when no dead job blocks it. Back on /keys, the page says what started."""
+        topic, key = form.get("topic", ""), form.get("key", "")
+        started = keys.unblock(conn, topic, key, q)
+        log.info("event=page_key_unblock topic=%s key=%r job=%s", topic, key, started)
+        back = _back(form, "/keys")
+        if back == "/keys":  # the note brooq.page.keys shows (none: brooq.page.keys.NONE_STARTED)
+            back += f"?unblocked={started or 'none'}"
+        return _redirect(back)
 
     def _bulk(
         self,
@@ -443,7 +460,7 @@ def form_of(body: bytes) -> dict[str, str]:
 # cursor and its tag filter (urlencoded: brooq.job_options.TAG_FORM's characters, some as
 # %XX); anything else (another site, a scheme, //host) is ignored: no open redirect.
 _BACK = re.compile(
-    r"^/(?:in-flight|failed|dead|on-hold|schedules|jobs/[0-9a-f-]{36})?"
+    r"^/(?:in-flight|failed|dead|on-hold|schedules|keys|jobs/[0-9a-f-]{36})?"
     r"(?:\?after=[0-9]{1,18}_[0-9a-f-]{36}(?:&tag=[A-Za-z0-9_.%-]{1,200})?"
     r"|\?tag=[A-Za-z0-9_.%-]{1,200})?$"
 )

@@ -247,15 +247,26 @@ def line_chart(
     )
 
 
-def button(action: str, label: str, csrf: str, back: str, hint: str = "") -> str:
+def button(
+    action: str,
+    label: str,
+    csrf: str,
+    back: str,
+    hint: str = "",
+    fields: Sequence[tuple[str, str]] = (),
+) -> str:
     """A one-click action: a small POST form to an action's own endpoint (the page
     process's brooq.page.actions answers it, as for the forms of /actions), with
-    the session's CSRF token and the page to come back to."""
+    the session's CSRF token, the page to come back to and ``fields`` (name, value),
+    each a hidden input."""
     title = f' title="{e(hint)}"' if hint else ""
+    hidden = "".join(
+        f'<input type="hidden" name="{e(name)}" value="{e(value)}">' for name, value in fields
+    )
     return (
         f'<form class="inline" method="post" action="{href(action)}">'
         f'<input type="hidden" name="csrf" value="{e(csrf)}">'
-        f'<input type="hidden" name="back" value="{e(back)}">'
+        f'<input type="hidden" name="back" value="{e(back)}">{hidden}'
         f'<button type="submit"{title}>{e(label)}</button></form>'
     )
 
@@ -289,6 +300,7 @@ NAV = (
     ("/failed", "Failed"),
     ("/dead", "Dead"),
     ("/on-hold", "On hold"),
+    ("/keys", "Blocked keys"),
     ("/schedules", "Schedules"),
     ("/fleet", "Fleet"),
     ("/actions", "Actions"),

@@ -10,8 +10,8 @@ which. Every response, errors included, carries
 brooq.page.headers.security_headers().
 
 Owns: routing, the validation of ids and cursors in URLs, and the error pages; each
-page's HTML is brooq.page.views', brooq.page.charts', brooq.page.jobview's or
-brooq.page.schedules'.
+page's HTML is brooq.page.views', brooq.page.charts', brooq.page.jobview's,
+brooq.page.schedules' or brooq.page.keys'.
 Must never: write to the database, raise for anything a client sends, or let a value
 reach a page without brooq.page.render.e().
 """
@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 import psycopg
 
 from brooq.job_options import TAG_FORM, TAG_PATTERN
-from brooq.page import reads, schedules
+from brooq.page import keys, reads, schedules
 from brooq.page.charts import charts_page
 from brooq.page.headers import security_headers
 from brooq.page.jobview import job_page
@@ -84,6 +84,7 @@ def _error_page(
             ("/dead", "dead: the jobs given up on"),
             ("/on-hold", "on hold: the jobs held until released"),
             ("/charts", "charts: throughput, failures, latency, backlog"),
+            ("/keys", "blocked keys: the ordered keys whose next job cannot start"),
             ("/schedules", "schedules: the periodic schedules stored in the database"),
         )
     )
@@ -191,6 +192,19 @@ def _job_id(text: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> uuid.UUID
         raise _ClientError(HTTPStatus.BAD_REQUEST, "a job id is a UUID") from None
 
 
+def _unblocked(query: dict[str, list[str]]) -> str | None:
+    """The note an unblock's way back asks for (``?unblocked=ID`` or ``none``, as
+    brooq.page.actions writes it): None when absent, 400 when it is neither."""
+    values = query.get("unblocked")
+    if values is None:
+        return None
+    if len(values) == 1 and values[0] == keys.NONE_STARTED:
+        return keys.NONE_STARTED
+    if len(values) > 1:
+        raise _ClientError(HTTPStatus.BAD_REQUEST, "unblocked is given once")
+    return str(_job_id(values[0]))
+
+
 def _given(query: dict[str, str | None]) -> dict[str, str]:
     return {k: v for k, v in query.items() if v is not None}
 
@@ -247,7 +261,8 @@ def serve(
         kept = {"after": after[0] if after else None, **filters}
         here = path + (f"?{urlencode(given)}" if (given := _given(kept)) else "")
         known = not segments or segments in (["in-flight"], ["fleet"], ["failed"], ["dead"],
-                                             ["on-hold"], ["charts"], ["schedules"])  # fmt: skip
+                                             ["on-hold"], ["charts"], ["schedules"],
+                                             ["keys"])  # fmt: skip
         if not known and not (len(segments) == 2 and segments[0] == "jobs"):
             raise _ClientError(HTTPStatus.NOT_FOUND, f"nothing here at {path[:200]!r}")
         # Read before the page: its figures are at least as recent as the lag it shows.
@@ -266,6 +281,10 @@ def serve(
         elif segments == ["schedules"]:
             stored = schedules.read(conn, timeout=timeout, q=q)
             body = schedules.schedules_page(stored, actions_enabled, csrf, note)
+        elif segments == ["keys"]:
+            unblocked = _unblocked(query)
+            blocked = keys.read(conn, timeout=timeout, q=q)
+            body = keys.keys_page(blocked, actions_enabled, csrf, note, unblocked)
         elif segments == ["charts"]:
             window = (query.get("window") or ["hour"])[0]
             if window not in reads.WINDOWS:

@@ -8,11 +8,12 @@ endpoints to cancel, retry, hold or release a job. Binds 127.0.0.1 by default.
     POST /admin/jobs/<id>/retry     brooq.opsport.budget, 429 with Retry-After past it)
     POST /admin/jobs/<id>/hold
     POST /admin/jobs/<id>/release
-    GET  /, /in-flight, /failed, /dead, /on-hold, /charts, /schedules, /jobs/<id>, /find,
-         any other GET (the pages' not-found page); POST /jobs/<id>/stack
+    GET  /, /in-flight, /failed, /dead, /on-hold, /charts, /schedules, /keys, /jobs/<id>,
+         /find, any other GET (the pages' not-found page); POST /jobs/<id>/stack
     GET  /sign-in, /actions; POST /sign-in, /sign-out,
          /jobs/<id>/{cancel,retry,hold,release}, /queues/<name>/{pause,resume},
-         /bulk/{retry,cancel,hold,release}, /schedules/<name>/{pause,resume,run,remove}
+         /bulk/{retry,cancel,hold,release}, /schedules/<name>/{pause,resume,run,remove},
+         /keys/unblock
                                     the status page, answered by the page
                                     process (brooq.page), not here
 
@@ -63,7 +64,7 @@ _PAGE = re.compile(
     r"^/(in-flight|failed|dead|on-hold|fleet|actions|sign-in|sign-out"
     r"|bulk/(retry|cancel|hold|release)"
     r"|jobs/[^/?#]*(/(stack|cancel|retry|hold|release))?|queues/[^/?#]*/(pause|resume)"
-    r"|schedules/[^?#]+/(pause|resume|run|remove))?"
+    r"|schedules/[^?#]+/(pause|resume|run|remove)|keys/unblock)?"
     r"(\?.*)?$"
 )
 

@@ -307,6 +307,63 @@ def test_pausing_and_resuming_a_stored_schedule_from_the_schedules_page(
     assert token not in browser.page_source
 
 
+def test_unblocking_a_dead_key_from_the_blocked_keys_page(
+    queue: brooq.Queue,
+    db: Any,
+    start_master: StartMaster,
+    browser: Any,
+    tmp_path: Path,
+) -> None:
+    """Signed in, the blocked keys page (in the header's links) lists an ordered key a
+    dead job blocks, with an unblock button: clicked, the browser is back on the page,
+    which names the key's next job, now pending, and lists no blocked key; the dead job
+    stays dead."""
+    token = "browser-token-0123456789"
+    (tmp_path / "token").write_text(token)
+    m = start_master(
+        workers=1,
+        app="brooq_opsslow:queue",
+        env={"QUEUE_ADMIN_TOKEN_FILE": str(tmp_path / "token")},
+    )
+    m.wait_ready(1)
+    url = base_url(m)
+    # No handler takes ops.unhandled: the key's first job is made dead by hand, the second
+    # waits its turn, and once unblocked stays pending.
+    jobs = [brooq.Job("ops.unhandled", {"n": n}, ordering_key="browser/key 1") for n in (1, 2)]
+    ids = [i for i, _ in queue.enqueue_many(jobs)]
+    db.execute("UPDATE job SET state = 'dead', attempts = 1 WHERE id = %s", (ids[0],))
+    db.commit()
+
+    def states() -> list[str]:
+        found = dict(db.execute("SELECT id, state FROM job_all WHERE id = ANY(%s)", (ids,)))
+        db.commit()
+        return [found[i] for i in ids]
+
+    assert states() == ["dead", "waiting"]
+    browser.get(url + "/sign-in")
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "form[action='/sign-in'] button").click()
+    wait_for(lambda: browser.current_url.endswith("/actions"), what="signed in")
+    browser.find_element(By.CSS_SELECTOR, "header a[href='/keys']").click()
+    wait_for(lambda: browser.current_url == url + "/keys", what="the blocked keys page")
+    row = browser.find_element(By.XPATH, "//tr[td[2]='browser/key 1']")
+    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[:5] == ["ops.unhandled", "browser/key 1", "dead", str(ids[0]), "default"]
+    assert cells[6:8] == ["—", "1"]
+    browser.save_screenshot(str(tmp_path / "keys-blocked.png"))
+    row.find_element(By.CSS_SELECTOR, "form[action='/keys/unblock'] button").click()
+    wait_for(lambda: states() == ["dead", "pending"], what="the key's next job pending")
+    wait_for(
+        lambda: browser.current_url == f"{url}/keys?unblocked={ids[1]}", what="back on the page"
+    )
+    note = browser.find_element(By.ID, "unblocked")
+    assert note.text.startswith("Unblocked: the key's next job")
+    assert note.find_element(By.TAG_NAME, "a").get_attribute("href") == f"{url}/jobs/{ids[1]}"
+    assert browser.find_element(By.ID, "empty").text.startswith("No key is blocked")
+    assert not browser.find_elements(By.CSS_SELECTOR, "form[action='/keys/unblock']")
+    assert token not in browser.page_source
+
+
 SHOTS = os.environ.get("BROOQ_SCREENSHOTS")  # a folder: the docs' screenshots, taken again
 
 

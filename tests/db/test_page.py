@@ -90,7 +90,10 @@ def test_hostile_text_is_shown_as_text_everywhere(db: Conn) -> None:
         "INSERT INTO brooq_schedule (name, every_seconds, topic, payload) VALUES (%s, 60, 't', %s)",
         [HOSTILE, json.dumps({HOSTILE: HOSTILE})],
     )
-    pages = ["/", "/failed", "/dead", "/in-flight", "/on-hold", "/schedules"] + [
+    # An ordering key is any printable text its producer chose; a dead job blocks it.
+    keyed = insert(db, topic="t.o", ordering_key=HOSTILE)
+    db.execute("UPDATE job SET state = 'dead', attempts = 1 WHERE id = %s", [keyed])
+    pages = ["/", "/failed", "/dead", "/in-flight", "/on-hold", "/schedules", "/keys"] + [
         f"/jobs/{j}" for j in (failed, dead, running, done, held)
     ]
     for target in pages:
@@ -99,7 +102,7 @@ def test_hostile_text_is_shown_as_text_everywhere(db: Conn) -> None:
         body = text(response)
         assert "<script>" not in body, target
         assert "alert(1)</script>" not in body, target
-    for target in ["/failed", "/dead", "/on-hold", "/schedules", f"/jobs/{failed}",
+    for target in ["/failed", "/dead", "/on-hold", "/schedules", "/keys", f"/jobs/{failed}",
                    f"/jobs/{dead}", f"/jobs/{held}"]:  # fmt: skip
         assert ESCAPED in text(get(db, target)), target
     in_flight = text(get(db, "/in-flight"))
