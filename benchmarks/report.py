@@ -437,6 +437,23 @@ def brooq_features(result: dict[str, Any]) -> list[str]:
             "| ---: | ---: | ---: |",
             f"| {fmt(e, 'jobs_per_s')} | {_num(plain) if plain else '–'} | {share} |",
         ]
+    e = _s(result, "brooq", "ordered_drain")
+    if e:
+        plain = _med(_s(result, "brooq", "drain", "2"), "jobs_per_s")
+        ordered = _med(e, "jobs_per_s")
+        share = f"{100 * ordered / plain:.0f} %" if plain and ordered else "–"
+        lines += [
+            "",
+            f"## Ordered keys (brooq): {sizes.get('drain', 0):,} no-op jobs over 1,000 "
+            "ordering keys, `--workers 2`",
+            "",
+            "The drain's jobs, each with an ordering key: one job of a key at a time, the "
+            "next one made pending as it ends. Beside the drain without keys of the same run.",
+            "",
+            "| jobs/s with ordering keys | the drain without keys, 2 children | share |",
+            "| ---: | ---: | ---: |",
+            f"| {fmt(e, 'jobs_per_s')} | {_num(plain) if plain else '–'} | {share} |",
+        ]
     e = _s(result, "brooq", "grouped")
     if e:
         lines += [

@@ -32,6 +32,9 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
   grouped_drain   brooq only: the drain's no-op jobs spread over 1,000 groups of a
                   group_limit=2 topic, --workers 2 (claims of the groups in turn, a batch
                   at a time): jobs/s beside the unlimited drain's
+  ordered_drain   brooq only: the drain's no-op jobs spread over 1,000 ordering keys
+                  (each key's jobs one at a time, in order), --workers 2: jobs/s beside
+                  the unlimited drain's
   io              2,000 ready jobs that each wait 50 ms (async handlers:
                   asyncio.sleep; brooq's sync variants: time.sleep), jobs/s from the
                   first handler start to the last handler end, and its share of the
@@ -101,7 +104,7 @@ from common import (
     wait_for_quiet,
     wait_until,
 )
-from systems import GROUPED_DRAIN_GROUPS, Celery, PgbenchInsert, System, all_systems
+from systems import GROUPED_DRAIN_GROUPS, ORDERED_DRAIN_KEYS, Celery, PgbenchInsert, System, all_systems
 
 WORKLOADS = [
     "enqueue_single",
@@ -115,6 +118,7 @@ WORKLOADS = [
     "rated",
     "grouped",
     "grouped_drain",
+    "ordered_drain",
     "io",
     "io_http",
     "io_best",
@@ -129,7 +133,8 @@ TOOLS = ["ab", "ab_drain", "ab_bulk", "migration_locks", "snapshot_walk", "web_p
 TOOLS += ["cold_enqueue"]
 # Features the peers are not compared on here: run only by systems naming them in
 # System.extra_workloads.
-BROOQ_ONLY = {"priority", "limited", "rated", "grouped", "grouped_drain", "durability", *SUITES}
+BROOQ_ONLY = {"priority", "limited", "rated", "grouped", "grouped_drain", "ordered_drain"}
+BROOQ_ONLY |= {"durability", *SUITES}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
 # The I/O-bound workloads run brooq once per variant: "N" is
 # `brooq-master --workers N` with the sync handlers of apps/bench_brooq_app.py; "async"
@@ -832,6 +837,10 @@ def run_plan(
                         elif wl == "grouped_drain":  # as the drain, under group_limit
                             groups = GROUPED_DRAIN_GROUPS
                             items = [{"i": i, "g": f"t{i % groups}"} for i in range(sizes.drain)]
+                            m = w_drain(s, dsn, sizes.drain, "2", workload=wl, items=items)
+                        elif wl == "ordered_drain":  # as the drain, each job with a key
+                            keys = ORDERED_DRAIN_KEYS
+                            items = [{"i": i, "o": f"k{i % keys}"} for i in range(sizes.drain)]
                             m = w_drain(s, dsn, sizes.drain, "2", workload=wl, items=items)
                         elif wl in IO_WORKLOADS:
                             m = w_io(s, dsn, sizes.io, wl, variant)

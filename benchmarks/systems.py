@@ -131,11 +131,22 @@ class System:
 # The grouped drain: no-op jobs spread over so many groups, each at most so many at once.
 GROUPED_DRAIN_GROUPS = 1_000
 GROUPED_DRAIN_LIMIT = 2
+# The ordered drain: no-op jobs spread over so many ordering keys (each key's jobs one at a
+# time, in order).
+ORDERED_DRAIN_KEYS = 1_000
 
 
 class Brooq(System):
     name = "brooq"
-    extra_workloads = ("priority", "limited", "rated", "grouped", "grouped_drain", "durability")
+    extra_workloads = (
+        "priority",
+        "limited",
+        "rated",
+        "grouped",
+        "grouped_drain",
+        "ordered_drain",
+        "durability",
+    )
     TOPIC = {
         "noop": "bench.noop",
         "cpu": "bench.cpu",
@@ -147,6 +158,7 @@ class Brooq(System):
         "rated": "api.rated",
         "grouped": "tenant.work",
         "grouped_drain": "bench.groups",
+        "ordered_drain": "bench.noop",
         "io": "bench.io",
         "io_http": "bench.io_http",
     }
@@ -181,7 +193,8 @@ class Brooq(System):
         import brooq
 
         group = item.get("g") if kind in ("grouped", "grouped_drain") else None
-        return brooq.Job(self.TOPIC[kind], item, priority=priority, group=group)
+        key = item.get("o") if kind == "ordered_drain" else None
+        return brooq.Job(self.TOPIC[kind], item, priority=priority, group=group, ordering_key=key)
 
     def enqueue_single(self, kind: str, items: Sequence[dict[str, Any]]) -> None:
         for item in items:
@@ -257,7 +270,10 @@ class Brooq(System):
         return masters * n * self._concurrency(variant)[0]
 
     def remaining(self) -> int:
-        return self._count("SELECT count(*) FROM job WHERE state IN ('pending', 'processing')")
+        # waiting: the ordered drain's jobs behind their key's running one.
+        return self._count(
+            "SELECT count(*) FROM job WHERE state IN ('pending', 'processing', 'waiting')"
+        )
 
     def job_states(self, keys: Sequence[str]) -> dict[str, str]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -301,6 +317,8 @@ class Brooq(System):
                 f"bench.groups, no-op, @queue.handler(group_limit={GROUPED_DRAIN_LIMIT}), "
                 f"{GROUPED_DRAIN_GROUPS:,} groups"
             )
+        if workload == "ordered_drain":
+            s["jobs"] = f"bench.noop, no-op, Job(ordering_key=...) over {ORDERED_DRAIN_KEYS:,} keys"
         if workload == "durability":
             s["settings"] = (
                 "defaults (poll_interval 1s, lease 30s, log level INFO); "

@@ -4,8 +4,8 @@
 -- (docs/how-to/ordered-keys.md).
 --   ordering_key:       on job and job_history (every column of job is job_history's,
 --                       in its order); catalog-only, nullable without a default.
---   job_ordering_idx:   the keyed jobs by (topic, ordering_key, id); a job without a key
---                       writes no entry.
+--   job_ordering_idx, job_ordering_busy_idx: a key's jobs waiting their turn (by id), and
+--                       those under way; a job without a key writes no entry.
 --   brooq_key_block:    the keys a dead job blocks, one row per dead job; a row counts
 --                       while its job is dead in job_history (a retry moves it back into
 --                       job, a partition's drop deletes it: either ends the block).
@@ -38,8 +38,17 @@ CREATE OR REPLACE VIEW job_all AS
     UNION ALL
     SELECT * FROM job_history;
 
+-- The keyed jobs by key in two parts, so that "is a job of the key under way?" and "its
+-- first waiting job" are each one probe however many jobs the key holds: those waiting
+-- their turn (state waiting, not parked), by id; and those under way (pending, failed,
+-- processing, on hold, or parked by a durable handler).
 CREATE INDEX CONCURRENTLY IF NOT EXISTS job_ordering_idx ON job (topic, ordering_key, id)
-    WHERE ordering_key IS NOT NULL;
+    WHERE ordering_key IS NOT NULL AND state = 'waiting' AND parked IS NULL;
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS job_ordering_busy_idx ON job (topic, ordering_key)
+    WHERE ordering_key IS NOT NULL
+      AND (state IN ('pending', 'failed', 'processing', 'on_hold')
+           OR (state = 'waiting' AND parked IS NOT NULL));
 
 CREATE TABLE IF NOT EXISTS brooq_key_block (
     topic        text NOT NULL,
@@ -49,51 +58,40 @@ CREATE TABLE IF NOT EXISTS brooq_key_block (
     CONSTRAINT brooq_key_block_pkey PRIMARY KEY (topic, ordering_key, job_id)
 );
 
--- The key's lock: its own class (the first int), so that it never meets the limited
--- topics' locks (1651666799) or another key's save for a hash collision.
-CREATE OR REPLACE FUNCTION brooq_order_lock(p_topic text, p_key text, p_wait boolean)
-RETURNS boolean
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
-BEGIN
-    IF p_wait THEN
-        PERFORM pg_advisory_xact_lock(1651666800, hashtext(p_topic || chr(31) || p_key));
-        RETURN true;
-    END IF;
-    RETURN pg_try_advisory_xact_lock(1651666800, hashtext(p_topic || chr(31) || p_key));
-END;
-$$;
-
--- Whether something of the key stands in the way of its next job: an unfinished job that
--- is not waiting its turn (a parked or an upstream-waiting job is unfinished), or a dead
--- job blocking it.
-CREATE OR REPLACE FUNCTION brooq_order_busy(p_topic text, p_key text) RETURNS boolean
-LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
-    SELECT EXISTS (
-        SELECT FROM job j
-        WHERE j.topic = p_topic AND j.ordering_key = p_key
-          AND (j.state IN ('pending', 'failed', 'processing', 'on_hold')
-               OR (j.state = 'waiting' AND (j.parked IS NOT NULL OR j.upstream_open IS NOT NULL))))
-        OR EXISTS (
-        SELECT FROM brooq_key_block b
-        WHERE b.topic = p_topic AND b.ordering_key = p_key
-          AND EXISTS (SELECT FROM job_history h WHERE h.id = b.job_id AND h.state = 'dead'))
-$$;
-
+-- The key's next job made pending, when nothing of the key is in the way: no job of it
+-- pending, failed, processing, on hold or parked (a job "waiting its turn" is one in state
+-- waiting and not parked), and no dead job blocking it. Under the key's advisory lock
+-- (its own class, the first int: it never meets the limited topics' locks), waited for
+-- when `p_wait`, else tried (NULL when taken). The job made pending, or NULL.
 CREATE OR REPLACE FUNCTION brooq_order_next(p_topic text, p_key text, p_wait boolean)
 RETURNS uuid
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     promoted uuid;
 BEGIN
-    IF NOT brooq_order_lock(p_topic, p_key, p_wait) OR brooq_order_busy(p_topic, p_key) THEN
+    IF p_wait THEN
+        PERFORM pg_advisory_xact_lock(1651666800, hashtext(p_topic || chr(31) || p_key));
+    ELSIF NOT pg_try_advisory_xact_lock(1651666800, hashtext(p_topic || chr(31) || p_key)) THEN
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT FROM job j
+               WHERE j.topic = p_topic AND j.ordering_key = p_key
+                 AND j.ordering_key IS NOT NULL
+                 AND (j.state IN ('pending', 'failed', 'processing', 'on_hold')
+                      OR (j.state = 'waiting' AND j.parked IS NOT NULL)))
+       OR EXISTS (SELECT FROM brooq_key_block b
+                  WHERE b.topic = p_topic AND b.ordering_key = p_key
+                    AND EXISTS (SELECT FROM job_history h
+                                WHERE h.id = b.job_id AND h.state = 'dead'))
+    THEN
         RETURN NULL;
     END IF;
     -- Past the claims' floors (greatest: a job scheduled later keeps its time).
     UPDATE job SET state = 'pending', available_at = greatest(available_at, now()),
                    updated_at = now()
     WHERE id = (SELECT j.id FROM job j
-                WHERE j.topic = p_topic AND j.ordering_key = p_key AND j.state = 'waiting'
-                  AND j.parked IS NULL AND j.upstream_open IS NULL
+                WHERE j.topic = p_topic AND j.ordering_key = p_key
+                  AND j.ordering_key IS NOT NULL AND j.state = 'waiting' AND j.parked IS NULL
                 ORDER BY j.id LIMIT 1)
       AND state = 'waiting'
     RETURNING id INTO promoted;
@@ -104,7 +102,8 @@ BEGIN
 END;
 $$;
 
--- A keyed job ended (done, canceled or dead): hands its key on, or blocks it.
+-- A keyed job ended (done, canceled or dead): hands its key on (without waiting for the
+-- key's lock), or, dead, blocks it.
 CREATE OR REPLACE FUNCTION brooq_order_ended(p_topic text, p_key text, p_id uuid,
                                              p_state text) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -121,27 +120,33 @@ $$;
 CREATE OR REPLACE FUNCTION brooq_job_ordered() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    PERFORM brooq_order_lock(NEW.topic, NEW.ordering_key, true);
+    PERFORM pg_advisory_xact_lock(1651666800,
+                                  hashtext(NEW.topic || chr(31) || NEW.ordering_key));
     -- A dead job retried is its key's again: its block has ended.
     DELETE FROM brooq_key_block
     WHERE topic = NEW.topic AND ordering_key = NEW.ordering_key AND job_id = NEW.id;
-    IF NEW.state <> 'pending' THEN
+    -- A free key (no other unfinished job, no dead one blocking it): the job stays pending.
+    IF NEW.state <> 'pending'
+       OR NOT (EXISTS (SELECT FROM job j
+                       WHERE j.topic = NEW.topic AND j.ordering_key = NEW.ordering_key
+                         AND j.ordering_key IS NOT NULL AND j.id <> NEW.id
+                         AND (j.state IN ('pending', 'failed', 'processing', 'on_hold')
+                              OR (j.state = 'waiting' AND j.parked IS NOT NULL)))
+               OR EXISTS (SELECT FROM job j
+                          WHERE j.topic = NEW.topic AND j.ordering_key = NEW.ordering_key
+                            AND j.ordering_key IS NOT NULL AND j.state = 'waiting'
+                            AND j.parked IS NULL)
+               OR EXISTS (SELECT FROM brooq_key_block b
+                          WHERE b.topic = NEW.topic AND b.ordering_key = NEW.ordering_key))
+    THEN
         RETURN NULL;
     END IF;
-    -- Another unfinished job of the key (of this statement too: AFTER triggers run once it
-    -- has written every row), a dead one blocking it, or an earlier one waiting its turn.
-    IF EXISTS (SELECT FROM job j
-               WHERE j.topic = NEW.topic AND j.ordering_key = NEW.ordering_key
-                 AND j.id <> NEW.id
-                 AND (j.state IN ('pending', 'failed', 'processing', 'on_hold')
-                      OR (j.state = 'waiting' AND (j.id < NEW.id OR j.parked IS NOT NULL
-                                                   OR j.upstream_open IS NOT NULL))))
-       OR brooq_order_busy(NEW.topic, NEW.ordering_key)
-    THEN
-        UPDATE job SET state = 'waiting' WHERE id = NEW.id AND state = 'pending';
-        -- The last of a batch's jobs of one key finds the others waiting: the first goes.
-        PERFORM brooq_order_next(NEW.topic, NEW.ordering_key, true);
-    END IF;
+    -- Else it waits its turn, and brooq_order_next decides who goes: the key's first
+    -- waiting job when nothing of the key is under way (the last of a batch's jobs of one
+    -- key finds the others waiting: AFTER triggers run once the statement wrote every
+    -- row; the first goes).
+    UPDATE job SET state = 'waiting' WHERE id = NEW.id AND state = 'pending';
+    PERFORM brooq_order_next(NEW.topic, NEW.ordering_key, true);
     RETURN NULL;
 END;
 $$;
@@ -161,7 +166,7 @@ END;
 $$;
 
 -- Before job_zz_history moves the row (triggers run in name order): the ended row is
--- still in job, in its final state, which brooq_order_busy does not count.
+-- still in job, in its final state, which brooq_order_next does not count.
 DROP TRIGGER IF EXISTS job_ordered_ended ON job;
 
 CREATE TRIGGER job_ordered_ended AFTER UPDATE OF state ON job FOR EACH ROW
@@ -280,8 +285,7 @@ $do$;
 -- keep: they run in parallel once it claims them); then the triggers as they were, the
 -- functions, the table, the index and the columns.
 UPDATE job SET state = 'pending', updated_at = now()
-WHERE ordering_key IS NOT NULL AND state = 'waiting' AND parked IS NULL
-  AND upstream_open IS NULL;
+WHERE ordering_key IS NOT NULL AND state = 'waiting' AND parked IS NULL;
 
 DROP TRIGGER IF EXISTS job_history_ended ON job_history;
 
@@ -387,11 +391,9 @@ DROP FUNCTION IF EXISTS brooq_order_ended(text, text, uuid, text);
 
 DROP FUNCTION IF EXISTS brooq_order_next(text, text, boolean);
 
-DROP FUNCTION IF EXISTS brooq_order_busy(text, text);
-
-DROP FUNCTION IF EXISTS brooq_order_lock(text, text, boolean);
-
 DROP TABLE IF EXISTS brooq_key_block;
+
+DROP INDEX CONCURRENTLY IF EXISTS job_ordering_busy_idx;
 
 DROP INDEX CONCURRENTLY IF EXISTS job_ordering_idx;
 

@@ -844,7 +844,8 @@ SELECT * FROM (
            b.blocked_at AS since, NULL::timestamptz AS retry_at,
            (SELECT count(*) FROM {job} w
             WHERE w.topic = b.topic AND w.ordering_key = b.ordering_key
-              AND w.state = 'waiting' AND w.parked IS NULL) AS waiting
+              AND w.ordering_key IS NOT NULL AND w.state = 'waiting'
+              AND w.parked IS NULL) AS waiting
     FROM {brooq_key_block} b
     JOIN {job_history} h ON h.id = b.job_id AND h.state = 'dead'
     WHERE %(topic)s::text IS NULL OR b.topic = %(topic)s::text
@@ -852,7 +853,8 @@ SELECT * FROM (
     SELECT j.topic, j.ordering_key, 'retrying', j.id, j.queue, j.updated_at, j.available_at,
            (SELECT count(*) FROM {job} w
             WHERE w.topic = j.topic AND w.ordering_key = j.ordering_key
-              AND w.state = 'waiting' AND w.parked IS NULL)
+              AND w.ordering_key IS NOT NULL AND w.state = 'waiting'
+              AND w.parked IS NULL)
     FROM {job} j
     WHERE j.ordering_key IS NOT NULL AND j.state = 'failed'
       AND (%(topic)s::text IS NULL OR j.topic = %(topic)s::text)
@@ -903,9 +905,9 @@ RETURNING topic, ordering_key
 -- job ended), whose job was deleted outside a transition, whose dead job's partition was
 -- dropped, or whose producer ran in REPEATABLE READ; the ids made pending come back.
 WITH keys AS (
+    -- job_ordering_idx: the jobs waiting their turn, by key.
     SELECT DISTINCT j.topic, j.ordering_key FROM {job} j
     WHERE j.ordering_key IS NOT NULL AND j.state = 'waiting' AND j.parked IS NULL
-      AND j.upstream_open IS NULL
       AND (j.topic, j.ordering_key) > (%(after_topic)s::text, %(after_key)s::text)
     ORDER BY j.topic, j.ordering_key
     LIMIT %(batch)s

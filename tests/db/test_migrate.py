@@ -141,6 +141,7 @@ def test_schema_matches_the_declared_shape(dsn: str) -> None:
         "job_unique_key_waiting_idx",
         "job_ready_group_idx",
         "job_ordering_idx",
+        "job_ordering_busy_idx",
     } <= indexes
     assert options is not None
     assert set(options[0]) >= {
