@@ -21,6 +21,7 @@ brooq.cli.common:
 - `top`: `brooq top`, a live view of the queue on a terminal
 - `queues`: `brooq queues [pause|resume NAME]`, the queues and pausing one
 - `limits`: `brooq limits list|set|clear`, the groups' own limits set at runtime
+- `keys`: `brooq keys [unblock TOPIC KEY]`, the blocked ordered keys and unblocking one
 - `periodic`: `brooq periodic --app MODULE:ATTR`, the schedules an application registers
 - `fleet`: `brooq fleet`, the live masters and their children
 - `terminal`: what every command prints for a person, made harmless on a terminal
@@ -50,6 +51,7 @@ from brooq.cli import (  # noqa: F401  (they register)
     events,
     fleet,
     jobs,
+    keys,
     limits,
     migrate,
     periodic,

@@ -38,7 +38,7 @@ DSN_IN_ARGV_NOTE = (
     "brooq replaces its command line; prefer DATABASE_URL_FILE or the credential."
 )
 # The commands that only read, and so read on the read target when one is set.
-READ_COMMANDS = ("stats", "top", "jobs list", "jobs show", "queues", "fleet", "periodic")
+READ_COMMANDS = ("stats", "top", "jobs list", "jobs show", "queues", "keys", "fleet", "periodic")
 READ_TARGET = "the read target (--read-database-url, QUEUE_READ_DATABASE_URL)"
 
 
@@ -55,10 +55,10 @@ READ_TARGET = "the read target (--read-database-url, QUEUE_READ_DATABASE_URL)"
     "read_database",
     metavar="DSN",
     help="Where the commands that only read (" + ", ".join(READ_COMMANDS) + "; not "
-    "queues pause or resume) read, a standby most often; writes never go there (default: "
-    "QUEUE_READ_DATABASE_URL, QUEUE_READ_DATABASE_URL_FILE or the systemd credential "
-    "read-database-url; unset: the database). A password given here shows in ps while "
-    "Python starts; prefer QUEUE_READ_DATABASE_URL_FILE or the credential.",
+    "queues pause or resume, nor keys unblock) read, a standby most often; writes never go "
+    "there (default: QUEUE_READ_DATABASE_URL, QUEUE_READ_DATABASE_URL_FILE or the systemd "
+    "credential read-database-url; unset: the database). A password given here shows in ps "
+    "while Python starts; prefer QUEUE_READ_DATABASE_URL_FILE or the credential.",
 )
 @click.option(
     "--schema",

@@ -2,6 +2,7 @@
 
 Owns: the enqueue command, reading its payload (--payload, --payload-file, standard
 input), its time (--at, --in), its queue and priority, its unique key, debounce and tags,
+its ordering key,
 the application it may name (--app: its handlers then place and check the job as
 ``queue.enqueue`` does), and naming the option a refused value came from.
 Must never: insert but through Queue.enqueue (the producer's checks and SQL), or accept
@@ -31,6 +32,7 @@ from brooq.errors import (
     InvalidGroup,
     InvalidIdempotencyKey,
     InvalidJob,
+    InvalidOrderingKey,
     InvalidPayload,
     InvalidPriority,
     InvalidQueue,
@@ -39,6 +41,7 @@ from brooq.errors import (
     InvalidUniqueKey,
 )
 from brooq.job import PRIORITY_MAX, PRIORITY_MIN
+from brooq.job_options import ORDERING_KEY_MAX_LENGTH
 
 # --payload-file reads at most this much: a stored payload is far smaller (max_payload_bytes,
 # 1 MiB by default), but a file may be indented; /dev/zero must not fill the memory.
@@ -150,6 +153,8 @@ def _job_error_hint(exc: InvalidJob, payload_hint: str, time_hint: str) -> str:
         return "--group"
     if isinstance(exc, InvalidAfter):
         return "--after"
+    if isinstance(exc, InvalidOrderingKey):
+        return "--ordering-key"
     return time_hint  # available_at out of range
 
 
@@ -196,6 +201,14 @@ def _app_queue(ctx: click.Context, spec: str) -> brooq.Queue:
     default=None,
     help="With --unique-key: the key's job not yet started takes this payload and starts "
     "this long from now, e.g. 2s.",
+)
+@click.option(
+    "--ordering-key",
+    "ordering_key",
+    metavar="K",
+    default=None,
+    help="The jobs of one topic and ordering key start one at a time, in enqueue order "
+    "(not with --unique-key or --after).",
 )
 @click.option("--tag", "tags", metavar="TAG", multiple=True, help="A tag (repeat for more).")
 @click.option("--at", "at", default=None, help="Run at this ISO 8601 time (with a zone).")
@@ -264,6 +277,7 @@ def enqueue(
     priority_text: str,
     unique_key: str | None,
     debounce: str | None,
+    ordering_key: str | None,
     tags: tuple[str, ...],
     group: str | None,
     after: tuple[str, ...],
@@ -278,6 +292,11 @@ def enqueue(
         raise click.UsageError("give --at or --in, not both")
     if payload is not None and payload_file is not None:
         raise click.UsageError("give --payload or --payload-file, not both")
+    if ordering_key == "":  # brooq.Job takes "" for none; given here, it is a mistake
+        raise click.BadParameter(
+            f"an ordering key is 1 to {ORDERING_KEY_MAX_LENGTH} characters, not empty",
+            param_hint="--ordering-key",
+        )
     if payload_file is not None:
         payload_hint = "--payload-file"
         name = "standard input" if payload_file == "-" else payload_file
@@ -321,6 +340,7 @@ def enqueue(
             group=group,
             after=list(after) or None,
             on_upstream_failure=on_upstream_failure if after else "cancel",
+            ordering_key=ordering_key,
         )
     except InvalidJob as exc:
         hint = _job_error_hint(exc, payload_hint, "--at" if at else "--in")

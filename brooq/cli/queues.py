@@ -1,13 +1,14 @@
 """`brooq queues`, `brooq queues pause NAME`, `brooq queues resume NAME`: the queues, and
 stopping one during an incident without stopping the workers.
 
-Owns: those commands, the table of queues and the table of the topics' limits
-(``queues_lines``, ``limits_lines``: pure functions) and the words of a pause and a resume.
+Owns: those commands, the table of queues (with the blocked ordered keys of each, when
+any key is blocked) and the table of the topics' limits (``queues_lines``,
+``limits_lines``: pure functions) and the words of a pause and a resume.
 The list reads on the read target when one is set (brooq.cli.common.open_reads); pause
 and resume, and the figures they print after, on the database itself.
 Must never: read or write the database but through Queue.queues, Queue.limits,
-Queue.pause and Queue.resume, or write anything for a malformed name (it is refused
-before any I/O).
+Queue.pause, Queue.resume and brooq.operator.keys.blocked_counts, or write anything for
+a malformed name (it is refused before any I/O).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import psycopg
 
 import brooq
 from brooq.cli.common import cli, emit_json, open_queue, open_reads, table
@@ -23,14 +25,22 @@ from brooq.cli.terminal import say, say_lines
 from brooq.durations import format_age
 from brooq.errors import InvalidQueue
 from brooq.job import validate_queue
+from brooq.operator import keys as keys_mod
 from brooq.operator.records import COUNTS
+from brooq.sql import queries
 
 EMPTY = "(no queues: no unfinished or dead jobs, none paused)"
 
+# Per queue: its ordered keys a dead job blocks, and those whose job awaits a retry.
+Blocked = dict[str, tuple[int, int]]
 
-def queues_lines(rows: list[brooq.QueueStats]) -> list[str]:
+
+def queues_lines(rows: list[brooq.QueueStats], blocked: Blocked | None = None) -> list[str]:
     """`brooq queues` as text: one row per queue, by name, with the counts of
-    docs/explanation/guarantees.md ("Counts")."""
+    docs/explanation/guarantees.md ("Counts"); then, when any ordered key is blocked
+    (``blocked``: keys.blocked_counts), a BLOCKED KEYS column: "2 dead, 1 retrying", "-"."""
+    blocked = {name: n for name, n in (blocked or {}).items() if any(n)}
+    rows = _with_queues(rows, blocked)
     if not rows:
         return [EMPTY]
     headers = ["QUEUE", "PAUSED", *(name.upper() for name in COUNTS), "OLDEST READY"]
@@ -43,7 +53,35 @@ def queues_lines(rows: list[brooq.QueueStats]) -> list[str]:
         ]
         for r in rows
     ]
+    if blocked:
+        headers.append("BLOCKED KEYS")
+        for row, r in zip(body, rows, strict=True):
+            row.append(blocked_cell(*blocked.get(r.name, (0, 0))))
     return table(headers, body, right=set(range(2, 2 + len(COUNTS))))
+
+
+def blocked_cell(dead: int, retrying: int) -> str:
+    """A queue's blocked keys in a cell: "2 dead, 1 retrying", "1 dead", "-" for none."""
+    parts = [f"{n} {reason}" for n, reason in ((dead, "dead"), (retrying, "retrying")) if n]
+    return ", ".join(parts) or "-"
+
+
+def _with_queues(rows: list[brooq.QueueStats], names: Blocked) -> list[brooq.QueueStats]:
+    """``rows`` and a row of zeros for each queue of ``names`` they lack, by name."""
+    known = {r.name for r in rows}
+    missing = [brooq.QueueStats(name=name) for name in names if name not in known]
+    return sorted([*rows, *missing], key=lambda r: r.name) if missing else rows
+
+
+def blocked_counts(queue: brooq.Queue) -> Blocked:
+    """The blocked ordered keys per queue; none on a schema without ordered keys (an older
+    brooq's: `brooq migrate up` adds them)."""
+    with queue.connection() as conn:
+        try:
+            with conn.transaction():
+                return keys_mod.blocked_counts(conn, queries(queue.schema))
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+            return {}
 
 
 def limits_lines(limits: list[brooq.TopicLimits]) -> list[str]:
@@ -76,11 +114,14 @@ def _with_limits(
     rows: list[brooq.QueueStats],
     limits: list[brooq.TopicLimits],
     own: list[dict[str, Any]] | None = None,
+    blocked: Blocked | None = None,
 ) -> list[dict[str, Any]]:
-    """The queues as JSON, each with the limits of the topics whose handler declares it
+    """The queues as JSON, each with its blocked ordered keys ("blocked_keys": a dead job
+    in the way, a retry awaited) and the limits of the topics whose handler declares it
     (and, under "group_limits", the groups' own limits set at runtime, when any is); a
     queue known only that way is listed with zeros."""
-    found: dict[str, dict[str, Any]] = {r.name: r.to_dict() for r in rows}
+    blocked = {name: n for name, n in (blocked or {}).items() if any(n)}
+    found: dict[str, dict[str, Any]] = {r.name: r.to_dict() for r in _with_queues(rows, blocked)}
     by_queue: dict[str, dict[str, Any]] = {}
     for t in limits:
         found.setdefault(t.queue, brooq.QueueStats(name=t.queue).to_dict())
@@ -89,7 +130,14 @@ def _with_limits(
         if groups:
             entry["group_limits"] = groups
         by_queue.setdefault(t.queue, {})[t.topic] = entry
-    return [{**found[name], "limits": by_queue.get(name, {})} for name in sorted(found)]
+    return [
+        {
+            **found[name],
+            "blocked_keys": dict(zip(("dead", "retrying"), blocked.get(name, (0, 0)), strict=True)),
+            "limits": by_queue.get(name, {}),
+        }
+        for name in sorted(found)
+    ]
 
 
 def _checked_name(name: str) -> str:
@@ -123,7 +171,11 @@ def queues(ctx: click.Context, as_json: bool) -> None:
     and what they hold back now: every ready job of the topic (at its global_limit, or
     its rate's window full) or some groups; then the groups' own limits set at runtime
     (`brooq limits set`). With --json, each queue lists the limits of the topics whose
-    handler declares it, and their groups' own limits."""
+    handler declares it, and their groups' own limits.
+
+    When an ordered key (Job(ordering_key=...)) is blocked, a BLOCKED KEYS column: per
+    queue, the keys a dead job blocks and those whose job awaits its retry (`brooq keys`
+    lists them); with --json, every queue has "blocked_keys": {"dead": N, "retrying": N}."""
     if ctx.invoked_subcommand is not None:
         if as_json:
             raise click.UsageError("give --json without pause or resume: it lists the queues")
@@ -131,10 +183,12 @@ def queues(ctx: click.Context, as_json: bool) -> None:
     queue = open_reads(ctx)
     rows = queue.queues()
     limits = queue.limits()
+    blocked = blocked_counts(queue)
     if as_json:
-        emit_json(_with_limits(rows, limits, [g.to_dict() for g in queue.group_limits()]))
+        own = [g.to_dict() for g in queue.group_limits()]
+        emit_json(_with_limits(rows, limits, own, blocked))
         return
-    say_lines(queues_lines(rows))
+    say_lines(queues_lines(rows, blocked))
     if limits:
         say("")
         say_lines(limits_lines(limits))

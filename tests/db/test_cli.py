@@ -307,6 +307,7 @@ def test_jobs_list_json_is_newest_first(dsn: str, world: Jobs) -> None:
         "progress_message": None,
         "traceparent": None,
         "started_at": None,
+        "ordering_key": None,
     }
     datetime.fromisoformat(dead["updated_at"])
 
@@ -659,6 +660,7 @@ def test_queues_json(dsn: str, world: Jobs) -> None:
             "processing": 2,
             "dead": 1,
             "failed": 1,
+            "blocked_keys": {"dead": 0, "retrying": 0},
             "limits": {},
         },
         {
@@ -674,6 +676,7 @@ def test_queues_json(dsn: str, world: Jobs) -> None:
             "processing": 1,
             "dead": 0,
             "failed": 0,
+            "blocked_keys": {"dead": 0, "retrying": 0},
             "limits": {},
         },
     ]
@@ -735,6 +738,7 @@ def test_pause_a_queue_before_any_job_then_resume_it(dsn: str, db: psycopg.Conne
         "dead": 0,
         "oldest_ready_seconds": 0.0,
         "failed": 0,
+        "blocked_keys": {"dead": 0, "retrying": 0},
         "limits": {},
     }
     assert as_json(dsn, "queues") == [idle]

@@ -1,7 +1,7 @@
 """The documentation's sample outputs are what brooq prints: `brooq stats`, `queues`, `top`,
 `jobs list/show/logs`, `cancel`, `retry` (one and in bulk), `purge`, `enqueue`,
-`periodic`, `fleet`, `migrate status`, brooq-master's refusals and the error lines; each is
-run again, on a database seeded with the jobs the sample shows.
+`periodic`, `fleet`, `keys`, `migrate status`, brooq-master's refusals and the error lines;
+each is run again, on a database seeded with the jobs the sample shows.
 
 A sample is a fenced block right after a marker comment naming its scene (the jobs seeded,
 one function of SCENES below) and, when the block holds only what one command printed, that
@@ -62,7 +62,7 @@ TABLE_HEADER = re.compile(
 # too, or say why it is not checked (UNCHECKED).
 COMMAND_OUTPUT = re.compile(
     r"^(\$ (.*\| *)?brooq( --[\w-]+ \S+)* (stats|queues|top|jobs|cancel|retry|purge|enqueue"
-    r"|periodic|fleet|migrate status)\b"
+    r"|periodic|fleet|keys|migrate status)\b"
     r"|ID +TOPIC +QUEUE +PRIORITY +STATE\b|NAME +SCHEDULE +TZ\b|TOPIC +QUEUE +GLOBAL LIMIT\b"
     r"|id: +[0-9a-f-]{36}$|errors \(\d+, oldest first\):|== attempt \d+, ended "
     r"|\S+ pid \d+: brooq \S+, app |\d{4}_\w+ +\d{4}-\d\d-\d\dT"
@@ -680,6 +680,26 @@ def fleet(queue: brooq.Queue, db: Connection) -> None:
     )
 
 
+def keys(queue: brooq.Queue, db: Connection) -> None:
+    """Two ordered keys blocked: acct-42 of billing.sync by a dead job two hours ago (two
+    jobs waiting their turn), cust-7 of crm.push by a job awaiting its retry (one waiting);
+    a report.render in bulk."""
+    _job(queue, db, "billing.sync", "state = 'dead', attempts = 5", ordering_key="acct-42")
+    db.execute("UPDATE brooq_key_block SET blocked_at = now() - interval '2 hours'")
+    for _ in range(2):
+        _job(queue, db, "billing.sync", "attempts = 0", ordering_key="acct-42")
+    _job(
+        queue,
+        db,
+        "crm.push",
+        "state = 'failed', attempts = 1, last_error = 'HTTP 503', "
+        "updated_at = now() - interval '5 min', available_at = now() + interval '25 min'",
+        ordering_key="cust-7",
+    )
+    _job(queue, db, "crm.push", "attempts = 0", ordering_key="cust-7")
+    _job(queue, db, "report.render", "available_at = now() - interval '3 min'", queue="bulk")
+
+
 def periodic(queue: brooq.Queue, db: Connection) -> None:
     """The demo's heartbeat, its last tick claimed a few seconds ago, its job done."""
     tick = _job(queue, db, "demo.notify", "state = 'done', attempts = 1")
@@ -698,6 +718,7 @@ SCENES: dict[str, Callable[[brooq.Queue, Connection], Master | None]] = {
     "bulk": bulk,
     "fleet": fleet,
     "periodic": periodic,
+    "keys": keys,
     "limits": limits,
     "schemas": schemas,
     "stack": stack,
