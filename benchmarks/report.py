@@ -437,6 +437,24 @@ def brooq_features(result: dict[str, Any]) -> list[str]:
             "| ---: | ---: | ---: |",
             f"| {fmt(e, 'jobs_per_s')} | {_num(plain) if plain else '–'} | {share} |",
         ]
+    e = _s(result, "brooq", "rated_drain")
+    if e:
+        plain = _med(_s(result, "brooq", "drain", "2"), "jobs_per_s")
+        rated = _med(e, "jobs_per_s")
+        share = f"{100 * rated / plain:.0f} %" if plain and rated else "–"
+        lines += [
+            "",
+            f"## Rates at speed (brooq): {sizes.get('drain', 0):,} no-op jobs in 1,000 "
+            'groups, `rate_limit="50000/s"`, `group_rate_limit="1000/s"`, `--workers 2`',
+            "",
+            "The drain's jobs under a rate and a rate per group that allow them: the claims "
+            "take a batch at a time (as many as the handlers start within their allowance), "
+            "each start taking its place in the windows. Beside the unlimited drain.",
+            "",
+            "| jobs/s under the rates | the unlimited drain, 2 children | share |",
+            "| ---: | ---: | ---: |",
+            f"| {fmt(e, 'jobs_per_s')} | {_num(plain) if plain else '–'} | {share} |",
+        ]
     e = _s(result, "brooq", "ordered_drain")
     if e:
         plain = _med(_s(result, "brooq", "drain", "2"), "jobs_per_s")

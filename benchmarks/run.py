@@ -32,6 +32,9 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
   grouped_drain   brooq only: the drain's no-op jobs spread over 1,000 groups of a
                   group_limit=2 topic, --workers 2 (claims of the groups in turn, a batch
                   at a time): jobs/s beside the unlimited drain's
+  rated_drain     brooq only: the grouped drain's jobs on a topic under rate_limit
+                  "50000/s" and group_rate_limit "1000/s" (limits that allow them):
+                  jobs/s beside the unlimited drain's
   ordered_drain   brooq only: the drain's no-op jobs spread over 1,000 ordering keys
                   (each key's jobs one at a time, in order), --workers 2: jobs/s beside
                   the unlimited drain's
@@ -104,7 +107,14 @@ from common import (
     wait_for_quiet,
     wait_until,
 )
-from systems import GROUPED_DRAIN_GROUPS, ORDERED_DRAIN_KEYS, Celery, PgbenchInsert, System, all_systems
+from systems import (
+    GROUPED_DRAIN_GROUPS,
+    ORDERED_DRAIN_KEYS,
+    Celery,
+    PgbenchInsert,
+    System,
+    all_systems,
+)
 
 WORKLOADS = [
     "enqueue_single",
@@ -118,6 +128,7 @@ WORKLOADS = [
     "rated",
     "grouped",
     "grouped_drain",
+    "rated_drain",
     "ordered_drain",
     "io",
     "io_http",
@@ -133,7 +144,8 @@ TOOLS = ["ab", "ab_drain", "ab_bulk", "migration_locks", "snapshot_walk", "web_p
 TOOLS += ["cold_enqueue"]
 # Features the peers are not compared on here: run only by systems naming them in
 # System.extra_workloads.
-BROOQ_ONLY = {"priority", "limited", "rated", "grouped", "grouped_drain", "ordered_drain"}
+BROOQ_ONLY = {"priority", "limited", "rated", "grouped", "grouped_drain", "rated_drain"}
+BROOQ_ONLY |= {"ordered_drain"}
 BROOQ_ONLY |= {"durability", *SUITES}
 BROOQ_DRAIN_WORKERS = ["2", "4", "8"]
 # The I/O-bound workloads run brooq once per variant: "N" is
@@ -834,7 +846,7 @@ def run_plan(
                             m = w_rated(s, dsn, sizes.rated)
                         elif wl == "grouped":
                             m = w_grouped(s, dsn, sizes.grouped)
-                        elif wl == "grouped_drain":  # as the drain, under group_limit
+                        elif wl in ("grouped_drain", "rated_drain"):  # under limits
                             groups = GROUPED_DRAIN_GROUPS
                             items = [{"i": i, "g": f"t{i % groups}"} for i in range(sizes.drain)]
                             m = w_drain(s, dsn, sizes.drain, "2", workload=wl, items=items)

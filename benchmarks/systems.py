@@ -131,6 +131,9 @@ class System:
 # The grouped drain: no-op jobs spread over so many groups, each at most so many at once.
 GROUPED_DRAIN_GROUPS = 1_000
 GROUPED_DRAIN_LIMIT = 2
+# The rated drain: the grouped drain's jobs under a rate and a rate per group that allow
+# them (the claims of a rated topic at speed).
+RATED_DRAIN_RATES = "rate:50000/s,grouprate:1000/s"
 # The ordered drain: no-op jobs spread over so many ordering keys (each key's jobs one at a
 # time, in order).
 ORDERED_DRAIN_KEYS = 1_000
@@ -144,6 +147,7 @@ class Brooq(System):
         "rated",
         "grouped",
         "grouped_drain",
+        "rated_drain",
         "ordered_drain",
         "durability",
     )
@@ -158,6 +162,7 @@ class Brooq(System):
         "rated": "api.rated",
         "grouped": "tenant.work",
         "grouped_drain": "bench.groups",
+        "rated_drain": "bench.groups",
         "ordered_drain": "bench.noop",
         "io": "bench.io",
         "io_http": "bench.io_http",
@@ -192,7 +197,7 @@ class Brooq(System):
     def _job(self, kind: str, item: dict[str, Any], priority: int = 0) -> Any:
         import brooq
 
-        group = item.get("g") if kind in ("grouped", "grouped_drain") else None
+        group = item.get("g") if kind in ("grouped", "grouped_drain", "rated_drain") else None
         key = item.get("o") if kind == "ordered_drain" else None
         return brooq.Job(self.TOPIC[kind], item, priority=priority, group=group, ordering_key=key)
 
@@ -216,7 +221,7 @@ class Brooq(System):
         # handlers are all async (so are its children).
         if workload in ("limited", "rated", "grouped"):
             return f"bench_brooq_{workload}_app:queue"
-        if workload == "grouped_drain":  # bench.groups under group_limit (BENCH_GROUPS)
+        if workload in ("grouped_drain", "rated_drain"):  # bench.groups as BENCH_GROUPS says
             return "bench_groups_app:queue"
         if variant in self.ASYNC_VARIANTS:
             return "bench_brooq_async_app:queue"
@@ -260,6 +265,8 @@ class Brooq(System):
             extra["QUEUE_WORKER_SYNCHRONOUS_COMMIT"] = variant  # named, whatever the default
         if workload == "grouped_drain":
             extra["BENCH_GROUPS"] = f"limit:{GROUPED_DRAIN_LIMIT}"
+        if workload == "rated_drain":
+            extra["BENCH_GROUPS"] = RATED_DRAIN_RATES
         env = base_env(self.dsn, extra)
         argv = [venv_bin("brooq-master"), *self._argv(workload, variant)]
         name = f"brooq-{workload}-{variant or n}"
@@ -316,6 +323,11 @@ class Brooq(System):
             s["jobs"] = (
                 f"bench.groups, no-op, @queue.handler(group_limit={GROUPED_DRAIN_LIMIT}), "
                 f"{GROUPED_DRAIN_GROUPS:,} groups"
+            )
+        if workload == "rated_drain":
+            s["jobs"] = (
+                'bench.groups, no-op, @queue.handler(rate_limit="50000/s", '
+                f'group_rate_limit="1000/s"), {GROUPED_DRAIN_GROUPS:,} groups'
             )
         if workload == "ordered_drain":
             s["jobs"] = f"bench.noop, no-op, Job(ordering_key=...) over {ORDERED_DRAIN_KEYS:,} keys"

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import class_row
 
+from brooq.declare.rates import Rate
 from brooq.declare.registry import Registry
 from brooq.durations import Duration, to_seconds
 from brooq.errors import BrooqError
@@ -532,16 +533,26 @@ class Queue(Registry):
         """Give ``group`` of ``topic`` its own group_limit (a tenant's plan), replacing the
         topic's for that group: at most ``limit`` of its jobs processing at once, fleet-wide
         (0: its jobs wait); None goes back to the topic's. Stored in the database: every
-        master obeys it at its next claim of the topic. For a topic whose groups are
-        taken in turn (group_limit or fair_groups, without a rate; docs/how-to/rate-limits.md).
-        True when something changed. InvalidTopic, InvalidGroup or BrooqError before any
+        master obeys it at its next claim of the topic. For a topic claimed apart (a rate,
+        a group limit or fair_groups; docs/how-to/rate-limits.md). True when something
+        changed. InvalidTopic, InvalidGroup or BrooqError before any
         I/O for a bad argument."""
         changes.check_group_limit(topic, group, limit)
         return self._on(changes.set_group_limit, topic, group, limit)
 
+    def set_group_rate(self, topic: str, group: str, rate: Rate | str | None) -> bool:
+        """Give ``group`` of ``topic`` its own rate (a tenant's plan: ``"50/s"``, ``"N/m"``,
+        ``"N/h"`` or a ``brooq.Rate``), replacing the topic's group_rate_limit for that
+        group; None goes back to the topic's. Stored in the database: every master obeys
+        it at its next claim of the topic. For a topic under a rate (rate_limit or
+        group_rate_limit; docs/how-to/rate-limits.md). True when something changed.
+        InvalidTopic, InvalidGroup or BrooqError before any I/O for a bad argument."""
+        changes.check_group_rate(topic, group, rate)
+        return self._on(changes.set_group_rate, topic, group, rate)
+
     def group_limits(self, topic: str | None = None) -> list[GroupLimit]:
-        """The groups' own limits set with ``set_group_limit``, by topic and group (only
-        ``topic``'s if given)."""
+        """The groups' own limits and rates set with ``set_group_limit`` and
+        ``set_group_rate``, by topic and group (only ``topic``'s if given)."""
         return self._on(reads.group_limits, topic)
 
     # -- ordered keys (brooq.operator.keys) --------------------------------------------------

@@ -86,19 +86,13 @@ class Handler:
 
     @property
     def coordinated(self) -> bool:
-        """Claimed apart from the other topics: a rate, a limit per group, or the
-        groups taken in turn."""
-        return self.rate_limit is not None or self.grouped or self.group_rate_limit is not None
-
-    @property
-    def grouped(self) -> bool:
-        """Claimed in batches through brooq_claim_groups, the groups in turn: a
-        group_limit or fair_groups, and no rate (a rated topic starts one job per claim,
-        through brooq_claim_coordinated)."""
+        """Claimed apart in batches through brooq_claim_batch: a rate, a limit per group,
+        or the groups taken in turn."""
         return (
-            (self.group_limit is not None or self.fair_groups)
-            and self.rate_limit is None
-            and self.group_rate_limit is None
+            self.rate_limit is not None
+            or self.group_limit is not None
+            or self.group_rate_limit is not None
+            or self.fair_groups
         )
 
     def limits(self) -> dict[str, object]:

@@ -20,6 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from brooq.declare.handlers import MAX_GLOBAL_LIMIT as MAX_LIMIT
+from brooq.declare.rates import Rate, parse_rate
 from brooq.errors import BrooqError, InvalidGroup, InvalidTransition, JobNotFound
 from brooq.job import (
     BULK_FROM_STATES,
@@ -356,6 +357,34 @@ def set_group_limit(
     if limit is None:
         return conn.execute(q.group_limit_clear, params).fetchone() is not None
     conn.execute(q.group_limit_set, params)
+    return True
+
+
+def check_group_rate(topic: object, group: object, rate: object) -> tuple[str, str, Rate | None]:
+    """The topic, group and Rate of a group's own rate, or the error naming what is wrong:
+    InvalidTopic, InvalidGroup, BrooqError for a rate that is not a Rate or "N/s", "N/m",
+    "N/h" (None clears it)."""
+    checked_topic, checked_group = check_group_limit(topic, group, None)
+    if rate is None:
+        return checked_topic, checked_group, None
+    try:
+        return checked_topic, checked_group, parse_rate(rate, "rate")
+    except ValueError as exc:
+        raise BrooqError(f"{exc}, or None to go back to the topic's group_rate_limit") from None
+
+
+def set_group_rate(
+    conn: Connection, topic: str, group: str, rate: Rate | str | None, q: Queries = Q
+) -> bool:
+    """Give ``group`` of ``topic`` its own rate (None: back to the topic's
+    group_rate_limit). True when something changed (None on a group without one: nothing
+    to clear)."""
+    checked_topic, checked_group, checked = check_group_rate(topic, group, rate)
+    params: dict[str, Any] = {"topic": checked_topic, "group": checked_group}
+    if checked is None:
+        return conn.execute(q.group_rate_clear, params).fetchone() is not None
+    params.update(rate=checked.limit, period=checked.seconds, window=checked.window)
+    conn.execute(q.group_rate_set, params)
     return True
 
 

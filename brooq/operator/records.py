@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from brooq.declare.rates import Rate
 from brooq.job import DEFAULT_QUEUE
 
 # The counts every surface shows, in their order (docs/explanation/guarantees.md, "Counts"):
@@ -115,21 +116,32 @@ class TopicStats:
 
 @dataclass(frozen=True)
 class GroupLimit:
-    """A group's own group_limit, set at runtime (``brooq limits set``,
-    Queue.set_group_limit): it replaces the topic's group_limit for that group (0: its
-    jobs wait) in the claims of a topic whose groups are taken in turn (group_limit or
-    fair_groups, without a rate)."""
+    """A group's own limits, set at runtime (``brooq limits set``, Queue.set_group_limit
+    and Queue.set_group_rate): ``limit`` replaces the topic's group_limit for that group
+    (0: its jobs wait) in the claims of a topic claimed apart (a rate, a group limit, or
+    fair_groups); ``rate`` and ``period`` (at most ``rate`` starts in any ``period``
+    seconds) replace its group_rate_limit on a topic under a rate. None: the topic's."""
 
     topic: str
     group: str
-    limit: int
+    limit: int | None
     updated_at: datetime
+    rate: int | None = None
+    period: float | None = None
+
+    @property
+    def rate_text(self) -> str | None:
+        """The own rate in the options' words ("50/s"), or None."""
+        if self.rate is None or self.period is None:
+            return None
+        return str(Rate(self.rate, per=self.period))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "topic": self.topic,
             "group": self.group,
             "limit": self.limit,
+            "rate": self.rate_text,
             "updated_at": self.updated_at.isoformat(),
         }
 

@@ -91,6 +91,7 @@ RELATIONS = (
     "brooq_job_promote",
     "brooq_claim_coordinated",
     "brooq_claim_groups",
+    "brooq_claim_batch",
     "brooq_group_limit",
     "brooq_schedule",
     "brooq_key_block",

@@ -10,8 +10,6 @@
 -- variant: job_finish_and_claim_limited_results: queues, limited, results
 -- variant: job_finish_and_claim_coordinated: queues, limited, coordinated
 -- variant: job_finish_and_claim_coordinated_results: queues, limited, coordinated, results
--- variant: job_finish_and_claim_grouped: queues, limited, grouped
--- variant: job_finish_and_claim_grouped_results: queues, limited, grouped, results
 -- variant: job_finish_and_claim_floored: queues, floored
 -- variant: job_finish_and_claim_floored_results: queues, floored, results
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
@@ -87,31 +85,28 @@ moved AS (
 -- get wrong. Only a master with a limited topic runs this; the others pay nothing for
 -- the feature.
 --#if coordinated
--- _coordinated: a topic under a rate_limit, a group_limit or a group_rate_limit goes
--- through brooq_claim_coordinated (migration 0012) instead, under the same lock; instead
--- of a job it may answer a row without an id (held back by a rate: when its window has
--- room). The statements of topics without limits (one queue, _queues) are not changed.
+-- _coordinated (and _grouped, the same statement): a topic claimed apart in batches under
+-- the same lock, through brooq_claim_batch instead.
 --#end
 limited AS MATERIALIZED (
     SELECT c.id, c.topic, c.payload, c.attempts, c.locked_by, c.locked_until,
            c.available_at, c.queue, c.priority
 --#if coordinated
-    FROM {brooq_claim_coordinated}(%(limited)s, %(cap)s::integer, %(rate)s::integer,
-                                 %(window)s::float8, %(group_cap)s::integer,
-                                 %(group_rate)s::integer, %(group_window)s::float8,
-                                 %(queues)b::text[], %(done)b::uuid[], %(worker)s,
-                                 %(lease)s, least(%(limit)s, 1)) AS c
---#else
---#if grouped
-    -- _grouped: a topic whose groups are taken in turn (group_limit or fair_groups, no
-    -- rate) through brooq_claim_groups (migration 0024), a whole batch at a time.
-    FROM {brooq_claim_groups}(%(limited)s, %(cap)s::integer, %(group_cap)s::integer,
-                            %(queues)b::text[], %(done)b::uuid[], %(worker)s, %(lease)s,
-                            %(limit)s::integer) AS c
+    -- _coordinated and _grouped: a topic under a rate_limit, a group_limit, a
+    -- group_rate_limit or fair_groups, through brooq_claim_batch (migration 0027), a
+    -- batch at a time of up to `batch` (the child's pacing: under a rate, as many as its
+    -- handlers have been starting within their allowance); under a rate it may answer a
+    -- row without an id instead (held back: when the window has room). The statements of
+    -- topics without limits (one queue, _queues) are not changed.
+    FROM {brooq_claim_batch}(%(limited)s, %(cap)s::integer, %(rate)s::integer,
+                           %(window)s::float8, %(group_cap)s::integer,
+                           %(group_rate)s::integer, %(group_window)s::float8,
+                           %(in_turn)s::boolean, %(allowance)s::float8,
+                           %(queues)b::text[], %(done)b::uuid[], %(worker)s, %(lease)s,
+                           least(%(limit)s, %(batch)s)::integer) AS c
 --#else
     FROM {brooq_claim_limited}(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
                              %(worker)s, %(lease)s, least(%(limit)s, 1)) AS c
---#end
 --#end
 ),
 --#end

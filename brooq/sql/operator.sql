@@ -790,13 +790,51 @@ ON CONFLICT (topic, group_key)
 DO UPDATE SET group_limit = EXCLUDED.group_limit, updated_at = now()
 
 -- name: group_limit_clear
--- The group back to the topic's group_limit; a row when there was an own limit.
-DELETE FROM {brooq_group_limit} WHERE topic = %(topic)s AND group_key = %(group)s
-RETURNING group_limit
+-- The group back to the topic's group_limit; a row when there was an own limit. A row
+-- that holds an own rate too keeps it.
+WITH gone AS (
+    DELETE FROM {brooq_group_limit}
+    WHERE topic = %(topic)s AND group_key = %(group)s AND group_rate IS NULL
+    RETURNING group_limit
+), kept AS (
+    UPDATE {brooq_group_limit} SET group_limit = NULL, updated_at = now()
+    WHERE topic = %(topic)s AND group_key = %(group)s AND group_rate IS NOT NULL
+      AND group_limit IS NOT NULL
+    RETURNING group_limit
+)
+SELECT group_limit FROM gone UNION ALL SELECT group_limit FROM kept
+
+-- name: group_rate_set
+-- A group's own rate (brooq limits set --rate, Queue.set_group_rate): at most `rate`
+-- starts in any `period` seconds, each start holding its place for `window` seconds (the
+-- period and its allowance, brooq.declare.rates); it replaces the topic's
+-- group_rate_limit for that group in every claim of a rated topic (brooq_claim_batch).
+INSERT INTO {brooq_group_limit} (topic, group_key, group_rate, group_period, group_window)
+VALUES (%(topic)s, %(group)s, %(rate)s, %(period)s, %(window)s)
+ON CONFLICT (topic, group_key)
+DO UPDATE SET group_rate = EXCLUDED.group_rate, group_period = EXCLUDED.group_period,
+              group_window = EXCLUDED.group_window, updated_at = now()
+
+-- name: group_rate_clear
+-- The group back to the topic's group_rate_limit; a row when there was an own rate. A
+-- row that holds an own limit too keeps it.
+WITH gone AS (
+    DELETE FROM {brooq_group_limit}
+    WHERE topic = %(topic)s AND group_key = %(group)s AND group_limit IS NULL
+    RETURNING group_rate
+), kept AS (
+    UPDATE {brooq_group_limit}
+    SET group_rate = NULL, group_period = NULL, group_window = NULL, updated_at = now()
+    WHERE topic = %(topic)s AND group_key = %(group)s AND group_limit IS NOT NULL
+      AND group_rate IS NOT NULL
+    RETURNING group_rate
+)
+SELECT group_rate FROM gone UNION ALL SELECT group_rate FROM kept
 
 -- name: group_limit_list
--- The groups' own limits, by topic and group; all topics when `topic` is NULL.
-SELECT topic, group_key AS "group", group_limit AS "limit", updated_at
+-- The groups' own limits and rates, by topic and group; all topics when `topic` is NULL.
+SELECT topic, group_key AS "group", group_limit AS "limit", group_rate AS rate,
+       group_period AS period, updated_at
 FROM {brooq_group_limit}
 WHERE %(topic)s::text IS NULL OR topic = %(topic)s::text
 ORDER BY topic, group_key

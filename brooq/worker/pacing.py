@@ -1,16 +1,17 @@
 """The topics a child claims apart, one per round trip in turn: those under a
-``global_limit`` (brooq_claim_limited), those whose groups are taken in turn (a
-``group_limit`` or ``fair_groups`` without a rate: brooq_claim_groups, migration 0024, a
-batch a claim) and those under a ``rate_limit`` or a ``group_rate_limit``
-(brooq_claim_coordinated, migration 0012, a job a claim).
+``global_limit`` alone (brooq_claim_limited, a job a claim), and those under a
+``rate_limit``, a ``group_limit``, a ``group_rate_limit`` or with ``fair_groups``
+(brooq_claim_batch, migration 0027, a batch a claim: the groups in turn).
 
 Owns: each such topic's turn (its parameters of the claim statement), which turn a
 round takes (one whose window has room again first, else the next in order), what a
 held-back answer says (when the topic's window has room: the child sleeps no longer than
-that), and each rate-limited claim's start deadline: a handler may start at most its
-rate's allowance after the claim was sent (brooq.declare.rates); a claim that could not start by
+that), each rate-limited claim's start deadline: a handler may start at most its rate's
+allowance after the claim was sent (brooq.declare.rates); a claim that could not start by
 then is given back unstarted, so that the handlers' own start times keep the rate
-(docs/explanation/rate-limits.md).
+(docs/explanation/rate-limits.md); and the size of a rated topic's batch, which follows
+what the handlers start in time: doubled when a whole batch started within its
+allowance, halved at a late start (one job at first).
 Must never: touch the database or a pipe, or run a handler; the round trips
 (brooq.worker.roundtrip) and the loops ask it.
 """
@@ -26,7 +27,11 @@ from typing import Any, Protocol, TypeVar
 
 from brooq.declare.handlers import Handler
 
-__all__ = ["Pacing", "Turn", "turns"]
+__all__ = ["BATCH_MAX", "Pacing", "Turn", "turns"]
+
+# The most jobs a claim of a topic taken apart may ask for (the round trip's limit is
+# lower in every child: its batch size).
+BATCH_MAX = 1_000
 
 
 class Answer(Protocol):
@@ -52,7 +57,7 @@ class Turn:
     """One topic claimed apart: the claim statement's shape and its parameters."""
 
     topic: str
-    shape: str  # "limited" (global_limit alone), "grouped" or "coordinated"
+    shape: str  # "limited" (global_limit alone) or "coordinated" (a batch a claim)
     params: dict[str, Any] = field(hash=False)
     # Seconds a handler of it may start after its claim was sent; None: no rate, no
     # deadline.
@@ -64,16 +69,11 @@ def turns(handlers: Mapping[str, Handler]) -> list[Turn]:
     found: list[Turn] = []
     for topic in sorted(handlers):
         h = handlers[topic]
-        if h.grouped:
-            grouped: dict[str, Any] = {
-                "limited": topic,
-                "cap": h.global_limit,
-                "group_cap": h.group_limit,
-            }
-            found.append(Turn(topic, "grouped", grouped))
-        elif h.coordinated:
+        if h.coordinated:
             rate, group_rate = h.rate_limit, h.group_rate_limit
-            allowances = [r.allowance for r in (rate, group_rate) if r is not None]
+            allowance = min(
+                (r.allowance for r in (rate, group_rate) if r is not None), default=None
+            )
             params = {
                 "limited": topic,
                 "cap": h.global_limit,
@@ -82,8 +82,10 @@ def turns(handlers: Mapping[str, Handler]) -> list[Turn]:
                 "group_cap": h.group_limit,
                 "group_rate": None if group_rate is None else group_rate.limit,
                 "group_window": None if group_rate is None else group_rate.window,
+                "in_turn": h.fair_groups,
+                "allowance": allowance,
             }
-            found.append(Turn(topic, "coordinated", params, min(allowances, default=None)))
+            found.append(Turn(topic, "coordinated", params, allowance))
         elif h.global_limit is not None:
             found.append(Turn(topic, "limited", {"limited": topic, "cap": h.global_limit}))
     return found
@@ -101,6 +103,11 @@ class Pacing:
         self.due: dict[str, float] = {}
         # claim id -> by when (this child's clock) its handler must start.
         self.start_by: dict[uuid.UUID, float] = {}
+        # claim id -> its topic, for the claims with a deadline; topic -> the size of its
+        # next batch, and how many of the current size started in time in a row.
+        self._topic_of: dict[uuid.UUID, str] = {}
+        self._batch: dict[str, int] = {}
+        self._in_time: dict[str, int] = {}
         # Round trips in a row that claimed nothing: until every turn has had one, an
         # idle child does not sleep (another topic's jobs may be waiting).
         self.dry = 0
@@ -132,6 +139,7 @@ class Pacing:
                 continue
             if row.claimed and turn.allowance is not None and row.topic == turn.topic:
                 self.start_by[row.id] = sent_at + turn.allowance
+                self._topic_of[row.id] = turn.topic
             kept.append(row)
         return kept
 
@@ -154,8 +162,35 @@ class Pacing:
         soonest = min(self.due.values()) - self.clock()
         return min(poll_interval, max(soonest, 0.001))
 
+    def batch(self, turn: Turn) -> int:
+        """How many jobs of ``turn``'s topic its next claim may take: under a rate, what its
+        handlers have been starting within their allowance (from 1, doubled after a whole
+        batch in time, halved at a late start, at most BATCH_MAX); else BATCH_MAX (the
+        round trip's own limit decides)."""
+        if turn.allowance is None:
+            return BATCH_MAX
+        return self._batch.get(turn.topic, 1)
+
     def late(self, job_id: uuid.UUID) -> bool:
         """Whether the claim ``job_id`` is past its start deadline (it is then given back
-        unstarted); False for a claim without one. Asked once, right before the start."""
+        unstarted); False for a claim without one. Asked once, right before the start;
+        the answer sizes its topic's next batch."""
         deadline = self.start_by.pop(job_id, None)
-        return deadline is not None and self.clock() > deadline
+        topic = self._topic_of.pop(job_id, None)
+        late = deadline is not None and self.clock() > deadline
+        if topic is not None:
+            size = self._batch.get(topic, 1)
+            if late:
+                self._batch[topic] = max(1, size // 2)
+                self._in_time[topic] = 0
+            else:
+                self._in_time[topic] = self._in_time.get(topic, 0) + 1
+                if self._in_time[topic] >= size:
+                    self._batch[topic] = min(size * 2, BATCH_MAX)
+                    self._in_time[topic] = 0
+        return late
+
+    def forget(self, job_id: uuid.UUID) -> None:
+        """A claim given back before its start: no deadline, no say in the batch's size."""
+        self.start_by.pop(job_id, None)
+        self._topic_of.pop(job_id, None)

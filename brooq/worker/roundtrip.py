@@ -119,7 +119,6 @@ _STATEMENTS = {
         "job_finish_and_claim_coordinated",
         "job_finish_and_claim_coordinated_results",
     ),
-    "grouped": ("job_finish_and_claim_grouped", "job_finish_and_claim_grouped_results"),
     "floored": ("job_finish_and_claim_floored", "job_finish_and_claim_floored_results"),
 }
 
@@ -150,13 +149,15 @@ def claim_plan(
     common: Mapping[str, Any],
     turn: Turn | None = None,
     ranges: Sequence[Range] | None = None,
+    batch: int | None = None,
 ) -> Plan:
     """The plan of a round trip, from what the trip settled before it: the ``finished``
     jobs to write as `done` (with their results and last progress reports if
     ``with_results``), the claim's
     ``limit``, the ``queues`` in claim order, the child's ``common`` parameters (topics,
     children, worker, lease), the pacing's ``turn`` when a topic is claimed apart (the
-    first turn on a trip that only writes) and the floors' ``ranges`` when the ready index
+    first turn on a trip that only writes) with the ``batch`` its claim may take (the
+    pacing's; None: as many as the limit) and the floors' ``ranges`` when the ready index
     is read from floors. The shape: the turn's; else floored when there are ranges (reading
     the whole ready index has become expensive); else one queue or several. No I/O and no
     state: the same arguments, the same plan."""
@@ -165,6 +166,8 @@ def claim_plan(
         shape = turn.shape
         params.update(turn.params)
         params["queues"] = queues
+        if shape == "coordinated":
+            params["batch"] = limit if batch is None else batch
     elif ranges is not None:
         shape = "floored"
         params["queues"] = [r[0] for r in ranges]
@@ -323,7 +326,8 @@ class RoundTrips:
             "worker": self.identity,
             "lease": self.settings.lease,
         }
-        return claim_plan(finished, with_results, limit, queues, common, turn, ranges)
+        batch = self.pacing.batch(turn) if self.pacing is not None and turn is not None else None
+        return claim_plan(finished, with_results, limit, queues, common, turn, ranges, batch)
 
     def _execute(self, plan: Plan, finished: list[Finished]) -> Trip | None:
         """Run ``plan``'s statement; what ``run`` returns."""
@@ -478,9 +482,9 @@ class RoundTrips:
     def release(self, ids: list[uuid.UUID]) -> None:
         """Give back claims not started (pending, attempt refunded). Only the database:
         the caller says what it holds after."""
-        if self.start_by:
+        if self.start_by and self.pacing is not None:
             for job_id in ids:
-                self.start_by.pop(job_id, None)
+                self.pacing.forget(job_id)
         conn = self.db.get()
         conn.execute(self.q.job_release_ids, {"ids": ids, "worker": self.identity})
         # They keep their place in line, behind this child's floors: its next claim reads

@@ -53,6 +53,14 @@ def tenant_fair(claim: brooq.Claim) -> None:
     record(claim, started)
 
 
+# A rate per group (a tenant's plan may replace it: brooq limits set --rate).
+@queue.handler("tenant.rated", group_rate_limit=os.environ.get("BROOQ_GROUP_RATE", "100/s"))
+def tenant_rated(claim: brooq.Claim) -> None:
+    started = time.time_ns()
+    time.sleep(float(os.environ.get("BROOQ_JOB_SLEEP", "0.01")))
+    record(claim, started)
+
+
 @queue.handler("api.rated.async", rate_limit=os.environ.get("BROOQ_RATE", "20/s"))
 async def rated_async(claim: brooq.Claim) -> None:
     started = time.time_ns()

@@ -23,7 +23,7 @@ from tests.db.test_rate_limits import handler
 def claim(conn: psycopg.Connection[Any], h: Any, worker: str = "w", limit: int = 50) -> Counter:
     """One round trip of a child whose turn is ``h``'s topic: how many it took per group."""
     [turn] = turns({h.topic: h})
-    assert turn.shape == "grouped"
+    assert turn.shape == "coordinated"
     params = {
         "done": [],
         "topics": [],
@@ -33,9 +33,10 @@ def claim(conn: psycopg.Connection[Any], h: Any, worker: str = "w", limit: int =
         "lease": 30.0,
         "queues": ["default"],
         **turn.params,
+        "batch": limit,  # the child's pacing: its round trip's limit at most
     }
     cur = conn.cursor(row_factory=dict_row)
-    rows = cur.execute(brooq.sql.Q.job_finish_and_claim_grouped, params).fetchall()
+    rows = cur.execute(brooq.sql.Q.job_finish_and_claim_coordinated, params).fetchall()
     ids = [r["id"] for r in rows if r["claimed"]]
     groups = conn.execute("SELECT group_key FROM job WHERE id = ANY(%s)", (ids,)).fetchall()
     return Counter(g for (g,) in groups)
@@ -115,3 +116,94 @@ def test_the_command_line_sets_lists_and_clears(queue: brooq.Queue, dsn: str, db
         "back to the topic's group_limit" in cli("clear", "tenant.work", "--group", "acme").stdout
     )
     assert "(no group has its own limit)" in cli("list").stdout
+
+
+def test_a_groups_own_rate_replaces_the_topics_and_its_limit_stays(
+    queue: brooq.Queue, db: Any
+) -> None:
+    """A rated topic (group_rate_limit 100/m): A's own rate 2/m holds A to two starts in
+    the minute while B goes on at the topic's; its own limit beside stays when the rate
+    is cleared, and the row goes with the last of the two."""
+    h = handler("tenant.rated", group_rate_limit="100/m")
+    enqueue(queue, "tenant.rated", "AB")
+    assert queue.set_group_rate("tenant.rated", "A", "2/m") is True
+    assert claim(db, h, limit=20) == {"A": 2, "B": 10}
+    assert claim(db, h, "w2", limit=20) == {}  # A's window is full, B has nothing left
+    assert queue.set_group_limit("tenant.rated", "A", 5) is True
+    [own] = queue.group_limits("tenant.rated")
+    assert (own.limit, own.rate, own.period, own.rate_text) == (5, 2, 60.0, "2/m")
+    assert own.to_dict()["rate"] == "2/m"
+    assert queue.set_group_rate("tenant.rated", "A", None) is True
+    assert queue.set_group_rate("tenant.rated", "A", None) is False  # nothing to clear
+    [own] = queue.group_limits("tenant.rated")
+    assert (own.limit, own.rate) == (5, None)
+    assert claim(db, h, "w3", limit=20) == {"A": 3}  # 5 at once, 2 already running
+    assert queue.set_group_limit("tenant.rated", "A", None) is True
+    assert queue.group_limits() == []
+
+
+def test_an_own_rate_waits_for_its_window_and_says_when(queue: brooq.Queue, db: Any) -> None:
+    h = handler("tenant.rated", group_rate_limit="100/s")
+    enqueue(queue, "tenant.rated", "A", n=3)
+    queue.set_group_rate("tenant.rated", "A", brooq.Rate(1, per=3600))
+    assert claim(db, h) == {"A": 1}
+    params = {
+        "done": [],
+        "topics": [],
+        "limit": 5,
+        "children": 1,
+        "worker": "w9",
+        "lease": 30.0,
+        "queues": ["default"],
+        **turns({h.topic: h})[0].params,
+        "batch": 5,
+    }
+    rows = db.execute(brooq.sql.Q.job_finish_and_claim_coordinated, params).fetchall()
+    [held] = [r for r in rows if r[0]]
+    assert held[1] is None  # held back, with the time its window has room
+    assert 3590 < (held[7] - held[6]).total_seconds() <= 3601
+
+
+@pytest.mark.parametrize(
+    ("rate", "text"),
+    [("5/x", "must be 'N/s'"), ("0/s", "from 1"), (5, "must be 'N/s'")],
+)
+def test_a_bad_own_rate_is_refused_before_anything_is_written(
+    queue: brooq.Queue, db: Any, rate: Any, text: str
+) -> None:
+    with pytest.raises(brooq.BrooqError, match=text):
+        queue.set_group_rate("tenant.rated", "A", rate)
+    assert db.execute("SELECT count(*) FROM brooq_group_limit").fetchone() == (0,)
+
+
+def test_the_command_line_sets_and_clears_an_own_rate(dsn: str, db: Any) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "brooq", "--database", dsn, "limits", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    out = cli("set", "tenant.rated", "--group", "acme", "--rate", "50/s", "--limit", "4")
+    assert out.returncode == 0, out.stderr
+    assert "at most 4 processing at once and at most 50/s starts" in out.stdout
+    [row] = json.loads(cli("list", "--json").stdout)
+    assert (row["limit"], row["rate"]) == (4, "50/s")
+    assert cli("list").stdout.splitlines()[1].split()[:4] == ["tenant.rated", "acme", "4", "50/s"]
+    for bad in (
+        ["set", "tenant.rated", "--group", "acme", "--rate", "fast"],
+        ["set", "tenant.rated", "--group", "acme"],
+    ):
+        refused = cli(*bad)
+        assert refused.returncode == 2, refused
+        assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    out = cli("clear", "tenant.rated", "--group", "acme", "--rate")
+    assert "back to the topic's group_rate_limit" in out.stdout
+    [row] = json.loads(cli("list", "--json").stdout)
+    assert (row["limit"], row["rate"]) == (4, None)
+    assert "nothing changed" in cli("clear", "tenant.rated", "--group", "acme", "--rate").stdout
+    assert (
+        "back to the topic's group_limit" in cli("clear", "tenant.rated", "--group", "acme").stdout
+    )
+    assert db.execute("SELECT count(*) FROM brooq_group_limit").fetchone() == (0,)

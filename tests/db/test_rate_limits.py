@@ -59,9 +59,10 @@ def claim(
         "lease": 30.0,
         "queues": ["default"],
         **turn.params,
+        "batch": limit,  # the child's pacing: its round trip's limit at most
     }
     cur = conn.cursor(row_factory=dict_row)
-    statement = getattr(Q, f"job_finish_and_claim_{turn.shape}")  # coordinated or grouped
+    statement = getattr(Q, f"job_finish_and_claim_{turn.shape}")  # coordinated
     rows = cur.execute(statement, params).fetchall()
     return [r for r in rows if r["claimed"]]  # the finished rows (claimed false) left out
 
@@ -235,17 +236,18 @@ def test_a_group_at_its_limit_is_stepped_over_not_read_through(db: Conn) -> None
 def claim_buffers(db: Conn, h: Handler) -> int:
     """The buffers (shared, hit or read) a claim that finds nothing to take touches, A at
     its limit with its backlog ahead and B's one job held by another worker: counted by
-    EXPLAIN (ANALYZE, BUFFERS) of brooq_claim_groups (a topic under group_limit alone),
+    EXPLAIN (ANALYZE, BUFFERS) of brooq_claim_batch (a topic under group_limit alone),
     every statement inside it included (deterministic, where a time on a shared machine
     is not). After one call that plans the function's statements."""
     [turn] = turns({h.topic: h})
-    assert turn.shape == "grouped"
+    assert turn.shape == "coordinated"
     p = turn.params
     call = (
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM brooq_claim_groups("
-        "%s, %s, %s, '{default}', '{}', 'probe', 30, 1)"
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM brooq_claim_batch("
+        "%s, %s, %s, %s, %s, %s, %s, %s, %s, '{default}', '{}', 'probe', 30, 1)"
     )
-    args = [p[k] for k in ("limited", "cap", "group_cap")]
+    names = ("limited", "cap", "rate", "window", "group_cap", "group_rate", "group_window")
+    args = [p[k] for k in (*names, "in_turn", "allowance")]
     cur = db.cursor(row_factory=tuple_row)
     cur.execute(call, args)
     [[plan]] = cur.execute(call, args).fetchall()
@@ -297,8 +299,9 @@ def test_a_rate_per_group_holds_back_that_group_only(db: Conn) -> None:
     jobs(db, "tenant.work", 5, "B")
     jobs(db, "tenant.work", 1)  # no group: no group's rate holds it back
     got = [claim(db, h, f"w{i}")[0] for i in range(6)]
-    assert [group_of(db, row["id"]) for row in got[:4]] == ["A", "A", "B", "B"]
-    assert got[4]["id"] is not None and group_of(db, got[4]["id"]) is None  # no group
+    # The job without a group first (its share of a claim), then the groups in turn,
+    # each until its window is full.
+    assert [group_of(db, row["id"]) for row in got[:5]] == [None, "B", "A", "B", "A"]
     assert got[5]["id"] is None  # both groups' windows are full: held back, with a time
     wait = (got[5]["available_at"] - got[5]["locked_until"]).total_seconds()
     assert 55 < wait <= 63
@@ -313,10 +316,11 @@ def test_every_limit_together(db: Conn) -> None:
     first = [claim(db, h, f"w{i}") for i in range(4)]
     assert [group_of(db, rows[0]["id"]) for rows in first[:3]] == ["A", "B", "C"]
     assert first[3] == []  # global_limit 3 reached
-    # w0 finishes A's job and claims in the same statement: A's next (first in line, and
-    # free again: w0's own done does not count); the 4th start within the minute.
+    # w0 finishes A's job and claims in the same statement (its own done does not count
+    # against the global_limit): the next group in turn, D; the 4th start within the
+    # minute.
     [again] = claim(db, h, "w0", done=[first[0][0]["id"]])
-    assert group_of(db, again["id"]) == "A"
+    assert group_of(db, again["id"]) == "D"
     [held] = claim(db, h, "w1", done=[first[1][0]["id"]])  # the 5th start within 1 m
     assert held["id"] is None
 

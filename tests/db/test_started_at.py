@@ -24,11 +24,10 @@ from brooq.worker.pacing import turns
 Conn = psycopg.Connection[Any]
 
 # The limited topic's options, per flag set: brooq_claim_limited for global_limit alone,
-# brooq_claim_coordinated for a rate or a group limit.
+# brooq_claim_batch for a rate or a group limit.
 LIMITS = {
     "limited": {"global_limit": 2},
     "coordinated": {"rate_limit": "100/s", "group_limit": 1},
-    "grouped": {"group_limit": 1},
 }
 
 
@@ -49,7 +48,7 @@ def _variants() -> list[Any]:
         for s in catalog()
         if s.template == "job_finish_and_claim"
     ]
-    assert len(found) == 12, found  # the template's every variant is tried below
+    assert len(found) == 10, found  # the template's every variant is tried below
     return found
 
 
@@ -69,10 +68,12 @@ def _params(flags: frozenset[str], topic: str) -> dict[str, Any]:
     if "results" in flags:
         params.update(results=[], reported=[], fractions=[], messages=[])
     if "limited" in flags:
-        kind = next((k for k in ("coordinated", "grouped") if k in flags), "limited")
+        kind = "coordinated" if "coordinated" in flags else "limited"
         [turn] = turns({topic: _handler(topic, **LIMITS[kind])})
         assert turn.shape == kind
-        params.update(turn.params, topics=[])  # the limited topic goes through its function
+        params.update(
+            turn.params, topics=[], batch=4
+        )  # the limited topic goes through its function
     return params
 
 
@@ -118,7 +119,7 @@ def test_every_claim_sets_started_at_and_clears_the_progress(
 def test_a_limited_topics_retry_starts_with_no_progress_and_its_own_start(
     db: Conn, kind: str
 ) -> None:
-    """The functions themselves (brooq_claim_limited, brooq_claim_coordinated), called as
+    """The functions themselves (brooq_claim_limited, brooq_claim_batch), called as
     the claim statement calls them: the first attempt reports and fails, the retry's
     claim shows no progress and its own start; the history entry keeps the first's."""
     topic = f"lim.{kind}"

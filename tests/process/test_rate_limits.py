@@ -11,6 +11,7 @@ import itertools
 import os
 import signal
 import statistics
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -282,3 +283,40 @@ def test_a_groups_own_limit_set_from_the_command_line_holds_on_every_master(
     done = count(db, "state = 'done'")
     stop(masters)
     assert count(db, "state = 'done'") == done < 400  # none started since; the rest wait
+
+
+def test_a_groups_own_rate_set_from_the_command_line_holds_on_every_master(
+    queue: brooq.Queue,
+    db: psycopg.Connection[Any],
+    dsn: str,
+    start_master: StartMaster,
+    stamp_table: None,
+) -> None:
+    """group_rate_limit 100/s declared, two masters of 3 children: with `brooq limits set
+    tenant.rated --group A --rate 5/s` A never starts more than 5 jobs in any second while
+    B runs at the topic's rate; `brooq limits clear ... --rate` gives A the topic's back."""
+    import subprocess
+    import sys
+
+    def limits(*args: str) -> None:
+        cmd = [sys.executable, "-m", "brooq", "--database", dsn, "limits", *args]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    limits("set", "tenant.rated", "--group", "A", "--rate", "5/s")
+    queue.enqueue_many([brooq.Job("tenant.rated", group=g) for g in "AB" for _ in range(40)])
+    masters = [start_master(app=APP, workers=3) for _ in range(2)]
+    wait_for(lambda: count(db, "state = 'done' AND group_key = 'B'") == 40, what="B done")
+    a_done = count(db, "state = 'done' AND group_key = 'A'")
+    assert a_done < 20  # B's 40 took well under 4 s: A ran at its own 5/s meanwhile
+    wait_for(lambda: count(db, "state = 'done' AND group_key = 'A'") >= 15, what="A at 5/s")
+    cleared_ns = time.time_ns()  # every start before it was claimed under A's own rate
+    limits("clear", "tenant.rated", "--group", "A", "--rate")
+    wait_for(lambda: count(db, "state = 'done' AND group_key = 'A'") == 40, timeout=10,
+             what="A at the topic's rate")  # fmt: skip
+    stop(masters)
+    ran = stamps(db, "tenant.rated")
+    a_starts = [start for _, start, _, _, group in ran if group == "A"]
+    before = [at for at in a_starts if at < cleared_ns]
+    assert len(before) >= 15
+    assert most_in_a_window(before, 1_000_000_000) <= 5
+    assert len(ran) == 80

@@ -127,7 +127,7 @@ def test_each_claim_variant_locks_once_and_reads_its_queues(base: str) -> None:
     coordinated = base.endswith("_coordinated")
     assert ("{brooq_claim_limited}" in getattr(Q, base)) is False  # marks are rendered
     assert ("brooq_claim_limited(" in statement) == limited
-    assert ("brooq_claim_coordinated(" in statement) == coordinated
+    assert ("brooq_claim_batch(" in statement) == coordinated
     assert ("FROM limited UNION ALL" in statement) == (limited or coordinated)
     assert ("LIMIT least(%(limit)s - (SELECT count(*) FROM limited)" in statement) == limited
     assert ("LIMIT least(%(limit)s - (SELECT count(id) FROM limited)" in statement) == coordinated
@@ -140,7 +140,7 @@ def test_the_coordinated_variant_is_the_limited_one_with_its_own_function() -> N
         _sql(Q.job_finish_and_claim_limited),
         _sql(Q.job_finish_and_claim_coordinated),
     )
-    call = re.compile(r"FROM brooq_claim_(limited|coordinated)\(.*?\) AS c \)")
+    call = re.compile(r"FROM brooq_claim_(limited|batch)\(.*?\) AS c \)")
     assert call.sub("CALL", limited).replace("count(*) FROM limited", "N") == call.sub(
         "CALL", coordinated
     ).replace("count(id) FROM limited", "N")

@@ -83,6 +83,8 @@ def test_ranges_make_a_floored_claim() -> None:
                 "group_cap": None,
                 "group_rate": None,
                 "group_window": None,
+                "in_turn": False,
+                "allowance": 0.5,
             },
             0.5,
         ),
@@ -96,6 +98,9 @@ def test_a_turn_claims_its_topic_apart_with_its_shape(turn: Turn) -> None:
     assert plan.params["queues"] == ["a"]
     assert {k: plan.params[k] for k in turn.params} == turn.params
     assert set(plan.params) == placeholders(plan)
+    if turn.shape == "coordinated":  # a batch: the pacing's, else the round trip's limit
+        assert plan.params["batch"] == 5
+        assert claim_plan([], False, 5, ["a"], COMMON, turn, batch=2).params["batch"] == 2
 
 
 def test_results_choose_the_statement_that_writes_them() -> None:
@@ -109,7 +114,7 @@ def test_results_choose_the_statement_that_writes_them() -> None:
 
 
 def test_every_shape_names_a_statement_with_and_without_results() -> None:
-    for shape in ("one", "queues", "limited", "coordinated", "grouped", "floored"):
+    for shape in ("one", "queues", "limited", "coordinated", "floored"):
         for with_results in (False, True):
             name = Plan(shape, with_results, [], 0, {}).statement
             assert name.startswith("job_finish_and_claim")

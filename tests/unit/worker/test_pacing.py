@@ -11,7 +11,7 @@ from typing import NamedTuple
 import pytest
 
 import brooq
-from brooq.worker.pacing import Pacing, turns
+from brooq.worker.pacing import BATCH_MAX, Pacing, turns
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
@@ -48,6 +48,8 @@ def test_each_limited_topic_has_a_turn_with_its_parameters() -> None:
         "group_cap": None,
         "group_rate": None,
         "group_window": None,
+        "in_turn": False,
+        "allowance": 0.05,
     }
     assert found["b.rated"].allowance == 0.05
     grouped = found["c.grouped"]
@@ -112,23 +114,53 @@ def test_nothing_to_claim_from_sleeps_at_once() -> None:
     assert pacing.idle_wait(1.0) == 1.0
 
 
-def test_groups_in_turn_without_a_rate_take_the_batched_claim() -> None:
-    """group_limit alone, or fair_groups (with or without a global_limit), claims a batch
-    through brooq_claim_groups; a rate, on the topic or per group, keeps the coordinated
-    claim of one job."""
+def test_every_coordinated_topic_takes_the_batched_claim() -> None:
+    """group_limit, fair_groups, a rate on the topic or per group: each claims a batch
+    through brooq_claim_batch; fair_groups takes the groups in turn even without a limit."""
     q = brooq.Queue("postgresql://unused")
     q.handler("e.limited", group_limit=2)(print)
     q.handler("f.fair", fair_groups=True, global_limit=10)(print)
     q.handler("g.fair.rated", fair_groups=True, rate_limit="5/s")(print)
     q.handler("h.per.group", group_limit=2, group_rate_limit="1/s")(print)
     by_topic = {t.topic: t for t in turns(q.handlers)}
-    assert by_topic["e.limited"].shape == "grouped"
-    assert by_topic["e.limited"].params == {"limited": "e.limited", "cap": None, "group_cap": 2}
-    assert by_topic["f.fair"].shape == "grouped"
-    assert by_topic["f.fair"].params == {"limited": "f.fair", "cap": 10, "group_cap": None}
-    assert by_topic["g.fair.rated"].shape == "coordinated"
-    assert by_topic["h.per.group"].shape == "coordinated"
+    assert {t.shape for t in by_topic.values()} == {"coordinated"}
+    assert by_topic["e.limited"].params["group_cap"] == 2
+    assert by_topic["e.limited"].allowance is None
+    assert (by_topic["f.fair"].params["cap"], by_topic["f.fair"].params["in_turn"]) == (10, True)
+    assert by_topic["g.fair.rated"].params["rate"] == 5
+    assert by_topic["h.per.group"].params["group_rate"] == 1
     assert q.handlers["f.fair"].limits() == {"global_limit": 10, "fair_groups": True}
+
+
+def test_a_rated_topics_batch_follows_what_starts_in_time() -> None:
+    """From one job a claim; doubled once a whole batch started within its allowance,
+    halved at a late start; a topic without a rate takes what the round trip asks."""
+    clock = [0.0]
+    pacing = Pacing(turns(handlers()), clock=lambda: clock[0])
+    rated = next(t for t in pacing.turns if t.topic == "b.rated")
+    capped = next(t for t in pacing.turns if t.topic == "a.capped")
+    assert pacing.batch(rated) == 1 and pacing.batch(capped) == BATCH_MAX
+
+    def claim_and_start(n: int, late: int = 0) -> list[bool]:
+        ids = [uuid.uuid4() for _ in range(n)]
+        rows = [Row(True, i, "b.rated", NOW, NOW) for i in ids]
+        pacing.sift(rows, rated, sent_at=clock[0])
+        answers = [pacing.late(i) for i in ids[: n - late]]
+        clock[0] += 1.0  # the rest start after the allowance
+        return answers + [pacing.late(i) for i in ids[n - late :]]
+
+    sizes = []
+    for _ in range(4):
+        size = pacing.batch(rated)
+        assert claim_and_start(size) == [False] * size
+        sizes.append(pacing.batch(rated))
+    assert sizes == [2, 4, 8, 16]
+    assert claim_and_start(16, late=3) == [False] * 13 + [True] * 3
+    assert pacing.batch(rated) == 2  # halved at each late start: 8, 4, 2
+    assert claim_and_start(2, late=2) == [True, True] and pacing.batch(rated) == 1
+    pacing.sift([Row(True, given := uuid.uuid4(), "b.rated", NOW, NOW)], rated, sent_at=0.0)
+    pacing.forget(given)  # given back before its start: no deadline, no say
+    assert pacing.start_by == {} and pacing.batch(rated) == 1
 
 
 def test_fair_groups_is_a_bool() -> None:
