@@ -95,12 +95,17 @@ class Child(ChildProcess):
         """Run claimed jobs in order; True when the child must retire."""
         elapsed = 0.0
         start_by = self.trips.start_by  # claims under a rate: a start deadline each
+        gone: set[uuid.UUID] = set()  # given back late with an earlier claim of the batch
         for i, claim in enumerate(claims):
+            if claim.id in gone:
+                continue
             if self.state.stopping:
-                self._release([c.id for c in claims[i:]])
+                self._release([c.id for c in claims[i:] if c.id not in gone])
                 return False
             if start_by and self.trips.late(claim.id):
-                self._give_back_late(claim)
+                overdue = self.trips.overdue([c.id for c in claims[i + 1 :]])
+                gone.update(overdue)
+                self._give_back_late(claim, overdue)
                 continue
             duration = self._run_one(claim, claims, i + 1)
             elapsed += duration
@@ -143,15 +148,17 @@ class Child(ChildProcess):
             self.spans.fetch(claims)
         return claims
 
-    def _give_back_late(self, claim: Claim) -> None:
+    def _give_back_late(self, claim: Claim, overdue: list[uuid.UUID]) -> None:
         """A claim under a rate that could not start within its allowance: started now,
-        it could break the rate the handlers see (brooq.worker.pacing)."""
+        it could break the rate the handlers see (brooq.worker.pacing); the ``overdue``
+        ones of its batch go back with it, in one round trip."""
         log.info(
-            "event=job_returned job=%s topic=%s attempt_refunded=1 because=late_start",
+            "event=job_returned job=%s topic=%s attempt_refunded=1 because=late_start%s",
             claim.id,
             claim.topic,
+            f" with={len(overdue)}" if overdue else "",
         )
-        self._release([claim.id])
+        self._release([claim.id, *overdue])
 
     def _release(self, ids: list[uuid.UUID]) -> None:
         if not ids:

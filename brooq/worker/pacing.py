@@ -10,8 +10,10 @@ that), each rate-limited claim's start deadline: a handler may start at most its
 allowance after the claim was sent (brooq.declare.rates); a claim that could not start by
 then is given back unstarted, so that the handlers' own start times keep the rate
 (docs/explanation/rate-limits.md); and the size of a rated topic's batch, which follows
-what the handlers start in time: doubled when a whole batch started within its
-allowance, halved at a late start (one job at first).
+what the handlers start in time: from one job, doubled when a whole batch started within
+its allowance, halved once for a batch with a late start, then grown by an eighth past
+that half (as TCP's congestion window: fast to its size, slow near the size that was
+late).
 Must never: touch the database or a pipe, or run a handler; the round trips
 (brooq.worker.roundtrip) and the loops ask it.
 """
@@ -32,6 +34,9 @@ __all__ = ["BATCH_MAX", "Pacing", "Turn", "turns"]
 # The most jobs a claim of a topic taken apart may ask for (the round trip's limit is
 # lower in every child: its batch size).
 BATCH_MAX = 1_000
+# A rated topic's round trip that took more than this share of its allowance halves its
+# next batch before any start is late.
+SLOW_TRIP = 0.5
 
 
 class Answer(Protocol):
@@ -108,6 +113,8 @@ class Pacing:
         self._topic_of: dict[uuid.UUID, str] = {}
         self._batch: dict[str, int] = {}
         self._in_time: dict[str, int] = {}
+        self._halved: dict[str, float] = {}  # topic -> the deadline of its last halving
+        self._doubling_up_to: dict[str, int] = {}  # topic -> half the size last late
         # Round trips in a row that claimed nothing: until every turn has had one, an
         # idle child does not sleep (another topic's jobs may be waiting).
         self.dry = 0
@@ -141,6 +148,14 @@ class Pacing:
                 self.start_by[row.id] = sent_at + turn.allowance
                 self._topic_of[row.id] = turn.topic
             kept.append(row)
+        if turn.allowance is not None and self.clock() - sent_at > turn.allowance * SLOW_TRIP:
+            # The round trip itself ate most of the allowance: a batch this size would
+            # start late (a large batch's claim costs more), so the next is halved now.
+            size = self._batch.get(turn.topic, 1)
+            if size > 1:
+                self._batch[turn.topic] = size // 2
+                self._doubling_up_to[turn.topic] = size // 2
+                self._in_time[turn.topic] = 0
         return kept
 
     def claimed(self, anything: bool, every_turn: bool = False) -> None:
@@ -178,17 +193,42 @@ class Pacing:
         deadline = self.start_by.pop(job_id, None)
         topic = self._topic_of.pop(job_id, None)
         late = deadline is not None and self.clock() > deadline
-        if topic is not None:
-            size = self._batch.get(topic, 1)
-            if late:
-                self._batch[topic] = max(1, size // 2)
-                self._in_time[topic] = 0
-            else:
-                self._in_time[topic] = self._in_time.get(topic, 0) + 1
-                if self._in_time[topic] >= size:
-                    self._batch[topic] = min(size * 2, BATCH_MAX)
-                    self._in_time[topic] = 0
+        if topic is not None and deadline is not None:
+            self._resize(topic, deadline, late)
         return late
+
+    def overdue(self, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+        """Those of ``ids`` past their start deadline now (asked when a claim of their
+        batch was found late: they go back with it, in one round trip); the others keep
+        theirs."""
+        now = self.clock()
+        gone = [i for i in ids if (d := self.start_by.get(i)) is not None and now > d]
+        for job_id in gone:
+            del self.start_by[job_id]
+            self._topic_of.pop(job_id, None)
+        return gone
+
+    def _resize(self, topic: str, deadline: float, late: bool) -> None:
+        """A whole batch started in time grows the next: doubled up to the size that last
+        had a late start, then by an eighth (so that it does not swing back into
+        lateness); a late start halves it, once per batch (its claims share a
+        deadline), and that half becomes the size up to which it doubles again."""
+        size = self._batch.get(topic, 1)
+        if late:
+            if self._halved.get(topic) != deadline:
+                self._batch[topic] = max(1, size // 2)
+                self._doubling_up_to[topic] = self._batch[topic]
+                self._halved[topic] = deadline
+            self._in_time[topic] = 0
+            return
+        self._in_time[topic] = self._in_time.get(topic, 0) + 1
+        if self._in_time[topic] >= size:
+            if size < self._doubling_up_to.get(topic, BATCH_MAX):
+                grown = size * 2
+            else:
+                grown = size + max(1, size // 8)
+            self._batch[topic] = min(grown, BATCH_MAX)
+            self._in_time[topic] = 0
 
     def forget(self, job_id: uuid.UUID) -> None:
         """A claim given back before its start: no deadline, no say in the batch's size."""

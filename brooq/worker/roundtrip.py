@@ -437,6 +437,10 @@ class RoundTrips:
             return self.settings.poll_interval
         return self.pacing.idle_wait(self.settings.poll_interval)
 
+    def overdue(self, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+        """Those of ``ids`` past their start deadline now (brooq.worker.pacing)."""
+        return [] if self.pacing is None else self.pacing.overdue(ids)
+
     def late(self, job_id: uuid.UUID) -> bool:
         """Whether a claim under a rate is past its start deadline: it must be given
         back unstarted (brooq.worker.pacing). Asked right before its start."""

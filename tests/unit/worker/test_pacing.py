@@ -134,7 +134,8 @@ def test_every_coordinated_topic_takes_the_batched_claim() -> None:
 
 def test_a_rated_topics_batch_follows_what_starts_in_time() -> None:
     """From one job a claim; doubled once a whole batch started within its allowance,
-    halved at a late start; a topic without a rate takes what the round trip asks."""
+    halved once for a batch with a late start, then grown by an eighth; a topic without a
+    rate takes what the round trip asks."""
     clock = [0.0]
     pacing = Pacing(turns(handlers()), clock=lambda: clock[0])
     rated = next(t for t in pacing.turns if t.topic == "b.rated")
@@ -156,11 +157,22 @@ def test_a_rated_topics_batch_follows_what_starts_in_time() -> None:
         sizes.append(pacing.batch(rated))
     assert sizes == [2, 4, 8, 16]
     assert claim_and_start(16, late=3) == [False] * 13 + [True] * 3
-    assert pacing.batch(rated) == 2  # halved at each late start: 8, 4, 2
-    assert claim_and_start(2, late=2) == [True, True] and pacing.batch(rated) == 1
-    pacing.sift([Row(True, given := uuid.uuid4(), "b.rated", NOW, NOW)], rated, sent_at=0.0)
+    assert pacing.batch(rated) == 8  # halved once for the batch
+    assert claim_and_start(8) == [False] * 8 and pacing.batch(rated) == 9  # an eighth more
+    assert claim_and_start(9, late=9) == [True] * 9 and pacing.batch(rated) == 4
+    # A late claim's batchmates past their deadline go back with it.
+    ids = [uuid.uuid4() for _ in range(3)]
+    pacing.sift([Row(True, i, "b.rated", NOW, NOW) for i in ids], rated, sent_at=clock[0])
+    clock[0] += 1.0
+    assert pacing.late(ids[0]) and pacing.overdue(ids[1:]) == ids[1:]
+    assert pacing.start_by == {} and pacing.batch(rated) == 2
+    given = uuid.uuid4()
+    pacing.sift([Row(True, given, "b.rated", NOW, NOW)], rated, sent_at=clock[0])
     pacing.forget(given)  # given back before its start: no deadline, no say
-    assert pacing.start_by == {} and pacing.batch(rated) == 1
+    assert pacing.start_by == {} and pacing.batch(rated) == 2
+    # A round trip that took more than half the allowance halves the next batch at once.
+    pacing.sift([Row(True, uuid.uuid4(), "b.rated", NOW, NOW)], rated, sent_at=clock[0] - 0.03)
+    assert pacing.batch(rated) == 1
 
 
 def test_fair_groups_is_a_bool() -> None:
