@@ -444,12 +444,12 @@ def brooq_features(result: dict[str, Any]) -> list[str]:
         share = f"{100 * rated / plain:.0f} %" if plain and rated else "–"
         lines += [
             "",
-            f"## Rates at speed (brooq): {sizes.get('drain', 0):,} no-op jobs in 1,000 "
-            'groups, `rate_limit="50000/s"`, `group_rate_limit="1000/s"`, `--workers 2`',
+            f"## Rates at speed (brooq): {sizes.get('drain', 0):,} no-op jobs, "
+            '`rate_limit="50000/s"`, `--workers 2`',
             "",
-            "The drain's jobs under a rate and a rate per group that allow them: the claims "
-            "take a batch at a time (as many as the handlers start within their allowance), "
-            "each start taking its place in the windows. Beside the unlimited drain.",
+            "The drain's jobs under a rate that allows them: the claims take a batch at a "
+            "time (as many as the handlers start within their allowance), each start taking "
+            "its place in the window. Beside the unlimited drain.",
             "",
             "| jobs/s under the rates | the unlimited drain, 2 children | share |",
             "| ---: | ---: | ---: |",

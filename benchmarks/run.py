@@ -32,9 +32,9 @@ Workloads (each in a fresh database, three repetitions, median and min-max repor
   grouped_drain   brooq only: the drain's no-op jobs spread over 1,000 groups of a
                   group_limit=2 topic, --workers 2 (claims of the groups in turn, a batch
                   at a time): jobs/s beside the unlimited drain's
-  rated_drain     brooq only: the grouped drain's jobs on a topic under rate_limit
-                  "50000/s" and group_rate_limit "1000/s" (limits that allow them):
-                  jobs/s beside the unlimited drain's
+  rated_drain     brooq only: the drain's no-op jobs on a topic under rate_limit
+                  "50000/s" (a rate that allows them): jobs/s beside the unlimited
+                  drain's
   ordered_drain   brooq only: the drain's no-op jobs spread over 1,000 ordering keys
                   (each key's jobs one at a time, in order), --workers 2: jobs/s beside
                   the unlimited drain's

@@ -4,11 +4,11 @@
 --   brooq_group_limit.group_rate, group_period, group_window: a group's own rate set at
 --     runtime (brooq limits set --rate), beside its own group_limit (now nullable: a
 --     row may hold either or both).
---   brooq_window_free(topic, group, limit, stamp, max): the starts a window takes at
---     `stamp`, counted up to `max` through its indexes (never every slot).
---   brooq_window_take_many(topic, group, limit, stamp, window, n): n starts at `stamp`
---     take their places in a rate's window: the slots free at the stamp first, then new
---     ones; the caller holds the topic's lock and saw n free.
+--   brooq_rate_cursor, brooq_window_places, brooq_window_next, brooq_window_take_places:
+--     a window's places taken in turn from the one taken last (the cursor): the places
+--     a batch may take, found through the primary key up to the batch's size, when the
+--     next is free, and the taking of many at once; the free_at index's old end (a dead
+--     entry each time a place is taken again, until a VACUUM) is never read.
 --   brooq_claim_batch(topic, cap, rate, window, group_cap, group_rate, group_window,
 --     in_turn, allowance, queues, done, worker, lease, max): brooq_claim_groups with
 --     rates. Up to `max` jobs of the topic: as many as the topic's window has free slots
@@ -18,8 +18,8 @@
 --     its place in the windows. Under a rate the topic's lock is tried (a held-back answer
 --     when taken), under a cap waited for.
 -- brooq_claim_groups and brooq_claim_coordinated stay for the masters of the previous
--- release. Functions, and a table of brooq's own (a row per group with its own limits);
--- no lock on job. No-transaction: each statement runs under the migrator's lock_timeout
+-- release. Functions, and tables of brooq's own (a row per group with its own limits, a
+-- row per rate window); no lock on job. No-transaction: each statement runs under the migrator's lock_timeout
 -- and is retried; every statement is idempotent.
 -- migrate:no-transaction
 -- migrate:up
@@ -36,63 +36,123 @@ ALTER TABLE brooq_group_limit DROP CONSTRAINT IF EXISTS brooq_group_limit_rate_c
                                     AND group_window >= group_period))
         AND (group_limit IS NOT NULL OR group_rate IS NOT NULL));
 
--- How many starts a rate's window takes at `p_stamp`, counted up to `p_max`: the slots
--- never used (slots are numbered from 1 without a gap: the highest tells) and those free
--- again by then, each found through an index (the primary key's last entry, and
--- brooq_rate_slot_free_idx up to p_max entries), never every slot of the window.
-CREATE OR REPLACE FUNCTION brooq_window_free(
+-- A window's places taken in turn (round robin): brooq_rate_cursor holds the place taken
+-- last, so the next ones are the places after it (then the never-used ones up to the
+-- limit, then those from the first): the one taken longest ago first, found by the
+-- primary key alone. A window's free_at index is never read from its old end, where
+-- each retaking of a place leaves a dead entry until the next VACUUM.
+CREATE TABLE IF NOT EXISTS brooq_rate_cursor (
+    topic      text    NOT NULL,
+    group_key  text    NOT NULL,
+    last_slot  integer NOT NULL,
+    CONSTRAINT brooq_rate_cursor_pkey PRIMARY KEY (topic, group_key)
+);
+
+-- The places a window gives at `p_stamp`, at most `p_max`, in the order they are taken:
+-- each free at the stamp, up to the first that is not (those after it were taken after
+-- it: in use longer).
+CREATE OR REPLACE FUNCTION brooq_window_places(
     p_topic text, p_group text, p_limit integer, p_stamp timestamptz, p_max integer
 )
-RETURNS integer
+RETURNS integer[]
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 DECLARE
+    last_slot integer;
     highest integer;
-    reusable integer;
+    places integer[] := '{}';
+    place record;
+    blocked boolean := false;
 BEGIN
+    IF p_max < 1 THEN
+        RETURN places;
+    END IF;
     SELECT coalesce(max(s.slot), 0) INTO highest FROM brooq_rate_slot s
     WHERE s.topic = p_topic AND s.group_key = p_group AND s.slot <= p_limit;
-    SELECT count(*) INTO reusable FROM (
-        SELECT FROM brooq_rate_slot s
-        WHERE s.topic = p_topic AND s.group_key = p_group AND s.slot <= p_limit
-          AND s.free_at <= p_stamp
-        LIMIT p_max) AS r;
-    RETURN least(p_max, p_limit - highest + reusable);
+    SELECT least(c.last_slot, highest) INTO last_slot FROM brooq_rate_cursor c
+    WHERE c.topic = p_topic AND c.group_key = p_group;
+    last_slot := coalesce(last_slot, highest);
+    FOR place IN
+        SELECT s.slot, s.free_at FROM brooq_rate_slot s
+        WHERE s.topic = p_topic AND s.group_key = p_group
+          AND s.slot > last_slot AND s.slot <= p_limit
+        ORDER BY s.slot
+        LIMIT p_max
+    LOOP
+        IF place.free_at > p_stamp THEN
+            blocked := true;
+            EXIT;
+        END IF;
+        places := places || place.slot;
+    END LOOP;
+    IF blocked OR cardinality(places) >= p_max THEN
+        RETURN places;
+    END IF;
+    places := places || ARRAY(SELECT generate_series(
+        highest + 1, least(p_limit, highest + p_max - cardinality(places))));
+    IF cardinality(places) >= p_max THEN
+        RETURN places;
+    END IF;
+    FOR place IN
+        SELECT s.slot, s.free_at FROM brooq_rate_slot s
+        WHERE s.topic = p_topic AND s.group_key = p_group AND s.slot <= last_slot
+        ORDER BY s.slot
+        LIMIT p_max - cardinality(places)
+    LOOP
+        EXIT WHEN place.free_at > p_stamp;
+        places := places || place.slot;
+    END LOOP;
+    RETURN places;
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION brooq_window_take_many(
+-- When a full window has room again: the free_at of its next place in turn.
+CREATE OR REPLACE FUNCTION brooq_window_next(p_topic text, p_group text, p_limit integer)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    last_slot integer;
+    next_free timestamptz;
+BEGIN
+    SELECT c.last_slot INTO last_slot FROM brooq_rate_cursor c
+    WHERE c.topic = p_topic AND c.group_key = p_group;
+    SELECT s.free_at INTO next_free FROM brooq_rate_slot s
+    WHERE s.topic = p_topic AND s.group_key = p_group AND s.slot <= p_limit
+      AND s.slot > coalesce(last_slot, 0)
+    ORDER BY s.slot LIMIT 1;
+    IF next_free IS NULL THEN
+        SELECT s.free_at INTO next_free FROM brooq_rate_slot s
+        WHERE s.topic = p_topic AND s.group_key = p_group AND s.slot <= p_limit
+        ORDER BY s.slot LIMIT 1;
+    END IF;
+    RETURN next_free;
+END;
+$$;
+
+-- n starts at `p_stamp` take the window's next n places (brooq_window_places, under the
+-- topic's lock that counted them), each until `p_stamp + p_window`; the cursor moves to
+-- the last.
+CREATE OR REPLACE FUNCTION brooq_window_take_places(
     p_topic text, p_group text, p_limit integer, p_stamp timestamptz, p_window float8,
     p_n integer
 )
 RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
 DECLARE
-    reused integer;
-    highest integer;
+    places integer[];
 BEGIN
-    WITH free AS (
-        SELECT s.slot FROM brooq_rate_slot s
-        WHERE s.topic = p_topic AND s.group_key = p_group AND s.slot <= p_limit
-          AND s.free_at <= p_stamp
-        ORDER BY s.free_at
-        LIMIT p_n
-    )
-    UPDATE brooq_rate_slot s SET free_at = p_stamp + make_interval(secs => p_window)
-    FROM free
-    WHERE s.topic = p_topic AND s.group_key = p_group AND s.slot = free.slot;
-    GET DIAGNOSTICS reused = ROW_COUNT;
-    IF reused >= p_n THEN
-        RETURN;
-    END IF;
-    SELECT coalesce(max(s.slot), 0) INTO highest FROM brooq_rate_slot s
-    WHERE s.topic = p_topic AND s.group_key = p_group AND s.slot <= p_limit;
-    IF highest + p_n - reused > p_limit THEN
+    places := brooq_window_places(p_topic, p_group, p_limit, p_stamp, p_n);
+    IF cardinality(places) < p_n THEN
         RAISE EXCEPTION 'brooq: the window of % % has no room for % at %',
             p_topic, p_group, p_n, p_stamp;
     END IF;
-    INSERT INTO brooq_rate_slot (topic, group_key, slot, free_at)
-    SELECT p_topic, p_group, n, p_stamp + make_interval(secs => p_window)
-    FROM generate_series(highest + 1, highest + p_n - reused) AS n;
+    INSERT INTO brooq_rate_slot AS s (topic, group_key, slot, free_at)
+    SELECT p_topic, p_group, p, p_stamp + make_interval(secs => p_window)
+    FROM unnest(places) AS p
+    ON CONFLICT ON CONSTRAINT brooq_rate_slot_pkey DO UPDATE SET free_at = EXCLUDED.free_at;
+    INSERT INTO brooq_rate_cursor AS c (topic, group_key, last_slot)
+    VALUES (p_topic, p_group, places[cardinality(places)])
+    ON CONFLICT ON CONSTRAINT brooq_rate_cursor_pkey
+    DO UPDATE SET last_slot = EXCLUDED.last_slot;
 END;
 $$;
 
@@ -220,10 +280,9 @@ BEGIN
     -- The topic's rate: the slots of its window free at the stamp bound the batch; none
     -- free, the held-back answer says when the first one is.
     IF p_rate IS NOT NULL THEN
-        free := brooq_window_free(p_topic, '', p_rate, stamp, room);
+        free := cardinality(brooq_window_places(p_topic, '', p_rate, stamp, room));
         IF free < 1 THEN
-            SELECT min(s.free_at) INTO retry FROM brooq_rate_slot s
-            WHERE s.topic = p_topic AND s.group_key = '' AND s.slot <= p_rate;
+            retry := brooq_window_next(p_topic, '', p_rate);
             RETURN QUERY SELECT NULL::uuid, p_topic, NULL::jsonb, NULL::integer, NULL::text,
                                 stamp, retry, NULL::text, NULL::smallint;
             RETURN;
@@ -249,7 +308,7 @@ BEGIN
             RETURN;
         END IF;
         IF p_rate IS NOT NULL THEN
-            PERFORM brooq_window_take_many(p_topic, '', p_rate, stamp, p_window,
+            PERFORM brooq_window_take_places(p_topic, '', p_rate, stamp, p_window,
                                            cardinality(picked));
         END IF;
         RETURN QUERY
@@ -409,8 +468,10 @@ BEGIN
                coalesce(array_agg(r.free ORDER BY r.ord), '{}')
         INTO g_rates, g_windows, g_frees
         FROM (
-            SELECT r.*, CASE WHEN r.rate IS NOT NULL
-                             THEN brooq_window_free(p_topic, r.g, r.rate, stamp, room) END AS free
+            SELECT r.*,
+                   CASE WHEN r.rate IS NOT NULL
+                        THEN cardinality(brooq_window_places(p_topic, r.g, r.rate, stamp, room))
+                   END AS free
             FROM (
                 SELECT x.g, x.ord,
                        CASE WHEN own_rates[array_position(own_groups, x.g)] IS NOT NULL
@@ -425,10 +486,8 @@ BEGIN
         FOR i IN 1 .. cardinality(groups) LOOP
             IF g_rates[i] IS NOT NULL THEN
                 allow[i] := least(allow[i], g_frees[i]);
-                IF g_frees[i] < 1 THEN  -- its window full: when its first slot is free
-                    retry := least(retry, (SELECT min(w.free_at) FROM brooq_rate_slot w
-                                           WHERE w.topic = p_topic AND w.group_key = groups[i]
-                                             AND w.slot <= g_rates[i]));
+                IF g_frees[i] < 1 THEN  -- its window full: when its next place is free
+                    retry := least(retry, brooq_window_next(p_topic, groups[i], g_rates[i]));
                 END IF;
             END IF;
         END LOOP;
@@ -486,13 +545,13 @@ BEGIN
     END IF;
     -- Each start takes its place in the windows: the topic's, and its group's.
     IF p_rate IS NOT NULL THEN
-        PERFORM brooq_window_take_many(p_topic, '', p_rate, stamp, p_window,
+        PERFORM brooq_window_take_places(p_topic, '', p_rate, stamp, p_window,
                                        cardinality(picked));
     END IF;
     IF g_rates IS NOT NULL THEN
         FOR i IN 1 .. cardinality(groups) LOOP
             IF g_rates[i] IS NOT NULL AND first_allow[i] > allow[i] THEN
-                PERFORM brooq_window_take_many(p_topic, groups[i], g_rates[i], stamp,
+                PERFORM brooq_window_take_places(p_topic, groups[i], g_rates[i], stamp,
                                                g_windows[i], first_allow[i] - allow[i]);
             END IF;
         END LOOP;
@@ -520,10 +579,14 @@ DROP FUNCTION IF EXISTS brooq_claim_batch(text, integer, integer, float8, intege
                                           float8, boolean, float8, text[], uuid[], text,
                                           float8, integer);
 
-DROP FUNCTION IF EXISTS brooq_window_take_many(text, text, integer, timestamptz, float8,
-                                               integer);
+DROP FUNCTION IF EXISTS brooq_window_take_places(text, text, integer, timestamptz, float8,
+                                                 integer);
 
-DROP FUNCTION IF EXISTS brooq_window_free(text, text, integer, timestamptz, integer);
+DROP FUNCTION IF EXISTS brooq_window_next(text, text, integer);
+
+DROP FUNCTION IF EXISTS brooq_window_places(text, text, integer, timestamptz, integer);
+
+DROP TABLE IF EXISTS brooq_rate_cursor;
 
 DELETE FROM brooq_group_limit WHERE group_limit IS NULL;
 

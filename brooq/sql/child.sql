@@ -103,7 +103,7 @@ limited AS MATERIALIZED (
                            %(group_rate)s::integer, %(group_window)s::float8,
                            %(in_turn)s::boolean, %(allowance)s::float8,
                            %(queues)b::text[], %(done)b::uuid[], %(worker)s, %(lease)s,
-                           least(%(limit)s, %(batch)s)::integer) AS c
+                           least(%(limit)s::integer, %(batch)s::integer)) AS c
 --#else
     FROM {brooq_claim_limited}(%(limited)s, %(cap)s, %(queues)b::text[], %(done)b::uuid[],
                              %(worker)s, %(lease)s, least(%(limit)s, 1)) AS c

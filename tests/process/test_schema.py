@@ -124,6 +124,7 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
         "brooq_master",
         "brooq_migration",
         "brooq_rate_slot",
+        "brooq_rate_cursor",
         "brooq_group_turn",
         "brooq_job_edge",
         "brooq_job_step",
