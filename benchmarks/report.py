@@ -49,6 +49,29 @@ IO_EQUAL_SLOTS_VARIANT = "async"
 IO_SECONDS = 0.05  # each I/O-bound job's wait: a configuration's bound is slots / this
 
 
+def _beside_the_drain(
+    result: dict[str, Any], workload: str, title: str, what: str, column: str
+) -> list[str]:
+    """A brooq-only drain workload's section: its jobs/s beside the unlimited drain of the
+    same run (2 children) and its share of it; nothing when the run did not measure it."""
+    e = _s(result, "brooq", workload)
+    if not e:
+        return []
+    plain = _med(_s(result, "brooq", "drain", "2"), "jobs_per_s")
+    limited = _med(e, "jobs_per_s")
+    share = f"{100 * limited / plain:.0f} %" if plain and limited else "–"
+    return [
+        "",
+        title,
+        "",
+        what,
+        "",
+        f"| {column} | the unlimited drain, 2 children | share |",
+        "| ---: | ---: | ---: |",
+        f"| {fmt(e, 'jobs_per_s')} | {_num(plain) if plain else '–'} | {share} |",
+    ]
+
+
 def _s(result: dict[str, Any], system: str, workload: str, variant: str = "") -> dict[str, Any]:
     return result.get("summary", {}).get(f"{system}|{workload}|{variant}", {})
 
@@ -420,58 +443,33 @@ def brooq_features(result: dict[str, Any]) -> list[str]:
             f"| {fmt(e, 'share_of_rate_pct')} % | {fmt(e, 'drain_s', 2)} "
             f"| {fmt(e, 'processes_seen')} / {fmt(e, 'masters_seen')} |",
         ]
-    e = _s(result, "brooq", "grouped_drain")
-    if e:
-        plain = _med(_s(result, "brooq", "drain", "2"), "jobs_per_s")
-        limited = _med(e, "jobs_per_s")
-        share = f"{100 * limited / plain:.0f} %" if plain and limited else "–"
-        lines += [
-            "",
-            f"## group_limit at speed (brooq): {sizes.get('drain', 0):,} no-op jobs in 1,000 "
-            "groups, `group_limit=2`, `--workers 2`",
-            "",
-            "The drain's jobs, each in a group; the claims take the groups in turn, a batch "
-            "at a time, under the topic's lock. Beside the unlimited drain of the same run.",
-            "",
-            "| jobs/s under group_limit | the unlimited drain, 2 children | share |",
-            "| ---: | ---: | ---: |",
-            f"| {fmt(e, 'jobs_per_s')} | {_num(plain) if plain else '–'} | {share} |",
-        ]
-    e = _s(result, "brooq", "rated_drain")
-    if e:
-        plain = _med(_s(result, "brooq", "drain", "2"), "jobs_per_s")
-        rated = _med(e, "jobs_per_s")
-        share = f"{100 * rated / plain:.0f} %" if plain and rated else "–"
-        lines += [
-            "",
-            f"## Rates at speed (brooq): {sizes.get('drain', 0):,} no-op jobs, "
-            '`rate_limit="50000/s"`, `--workers 2`',
-            "",
-            "The drain's jobs under a rate that allows them: the claims take a batch at a "
-            "time (as many as the handlers start within their allowance), each start taking "
-            "its place in the window. Beside the unlimited drain.",
-            "",
-            "| jobs/s under the rates | the unlimited drain, 2 children | share |",
-            "| ---: | ---: | ---: |",
-            f"| {fmt(e, 'jobs_per_s')} | {_num(plain) if plain else '–'} | {share} |",
-        ]
-    e = _s(result, "brooq", "ordered_drain")
-    if e:
-        plain = _med(_s(result, "brooq", "drain", "2"), "jobs_per_s")
-        ordered = _med(e, "jobs_per_s")
-        share = f"{100 * ordered / plain:.0f} %" if plain and ordered else "–"
-        lines += [
-            "",
-            f"## Ordered keys (brooq): {sizes.get('drain', 0):,} no-op jobs over 1,000 "
-            "ordering keys, `--workers 2`",
-            "",
-            "The drain's jobs, each with an ordering key: one job of a key at a time, the "
-            "next one made pending as it ends. Beside the drain without keys of the same run.",
-            "",
-            "| jobs/s with ordering keys | the drain without keys, 2 children | share |",
-            "| ---: | ---: | ---: |",
-            f"| {fmt(e, 'jobs_per_s')} | {_num(plain) if plain else '–'} | {share} |",
-        ]
+    drain = sizes.get("drain", 0)
+    lines += _beside_the_drain(
+        result,
+        "grouped_drain",
+        f"## group_limit at speed (brooq): {drain:,} no-op jobs in 1,000 groups, "
+        "`group_limit=2`, `--workers 2`",
+        "The drain's jobs, each in a group; the claims take the groups in turn, a batch at a "
+        "time, under the topic's lock. Beside the unlimited drain of the same run.",
+        "jobs/s under group_limit",
+    )
+    lines += _beside_the_drain(
+        result,
+        "rated_drain",
+        f'## Rates at speed (brooq): {drain:,} no-op jobs, `rate_limit="50000/s"`, `--workers 2`',
+        "The drain's jobs under a rate that allows them: the claims take a batch at a time "
+        "(as many as the handlers start within their allowance), each start taking its "
+        "place in the window. Beside the unlimited drain.",
+        "jobs/s under the rates",
+    )
+    lines += _beside_the_drain(
+        result,
+        "ordered_drain",
+        f"## Ordered keys (brooq): {drain:,} no-op jobs over 1,000 ordering keys, `--workers 2`",
+        "The drain's jobs, each with an ordering key: one job of a key at a time, the next "
+        "one made pending as it ends. Beside the drain without keys of the same run.",
+        "jobs/s with ordering keys",
+    )
     e = _s(result, "brooq", "grouped")
     if e:
         lines += [

@@ -210,3 +210,54 @@ def executions(conn: psycopg.Connection[Any], job_id: Any = None) -> int:
 
 
 StartMaster = Callable[..., MasterProcess]
+
+
+# The doors a producer enqueues through (enqueue_through): the Queue's one and many, sync
+# and async, and brooq.enqueue* on the caller's own connection, one by one or as a batch.
+ENQUEUE_DOORS = (
+    "enqueue",
+    "enqueue_many",
+    "enqueue_async",
+    "enqueue_many_async",
+    "own_connection",
+    "own_connection_many",
+    "own_connection_async",
+)
+
+
+def enqueue_through(door: str, queue: Any, dsn: str, jobs: list[Any]) -> list[Any]:
+    """The ids of ``jobs`` enqueued through ``door`` (ENQUEUE_DOORS), in order; the caller's
+    own connections commit once all are enqueued."""
+    import asyncio
+
+    import psycopg
+
+    import brooq
+
+    if door == "enqueue":
+        return [queue.enqueue(job)[0] for job in jobs]
+    if door == "enqueue_many":
+        return [i for i, _ in queue.enqueue_many(jobs)]
+    if door == "enqueue_async":
+
+        async def each() -> list[Any]:
+            return [(await queue.enqueue_async(job))[0] for job in jobs]
+
+        return asyncio.run(each())
+    if door == "enqueue_many_async":
+        return [i for i, _ in asyncio.run(queue.enqueue_many_async(jobs))]
+    if door == "own_connection":
+        with psycopg.connect(dsn) as conn:
+            return [brooq.enqueue(conn, job)[0] for job in jobs]
+    if door == "own_connection_many":
+        with psycopg.connect(dsn) as conn:
+            return [i for i, _ in brooq.enqueue_many(conn, jobs)]
+    assert door == "own_connection_async", door
+
+    async def own() -> list[Any]:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            ids = [(await brooq.enqueue_async(conn, job))[0] for job in jobs]
+            await conn.commit()
+            return ids
+
+    return asyncio.run(own())

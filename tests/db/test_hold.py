@@ -19,7 +19,7 @@ import brooq
 from brooq.errors import InvalidTransition
 from brooq.ipc.channel import CHANNEL
 from brooq.sql import Q
-from tests.harness import covering
+from tests.harness import ENQUEUE_DOORS, covering, enqueue_through
 
 LEASE = 30.0
 
@@ -49,42 +49,7 @@ def state(db: psycopg.Connection[Any], job_id: uuid.UUID) -> str:
 # -- enqueued on hold --------------------------------------------------------------------------
 
 
-def _enqueue_door(door: str, queue: brooq.Queue, dsn: str, jobs: list[brooq.Job]) -> list[Any]:
-    """The ids of ``jobs`` enqueued through ``door``."""
-    if door == "enqueue":
-        return [queue.enqueue(job)[0] for job in jobs]
-    if door == "enqueue_many":
-        return [i for i, _ in queue.enqueue_many(jobs)]
-    if door == "enqueue_async":
-
-        async def each() -> list[Any]:
-            return [(await queue.enqueue_async(job))[0] for job in jobs]
-
-        return asyncio.run(each())
-    if door == "enqueue_many_async":
-        return [i for i, _ in asyncio.run(queue.enqueue_many_async(jobs))]
-    if door == "own_connection":
-        with psycopg.connect(dsn) as conn:
-            return [i for i, _ in brooq.enqueue_many(conn, jobs)]
-    assert door == "own_connection_async"
-
-    async def own() -> list[Any]:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            ids = [(await brooq.enqueue_async(conn, job))[0] for job in jobs]
-            await conn.commit()
-            return ids
-
-    return asyncio.run(own())
-
-
-DOORS = (
-    "enqueue",
-    "enqueue_many",
-    "enqueue_async",
-    "enqueue_many_async",
-    "own_connection",
-    "own_connection_async",
-)
+DOORS = ENQUEUE_DOORS
 LATER = datetime.now(timezone.utc) + timedelta(days=1)
 # What a held job may carry besides: each takes another statement (the line's INSERT is
 # the plain job's; COPY's wide form; the INSERT of keyed batches; scheduled rows).
@@ -100,7 +65,7 @@ CASES = (
 def test_a_job_enqueued_held_is_on_hold_and_never_claimed(
     queue: brooq.Queue, db: psycopg.Connection[Any], dsn: str, door: str, case: dict[str, Any]
 ) -> None:
-    held, plain = _enqueue_door(
+    held, plain = enqueue_through(
         door, queue, dsn, [brooq.Job("t.h", {"n": 1}, held=True, **case), brooq.Job("t.h")]
     )
     assert state(db, held) == "on_hold" and state(db, plain) == "pending"

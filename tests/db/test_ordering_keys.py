@@ -6,7 +6,6 @@ without a key are never held back. The claims here are the children's own statem
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -18,7 +17,7 @@ from psycopg.rows import dict_row
 import brooq
 from brooq.errors import BrooqError, InvalidOrderingKey
 from brooq.sql import Q
-from tests.harness import covering
+from tests.harness import ENQUEUE_DOORS, covering, enqueue_through
 
 LEASE = 30.0
 TOPIC = "t.o"
@@ -78,46 +77,7 @@ def keyed(n: int, key: str = "cust-1", **options: Any) -> list[brooq.Job]:
     return [brooq.Job(TOPIC, {"n": i}, ordering_key=key, **options) for i in range(n)]
 
 
-def _enqueue_door(door: str, queue: brooq.Queue, dsn: str, jobs: list[brooq.Job]) -> list[Any]:
-    """The ids of ``jobs`` enqueued through ``door``, in order."""
-    if door == "enqueue":
-        return [queue.enqueue(job)[0] for job in jobs]
-    if door == "enqueue_many":
-        return [i for i, _ in queue.enqueue_many(jobs)]
-    if door == "enqueue_async":
-
-        async def each() -> list[Any]:
-            return [(await queue.enqueue_async(job))[0] for job in jobs]
-
-        return asyncio.run(each())
-    if door == "enqueue_many_async":
-        return [i for i, _ in asyncio.run(queue.enqueue_many_async(jobs))]
-    if door == "own_connection":
-        with psycopg.connect(dsn) as conn:
-            return [brooq.enqueue(conn, job)[0] for job in jobs]
-    if door == "own_connection_many":
-        with psycopg.connect(dsn) as conn:
-            return [i for i, _ in brooq.enqueue_many(conn, jobs)]
-    assert door == "own_connection_async"
-
-    async def own() -> list[Any]:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            ids = [i for i, _ in await brooq.enqueue_many_async(conn, jobs)]
-            await conn.commit()
-            return ids
-
-    return asyncio.run(own())
-
-
-DOORS = (
-    "enqueue",
-    "enqueue_many",
-    "enqueue_async",
-    "enqueue_many_async",
-    "own_connection",
-    "own_connection_many",
-    "own_connection_async",
-)
+DOORS = ENQUEUE_DOORS
 # What an ordered job may carry besides: each takes another statement (the options'
 # INSERT, COPY's wide form, the INSERT of keyed batches).
 CASES: tuple[dict[str, Any], ...] = (
@@ -133,7 +93,7 @@ def test_one_job_of_a_key_at_a_time_in_enqueue_order(
 ) -> None:
     jobs = [brooq.Job(TOPIC, {"n": i}, ordering_key="cust-1", **_unique(case, i)) for i in range(3)]
     other = brooq.Job(TOPIC, {"n": 9}, ordering_key="cust-2")
-    ids = _enqueue_door(door, queue, dsn, [*jobs, other])
+    ids = enqueue_through(door, queue, dsn, [*jobs, other])
     first, second, third, alone = ids
     assert states(db, ids) == ["pending", "waiting", "waiting", "pending"]
     record = queue.get(second)
