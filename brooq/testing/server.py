@@ -13,6 +13,7 @@ import atexit
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 
 import psycopg
@@ -21,7 +22,7 @@ from psycopg import conninfo, sql
 from brooq import migrate
 from brooq.settings import getenv
 
-__all__ = ["create_database", "drop_database", "embedded_server", "find_admin_dsn"]
+__all__ = ["Scratch", "create_database", "drop_database", "embedded_server", "find_admin_dsn"]
 
 
 def embedded_server() -> str | None:
@@ -80,3 +81,59 @@ def migrated_template(admin_dsn: str) -> str:
     dsn = create_database(admin_dsn, prefix="brooq_tpl")
     migrate.up(dsn, schema=schema.strip() if schema is not None else None)
     return str(conninfo.conninfo_to_dict(dsn)["dbname"])
+
+
+class Scratch:
+    """The scratch databases of a run, dropped at its end (pytest_plugin says why)."""
+
+    def __init__(self, admin_dsn: str, *, removed_at_exit: bool = False, drops: int = 4) -> None:
+        self.admin_dsn = admin_dsn
+        self.removed_at_exit = removed_at_exit  # the server goes whole: nothing to drop
+        self.drops = drops  # drops at once at the end
+        self._dsns: list[str] = []
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def done_with(self, dsn: str) -> None:
+        """A test is done with ``dsn``: end the sessions still connected to it."""
+        self._dsns.append(dsn)
+        name = conninfo.conninfo_to_dict(dsn)["dbname"]
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self.admin_dsn, autocommit=True)
+            self._conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+        except psycopg.Error:  # the server is away for a moment: the drop at the end forces
+            self._conn = None
+
+    def drop_all(self) -> None:
+        """Drop every database handed over, ``drops`` at a time; errors are raised after."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        dsns, self._dsns = self._dsns, []
+        if self.removed_at_exit:
+            return
+        failed: list[BaseException] = []
+        lock = threading.Lock()
+
+        def run() -> None:
+            while True:
+                with lock:
+                    if not dsns:
+                        return
+                    dsn = dsns.pop()
+                try:
+                    drop_database(self.admin_dsn, dsn)
+                except psycopg.Error as exc:
+                    failed.append(exc)
+
+        threads = [threading.Thread(target=run) for _ in range(self.drops)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failed:
+            raise failed[0]
