@@ -95,6 +95,17 @@ class Handler:
             or self.fair_groups
         )
 
+    @property
+    def holds_back(self) -> bool:
+        """Whether a limit may hold a ready job of the topic back (the groups taken in turn
+        alone never do): the master then counts the jobs held back (job_held_by_topic)."""
+        return (
+            self.global_limit is not None
+            or self.rate_limit is not None
+            or self.group_limit is not None
+            or self.group_rate_limit is not None
+        )
+
     def limits(self) -> dict[str, object]:
         """The fleet-wide limits given, as published in brooq_master.limits (empty: none)."""
         given: dict[str, object] = {}

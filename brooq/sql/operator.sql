@@ -436,7 +436,11 @@ WITH lim AS (
       AND m.seen_at >= now() - make_interval(secs => m.beat_seconds * 3)
     ORDER BY l.key, m.seen_at DESC
 ), topic_held AS (
+    -- holds: whether any limit of the topic can hold a job back (fair_groups alone
+    -- cannot: its ready rows are not read for the count).
     SELECT lim.topic,
+           lim.cap IS NOT NULL OR lim.rate IS NOT NULL OR lim.group_cap IS NOT NULL
+           OR lim.group_rate IS NOT NULL AS holds,
            CASE
                WHEN lim.cap IS NOT NULL AND (
                    SELECT count(*) FROM {job} AS j
@@ -476,7 +480,7 @@ FROM (
     SELECT j.queue, j.topic, j.available_at,
            th.held_by IS NOT NULL OR gh.group_key IS NOT NULL AS held
     FROM {job} AS j
-    JOIN topic_held AS th ON th.topic = j.topic
+    JOIN topic_held AS th ON th.topic = j.topic AND th.holds
     LEFT JOIN group_held AS gh ON gh.topic = j.topic AND gh.group_key = j.group_key
     WHERE j.state IN ('pending', 'failed') AND j.available_at <= now()
 ) AS r

@@ -184,7 +184,7 @@ class Master:
             settings,
             self.metrics,
             dsn=self.listen_dsn,
-            limited=any(h.limits() for h in handlers.values()),
+            limited=any(h.holds_back for h in handlers.values()),
         )
         # This master's row in brooq_master, and the ready jobs no live master handles.
         self.beat = Beat(self.conns, self.fleet, self.app_spec, handlers, settings, self.listen_dsn)

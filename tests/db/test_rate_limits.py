@@ -216,21 +216,22 @@ def test_racing_claimers_never_start_more_than_the_rate_in_any_window(dsn: str) 
 
 
 def test_a_group_at_its_limit_is_stepped_over_not_read_through(db: Conn) -> None:
-    """group_limit=1, 1,000 jobs of tenant A ahead of 10 of tenant B: while A's one job
-    runs, the next claims take B's (each claim in about the time it takes with a short
-    backlog ahead, not one that grows with A's)."""
+    """group_limit=1, 1,000 jobs of tenant B (taken first: the groups come in turn from
+    the highest name down) and 10 of tenant A: while B's one job runs, the next claims
+    take A's (each claim in about the time it takes with a short backlog ahead, not one
+    that grows with B's)."""
     h = handler("tenant.work", group_limit=1)
-    jobs(db, "tenant.work", 1000, "A")
-    jobs(db, "tenant.work", 10, "B")
-    [a] = claim(db, h, "w0")
-    assert group_of(db, a["id"]) == "A"
-    [b] = claim(db, h, "w1")
+    jobs(db, "tenant.work", 1000, "B")
+    jobs(db, "tenant.work", 10, "A")
+    [b] = claim(db, h, "w0")
     assert group_of(db, b["id"]) == "B"
+    [a] = claim(db, h, "w1")
+    assert group_of(db, a["id"]) == "A"
     assert claim(db, h, "w2") == []  # both at their limit
-    # w1 finishes its B job and claims in the same statement: B's next (its own done
-    # does not count), not a job of A.
-    [b2] = claim(db, h, "w1", done=[b["id"]])
-    assert group_of(db, b2["id"]) == "B"
+    # w1 finishes its A job and claims in the same statement: A's next (its own done
+    # does not count), not a job of B.
+    [a2] = claim(db, h, "w1", done=[a["id"]])
+    assert group_of(db, a2["id"]) == "A"
 
 
 def claim_buffers(db: Conn, h: Handler) -> int:
@@ -277,20 +278,20 @@ def test_a_claim_behind_a_blocked_backlog_costs_the_same_at_1000_and_20000(db: C
 
 
 def test_the_groups_take_turns_behind_a_blocked_head(db: Conn) -> None:
-    """A is at its limit: a worker that finishes and claims again goes on from the group
-    the last claim stopped at (G1, G2, G3, G1), not from the first group by name each
-    time."""
+    """Z (the first in turn: from the highest name down) is at its limit: a worker that
+    finishes and claims again goes on from the group the last claim stopped at (G3, G2,
+    G1, G3), not from the first group in turn each time."""
     h = handler("tenant.work", group_limit=1)
-    jobs(db, "tenant.work", 40, "A")
+    jobs(db, "tenant.work", 40, "Z")
     for g in ("G1", "G2", "G3"):
         jobs(db, "tenant.work", 5, g)
-    assert group_of(db, claim(db, h, "w0")[0]["id"]) == "A"
+    assert group_of(db, claim(db, h, "w0")[0]["id"]) == "Z"
     seen, done = [], []
     for _ in range(4):
         [row] = claim(db, h, "w1", done=done)
         seen.append(group_of(db, row["id"]))
         done = [row["id"]]
-    assert seen == ["G1", "G2", "G3", "G1"]
+    assert seen == ["G3", "G2", "G1", "G3"]
 
 
 def test_a_rate_per_group_holds_back_that_group_only(db: Conn) -> None:
@@ -301,7 +302,7 @@ def test_a_rate_per_group_holds_back_that_group_only(db: Conn) -> None:
     got = [claim(db, h, f"w{i}")[0] for i in range(6)]
     # The job without a group first (its share of a claim), then the groups in turn,
     # each until its window is full.
-    assert [group_of(db, row["id"]) for row in got[:5]] == [None, "B", "A", "B", "A"]
+    assert [group_of(db, row["id"]) for row in got[:5]] == [None, "A", "B", "A", "B"]
     assert got[5]["id"] is None  # both groups' windows are full: held back, with a time
     wait = (got[5]["available_at"] - got[5]["locked_until"]).total_seconds()
     assert 55 < wait <= 63
@@ -314,13 +315,14 @@ def test_every_limit_together(db: Conn) -> None:
     for g in ("A", "B", "C", "D", "E"):
         jobs(db, "all.four", 3, g)
     first = [claim(db, h, f"w{i}") for i in range(4)]
-    assert [group_of(db, rows[0]["id"]) for rows in first[:3]] == ["A", "B", "C"]
+    # The groups in turn from the highest name down.
+    assert [group_of(db, rows[0]["id"]) for rows in first[:3]] == ["E", "D", "C"]
     assert first[3] == []  # global_limit 3 reached
-    # w0 finishes A's job and claims in the same statement (its own done does not count
-    # against the global_limit): the next group in turn, D; the 4th start within the
+    # w0 finishes E's job and claims in the same statement (its own done does not count
+    # against the global_limit): the next group in turn, B; the 4th start within the
     # minute.
     [again] = claim(db, h, "w0", done=[first[0][0]["id"]])
-    assert group_of(db, again["id"]) == "D"
+    assert group_of(db, again["id"]) == "B"
     [held] = claim(db, h, "w1", done=[first[1][0]["id"]])  # the 5th start within 1 m
     assert held["id"] is None
 
@@ -369,10 +371,10 @@ def test_what_the_limits_hold_back_as_the_operator_reads_it(db: Conn, queue: bro
     publish(db, {"tw": {"queue": "default", **grouped.limits()}})
     publish(db, {"gone": {"queue": "default", "global_limit": 1}}, missed=5)  # not live
     jobs(db, "rt", 5)
-    jobs(db, "tw", 4, "A")
-    jobs(db, "tw", 2, "B")
+    jobs(db, "tw", 4, "B")  # the first in turn (the highest name)
+    jobs(db, "tw", 2, "A")
     assert all(claim(db, rated, f"w{i}")[0]["id"] for i in range(2))  # the window full
-    assert claim(db, grouped, "w9")  # A at its limit
+    assert claim(db, grouped, "w9")  # B at its limit
     limits = {t.topic: t for t in queue.limits()}
     assert sorted(limits) == ["rt", "tw"]
     assert limits["rt"].rate_limit == "2/m" and limits["rt"].held_by == "rate_limit"
@@ -380,9 +382,9 @@ def test_what_the_limits_hold_back_as_the_operator_reads_it(db: Conn, queue: bro
     assert limits["tw"].groups_held == 1
     stats = {r.topic: r for r in queue.stats()}
     assert (stats["rt"].ready, stats["rt"].held) == (3, 3)
-    assert (stats["tw"].ready, stats["tw"].held) == (5, 3)  # A's 3 left, B's 2 not held
+    assert (stats["tw"].ready, stats["tw"].held) == (5, 3)  # B's 3 left, A's 2 not held
     assert stats["rt"].oldest_ready_age == 0.0  # every ready job held: none waits
-    assert 59 < stats["tw"].oldest_ready_age < 70  # B's oldest, not A's older ones
+    assert 59 < stats["tw"].oldest_ready_age < 70  # A's oldest, not B's older ones
     assert reads.held_by_topic(db, Q) == {("default", "rt"): (3, 0.0)} | {
         ("default", "tw"): (3, pytest.approx(stats["tw"].oldest_ready_age, abs=1))
     }

@@ -88,6 +88,27 @@ def test_a_handler_publishes_its_limits() -> None:
     assert queue.handlers["b"].limits() == {}
 
 
+@pytest.mark.parametrize(
+    ("options", "holds_back"),
+    [
+        ({"global_limit": 2}, True),
+        ({"rate_limit": "5/s"}, True),
+        ({"group_limit": 1}, True),
+        ({"group_rate_limit": "5/m"}, True),
+        ({"fair_groups": True}, False),  # published, but holds no job back
+        ({}, False),
+    ],
+)
+def test_only_a_limit_that_can_hold_a_job_back_makes_the_master_count_them(
+    options: dict[str, object], holds_back: bool
+) -> None:
+    """The master's stats duty counts the jobs held back (job_held_by_topic reads every
+    ready job of the topics with limits) only when a topic has such a limit."""
+    queue = brooq.Queue("postgresql://unused")
+    queue.handler("t", **options)(print)  # type: ignore[arg-type]
+    assert queue.handlers["t"].holds_back is holds_back
+
+
 def test_every_bad_option_is_listed_at_once() -> None:
     queue = brooq.Queue("postgresql://unused")
     with pytest.raises(InvalidSettings) as exc:
