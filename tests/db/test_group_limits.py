@@ -6,9 +6,10 @@ applies again. Bad arguments are refused before anything is written."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,6 +18,7 @@ from psycopg.rows import dict_row
 
 import brooq
 from brooq.worker.pacing import turns
+from tests.cliproc import run_brooq
 from tests.db.test_rate_limits import handler
 
 
@@ -89,12 +91,7 @@ def test_a_bad_own_limit_is_refused_before_anything_is_written(
 
 def test_the_command_line_sets_lists_and_clears(queue: brooq.Queue, dsn: str, db: Any) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "brooq", "--database", dsn, "limits", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return run_brooq(["--database", dsn, "limits", *args], env=dict(os.environ), cwd=Path.cwd())
 
     out = cli("set", "tenant.work", "--group", "acme", "--limit", "5")
     assert out.returncode == 0 and "group acme of tenant.work: at most 5" in out.stdout
@@ -178,12 +175,7 @@ def test_a_bad_own_rate_is_refused_before_anything_is_written(
 
 def test_the_command_line_sets_and_clears_an_own_rate(dsn: str, db: Any) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "brooq", "--database", dsn, "limits", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return run_brooq(["--database", dsn, "limits", *args], env=dict(os.environ), cwd=Path.cwd())
 
     out = cli("set", "tenant.rated", "--group", "acme", "--rate", "50/s", "--limit", "4")
     assert out.returncode == 0, out.stderr

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from brooq import migrate
 from brooq.schema import files as migration_files
+from tests.cliproc import run_brooq
 
 
 def brooq_objects(dsn: str) -> list[str]:
@@ -233,11 +235,8 @@ def test_sql_script_builds_the_same_schema(empty_dsn: str, dsn: str) -> None:
 
 def test_cli_migrate(empty_dsn: str) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "brooq", "--database", empty_dsn, "migrate", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        return run_brooq(
+            ["--database", empty_dsn, "migrate", *args], env=dict(os.environ), cwd=Path.cwd()
         )
 
     out = cli("status")

@@ -4,6 +4,7 @@ there, and each refusal says what to run next."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -18,14 +19,12 @@ from brooq import migrate
 from brooq.errors import SchemaMissing
 from brooq.schema import check as migration_check
 from brooq.schema import files as migration_files
+from tests.cliproc import run_brooq
 
 
 def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brooq", "--database", dsn, "migrate", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return run_brooq(
+        ["--database", dsn, "migrate", *args], env=dict(os.environ), cwd=Path.cwd(), timeout=120
     )
 
 

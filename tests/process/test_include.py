@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import conninfo
 
+from tests.cliproc import run_brooq
 from tests.harness import APPS, FAST, StartMaster, wait_for
 
 APP = "brooq_incapp.app:queue"
@@ -27,14 +28,7 @@ def brooq_cli(database: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
     env.pop("DATABASE_URL", None)
     env["PYTHONPATH"] = os.pathsep.join([str(APPS), str(APPS.parent.parent)])
-    return subprocess.run(
-        [sys.executable, "-m", "brooq", "--database", database, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=APPS,
-    )
+    return run_brooq(["--database", database, *args], env=env, cwd=APPS)
 
 
 def enqueued(out: subprocess.CompletedProcess[str]) -> uuid.UUID:

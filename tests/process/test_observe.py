@@ -5,9 +5,9 @@ its kept logs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 import brooq
+from tests.cliproc import run_brooq
 from tests.harness import MasterProcess, StartMaster, wait_for
 from tests.process.test_ops_slow_clients import ops_addr
 from tests.process.test_status_page import get
@@ -160,12 +161,7 @@ def _state(queue: brooq.Queue, job_id: Any) -> str | None:
 
 
 def _brooq(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brooq", "--database", dsn, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_brooq(["--database", dsn, *args], env=dict(os.environ), cwd=Path.cwd())
 
 
 def test_a_failed_jobs_log_lines_are_kept_per_attempt(

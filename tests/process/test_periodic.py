@@ -26,6 +26,7 @@ from brooq.settings import load as load_settings
 from brooq.sql import Q
 from brooq.supervisor.connections import Connections
 from brooq.supervisor.duties.periodic import PERIODIC_CLOCK_TOLERANCE, Periodic
+from tests.cliproc import run_brooq
 from tests.harness import APPS, MasterProcess, wait_for
 from tests.process.test_operations import get, ops_addr
 
@@ -412,14 +413,7 @@ def brooq_cli(
     full.pop("DATABASE_URL", None)
     full["PYTHONPATH"] = os.pathsep.join([str(APPS), str(APPS.parent.parent)])
     full.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "brooq", "--database", dsn, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=full,
-        cwd=APPS,
-    )
+    return run_brooq(["--database", dsn, *args], env=full, cwd=APPS)
 
 
 def test_cli_lists_the_schedules(dsn: str, db: psycopg.Connection[Any], queue: brooq.Queue) -> None:

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -23,6 +22,7 @@ from brooq.errors import InvalidSettings
 from brooq.schema import files as migration_files
 from brooq.sql import RELATIONS, Q, queries
 from brooq.supervisor.connections import Connections
+from tests.cliproc import run_brooq
 from tests.harness import APPS, wait_for
 
 SCHEMA = "brooq_q"
@@ -36,14 +36,7 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
     full.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "brooq", "--database", dsn, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=full,
-        cwd=ROOT,
-    )
+    return run_brooq(["--database", dsn, *args], env=full, cwd=ROOT)
 
 
 def app_job_rows(dsn: str) -> list[tuple[Any, ...]]:

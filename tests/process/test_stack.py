@@ -3,23 +3,22 @@ answered through PostgreSQL, with a real brooq-master running the job."""
 
 from __future__ import annotations
 
+import os
 import subprocess
-import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
 import brooq
+from tests.cliproc import run_brooq
 from tests.harness import StartMaster, wait_for
 
 
 def stack_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brooq", "--database", dsn, "jobs", "stack", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    return run_brooq(
+        ["--database", dsn, "jobs", "stack", *args], env=dict(os.environ), cwd=Path.cwd()
     )
 
 

@@ -8,9 +8,9 @@ topics' functions: tests/db/test_started_at.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
-import sys
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 import brooq
+from tests.cliproc import run_brooq
 from tests.harness import StartMaster, wait_for
 from tests.process.test_ops_slow_clients import ops_addr
 from tests.process.test_status_page import get
@@ -39,12 +40,7 @@ def _row(db: psycopg.Connection[Any], job_id: uuid.UUID) -> dict[str, Any]:
 
 
 def _brooq(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brooq", "--database", dsn, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_brooq(["--database", dsn, *args], env=dict(os.environ), cwd=Path.cwd())
 
 
 @pytest.mark.parametrize("topic", ["o.steps", "o.steps_async"])
