@@ -384,6 +384,62 @@ def test_each_test_gets_a_fresh_database(queue):
 """
 
 
+USER_DROP_TEST = """
+import os
+import pathlib
+
+import psycopg
+from psycopg import conninfo
+
+RECORD = pathlib.Path(os.environ["BROOQ_RECORD"])
+
+
+def test_first(brooq_dsn):
+    RECORD.write_text(conninfo.conninfo_to_dict(brooq_dsn)["dbname"])
+
+
+def test_second(brooq_dsn, brooq_admin_dsn):
+    first = RECORD.read_text()
+    assert conninfo.conninfo_to_dict(brooq_dsn)["dbname"] != first
+    with psycopg.connect(brooq_admin_dsn, autocommit=True) as conn:
+        kept = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (first,))
+        assert kept.fetchone() == (1,)  # kept until the run ends
+        sessions = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (first,)
+        )
+        assert sessions.fetchone() == (0,)  # but no session of its test is left on it
+"""
+
+
+def test_the_plugins_databases_are_dropped_when_the_run_ends(tmp_path: Path) -> None:
+    """A test's database outlives it (no checkpoint to wait for between tests), without
+    its sessions, and is gone once the run has ended. The drop is checked on a shared
+    server (BROOQ_TEST_DSN); on the embedded server of the nested run the server goes
+    whole."""
+    (tmp_path / "test_drops.py").write_text(textwrap.dedent(USER_DROP_TEST))
+    record = tmp_path / "first-database"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
+    env.pop("DATABASE_URL", None)
+    env["BROOQ_RECORD"] = str(record)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_drops.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 passed" in out.stdout
+    shared = os.environ.get("BROOQ_TEST_DSN")
+    if shared:
+        with psycopg.connect(shared, autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT count(*) FROM pg_database WHERE datname = %s", (record.read_text(),)
+            )
+            assert left.fetchone() == (0,)
+
+
 def test_a_users_test_file_passes_with_only_the_plugin(tmp_path: Path) -> None:
     """The plugin is found through its entry point; the user's file has no conftest."""
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
