@@ -35,10 +35,11 @@ def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def server_connections(db: psycopg.Connection[Any]) -> int:
-    """The test database's backends, the checking connection's own left out."""
+    """The test database's client connections, the checking connection's own left out (an
+    autovacuum worker on the job table, or a query's parallel worker, is no connection)."""
     row = db.execute(
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
     ).fetchone()
     assert row is not None
     return int(row[0])
