@@ -384,6 +384,25 @@ def test_each_test_gets_a_fresh_database(queue):
 """
 
 
+def run_users_file(tmp_path: Path, source: str, **extra_env: str) -> None:
+    """A user's test file of two tests, run by a pytest of its own in ``tmp_path`` with the
+    plugin alone (no conftest), on the server this run uses; both must pass."""
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(source))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
+    env.pop("DATABASE_URL", None)
+    env.update(extra_env)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 passed" in out.stdout
+
+
 USER_DROP_TEST = """
 import os
 import pathlib
@@ -416,21 +435,8 @@ def test_the_plugins_databases_are_dropped_when_the_run_ends(tmp_path: Path) -> 
     its sessions, and is gone once the run has ended. The drop is checked on a shared
     server (BROOQ_TEST_DSN); on the embedded server of the nested run the server goes
     whole."""
-    (tmp_path / "test_drops.py").write_text(textwrap.dedent(USER_DROP_TEST))
     record = tmp_path / "first-database"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
-    env.pop("DATABASE_URL", None)
-    env["BROOQ_RECORD"] = str(record)
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_drops.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "2 passed" in out.stdout
+    run_users_file(tmp_path, USER_DROP_TEST, BROOQ_RECORD=str(record))
     shared = os.environ.get("BROOQ_TEST_DSN")
     if shared:
         with psycopg.connect(shared, autocommit=True) as conn:
@@ -442,16 +448,4 @@ def test_the_plugins_databases_are_dropped_when_the_run_ends(tmp_path: Path) -> 
 
 def test_a_users_test_file_passes_with_only_the_plugin(tmp_path: Path) -> None:
     """The plugin is found through its entry point; the user's file has no conftest."""
-    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")}
-    env.pop("DATABASE_URL", None)
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "2 passed" in out.stdout
+    run_users_file(tmp_path, USER_TEST)
