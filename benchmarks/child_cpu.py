@@ -29,8 +29,8 @@ Run by hand (never part of `make test`); a minute or two:
     .venv/bin/python benchmarks/child_cpu.py [--dsn ADMIN_DSN] [--jobs 100000] [--async]
         [--rows 256] [--profile]
 
-``--profile``: cProfile of the drain instead (top functions by own time; the figures
-are then the profiler's, not the child's).
+``--profile``: cProfile of the drain instead, timed by the child's CPU clock (top
+functions by own time; the figures are then the profiler's, not the child's).
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def child_main(
     )
     child: ChildProcess = ChildProcess(config) if aio else Child(config)
     child.setup()
-    prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile(time.process_time) if profile else None
     if prof is not None:
         prof.enable()
     if aio:

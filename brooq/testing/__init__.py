@@ -419,9 +419,7 @@ def _soft_timeout(state: ChildState) -> Iterator[None]:
         return
 
     def on_alarm(signum: int, frame: object) -> None:
-        if state.in_handler:
-            state.in_handler = False
-            raise AttemptTimeout("attempt_timeout exceeded")
+        attempt.alarm(state)
 
     # Someone else's timer (pytest-timeout's signal method uses this one) is set aside
     # while jobs run and armed again after with what is left of it.
@@ -432,6 +430,7 @@ def _soft_timeout(state: ChildState) -> Iterator[None]:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        state.alarm_at = attempt.NEVER  # cleared: the next drain's first attempt sets it
         signal.signal(signal.SIGALRM, previous)
         if left > 0:
             remaining = max(left - (time.monotonic() - started), 0.001)

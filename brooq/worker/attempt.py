@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import logging
+import math
 import os
 import random
 import signal
@@ -42,7 +43,17 @@ from brooq.worker.meter import Meter
 from brooq.worker.outcome import report_policy_error
 from brooq.worker.state import ChildState
 
-__all__ = ["Attempts", "Concluded", "call", "encode_result", "install_signals", "refused_payload"]
+__all__ = [
+    "NEVER",
+    "Attempts",
+    "Concluded",
+    "alarm",
+    "arm",
+    "call",
+    "encode_result",
+    "install_signals",
+    "refused_payload",
+]
 
 # What an attempt came to: the outcome to write, the result as JSON text (or None), the
 # traceback to log ("" or a newline and the text), and how long the handler ran.
@@ -167,7 +178,7 @@ def encode_result(value: Any, limit: int) -> str:
 #
 # Interruptions reach the handler as exceptions raised by signal handlers in the main
 # thread, and only while the handler runs (ChildState.in_handler):
-#   SIGALRM -> brooq.AttemptTimeout (attempt_timeout, the soft limit)
+#   SIGALRM -> brooq.AttemptTimeout (attempt_timeout, the soft limit; `arm` and `alarm`)
 #   SIGUSR1 -> brooq.LeaseLost      (the master found the job canceled, reaped or taken)
 # SIGTERM asks the child to finish its job and exit. SIGUSR2 dumps every thread's Python
 # stack (faulthandler) to a file the master reads before a hard kill. Ctrl-C, SIGHUP and
@@ -186,9 +197,7 @@ def install_signals(state: ChildState, stack_file: str) -> IO[str]:
         state.stopping = True
 
     def on_alarm(signum: int, frame: object) -> None:
-        if state.in_handler:
-            state.in_handler = False
-            raise AttemptTimeout("attempt_timeout exceeded")
+        alarm(state)
 
     def on_lease_lost(signum: int, frame: object) -> None:
         claim = state.running
@@ -213,6 +222,43 @@ def install_signals(state: ChildState, stack_file: str) -> IO[str]:
     return stack_fh
 
 
+# The soft limit's timer is not set and cleared around every attempt (two system calls
+# per job): `arm` sets it only when it would fire after the new attempt's deadline, or
+# is not set; when it fires, `alarm` raises only into a handler past its own deadline,
+# and otherwise sets it again for the attempt under way, if any. So a timer left from an
+# attempt that ended fires at most once more, into no handler.
+NEVER = math.inf
+
+
+def arm(state: ChildState, timeout: float) -> None:
+    """The deadline of the attempt starting now, ``timeout`` seconds away (none for 0),
+    with the timer set if it would fire later than that."""
+    if timeout <= 0:
+        state.deadline = NEVER
+        return
+    deadline = state.deadline = time.monotonic() + timeout
+    if deadline < state.alarm_at:
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        state.alarm_at = deadline
+
+
+def alarm(state: ChildState) -> None:
+    """SIGALRM: AttemptTimeout into a handler past its deadline; for an attempt whose
+    deadline is still ahead (the timer was set for an earlier one), the timer again."""
+    state.alarm_at = NEVER
+    deadline = state.deadline
+    if deadline == NEVER:
+        return
+    ahead = deadline - time.monotonic()
+    if ahead > 0:
+        # At least a microsecond: setitimer would take less as "clear the timer".
+        signal.setitimer(signal.ITIMER_REAL, max(ahead, 1e-6))
+        state.alarm_at = deadline
+    elif state.in_handler:
+        state.in_handler = False
+        raise AttemptTimeout("attempt_timeout exceeded")
+
+
 def call(
     fn: Callable[[Claim[Any]], Any], claim: Claim[Any], policy: Policy, state: ChildState
 ) -> tuple[BaseException | None, Any]:
@@ -223,7 +269,7 @@ def call(
     value: Any = None
     try:
         try:
-            signal.setitimer(signal.ITIMER_REAL, policy.attempt_timeout)
+            arm(state, policy.attempt_timeout)
             state.in_handler = True
             if state.lost and claim.id in state.lost:
                 raise LeaseLost(f"lease of job {claim.id} lost")
@@ -232,7 +278,7 @@ def call(
             error = exc
         finally:
             state.in_handler = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            state.deadline = NEVER  # a timer that fires now finds nothing to do
     except Interruption as exc:  # landed between the handler's return and the finally
         error = exc
     if isinstance(error, KeyboardInterrupt | SystemExit):

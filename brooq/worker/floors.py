@@ -117,15 +117,17 @@ class Floors:
         self._reading_whole = []
         if claimed_at is None:
             return
-        last: dict[tuple[str, int], Floor] = {}
+        # The last position per queue and priority, ordered by the id's int: a batch
+        # enqueued together shares its available_at, and a UUID compares in Python code.
+        last: dict[tuple[str, int], tuple[datetime, int, uuid.UUID]] = {}
         for queue, priority, available_at, job_id in claimed:
-            key, position = (queue, priority), (available_at, job_id)
+            key, position = (queue, priority), (available_at, job_id.int, job_id)
             if key not in last or position > last[key]:
                 last[key] = position
         cut = (claimed_at - SLACK, WHOLE[1])
-        for (queue, priority), position in last.items():
+        for (queue, priority), (at, _, job_id) in last.items():
             floors = self._floors.setdefault(queue, {})
-            floor = min(position, cut)
+            floor = min((at, job_id), cut)
             if floor > floors.get(priority, WHOLE):
                 floors[priority] = floor
 

@@ -15,6 +15,7 @@ parts set up here.
 
 from __future__ import annotations
 
+import gc
 import uuid
 from typing import IO, Any
 
@@ -132,6 +133,9 @@ class ChildProcess:
             measure_cpu=not is_async,
         )
         progress.sink = self._progress
+        # What the child set up lives as long as it does: kept out of the collector's
+        # full passes, which would walk all of it again every few thousand jobs.
+        gc.freeze()
         self.link.start()
         self.link.update_title()
         ready: dict[str, Any] = {"ready": 1}

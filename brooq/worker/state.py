@@ -20,6 +20,7 @@ Must never do I/O other than the wake pipe, and never decide anything: it only h
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import socket
@@ -89,6 +90,10 @@ class ChildState:
         self.running: Claim | None = None  # the job whose handler runs now (main thread)
         self.started = 0.0  # time.monotonic() when it started (main thread)
         self.in_handler = False  # interruptions may be raised only while this is True
+        # The soft limit (brooq.worker.attempt.arm): the running attempt's deadline and
+        # when the timer set fires, time.monotonic(); infinite: none.
+        self.deadline = math.inf
+        self.alarm_at = math.inf
         self.lost: set[uuid.UUID] = set()  # held jobs the master says are no longer ours
         # While a handler runs: when it started, its batch and the index of the first job
         # claimed after it, in one assignment (the main thread writes, the control thread

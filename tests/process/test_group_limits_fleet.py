@@ -54,7 +54,9 @@ def test_group_limit_holds_per_group_and_a_small_tenant_is_not_starved(
     stop(masters)
     ran = stamps(db, "tenant.work")
     assert len(ran) == count(db, "state = 'done'")
-    assert sum(1 for *_, g in ran if g == "A") >= 10  # A ran meanwhile, one at a time
+    # A ran meanwhile, one at a time: the groups come in turn (C, B, then A), so A starts
+    # about as often as each small tenant, one fewer when the last turn ends before A's.
+    assert sum(1 for *_, g in ran if g == "A") >= 5
     for group in "ABC":
         spans = sorted((s, e) for _, s, e, _, g in ran if g == group)
         overlaps = [b[0] < a[1] for a, b in itertools.pairwise(spans)]
