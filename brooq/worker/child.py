@@ -97,7 +97,7 @@ class Child(ChildProcess):
         start_by = self.trips.start_by  # claims under a rate: a start deadline each
         gone: set[uuid.UUID] = set()  # given back late with an earlier claim of the batch
         for i, claim in enumerate(claims):
-            if claim.id in gone:
+            if gone and claim.id in gone:  # a UUID hashes in Python code: not per job
                 continue
             if self.state.stopping:
                 self._release([c.id for c in claims[i:] if c.id not in gone])
