@@ -44,7 +44,9 @@ LATE_TIMER = 1.0
 # The soft limits due within the same LIMIT_GRAIN seconds of loop time share one timer,
 # which fires at the grain's end (so a limit fires up to LIMIT_GRAIN late). A timer armed
 # and cancelled per job costs several times what adding the job to its grain's set and
-# taking it out does (the loop's heap keeps a cancelled one until it sweeps it).
+# taking it out does (the loop's heap keeps a cancelled one until it sweeps it); so does
+# one per short job when the jobs do not overlap: a grain left empty keeps its timer for
+# the next job, whose deadline is likely in it, until a new grain opens.
 LIMIT_GRAIN = 0.01
 
 
@@ -90,17 +92,20 @@ class Ahead:
 
 
 class SoftLimits:
-    """The soft-limit timers of one loop: one per grain with a job due in it, cancelled
-    when its last job leaves, so they are never more than the jobs in flight."""
+    """The soft-limit timers of one loop: one per grain with a job due in it, and the
+    grains left empty since the last grain opened (cancelled when one opens), so they
+    are never more than the jobs in flight and those few."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._due: dict[int, tuple[set[Slot], asyncio.TimerHandle]] = {}
+        self._emptied: list[int] = []  # grains whose last job left, timers kept
 
     def arm(self, slot: Slot, deadline: float) -> None:
         key = slot.limit_key = math.ceil(deadline / LIMIT_GRAIN)
         due = self._due.get(key)
         if due is None:
+            self._cancel_emptied()
             timer = self.loop.call_at(key * LIMIT_GRAIN, self._fire, key)
             due = self._due[key] = (set(), timer)
         due[0].add(slot)
@@ -109,9 +114,20 @@ class SoftLimits:
         due = self._due.get(slot.limit_key)
         if due is not None:
             due[0].discard(slot)
-            if not due[0]:
+            if not due[0] and (not self._emptied or self._emptied[-1] != slot.limit_key):
+                self._emptied.append(slot.limit_key)
+
+    def timers(self) -> int:
+        """The timers armed now."""
+        return len(self._due)
+
+    def _cancel_emptied(self) -> None:
+        for key in self._emptied:
+            due = self._due.get(key)
+            if due is not None and not due[0]:  # still empty: no job came back to it
                 due[1].cancel()
-                del self._due[slot.limit_key]
+                del self._due[key]
+        self._emptied.clear()
 
     def _fire(self, key: int) -> None:
         due = self._due.pop(key, None)
