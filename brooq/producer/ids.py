@@ -145,6 +145,14 @@ def _pick_constructor() -> Callable[[int], uuid.UUID]:
 
 uuid_from_int = _pick_constructor()
 
+
+def uuid_text(value: int) -> str:
+    """``str(uuid.UUID(int=value))`` without a UUID and its method calls: the form the
+    job_done lines and the held lists carry, made once per job a child claims."""
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 _RAND_B_MASK = (1 << 62) - 1
 _SEQUENCE_MAX = 0xFFF  # rand_a: 12 bits
 _VERSION = 0x7 << 76

@@ -18,6 +18,7 @@ import json
 import logging
 import uuid
 
+from brooq.producer.ids import uuid_from_int
 from brooq.supervisor.childproc import ChildProc
 from brooq.supervisor.settlement import retire_reason
 
@@ -25,11 +26,6 @@ log = logging.getLogger("brooq.master")
 
 # A stack a child sent for `brooq jobs stack`: (worker, job, text), to be written.
 StackAnswer = tuple[str, uuid.UUID, str]
-
-
-_new = object.__new__
-_set = object.__setattr__
-_UNKNOWN = uuid.SafeUUID.unknown
 
 
 def parse_job_id(text: str) -> uuid.UUID:
@@ -42,10 +38,7 @@ def parse_job_id(text: str) -> uuid.UUID:
     # int() would take more: "_" between digits, signs, spaces, non-ASCII digits.
     if len(digits) != 32 or not (digits.isascii() and digits.isalnum()):
         raise ValueError(f"not a job id: {text[:40]!r}")
-    value = _new(uuid.UUID)
-    _set(value, "int", int(digits, 16))
-    _set(value, "is_safe", _UNKNOWN)
-    return value
+    return uuid_from_int(int(digits, 16))
 
 
 def read_messages(c: ChildProc, now: float) -> list[StackAnswer]:

@@ -30,6 +30,7 @@ from setproctitle import setproctitle
 
 from brooq.ipc import protocol
 from brooq.ipc.reasons import EXIT_MASTER_GONE
+from brooq.producer.ids import uuid_text
 from brooq.settings import Settings
 from brooq.worker.state import TITLE_TICK, ChildState
 
@@ -69,14 +70,15 @@ class MasterLink:
         ints = [i.int for i in held]
         if ints != self._told_held:
             known = self._held_text
-            text = [known.get(n) or str(i) for n, i in zip(ints, held, strict=True)]
+            text = [known.get(n) or uuid_text(n) for n in ints]
             self._held_text = dict(zip(ints, text, strict=True))
             self.tell({"held": text})
             self._told_held = ints
 
     def text_of(self, job_id: uuid.UUID) -> str:
         """``str(job_id)``, made once for the held list when the job was held."""
-        return self._held_text.get(job_id.int) or str(job_id)
+        n = job_id.int
+        return self._held_text.get(n) or uuid_text(n)
 
     # -- the control thread ------------------------------------------------------------
 

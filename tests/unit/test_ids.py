@@ -75,6 +75,11 @@ def test_ids_are_uuids_like_the_constructor_makes() -> None:
     assert {made: 1}[reference] == 1
 
 
+def test_an_id_text_is_the_uuid_text() -> None:
+    for value in (0, 1, 2**128 - 1, ids.uuid7_int(), uuid.uuid4().int):
+        assert ids.uuid_text(value) == str(uuid.UUID(int=value))
+
+
 def test_a_forked_child_draws_its_own_random_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     # One frozen millisecond: parent and child count alike from the state fork copied,
     # so only the random bits can tell their ids apart (the buffer must not be shared).
