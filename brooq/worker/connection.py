@@ -9,8 +9,9 @@ the child on every claim).
 
 Must never be shared with the master or opened before the fork (a libpq connection does
 not survive one), never run a statement itself but its own settings' (the check at
-connect that they arrived, the look for a standby on PostgreSQL 13, and behind a pooler
-their per-transaction form; the claim loop and the outcome writer run the rest), and
+connect that they arrived, UTC under its own name, the look for a standby on PostgreSQL
+13, and behind a pooler their per-transaction form; the claim loop and the outcome
+writer run the rest), and
 never wait for the database once the child is stopping: it raises Stop.
 """
 
@@ -41,6 +42,13 @@ from brooq.sql import Q
 from brooq.worker.state import ChildState
 
 log = logging.getLogger("brooq.child")
+
+
+# The time zone names that are UTC under another name (PostgreSQL's tz database); GMT
+# and its aliases are left alone (the same offsets, but another abbreviation in to_char).
+UTC_NAMES = frozenset(
+    (b"Etc/UTC", b"Etc/Universal", b"Etc/Zulu", b"Etc/UCT", b"Universal", b"Zulu", b"UCT")
+)
 
 
 class Stop(Exception):
@@ -129,6 +137,11 @@ class ChildConnection:
             if got is None or got[0] != "off":
                 conn.close()
                 raise options_ignored("enable_bitmapscan", "off", str(got[0]) if got else "?")
+            # Another name of UTC becomes UTC: psycopg then loads each timestamp (two a
+            # claimed job) without a zoneinfo conversion. Not behind a transaction pooler,
+            # where a session setting would not stay with this client.
+            if conn.pgconn.parameter_status(b"TimeZone") in UTC_NAMES:
+                conn.execute(Q.session_time_zone_utc)
         # A payload that cannot be decoded (inserted by hand, nested too deep)
         # must fail its job, not crash the child on every claim.
         set_json_loads(_decode_payload, conn)
