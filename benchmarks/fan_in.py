@@ -66,9 +66,10 @@ def drain(admin: str, jobs: int, workers: int, fan_in: bool) -> dict[str, Any]:
                     if time.monotonic() > deadline:
                         raise TimeoutError("the drain took over 10 minutes")
                     time.sleep(0.2)
+                # Finished jobs are in job_history; job_all is both tables.
                 row = conn.execute(
                     "SELECT count(*), extract(epoch FROM max(updated_at) - min(updated_at))"
-                    " FROM job WHERE state = 'done' AND upstream_open IS NULL"
+                    " FROM job_all WHERE state = 'done' AND upstream_open IS NULL"
                 ).fetchone()
                 assert row is not None
                 count, seconds = int(row[0]), float(row[1] or 0.0)
@@ -81,8 +82,8 @@ def drain(admin: str, jobs: int, workers: int, fan_in: bool) -> dict[str, Any]:
                 if fan_in:
                     delay = conn.execute(
                         "SELECT extract(epoch FROM c.updated_at - (SELECT max(updated_at)"
-                        " FROM job WHERE upstream_open IS NULL)), c.state, c.attempts"
-                        " FROM job c WHERE c.id = %s",
+                        " FROM job_all WHERE upstream_open IS NULL AND id <> c.id)),"
+                        " c.state, c.attempts FROM job_all c WHERE c.id = %s",
                         (ids[-1][0],),
                     ).fetchone()
                     assert delay is not None and delay[1] == "done" and delay[2] == 1, delay

@@ -38,6 +38,7 @@ import math
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -259,6 +260,7 @@ def explain_floored(dsn: str, workers: int) -> str | None:
         "lows": [1, 0, -32768],
         "highs": [32767, 0, -1],
         "floors": [whole, floor, whole],
+        "floor_ids": [uuid.UUID(int=0)] * 3,  # each range from its floor's first id
     }
     return explain_prepared(dsn, render(texts["job_finish_and_claim_floored"], None), values)
 

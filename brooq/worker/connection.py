@@ -11,8 +11,8 @@ Must never be shared with the master or opened before the fork (a libpq connecti
 not survive one), never run a statement itself but its own settings' (the check at
 connect that they arrived, UTC under its own name, the look for a standby on PostgreSQL
 13, and behind a pooler their per-transaction form; the claim loop and the outcome
-writer run the rest), and
-never wait for the database once the child is stopping: it raises Stop.
+writer run the rest), and never wait for the database once the child is stopping: it
+raises Stop.
 """
 
 from __future__ import annotations
