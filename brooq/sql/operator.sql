@@ -435,9 +435,11 @@ WITH lim AS (
     WHERE m.limits IS NOT NULL AND jsonb_typeof(l.value) = 'object'
       AND m.seen_at >= now() - make_interval(secs => m.beat_seconds * 3)
     ORDER BY l.key, m.seen_at DESC
-), topic_held AS (
+), topic_held AS MATERIALIZED (
     -- holds: whether any limit of the topic can hold a job back (fair_groups alone
-    -- cannot: its ready rows are not read for the count).
+    -- cannot: its ready rows are not read for the count). Materialized: inlined into
+    -- the count below, its CASE (a count of the topic's window) would run once per
+    -- ready job.
     SELECT lim.topic,
            lim.cap IS NOT NULL OR lim.rate IS NOT NULL OR lim.group_cap IS NOT NULL
            OR lim.group_rate IS NOT NULL AS holds,

@@ -390,6 +390,31 @@ def test_what_the_limits_hold_back_as_the_operator_reads_it(db: Conn, queue: bro
     }
 
 
+def test_the_held_count_reads_a_topics_window_once_not_once_per_ready_job(db: Conn) -> None:
+    """job_held_by_topic (the master's stats, `brooq stats`) counts a rated topic's window
+    once: read once per ready job, a backlog of 100,000 behind a window of 50,000 places
+    made one count take minutes, holding back the pruning of every table meanwhile."""
+    rated = handler("rt", rate_limit="500/m", group_rate_limit="5/m")
+    publish(db, {"rt": {"queue": "default", **rated.limits()}})
+    for g in ("A", "B", "C"):
+        jobs(db, "rt", 100, g)
+    assert len(claim(db, rated, limit=30)) == 15  # each group's window full
+    db.execute("ANALYZE job")
+    cur = db.cursor(row_factory=tuple_row)
+    [[plan]] = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q.job_held_by_topic).fetchall()
+    scans: list[tuple[str, int]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "brooq_rate_slot":
+            scans.append((node["Node Type"], node["Actual Loops"]))
+        for child in node.get("Plans", ()):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    assert scans and all(loops == 1 for _, loops in scans), scans
+    assert reads.held_by_topic(db, Q) == {("default", "rt"): (285, 0.0)}
+
+
 def test_brooq_queues_and_stats_show_the_limits_and_what_they_hold(dsn: str, db: Conn) -> None:
     from tests.db.test_cli import as_json, ok
 
