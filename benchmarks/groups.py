@@ -175,7 +175,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose master runs")
-    ap.add_argument("--modes", help="comma-separated modes to run (default: plain and the option)")
+    ap.add_argument(
+        "--modes",
+        help="modes to run, separated by spaces (a mode is BENCH_GROUPS's options, a comma"
+        " between them, as apps/bench_groups_app.py reads them; default: plain and the option)",
+    )
     ap.add_argument("scenarios", nargs="*", default=["fair", "limit"])
     args = ap.parse_args()
     global TREE
@@ -184,12 +188,12 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     for _ in range(args.rounds):
         if "fair" in args.scenarios:
-            for mode in args.modes.split(",") if args.modes else ("plain", "fair"):
+            for mode in args.modes.split() if args.modes else ("plain", "fair"):
                 log(f"fair scenario, {mode}")
                 results.append({"scenario": "fair", **run_fair(admin, mode, args)})
                 log(json.dumps(results[-1]))
         if "limit" in args.scenarios:
-            for mode in args.modes.split(",") if args.modes else ("plain", "limit:2"):
+            for mode in args.modes.split() if args.modes else ("plain", "limit:2"):
                 log(f"limit scenario, {mode}")
                 results.append({"scenario": "limit", **run_limit(admin, mode, args)})
                 log(json.dumps(results[-1]))
