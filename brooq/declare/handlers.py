@@ -97,14 +97,12 @@ class Handler:
 
     @property
     def holds_back(self) -> bool:
-        """Whether a limit may hold a ready job of the topic back (the groups taken in turn
-        alone never do): the master then counts the jobs held back (job_held_by_topic)."""
-        return (
-            self.global_limit is not None
-            or self.rate_limit is not None
-            or self.group_limit is not None
-            or self.group_rate_limit is not None
-        )
+        """Whether a limit may hold a ready job of the topic back: a limit declared, or a
+        group's own set at runtime (``brooq limits set``), which any topic claimed in turn
+        obeys. The master then counts the jobs held back (job_held_by_topic, which reads
+        the ready rows of a topic claimed in turn only while one of its groups has a
+        limit of its own)."""
+        return self.global_limit is not None or self.coordinated
 
     def limits(self) -> dict[str, object]:
         """The fleet-wide limits given, as published in brooq_master.limits (empty: none)."""

@@ -411,7 +411,10 @@ ORDER BY 1, 2
 -- test holds equal). Every ready job of a topic is held back while the topic is at its
 -- global_limit or its rate_limit's window is full (N slots in use: brooq_rate_slot,
 -- migration 0012); the ready jobs of a group while the group is at its group_limit or
--- its group_rate_limit's window is full. topic_limits_held: per topic with limits, the
+-- its group_rate_limit's window is full, the group's own (brooq_group_limit, set at
+-- runtime: `brooq limits set`) where it has one, as the claim reads them (an own rate
+-- only on a topic under a rate; an own limit of 0 holds every ready job of the group).
+-- topic_limits_held: per topic with limits, the
 -- limits, what holds all its ready jobs back (NULL: nothing) and how many groups are
 -- held back; it reads the processing rows and the windows only (the status page,
 -- `brooq queues`). job_held_by_topic: per queue and topic, the ready jobs held back and
@@ -435,14 +438,24 @@ WITH lim AS (
     WHERE m.limits IS NOT NULL AND jsonb_typeof(l.value) = 'object'
       AND m.seen_at >= now() - make_interval(secs => m.beat_seconds * 3)
     ORDER BY l.key, m.seen_at DESC
+), own AS MATERIALIZED (
+    -- The groups' own limits of the topics with limits; an own rate counts only under a
+    -- rate (the claim's own rule: brooq_claim_batch).
+    SELECT o.topic, o.group_key, o.group_limit,
+           CASE WHEN lim.rate IS NOT NULL OR lim.group_rate IS NOT NULL
+                THEN o.group_rate END AS group_rate
+    FROM lim JOIN {brooq_group_limit} AS o ON o.topic = lim.topic
 ), topic_held AS MATERIALIZED (
     -- holds: whether any limit of the topic can hold a job back (fair_groups alone
-    -- cannot: its ready rows are not read for the count). Materialized: inlined into
-    -- the count below, its CASE (a count of the topic's window) would run once per
-    -- ready job.
+    -- cannot, a group's own limit can: only then are its ready rows read for the
+    -- count). Materialized: inlined into the count below, its CASE (a count of the
+    -- topic's window) would run once per ready job.
     SELECT lim.topic,
            lim.cap IS NOT NULL OR lim.rate IS NOT NULL OR lim.group_cap IS NOT NULL
-           OR lim.group_rate IS NOT NULL AS holds,
+           OR lim.group_rate IS NOT NULL
+           OR EXISTS (SELECT FROM own WHERE own.topic = lim.topic
+                        AND (own.group_limit IS NOT NULL OR own.group_rate IS NOT NULL))
+               AS holds,
            CASE
                WHEN lim.cap IS NOT NULL AND (
                    SELECT count(*) FROM {job} AS j
@@ -460,18 +473,21 @@ WITH lim AS (
     FROM lim
     JOIN {job} AS j
       ON j.topic = lim.topic AND j.state = 'processing' AND j.group_key IS NOT NULL
-    WHERE lim.group_cap IS NOT NULL
-    GROUP BY lim.topic, j.group_key, lim.group_cap
-    HAVING count(*) >= lim.group_cap
+    LEFT JOIN own ON own.topic = lim.topic AND own.group_key = j.group_key
+    WHERE coalesce(own.group_limit, lim.group_cap) IS NOT NULL
+    GROUP BY lim.topic, j.group_key
+    HAVING count(*) >= min(coalesce(own.group_limit, lim.group_cap))
+    UNION
+    SELECT own.topic, own.group_key FROM own WHERE own.group_limit = 0
     UNION
     SELECT lim.topic, s.group_key
     FROM lim
     JOIN {brooq_rate_slot} AS s
-      ON s.topic = lim.topic AND s.group_key <> '' AND s.slot <= lim.group_rate
-         AND s.free_at > now()
-    WHERE lim.group_rate IS NOT NULL
-    GROUP BY lim.topic, s.group_key, lim.group_rate
-    HAVING count(*) >= lim.group_rate
+      ON s.topic = lim.topic AND s.group_key <> '' AND s.free_at > now()
+    LEFT JOIN own ON own.topic = lim.topic AND own.group_key = s.group_key
+    WHERE s.slot <= coalesce(own.group_rate, lim.group_rate)
+    GROUP BY lim.topic, s.group_key
+    HAVING count(*) >= min(coalesce(own.group_rate, lim.group_rate))
 )
 --#if exact
 SELECT r.queue, r.topic,

@@ -199,3 +199,34 @@ def test_the_command_line_sets_and_clears_an_own_rate(dsn: str, db: Any) -> None
         "back to the topic's group_limit" in cli("clear", "tenant.rated", "--group", "acme").stdout
     )
     assert db.execute("SELECT count(*) FROM brooq_group_limit").fetchone() == (0,)
+
+
+def test_what_a_groups_own_limit_and_rate_hold_back_is_counted(queue: brooq.Queue, db: Any) -> None:
+    """The held count (`brooq stats`, the master's gauges) and the groups held (`brooq
+    queues`, the page) follow the groups' own limits as the claim does: on a fair topic
+    without a declared limit, A's own limit of 1 holds A's ready jobs back once one runs,
+    B's own 0 holds all of B's; on a rated topic, C's own rate once its window is full."""
+    from brooq.operator import reads
+    from brooq.sql import Q
+    from tests.db.test_rate_limits import publish
+
+    fair, rated = (
+        handler("tenant.fair", fair_groups=True),
+        handler("tenant.rated", rate_limit="100/m"),
+    )
+    publish(db, {"tenant.fair": {"queue": "default", **fair.limits()}})
+    publish(db, {"tenant.rated": {"queue": "default", **rated.limits()}})
+    enqueue(queue, "tenant.fair", "ABZ", n=4)
+    enqueue(queue, "tenant.rated", "CD", n=4)
+    # Before any own limit: a fair topic holds nothing back, and its rows are not read.
+    assert reads.held_by_topic(db, Q).get(("default", "tenant.fair"), (0, 0.0))[0] == 0
+    queue.set_group_limit("tenant.fair", "A", 1)
+    queue.set_group_limit("tenant.fair", "B", 0)
+    queue.set_group_rate("tenant.rated", "C", "2/m")
+    assert claim(db, fair, limit=12) == {"Z": 4, "A": 1}  # B held at 0, A at 1
+    assert claim(db, rated, "w2", limit=12) == {"C": 2, "D": 4}
+    held = reads.held_by_topic(db, Q)
+    assert held[("default", "tenant.fair")][0] == 3 + 4  # A's 3 left and B's 4
+    assert held[("default", "tenant.rated")][0] == 2  # C's 2 left: its window is full
+    groups_held = {t.topic: t.groups_held for t in queue.limits()}
+    assert groups_held == {"tenant.fair": 2, "tenant.rated": 1}
