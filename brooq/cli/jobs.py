@@ -172,6 +172,9 @@ def show_lines(record: JobRecord, now: datetime) -> list[str]:
         fields.insert(6, ("tags", ", ".join(record.tags)))
     if record.group is not None:  # a line only for a job that has one
         fields.insert(6, ("group", record.group))
+    if record.ordering_key is not None:  # its key's jobs start one at a time, in order
+        waits = ", behind an earlier job of its key" if record.state == "waiting" else ""
+        fields.insert(6, ("ordering key", record.ordering_key + waits))
     if record.started_at is not None:  # the last claim; a job never claimed has none
         at = [name for name, _ in fields].index("updated")
         fields.insert(at, ("started", _when(record.started_at, now)))

@@ -267,6 +267,11 @@ def test_enqueue_with_an_ordering_key(dsn: str, queue: brooq.Queue, db: Conn) ->
     record = queue.get(ids[1])
     assert record is not None and record.ordering_key == "cust-1" and record.payload == {"n": 2}
     assert set(claim(dsn)) == {ids[0], ids[2]}  # one job per key
+    shown = ok(dsn, "jobs", "show", str(ids[1])).splitlines()
+    assert "ordering key:    cust-1, behind an earlier job of its key" in shown
+    assert "ordering key:    cust-2" in ok(dsn, "jobs", "show", str(ids[2])).splitlines()
+    plain = ok(dsn, "enqueue", "t.plain").split()[1]
+    assert "ordering key" not in ok(dsn, "jobs", "show", plain)  # a line only when it has one
 
 
 @pytest.mark.parametrize(
