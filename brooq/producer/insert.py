@@ -344,11 +344,12 @@ class KeyedId(NamedTuple):
 
 
 class Copy(NamedTuple):
-    """COPY these rows (or this text, already in COPY's text format); nothing is sent
-    back."""
+    """COPY these rows, or these blocks of text already in COPY's text format (each
+    written as it is made: the server reads the first while the next is formatted);
+    nothing is sent back."""
 
     statement: LiteralString
-    rows: list[tuple[Any, ...]] | str
+    rows: list[tuple[Any, ...]] | Iterable[str]
 
 
 Step = One | All | Keyed | Copy
@@ -369,6 +370,9 @@ def queue_of(job: Job, handlers: Handlers) -> str:
 # or the active job holding a unique_key ended): then the INSERT is tried again. Two
 # rounds are plenty; more means something is wrong.
 KEY_ROUNDS = 3
+# Rows of a bulk enqueue's COPY text made and written at a time (about 40 kB of small
+# jobs): the server inserts a block while the next is formatted.
+COPY_BLOCK = 1_000
 
 
 class KeyTaken(Exception):
@@ -533,12 +537,13 @@ def _many_params(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -
 
 def copy_rows(
     checked: list[Job], ids: list[uuid.UUID], handlers: Handlers, wide: bool = False
-) -> tuple[list[tuple[Any, ...]] | str, list[tuple[Any, ...]]]:
+) -> tuple[list[tuple[Any, ...]] | Iterator[str], list[tuple[Any, ...]]]:
     """The COPY rows of jobs without keys, ready ones and scheduled ones apart, so that
     "ready now" is the server's now(), never the client's clock; ``wide``: each row ends
     with its tags, its group and its state (the _options statements). Plain ready rows come as COPY
-    text, made here in one pass (psycopg's write_row per row was the producer's largest
-    cost in a bulk enqueue)."""
+    text, made in blocks as the COPY sends them (psycopg's write_row per row was the
+    producer's largest cost in a bulk enqueue; one text of every row made the server
+    wait for the last one before reading the first)."""
     if not wide and all(job.available_at is None for job in checked):
         return _ready_copy_text(checked, ids, handlers), []
     ready: list[tuple[Any, ...]] = []
@@ -561,19 +566,23 @@ def _wide(job: Job) -> tuple[str | None, str | None, str, str | None]:
     return tags_literal(job.tags), job.group, ON_HOLD if job.held else PENDING, job.ordering_key
 
 
-def _ready_copy_text(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -> str:
-    """job_copy_ready's rows in COPY's text format: (id, topic, payload, queue, priority).
-    Topics and queues are validated names (no character COPY would read as special), and
-    a payload is JSON text from brooq.encoding, which writes every control character as
-    an escape: a backslash is the one character to double."""
-    lines = []
-    for job_id, job in zip(ids, checked, strict=True):
-        payload = job.payload_json
-        if "\\" in payload:
-            payload = payload.replace("\\", "\\\\")
-        queue = queue_of(job, handlers)
-        lines.append(f"{job_id.hex}\t{job.topic}\t{payload}\t{queue}\t{job.priority}\n")
-    return "".join(lines)
+def _ready_copy_text(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -> Iterator[str]:
+    """job_copy_ready's rows in COPY's text format: (id, topic, payload, queue, priority),
+    COPY_BLOCK rows a block, each made when the COPY asks for it. Topics and queues are
+    validated names (no character COPY would read as special), and a payload is JSON
+    text from brooq.encoding, which writes every control character as an escape: a
+    backslash is the one character to double."""
+    for start in range(0, len(checked), COPY_BLOCK):
+        lines = []
+        for job_id, job in zip(
+            ids[start : start + COPY_BLOCK], checked[start : start + COPY_BLOCK], strict=True
+        ):
+            payload = job.payload_json
+            if "\\" in payload:
+                payload = payload.replace("\\", "\\\\")
+            queue = queue_of(job, handlers)
+            lines.append(f"{job_id.hex}\t{job.topic}\t{payload}\t{queue}\t{job.priority}\n")
+        yield "".join(lines)
 
 
 def tags_literal(tags: Sequence[str] | None) -> str | None:
@@ -837,11 +846,12 @@ def drive(target: Target, steps: Steps[R]) -> R:
                         answer = cur.execute(step.statement, step.params).fetchone()
                     elif isinstance(step, Copy):
                         with cur.copy(step.statement) as copy:
-                            if isinstance(step.rows, str):
-                                copy.write(step.rows)
-                            else:
+                            if isinstance(step.rows, list):
                                 for row in step.rows:
                                     copy.write_row(row)
+                            else:
+                                for block in step.rows:
+                                    copy.write(block)
                         answer = None
                     elif isinstance(step, Keyed):
                         with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:
@@ -876,11 +886,12 @@ async def drive_async(target: AsyncTarget, steps: Steps[R]) -> R:
                         answer = await cur.fetchone()
                     elif isinstance(step, Copy):
                         async with cur.copy(step.statement) as copy:
-                            if isinstance(step.rows, str):
-                                await copy.write(step.rows)
-                            else:
+                            if isinstance(step.rows, list):
                                 for row in step.rows:
                                     await copy.write_row(row)
+                            else:
+                                for block in step.rows:
+                                    await copy.write(block)
                         answer = None
                     elif isinstance(step, Keyed):
                         async with cur.connection.cursor(row_factory=class_row(KeyedId)) as by_key:

@@ -67,6 +67,36 @@ def test_enqueue_many_in_one_statement(queue: brooq.Queue, db: psycopg.Connectio
     assert queue.enqueue_many([]) == []
 
 
+def test_a_batch_over_many_copy_blocks_keeps_every_job_in_order(
+    queue: brooq.Queue, db: psycopg.Connection
+) -> None:
+    """A batch larger than a COPY block is written a block at a time, sync and async and
+    in the caller's transaction: every job once, each with its own payload and id, the
+    last block a part one."""
+    from brooq.producer.insert import COPY_BLOCK
+
+    n = 2 * COPY_BLOCK + 7
+    jobs = [brooq.Job("bulk", {"n": i, "s": "\\" * (i % 3)}) for i in range(n)]
+
+    async def enqueue_async() -> list[tuple[uuid.UUID, bool]]:
+        try:
+            return await queue.enqueue_many_async(jobs)
+        finally:
+            await queue.close_async()
+
+    with db.transaction():
+        own = brooq.enqueue_many(db, jobs)
+    for result in (queue.enqueue_many(jobs), asyncio.run(enqueue_async()), own):
+        assert len(result) == n and all(created for _, created in result)
+        ids = [job_id for job_id, _ in result]
+        payloads = dict(
+            db.execute("SELECT id, payload FROM job WHERE id = ANY(%s)", (ids,)).fetchall()
+        )
+        assert [payloads[job_id] for job_id in ids] == [
+            {"n": i, "s": "\\" * (i % 3)} for i in range(n)
+        ]
+
+
 def test_a_ready_batch_keeps_text_that_copy_must_escape(
     queue: brooq.Queue, db: psycopg.Connection
 ) -> None:
