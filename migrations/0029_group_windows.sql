@@ -6,10 +6,58 @@
 --   brooq_claim_batch: the same arguments and answer; the places its groups may take are
 --     found by one statement for them all and taken (the slots' free_at, the windows'
 --     cursors) by two, where each group's window took two function calls of its own.
+--   brooq_window_sweep: deletes a swept window's cursor with its slots (a row per rated
+--     group was kept for good), and the cursors left without slots.
 -- Functions only; no lock on job. No-transaction: each statement runs under the
 -- migrator's lock_timeout and is retried; every statement is idempotent.
 -- migrate:no-transaction
 -- migrate:up
+-- The windows no start needs any more (every slot free): deleted whole, under the topic's
+-- lock (tried, never waited for), at most p_max windows per call, and each one's cursor
+-- with it (a window without slots starts from its first place whatever its cursor said);
+-- then at most p_max cursors left by windows deleted before (none of them has a slot).
+-- Returns the slots deleted.
+CREATE OR REPLACE FUNCTION brooq_window_sweep(p_max integer)
+RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+DECLARE
+    w record;
+    gone integer := 0;
+    n integer;
+BEGIN
+    FOR w IN
+        SELECT s.topic, s.group_key FROM brooq_rate_slot s
+        GROUP BY s.topic, s.group_key HAVING max(s.free_at) <= now()
+        LIMIT p_max
+    LOOP
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(1651666799, hashtext(w.topic));
+        DELETE FROM brooq_rate_slot s
+        WHERE s.topic = w.topic AND s.group_key = w.group_key
+          AND NOT EXISTS (SELECT 1 FROM brooq_rate_slot x
+                          WHERE x.topic = w.topic AND x.group_key = w.group_key
+                            AND x.free_at > clock_timestamp());
+        GET DIAGNOSTICS n = ROW_COUNT;
+        gone := gone + n;
+        IF n > 0 THEN
+            DELETE FROM brooq_rate_cursor c
+            WHERE c.topic = w.topic AND c.group_key = w.group_key;
+        END IF;
+    END LOOP;
+    FOR w IN
+        SELECT c.topic, c.group_key FROM brooq_rate_cursor c
+        WHERE NOT EXISTS (SELECT 1 FROM brooq_rate_slot s
+                          WHERE s.topic = c.topic AND s.group_key = c.group_key)
+        LIMIT p_max
+    LOOP
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(1651666799, hashtext(w.topic));
+        DELETE FROM brooq_rate_cursor c
+        WHERE c.topic = w.topic AND c.group_key = w.group_key
+          AND NOT EXISTS (SELECT 1 FROM brooq_rate_slot s
+                          WHERE s.topic = w.topic AND s.group_key = w.group_key);
+    END LOOP;
+    RETURN gone;
+END;
+$$;
+
 -- The places many windows of a topic give at `p_stamp`, in the order they are taken:
 -- for the i-th, the window (p_topic, p_groups[i]) of p_limits[i] starts (none when NULL),
 -- at most p_max[i] of them, each row its window's ordinal, the slot and its turn (1, 2,
@@ -1187,6 +1235,43 @@ BEGIN
     WHERE job.id = ANY(picked)
     RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by,
               job.locked_until, job.available_at, job.queue, job.priority;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION brooq_window_sweep(p_max integer)
+RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    w record;
+    gone integer := 0;
+    n integer;
+BEGIN
+    FOR w IN
+        SELECT s.topic, s.group_key FROM brooq_rate_slot s
+        GROUP BY s.topic, s.group_key HAVING max(s.free_at) <= now()
+        LIMIT p_max
+    LOOP
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(1651666799, hashtext(w.topic));
+        DELETE FROM brooq_rate_slot s
+        WHERE s.topic = w.topic AND s.group_key = w.group_key
+          AND NOT EXISTS (SELECT 1 FROM brooq_rate_slot x
+                          WHERE x.topic = w.topic AND x.group_key = w.group_key
+                            AND x.free_at > clock_timestamp());
+        GET DIAGNOSTICS n = ROW_COUNT;
+        gone := gone + n;
+    END LOOP;
+    RETURN gone;
+END;
+$$;
+
+-- 0012's search_path for it, as that migration set it.
+DO $$
+DECLARE
+    home text;
+BEGIN
+    SELECT n.nspname INTO STRICT home FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE p.oid = 'brooq_window_sweep(integer)'::regprocedure;
+    EXECUTE format('ALTER FUNCTION %I.brooq_window_sweep(integer) '
+                   'SET search_path = pg_catalog, %I, pg_temp', home, home);
 END;
 $$;
 

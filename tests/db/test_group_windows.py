@@ -155,3 +155,32 @@ def test_a_claim_takes_the_places_in_turn_after_the_one_taken_last(db: Conn) -> 
     assert db.execute(
         "SELECT last_slot FROM brooq_rate_cursor WHERE topic = %s", (TOPIC,)
     ).fetchone() == (1,)
+
+
+def test_the_sweep_deletes_a_swept_windows_cursor_and_those_left_without_slots(
+    db: Conn,
+) -> None:
+    """A window deleted whole takes its cursor with it (a row per rated group would
+    otherwise stay for good); a busy window keeps its own; a cursor whose window has no
+    slot left goes too. A window whose slots are gone starts from its first place
+    whatever its cursor said, so nothing a claim counts changes."""
+    db.execute(
+        "INSERT INTO brooq_rate_slot (topic, group_key, slot, free_at) VALUES"
+        " (%(t)s, 'idle', 1, now() - interval '1 s'), (%(t)s, 'idle', 2, now() - interval '2 s'),"
+        " (%(t)s, 'busy', 1, now() + interval '1 h')",
+        {"t": TOPIC},
+    )
+    db.execute(
+        "INSERT INTO brooq_rate_cursor (topic, group_key, last_slot) VALUES"
+        " (%(t)s, 'idle', 2), (%(t)s, 'busy', 1), (%(t)s, 'orphan', 7)",
+        {"t": TOPIC},
+    )
+    stamp = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    before = many_windows(db, ["orphan"], [5], stamp, [5])
+    assert db.execute("SELECT brooq_window_sweep(10)").fetchone() == (2,)
+    left = db.execute("SELECT group_key FROM brooq_rate_cursor ORDER BY 1").fetchall()
+    assert left == [("busy",)]
+    assert [r[0] for r in db.execute("SELECT group_key FROM brooq_rate_slot").fetchall()] == [
+        "busy"
+    ]
+    assert many_windows(db, ["orphan"], [5], stamp, [5]) == before == {"orphan": [1, 2, 3, 4, 5]}
