@@ -8,6 +8,9 @@
 --     cursors) by two, where each group's window took two function calls of its own.
 --   brooq_window_sweep: deletes a swept window's cursor with its slots (a row per rated
 --     group was kept for good), and the cursors left without slots.
+--   brooq_window_give_back: the places of jobs a rated claim gives back unstarted (a late
+--     start) set free again; the claim writes its stamp as the jobs' started_at so that
+--     their places are found.
 -- Functions only; no lock on job. No-transaction: each statement runs under the
 -- migrator's lock_timeout and is retried; every statement is idempotent.
 -- migrate:no-transaction
@@ -55,6 +58,62 @@ BEGIN
                           WHERE s.topic = w.topic AND s.group_key = w.group_key);
     END LOOP;
     RETURN gone;
+END;
+$$;
+
+-- Places given back: jobs a rated claim took that go back unstarted (a late start). Each
+-- took a place in its topic's window (p_rate, p_window) and in its group's (its own rate,
+-- brooq limits set, or p_group_rate, p_group_window), all at its claim's stamp, which
+-- the claim wrote as the job's started_at: a place taken then is free at the stamp plus
+-- its window. One such place per job, in each window, is set free at the stamp itself:
+-- as if its last start had been a window before the claim, no later than the real one
+-- (the place was free at the stamp), so no window of any length W ever counts more
+-- starts than before, and the place is free again now. A place whose window changed
+-- since (another own rate) matches nothing and stays taken. Under the topic's lock, as
+-- the claims count the places. Returns the places set free.
+CREATE OR REPLACE FUNCTION brooq_window_give_back(
+    p_topic text, p_rate integer, p_window float8, p_group_rate integer,
+    p_group_window float8, p_allowance float8, p_groups text[], p_stamps timestamptz[]
+)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+DECLARE
+    w record;
+    freed integer := 0;
+    n integer;
+BEGIN
+    IF coalesce(cardinality(p_stamps), 0) = 0 THEN
+        RETURN 0;
+    END IF;
+    PERFORM pg_advisory_xact_lock(1651666799, hashtext(p_topic));
+    FOR w IN
+        -- the topic's window
+        SELECT '' AS g, x.s, count(*)::integer AS k, p_window AS win
+        FROM unnest(p_stamps) AS x(s)
+        WHERE p_rate IS NOT NULL AND x.s IS NOT NULL
+        GROUP BY x.s
+        UNION ALL
+        -- each group's
+        SELECT x.g, x.s, count(*)::integer,
+               CASE WHEN o.group_rate IS NOT NULL
+                    THEN greatest(o.group_window, o.group_period + p_allowance)
+                    ELSE p_group_window END
+        FROM unnest(p_groups, p_stamps) AS x(g, s)
+        LEFT JOIN brooq_group_limit o ON o.topic = p_topic AND o.group_key = x.g
+        WHERE x.g IS NOT NULL AND x.s IS NOT NULL
+          AND (o.group_rate IS NOT NULL OR p_group_rate IS NOT NULL)
+        GROUP BY x.g, x.s, o.group_rate, o.group_window, o.group_period
+    LOOP
+        UPDATE brooq_rate_slot u SET free_at = w.s
+        WHERE u.ctid = ANY(ARRAY(
+            SELECT t.ctid FROM brooq_rate_slot t
+            WHERE t.topic = p_topic AND t.group_key = w.g
+              AND t.free_at = w.s + make_interval(secs => w.win)
+            LIMIT w.k));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        freed := freed + n;
+    END LOOP;
+    RETURN freed;
 END;
 $$;
 
@@ -308,8 +367,8 @@ BEGIN
             locked_by = p_worker,
             locked_until = now() + make_interval(secs => p_lease),
             progress = NULL, progress_message = NULL,
-            started_at = now(),
-            updated_at = now()
+            started_at = stamp,
+            updated_at = stamp
         WHERE job.id = ANY(picked)
         RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by,
                   job.locked_until, job.available_at, job.queue, job.priority;
@@ -686,8 +745,8 @@ BEGIN
         locked_by = p_worker,
         locked_until = now() + make_interval(secs => p_lease),
         progress = NULL, progress_message = NULL,
-        started_at = now(),
-        updated_at = now()
+        started_at = stamp,
+        updated_at = stamp
     WHERE job.id = ANY(picked)
     RETURNING job.id, job.topic, job.payload, job.attempts, job.locked_by,
               job.locked_until, job.available_at, job.queue, job.priority;
@@ -1275,4 +1334,6 @@ BEGIN
 END;
 $$;
 
+DROP FUNCTION IF EXISTS brooq_window_give_back(text, integer, float8, integer, float8, float8,
+                                             text[], timestamptz[]);
 DROP FUNCTION IF EXISTS brooq_windows_places(text, text[], integer[], timestamptz, integer[]);

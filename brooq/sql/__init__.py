@@ -98,6 +98,7 @@ RELATIONS = (
     "brooq_order_next",
     "brooq_rate_slot",
     "brooq_window_sweep",
+    "brooq_window_give_back",
     "brooq_job_edge",
     "brooq_job_after",
     "brooq_job_step",

@@ -273,6 +273,25 @@ SET state = 'pending', attempts = greatest(attempts - 1, 0),
 WHERE id = ANY(%(ids)b::uuid[]) AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
 RETURNING id
 
+-- name: job_release_ids_rated
+-- job_release_ids for claims of a topic under a rate that go back unstarted (a late
+-- start): the places they took in the topic's window and in their groups' are set free
+-- again (brooq_window_give_back, migration 0029), in the same transaction. The turn's
+-- own parameters (brooq.worker.pacing.turns) name the windows.
+WITH released AS (
+    UPDATE {job}
+    SET state = 'pending', attempts = greatest(attempts - 1, 0),
+        locked_by = NULL, locked_until = NULL, updated_at = now()
+    WHERE id = ANY(%(ids)b::uuid[]) AND (state = 'processing') IS TRUE
+      AND locked_by = %(worker)s
+    RETURNING id, group_key, started_at
+)
+SELECT {brooq_window_give_back}(
+    %(topic)s::text, %(rate)s::integer, %(window)s::float8, %(group_rate)s::integer,
+    %(group_window)s::float8, %(allowance)s::float8,
+    ARRAY(SELECT r.group_key FROM released r), ARRAY(SELECT r.started_at FROM released r)
+) AS freed
+
 -- template: job_set_done
 -- variant: job_set_done
 -- variant: job_set_done_logs: logs

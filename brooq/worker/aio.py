@@ -276,7 +276,7 @@ class AsyncLoop:
             )
             with contextlib.suppress(Stop, psycopg.Error):  # else the reaper returns it
                 await asyncio.get_running_loop().run_in_executor(
-                    self.db, child.trips.release, [claim.id]
+                    self.db, child.trips.release, [claim.id], claim.topic
                 )
             slot.settled = True
             self._tell_held()

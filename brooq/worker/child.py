@@ -158,13 +158,13 @@ class Child(ChildProcess):
             claim.topic,
             f" with={len(overdue)}" if overdue else "",
         )
-        self._release([claim.id, *overdue])
+        self._release([claim.id, *overdue], late_topic=claim.topic)
 
-    def _release(self, ids: list[uuid.UUID]) -> None:
+    def _release(self, ids: list[uuid.UUID], late_topic: str | None = None) -> None:
         if not ids:
             return
         try:
-            self.trips.release(ids)
+            self.trips.release(ids, late_topic)
         except psycopg.OperationalError as exc:
             self.db.failed("release", exc)  # the reaper returns them after the lease
         self.trips.let_go(ids)

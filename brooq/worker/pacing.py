@@ -133,6 +133,13 @@ class Pacing:
         self._next += 1
         return turn
 
+    def turn(self, topic: str) -> Turn | None:
+        """``topic``'s turn, if it is claimed apart."""
+        for turn in self.turns:
+            if turn.topic == topic:
+                return turn
+        return None
+
     def sift(self, rows: list[R], turn: Turn, sent_at: float) -> list[R]:
         """The rows without the held-back answer (a claimed row without an id: its
         available_at is when the window has room, its locked_until the server's clock

@@ -483,14 +483,33 @@ class RoundTrips:
         unwritten = {f[0].id for f in self._unwritten}
         return [i for i in self._held if i not in unwritten]
 
-    def release(self, ids: list[uuid.UUID]) -> None:
+    def release(self, ids: list[uuid.UUID], late_topic: str | None = None) -> None:
         """Give back claims not started (pending, attempt refunded). Only the database:
-        the caller says what it holds after."""
+        the caller says what it holds after. ``late_topic``: they are claims of that rated
+        topic given back for a late start, and the places they took in its windows are
+        set free again (job_release_ids_rated)."""
         if self.start_by and self.pacing is not None:
             for job_id in ids:
                 self.pacing.forget(job_id)
         conn = self.db.get()
-        conn.execute(self.q.job_release_ids, {"ids": ids, "worker": self.identity})
+        turn = None if late_topic is None or self.pacing is None else self.pacing.turn(late_topic)
+        if turn is not None and turn.allowance is not None:
+            p = turn.params
+            conn.execute(
+                self.q.job_release_ids_rated,
+                {
+                    "ids": ids,
+                    "worker": self.identity,
+                    "topic": late_topic,
+                    "rate": p["rate"],
+                    "window": p["window"],
+                    "group_rate": p["group_rate"],
+                    "group_window": p["group_window"],
+                    "allowance": turn.allowance,
+                },
+            )
+        else:
+            conn.execute(self.q.job_release_ids, {"ids": ids, "worker": self.identity})
         # They keep their place in line, behind this child's floors: its next claim reads
         # the ready index whole, so it takes them first.
         self.floors.forget()

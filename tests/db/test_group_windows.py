@@ -184,3 +184,97 @@ def test_the_sweep_deletes_a_swept_windows_cursor_and_those_left_without_slots(
         "busy"
     ]
     assert many_windows(db, ["orphan"], [5], stamp, [5]) == before == {"orphan": [1, 2, 3, 4, 5]}
+
+
+def release_late(db: Conn, h: Any, ids: list[Any], worker: str = "w") -> int:
+    """The child's give-back of claims that could not start in time
+    (RoundTrips.release with the rated topic): how many places were set free."""
+    from brooq.sql import Q
+    from brooq.worker.pacing import turns
+
+    [turn] = turns({h.topic: h})
+    p = turn.params
+    row = db.execute(
+        Q.job_release_ids_rated,
+        {
+            "ids": ids,
+            "worker": worker,
+            "topic": h.topic,
+            "rate": p["rate"],
+            "window": p["window"],
+            "group_rate": p["group_rate"],
+            "group_window": p["group_window"],
+            "allowance": turn.allowance,
+        },
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_a_late_claim_given_back_frees_its_places_and_no_more(
+    db: Conn, queue: Any, own: bool
+) -> None:
+    """Under rate_limit="3/h" and group_rate_limit="2/h" (or a group's own "2/h"), a
+    claim takes 2 of A's jobs and places in both windows; one goes back late: one place
+    of each window is free again (at the claim's stamp, never later), so the next claim
+    starts one more of A's jobs, and no claim after it starts anything within the hour:
+    the windows hold the two starts that happened, never three."""
+    if own:
+        h = handler(TOPIC, rate_limit="3/h", group_rate_limit="100/h")
+        queue.set_group_rate(TOPIC, "A", "2/h")
+    else:
+        h = handler(TOPIC, rate_limit="3/h", group_rate_limit="2/h")
+    jobs(db, TOPIC, 5, "A")
+    got = claim(db, h, limit=5)
+    assert len(got) == 2  # A's window: 2 an hour
+    stamps = db.execute(
+        "SELECT DISTINCT started_at FROM job WHERE id = ANY(%s)", ([r["id"] for r in got],)
+    ).fetchall()
+    assert len(stamps) == 1  # the claim's stamp, one for its batch
+    assert release_late(db, h, [got[1]["id"]]) == 2  # one place in each window
+    assert db.execute("SELECT state FROM job WHERE id = %s", (got[1]["id"],)).fetchone() == (
+        "pending",
+    )
+    freed = db.execute(
+        "SELECT group_key, free_at FROM brooq_rate_slot WHERE free_at <= now() ORDER BY 1"
+    ).fetchall()
+    assert freed == [("", stamps[0][0]), ("A", stamps[0][0])]
+    again = claim(db, h, "w2", limit=5)
+    assert len(again) == 1  # the freed place, and not one more
+    [held] = claim(db, h, "w3", limit=5)
+    assert held["id"] is None  # A's window holds its two starts
+    # Given back twice, or by another worker, or a job not given back: nothing more.
+    assert release_late(db, h, [got[1]["id"]]) == 0
+    assert release_late(db, h, [again[0]["id"]], worker="other") == 0
+
+
+def test_a_late_give_back_through_the_child_frees_the_places(db: Conn) -> None:
+    """RoundTrips.release with the late claim's topic, as the sync and async children
+    call it, sends the rated give-back on the child's connection; without a topic (a
+    drain's give-back) the plain one, which leaves the places taken."""
+    from brooq.settings import Settings
+    from brooq.sql import Q
+    from brooq.worker.pacing import turns
+    from brooq.worker.roundtrip import RoundTrips
+
+    class OnThisConnection:
+        def get(self) -> Conn:
+            return db
+
+    h = handler(TOPIC, group_rate_limit="1/h")
+    unused: Any = None
+    trips = RoundTrips(
+        "w", Settings(), Q, OnThisConnection(), unused, {}, [],  # type: ignore[arg-type]
+        turns({h.topic: h}), unused, 1, print, print,
+    )  # fmt: skip
+    jobs(db, TOPIC, 2, "A")
+    jobs(db, TOPIC, 1, "B")
+    got = claim(db, h, limit=5)
+    by_group = {group_of(db, r["id"]): r["id"] for r in got}
+    trips.release([by_group["B"]])  # not late: its place stays taken
+    trips.release([by_group["A"]], late_topic=TOPIC)
+    free = db.execute("SELECT group_key FROM brooq_rate_slot WHERE free_at <= now()").fetchall()
+    assert free == [("A",)]
+    again = claim(db, h, "w2", limit=5)
+    assert [group_of(db, r["id"]) for r in again] == ["A"]
