@@ -21,7 +21,7 @@
 -- then at most p_max cursors left by windows deleted before (none of them has a slot).
 -- Returns the slots deleted.
 CREATE OR REPLACE FUNCTION brooq_window_sweep(p_max integer)
-RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     w record;
     gone integer := 0;
@@ -58,6 +58,18 @@ BEGIN
                           WHERE s.topic = w.topic AND s.group_key = w.group_key);
     END LOOP;
     RETURN gone;
+END;
+$$;
+
+-- Its search_path as 0012 pinned it (CREATE OR REPLACE cleared it).
+DO $$
+DECLARE
+    home text;
+BEGIN
+    SELECT n.nspname INTO STRICT home FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE p.oid = 'brooq_window_sweep(integer)'::regprocedure;
+    EXECUTE format('ALTER FUNCTION %I.brooq_window_sweep(integer) '
+                   'SET search_path = pg_catalog, %I, pg_temp', home, home);
 END;
 $$;
 

@@ -439,12 +439,15 @@ WITH lim AS (
       AND m.seen_at >= now() - make_interval(secs => m.beat_seconds * 3)
     ORDER BY l.key, m.seen_at DESC
 ), own AS MATERIALIZED (
-    -- The groups' own limits of the topics with limits; an own rate counts only under a
-    -- rate (the claim's own rule: brooq_claim_batch).
+    -- The groups' own limits of the topics claimed in turn (a rate, a limit per group or
+    -- fair_groups: a global_limit alone takes one job a claim and reads none); an own
+    -- rate counts only under a rate (the claim's own rules: brooq_claim_batch).
     SELECT o.topic, o.group_key, o.group_limit,
            CASE WHEN lim.rate IS NOT NULL OR lim.group_rate IS NOT NULL
                 THEN o.group_rate END AS group_rate
     FROM lim JOIN {brooq_group_limit} AS o ON o.topic = lim.topic
+    WHERE lim.rate IS NOT NULL OR lim.group_cap IS NOT NULL OR lim.group_rate IS NOT NULL
+       OR lim.limits->'fair_groups' = 'true'::jsonb
 ), topic_held AS MATERIALIZED (
     -- holds: whether any limit of the topic can hold a job back (fair_groups alone
     -- cannot, a group's own limit can: only then are its ready rows read for the

@@ -230,3 +230,10 @@ def test_what_a_groups_own_limit_and_rate_hold_back_is_counted(queue: brooq.Queu
     assert held[("default", "tenant.rated")][0] == 2  # C's 2 left: its window is full
     groups_held = {t.topic: t.groups_held for t in queue.limits()}
     assert groups_held == {"tenant.fair": 2, "tenant.rated": 1}
+    # A topic under a global_limit alone takes one job a claim and reads no own limit:
+    # nor does the count.
+    capped = handler("tenant.capped", global_limit=5)
+    publish(db, {"tenant.capped": {"queue": "default", **capped.limits()}})
+    enqueue(queue, "tenant.capped", "E", n=3)
+    queue.set_group_limit("tenant.capped", "E", 0)
+    assert reads.held_by_topic(db, Q)[("default", "tenant.capped")][0] == 0
