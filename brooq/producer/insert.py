@@ -459,7 +459,6 @@ def _insert_batch(
             one = job if job.after is None else _without_after(job)
             results.append((yield from _insert_one(one, handlers, q, traceparent)))
         return results
-    ids = uuid7_many(len(checked))
     if traceparent is None and all(
         job.idempotency_key is None and job.unique_key is None for job in checked
     ):
@@ -470,12 +469,14 @@ def _insert_batch(
             or job.ordering_key is not None
             for job in checked
         )
-        ready, scheduled = copy_rows(checked, ids, handlers, wide)
+        made: list[uuid.UUID] = []  # filled by copy_rows, by the time the COPY ends
+        ready, scheduled = copy_rows(checked, made, handlers, wide)
         if ready:
             yield Copy(q.job_copy_ready_options if wide else q.job_copy_ready, ready)
         if scheduled:
             yield Copy(q.job_copy_scheduled_options if wide else q.job_copy_scheduled, scheduled)
-        return [(job_id, True) for job_id in ids]
+        return [(job_id, True) for job_id in made]
+    ids = uuid7_many(len(checked))
     params = _many_params(checked, ids, handlers)
     if traceparent is not None:
         statement: LiteralString = q.job_insert_many_options_traced
@@ -540,12 +541,15 @@ def copy_rows(
 ) -> tuple[list[tuple[Any, ...]] | Iterator[str], list[tuple[Any, ...]]]:
     """The COPY rows of jobs without keys, ready ones and scheduled ones apart, so that
     "ready now" is the server's now(), never the client's clock; ``wide``: each row ends
-    with its tags, its group and its state (the _options statements). Plain ready rows come as COPY
-    text, made in blocks as the COPY sends them (psycopg's write_row per row was the
-    producer's largest cost in a bulk enqueue; one text of every row made the server
-    wait for the last one before reading the first)."""
+    with its tags, its group and its state (the _options statements). ``ids`` (empty) is
+    filled with the jobs' new ids, in order. Plain ready rows come as COPY text, made
+    block by block with their ids as the COPY sends them (psycopg's write_row per row
+    was the producer's largest cost in a bulk enqueue; one text of every row made the
+    server wait for the last one before reading the first); the others' ids are made
+    here."""
     if not wide and all(job.available_at is None for job in checked):
         return _ready_copy_text(checked, ids, handlers), []
+    ids.extend(uuid7_many(len(checked)))
     ready: list[tuple[Any, ...]] = []
     scheduled: list[tuple[Any, ...]] = []
     for job_id, job in zip(ids, checked, strict=True):
@@ -568,15 +572,17 @@ def _wide(job: Job) -> tuple[str | None, str | None, str, str | None]:
 
 def _ready_copy_text(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -> Iterator[str]:
     """job_copy_ready's rows in COPY's text format: (id, topic, payload, queue, priority),
-    COPY_BLOCK rows a block, each made when the COPY asks for it. Topics and queues are
-    validated names (no character COPY would read as special), and a payload is JSON
-    text from brooq.encoding, which writes every control character as an escape: a
-    backslash is the one character to double."""
+    COPY_BLOCK rows a block, each made with its new ids (appended to ``ids``: increasing
+    from block to block, as one uuid7_many's) when the COPY asks for it. Topics and
+    queues are validated names (no character COPY would read as special), and a payload
+    is JSON text from brooq.encoding, which writes every control character as an escape:
+    a backslash is the one character to double."""
     for start in range(0, len(checked), COPY_BLOCK):
+        block = checked[start : start + COPY_BLOCK]
+        block_ids = uuid7_many(len(block))
+        ids.extend(block_ids)
         lines = []
-        for job_id, job in zip(
-            ids[start : start + COPY_BLOCK], checked[start : start + COPY_BLOCK], strict=True
-        ):
+        for job_id, job in zip(block_ids, block, strict=True):
             payload = job.payload_json
             if "\\" in payload:
                 payload = payload.replace("\\", "\\\\")
