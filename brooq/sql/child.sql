@@ -262,35 +262,34 @@ FROM finished
 -- and leaves those out of its claims, so a pause holds fleet-wide within poll_interval.
 SELECT name FROM {brooq_queue} WHERE paused AND name = ANY(%(queues)s::text[])
 
--- name: job_release_ids
+-- template: job_release_ids
+-- variant: job_release_ids
+-- variant: job_release_ids_rated: rated
 -- A worker gives back jobs it claimed but will not run (drain, a long job in a batch;
 -- the master does it for a child whose job runs long): pending, the attempt refunded.
 -- available_at stays (it is in the past), so the jobs are claimable at once and keep
--- their place in the FIFO order.
+-- their place in the FIFO order. _rated: claims of a topic under a rate that go back
+-- unstarted (a late start): the places they took in the topic's window and in their
+-- groups' are set free again (brooq_window_give_back, migration 0029), in the same
+-- transaction; the turn's own parameters (brooq.worker.pacing.turns) name the windows.
+--#if rated
+WITH released AS (
+--#end
 UPDATE {job}
 SET state = 'pending', attempts = greatest(attempts - 1, 0),
     locked_by = NULL, locked_until = NULL, updated_at = now()
 WHERE id = ANY(%(ids)b::uuid[]) AND (state = 'processing') IS TRUE AND locked_by = %(worker)s
-RETURNING id
-
--- name: job_release_ids_rated
--- job_release_ids for claims of a topic under a rate that go back unstarted (a late
--- start): the places they took in the topic's window and in their groups' are set free
--- again (brooq_window_give_back, migration 0029), in the same transaction. The turn's
--- own parameters (brooq.worker.pacing.turns) name the windows.
-WITH released AS (
-    UPDATE {job}
-    SET state = 'pending', attempts = greatest(attempts - 1, 0),
-        locked_by = NULL, locked_until = NULL, updated_at = now()
-    WHERE id = ANY(%(ids)b::uuid[]) AND (state = 'processing') IS TRUE
-      AND locked_by = %(worker)s
-    RETURNING id, group_key, started_at
+--#if rated
+RETURNING id, group_key, started_at
 )
 SELECT {brooq_window_give_back}(
     %(topic)s::text, %(rate)s::integer, %(window)s::float8, %(group_rate)s::integer,
     %(group_window)s::float8, %(allowance)s::float8,
     ARRAY(SELECT r.group_key FROM released r), ARRAY(SELECT r.started_at FROM released r)
 ) AS freed
+--#else
+RETURNING id
+--#end
 
 -- template: job_set_done
 -- variant: job_set_done

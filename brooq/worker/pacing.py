@@ -125,10 +125,8 @@ class Pacing:
         if self.due:
             now = self.clock()
             topic, at = min(self.due.items(), key=lambda item: item[1])
-            if at <= now:
-                for turn in self.turns:
-                    if turn.topic == topic:
-                        return turn
+            if at <= now and (due := self.turn(topic)) is not None:
+                return due
         turn = self.turns[self._next % len(self.turns)]
         self._next += 1
         return turn
