@@ -18,8 +18,7 @@ import json
 import logging
 import uuid
 
-from brooq.producer.ids import uuid_from_int
-from brooq.supervisor.childproc import ChildProc
+from brooq.supervisor.childproc import ChildProc, parse_job_id
 from brooq.supervisor.settlement import retire_reason
 
 log = logging.getLogger("brooq.master")
@@ -28,45 +27,49 @@ log = logging.getLogger("brooq.master")
 StackAnswer = tuple[str, uuid.UUID, str]
 
 
-def parse_job_id(text: str) -> uuid.UUID:
-    """``uuid.UUID(text)`` for the canonical text a child sends (8-4-4-4-12 hex digits),
-    in half its time: the master reads every job's id of every child's held list once.
-    ValueError for anything else."""
-    if len(text) != 36 or text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
-        raise ValueError(f"not a job id: {text[:40]!r}")
-    digits = text.replace("-", "")
-    # int() would take more: "_" between digits, signs, spaces, non-ASCII digits.
-    if len(digits) != 32 or not (digits.isascii() and digits.isalnum()):
-        raise ValueError(f"not a job id: {text[:40]!r}")
-    return uuid_from_int(int(digits, 16))
+# A held list as a child writes it (brooq.ipc.protocol.encode of canonical ids) is read
+# with a few whole-line operations in C, not a parse per id: every hex digit turned into
+# "x", the line must be the held form repeated. Any other form is read id by id (and
+# refused whole if one is not an id).
+_HEX_DIGITS = bytes.maketrans(b"0123456789abcdef", b"x" * 16)
+_ID_FORM = b'"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",'
+_HELD_START, _HELD_END = b'{"held":[', b"]}"
+
+
+def canonical_held(line: bytes) -> list[str] | None:
+    """The ids of a held list in the child's own form (lowercase 8-4-4-4-12 hex digits,
+    no spaces), or None when the line is anything else."""
+    if not (line.startswith(_HELD_START) and line.endswith(_HELD_END)):
+        return None
+    body = line[len(_HELD_START) : -len(_HELD_END)]
+    if not body:
+        return []
+    n, extra = divmod(len(body) + 1, len(_ID_FORM))
+    if extra or body.translate(_HEX_DIGITS) != (_ID_FORM * n)[:-1]:
+        return None
+    return body[1:-1].decode("ascii").split('","')
 
 
 def read_messages(c: ChildProc, now: float) -> list[StackAnswer]:
     """Apply every line the child wrote since the last read; the stacks it sent."""
     stacks: list[StackAnswer] = []
     for line in c.reader.read():
+        ids = canonical_held(line)
+        if ids is not None:
+            _held(c, ids, now)
+            continue
         try:
             msg = json.loads(line)
         except ValueError:
             log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
             continue
         if "held" in msg:
-            # Each id parsed once, when it first appears; compared by its text and its
-            # int, hashed in C (a UUID's hash is Python code).
-            known = c.held_text
-            try:
-                now_held = {h: known.get(h) or parse_job_id(h) for h in msg["held"]}
+            try:  # another form than the child's: each id read, the canonical text kept
+                ids = [str(parse_job_id(h)) for h in msg["held"]]
             except (TypeError, ValueError, AttributeError):
                 log.warning("event=bad_message pid=%d line=%r", c.pid, line[:100])
                 continue
-            if c.held:  # what it no longer holds, for Renewal (ChildProc.dropped)
-                ints = {u.int for u in now_held.values()}
-                c.dropped.update(u for u in c.held if u.int not in ints)
-            c.held_text = now_held
-            c.held = list(now_held.values())
-            c.progress_at = now
-            if not c.jobs:
-                c.stack_requested_at = None  # a stall's stack request is moot now
+            _held(c, ids, now)
         elif "claims" in msg:
             failing = msg["claims"] != "ok"
             c.claims_failing = str(msg.get("error") or "?")[:200] if failing else None
@@ -94,3 +97,10 @@ def read_messages(c: ChildProc, now: float) -> list[StackAnswer]:
             c.retiring = reason
             log.info("event=child_retiring pid=%d reason=%s", c.pid, c.retiring)
     return stacks
+
+
+def _held(c: ChildProc, ids: list[str], now: float) -> None:
+    c.hold(ids)
+    c.progress_at = now
+    if not c.jobs:
+        c.stack_requested_at = None  # a stall's stack request is moot now

@@ -23,6 +23,7 @@ from typing import Any
 from brooq.ipc import protocol
 from brooq.ipc.board import Board, Running
 from brooq.ipc.reasons import SYNC, ChildKind, KillReason, RetireReason, StopReason
+from brooq.producer.ids import uuid_from_int
 from brooq.supervisor.settlement import ChildEnd
 
 
@@ -42,14 +43,17 @@ class ChildProc:
     board: Board = field(default_factory=Board)  # what it runs now, shared memory
     kind: ChildKind = SYNC  # which handlers it runs (docs/async.md)
     jobs: tuple[Running, ...] = ()  # the board as last read (Fleet.read_boards)
-    held: list[uuid.UUID] = field(default_factory=list)  # every job it holds, jobs included
-    # The last held list's ids by their text: the next list repeats most of them, and
-    # parsing a UUID costs more than looking it up (an async child's list is long).
-    held_text: dict[str, uuid.UUID] = field(default_factory=dict)
-    # Jobs that left `held` since Renewal last looked: one back in `held` was claimed
-    # again (canceled, then retried), and a renewal answer older than that claim must
-    # not be taken for the new claim's.
+    # Every job it holds, jobs included, as the canonical text the child sent (checked
+    # when read: brooq.supervisor.childmessages). A list comes per claim round trip and
+    # is read as UUIDs a few times a lease (``held``): parsing every id of every list
+    # cost the master more than a no-op job's share of its loop.
+    held_ids: list[str] = field(default_factory=list)
+    _held: list[uuid.UUID] | None = field(default=None, init=False, repr=False)
+    # Jobs that left `held` while Renewal's statement ran (``watching_drops``): one back
+    # in `held` was claimed again (canceled, then retried), and a renewal answer older
+    # than that claim must not be taken for the new claim's.
     dropped: set[uuid.UUID] = field(default_factory=set)
+    watching_drops: bool = False
     retiring: StopReason | RetireReason | None = None  # why it was asked to (or will) stop
     kill_reason: KillReason | None = None
     # Why its claims fail (the first line of the error), None while they work: /readyz
@@ -65,6 +69,28 @@ class ChildProc:
     progress_at: float = 0.0
     # Batchmates of a long job the child will not run: the enforcer gives them back.
     to_release: list[uuid.UUID] = field(default_factory=list)
+
+    @property
+    def held(self) -> list[uuid.UUID]:
+        """The jobs it holds as UUIDs, parsed once per list when first asked for."""
+        if self._held is None:
+            self._held = [parse_job_id(text) for text in self.held_ids]
+        return self._held
+
+    @held.setter
+    def held(self, ids: list[uuid.UUID]) -> None:
+        self._held = list(ids)
+        self.held_ids = [str(i) for i in ids]
+
+    def hold(self, ids: list[str]) -> None:
+        """What the child holds now: ``ids`` in canonical text (8-4-4-4-12 lowercase hex
+        digits, checked by the caller). Those that left the list are noted while Renewal
+        watches."""
+        if self.watching_drops and self.held_ids:
+            now = set(ids)
+            self.dropped.update(parse_job_id(t) for t in self.held_ids if t not in now)
+        self.held_ids = ids
+        self._held = None
 
     @property
     def job(self) -> Running | None:
@@ -95,6 +121,18 @@ class ChildProc:
             kind=self.kind,
             settling=self.board.settling_job(),
         )
+
+
+def parse_job_id(text: str) -> uuid.UUID:
+    """``uuid.UUID(text)`` for the canonical text a child sends (8-4-4-4-12 hex digits),
+    in half its time. ValueError for anything else."""
+    if len(text) != 36 or text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
+        raise ValueError(f"not a job id: {text[:40]!r}")
+    digits = text.replace("-", "")
+    # int() would take more: "_" between digits, signs, spaces, non-ASCII digits.
+    if len(digits) != 32 or not (digits.isascii() and digits.isalnum()):
+        raise ValueError(f"not a job id: {text[:40]!r}")
+    return uuid_from_int(int(digits, 16))
 
 
 def killpg(pid: int) -> None:

@@ -155,7 +155,7 @@ class Enforcer:
         clock starts again when the database is back."""
         holding = []
         for c in self.fleet.children.values():
-            if not c.held or c.jobs or c.kill_reason is not None:
+            if not c.held_ids or c.jobs or c.kill_reason is not None:
                 continue
             if not self.conns.ok or c.board.in_hooks():  # an outage; the application's hooks
                 c.progress_at = now
@@ -173,7 +173,7 @@ class Enforcer:
             "attempt refunded\n%s",
             c.pid,
             c.identity,
-            len(c.held),
+            len(c.held_ids),
             now - c.progress_at,
             stack,
         )

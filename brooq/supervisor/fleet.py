@@ -220,7 +220,7 @@ class Fleet(Source):
 
     def holding(self) -> bool:
         """A child holds jobs: it may start one at any moment without telling."""
-        return any(c.held or c.jobs for c in self.children.values())
+        return any(c.held_ids or c.jobs for c in self.children.values())
 
     # -- fork ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ touch a child's process or wait on a child.
 from __future__ import annotations
 
 import logging
+import uuid
 
 from brooq.ipc import protocol
 from brooq.metrics import Metrics
@@ -51,6 +52,18 @@ class Renewal:
             return {"renewed": 0, "lost": 0}
         for c in fleet.children.values():
             c.dropped.clear()
+            c.watching_drops = True
+        try:
+            return self._renew(held, now)
+        finally:
+            for c in fleet.children.values():
+                c.watching_drops = False
+                c.dropped.clear()
+
+    def _renew(self, held: list[tuple[uuid.UUID, str]], now: float) -> Counts:
+        """The statement, and the children told what they lost; the jobs that left a
+        child's list meanwhile are in its ``dropped``."""
+        fleet = self.fleet
         still = self.conns.with_db(
             "renew", lambda conn: maintenance.renew_leases(conn, held, self.lease, self.conns.q)
         )

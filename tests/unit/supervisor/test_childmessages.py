@@ -1,5 +1,6 @@
 """What a child says on its pipe, as the master reads it (brooq.supervisor.childmessages):
-the held lists, each id read once, what left them, and lines it cannot read."""
+the held lists (the child's own form read whole, any other id by id), what left them
+while a renewal watched, and lines it cannot read."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from brooq.ipc import protocol
-from brooq.supervisor.childmessages import parse_job_id, read_messages
+from brooq.supervisor.childmessages import canonical_held, parse_job_id, read_messages
 from brooq.supervisor.childproc import ChildProc
 
 
@@ -67,15 +68,38 @@ def test_held_lists_and_what_left_them(child: tuple[ChildProc, int]) -> None:
     a, b, d = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     _say(w, {"held": [str(a), str(b)]})
     read_messages(c, 1.0)
-    assert c.held == [a, b] and c.dropped == set() and c.progress_at == 1.0
-    first_a = c.held[0]
+    assert c.held == [a, b] and c.held_ids == [str(a), str(b)] and c.progress_at == 1.0
     _say(w, {"held": [str(a), str(d)]})
     read_messages(c, 2.0)
-    assert c.held == [a, d] and c.dropped == {b}
-    assert c.held[0] is first_a  # read once, kept by its text
-    _say(w, {"held": []})
+    assert c.held == [a, d] and c.dropped == set()  # nobody watches: not noted
+    c.watching_drops = True  # as Renewal does while its statement runs
+    _say(w, {"held": [str(d)]}, {"held": [str(a), str(d)]}, {"held": []})
     read_messages(c, 3.0)
-    assert c.held == [] and c.dropped == {a, b, d}
+    assert c.held == [] and c.held_ids == [] and c.dropped == {a, d}
+
+
+def test_the_childs_own_form_is_read_whole_and_any_other_id_by_id(
+    child: tuple[ChildProc, int],
+) -> None:
+    c, w = child
+    ids = [uuid.uuid4() for _ in range(300)]
+    line = protocol.encode({"held": [str(i) for i in ids]}).rstrip(b"\n")
+    assert canonical_held(line) == [str(i) for i in ids]
+    assert canonical_held(b'{"held":[]}') == []
+    other_forms = [
+        line.replace(b"a", b"A"),  # uppercase digits
+        line.replace(b",", b", "),  # spaces
+        line[:-3] + b'",]}',  # a trailing comma
+        line.replace(b"-", b"", 1),  # an id without a dash
+        b'{"held":["' + str(ids[0]).encode() + b'"],"x":1}',
+        b'{"held":["' + str(ids[0]).encode() + b'"]} ',
+    ]
+    for form in other_forms:
+        assert canonical_held(form) is None
+    # Read id by id, as uuid.UUID reads them, and kept in the canonical text.
+    _say(w, json.dumps({"held": [str(ids[0]).upper(), str(ids[1])]}, indent=1).replace("\n", ""))
+    read_messages(c, 1.0)
+    assert c.held_ids == [str(ids[0]), str(ids[1])] and c.held == ids[:2]
 
 
 @pytest.mark.parametrize(
