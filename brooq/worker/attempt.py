@@ -81,6 +81,12 @@ class Attempts:
         # The process's CPU time belongs to one attempt only when one runs at a time.
         self.measure_cpu = measure_cpu and meter.metrics is not None
         self.cpu_before = 0.0
+        # The CPU clock read at the last attempt's end, when nothing but brooq's own
+        # per-job steps ran since (a job kept for the next round trip): the next attempt
+        # counts from there. A read of the clock is a system call, as long as a no-op
+        # job's whole handler call; the few microseconds between two attempts of a batch
+        # go to the second (forget_cpu: a round trip, a write or a release came between).
+        self.cpu_mark: float | None = None
 
     def begin(
         self, claim: Claim[Any], policy: Policy, started: float, slot: int = 0
@@ -88,7 +94,8 @@ class Attempts:
         """Post the job on the board (at ``slot``) and decode its payload in place when
         its topic is typed: why the payload is refused, or None (the handler may run)."""
         if self.measure_cpu:
-            self.cpu_before = time.process_time()
+            mark = self.cpu_mark
+            self.cpu_before = time.process_time() if mark is None else mark
         self.board.post(
             claim.id,
             claim.topic,
@@ -146,10 +153,15 @@ class Attempts:
                 outcome = dataclasses.replace(outcome, traceback=kept)
         if self.lost and claim.id in self.lost and outcome.kind != "parked":
             outcome = execute.Outcome("abandon")
-        self.meter.attempt(
+        self.cpu_mark = self.meter.attempt(
             claim.topic, duration, self.cpu_before if self.measure_cpu else None, now
         )
         return outcome, result, tb, duration
+
+    def forget_cpu(self) -> None:
+        """More than brooq's per-job steps ran since the last attempt ended (a round
+        trip, an outcome written, claims released): the next attempt reads the clock."""
+        self.cpu_mark = None
 
 
 def refused_payload(claim: Claim[Any], handler: Handler) -> InvalidPayload | None:

@@ -134,6 +134,7 @@ class Child(ChildProcess):
     def _flush_and_claim(self, limit: int) -> list[Claim]:
         """Write `done` for the finished jobs and claim up to ``limit`` new ones, in one
         statement. Tells the master the new state: busy comes with each job, idle here."""
+        self.attempts.forget_cpu()  # the round trip is not the next attempt's
         claims = self.trips.exchange(0 if self.state.stopping else limit)
         if claims is None:
             return []
@@ -163,6 +164,7 @@ class Child(ChildProcess):
     def _release(self, ids: list[uuid.UUID], late_topic: str | None = None) -> None:
         if not ids:
             return
+        self.attempts.forget_cpu()
         try:
             self.trips.release(ids, late_topic)
         except psycopg.OperationalError as exc:
@@ -209,13 +211,16 @@ class Child(ChildProcess):
             error, value = refused, None
         state.tail = None  # before the duration is taken: see ChildState.tail
         outcome, result, tb, duration = attempts.end(claim, policy, error, value, refused, started)
-        if self.spans is not None and refused is None:
-            self.spans.end(span, error, outcome.kind, outcome.error)
+        if self.spans is not None:
+            self.attempts.forget_cpu()  # a span's end is the tracer's work, not the job's
+            if refused is None:
+                self.spans.end(span, error, outcome.kind, outcome.error)
         state.running = None
         self.jobs_done += 1
         text = None if kept is None else kept.text()
         if text is None and self.trips.keep_done(claim, outcome, duration, result):
             return duration  # written with the next claim
+        self.attempts.forget_cpu()  # the write is not the next attempt's
         written_state, written = self.outcomes.write(claim, policy, outcome, result, text)
         if outcome.kind != "abandon":
             self.outcomes.settled(claim, written_state, duration, written, tb)

@@ -43,13 +43,13 @@ class Meter:
 
     def attempt(
         self, topic: str, duration: float, cpu_before: float | None, now: float | None = None
-    ) -> None:
+    ) -> float | None:
         """``cpu_before`` None: an async job, whose siblings share the process's CPU time,
         so none is observed for it. ``now``: time.monotonic() at the attempt's end, when
-        the caller has it."""
+        the caller has it. The process's CPU time read for the observation, if one was."""
         metrics = self.metrics
         if metrics is None:
-            return
+            return None
         bins = self._attempt_bins.get(topic)
         if bins is None:
             bins = self._attempt_bins[topic] = (
@@ -57,11 +57,13 @@ class Meter:
                 self.tally.bins(metrics.attempt_rss, topic),
             )
         bins[0].add(duration)
+        cpu_now = None
         if cpu_before is not None:  # its series made only then (an async child has none)
             cpu = self._cpu_bins.get(topic)
             if cpu is None:
                 cpu = self._cpu_bins[topic] = self.tally.bins(metrics.attempt_cpu, topic)
-            cpu.add(time.process_time() - cpu_before)
+            cpu_now = time.process_time()
+            cpu.add(cpu_now - cpu_before)
         # The peak RSS, read again only when the last reading is old (_peak_rss).
         if now is None:
             now = time.monotonic()
@@ -69,6 +71,8 @@ class Meter:
             bins[1].add(self.peak_rss)
         else:
             bins[1].add(self._peak_rss(duration, now))
+            cpu_now = None  # getrusage ran since: not brooq's per-job steps alone
+        return cpu_now
 
     def outcome(self, topic: str, state: str, jobs: int = 1) -> None:
         if self.metrics is not None:

@@ -175,6 +175,8 @@ class ChildProcess:
         if s.max_jobs_per_child and self.jobs_done >= s.max_jobs_per_child:
             self.tell({"retire": MAX_JOBS})
             return True
+        if s.max_memory_per_child:
+            self.attempts.forget_cpu()  # reading the memory is not the next attempt's
         if s.max_memory_per_child and resident_mib() > s.max_memory_per_child:
             self.tell({"retire": MAX_MEMORY})
             return True
