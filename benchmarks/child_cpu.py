@@ -7,8 +7,9 @@ real loop, sync or ``--async``; its CPU per job is read from /proc from the firs
 job to the last (as `ab.py drain` reads it). Then, in the same process and on the same
 parts, each stage of the no-op path is timed on its own, ROWS jobs per round trip:
 
-  claim decode    the claim statement's rows loaded by psycopg (a claimed row and a
-                  finished one per job: row factory, uuid, timestamps, the payload's JSON)
+  claim decode    the claim statement's rows loaded by psycopg (a claimed row per job:
+                  row factory, uuid, timestamps, the payload's JSON; a finished job comes
+                  back only when its `done` was not written)
   claim object    RoundTrips.settle of the claimed rows: their order, the Claim objects
   held list       what the master is told the child holds (RoundTrips.hold), per trip
   board           the job posted on the board and cleared
@@ -83,14 +84,6 @@ CLAIMED_ROWS = (
     " now() AS locked_until, now() AS available_at, 'default'::text AS queue,"
     " 0::smallint AS priority FROM generate_series(1, %(n)s)"
 )
-FINISHED_ROWS = (
-    "SELECT false AS claimed, gen_random_uuid() AS id, NULL::text AS topic,"
-    " NULL::jsonb AS payload, NULL::int AS attempts, NULL::text AS locked_by,"
-    " NULL::timestamptz AS locked_until, NULL::timestamptz AS available_at,"
-    " NULL::text AS queue, NULL::smallint AS priority FROM generate_series(1, %(n)s)"
-)
-
-
 def per_job(fn: Callable[[], object], jobs: int, budget: float = 0.4) -> float:
     """CPU ns per job of ``fn`` (which handles ``jobs`` jobs per call): the best of 5
     runs of about ``budget`` seconds each."""
@@ -114,16 +107,12 @@ def stages(child: ChildProcess, rows_per_trip: int, aio: bool) -> dict[str, floa
     conn = child.db.get()
     cur = conn.cursor(row_factory=claim_row)
     claimed = cur.execute(CLAIMED_ROWS, {"n": n}).fetchall()
-    done_cur = conn.cursor(row_factory=claim_row)
-    done_cur.execute(FINISHED_ROWS, {"n": n}).fetchall()
     if len(claimed) < n:
         raise SystemExit(f"only {len(claimed)} rows read")
 
-    def decode() -> None:
+    def decode() -> None:  # a finished job comes back only if its `done` was not written
         cur.scroll(0, "absolute")
         cur.fetchall()
-        done_cur.scroll(0, "absolute")
-        done_cur.fetchall()
 
     trips = child.trips
     queues = trips.order.names
@@ -189,13 +178,13 @@ def stages(child: ChildProcess, rows_per_trip: int, aio: bool) -> dict[str, floa
     outcomes = child.outcomes
     log = logging.getLogger("brooq.child")
     finished = [(c, 0.0001, None) for c in claims]
-    written = {c.id.int for c in claims}
+    unwritten: set[int] = set()  # every `done` written
     settled_done = getattr(outcomes, "settled_done", None)
 
     def logging_() -> None:  # as RoundTrips.settle does, the outcomes counted with them
         with logs.batch(log):
             if settled_done is not None:
-                settled_done(finished, written)
+                settled_done(finished, unwritten)
             else:
                 for c in claims:
                     outcomes.settled(c, "done", 0.0001)

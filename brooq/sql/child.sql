@@ -15,9 +15,11 @@
 -- The hot path, one round trip: write `done` for the jobs this worker finished and claim
 -- up to `limit` ready jobs of the given topics, higher priority first, then FIFO by
 -- (available_at, id), and no more than a fair share among `children` workers.
--- The limit may be 0 (only write) and the done list empty (only claim). Finished rows
--- come back with claimed = false, claimed rows with claimed = true (the caller sorts
--- them). The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
+-- The limit may be 0 (only write) and the done list empty (only claim). Claimed rows
+-- come back with claimed = true (the caller sorts them); a job of `done` whose `done`
+-- was not written (no longer this worker's: canceled, reaped, taken over) comes back with
+-- claimed = false and only its id. The ones written do not come back: a row per job
+-- cost the child more than the anti-join costs the server. The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
 -- the rows it returns through a materialized CTE with LIMIT, run once (an "id IN
 -- (subquery)" form may lock more: PostgreSQL bug #15715), and charges the attempt
 -- (the attempt is charged at claim: attempts counts the times a job was claimed).
@@ -253,9 +255,10 @@ SELECT true, id, topic, payload, attempts, locked_by, locked_until, available_at
 --#end
 FROM claimed
 UNION ALL
-SELECT false, id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
+SELECT false, d.id, NULL::text, NULL::jsonb, NULL::integer, NULL::text, NULL::timestamptz,
        NULL::timestamptz, NULL::text, NULL::smallint
-FROM finished
+FROM unnest(%(done)b::uuid[]) AS d(id)
+WHERE d.id NOT IN (SELECT id FROM finished)
 
 -- name: queue_paused_names
 -- Which of the given queues are paused: a child reads it at most poll_interval apart

@@ -352,10 +352,10 @@ class OutcomeWriter:
             )
 
     def settled_done(
-        self, finished: Iterable[tuple[Claim, float, object]], written: Container[int]
+        self, finished: Iterable[tuple[Claim, float, object]], unwritten: Container[int]
     ) -> None:
         """``settled`` of a round trip's finished jobs (claim, duration, result): `done`
-        written for each whose id's int is in ``written``, nothing for the others. Their
+        written for each, but nothing for those whose id's int is in ``unwritten``. Their
         job_done lines, the text settled makes, are made in one pass and counted once per
         topic."""
         counts: dict[str, int] = {}
@@ -365,7 +365,7 @@ class OutcomeWriter:
             write = logs.held_lines(log, logging.INFO)
         text = self.id_text
         for claim, duration, _ in finished:
-            if claim.id.int not in written:
+            if claim.id.int in unwritten:
                 self.settled(claim, None, duration)
                 continue
             topic = claim.topic

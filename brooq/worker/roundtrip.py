@@ -50,8 +50,8 @@ log = logging.getLogger("brooq.child")
 
 
 class ClaimRow(NamedTuple):
-    """A row of job_finish_and_claim, its columns by name. A finished row (claimed false)
-    carries only its id: the other columns are NULL."""
+    """A row of job_finish_and_claim, its columns by name. A finished job whose `done`
+    was not written (claimed false) carries only its id: the other columns are NULL."""
 
     claimed: bool
     id: uuid.UUID  # None in the held-back answer of a coordinated claim (brooq.worker.pacing)
@@ -415,9 +415,9 @@ class RoundTrips:
         # Ids by their int here: a UUID's hash and comparisons are Python code, an
         # int's are not (and order the same).
         if finished:
-            written = {r.id.int for r in rows if not r.claimed}
+            unwritten = {r.id.int for r in rows if not r.claimed}
             with logs.batch(log):  # the round trip's job_done lines in one write
-                self.outcomes.settled_done(finished, written)
+                self.outcomes.settled_done(finished, unwritten)
         rank = {name: i for i, name in enumerate(queues)}
         claimed = sorted(
             (r for r in rows if r.claimed),

@@ -97,8 +97,8 @@ def test_the_claim_statement_moves_its_done_rows_with_their_outcome(db: Conn) ->
     claimed = [r["id"] for r in round_trip(db, worker, [], limit=3) if r["claimed"]]
     assert sorted(claimed) == sorted(ids)
     before = db.execute("SELECT * FROM job WHERE id = %s", [ids[0]]).fetchone()
-    rows = round_trip(db, worker, ids, limit=0)
-    assert sorted(r["id"] for r in rows if not r["claimed"]) == sorted(ids)
+    # Every `done` written: none of them comes back (only an unwritten one would).
+    assert round_trip(db, worker, ids, limit=0) == []
     for job_id in ids:
         assert where(db, job_id) == [("history", "done")]
     after = db.execute("SELECT * FROM job_history WHERE id = %s", [ids[0]]).fetchone()
@@ -106,8 +106,11 @@ def test_the_claim_statement_moves_its_done_rows_with_their_outcome(db: Conn) ->
     assert after["updated_at"] > before["updated_at"]
     for column in ("topic", "payload", "attempts", "available_at", "locked_by", "started_at"):
         assert after[column] == before[column], column
-    # A second write of the same done finds nothing: written exactly once.
-    assert [r for r in round_trip(db, worker, ids, limit=0) if not r["claimed"]] == []
+    # A second write of the same done finds nothing: written exactly once, and each
+    # comes back as not written.
+    again = round_trip(db, worker, ids, limit=0)
+    assert sorted(r["id"] for r in again if not r["claimed"]) == sorted(ids)
+    assert all(r["topic"] is None for r in again)
     assert db.execute("SELECT count(*) AS n FROM job_history").fetchone() == {"n": 3}
 
 
@@ -183,7 +186,8 @@ def test_the_reaper_first_then_the_late_done_finds_no_claim(
     reaper.commit()
     thread.join(10)
     assert "error" not in result, result
-    assert result["rows"] == []  # its claim was lost: nothing written
+    # Its claim was lost: nothing written, and the statement says so.
+    assert [(r["claimed"], r["id"]) for r in result["rows"]] == [(False, job_id)]
     assert where(db, job_id) == [("job", "pending")]
 
 

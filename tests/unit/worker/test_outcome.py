@@ -101,7 +101,7 @@ def test_a_round_trips_done_lines_and_counts_are_those_of_settled_per_job(
         finished = [(c, d, None) for c, d in zip(claims, durations, strict=True)]
         with logs.batch(outcome.log) if in_batch else nullcontext():
             if batched:
-                writer.settled_done(finished, {i.int for i in written})
+                writer.settled_done(finished, {c.id.int for c in claims if c.id not in written})
             else:
                 for claim, duration, _ in finished:
                     writer.settled(claim, "done" if claim.id in written else None, duration)
@@ -132,4 +132,4 @@ def test_the_done_line_names_the_job_by_the_text_the_held_list_made() -> None:
     now = datetime.datetime.now(datetime.timezone.utc)
     other = Claim(uuid_mod.uuid4(), "a", None, 1, "h:1:x", now)
     with pytest.raises(KeyError):  # asked for the job's text, not making its own
-        writer.settled_done([(other, 0.0, None)], {other.id.int})
+        writer.settled_done([(other, 0.0, None)], set())
