@@ -84,6 +84,8 @@ CLAIMED_ROWS = (
     " now() AS locked_until, now() AS available_at, 'default'::text AS queue,"
     " 0::smallint AS priority FROM generate_series(1, %(n)s)"
 )
+
+
 def per_job(fn: Callable[[], object], jobs: int, budget: float = 0.4) -> float:
     """CPU ns per job of ``fn`` (which handles ``jobs`` jobs per call): the best of 5
     runs of about ``budget`` seconds each."""
