@@ -19,10 +19,11 @@
 -- come back with claimed = true (the caller sorts them); a job of `done` whose `done`
 -- was not written (no longer this worker's: canceled, reaped, taken over) comes back with
 -- claimed = false and only its id. The ones written do not come back: a row per job
--- cost the child more than the anti-join costs the server. The `done` part is job_set_done's guarded UPDATE. The claim locks exactly
--- the rows it returns through a materialized CTE with LIMIT, run once (an "id IN
--- (subquery)" form may lock more: PostgreSQL bug #15715), and charges the attempt
--- (the attempt is charged at claim: attempts counts the times a job was claimed).
+-- cost the child more than the anti-join costs the server. The `done` part is
+-- job_set_done's guarded UPDATE. The claim locks exactly the rows it returns through a
+-- materialized CTE with LIMIT, run once (an "id IN (subquery)" form may lock more:
+-- PostgreSQL bug #15715), and charges the attempt (the attempt is charged at claim:
+-- attempts counts the times a job was claimed).
 -- Paused queues are left out by the child (queue_paused_names, read at most
 -- poll_interval apart), not checked here: a probe of brooq_queue in every claim cost
 -- 2 percent of the statement, for a table that changes a few times a year.

@@ -591,3 +591,54 @@ def test_the_down_step_moves_a_large_history_back_in_batches(dsn: str, db: Conn)
         "SELECT count(*) AS n FROM pg_proc WHERE proname = 'brooq_history_move_back'"
     ).fetchone() == {"n": 0}
     migrate.up(dsn)
+
+
+def test_a_round_trip_logs_done_only_for_the_jobs_it_wrote(
+    db: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through RoundTrips, as a child runs it: three jobs claimed and run, one of them
+    reaped and claimed again by another worker meanwhile. The next trip writes the two
+    still ours (job_done, counted done) and names the third as not written (its
+    outcome_skipped line); the third stays the other worker's."""
+    import logging
+
+    from brooq.ipc.board import Board
+    from brooq.settings import Settings
+    from brooq.worker import execute
+    from brooq.worker.connection import ChildConnection
+    from brooq.worker.meter import Meter
+    from brooq.worker.outcome import OutcomeWriter
+    from brooq.worker.roundtrip import RoundTrips
+    from brooq.worker.state import ChildState
+    from brooq.worker.weights import RoundOrder
+
+    class OnThisConnection:
+        local = None
+
+        def get(self) -> Conn:
+            return db
+
+    settings, state = Settings(lease=LEASE), ChildState()
+    unused = ChildConnection("postgresql://x@127.0.0.1:1/x", "w1", settings, state)
+    outcomes = OutcomeWriter("w1", settings, unused, state, Board(), Meter(None))
+    trips = RoundTrips(
+        "w1", settings, Q, OnThisConnection(), outcomes, {}, ["t"], [],  # type: ignore[arg-type]
+        RoundOrder([("default", 1)]), 1, print, lambda held: None,
+    )  # fmt: skip
+    ids = [insert(db) for _ in range(3)]
+    claims = trips.exchange(3)
+    assert claims is not None and sorted(c.id for c in claims) == sorted(ids)
+    lost = claims[1].id
+    db.execute("UPDATE job SET locked_by = 'w2' WHERE id = %s", [lost])  # reaped, taken
+    for c in claims:
+        assert trips.keep_done(c, execute.DONE, 0.001, None)
+    with caplog.at_level(logging.INFO, logger="brooq"):
+        assert trips.exchange(0) == []
+    done_lines = [r.getMessage() for r in caplog.records if "event=job_done" in r.getMessage()]
+    skipped = [r.getMessage() for r in caplog.records if "event=outcome_skipped" in r.getMessage()]
+    assert sorted(line.split()[1] for line in done_lines) == sorted(
+        f"job={c.id}" for c in claims if c.id != lost
+    )
+    assert len(skipped) == 1 and f"job={lost}" in skipped[0]
+    assert where(db, lost) == [("job", "processing")]
+    assert all(where(db, c.id) == [("history", "done")] for c in claims if c.id != lost)
