@@ -209,7 +209,8 @@ class Brooq(System):
         self, kind: str, items: Sequence[dict[str, Any]], chunk: int = CHUNK, priority: int = 0
     ) -> None:
         for i in range(0, len(items), chunk):
-            self.queue.enqueue_many([self._job(kind, it, priority) for it in items[i : i + chunk]])
+            # A generator: the Queue takes, checks and sends it a block at a time.
+            self.queue.enqueue_many(self._job(kind, it, priority) for it in items[i : i + chunk])
 
     def enqueue_one(self, kind: str, item: dict[str, Any]) -> float:
         self.queue.enqueue(self._job(kind, item))
@@ -305,7 +306,8 @@ class Brooq(System):
             f"children's synchronous_commit {commit}"
             + (": durable, as the peers' workers)" if commit == "on" else ")"),
             "enqueue": "Queue.enqueue (one transaction per job); bulk: one "
-            f"Queue.enqueue_many of all the jobs (other workloads' set-up: chunks of {CHUNK})",
+            "Queue.enqueue_many of a generator of all the jobs, taken, checked and sent a "
+            f"block at a time (other workloads' set-up: chunks of {CHUNK})",
         }
         if workload == "hung":
             s["timeout"] = "handler max_execution_timeout=2s, attempt_timeout=2s, max_attempts=1"

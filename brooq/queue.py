@@ -19,7 +19,7 @@ modules it delegates to do), or put a call between ``enqueue`` and its line.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -62,12 +62,16 @@ from brooq.producer.events import emit_event, emit_event_async
 from brooq.producer.insert import (
     KEY_ROUNDS,
     KeyRace,
+    Unstreamable,
     check_job,
     check_jobs,
+    checked_blocks,
     insert_checked,
     insert_checked_async,
     insert_many_checked,
     insert_many_checked_async,
+    insert_stream,
+    insert_stream_async,
     queue_of,
 )
 from brooq.producer.line import EnqueueLine
@@ -191,10 +195,14 @@ class Queue(Registry):
                 self._line = EnqueueLine(self.dsn, self._pools.connect_kwargs(), self._q)
             return self._line
 
-    def enqueue_many(self, jobs: Sequence[Job]) -> list[tuple[uuid.UUID, bool]]:
+    def enqueue_many(self, jobs: Iterable[Job]) -> list[tuple[uuid.UUID, bool]]:
         """Insert many jobs in one transaction (COPY, or one INSERT when keys are given);
         [(id, created), ...] in the order given. A refused job is named by its index
-        ("job 3: ..."), and nothing is inserted."""
+        ("job 3: ..."), and nothing is inserted. ``jobs`` an iterator (a generator, not a
+        list or tuple): taken, checked and sent a block at a time, so that making the
+        jobs overlaps their insert (brooq.producer.insert.checked_blocks)."""
+        if not isinstance(jobs, Sequence):
+            return self._enqueue_stream(iter(jobs))
         checked = self._check_many(jobs)
         if any(job.after is not None for job in checked):
             # A graph: brooq.producer.insert opens the transaction, and runs it again after a
@@ -212,6 +220,46 @@ class Queue(Registry):
                 if round_ == KEY_ROUNDS:
                     raise
         raise AssertionError("unreachable")  # the last round returned or raised
+
+    def _enqueue_stream(self, jobs: Iterator[Job]) -> list[tuple[uuid.UUID, bool]]:
+        """``enqueue_many`` of an iterator: a plain COPY fed a block at a time, in a
+        transaction of brooq's own; as a list when a job needs more than that COPY."""
+        taken: list[Job] = []
+        blocks = checked_blocks(jobs, self._check_block, taken)
+        try:
+            first = next(blocks, None)
+            if first is None:
+                return []
+            if tracer() is None:  # a traced batch's span names every topic: as a list
+                with self.transaction() as conn:
+                    return insert_stream(conn, first, blocks, self.handlers, q=self._q)
+        except Unstreamable:
+            pass  # rolled back: nothing of it was written
+        return self.enqueue_many([*taken, *jobs])
+
+    async def _enqueue_stream_async(self, jobs: Iterator[Job]) -> list[tuple[uuid.UUID, bool]]:
+        """``_enqueue_stream`` on the async pool."""
+        taken: list[Job] = []
+        blocks = checked_blocks(jobs, self._check_block, taken)
+        try:
+            first = next(blocks, None)
+            if first is None:
+                return []
+            if tracer() is None:
+                async with self._pools.async_connection() as conn:
+                    return await insert_stream_async(conn, first, blocks, self.handlers, q=self._q)
+        except Unstreamable:
+            pass
+        return await self.enqueue_many_async([*taken, *jobs])
+
+    def _check_block(self, block: list[object], start: int) -> list[Job]:
+        """_check_many of a streamed batch's block whose first job is job ``start``."""
+        if self._includes_pending:
+            self.load_includes()
+        checked = check_jobs(block, self.settings.max_payload_bytes, self.handlers, start)
+        if self.strict_topics:
+            self.require_topics([job.topic for job in checked], batch=True, start=start)
+        return checked
 
     def _check_many(self, jobs: Sequence[Job]) -> list[Job]:
         """check_jobs with this Queue's handlers (include= imported first), and
@@ -235,8 +283,11 @@ class Queue(Registry):
         async with self._pools.async_connection(autocommit=True) as conn:
             return await insert_checked_async(conn, checked, self.handlers, q=self._q)
 
-    async def enqueue_many_async(self, jobs: Sequence[Job]) -> list[tuple[uuid.UUID, bool]]:
-        """``enqueue_many`` from asyncio code, in one transaction on the async pool."""
+    async def enqueue_many_async(self, jobs: Iterable[Job]) -> list[tuple[uuid.UUID, bool]]:
+        """``enqueue_many`` from asyncio code, in one transaction on the async pool (an
+        iterator streamed as there)."""
+        if not isinstance(jobs, Sequence):
+            return await self._enqueue_stream_async(iter(jobs))
         checked = self._check_many(jobs)
         graph = any(job.after is not None for job in checked)  # as enqueue_many
         for round_ in range(1, KEY_ROUNDS + 1):

@@ -188,16 +188,17 @@ class Registry:
                 self._includes_pending = True
                 raise
 
-    def require_topics(self, topics: Iterable[str], *, batch: bool = False) -> None:
+    def require_topics(self, topics: Iterable[str], *, batch: bool = False, start: int = 0) -> None:
         """With ``strict_topics=True``: InvalidTopic for the first of ``topics`` no
         handler of this Queue declares, naming it and the close matches (the modules of
         ``include=`` imported first); in a ``batch``, named by its index as enqueue_many
-        names a refused job ("job 3: ..."). Nothing without strict_topics."""
+        names a refused job ("job 3: ...", the first at ``start``). Nothing without
+        strict_topics."""
         if not self.strict_topics:
             return
         self.load_includes()
         handlers = self.handlers
-        for index, topic in enumerate(topics):
+        for index, topic in enumerate(topics, start):
             if topic not in handlers:
                 where = f"job {index}: " if batch else ""
                 raise InvalidTopic(where + self.unknown_topic(topic))

@@ -3,7 +3,8 @@ many (COPY), in the caller's transaction or not.
 
 Read top to bottom: the public functions and the checks a job passes before any I/O; the
 steps an insert asks its driver to run; one job's insert; a batch's (COPY, or one INSERT
-when keys are given); the steps of a job with a unique_key, debounce or tags; the steps of
+when keys are given); a batch given as an iterator (checked and sent into one COPY a
+block at a time); the steps of a job with a unique_key, debounce or tags; the steps of
 a batch holding jobs with ``after`` (a graph); last, the drivers that run the steps on a
 psycopg cursor, and the transaction a graph needs. ``Queue.enqueue``'s plain job takes
 only ``check_job`` and ``queue_of`` from here: brooq.producer.line sends it (and this
@@ -36,6 +37,7 @@ from contextlib import contextmanager
 from copy import copy as shallow_copy
 from datetime import datetime, timezone
 from functools import partial
+from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import psycopg
@@ -148,7 +150,7 @@ async def enqueue_async(
 
 def enqueue_many(
     target: AnyTarget,
-    jobs: Sequence[Job],
+    jobs: Iterable[Job],
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     schema: str | None = None,
@@ -159,7 +161,10 @@ def enqueue_many(
     A job whose key already exists (in the table, or earlier in the same batch) comes
     back with the existing id and created=False; those ids cost one more round trip.
     A refused job is named by its index in ``jobs`` ("job 3: ..."); nothing is inserted.
-    ``target``, ``schema`` and ``app`` are what ``enqueue`` takes.
+    ``jobs`` may be any iterable: here it is read whole and checked before anything is
+    sent, so that a refused job leaves your transaction usable (Queue.enqueue_many
+    streams an iterator instead, in a transaction of its own). ``target``, ``schema``
+    and ``app`` are what ``enqueue`` takes.
     """
     if not isinstance(target, (psycopg.Connection, psycopg.Cursor)):
         target = resolve_target(target, "brooq.enqueue_many")
@@ -171,7 +176,7 @@ def enqueue_many(
 
 async def enqueue_many_async(
     target: AsyncTarget,
-    jobs: Sequence[Job],
+    jobs: Iterable[Job],
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     schema: str | None = None,
@@ -200,12 +205,16 @@ def check_job(job: object, max_payload_bytes: int, handlers: Handlers | None = N
 
 
 def check_jobs(
-    jobs: Iterable[object], max_payload_bytes: int, handlers: Handlers | None = None
+    jobs: Iterable[object],
+    max_payload_bytes: int,
+    handlers: Handlers | None = None,
+    start: int = 0,
 ) -> list[Job]:
     """``check_job`` for each job of a batch; the error names the job by its index in the
-    batch ("job 3: payload is ..."), keeping its class."""
+    batch ("job 3: payload is ..."), keeping its class; ``start``: the index of the
+    first (a block of a streamed batch)."""
     checked: list[Job] = []
-    for index, job in enumerate(jobs):
+    for index, job in enumerate(jobs, start):
         try:
             checked.append(check_job(job, max_payload_bytes, handlers))
         except InvalidJob as exc:
@@ -571,24 +580,118 @@ def _wide(job: Job) -> tuple[str | None, str | None, str, str | None]:
 
 
 def _ready_copy_text(checked: list[Job], ids: list[uuid.UUID], handlers: Handlers) -> Iterator[str]:
-    """job_copy_ready's rows in COPY's text format: (id, topic, payload, queue, priority),
-    COPY_BLOCK rows a block, each made with its new ids (appended to ``ids``: increasing
-    from block to block, as one uuid7_many's) when the COPY asks for it. Topics and
-    queues are validated names (no character COPY would read as special), and a payload
-    is JSON text from brooq.encoding, which writes every control character as an escape:
-    a backslash is the one character to double."""
+    """job_copy_ready's rows in COPY's text format, COPY_BLOCK rows a block, each made
+    with its new ids (appended to ``ids``: increasing from block to block, as one
+    uuid7_many's) when the COPY asks for it."""
     for start in range(0, len(checked), COPY_BLOCK):
-        block = checked[start : start + COPY_BLOCK]
-        block_ids = uuid7_many(len(block))
-        ids.extend(block_ids)
-        lines = []
-        for job_id, job in zip(block_ids, block, strict=True):
-            payload = job.payload_json
-            if "\\" in payload:
-                payload = payload.replace("\\", "\\\\")
-            queue = queue_of(job, handlers)
-            lines.append(f"{job_id.hex}\t{job.topic}\t{payload}\t{queue}\t{job.priority}\n")
-        yield "".join(lines)
+        yield _copy_block(checked[start : start + COPY_BLOCK], ids, handlers)
+
+
+def _copy_block(block: Sequence[Job], ids: list[uuid.UUID], handlers: Handlers) -> str:
+    """One block of job_copy_ready's rows in COPY's text format: (id, topic, payload,
+    queue, priority), with new ids appended to ``ids``. Topics and queues are validated
+    names (no character COPY would read as special), and a payload is JSON text from
+    brooq.encoding, which writes every control character as an escape: a backslash is
+    the one character to double."""
+    block_ids = uuid7_many(len(block))
+    ids.extend(block_ids)
+    lines = []
+    for job_id, job in zip(block_ids, block, strict=True):
+        payload = job.payload_json
+        if "\\" in payload:
+            payload = payload.replace("\\", "\\\\")
+        queue = queue_of(job, handlers)
+        lines.append(f"{job_id.hex}\t{job.topic}\t{payload}\t{queue}\t{job.priority}\n")
+    return "".join(lines)
+
+
+# -- a batch given as an iterator: checked and sent a block at a time -----------------------
+# Queue.enqueue_many(_async) of an iterator (not a list or tuple) takes COPY_BLOCK jobs from
+# it at a time, checks them and writes them into one COPY while the server inserts the
+# block before: making and checking the jobs overlaps the server's work. Only jobs that a
+# plain COPY takes as they are stream; the first job that needs more (a key, an option,
+# a time, after) stops the COPY (Unstreamable: brooq's own transaction rolls back) and the
+# whole batch goes again as a list. A refused job raises as in a list, named by its index;
+# the transaction rolls back and nothing is inserted.
+
+
+class Unstreamable(Exception):
+    """A job of a streamed batch that a plain COPY cannot take: the batch goes as a list."""
+
+
+def streamable(job: Job) -> bool:
+    """Whether a plain COPY (job_copy_ready) inserts ``job`` as it is."""
+    return (
+        job.available_at is None
+        and job.idempotency_key is None
+        and job.unique_key is None
+        and job.debounce is None
+        and job.tags is None
+        and job.group is None
+        and not job.held
+        and job.ordering_key is None
+        and job.after is None
+    )
+
+
+def checked_blocks(
+    jobs: Iterator[object], check: Callable[[list[object], int], list[Job]], taken: list[Job]
+) -> Iterator[list[Job]]:
+    """The jobs of ``jobs`` COPY_BLOCK at a time, each block passed by ``check`` (its
+    jobs and the index of its first) and kept in ``taken``; Unstreamable at the first
+    block holding a job a plain COPY cannot take (the rest of ``jobs`` not read)."""
+    start = 0
+    while True:
+        block = list(islice(jobs, COPY_BLOCK))
+        if not block:
+            return
+        checked = check(block, start)
+        taken.extend(checked)
+        if not all(map(streamable, checked)):
+            raise Unstreamable
+        start += len(checked)
+        yield checked
+
+
+def insert_stream(
+    target: Target,
+    first: list[Job],
+    blocks: Iterator[list[Job]],
+    handlers: Handlers = _NO_HANDLERS,
+    *,
+    q: Queries = Q,
+) -> list[tuple[uuid.UUID, bool]]:
+    """A streamed batch's COPY on ``target``, in the caller's transaction: ``first``, then
+    every block of ``blocks``."""
+    with _collector_paused(COPY_BLOCK):
+        return drive(target, _insert_stream(first, blocks, handlers, q))
+
+
+async def insert_stream_async(
+    target: AsyncTarget,
+    first: list[Job],
+    blocks: Iterator[list[Job]],
+    handlers: Handlers = _NO_HANDLERS,
+    *,
+    q: Queries = Q,
+) -> list[tuple[uuid.UUID, bool]]:
+    """``insert_stream`` on an AsyncConnection."""
+    with _collector_paused(COPY_BLOCK):
+        return await drive_async(target, _insert_stream(first, blocks, handlers, q))
+
+
+def _insert_stream(
+    first: list[Job], blocks: Iterator[list[Job]], handlers: Handlers, q: Queries
+) -> Steps[list[tuple[uuid.UUID, bool]]]:
+    made: list[uuid.UUID] = []
+
+    def text() -> Iterator[str]:
+        yield _copy_block(first, made, handlers)
+        for block in blocks:
+            yield _copy_block(block, made, handlers)
+
+    yield Copy(q.job_copy_ready, text())
+    return [(job_id, True) for job_id in made]
 
 
 def tags_literal(tags: Sequence[str] | None) -> str | None:
