@@ -62,17 +62,15 @@ from brooq.producer.events import emit_event, emit_event_async
 from brooq.producer.insert import (
     KEY_ROUNDS,
     KeyRace,
-    Unstreamable,
     check_job,
     check_jobs,
-    checked_blocks,
     insert_checked,
     insert_checked_async,
     insert_many_checked,
     insert_many_checked_async,
-    insert_stream,
-    insert_stream_async,
     queue_of,
+    stream_many,
+    stream_many_async,
 )
 from brooq.producer.line import EnqueueLine
 from brooq.producer.pools import Pools
@@ -198,11 +196,13 @@ class Queue(Registry):
     def enqueue_many(self, jobs: Iterable[Job]) -> list[tuple[uuid.UUID, bool]]:
         """Insert many jobs in one transaction (COPY, or one INSERT when keys are given);
         [(id, created), ...] in the order given. A refused job is named by its index
-        ("job 3: ..."), and nothing is inserted. ``jobs`` an iterator (a generator, not a
-        list or tuple): taken, checked and sent a block at a time, so that making the
-        jobs overlaps their insert (brooq.producer.insert.checked_blocks)."""
+        ("job 3: ..."), and nothing is inserted. An iterator (not a list or tuple) is
+        taken, checked and sent a block at a time (brooq.producer.insert.stream_many)."""
         if not isinstance(jobs, Sequence):
-            return self._enqueue_stream(iter(jobs))
+            return stream_many(
+                iter(jobs), self._check_many, self.transaction, self.handlers, self._q,
+                self.enqueue_many,
+            )  # fmt: skip
         checked = self._check_many(jobs)
         if any(job.after is not None for job in checked):
             # A graph: brooq.producer.insert opens the transaction, and runs it again after a
@@ -221,54 +221,14 @@ class Queue(Registry):
                     raise
         raise AssertionError("unreachable")  # the last round returned or raised
 
-    def _enqueue_stream(self, jobs: Iterator[Job]) -> list[tuple[uuid.UUID, bool]]:
-        """``enqueue_many`` of an iterator: a plain COPY fed a block at a time, in a
-        transaction of brooq's own; as a list when a job needs more than that COPY."""
-        taken: list[Job] = []
-        blocks = checked_blocks(jobs, self._check_block, taken)
-        try:
-            first = next(blocks, None)
-            if first is None:
-                return []
-            if tracer() is None:  # a traced batch's span names every topic: as a list
-                with self.transaction() as conn:
-                    return insert_stream(conn, first, blocks, self.handlers, q=self._q)
-        except Unstreamable:
-            pass  # rolled back: nothing of it was written
-        return self.enqueue_many([*taken, *jobs])
-
-    async def _enqueue_stream_async(self, jobs: Iterator[Job]) -> list[tuple[uuid.UUID, bool]]:
-        """``_enqueue_stream`` on the async pool."""
-        taken: list[Job] = []
-        blocks = checked_blocks(jobs, self._check_block, taken)
-        try:
-            first = next(blocks, None)
-            if first is None:
-                return []
-            if tracer() is None:
-                async with self._pools.async_connection() as conn:
-                    return await insert_stream_async(conn, first, blocks, self.handlers, q=self._q)
-        except Unstreamable:
-            pass
-        return await self.enqueue_many_async([*taken, *jobs])
-
-    def _check_block(self, block: list[object], start: int) -> list[Job]:
-        """_check_many of a streamed batch's block whose first job is job ``start``."""
+    def _check_many(self, jobs: Sequence[object], start: int = 0) -> list[Job]:
+        """check_jobs with this Queue's handlers (include= imported first), and
+        strict_topics' refusal naming the job by its index (the first ``start``)."""
         if self._includes_pending:
             self.load_includes()
-        checked = check_jobs(block, self.settings.max_payload_bytes, self.handlers, start)
+        checked = check_jobs(jobs, self.settings.max_payload_bytes, self.handlers, start)
         if self.strict_topics:
             self.require_topics([job.topic for job in checked], batch=True, start=start)
-        return checked
-
-    def _check_many(self, jobs: Sequence[Job]) -> list[Job]:
-        """check_jobs with this Queue's handlers (include= imported first), and
-        strict_topics' refusal naming the job by its index."""
-        if self._includes_pending:
-            self.load_includes()
-        checked = check_jobs(jobs, self.settings.max_payload_bytes, self.handlers)
-        if self.strict_topics:
-            self.require_topics([job.topic for job in checked], batch=True)
         return checked
 
     async def enqueue_async(self, job: Job) -> tuple[uuid.UUID, bool]:
@@ -287,7 +247,10 @@ class Queue(Registry):
         """``enqueue_many`` from asyncio code, in one transaction on the async pool (an
         iterator streamed as there)."""
         if not isinstance(jobs, Sequence):
-            return await self._enqueue_stream_async(iter(jobs))
+            return await stream_many_async(
+                iter(jobs), self._check_many, self._pools.async_connection, self.handlers,
+                self._q, self.enqueue_many_async,
+            )  # fmt: skip
         checked = self._check_many(jobs)
         graph = any(job.after is not None for job in checked)  # as enqueue_many
         for round_ in range(1, KEY_ROUNDS + 1):

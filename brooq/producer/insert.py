@@ -32,8 +32,8 @@ from __future__ import annotations
 import gc
 import json
 import uuid
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
 from copy import copy as shallow_copy
 from datetime import datetime, timezone
 from functools import partial
@@ -651,6 +651,55 @@ def checked_blocks(
             raise Unstreamable
         start += len(checked)
         yield checked
+
+
+def stream_many(
+    jobs: Iterator[Job],
+    check: Callable[[list[object], int], list[Job]],
+    transaction: Callable[[], AbstractContextManager[psycopg.Connection[Any]]],
+    handlers: Handlers,
+    q: Queries,
+    as_list: Callable[[list[Job]], list[tuple[uuid.UUID, bool]]],
+) -> list[tuple[uuid.UUID, bool]]:
+    """Queue.enqueue_many of an iterator: ``check`` each block, a plain COPY fed a block
+    at a time in ``transaction()`` (the Queue's own); ``as_list`` of the whole batch when
+    a job needs more than that COPY, or under a tracer (a traced batch's span names every
+    topic)."""
+    taken: list[Job] = []
+    blocks = checked_blocks(jobs, check, taken)
+    try:
+        first = next(blocks, None)
+        if first is None:
+            return []
+        if tracer() is None:
+            with transaction() as conn:
+                return insert_stream(conn, first, blocks, handlers, q=q)
+    except Unstreamable:
+        pass  # rolled back: nothing of it was written
+    return as_list([*taken, *jobs])
+
+
+async def stream_many_async(
+    jobs: Iterator[Job],
+    check: Callable[[list[object], int], list[Job]],
+    transaction: Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]],
+    handlers: Handlers,
+    q: Queries,
+    as_list: Callable[[list[Job]], Awaitable[list[tuple[uuid.UUID, bool]]]],
+) -> list[tuple[uuid.UUID, bool]]:
+    """``stream_many`` on the async pool."""
+    taken: list[Job] = []
+    blocks = checked_blocks(jobs, check, taken)
+    try:
+        first = next(blocks, None)
+        if first is None:
+            return []
+        if tracer() is None:
+            async with transaction() as conn:
+                return await insert_stream_async(conn, first, blocks, handlers, q=q)
+    except Unstreamable:
+        pass
+    return await as_list([*taken, *jobs])
 
 
 def insert_stream(

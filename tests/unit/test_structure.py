@@ -29,6 +29,11 @@ LARGE: dict[str, str] = {
         "one insert path, read top to bottom: the public calls, one job, a batch, the keyed "
         "options, a graph, then the sync and async drivers each step runs on"
     ),
+    "brooq/queue.py": (
+        "the public Queue: one short method per door a user has (enqueue one, many or a "
+        "stream, the reads and operations, stored schedules, waits), each over "
+        "brooq.producer or brooq.operator"
+    ),
     "brooq/page/reads.py": (
         "one read per page, each in the one read-only transaction it shares, and the "
         "overview's counts with their estimates (the table's sample, the history's), whose "
