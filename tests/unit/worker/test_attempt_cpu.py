@@ -13,19 +13,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from brooq.declare.handlers import Handler, Policy
+from brooq.declare.handlers import Handler
 from brooq.ipc.board import Board
 from brooq.job import Claim
 from brooq.worker.attempt import Attempts
 from brooq.worker.meter import Meter
-
-POLICY = Policy(
-    max_attempts=5,
-    attempt_timeout=30.0,
-    max_execution_timeout=300.0,
-    backoff_base=1.0,
-    backoff_max=60.0,
-)
+from tests.unit.worker.test_attempt_call import POLICY
 
 
 def _meter() -> tuple[Meter, Histogram]:
