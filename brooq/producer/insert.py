@@ -672,8 +672,8 @@ def stream_many(
         if first is None:
             return []
         if tracer() is None:
-            with transaction() as conn:
-                return insert_stream(conn, first, blocks, handlers, q=q)
+            with transaction() as conn, _collector_paused(COPY_BLOCK):
+                return drive(conn, _insert_stream(first, blocks, handlers, q))
     except Unstreamable:
         pass  # rolled back: nothing of it was written
     return as_list([*taken, *jobs])
@@ -696,42 +696,17 @@ async def stream_many_async(
             return []
         if tracer() is None:
             async with transaction() as conn:
-                return await insert_stream_async(conn, first, blocks, handlers, q=q)
+                with _collector_paused(COPY_BLOCK):
+                    return await drive_async(conn, _insert_stream(first, blocks, handlers, q))
     except Unstreamable:
         pass
     return await as_list([*taken, *jobs])
 
 
-def insert_stream(
-    target: Target,
-    first: list[Job],
-    blocks: Iterator[list[Job]],
-    handlers: Handlers = _NO_HANDLERS,
-    *,
-    q: Queries = Q,
-) -> list[tuple[uuid.UUID, bool]]:
-    """A streamed batch's COPY on ``target``, in the caller's transaction: ``first``, then
-    every block of ``blocks``."""
-    with _collector_paused(COPY_BLOCK):
-        return drive(target, _insert_stream(first, blocks, handlers, q))
-
-
-async def insert_stream_async(
-    target: AsyncTarget,
-    first: list[Job],
-    blocks: Iterator[list[Job]],
-    handlers: Handlers = _NO_HANDLERS,
-    *,
-    q: Queries = Q,
-) -> list[tuple[uuid.UUID, bool]]:
-    """``insert_stream`` on an AsyncConnection."""
-    with _collector_paused(COPY_BLOCK):
-        return await drive_async(target, _insert_stream(first, blocks, handlers, q))
-
-
 def _insert_stream(
     first: list[Job], blocks: Iterator[list[Job]], handlers: Handlers, q: Queries
 ) -> Steps[list[tuple[uuid.UUID, bool]]]:
+    """A streamed batch's one COPY: ``first``, then every block of ``blocks``."""
     made: list[uuid.UUID] = []
 
     def text() -> Iterator[str]:

@@ -141,3 +141,36 @@ def test_strict_topics_name_the_unknown_topic_by_its_index_in_the_stream(
     finally:
         strict.close()
     assert count(db) == 0
+
+
+def test_in_the_callers_transaction_an_iterator_is_checked_whole_first(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """brooq.enqueue_many and enqueue_many_async on the caller's connection take an
+    iterator too, read whole and checked before anything is sent: a refused job raises,
+    names its index, and leaves the caller's transaction usable (the job enqueued after it
+    commits); the others are inserted in order."""
+    late = COPY_BLOCK + 5
+    bad = (job if i != late else "x" for i, job in enumerate(plain()))
+    with psycopg.connect(dsn) as conn:
+        with conn.transaction():
+            with pytest.raises(TypeError, match=rf"^job {late}: expected a brooq.Job, not str$"):
+                brooq.enqueue_many(conn, bad)  # type: ignore[arg-type]
+            [(kept, _)] = brooq.enqueue_many(conn, iter([brooq.Job("bulk", {"after": 1})]))
+        result = brooq.enqueue_many(conn, plain())
+        conn.commit()
+    assert count(db) == N + 1 and rows(db, [kept])[0][0] == {"after": 1}
+    assert [p for p, _, _ in rows(db, [i for i, _ in result])] == [
+        {"n": i, "s": "\\" * (i % 3)} for i in range(N)
+    ]
+
+    async def go() -> list[tuple[uuid.UUID, bool]]:
+        async with await psycopg.AsyncConnection.connect(dsn) as aconn, aconn.transaction():
+            with pytest.raises(TypeError, match=rf"^job {late}: "):
+                await brooq.enqueue_many_async(
+                    aconn,
+                    (job if i != late else 5 for i, job in enumerate(plain())),  # type: ignore[misc]
+                )
+            return await brooq.enqueue_many_async(aconn, plain(3))
+
+    assert len(asyncio.run(go())) == 3 and count(db) == N + 4
