@@ -358,7 +358,10 @@ def test_deep_nesting_is_refused() -> None:
     payload: list[object] = []
     for _ in range(10_000):
         payload = [payload]
-    with pytest.raises(brooq.InvalidPayload, match="nested too deeply"):
+    # Refused by the encoder at the recursion limit, or by the depth check after it when
+    # the process's recursion limit lets the encoder go deeper (it failed so in a run of
+    # tests/unit and tests/db under xdist, the limit left raised by an earlier test).
+    with pytest.raises(brooq.InvalidPayload, match=r"nested (too deeply|more than 256 levels)"):
         brooq.Job("t", payload)
 
 
