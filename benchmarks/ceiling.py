@@ -178,14 +178,23 @@ def one(dsn: str, clients: int, jobs: int, batch: int = 1) -> dict[str, Any]:
     return {"clients": clients, "jobs": done, "jobs_per_s": float(match.group(1)) * batch}
 
 
+def one_rep(admin_dsn: str, clients: int, jobs: int, batch: int, rep: int) -> dict[str, Any]:
+    """One repetition in a fresh database: make bench runs the batched ceiling's right
+    after brooq's drain of as many children, so that the two see the same machine."""
+    with fresh_database(admin_dsn, f"ceiling{batch}_{clients}_r{rep}") as dsn:
+        r = one(dsn, clients, jobs, batch)
+    r["rep"] = rep
+    return r
+
+
 def run(admin_dsn: str, clients: list[int], jobs: int, reps: int, batch: int = 1) -> dict[str, Any]:
-    runs = []
-    for rep in range(reps):
-        for c in clients:
-            with fresh_database(admin_dsn, f"ceiling{batch}_{c}_r{rep}") as dsn:
-                r = one(dsn, c, jobs, batch)
-                r["rep"] = rep
-                runs.append(r)
+    runs = [one_rep(admin_dsn, c, jobs, batch, rep) for rep in range(reps) for c in clients]
+    return summarise(admin_dsn, runs, batch)
+
+
+def summarise(admin_dsn: str, runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:
+    """The ceiling's record from its repetitions (``runs``, each one_rep's)."""
+    clients = sorted({int(r["clients"]) for r in runs})
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000  # type: ignore[index]
     version = subprocess.run(

@@ -182,7 +182,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"## No-op drain: {sizes['drain']:,} ready jobs",
         "",
         "Jobs/s from the first look that saw a job finished to the first that saw none left "
-        "(the database, or Redis, polled every 50 ms from outside).",
+        "(the database, or Redis, looked at from outside: 50 ms apart at both ends, spaced "
+        "between them so that the looks' counting takes little of the CPUs). The batched "
+        "pgbench ceiling's repetitions run each right after one of brooq's drains of as many "
+        "children.",
         "",
         "| system | worker processes | jobs/s | share of the pgbench ceiling "
         f"({batched.get('batch', '?')} per claim) |",

@@ -91,6 +91,7 @@ import report
 from common import (
     BENCH_DIR,
     PLACEMENTS,
+    POLL,
     CpuWindow,
     LoadMeter,
     Worker,
@@ -99,6 +100,7 @@ from common import (
     concurrency,
     cpu_events,
     fresh_database,
+    next_look,
     percentile,
     placed,
     server_facts,
@@ -166,7 +168,6 @@ IO_BEST_VARIANTS = {"brooq": ["async", "async500", "async1000"], "pgqueuer": [""
 # The children's synchronous_commit, durable (on) and not (off), same drain.
 BROOQ_DURABILITY_VARIANTS = ["on", "off"]
 IO_SECONDS = 0.05  # as in apps/benchwork.py (each job's wait, the HTTP server's delay)
-POLL = 0.05  # seconds between looks at the database while draining
 HUNG_LIMIT = 2.0
 HUNG_WAIT = 15.0  # how long we wait for the next job after the hung ones started
 PRIO_HIGH_PRIORITY = 10
@@ -263,7 +264,8 @@ def w_drain(
     items: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """N ready jobs, then the workers start; timed from the first look that sees a job
-    finished to the first look that sees none left (POLL apart), and the CPU per job of
+    finished to the first look that sees none left (looks POLL apart at both ends,
+    spaced between them: common.next_look), and the CPU per job of
     the workers' sessions and of the database's backends over the same stretch (so the
     workers' start-up is left out of both)."""
     system.prepare(dsn)
@@ -286,11 +288,13 @@ def w_drain(
             left = system.remaining()
         cpu.start()
         t0, left0, stalled0 = time.perf_counter(), left, io_stalled_us()
-        deadline = time.monotonic() + 600
+        since = time.monotonic()
+        deadline = since + 600
         while left > 0:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TimeoutError(f"{left} jobs still left after 600 s")
-            time.sleep(POLL)
+            time.sleep(next_look(left0, since, left, now))
             left = system.remaining()
         seconds = time.perf_counter() - t0
         stalled = io_stalled_us()
@@ -668,18 +672,20 @@ def w_io(system: System, dsn: str, n: int, workload: str, variant: str) -> dict[
         cpu = CpuWindow(system.server_cpu, [w.pid for w in workers])
         try:
             deadline = time.monotonic() + 600
+            since = 0.0
             while True:
                 check_alive(workers)
                 left = system.remaining()
+                now = time.monotonic()
                 if left0 is None and left < n:
                     cpu.start()
-                    left0 = left
+                    left0, since = left, now
                 # The handlers' records are read once none is left: a read walks every file.
                 if not left and len({s[0] for s in span_events(dsn)}) >= n:
                     break
-                if time.monotonic() > deadline:
+                if now > deadline:
                     raise TimeoutError(f"timed out after 600s waiting for {n} {workload} jobs")
-                time.sleep(POLL)
+                time.sleep(POLL if left0 is None else next_look(left0, since, left, now))
             cpu.stop()
         finally:
             stop_all(workers)
@@ -811,8 +817,13 @@ def run_plan(
     iterations: int,
     args: argparse.Namespace,
     partial: Path,
+    paired: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Every (system, workload, variant) of the plan, ``reps`` times, into result["runs"]."""
+    """Every (system, workload, variant) of the plan, ``reps`` times, into result["runs"];
+    after each of brooq's drains, when ``paired`` holds the list, a repetition of the
+    batched pgbench ceiling with as many clients as the drain had children (its figure
+    is a share of that ceiling: run an hour apart, the two measured the machine's drift
+    as much as brooq)."""
     global METER
     for rep in range(reps):
         for s, wl, variant in plan:
@@ -877,6 +888,15 @@ def run_plan(
                 log(f"   note: other processes used {entry['load']['other_cpu_pct']}% of the CPUs")
             entry["elapsed_s"] = round(time.monotonic() - t, 1)
             result["runs"].append(entry)
+            if paired is not None and s.name == "brooq" and wl == "drain":
+                log(f"rep {rep + 1}/{reps} pgbench ceiling, {ceiling.BATCH} per claim, {variant}")
+                try:
+                    paired.append(
+                        ceiling.one_rep(admin_dsn, int(variant), sizes.drain, ceiling.BATCH, rep)
+                    )
+                    log(f"   jobs_per_s={_fmt(paired[-1]['jobs_per_s'])}")
+                except Exception as exc:
+                    log(f"   ERROR {type(exc).__name__}: {exc}")
             # Kept as we go, so that an interrupted run still leaves its figures.
             partial.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
@@ -1015,27 +1035,39 @@ def run_peers(
             for v in variants(s, wl):
                 plan.append((s, wl, v))
 
-    # The single-enqueue ceiling: pgbench running brooq's INSERT, in the plan so
-    # that its repetitions alternate with the systems' enqueue_single.
+    # The single-enqueue ceiling: pgbench running brooq's INSERT, in the plan right after
+    # brooq's enqueue_single (else at its end), so that each of its repetitions runs
+    # beside one of brooq's on the same machine.
     if "enqueue_single" in workloads and not args.no_ceiling:
-        for mode in PgbenchInsert.MODES:
-            plan.append((PgbenchInsert(mode), "enqueue_single", mode))
+        inserts = [(PgbenchInsert(mode), "enqueue_single", mode) for mode in PgbenchInsert.MODES]
+        single = ("brooq", "enqueue_single")
+        brooqs = [i for i, (s, wl, _) in enumerate(plan) if (s.name, wl) == single]
+        at = brooqs[0] + 1 if brooqs else len(plan)
+        plan[at:at] = inserts
+
+    drains = {"drain", "durability"} & set(workloads)
+    with_brooq = not args.systems or "brooq" in args.systems
+    ceilings = bool(drains) and not args.no_ceiling and with_brooq
+    paired: list[dict[str, Any]] | None = [] if ceilings and "drain" in workloads else None
 
     with placed(admin_dsn, args.placement) as placed_where:
         result["placement"] = placed_where
         log(f"placement: {placed_where}")
-        run_plan(plan, reps, result, admin_dsn, sizes, iterations, args, partial)
+        run_plan(plan, reps, result, admin_dsn, sizes, iterations, args, partial, paired)
 
-    # The drain ceilings: with a drain workload (the single-enqueue one ran in the plan).
-    drains = {"drain", "durability"} & set(workloads)
-    if not args.no_ceiling and drains and (not args.systems or "brooq" in args.systems):
+    # The drain ceilings: with a drain workload (the single-enqueue one ran in the plan,
+    # the batched one beside brooq's drains when brooq drained).
+    if ceilings:
         for key, batch in (("ceiling", 1), ("ceiling_batched", ceiling.BATCH)):
             log(f"pgbench ceiling, {batch} job(s) per claim")
             try:
-                jobs = sizes.ceiling_one if batch == 1 else sizes.drain
-                result[key] = ceiling.run(
-                    admin_dsn, [int(c) for c in BROOQ_DRAIN_WORKERS], jobs, reps, batch
-                )
+                if batch > 1 and paired:
+                    result[key] = ceiling.summarise(admin_dsn, paired, batch)
+                else:
+                    jobs = sizes.ceiling_one if batch == 1 else sizes.drain
+                    result[key] = ceiling.run(
+                        admin_dsn, [int(c) for c in BROOQ_DRAIN_WORKERS], jobs, reps, batch
+                    )
                 log(f"   {result[key]['summary']}")
             except Exception as exc:
                 result[key] = {"error": f"{type(exc).__name__}: {exc}"}
