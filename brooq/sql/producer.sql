@@ -273,7 +273,9 @@ SELECT {brooq_job_after}(%(jobs)b::uuid[], %(policies)b::text[], %(downs)b::uuid
 -- as the insert's trigger would have woken them: one NOTIFY naming the table's schema
 -- (the same payload as brooq_job_notify's TG_TABLE_SCHEMA), sent at commit. A job that
 -- job_after canceled (a job it names ended dead or canceled) is in job_history already:
--- it gets its available_at there (looked for there only when job has it not).
+-- it gets its available_at there (looked for there only when job has it not: an
+-- anti-join, where `a.id <> ALL(ARRAY(...))` compared each id with every released one,
+-- 21 s for a graph of 100,000 jobs).
 WITH released AS (
     UPDATE {job} j SET available_at = coalesce(a.at, now())
     FROM unnest(%(ids)b::uuid[], %(available_ats)b::timestamptz[]) AS a(id, at)
@@ -282,7 +284,7 @@ WITH released AS (
 ), ended AS (
     UPDATE {job_history} h SET available_at = coalesce(a.at, now())
     FROM unnest(%(ids)b::uuid[], %(available_ats)b::timestamptz[]) AS a(id, at)
-    WHERE h.id = a.id AND a.id <> ALL(ARRAY(SELECT r.id FROM released r))
+    WHERE h.id = a.id AND NOT EXISTS (SELECT FROM released r WHERE r.id = a.id)
 )
 SELECT pg_notify('brooq_job', n.nspname)
 FROM (SELECT r.tableoid FROM released r WHERE r.ready LIMIT 1) AS woken

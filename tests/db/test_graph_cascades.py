@@ -171,6 +171,7 @@ def test_a_100000_chain_and_a_30000_tree_are_canceled(queue: brooq.Queue, db: Co
     assert fail(db, ids[0], final=True) == "dead"
     assert counts(db) == {"canceled": 100_000}
     db.execute("DELETE FROM job")
+    db.execute("DELETE FROM job_history")  # the chain's canceled jobs
     db.execute("DELETE FROM brooq_job_edge")
     root, below = tree(queue, 3, 9)  # 29,524 jobs below the root
     claim(db, "t")
@@ -201,3 +202,36 @@ def test_flat_cascades_up_and_down(empty_dsn: str) -> None:
     assert functions() == before
     migrate.up(empty_dsn, 16)
     assert functions() == after
+
+
+def test_graph_after_up_and_down(empty_dsn: str) -> None:
+    """0030 replaces brooq_job_after alone; down gives back exactly 0020's, up again the
+    same as the first time, and a graph enqueued on either counts its edges alike."""
+    from brooq import migrate
+
+    def after() -> str:
+        with psycopg.connect(empty_dsn) as conn:
+            row = conn.execute("SELECT pg_get_functiondef('brooq_job_after'::regproc)").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    migrate.up(empty_dsn, 29)
+    before = after()
+    assert [m.name for m in migrate.up(empty_dsn, 30)] == ["graph_after"]
+    now = after()
+    assert now != before and "LATERAL" in before and "LATERAL" not in now
+    assert [m.name for m in migrate.down(empty_dsn)] == ["graph_after"]
+    assert after() == before
+    migrate.up(empty_dsn, 30)
+    assert after() == now
+    q = brooq.Queue(empty_dsn)
+    try:
+        ids = chain(q, 3)
+        with psycopg.connect(empty_dsn) as conn:
+            rows = conn.execute(
+                "SELECT id, state, upstream_open FROM job WHERE id = ANY(%s)", (ids,)
+            ).fetchall()
+    finally:
+        q.close()
+    by_id = {r[0]: (r[1], r[2]) for r in rows}
+    assert [by_id[i] for i in ids] == [("pending", None)] + [("waiting", 1)] * 3
