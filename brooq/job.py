@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Literal
@@ -473,8 +473,10 @@ class Claim(Generic[P]):
     locked_until: datetime
     queue: str = DEFAULT_QUEUE
     priority: int = 0
-    chained: list[Job] = field(default_factory=list, repr=False)
-    success_hooks: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
+    # Empty tuples until the handler adds the first (chain, on_success): four containers
+    # made per claim, mostly never used, were a tenth of a no-op job's claim object.
+    chained: Sequence[Job] = field(default=(), repr=False)
+    success_hooks: Sequence[Callable[[Any], None]] = field(default=(), repr=False)
     # How ``upstream`` is read, set once per process (brooq.worker.upstream, drain).
     reader: ClassVar[Callable[[uuid.UUID], list[UpstreamJob]] | None] = None
     # The durable operations' backend, set once per process after the fork
@@ -486,8 +488,9 @@ class Claim(Generic[P]):
     steps_recorded: dict[str, Any] | None = field(
         default=None, init=False, repr=False, compare=False
     )
-    steps_used: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
-    calls: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # None until the first durable operation (brooq.worker.durable makes them).
+    steps_used: set[str] | None = field(default=None, init=False, repr=False, compare=False)
+    calls: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
     # This attempt's last claim.progress(): (fraction, message), None before any report.
     reported: tuple[float, str] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -504,13 +507,19 @@ class Claim(Generic[P]):
         """Enqueue ``job`` in the transaction that writes ``done`` (only on success)."""
         if not isinstance(job, Job):
             raise TypeError(f"chain() takes a brooq.Job, not {type(job).__name__}")
-        self.chained.append(job)
+        if isinstance(self.chained, list):
+            self.chained.append(job)
+        else:
+            self.chained = [*self.chained, job]
 
     def on_success(self, fn: Callable[[Any], None]) -> None:
         """Run ``fn(conn)`` inside the transaction that writes ``done``."""
         if not callable(fn):
             raise TypeError("on_success() takes a callable fn(conn)")
-        self.success_hooks.append(fn)
+        if isinstance(self.success_hooks, list):
+            self.success_hooks.append(fn)
+        else:
+            self.success_hooks = [*self.success_hooks, fn]
 
     progress = report  # claim.progress(fraction, message=""): brooq.ipc.progress
 

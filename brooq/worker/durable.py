@@ -117,9 +117,20 @@ class Durable:
 
     @staticmethod
     def _nth(claim: Claim[Any], kind: str) -> int:
-        n = claim.calls.get(kind, 0)
-        claim.calls[kind] = n + 1
+        calls = claim.calls
+        if calls is None:
+            calls = claim.calls = {}
+        n = calls.get(kind, 0)
+        calls[kind] = n + 1
         return n
+
+    @staticmethod
+    def _used(claim: Claim[Any]) -> set[str]:
+        """The step names this run of the handler used (made at its first step)."""
+        used = claim.steps_used
+        if used is None:
+            used = claim.steps_used = set()
+        return used
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -141,7 +152,7 @@ class Durable:
             raise ValueError(f"step name {name!r}: names starting with '__' are brooq's own")
         if not callable(fn):
             raise TypeError(f"step {name!r}: fn must be callable, not {type(fn).__name__}")
-        if name in claim.steps_used:
+        if name in self._used(claim):
             raise ValueError(f"step name {name!r} is used twice in one run of the handler")
         # Used once it returned (replayed or recorded): a step that raised may be called
         # again under its name in the same run.
@@ -149,7 +160,7 @@ class Durable:
             return self._step_async(claim, name, fn, args, kwargs, transaction)
         recorded = self._recorded(claim)
         if name in recorded:
-            claim.steps_used.add(name)
+            self._used(claim).add(name)
             return recorded[name]
         if transaction:
             conn = self._conn()
@@ -164,7 +175,7 @@ class Durable:
             self._record(self._conn(), claim, name, text)
         result = json.loads(text)  # every attempt sees the same value: the record's
         recorded[name] = result
-        claim.steps_used.add(name)
+        self._used(claim).add(name)
         return result
 
     async def _step_async(
@@ -185,7 +196,7 @@ class Durable:
             )
         recorded = await asyncio.to_thread(self._recorded, claim)
         if name in recorded:
-            claim.steps_used.add(name)
+            self._used(claim).add(name)
             return recorded[name]
         value = fn(*args, **kwargs)
         if isinstance(value, Awaitable):
@@ -198,7 +209,7 @@ class Durable:
         await asyncio.to_thread(record)
         result = json.loads(text)
         recorded[name] = result
-        claim.steps_used.add(name)
+        self._used(claim).add(name)
         return result
 
     # -- sleeps ------------------------------------------------------------------------------
