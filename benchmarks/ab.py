@@ -8,6 +8,8 @@
         [--placement free|same|cross] VARIANT ...
     python benchmarks/ab.py io TREE [--jobs 40000] [--workers 2] [--concurrency 500]
         [--dsn ADMIN_DSN] [--spy SECONDS --spy-out FILE]
+    python benchmarks/ab.py cpu --dsn ADMIN_DSN [--jobs 200] [--rounds 5] [--own-schema]
+        TREE TREE ...
 
 (also `benchmarks/run.py ab ...`; `ab_drain.py` and `ab_bulk.py` are `ab.py drain` and
 `ab.py bulk`). Each TREE is a checkout (a `git worktree` of the commit before a change,
@@ -36,6 +38,10 @@ enqueue: `Queue.enqueue` of each tree, one call per job, each committed when it
   with the same parameters: the least a Python client can do). Short rounds, order
   reversed every other round, each figure also as a share of the round's
   `pgbench:prepared` when that is a variant. `--placement` as run.py's.
+cpu: JOBS CPU-bound jobs (make bench's: pure Python of ~25 ms, the iterations of
+  cpu_calibration.json) drained by the tree's `brooq-master --workers 2`: parallelism =
+  the handlers' summed CPU time (their own thread_time) over the wall time from the
+  first start to the last end, as make bench's cpu workload reads it.
 io: one drain of 50 ms async jobs (`bench.io`) by one tree's `brooq-master --workers W
   --concurrency C`, its own migrations: jobs/s, the bound (slots / 50 ms), the CPU per
   job of the master and its children; `--spy S`: py-spy records the busiest child for S
@@ -65,7 +71,9 @@ from common import (
     Worker,
     any_left,
     backends_cpu,
+    calibrated_iterations,
     children_of,
+    cpu_events,
     cpu_of,
     events_dir,
     fresh_database,
@@ -74,6 +82,7 @@ from common import (
     spent,
     start_master,
     tree_cpu,
+    wait_until,
 )
 
 # Run inside the tree's own process: argv = tree, dsn, jobs, chunk. Prints jobs/s, then
@@ -221,6 +230,34 @@ def drain_once(
     return rate, spent(first[2], end[2]) / done * 1e6, spent(first[3], end[3]) / done * 1e6
 
 
+def cpu_once(admin: str, tree: Path, jobs: int, own_schema: bool) -> float:
+    """The parallelism of one CPU-bound drain (see the module's docstring)."""
+    with fresh_database(admin, "cpu", prefix="brooq_ab") as dsn:
+        migrate_tree(dsn, tree if own_schema else None)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO job (topic, payload) SELECT 'bench.cpu', "
+                "jsonb_build_object('k', 'c' || g, 'n', %s::integer) "
+                "FROM generate_series(1, %s) g",
+                (calibrated_iterations(), jobs),
+            )
+            conn.execute("VACUUM ANALYZE job")
+        master = start_master(dsn, 2, tree=tree, name="ab", quiet=True)
+        try:
+            wait_until(
+                lambda: len({r[0] for r in cpu_events(dsn)}) >= jobs or not master.alive(),
+                timeout=300,
+                interval=0.1,
+                what=f"{jobs} cpu jobs",
+            )
+        finally:
+            master.stop(30)
+        rows = cpu_events(dsn)  # (job, start, end, cpu, pid)
+    if len({r[0] for r in rows}) < jobs:
+        raise RuntimeError(f"{tree}: the master exited before its {jobs} cpu jobs ran")
+    return sum(r[3] for r in rows) / (max(r[2] for r in rows) - min(r[1] for r in rows))
+
+
 def bulk_once(admin: str, tree: str, jobs: int, own_schema: bool, chunk: int = 0) -> list[float]:
     """(jobs/s, producer CPU us per job, server CPU us per job) of one enqueue_many."""
     with fresh_database(admin, "bulk", prefix="brooq_ab") as dsn:
@@ -300,6 +337,17 @@ def bulk(args: argparse.Namespace) -> None:
             f"{tree}: {_spread([r[0] for r in runs])} jobs/s; CPU per job {client:.2f} us "
             f"producer + {server:.2f} us server = {client + server:.2f} us"
         )
+
+
+def cpu(args: argparse.Namespace) -> None:
+    results: dict[str, list[float]] = {t: [] for t in args.trees}
+    for rnd in range(args.rounds):
+        for tree in args.trees if rnd % 2 == 0 else list(reversed(args.trees)):
+            par = cpu_once(args.dsn, _tree(tree), args.jobs, args.own_schema)
+            results[tree].append(par)
+            print(f"round {rnd} {tree}: parallelism {par:.2f}", flush=True)
+    for tree, runs in results.items():
+        print(f"{tree}: parallelism {_spread(runs, '.2f')}")
 
 
 def enqueue(args: argparse.Namespace) -> None:
@@ -382,16 +430,18 @@ def main(argv: list[str] | None = None) -> int:
         "bulk": bulk,
         "enqueue": enqueue,
         "io": io,
+        "cpu": cpu,
     }
     d = sub.add_parser("drain", help="no-op drains (and a bulk enqueue) of each tree")
     b = sub.add_parser("bulk", help="one enqueue_many of each tree")
     e = sub.add_parser("enqueue", help="single enqueues of each tree, pgbench's insert")
     i = sub.add_parser("io", help="one drain of 50 ms async jobs by one tree")
-    for p, jobs, rounds in ((d, 100_000, 5), (b, 100_000, 5), (e, 1000, 15)):
+    c = sub.add_parser("cpu", help="CPU-bound drains of each tree: their parallelism")
+    for p, jobs, rounds in ((d, 100_000, 5), (b, 100_000, 5), (e, 1000, 15), (c, 200, 5)):
         p.add_argument("--dsn", required=True, help="admin DSN (CREATE DATABASE)")
         p.add_argument("--jobs", type=int, default=jobs)
         p.add_argument("--rounds", type=int, default=rounds)
-    for p in (d, b):
+    for p in (d, b, c):
         p.add_argument(
             "--own-schema", action="store_true", help="migrate each tree's database with its own"
         )
@@ -413,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         "make bench's bulk workload does (default: all the jobs in one call, made before)",
     )
     b.add_argument("trees", nargs="+")
+    c.add_argument("trees", nargs="+")
     e.add_argument("--placement", default="free", choices=PLACEMENTS)
     e.add_argument("variants", nargs="+")
     i.add_argument("tree", type=Path)

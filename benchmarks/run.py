@@ -6,7 +6,7 @@ snapshot-latest.json and .md, fan-in-latest.json).
 
     python benchmarks/run.py [--quick] [--dsn DSN] [--systems brooq,celery] [--workloads ...]
     python benchmarks/run.py scale|snapshot|fan_in [their own options]     # one, by hand
-    python benchmarks/run.py ab drain|bulk|enqueue|io ...                  # A/B of trees
+    python benchmarks/run.py ab drain|bulk|enqueue|io|cpu ...              # A/B of trees
     python benchmarks/run.py TOOL ...   # migration_locks, snapshot_walk, web_pages,
                                         # cold_enqueue: measurements run by hand
 
