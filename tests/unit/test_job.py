@@ -390,3 +390,27 @@ def test_held_is_refused_beside_a_unique_key_or_after() -> None:
     with pytest.raises(brooq.InvalidJob, match="held cannot be combined with after"):
         Job("t", held=True, after=[Job("u")])
     assert Job("t", held=True, tags=["x"], group="g", priority=3).held
+
+
+def _claim() -> brooq.Claim[Any]:
+    from datetime import datetime, timezone
+
+    return brooq.Claim(uuid.uuid4(), "t", {}, 1, "w", datetime.now(timezone.utc))
+
+
+def test_a_claims_chained_jobs_and_hooks_are_made_on_first_use_and_kept_in_order() -> None:
+    """A claim starts with no chained job and no hook (nothing made for them); each add
+    keeps the earlier ones, and two claims never share what they hold."""
+    a, b = _claim(), _claim()
+    assert not a.chained and not a.success_hooks and a.steps_used is None and a.calls is None
+    first, second = brooq.Job("x", {}), brooq.Job("y", {})
+    a.chain(first)
+    a.chain(second)
+    hooks = [lambda conn: None, lambda conn: None]
+    for hook in hooks:
+        a.on_success(hook)
+    assert list(a.chained) == [first, second] and list(a.success_hooks) == hooks
+    assert not b.chained and not b.success_hooks
+    with pytest.raises(TypeError):
+        b.chain("not a job")  # type: ignore[arg-type]
+    assert not b.chained
