@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -261,3 +263,27 @@ def enqueue_through(door: str, queue: Any, dsn: str, jobs: list[Any]) -> list[An
             return ids
 
     return asyncio.run(own())
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on, taken below the kernel's ephemeral range: a
+    port the kernel hands out (bind to 0) is also what the suite's many client
+    connections get as their local port, and one of them may hold it by the time a
+    server binds it."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768

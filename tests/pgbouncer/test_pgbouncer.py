@@ -34,7 +34,7 @@ from brooq.errors import PoolerMismatch
 from brooq.settings import Settings
 from brooq.worker.connection import ChildConnection
 from brooq.worker.state import ChildState
-from tests.harness import APPS, MasterProcess, prepare, wait_for
+from tests.harness import APPS, MasterProcess, free_port, prepare, wait_for
 
 POOL_SIZE = 2
 APP = "brooq_pgbouncerapp:queue"
@@ -50,12 +50,6 @@ def _binary() -> str:
             pytest.fail(message + " (BROOQ_REQUIRE_PGBOUNCER=1)", pytrace=False)
         pytest.skip(message)
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run_as(host: str) -> str:
@@ -78,7 +72,7 @@ class Bouncer:
         self.user = str(params.get("user") or os.environ.get("PGUSER") or "postgres")
         host = str(params.get("host") or "127.0.0.1")
         port = str(params.get("port") or "5432")
-        self.port = _free_port()
+        self.port = free_port()
         # Not pytest's tmp_path: pgbouncer refuses to run as root, so under root it runs
         # as nobody, which must reach its socket directory.
         self.dir = Path(tempfile.mkdtemp(prefix="brooq-pgbouncer-"))

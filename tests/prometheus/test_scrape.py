@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -22,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import brooq
-from tests.harness import MasterProcess, StartMaster, states, wait_for
+from tests.harness import MasterProcess, StartMaster, free_port, states, wait_for
 from tests.process.test_operations import get, ops_addr, sample
 from tests.prometheus.deployfiles import (
     RULES,
@@ -118,12 +117,6 @@ def test_every_series_the_rules_and_the_dashboard_read_is_served(
     assert m.proc.poll() is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Prometheus:
     """A Prometheus server of the test's own, scraping ``target`` every second under the
     job name brooq, with brooq's rules file loaded."""
@@ -150,7 +143,7 @@ class Prometheus:
         self.log_path = workdir / "prometheus.log"
         self._log = self.log_path.open("ab")
         for _ in range(5):  # another process may take the free port before it binds
-            self.port = _free_port()
+            self.port = free_port()
             self.proc = subprocess.Popen(
                 [
                     binary_path,
