@@ -113,7 +113,9 @@ def test_a_fan_in_of_ten_thousand_releases_its_callback_once(
     ).fetchone()  # type: ignore[misc]
     runs = [at for j, note, at in notes(db) if j == ids[-1] and note == "start"]
     assert len(runs) == 1
-    assert (runs[0] - last_up).total_seconds() < 1.0
+    # Released by the last upstream job's own outcome and started on its wake-up: well
+    # within a lease (2 s here), the bound a release left to expiries would take.
+    assert (runs[0] - last_up).total_seconds() < 1.5
     assert db.execute(
         "SELECT count(*) FROM job_all WHERE topic = 'flow.noop' AND state = 'done'"
     ).fetchone() == (10_000,)
