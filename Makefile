@@ -35,9 +35,17 @@ venv: $(STAMP)
 ## tests on TEST_JOBS processes (a file's tests stay on one), then the serial ones alone
 ## (tests/conftest.py, SERIAL). TEST_JOBS=1 runs everything in one process.
 TEST_JOBS ?= 3
+# The suite starts Python hundreds of times (pytest's processes, masters, the CLI, nested
+# test runs): with PYTHONDONTWRITEBYTECODE set in the environment each one compiled its
+# modules again, and pytest rewrote every test module's asserts in every process (10 s
+# a collection instead of 2.5). An empty value lets them be cached in __pycache__.
+test test-unit test-slow: export PYTHONDONTWRITEBYTECODE :=
+# The serial files by name, so that their run does not collect the whole suite again (a
+# dozen seconds); with PYTEST_ARGS the serial run collects as the first one did.
+SERIAL_FILES = $$($(PY) -c 'from tests.conftest import SERIAL; print(*SERIAL)')
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow and not serial" $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) $(PYTEST_ARGS)
-	$(PY) -m pytest -m "not slow and serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS chose no serial test
+	$(PY) -m pytest -m "not slow and serial" $(PYTEST_ARGS) $(if $(PYTEST_ARGS),,$(SERIAL_FILES)) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS chose no serial test
 
 ## make test-unit: the unit tests alone (tests/unit/: no database, no process; seconds).
 test-unit: $(STAMP)
