@@ -45,6 +45,8 @@ def test_group_limit_holds_per_group_and_a_small_tenant_is_not_starved(
     queue.enqueue_many([brooq.Job("tenant.work", group=g) for g in "BC" for _ in range(10)])
     env = {"BROOQ_JOB_SLEEP": "0.005"}
     masters = [start_master(app=APP, workers=3, env=env) for _ in range(2)]
+    for m in masters:  # both running before the stop: a SIGTERM during start-up ends by it
+        m.wait_ready(3)
     wait_for(
         lambda: count(db, "group_key IN ('B', 'C') AND state = 'done'") == 20,
         timeout=60,
