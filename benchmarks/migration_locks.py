@@ -8,7 +8,8 @@ for 0020, the finished jobs' history; `--migration 23` for 0023, jobs on hold;
 `--migration 24` for 0024, groups taken in turn; `--migration 26` for 0026, ordered keys;
 `--migration 27` for 0027, rates in batches; `--migration 28` for 0028, the groups' floors;
 `--migration 29` for 0029, the groups' windows a claim at a time; `--migration 30` for
-0030, a graph's edges in one pass) takes on a live
+0030, a graph's edges in one pass; `--migration 31` for 0031, a graph's counts a job at a
+time) takes on a live
 table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:
@@ -28,7 +29,7 @@ generate_series), ANALYZE. Then, while
   a schema it does not know): for 0003 the statement of 8a67732, for 0006, 0011, 0012 and
   0013 to 0018, 0023, 0024 and 0026 today's without the ordering key moved into
   job_history (none changes the statement the previous release sends for a topic without
-  limits), for 0027 to 0030 today's itself, for 0019 that without `started_at = now()`, for 0020
+  limits), for 0027 to 0031 today's itself, for 0019 that without `started_at = now()`, for 0020
   that with its done an UPDATE (the release before moved no rows itself),
 - for 0020, an ending probe: every 20 ms the job the producer probe inserted last is
   ended as the release before ends it (an UPDATE to done: after the up step the trigger
@@ -195,6 +196,7 @@ CLAIM_BEFORE = {
     28: Q.job_finish_and_claim,
     29: Q.job_finish_and_claim,
     30: Q.job_finish_and_claim,
+    31: Q.job_finish_and_claim,
 }
 MIGRATION = 3  # set by --migration
 

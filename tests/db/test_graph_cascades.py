@@ -235,3 +235,63 @@ def test_graph_after_up_and_down(empty_dsn: str) -> None:
         q.close()
     by_id = {r[0]: (r[1], r[2]) for r in rows}
     assert [by_id[i] for i in ids] == [("pending", None)] + [("waiting", 1)] * 3
+
+
+def test_graph_counts_up_and_down(empty_dsn: str) -> None:
+    """0031 replaces brooq_job_after alone (a job at a time, by ctid); down gives back
+    exactly 0030's, up again the same as the first time, and a graph enqueued on either
+    is written alike: waiting with its count, canceled with its reason, or pending."""
+    from brooq import migrate
+
+    def after() -> str:
+        with psycopg.connect(empty_dsn) as conn:
+            row = conn.execute("SELECT pg_get_functiondef('brooq_job_after'::regproc)").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def graph() -> list[tuple[object, ...]]:
+        """A dead job, a done one and a pending one, and jobs after them in each way."""
+        q = brooq.Queue(empty_dsn)
+        try:
+            with psycopg.connect(empty_dsn, autocommit=True) as conn:
+                for table in ("job", "job_history", "brooq_job_edge"):
+                    conn.execute(f"DELETE FROM {table}")
+                dead, done, open_ = (q.enqueue(brooq.Job("t", {"n": n}))[0] for n in range(3))
+                conn.execute("UPDATE job SET state = 'dead' WHERE id = %s", (dead,))
+                conn.execute("UPDATE job SET state = 'done' WHERE id = %s", (done,))
+                jobs = [
+                    brooq.Job("sink", {"k": "open"}, after=[open_, done]),
+                    brooq.Job("sink", {"k": "done"}, after=[done]),
+                    brooq.Job("sink", {"k": "dead"}, after=[done, dead]),
+                    brooq.Job("sink", {"k": "run"}, after=[dead], on_upstream_failure="run"),
+                ]
+                jobs.append(brooq.Job("sink", {"k": "chained"}, after=[jobs[0]]))
+                q.enqueue_many(jobs)
+                rows = conn.execute(
+                    "SELECT payload->>'k', state, upstream_open, upstream_failed = %s, "
+                    "on_upstream_failure, last_error IS NOT NULL FROM job_all "
+                    "WHERE topic = 'sink' ORDER BY 1",
+                    (dead,),
+                ).fetchall()
+        finally:
+            q.close()
+        return rows
+
+    migrate.up(empty_dsn, 30)
+    before = after()
+    on_0030 = graph()
+    assert [m.name for m in migrate.up(empty_dsn, 31)] == ["graph_counts"]
+    now = after()
+    assert now != before and "ctid" in now and "ctid" not in before
+    assert graph() == on_0030
+    assert [m.name for m in migrate.down(empty_dsn)] == ["graph_counts"]
+    assert after() == before
+    migrate.up(empty_dsn, 31)
+    assert after() == now
+    assert on_0030 == [
+        ("chained", "waiting", 1, None, "cancel", False),
+        ("dead", "canceled", 0, True, "cancel", True),
+        ("done", "pending", 0, None, "cancel", False),
+        ("open", "waiting", 1, None, "cancel", False),
+        ("run", "pending", 0, True, "run", False),
+    ]

@@ -248,6 +248,8 @@ def test_cli_migrate(empty_dsn: str) -> None:
     out = cli("sql")
     assert "CREATE TABLE job" in out.stdout
     out = cli("down")
+    assert out.returncode == 0 and out.stdout == "reverted 0031_graph_counts\n", out.stdout
+    out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0030_graph_after\n", out.stdout
     out = cli("down")
     assert out.returncode == 0 and out.stdout == "reverted 0029_group_windows\n", out.stdout
