@@ -268,7 +268,7 @@ def test_the_down_step_releases_the_held_jobs_and_the_up_step_comes_back(
     held = queue.enqueue(brooq.Job("t.h", held=True))[0]
     before = queue.get(held)
     assert before is not None
-    assert [m.version for m in migrate.down(dsn, to=22)] == [30, 29, 28, 27, 26, 25, 24, 23]
+    assert [m.version for m in migrate.down(dsn, to=22)] == [31, 30, 29, 28, 27, 26, 25, 24, 23]
     assert state(db, held) == "pending"  # released, its place kept
     assert db.execute("SELECT available_at FROM job WHERE id = %s", (held,)).fetchone() == (
         before.available_at,
@@ -276,5 +276,5 @@ def test_the_down_step_releases_the_held_jobs_and_the_up_step_comes_back(
     with pytest.raises(psycopg.errors.CheckViolation):
         db.execute("UPDATE job SET state = 'on_hold' WHERE id = %s", (held,))
     assert not db.execute("SELECT 1 FROM pg_class WHERE relname = 'job_on_hold_idx'").fetchone()
-    assert [m.version for m in migrate.up(dsn)] == [23, 24, 25, 26, 27, 28, 29, 30]
+    assert [m.version for m in migrate.up(dsn)] == [23, 24, 25, 26, 27, 28, 29, 30, 31]
     assert queue.hold(held) is True and state(db, held) == "on_hold"
