@@ -8,8 +8,8 @@ for 0020, the finished jobs' history; `--migration 23` for 0023, jobs on hold;
 `--migration 24` for 0024, groups taken in turn; `--migration 26` for 0026, ordered keys;
 `--migration 27` for 0027, rates in batches; `--migration 28` for 0028, the groups' floors;
 `--migration 29` for 0029, the groups' windows a claim at a time; `--migration 30` for
-0030, a graph's edges in one pass; `--migration 31` for 0031, a graph's counts a job at a
-time) takes on a live
+0030, a graph's edges in one pass; `--migration 31` for 0031, a graph's counts planned
+without the estimate of its new rows) takes on a live
 table, through the real migrator.
 
 Run by hand (never part of `make test`); about two minutes on 2 cores:

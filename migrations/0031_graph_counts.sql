@@ -1,11 +1,12 @@
--- A graph's counts a job at a time: brooq_job_after (0030) wrote every job's count of
--- open and failed upstream jobs in one UPDATE joined to job by id. Its plan followed the
--- estimate of the rows the call had just inserted; on a table whose statistics did not
--- know them yet (a new or small table, before autovacuum's ANALYZE) that estimate was one
--- row, and the grouped counts were computed again for every job of the call: a chain of
--- 2,000 jobs took 7.6 s in that statement on PostgreSQL 15 and 3.4 s on 18. The counts
--- are now one grouped query, and each job is updated by the ctid it read (20,000: see
--- docs/reference/schema.md). What it writes is unchanged.
+-- A graph's counts planned without the estimate of its new rows: brooq_job_after (0030)
+-- wrote every job's count of open and failed upstream jobs in one UPDATE joined to job
+-- by id where job's rows were pending and not counted yet. On a table whose statistics
+-- did not know the call's rows (a new or small table, before autovacuum's ANALYZE) that
+-- condition was estimated at one row, the plan read job first and computed the grouped
+-- counts again for each of its rows: a chain of 2,000 jobs took 7.6 s in that statement
+-- on PostgreSQL 15 and 3.4 s on 18 (5,000 and more were planned well). The counts are
+-- now computed once (a materialized CTE) and joined to job by id alone, the condition
+-- read as a value; the count of waiting jobs likewise. What it writes is unchanged.
 -- Functions only: CREATE OR REPLACE FUNCTION takes no lock on job. No-transaction, the
 -- statement idempotent.
 -- migrate:no-transaction
@@ -19,8 +20,6 @@ DECLARE
     waiting integer;
     ups uuid[];
     states text[];
-    r record;
-    now_state text;
 BEGIN
     -- The upstream rows still in job, in id order: an outcome being written (an UPDATE,
     -- or the claim statement's move) is waited for, never missed; the statements after
@@ -49,15 +48,16 @@ BEGIN
            u.state IN ('done', 'dead', 'canceled')
     FROM unnest(p_down, p_up) WITH ORDINALITY AS e(down, up, n)
     JOIN unnest(ups, states) AS u(id, state) ON u.id = e.up;
-    -- Each job of the call gets its count, one UPDATE a row, found by the ctid the
-    -- loop's query read (the rows are this transaction's own: no one else can move
-    -- them). One UPDATE of them all joined the grouped counts to job by id, and its plan
-    -- followed the estimate of the rows just inserted: on a table whose statistics did
-    -- not know them yet, one row, and the grouped counts ran again for every row of the
-    -- call (a chain of 2,000 jobs took 7.6 s in that statement on PostgreSQL 15).
-    waiting := 0;
-    FOR r IN
-        SELECT j.ctid AS tid, c.policy, c.open, c.failed, c.failed_state
+    -- The counts joined to the call's rows by id with no condition on job itself: the
+    -- rows were just inserted, and an estimate made without them (a new or small table,
+    -- before autovacuum's ANALYZE) said one row for a condition such as state =
+    -- 'pending'; a plan built on that estimate read job first and computed the grouped
+    -- counts again for each of its rows (a chain of 2,000 jobs: 7.6 s on PostgreSQL
+    -- 15). Whether a row may be written (pending, not counted yet) is read in the same
+    -- join, as a value.
+    WITH counts AS MATERIALIZED (
+        SELECT j.id, c.policy, c.open, c.failed, c.failed_state,
+               j.state = 'pending' AND j.upstream_open IS NULL AS fresh
         FROM (
             SELECT p.id, p.policy,
                    count(*) FILTER (WHERE u.state NOT IN ('done', 'dead', 'canceled'))::integer
@@ -72,32 +72,27 @@ BEGIN
             GROUP BY p.id, p.policy
         ) AS c
         JOIN job j ON j.id = c.id
-        -- The jobs canceled here last: each one's cancel cascades (job_upstream_ended)
-        -- to the jobs after it, which must be waiting by then, as when one statement
-        -- updated them all and its triggers ran at its end.
-        ORDER BY c.failed IS NOT NULL AND c.policy = 'cancel'
-    LOOP
-        UPDATE job d
-        SET on_upstream_failure = r.policy,
-            upstream_open = r.open,
-            upstream_failed = r.failed,
-            state = CASE
-                WHEN r.failed IS NOT NULL AND r.policy = 'cancel' THEN 'canceled'
-                WHEN r.open > 0 THEN 'waiting'
-                ELSE d.state
-            END,
-            last_error = CASE
-                WHEN r.failed IS NOT NULL AND r.policy = 'cancel'
-                THEN format('upstream job %s ended %s', r.failed, r.failed_state)
-                ELSE d.last_error
-            END
-        WHERE d.ctid = r.tid AND d.state = 'pending' AND d.upstream_open IS NULL
-        RETURNING d.state INTO now_state;
-        -- A job canceled here is in job_history now: it does not wait.
-        IF FOUND AND now_state = 'waiting' THEN
-            waiting := waiting + 1;
-        END IF;
-    END LOOP;
+    )
+    UPDATE job d
+    SET on_upstream_failure = r.policy,
+        upstream_open = r.open,
+        upstream_failed = r.failed,
+        state = CASE
+            WHEN r.failed IS NOT NULL AND r.policy = 'cancel' THEN 'canceled'
+            WHEN r.open > 0 THEN 'waiting'
+            ELSE d.state
+        END,
+        last_error = CASE
+            WHEN r.failed IS NOT NULL AND r.policy = 'cancel'
+            THEN format('upstream job %s ended %s', r.failed, r.failed_state)
+            ELSE d.last_error
+        END
+    FROM counts r
+    WHERE d.id = r.id AND r.fresh;
+    -- A job canceled above is in job_history now: it does not wait. (Counted through a
+    -- join without a condition on job, for the same reason.)
+    SELECT count(*) FILTER (WHERE j.state = 'waiting') INTO waiting
+    FROM unnest(p_jobs) AS p(id) JOIN job j ON j.id = p.id;
     RETURN waiting;
 END;
 $$;

@@ -238,9 +238,10 @@ def test_graph_after_up_and_down(empty_dsn: str) -> None:
 
 
 def test_graph_counts_up_and_down(empty_dsn: str) -> None:
-    """0031 replaces brooq_job_after alone (a job at a time, by ctid); down gives back
-    exactly 0030's, up again the same as the first time, and a graph enqueued on either
-    is written alike: waiting with its count, canceled with its reason, or pending."""
+    """0031 replaces brooq_job_after alone (the counts joined to the call's rows with no
+    condition on job); down gives back exactly 0030's, up again the same as the first
+    time, and a graph enqueued on either is written alike: waiting with its count,
+    canceled with its reason, or pending."""
     from brooq import migrate
 
     def after() -> str:
@@ -282,7 +283,7 @@ def test_graph_counts_up_and_down(empty_dsn: str) -> None:
     on_0030 = graph()
     assert [m.name for m in migrate.up(empty_dsn, 31)] == ["graph_counts"]
     now = after()
-    assert now != before and "ctid" in now and "ctid" not in before
+    assert now != before and "AS MATERIALIZED" in now and "AS MATERIALIZED" not in before
     assert graph() == on_0030
     assert [m.name for m in migrate.down(empty_dsn)] == ["graph_counts"]
     assert after() == before

@@ -1,5 +1,5 @@
-"""brooq's migration 0031 (a graph's counts written a job at a time), after 0025_brooq_30.
-Not atomic, as every brooq migration here."""
+"""brooq's migration 0031 (a graph's counts planned without the estimate of its new
+rows), after 0025_brooq_30. Not atomic, as every brooq migration here."""
 
 from django.db import migrations
 
