@@ -14,8 +14,8 @@ Why the databases outlive their tests: every DROP DATABASE asks the server for a
 immediate checkpoint and waits for it, so a drop after each test made every test wait for
 the server to flush and fsync what all of them had written. After its test a database only
 loses the sessions still connected to it; at the end of the run the databases are dropped
-several at a time (waiting drops share checkpoints), none when the server is the embedded
-one started for the run (it is removed whole).
+several at a time, the template with them (waiting drops share checkpoints), none when
+the server is the embedded one started for the run (it is removed whole).
 """
 
 from __future__ import annotations
@@ -53,13 +53,15 @@ def _brooq_made(_brooq_server: tuple[str, str]) -> Iterator[server.Scratch]:
 
 
 @pytest.fixture(scope="session")
-def brooq_template(brooq_admin_dsn: str) -> Iterator[str]:
+def brooq_template(brooq_admin_dsn: str, _brooq_made: server.Scratch) -> Iterator[str]:
     """The name of a database with brooq's migrations applied, copied for each test."""
     name = server.migrated_template(brooq_admin_dsn)
     yield name
     from psycopg import conninfo
 
-    server.drop_database(brooq_admin_dsn, conninfo.make_conninfo(brooq_admin_dsn, dbname=name))
+    # Dropped with the tests' databases, in the same checkpoints (set up after
+    # _brooq_made, so handed over before it drops them all).
+    _brooq_made.done_with(conninfo.make_conninfo(brooq_admin_dsn, dbname=name))
 
 
 @pytest.fixture

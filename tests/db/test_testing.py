@@ -413,12 +413,12 @@ from psycopg import conninfo
 RECORD = pathlib.Path(os.environ["BROOQ_RECORD"])
 
 
-def test_first(brooq_dsn):
-    RECORD.write_text(conninfo.conninfo_to_dict(brooq_dsn)["dbname"])
+def test_first(brooq_dsn, brooq_template):
+    RECORD.write_text(conninfo.conninfo_to_dict(brooq_dsn)["dbname"] + " " + brooq_template)
 
 
 def test_second(brooq_dsn, brooq_admin_dsn):
-    first = RECORD.read_text()
+    first = RECORD.read_text().split()[0]
     assert conninfo.conninfo_to_dict(brooq_dsn)["dbname"] != first
     with psycopg.connect(brooq_admin_dsn, autocommit=True) as conn:
         kept = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (first,))
@@ -432,16 +432,18 @@ def test_second(brooq_dsn, brooq_admin_dsn):
 
 def test_the_plugins_databases_are_dropped_when_the_run_ends(tmp_path: Path) -> None:
     """A test's database outlives it (no checkpoint to wait for between tests), without
-    its sessions, and is gone once the run has ended. The drop is checked on a shared
-    server (BROOQ_TEST_DSN); on the embedded server of the nested run the server goes
-    whole."""
+    its sessions, and is gone once the run has ended, the template with it. The drop is
+    checked on a shared server (BROOQ_TEST_DSN); on the embedded server of the nested run
+    the server goes whole."""
     record = tmp_path / "first-database"
     run_users_file(tmp_path, USER_DROP_TEST, BROOQ_RECORD=str(record))
     shared = os.environ.get("BROOQ_TEST_DSN")
     if shared:
         with psycopg.connect(shared, autocommit=True) as conn:
+            names = record.read_text().split()
+            assert len(names) == 2 and names[1].startswith("brooq_tpl")
             left = conn.execute(
-                "SELECT count(*) FROM pg_database WHERE datname = %s", (record.read_text(),)
+                "SELECT count(*) FROM pg_database WHERE datname = ANY(%s)", (names,)
             )
             assert left.fetchone() == (0,)
 
