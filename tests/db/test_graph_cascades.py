@@ -284,6 +284,8 @@ def test_graph_counts_up_and_down(empty_dsn: str) -> None:
     assert [m.name for m in migrate.up(empty_dsn, 31)] == ["graph_counts"]
     now = after()
     assert now != before and "AS MATERIALIZED" in now and "AS MATERIALIZED" not in before
+    # Never compiled by JIT: in a child's session (no sorts) every plan costs 1e10.
+    assert "SET jit TO 'off'" in now and "jit" not in before
     assert graph() == on_0030
     assert [m.name for m in migrate.down(empty_dsn)] == ["graph_counts"]
     assert after() == before
@@ -296,3 +298,31 @@ def test_graph_counts_up_and_down(empty_dsn: str) -> None:
         ("open", "waiting", 1, None, "cancel", False),
         ("run", "pending", 0, True, "run", False),
     ]
+
+
+def test_the_edges_statement_names_an_upstream_id_that_is_no_job(
+    queue: brooq.Queue, db: Conn
+) -> None:
+    """brooq_job_after itself (the producer checks the ids first; this is the check that
+    holds when a job went between the two): an id named twice is counted once, a missing
+    one is named, and nothing of the call is left."""
+    up = queue.enqueue(brooq.Job("t"))[0]
+    downs = [queue.enqueue(brooq.Job("sink", {"i": i}, held=True))[0] for i in range(2)]
+    missing = uuid.UUID(int=7)
+    as_child(db)
+
+    def after(ups: list[uuid.UUID]) -> Any:
+        return db.execute(
+            "SELECT brooq_job_after(%s::uuid[], %s::text[], %s::uuid[], %s::uuid[])",
+            (downs, ["cancel", "cancel"], downs, ups),
+        ).fetchone()
+
+    refused = pytest.raises(psycopg.errors.ForeignKeyViolation, match=f"job {missing}")
+    with refused, db.transaction():
+        after([up, missing])
+    assert db.execute("SELECT count(*) FROM brooq_job_edge").fetchone() == (0,)
+    with db.transaction():
+        # The same upstream job for both: one id, named twice.
+        assert after([up, up]) == (0,)  # on hold: neither was pending, so none waits
+    assert db.execute("SELECT count(*) FROM brooq_job_edge").fetchone() == (2,)
+    assert {state(db, d)[0] for d in downs} == {"on_hold"}  # left as they were
