@@ -101,7 +101,8 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
             "SELECT DISTINCT proconfig FROM pg_proc WHERE proname IN ('brooq_claim_coordinated', "
             "'brooq_window_room', 'brooq_window_take', 'brooq_window_sweep')"
         ).fetchall()
-        # The workflows' trigger and producer's function (0013): the migration's own path.
+        # The workflows' trigger and producer's function (0013, 0031): the migration's own
+        # path.
         pinned_0013 = conn.execute(
             "SELECT DISTINCT proconfig FROM pg_proc WHERE proname IN ("
             "'brooq_job_upstream_ended', 'brooq_job_after')"
@@ -137,8 +138,10 @@ def test_migrate_with_a_schema_next_to_an_application_job_table(own: str) -> Non
     }
     assert pinned == ([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)
     assert pinned_0012 == [([f"search_path=pg_catalog, {SCHEMA}, pg_temp"],)]
-    assert len(pinned_0013) == 1 and pinned_0013[0][0][0].startswith("search_path=")
-    assert SCHEMA in pinned_0013[0][0][0]
+    # Both on the migration's own path; brooq_job_after also runs with jit off (0031).
+    paths = {config[0] for (config,) in pinned_0013}
+    assert len(paths) == 1 and min(paths).startswith("search_path=") and SCHEMA in min(paths)
+    assert sorted(config[1:] for (config,) in pinned_0013) == [[], ["jit=off"]]
     assert app_job_rows(dsn) == [(1, "invoice"), (2, "refund")]
     # status honours the schema; without it, nothing of brooq's is on the search_path
     out = cli(dsn, "--schema", SCHEMA, "migrate", "status")
