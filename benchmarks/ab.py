@@ -37,7 +37,8 @@ enqueue: `Queue.enqueue` of each tree, one call per job, each committed when it
   one client) or `python:libpq` (a loop of libpq's `exec_prepared` of brooq's insert
   with the same parameters: the least a Python client can do). Short rounds, order
   reversed every other round, each figure also as a share of the round's
-  `pgbench:prepared` when that is a variant. `--placement` as run.py's.
+  `pgbench:prepared` when that is a variant, and a Python variant's CPU per call (its
+  process's user + system time over the timed calls). `--placement` as run.py's.
 cpu: JOBS CPU-bound jobs (make bench's: pure Python of ~25 ms, the iterations of
   cpu_calibration.json) drained by the tree's `brooq-master --workers 2`: parallelism =
   the handlers' summed CPU time (their own thread_time) over the wall time from the
@@ -143,10 +144,11 @@ dsn, n = sys.argv[2], int(sys.argv[3])
 q = brooq.Queue(dsn)
 for i in range(20):
     q.enqueue(brooq.Job("bench.noop", {"i": i}))
-t = time.perf_counter()
+c, t = time.process_time(), time.perf_counter()
 for i in range(n):
     q.enqueue(brooq.Job("bench.noop", {"i": i}))
-print(n / (time.perf_counter() - t))
+t, c = time.perf_counter() - t, time.process_time() - c
+print(n / t, c / n * 1e6)
 q.close()
 """
 
@@ -169,10 +171,11 @@ def one(i):
         raise SystemExit(pg.error_message)
 for i in range(20):
     one(i)
-t = time.perf_counter()
+c, t = time.process_time(), time.perf_counter()
 for i in range(n):
     one(i)
-print(n / (time.perf_counter() - t))
+t, c = time.perf_counter() - t, time.process_time() - c
+print(n / t, c / n * 1e6)
 """
 
 
@@ -265,14 +268,15 @@ def bulk_once(admin: str, tree: str, jobs: int, own_schema: bool, chunk: int = 0
         return _child(BULK_CHILD, _tree(tree), dsn, jobs, chunk or jobs)
 
 
-def enqueue_once(admin: str, variant: str, jobs: int) -> float:
+def enqueue_once(admin: str, variant: str, jobs: int) -> tuple[float, float | None]:
+    """(jobs/s, the client's CPU µs per call: None for pgbench, a process of its own)."""
     with fresh_database(admin, "enqueue", prefix="brooq_abenq") as dsn:
         migrate_tree(dsn)
         if variant.startswith("pgbench:"):
-            return ceiling.insert_one(dsn, jobs, variant.split(":", 1)[1])
-        if variant == "python:libpq":
-            return _child(LIBPQ, ROOT, dsn, jobs)[0]
-        return _child(ENQUEUE_CHILD, _tree(variant), dsn, jobs)[0]
+            return ceiling.insert_one(dsn, jobs, variant.split(":", 1)[1]), None
+        code, tree = (LIBPQ, ROOT) if variant == "python:libpq" else (ENQUEUE_CHILD, _tree(variant))
+        rate, cpu = _child(code, tree, dsn, jobs)
+        return rate, cpu
 
 
 def _spread(values: list[float], fmt: str = ",.0f") -> str:
@@ -355,18 +359,24 @@ def enqueue(args: argparse.Namespace) -> None:
         print(f"placement: {where}", flush=True)
         rates: dict[str, list[float]] = {v: [] for v in args.variants}
         shares: dict[str, list[float]] = {v: [] for v in args.variants}
+        cpus: dict[str, list[float]] = {v: [] for v in args.variants}
         for rnd in range(args.rounds):
             order = args.variants if rnd % 2 == 0 else args.variants[::-1]
             got = {v: enqueue_once(args.dsn, v, args.jobs) for v in order}
-            ref = got.get("pgbench:prepared")
+            ref = got["pgbench:prepared"][0] if "pgbench:prepared" in got else None
             for v in args.variants:
-                rates[v].append(got[v])
+                rate, cpu = got[v]
+                rates[v].append(rate)
+                if cpu is not None:
+                    cpus[v].append(cpu)
                 if ref:
-                    shares[v].append(got[v] / ref)
-            line = ", ".join(f"{v} {got[v]:,.0f}" for v in args.variants)
+                    shares[v].append(rate / ref)
+            line = ", ".join(f"{v} {got[v][0]:,.0f}" for v in args.variants)
             print(f"round {rnd}: {line} (jobs/s)", flush=True)
     for v in args.variants:
         text = f"{v}: {_spread(rates[v])} jobs/s"
+        if cpus[v]:
+            text += f"; client CPU {_spread(cpus[v], '.1f')} µs a call"
         if shares[v]:
             text += f"; of pgbench:prepared: {_spread(shares[v], '.0%')}"
         print(text)
