@@ -132,7 +132,8 @@ def encode_payload(
         ) from None
     except (TypeError, ValueError) as exc:
         raise error(f"{what} is not JSON-serialisable: {exc}") from None
-    if _depth(text) > MAX_PAYLOAD_DEPTH:
+    # _depth's and _keep_floats' first tests here: a plain payload calls neither.
+    if text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH and _depth(text) > MAX_PAYLOAD_DEPTH:
         raise error(
             f"{what} is nested more than {MAX_PAYLOAD_DEPTH} levels deep (arrays and objects)"
         )
@@ -146,7 +147,7 @@ def encode_payload(
             raise error(
                 f"{what} contains an unpaired surrogate, which is not valid Unicode"
             ) from None
-    return _keep_floats(text)
+    return text if "e+" not in text else _keep_floats(text)
 
 
 def check_payload_size(

@@ -157,7 +157,8 @@ class Queue(Registry):
         # Bad input fails before I/O; a typed topic's payload is checked against its type.
         if self._includes_pending:
             self.load_includes()
-        checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
+        settings = self._settings or self.settings  # the property's call once
+        checked = check_job(job, settings.max_payload_bytes, self.handlers)
         if self.strict_topics:
             self.require_topics((checked.topic,))
         # The line's INSERT is the plain job's: a unique_key, debounce, tags, after, held or
@@ -236,7 +237,8 @@ class Queue(Registry):
         in the running loop, never before a fork); (id, created)."""
         if self._includes_pending:
             self.load_includes()
-        checked = check_job(job, self.settings.max_payload_bytes, self.handlers)
+        settings = self._settings or self.settings  # the property's call once
+        checked = check_job(job, settings.max_payload_bytes, self.handlers)
         if self.strict_topics:
             self.require_topics((checked.topic,))
         # One statement; a job with after, one transaction (brooq.producer.insert).

@@ -18,8 +18,8 @@ the pool instead, as does a job whose key is taken (the pool's path looks the ex
 job up in brooq_job_key), even by a job that was enqueued and ended while the statement
 ran (job_key_taken's unique violation: nothing was written). The line opens on first use
 in a process, is forgotten unused after a fork (its socket is the parent's) and gets the
-pool's check before each use (brooq.producer.poolcheck: a look at the socket, a round
-trip after ``IDLE_CHECK_S`` idle); a connection found broken
+pools' check before each use, on a record of its own (brooq.producer.poolcheck's rule: a
+look at the socket, a round trip after ``IDLE_CHECK_S`` idle); a connection found broken
 is replaced, one lost during the statement is closed and the error raised (the caller
 cannot know whether the job was written: the same as any statement whose answer is lost).
 
@@ -43,7 +43,9 @@ import struct
 import threading
 import uuid
 import weakref
+from collections.abc import Callable
 from datetime import datetime, timezone
+from time import monotonic
 from typing import Any
 
 import psycopg
@@ -51,8 +53,8 @@ from psycopg import errors, pq
 
 from brooq.db import open_connection, read_only, refuse_standby
 from brooq.job import Job
+from brooq.producer import poolcheck
 from brooq.producer.ids import uuid7_int, uuid_from_int
-from brooq.producer.poolcheck import suspect
 from brooq.sql import Queries
 
 # The prepared statement's name on the line's connection (brooq_ so it cannot clash with
@@ -68,7 +70,9 @@ _FORMATS = [1, 0, 0, 0, 1, 0, 1, 0]
 _INT2 = struct.Struct("!h")
 _INT8 = struct.Struct("!q")
 _EPOCH_2000 = datetime(2000, 1, 1, tzinfo=timezone.utc)  # PostgreSQL's timestamp zero
-_TUPLES_OK = int(pq.ExecStatus.TUPLES_OK)  # an int: no enum lookup per call
+_TUPLES_OK = int(pq.ExecStatus.TUPLES_OK)  # ints: no enum lookup per call
+_OK = int(pq.ConnStatus.OK)
+_IDLE = int(pq.TransactionStatus.IDLE)
 # job_key_taken's refusal of a key another job holds (migration 0020), by its constraint.
 _CONSTRAINT = pq.DiagnosticField.CONSTRAINT_NAME
 _KEY_CONSTRAINT = b"brooq_job_key_pkey"
@@ -81,10 +85,15 @@ def _micros_since_2000(at: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+def _never_readable(timeout: int) -> list[tuple[int, int]]:
+    return []
+
+
 class EnqueueLine:
     """One connection for single enqueues (see the module docstring)."""
 
     _lock: threading.Lock
+    _used: float
 
     def __init__(self, dsn: str, kwargs: dict[str, Any], q: Queries) -> None:
         self._dsn = dsn
@@ -105,7 +114,19 @@ class EnqueueLine:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            pgconn = self._ready()
+            # poolcheck.suspect's look, written out on the line's own record (its last use
+            # and the poll object on its socket): a single enqueue's Python runs cold after
+            # the wait for the previous commit, and every call it makes costs there.
+            pgconn, now = self._pgconn, monotonic()
+            if (
+                pgconn is None
+                or now - self._used > poolcheck.IDLE_CHECK_S
+                or pgconn.status != _OK
+                or pgconn.transaction_status != _IDLE
+                or self._poll(0)
+            ):
+                pgconn = self._ready()
+            self._used = now
             enc = self._encoding
             job_id = uuid7_int()
             key, at, group = job.idempotency_key, job.available_at, job.group
@@ -148,13 +169,17 @@ class EnqueueLine:
         by a thread that does not exist here, the socket is the parent's; never closed)."""
         self._lock = threading.Lock()
         self._conn = None
+        self._pgconn: pq.abc.PGconn | None = None
+        self._used = 0.0  # monotonic; not read while there is no connection
+        self._poll: Callable[[int], list[tuple[int, int]]] = _never_readable
 
     # -- the connection ----------------------------------------------------------------
 
     def _ready(self) -> pq.abc.PGconn:
-        """The line's connection, opened or replaced when needed, its statement prepared."""
+        """The line's connection once ``insert`` found it suspect (or has none): checked
+        by a round trip, else opened or replaced, its statement prepared."""
         conn = self._conn
-        if conn is not None and suspect(conn):
+        if conn is not None:
             try:
                 conn.execute("")
             except psycopg.Error:
@@ -177,13 +202,13 @@ class EnqueueLine:
                 with contextlib.suppress(Exception):
                     conn.close()
                 raise
-            self._conn = conn
+            self._conn, self._pgconn = conn, conn.pgconn
             self._encoding = conn.info.encoding
-            suspect(conn)  # handed out now: the next use needs no round trip
+            self._poll = poolcheck.poller(conn.pgconn.socket)
         return conn.pgconn
 
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._pgconn = self._conn, None, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()

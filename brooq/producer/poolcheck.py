@@ -12,8 +12,9 @@ when the connection was last handed out more than ``IDLE_CHECK_S`` ago: a peer o
 firewall that dropped an idle connection without a word is still caught by the round
 trip, as before, before a job's INSERT could meet it.
 
-Owns: that check, for the sync and the async pool and Queue.enqueue's own connection
-(brooq.producer.line), with the poll object on each connection's socket made once.
+Owns: that check, for the sync and the async pool, with the look at each connection's
+socket made once (``poller``); Queue.enqueue's own connection (brooq.producer.line)
+applies the same rule on a record of its own.
 Must never: run a statement on a connection it has not found suspect, or read what the
 socket holds (the full check does, and the pool drops a connection that fails it).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import select
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -33,8 +35,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 # round trip); below it, only the local look at its socket.
 IDLE_CHECK_S = 2.0
 
-# Per connection: when it was last handed out and the poll object on its socket (made
-# once: a connection keeps its socket for life), per process (pools are per process). A
+# Per connection: when it was last handed out and the look at its socket (made once: a
+# connection keeps its socket for life), per process (pools are per process). A
 # mutable record, updated in place: a single enqueue runs this once per call, and every
 # dictionary store would make a new weak reference (the cost here is the code and the
 # memory a call touches, most of it cold after the wait for the previous commit).
@@ -52,12 +54,12 @@ def suspect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> boo
     pgconn = conn.pgconn
     if seen is None:
         try:
-            poller = _poller(pgconn.socket)
+            look = poller(pgconn.socket)
         except (OSError, ValueError, psycopg.Error):
             return True
-        _handed_out[conn] = [now, poller]
+        _handed_out[conn] = [now, look]
         return True
-    last, poller = seen
+    last, look = seen
     seen[0] = now
     if now - last > IDLE_CHECK_S:
         return True
@@ -65,20 +67,27 @@ def suspect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> boo
     if pgconn.status != _OK or pgconn.transaction_status != _IDLE:
         return True
     try:
-        if poller is None:  # Windows: no poll()
-            ready, _, _ = select.select([pgconn.socket], [], [], 0)
-            return bool(ready)
-        return bool(poller.poll(0))
-    except (OSError, ValueError, psycopg.Error):
+        return bool(look(0))
+    except (OSError, ValueError):
         return True
 
 
-def _poller(fd: int) -> Any:
+def poller(fd: int) -> Callable[[int], list[Any]]:
+    """A look at socket ``fd``: called with 0, a non-empty list when it has something to
+    read or is gone (made once per connection: a poll object registered for those
+    events; select on Windows)."""
     if not hasattr(select, "poll"):
-        return None
-    poller = select.poll()
-    poller.register(fd, _READABLE)
-    return poller
+
+        def look(timeout: int) -> list[Any]:
+            try:
+                return select.select([fd], [], [], timeout)[0]
+            except (OSError, ValueError):
+                return [fd]  # a socket select cannot look at: suspect
+
+        return look
+    poll = select.poll()
+    poll.register(fd, _READABLE)
+    return poll.poll
 
 
 def check_connection(conn: psycopg.Connection[Any]) -> None:

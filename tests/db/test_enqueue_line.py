@@ -178,14 +178,24 @@ def test_an_idle_line_gets_the_round_trip_and_a_busy_one_only_the_look(
 ) -> None:
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
     queue.enqueue(brooq.Job("line.t"))
-    conn = _line_conn(queue)
-    assert poolcheck.suspect(conn) is False  # used a moment ago, nothing to read
+    line = queue._line
+    assert line is not None
+    checks: list[int] = []  # each time the line found its connection suspect
+    real_ready = line._ready
+    monkeypatch.setattr(line, "_ready", lambda: checks.append(1) or real_ready())
+    pid = _line_conn(queue).info.backend_pid
+    queue.enqueue(brooq.Job("line.t"))
+    assert checks == []  # used a moment ago, nothing to read: no round trip
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 0.0)
     time.sleep(0.01)
-    assert poolcheck.suspect(conn) is True  # idle longer than IDLE_CHECK_S
+    queue.enqueue(brooq.Job("line.t"))
+    assert checks == [1]  # idle longer than IDLE_CHECK_S: the round trip
+    assert _line_conn(queue).info.backend_pid == pid  # it answered: the connection kept
     monkeypatch.setattr(poolcheck, "IDLE_CHECK_S", 3600.0)
-    terminate_backend(connect(autocommit=True), conn.info.backend_pid)
-    assert poolcheck.suspect(conn) is True  # the FATAL message / end of stream waits
+    terminate_backend(connect(autocommit=True), pid)
+    queue.enqueue(brooq.Job("line.t"))
+    assert checks == [1, 1]  # the FATAL message / end of stream waited on the socket
+    assert _line_conn(queue).info.backend_pid != pid
 
 
 def test_a_session_lost_during_the_statement_is_unreachable_then_recovers(
