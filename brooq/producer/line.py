@@ -196,15 +196,15 @@ class EnqueueLine:
                     if result.status != pq.ExecStatus.COMMAND_OK:
                         # Not prepared (no table yet: not migrated): not kept either.
                         raise errors.error_from_result(result, encoding=conn.info.encoding)
+                look = poolcheck.poller(conn.pgconn.socket)
             except BaseException:
                 # Kept only once prepared: a line without its statement would answer
                 # "prepared statement does not exist" (read as a pooler's doing).
                 with contextlib.suppress(Exception):
                     conn.close()
                 raise
-            self._conn, self._pgconn = conn, conn.pgconn
+            self._conn, self._pgconn, self._poll = conn, conn.pgconn, look
             self._encoding = conn.info.encoding
-            self._poll = poolcheck.poller(conn.pgconn.socket)
         return conn.pgconn
 
     def _drop(self) -> None:

@@ -37,9 +37,9 @@ IDLE_CHECK_S = 2.0
 
 # Per connection: when it was last handed out and the look at its socket (made once: a
 # connection keeps its socket for life), per process (pools are per process). A
-# mutable record, updated in place: a single enqueue runs this once per call, and every
-# dictionary store would make a new weak reference (the cost here is the code and the
-# memory a call touches, most of it cold after the wait for the previous commit).
+# mutable record, updated in place: a checkout runs this once, and every dictionary store
+# would make a new weak reference (the cost here is the code and the memory a call
+# touches, most of it cold after the wait for the previous commit).
 _handed_out: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 _READABLE = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
 _OK = int(pq.ConnStatus.OK)
