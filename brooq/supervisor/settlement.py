@@ -130,6 +130,10 @@ class Settlement:
 
 def settle(end: ChildEnd) -> Settlement:
     code, kill = end.code, end.kill_reason
+    if kill == DRAIN_TIMEOUT and code == 0 and not end.jobs:
+        # It ended its drain by itself, holding nothing, in the pass that found the budget
+        # spent (a stop with none: SIGQUIT): the kill met a process already gone.
+        kill = None
     label: RestartReason = kill or end.retiring or (CRASH if code else EXIT)
     jobs: JobsVerdict = None
     job = end.job

@@ -107,6 +107,19 @@ def test_drain_timeout_fatal_and_stalled_kills_return_everything(reason: Any) ->
     assert s.label == reason and s.level == logging.ERROR and not s.outside_job
 
 
+def test_an_idle_child_that_drained_before_a_zero_budget_kill_ended_cleanly() -> None:
+    # SIGQUIT: no budget, so the kill goes out in the pass that asked the children to stop;
+    # an idle one has often exited already, holding nothing.
+    s = settle(end(code=0, kill_reason=DRAIN_TIMEOUT, retiring=DRAIN, stopping=True))
+    assert s.label == DRAIN and s.level == logging.INFO and s.jobs is None
+    assert not s.outside_job and not s.count_restart
+    # Holding jobs, or killed for real, it is still the drain's timeout.
+    held = settle(end(code=0, kill_reason=DRAIN_TIMEOUT, retiring=DRAIN, stopping=True, job=JOB))
+    assert held.label == DRAIN_TIMEOUT and held.level == logging.ERROR and held.jobs == ReturnAll()
+    killed = settle(end(code=-signal.SIGKILL, kill_reason=DRAIN_TIMEOUT, retiring=DRAIN))
+    assert killed.label == DRAIN_TIMEOUT and killed.level == logging.ERROR
+
+
 def test_a_lease_lost_kill_fails_nothing_and_gives_back_the_rest_of_the_batch() -> None:
     s = settle(end(code=-signal.SIGKILL, kill_reason=LEASE_LOST, job=JOB))
     assert s.jobs == SettleHeld(None, "")
