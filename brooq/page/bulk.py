@@ -3,8 +3,11 @@ runs in a process of its own, forked by the page process, so that pages are answ
 meanwhile.
 
 One at a time: a second bulk action while one runs is answered 503. The helper answers
-its client itself and exits; its pipe's end closes then, which the page process's loop
-sees (read_fd) and reports to the master (brooq.opsport.handover: BACKGROUND, then END).
+its client itself and exits. It writes a byte into its pipe before it sends that answer,
+so the page process's loop sees the action ended (read_fd) before the client can ask
+again (a second bulk action sent as soon as the first was answered met the helper still
+exiting, and a 503), and reports it to the master (brooq.opsport.handover: BACKGROUND,
+then END); the helper, still sending or exiting then, is reaped later.
 The helper closes the page process's socket to the master, so the master sees the page
 process's end alone.
 
@@ -46,10 +49,12 @@ class Bulk:
     def __init__(self) -> None:
         self.master_fd = -1  # the page process's socket to the master: a helper closes it
         self.helper: Helper | None = None
+        self.exiting: list[int] = []  # helpers that have answered, not reaped yet
 
     def start(self, client: socket.socket, work: Callable[[], bytes]) -> bytes | None:
         """Fork a helper that runs ``work`` and sends its answer to ``client``: None; or,
         while another runs, the answer to give at once (503)."""
+        self._reap()
         if self.helper is not None:
             running = time.monotonic() - self.helper.started
             return plain_response(
@@ -65,6 +70,8 @@ class Bulk:
                 os.close(r)
                 os.close(self.master_fd)  # the master sees the page process's end alone
                 response = work()
+                with contextlib.suppress(OSError):
+                    os.write(w, b".")  # ended, before the client can ask again
                 client.sendall(response)
                 client.shutdown(socket.SHUT_WR)
                 code = 0
@@ -79,16 +86,31 @@ class Bulk:
         return None
 
     def ended(self) -> None:
-        """The helper's pipe closed: it has answered (or died); reap it."""
+        """The helper's pipe is readable: it is answering its client (or died); reaped
+        now if it has exited, else at a later call."""
         helper, self.helper = self.helper, None
-        if helper is None:
-            return
-        os.close(helper.fd)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(helper.pid, 0)  # it has closed its end: it is exiting
+        if helper is not None:
+            os.close(helper.fd)
+            self.exiting.append(helper.pid)
+        self._reap()
+
+    def _reap(self) -> None:
+        for pid in list(self.exiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.exiting.remove(pid)
 
     def stop(self) -> None:
         if self.helper is not None:
+            self.exiting.append(self.helper.pid)
+            os.close(self.helper.fd)
+            self.helper = None
+        for pid in self.exiting:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.helper.pid, signal.SIGKILL)
-            self.ended()
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self.exiting.clear()
