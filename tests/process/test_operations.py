@@ -131,10 +131,15 @@ def test_oldest_ready_age_and_busy_children(
     queue.enqueue(brooq.Job("t.slow", {"seconds": 3}))
     wait_for(lambda: states(db).get("processing") == 1, what="busy")
     queue.enqueue(brooq.Job("t.ok"))
-    time.sleep(1.0)
-    _, text = get(addr, "/metrics")
+
+    def aged() -> str | None:
+        """The scrape once the stats duty has seen the t.ok job half a second old."""
+        text = get(addr, "/metrics")[1]
+        return text if sample(text, "brooq_ready_oldest_age_seconds", topic="t.ok") >= 0.5 else None
+
+    # Within the t.slow job's 3 s: its child stays busy and t.ok waits behind it.
+    text = wait_for(aged, timeout=2.0, interval=0.1, what="the t.ok job 0.5 s old")
     assert sample(text, "brooq_children_busy") == 1
-    assert sample(text, "brooq_ready_oldest_age_seconds", topic="t.ok") >= 0.5
     assert sample(text, "brooq_jobs", topic="t.slow", state="processing") == 1
     m.signal(signal.SIGTERM)
     assert m.wait() == 0
