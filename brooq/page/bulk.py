@@ -7,7 +7,7 @@ its client itself and exits. It writes a byte into its pipe before it sends that
 so the page process's loop sees the action ended (read_fd) before the client can ask
 again (a second bulk action sent as soon as the first was answered met the helper still
 exiting, and a 503), and reports it to the master (brooq.opsport.handover: BACKGROUND,
-then END); the helper, still sending or exiting then, is reaped later.
+then END); the helper, still sending or exiting then, is reaped when its pipe ends.
 The helper closes the page process's socket to the master, so the master sees the page
 process's end alone.
 
@@ -49,12 +49,11 @@ class Bulk:
     def __init__(self) -> None:
         self.master_fd = -1  # the page process's socket to the master: a helper closes it
         self.helper: Helper | None = None
-        self.exiting: list[int] = []  # helpers that have answered, not reaped yet
+        self.exiting: list[Helper] = []  # helpers that have answered, not exited yet
 
     def start(self, client: socket.socket, work: Callable[[], bytes]) -> bytes | None:
         """Fork a helper that runs ``work`` and sends its answer to ``client``: None; or,
         while another runs, the answer to give at once (503)."""
-        self._reap()
         if self.helper is not None:
             running = time.monotonic() - self.helper.started
             return plain_response(
@@ -82,35 +81,55 @@ class Bulk:
             finally:
                 os._exit(code)
         os.close(w)
+        os.set_blocking(r, False)  # the loop reads its byte and its end without waiting
         self.helper = Helper(pid, r, time.monotonic())
         return None
 
     def ended(self) -> None:
-        """The helper's pipe is readable: it is answering its client (or died); reaped
-        now if it has exited, else at a later call."""
+        """The helper's pipe is readable: it is answering its client, or has gone. Kept
+        among the exiting, its pipe watched until the end (``reap``), unless gone."""
         helper, self.helper = self.helper, None
-        if helper is not None:
-            os.close(helper.fd)
-            self.exiting.append(helper.pid)
-        self._reap()
+        if helper is None:
+            return
+        if _read(helper.fd) == b"":  # the end of the pipe: it has exited (or died)
+            _collect(helper)
+        else:
+            self.exiting.append(helper)
 
-    def _reap(self) -> None:
-        for pid in list(self.exiting):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                self.exiting.remove(pid)
+    def fds(self) -> list[int]:
+        """The pipes to watch: the running helper's, then the exiting ones'."""
+        running = [] if self.helper is None else [self.helper.fd]
+        return running + [h.fd for h in self.exiting]
+
+    def reap(self, readable: list[int]) -> None:
+        """Reap each exiting helper whose pipe has come to its end."""
+        for helper in list(self.exiting):
+            if helper.fd in readable and _read(helper.fd) == b"":
+                self.exiting.remove(helper)
+                _collect(helper)
 
     def stop(self) -> None:
         if self.helper is not None:
-            self.exiting.append(self.helper.pid)
-            os.close(self.helper.fd)
+            self.exiting.append(self.helper)
             self.helper = None
-        for pid in self.exiting:
+        for helper in self.exiting:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+                os.kill(helper.pid, signal.SIGKILL)
+            _collect(helper)
         self.exiting.clear()
+
+
+def _read(fd: int) -> bytes | None:
+    """What the pipe holds (b"" at its end), None when nothing yet (it never blocks)."""
+    try:
+        return os.read(fd, 16)
+    except BlockingIOError:
+        return None
+
+
+def _collect(helper: Helper) -> None:
+    """Close the pipe of a helper that has closed its end (exited, or exiting) and wait
+    for it."""
+    os.close(helper.fd)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(helper.pid, 0)

@@ -76,11 +76,12 @@ def run(
     try:
         while True:
             helper = pages.bulk.helper
-            watched = [sock.fileno()] if helper is None else [sock.fileno(), helper.fd]
+            watched = [sock.fileno(), *pages.bulk.fds()]
             try:
                 readable, _, _ = select.select(watched, [], [], HEARTBEAT if helper else None)
             except InterruptedError:
                 continue
+            pages.bulk.reap(readable)  # helpers that answered before, now gone
             if helper is not None and helper.fd in readable:
                 pages.bulk.ended()
                 _report(sock, END, helper.seq)

@@ -39,7 +39,7 @@ def test_a_second_bulk_action_right_after_the_first_answer_is_taken(
         assert readable == [helper.fd]
         assert os.waitpid(helper.pid, os.WNOHANG) == (0, 0)
         bulk.ended()
-        assert bulk.exiting == [helper.pid]
+        assert bulk.exiting == [helper] and bulk.fds() == [helper.fd]
         second_ours, second_theirs = socket.socketpair()
         try:
             assert bulk.start(second_theirs, lambda: b"second done") is None  # not a 503
@@ -47,6 +47,14 @@ def test_a_second_bulk_action_right_after_the_first_answer_is_taken(
             assert second_ours.recv(100) == b"second done"
         finally:
             second_ours.close()
+        # The first helper's pipe ends when it exits (a second later): the loop reaps it.
+        deadline = time.monotonic() + 10
+        while helper in bulk.exiting:
+            assert time.monotonic() < deadline, "the first helper was not reaped"
+            readable, _, _ = select.select(bulk.fds(), [], [], 0.5)
+            bulk.reap(readable)
+        with pytest.raises(ChildProcessError):
+            os.waitpid(helper.pid, os.WNOHANG)  # reaped: no zombie left
     finally:
         ours.close()
         bulk.stop()  # kills and reaps both helpers
