@@ -5,8 +5,8 @@ meanwhile.
 One at a time: a second bulk action while one runs is answered 503. The helper answers
 its client itself and exits. It writes a byte into its pipe before it sends that answer,
 so the page process's loop sees the action ended (read_fd) before the client can ask
-again (a second bulk action sent as soon as the first was answered met the helper still
-exiting, and a 503), and reports it to the master (brooq.opsport.handover: BACKGROUND,
+again (else a second bulk action sent as soon as the first is answered could meet the
+helper still exiting, and a 503), and reports it to the master (brooq.opsport.handover: BACKGROUND,
 then END); the helper, still sending or exiting then, is reaped when its pipe ends.
 The helper closes the page process's socket to the master, so the master sees the page
 process's end alone.
