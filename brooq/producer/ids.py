@@ -35,29 +35,10 @@ def uuid7() -> uuid.UUID:
 
 
 def uuid7_int() -> int:
-    """One UUIDv7 as its 128-bit integer (the enqueue line sends its bytes).
-
-    _tick and _random_int written out for the common case (a new millisecond, or the
-    next count in the same one; the buffer holds the bytes): a single enqueue makes one
-    id per call, and each Python call it makes runs cold after the wait for the previous
-    commit. The rare cases (the counter full, the buffer empty) take the helpers."""
-    global _last_ms, _sequence, _random_at
+    """One UUIDv7 as its 128-bit integer (the enqueue line sends its bytes)."""
     with _lock:
-        ms = time.time_ns() // 1_000_000
-        at = _random_at
-        if ms > _last_ms and at + 10 <= len(_random):
-            _last_ms = ms
-            _sequence = sequence = int.from_bytes(_random[at : at + 2], "big") & 0x3FF
-            at += 2
-        elif ms <= _last_ms and _sequence < _SEQUENCE_MAX and at + 8 <= len(_random):
-            _sequence = sequence = _sequence + 1
-            ms = _last_ms
-        else:
-            ms, sequence = _tick()
-            rand_b = _random_int(8) & _RAND_B_MASK
-            return (ms << 80) | _VERSION | (sequence << 64) | _VARIANT | rand_b
-        _random_at = at + 8
-        rand_b = int.from_bytes(_random[at : at + 8], "big") & _RAND_B_MASK
+        ms, sequence = _tick()
+        rand_b = _random_int(8) & _RAND_B_MASK
     return (ms << 80) | _VERSION | (sequence << 64) | _VARIANT | rand_b
 
 
